@@ -1,0 +1,72 @@
+//! `countersign check`: initialize each configured upstream and report
+//! whether it is up, with the time `initialize` took.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::jsonrpc::{raw, Message};
+use crate::relay::session::Gateway;
+use crate::relay::HANDSHAKE_VERSIONS;
+
+/// The health of one upstream.
+#[derive(Debug, Serialize)]
+pub struct Health {
+    /// Server name.
+    pub server: String,
+    /// Whether `initialize` succeeded.
+    pub up: bool,
+    /// How long `initialize` took, in milliseconds.
+    pub latency_ms: f64,
+    /// The server's `serverInfo`, when up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_info: Option<Value>,
+    /// The failure, when down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Check every configured upstream, one after another.
+pub async fn check_all(gw: &Gateway) -> Vec<Health> {
+    let mut out = Vec::new();
+    for name in gw.config.servers.keys() {
+        out.push(check_one(gw, name).await);
+    }
+    out
+}
+
+async fn check_one(gw: &Gateway, server: &str) -> Health {
+    let started = Instant::now();
+    let timeout = gw.config.servers.get(server).map_or(Duration::from_secs(30), |c| c.call_timeout);
+    let result = async {
+        let (conn, _unsolicited) = gw.connect(server).await.map_err(|e| e.to_string())?;
+        let init = Message::request(
+            json!(1),
+            "initialize",
+            Some(raw(&json!({
+                "protocolVersion": HANDSHAKE_VERSIONS[0],
+                "capabilities": {},
+                "clientInfo": { "name": "countersign-check", "version": env!("CARGO_PKG_VERSION") }
+            }))),
+        );
+        let answer = conn.call(init, None, timeout, &Vec::new()).await;
+        conn.shutdown(gw.config.gateway.shutdown_grace).await;
+        let resp = answer.map_err(|e| e.to_string())?;
+        if let Some(err) = &resp.error {
+            return Err(format!("initialize was refused: {}", err.get()));
+        }
+        let result: Value = resp
+            .result
+            .as_ref()
+            .and_then(|r| serde_json::from_str(r.get()).ok())
+            .unwrap_or(Value::Null);
+        Ok(result.get("serverInfo").cloned())
+    }
+    .await;
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    match result {
+        Ok(info) => Health { server: server.into(), up: true, latency_ms, server_info: info, error: None },
+        Err(e) => Health { server: server.into(), up: false, latency_ms, server_info: None, error: Some(e) },
+    }
+}

@@ -1,0 +1,363 @@
+//! `countersign.toml`: the gateway's configuration (DESIGN.md section 10).
+//!
+//! Parsing is strict: unknown keys are rejected (a misspelled `read_only`
+//! silently ignored would turn a guarded write into an unguarded one), and
+//! every error carries the file, line and column that `toml` reports.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Why a configuration file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file `{path}`: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema.
+    #[error("invalid config file `{path}`:\n{message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// `toml`'s message, which names line and column and shows the line.
+        message: String,
+    },
+    /// The file parses but a value is not acceptable.
+    #[error("invalid config file `{path}`: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The `[gateway]` table.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+    /// `[[identities]]`: bearer tokens (as SHA-256) and who they stand for.
+    #[serde(default)]
+    pub identities: Vec<IdentityConfig>,
+    /// `[servers.NAME]`: the upstream MCP servers.
+    #[serde(default)]
+    pub servers: BTreeMap<String, ServerConfig>,
+    /// `[limits]`: input size limits.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// `[gateway]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Listen address (loopback by default).
+    pub listen: SocketAddr,
+    /// Where durable state lives.
+    pub data_dir: PathBuf,
+    /// Folder of Cedar policies.
+    pub policies: PathBuf,
+    /// Extra `Origin` values accepted besides loopback origins (DNS-rebinding
+    /// defence: browsers send `Origin`, and a page from another origin must not
+    /// reach a gateway on localhost).
+    pub allowed_origins: Vec<String>,
+    /// How long a stopping upstream child gets after stdin closes and after
+    /// SIGTERM before it is killed.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    /// A client session with no request for this long is closed and its
+    /// upstream shut down.
+    #[serde(deserialize_with = "duration")]
+    pub session_idle_timeout: Duration,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7373)),
+            data_dir: PathBuf::from(".countersign"),
+            policies: PathBuf::from("policies"),
+            allowed_origins: Vec::new(),
+            shutdown_grace: Duration::from_secs(2),
+            session_idle_timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// One `[[identities]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// Hex SHA-256 of the bearer token (the token itself is never stored).
+    pub token_sha256: String,
+    /// Who the token stands for.
+    pub principal: String,
+    /// The principal's tenant.
+    pub tenant: String,
+    /// Groups, for policies.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// One `[servers.NAME]` table: exactly one of `command` and `url`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Program to spawn for a stdio upstream.
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables for the child.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the child.
+    pub cwd: Option<PathBuf>,
+    /// Streamable HTTP endpoint of an HTTP upstream.
+    pub url: Option<String>,
+    /// Static headers sent to an HTTP upstream (the gateway's own credentials
+    /// for it; the client's token is never forwarded).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// How long one call may take upstream.
+    #[serde(default = "default_call_timeout", deserialize_with = "duration")]
+    pub call_timeout: Duration,
+    /// Per-tool operator overrides.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+fn default_call_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// `[servers.S.tools.T]`: the operator's word on a tool, which wins over the
+/// server's annotations.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// Override of `readOnlyHint`.
+    pub read_only: Option<bool>,
+    /// Override of `destructiveHint`.
+    pub destructive: Option<bool>,
+    /// Override of `idempotentHint`.
+    pub idempotent: Option<bool>,
+    /// Override of `openWorldHint`.
+    pub open_world: Option<bool>,
+    /// Resource version probe (used by approvals, DESIGN.md section 6).
+    pub version_probe: Option<VersionProbe>,
+}
+
+/// A read-only tool whose result carries the version of what a call changes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionProbe {
+    /// The probe tool (same server).
+    pub tool: String,
+    /// Argument template: probe argument name → JSON pointer into the call's
+    /// arguments.
+    #[serde(default)]
+    pub arguments: BTreeMap<String, String>,
+    /// JSON pointer into the probe's result.
+    pub pointer: String,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest HTTP request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Longest line on a stdio pipe (client bridge or upstream child).
+    pub max_line_bytes: usize,
+    /// Deepest nesting of `tools/call` arguments.
+    pub max_depth: usize,
+    /// Largest `tools/call` arguments, in bytes.
+    pub max_arguments_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 << 20,
+            max_line_bytes: 16 << 20,
+            max_depth: 64,
+            max_arguments_bytes: 1 << 20,
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "`{text}` is not a duration ({e}); write it like \"30s\", \"5m\" or \"250ms\""
+        ))
+    })
+}
+
+impl Config {
+    /// Read, parse and check a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parse and check configuration text; `path` is used in messages and
+    /// to resolve relative paths of stdio children.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        config.check().map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for (name, server) in &self.servers {
+            // Server names become URL path segments (`/mcp/{name}`) and Cedar
+            // entity ids: keep them to a plain alphabet.
+            if name.is_empty()
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(format!(
+                    "server name `{name}` may only use letters, digits, `-` and `_`"
+                ));
+            }
+            match (&server.command, &server.url) {
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "[servers.{name}] sets both `command` and `url`; keep one"
+                    ))
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "[servers.{name}] needs `command` (stdio child) or `url` (Streamable HTTP)"
+                    ))
+                }
+                (None, Some(url)) => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(format!(
+                            "[servers.{name}] url `{url}` must start with http:// or https://"
+                        ));
+                    }
+                }
+                (Some(_), None) => {}
+            }
+            if server.call_timeout.is_zero() {
+                return Err(format!("[servers.{name}] call_timeout must be more than zero"));
+            }
+        }
+        for (i, id) in self.identities.iter().enumerate() {
+            let hex_ok = id.token_sha256.len() == 64
+                && id.token_sha256.chars().all(|c| c.is_ascii_hexdigit());
+            if !hex_ok {
+                return Err(format!(
+                    "identities[{i}] (principal `{}`): token_sha256 must be 64 hex digits; \
+                     compute it with `printf %s \"$TOKEN\" | sha256sum`",
+                    id.principal
+                ));
+            }
+            if id.principal.is_empty() || id.tenant.is_empty() {
+                return Err(format!("identities[{i}]: principal and tenant must not be empty"));
+            }
+        }
+        if self.limits.max_body_bytes < 1024 || self.limits.max_line_bytes < 1024 {
+            return Err("limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn defaults_are_loopback() {
+        let c = parse("").unwrap();
+        assert!(c.gateway.listen.ip().is_loopback());
+        assert_eq!(c.limits.max_depth, 64);
+    }
+
+    #[test]
+    fn unknown_key_names_its_line() {
+        let err = parse("[gateway]\nlisten = \"127.0.0.1:1\"\nlsten = 3\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("line 3"), "{text}");
+        assert!(text.contains("lsten"), "{text}");
+    }
+
+    #[test]
+    fn misspelled_tool_override_is_refused() {
+        let err = parse(
+            "[servers.p]\ncommand = \"x\"\n[servers.p.tools.charge]\nreadonly = true\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("readonly"), "{err}");
+    }
+
+    #[test]
+    fn server_needs_exactly_one_transport() {
+        assert!(parse("[servers.p]\n").unwrap_err().to_string().contains("needs `command`"));
+        let both = parse("[servers.p]\ncommand=\"x\"\nurl=\"http://a\"\n").unwrap_err();
+        assert!(both.to_string().contains("both"));
+    }
+
+    #[test]
+    fn bad_duration_and_hash() {
+        let e = parse("[servers.p]\ncommand=\"x\"\ncall_timeout=\"soon\"\n").unwrap_err();
+        assert!(e.to_string().contains("not a duration"), "{e}");
+        let e = parse("[[identities]]\ntoken_sha256=\"abc\"\nprincipal=\"a\"\ntenant=\"t\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("64 hex digits"), "{e}");
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let c = parse(
+            r#"
+[gateway]
+listen = "127.0.0.1:7373"
+[[identities]]
+token_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+principal = "agent-7"
+tenant = "acme"
+groups = ["agents"]
+[servers.payments]
+command = "python3"
+args = ["server.py"]
+call_timeout = "30s"
+[servers.payments.tools.charge_card]
+read_only = false
+version_probe = { tool = "get_account", arguments = { id = "/account" }, pointer = "/structuredContent/version" }
+"#,
+        )
+        .unwrap();
+        let tool = &c.servers["payments"].tools["charge_card"];
+        assert_eq!(tool.read_only, Some(false));
+        assert_eq!(tool.version_probe.as_ref().unwrap().tool, "get_account");
+    }
+}

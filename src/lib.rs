@@ -1,0 +1,30 @@
+//! countersign: an approval-binding policy enforcement point for MCP tool calls.
+//!
+//! # Layout
+//!
+//! - [`config`]: `countersign.toml`, strict parsing with line-numbered errors.
+//! - [`identity`]: bearer tokens (stored as SHA-256) → principal, tenant, groups.
+//! - [`jsonrpc`]: JSON-RPC envelopes that keep payloads as raw bytes.
+//! - [`annotations`]: effective tool annotations (server hints, MCP defaults,
+//!   operator overrides) captured from `tools/list`.
+//! - [`relay`]: the gateway's data path — HTTP front, sessions, id
+//!   multiplexing, stdio and Streamable HTTP upstreams.
+//! - [`reply`]: the one place gateway failures become wire answers.
+//! - [`bridge`]: `countersign stdio`, the bridge for stdio-only clients.
+//! - [`check`]: `countersign check`, upstream health.
+//! - [`serve`]: `countersign serve`, the gateway process and its shutdown.
+//! - [`lines`]: capped newline-delimited reading for stdio pipes.
+//!
+//! Dependencies run one way: `jsonrpc`, `config`, `annotations` know nothing
+//! of the relay; the relay never sees the CLI.
+
+pub mod annotations;
+pub mod bridge;
+pub mod check;
+pub mod config;
+pub mod identity;
+pub mod jsonrpc;
+pub mod lines;
+pub mod relay;
+pub mod reply;
+pub mod serve;

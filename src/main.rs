@@ -1,0 +1,120 @@
+//! The `countersign` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use countersign::config::Config;
+use countersign::relay::session::Gateway;
+
+/// Approval-binding policy enforcement point for MCP tool calls.
+#[derive(Parser)]
+#[command(name = "countersign", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+    /// Bridge a stdio-only MCP client to the gateway's endpoint for one server.
+    Stdio {
+        /// Upstream server name, as configured in the gateway.
+        #[arg(long)]
+        server: String,
+        /// Gateway base URL.
+        #[arg(long, default_value = "http://127.0.0.1:7373", env = "COUNTERSIGN_GATEWAY")]
+        gateway: String,
+        /// Longest stdin line accepted, in bytes.
+        #[arg(long, default_value_t = 16 << 20)]
+        max_line_bytes: usize,
+        /// How long to keep retrying while the gateway is down (e.g. "30s").
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        reconnect_for: Duration,
+    },
+    /// Initialize every configured upstream and report up/down with latency.
+    Check {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("countersign: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("countersign: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, always: in stdio mode stdout is the protocol.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve { config } => {
+            let config = Config::load(&config)?;
+            countersign::serve::serve(config).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Stdio { server, gateway, max_line_bytes, reconnect_for } => {
+            let token = std::env::var("COUNTERSIGN_TOKEN")
+                .context("COUNTERSIGN_TOKEN is not set: export the bearer token the gateway knows for you")?;
+            countersign::bridge::run(countersign::bridge::Options {
+                gateway,
+                server,
+                token,
+                max_line: max_line_bytes,
+                reconnect_for,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { config, json } => {
+            let config = Config::load(&config)?;
+            let gw = Gateway::new(config);
+            let report = countersign::check::check_all(&gw).await;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for h in &report {
+                    let state = if h.up { "up" } else { "down" };
+                    let detail = h.error.clone().unwrap_or_else(|| {
+                        h.server_info.as_ref().map(|i| i.to_string()).unwrap_or_default()
+                    });
+                    println!("{:<20} {:<5} {:>9.1} ms  {}", h.server, state, h.latency_ms, detail);
+                }
+            }
+            let all_up = !report.is_empty() && report.iter().all(|h| h.up);
+            Ok(if all_up { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+    }
+}

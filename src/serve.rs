@@ -1,0 +1,88 @@
+//! `countersign serve`: run the gateway until SIGINT/SIGTERM.
+//!
+//! Shutdown: stop accepting, give in-flight requests `shutdown_grace` to
+//! finish, then shut every upstream down (stdin closed, SIGTERM, SIGKILL).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use std::future::IntoFuture;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::relay::front::router;
+use crate::relay::session::Gateway;
+
+/// Run the gateway with a loaded config.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let addr = config.gateway.listen;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");
+    }
+    let grace = config.gateway.shutdown_grace;
+    let gw = Gateway::new(config);
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (gateway.listen): is another process using it?"))?;
+    let local = listener.local_addr()?;
+    // Tests and scripts wait for this exact line on stderr.
+    eprintln!("countersign: listening on {local}");
+    tracing::info!(servers = gw.config.servers.len(), "gateway ready");
+
+    let sweeper = {
+        let gw = Arc::clone(&gw);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            loop {
+                tick.tick().await;
+                gw.sweep_idle().await;
+            }
+        })
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let server = tokio::spawn(
+        axum::serve(listener, router(Arc::clone(&gw)))
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .into_future(),
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(());
+    // Open SSE streams never end on their own: bound the drain.
+    let _ = tokio::time::timeout(grace, server).await;
+    sweeper.abort();
+    gw.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
