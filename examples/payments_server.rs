@@ -1,1 +1,626 @@
-fn main(){}
+//! A payments-like MCP server for tests, demos and benchmarks.
+//!
+//! ```text
+//! payments_server [--http 127.0.0.1:9000] [--record FILE] [--faults FILE]
+//! ```
+//!
+//! Speaks stdio (default) or Streamable HTTP (`--http`), in the handshake era
+//! (`initialize`, sessions) and in 2026-07-28 (per-request `_meta`,
+//! `server/discover`).
+//!
+//! Tools: `get_balance` (readOnlyHint), `get_account` (readOnlyHint, returns a
+//! resource version), `charge_card` and `refund` (writes), `close_account`
+//! (destructiveHint), `transfer` (no annotations at all), `slow_report`
+//! (read-only, sends progress notifications), `ask_model` (asks the client for
+//! a sampling completion: a server-to-client request).
+//!
+//! `--record FILE` appends one JSON line per execution
+//! (`{"event":"executed","tool":…,"arguments":…,"pid":…}`) and per received
+//! cancellation (`{"event":"cancelled",…}`), so tests can count executions.
+//!
+//! `--faults FILE` is read before each call: a JSON object from tool name to
+//! `{"fault": F, "times": N, "delay_ms": D}`, where F is one of
+//! - `delay`: execute, then wait `delay_ms` before answering;
+//! - `exit_after_execute`: execute, then exit before answering;
+//! - `exit_before_execute`: exit without executing;
+//! - `error_before_execute`: answer JSON-RPC -32603 without executing;
+//! - `drop_session` (HTTP): execute, forget the session (later requests get
+//!   404), and break the connection mid-response.
+//!
+//! `times` (default 1) counts down; the entry is removed when it reaches 0.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+const HANDSHAKE: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+const MODERN: &str = "2026-07-28";
+
+const TOOLS: &str = r#"[{"name":"get_balance","description":"Read the balance of an account.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"get_account","description":"Read an account with its version.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"charge_card","description":"Charge a card.","inputSchema":{"type":"object","properties":{"account":{"type":"string"},"amount":{"type":"number"},"currency":{"type":"string"}},"required":["account","amount"]},"annotations":{"readOnlyHint":false,"destructiveHint":false,"idempotentHint":false,"openWorldHint":true}},{"name":"refund","description":"Refund a charge.","inputSchema":{"type":"object","properties":{"charge":{"type":"string"},"amount":{"type":"number"}},"required":["charge"]},"annotations":{"readOnlyHint":false,"destructiveHint":false}},{"name":"close_account","description":"Close an account for good.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"destructiveHint":true}},{"name":"transfer","description":"Move money between accounts.","inputSchema":{"type":"object","properties":{"from":{"type":"string"},"to":{"type":"string"},"amount":{"type":"number"}}}},{"name":"slow_report","description":"A report that takes a while and reports progress.","inputSchema":{"type":"object","properties":{"steps":{"type":"integer"}}},"annotations":{"readOnlyHint":true}},{"name":"ask_model","description":"Ask the client's model a question (sampling).","inputSchema":{"type":"object","properties":{"question":{"type":"string"}}},"annotations":{"readOnlyHint":true}}]"#;
+
+struct Server {
+    record: Option<PathBuf>,
+    faults: Option<PathBuf>,
+    record_lock: Mutex<()>,
+    charges: AtomicU64,
+}
+
+/// How a tool talks back to the client while it runs.
+#[derive(Clone)]
+struct Out {
+    /// Messages on the request's own stream (stdio: stdout).
+    tx: mpsc::Sender<Value>,
+    /// Server-to-client requests awaiting an answer.
+    pending: Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl Out {
+    async fn ask(&self, method: &str, params: Value) -> Option<Value> {
+        let id = format!("srv-{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().ok()?.insert(id.clone(), tx);
+        let _ = self
+            .tx
+            .send(json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}))
+            .await;
+        tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    fn answer(&self, msg: &Value) {
+        let Some(id) = msg.get("id").and_then(Value::as_str) else {
+            return;
+        };
+        let waiter = self.pending.lock().ok().and_then(|mut p| p.remove(id));
+        if let Some(w) = waiter {
+            let _ = w.send(msg.clone());
+        }
+    }
+}
+
+enum Fault {
+    None,
+    Delay(u64),
+    ExitAfter,
+    ExitBefore,
+    ErrorBefore,
+    DropSession,
+}
+
+/// What handling one request produced.
+enum Outcome {
+    Reply(Value),
+    /// Answer nothing and break the connection (HTTP `drop_session`).
+    DropSession,
+}
+
+impl Server {
+    fn note(&self, entry: Value) {
+        let Some(path) = &self.record else { return };
+        let _guard = self.record_lock.lock();
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{entry}");
+            let _ = f.sync_data();
+        }
+    }
+
+    fn take_fault(&self, tool: &str) -> Fault {
+        let Some(path) = &self.faults else {
+            return Fault::None;
+        };
+        let _guard = self.record_lock.lock();
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return Fault::None;
+        };
+        let Ok(mut all) = serde_json::from_str::<serde_json::Map<String, Value>>(&text) else {
+            return Fault::None;
+        };
+        let Some(spec) = all.get_mut(tool) else {
+            return Fault::None;
+        };
+        let kind = spec
+            .get("fault")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let delay = spec.get("delay_ms").and_then(Value::as_u64).unwrap_or(1000);
+        let times = spec.get("times").and_then(Value::as_u64).unwrap_or(1);
+        if times <= 1 {
+            all.remove(tool);
+        } else {
+            spec["times"] = json!(times - 1);
+        }
+        let _ = std::fs::write(path, Value::Object(all).to_string());
+        match kind.as_str() {
+            "delay" => Fault::Delay(delay),
+            "exit_after_execute" => Fault::ExitAfter,
+            "exit_before_execute" => Fault::ExitBefore,
+            "error_before_execute" => Fault::ErrorBefore,
+            "drop_session" => Fault::DropSession,
+            _ => Fault::None,
+        }
+    }
+
+    /// Handle one request (`id` present) or notification.
+    async fn handle(&self, msg: &Value, out: &Out) -> Option<Outcome> {
+        let method = msg.get("method").and_then(Value::as_str)?;
+        let id = msg.get("id").cloned();
+        let params = msg.get("params").cloned().unwrap_or(json!({}));
+        let modern = params
+            .get("_meta")
+            .and_then(|m| m.get("io.modelcontextprotocol/protocolVersion"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        if method == "notifications/cancelled" {
+            self.note(json!({"event":"cancelled","requestId":params.get("requestId"),"reason":params.get("reason"),"pid":std::process::id()}));
+            return None;
+        }
+        let id = id?;
+        if let Some(v) = &modern {
+            if v != MODERN {
+                return Some(Outcome::Reply(error(
+                    id,
+                    -32022,
+                    "Unsupported protocol version",
+                    Some(json!({"supported":[MODERN],"requested":v})),
+                )));
+            }
+        }
+        let result = match method {
+            "initialize" => {
+                let asked = params
+                    .get("protocolVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or(HANDSHAKE[0]);
+                let version = if HANDSHAKE.contains(&asked) {
+                    asked
+                } else {
+                    HANDSHAKE[0]
+                };
+                json!({"protocolVersion":version,"capabilities":{"tools":{"listChanged":false}},"serverInfo":{"name":"payments-example","version":"1.0.0"}})
+            }
+            "server/discover" => {
+                json!({"supportedVersions":[MODERN, HANDSHAKE[0], HANDSHAKE[1], HANDSHAKE[2]],"capabilities":{"tools":{}},"serverInfo":{"name":"payments-example","version":"1.0.0"}})
+            }
+            "ping" => json!({}),
+            "tools/list" => {
+                let tools: Value = serde_json::from_str(TOOLS).unwrap_or(json!([]));
+                let mut r = json!({"tools": tools});
+                if modern.is_some() {
+                    r["ttlMs"] = json!(0);
+                    r["cacheScope"] = json!("private");
+                }
+                r
+            }
+            "tools/call" => return self.call_tool(id, &params, out, modern.is_some()).await,
+            _ => {
+                return Some(Outcome::Reply(error(
+                    id,
+                    -32601,
+                    &format!("method `{method}` not found"),
+                    None,
+                )))
+            }
+        };
+        Some(Outcome::Reply(ok(id, result, modern.is_some())))
+    }
+
+    async fn call_tool(
+        &self,
+        id: Value,
+        params: &Value,
+        out: &Out,
+        modern: bool,
+    ) -> Option<Outcome> {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        let args = params.get("arguments").cloned().unwrap_or(json!({}));
+        if !TOOLS.contains(&format!("\"name\":\"{name}\"")) || name.is_empty() {
+            return Some(Outcome::Reply(error(
+                id,
+                -32602,
+                &format!("unknown tool `{name}`"),
+                None,
+            )));
+        }
+        let fault = self.take_fault(name);
+        match fault {
+            Fault::ExitBefore => std::process::exit(3),
+            Fault::ErrorBefore => {
+                return Some(Outcome::Reply(error(
+                    id,
+                    -32603,
+                    "injected failure before execution",
+                    None,
+                )))
+            }
+            _ => {}
+        }
+        self.note(
+            json!({"event":"executed","tool":name,"arguments":args,"pid":std::process::id()}),
+        );
+        let text = match name {
+            "get_balance" => format!(
+                "balance of {}: 1200.00 EUR",
+                args["account"].as_str().unwrap_or("?")
+            ),
+            "get_account" => {
+                let account = args["account"].as_str().unwrap_or("?");
+                let result = json!({
+                    "content":[{"type":"text","text":format!("account {account}")}],
+                    "structuredContent":{"account":account,"version":"v1"},
+                    "isError":false
+                });
+                return self.finish(id, result, fault, modern).await;
+            }
+            "charge_card" => {
+                let n = self.charges.fetch_add(1, Ordering::Relaxed) + 1;
+                format!(
+                    "charged {} to {} (charge ch_{n})",
+                    args["amount"],
+                    args["account"].as_str().unwrap_or("?")
+                )
+            }
+            "refund" => format!("refunded {}", args["charge"].as_str().unwrap_or("?")),
+            "close_account" => format!("closed {}", args["account"].as_str().unwrap_or("?")),
+            "transfer" => format!(
+                "moved {} from {} to {}",
+                args["amount"], args["from"], args["to"]
+            ),
+            "slow_report" => {
+                let steps = args["steps"].as_u64().unwrap_or(3).min(20);
+                let token = params
+                    .get("_meta")
+                    .and_then(|m| m.get("progressToken"))
+                    .cloned();
+                for i in 1..=steps {
+                    if let Some(t) = &token {
+                        let p = json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":t,"progress":i,"total":steps}});
+                        let _ = out.tx.send(p).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                format!("report done in {steps} steps")
+            }
+            "ask_model" => {
+                let q = args["question"].as_str().unwrap_or("?").to_owned();
+                let answer = out
+                    .ask("sampling/createMessage", json!({"messages":[{"role":"user","content":{"type":"text","text":q}}],"maxTokens":50}))
+                    .await;
+                match answer.and_then(|a| {
+                    a.get("result")?
+                        .get("content")?
+                        .get("text")?
+                        .as_str()
+                        .map(str::to_owned)
+                }) {
+                    Some(t) => format!("the model said: {t}"),
+                    None => "the model did not answer".to_owned(),
+                }
+            }
+            _ => String::new(),
+        };
+        let result = json!({"content":[{"type":"text","text":text}],"isError":false});
+        self.finish(id, result, fault, modern).await
+    }
+
+    async fn finish(
+        &self,
+        id: Value,
+        result: Value,
+        fault: Fault,
+        modern: bool,
+    ) -> Option<Outcome> {
+        match fault {
+            Fault::Delay(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Fault::ExitAfter => std::process::exit(4),
+            Fault::DropSession => return Some(Outcome::DropSession),
+            _ => {}
+        }
+        Some(Outcome::Reply(ok(id, result, modern)))
+    }
+}
+
+fn ok(id: Value, mut result: Value, modern: bool) -> Value {
+    if modern {
+        result["resultType"] = json!("complete");
+    }
+    json!({"jsonrpc":"2.0","id":id,"result":result})
+}
+
+fn error(id: Value, code: i64, message: &str, data: Option<Value>) -> Value {
+    let mut e = json!({"code":code,"message":message});
+    if let Some(d) = data {
+        e["data"] = d;
+    }
+    json!({"jsonrpc":"2.0","id":id,"error":e})
+}
+
+fn new_out(tx: mpsc::Sender<Value>) -> Out {
+    Out {
+        tx,
+        pending: Arc::new(Mutex::new(HashMap::new())),
+        next: Arc::new(AtomicU64::new(1)),
+    }
+}
+
+async fn run_stdio(server: Arc<Server>) {
+    let (tx, mut rx) = mpsc::channel::<Value>(256);
+    let writer = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(v) = rx.recv().await {
+            let mut line = v.to_string().into_bytes();
+            line.push(b'\n');
+            if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    let out = new_out(tx);
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+            let _ = out
+                .tx
+                .send(error(Value::Null, -32700, "parse error", None))
+                .await;
+            continue;
+        };
+        if msg.get("method").is_none() {
+            out.answer(&msg);
+            continue;
+        }
+        let (server, out) = (server.clone(), out.clone());
+        tokio::spawn(async move {
+            if let Some(Outcome::Reply(r)) = server.handle(&msg, &out).await {
+                let _ = out.tx.send(r).await;
+            }
+        });
+    }
+    eprintln!("payments_server: stdin closed, exiting");
+    drop(out);
+    let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+}
+
+struct Http {
+    server: Arc<Server>,
+    sessions: Mutex<HashMap<String, Out>>,
+}
+
+async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            error(Value::Null, -32700, "parse error", None).to_string(),
+        )
+            .into_response();
+    };
+    let method = msg
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let sid = headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let modern = msg
+        .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+        .is_some();
+    let (out, new_session) = if method == "initialize" {
+        let id = format!("up-{:032x}", rand::random::<u128>());
+        let (tx, _rx) = mpsc::channel(1);
+        (new_out(tx), Some(id))
+    } else if modern {
+        let (tx, _rx) = mpsc::channel(1);
+        (new_out(tx), None)
+    } else {
+        let Some(out) = sid
+            .as_ref()
+            .and_then(|s| st.sessions.lock().ok()?.get(s).cloned())
+        else {
+            return (
+                StatusCode::NOT_FOUND,
+                error(Value::Null, -32600, "session not found", None).to_string(),
+            )
+                .into_response();
+        };
+        (out, None)
+    };
+    if msg.get("method").is_none() {
+        out.answer(&msg);
+        return StatusCode::ACCEPTED.into_response();
+    }
+    if msg.get("id").is_none() {
+        let _ = st.server.handle(&msg, &out).await;
+        return StatusCode::ACCEPTED.into_response();
+    }
+    // Per-request stream: related messages first, then the answer.
+    let (tx, mut rx) = mpsc::channel::<Value>(64);
+    let req_out = Out {
+        tx: tx.clone(),
+        pending: out.pending.clone(),
+        next: out.next.clone(),
+    };
+    if let Some(id) = &new_session {
+        if let Ok(mut s) = st.sessions.lock() {
+            s.insert(id.clone(), req_out.clone());
+        }
+    }
+    let server = st.server.clone();
+    tokio::spawn(async move {
+        let last = match server.handle(&msg, &req_out).await {
+            Some(Outcome::Reply(r)) => r,
+            // Marker: answer nothing and break the connection.
+            Some(Outcome::DropSession) => json!({"__drop_session__": true}),
+            None => return,
+        };
+        let _ = req_out.tx.send(last).await;
+    });
+    drop(tx);
+    let first = rx
+        .recv()
+        .await
+        .filter(|v| v.get("__drop_session__").is_none());
+    let mut resp = match first {
+        Some(v) if v.get("method").is_none() => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            v.to_string(),
+        )
+            .into_response(),
+        None => {
+            // drop_session: forget the session and break the connection mid-response.
+            if let (Some(s), Ok(mut map)) = (&sid, st.sessions.lock()) {
+                map.remove(s);
+            }
+            let broken = futures_util::stream::once(async {
+                Err::<Bytes, std::io::Error>(std::io::Error::other("session dropped"))
+            });
+            let mut r = Response::new(Body::from_stream(broken));
+            r.headers_mut().insert(
+                "content-type",
+                HeaderValue::from_static("text/event-stream"),
+            );
+            r
+        }
+        Some(first) => {
+            let frames = futures_util::stream::unfold(
+                (Some(first), rx, false),
+                |(next, mut rx, done)| async move {
+                    if done {
+                        return None;
+                    }
+                    let v = match next {
+                        Some(v) => v,
+                        None => rx.recv().await?,
+                    };
+                    let last = v.get("method").is_none();
+                    Some((
+                        Ok::<Bytes, Infallible>(Bytes::from(format!(
+                            "event: message\ndata: {v}\n\n"
+                        ))),
+                        (None, rx, last),
+                    ))
+                },
+            );
+            let mut r = Response::new(Body::from_stream(frames));
+            r.headers_mut().insert(
+                "content-type",
+                HeaderValue::from_static("text/event-stream"),
+            );
+            r
+        }
+    };
+    if let Some(id) = new_session {
+        if let Ok(v) = HeaderValue::try_from(id) {
+            resp.headers_mut().insert("mcp-session-id", v);
+        }
+    }
+    resp
+}
+
+async fn http_get(State(st): State<Arc<Http>>, headers: HeaderMap) -> Response {
+    let known = headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|s| {
+            st.sessions
+                .lock()
+                .map(|m| m.contains_key(s))
+                .unwrap_or(false)
+        });
+    if !known {
+        return StatusCode::METHOD_NOT_ALLOWED.into_response();
+    }
+    let keepalive = futures_util::stream::unfold((), |()| async {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        Some((
+            Ok::<Bytes, Infallible>(Bytes::from_static(b": keepalive\n\n")),
+            (),
+        ))
+    });
+    let mut r = Response::new(Body::from_stream(keepalive));
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+async fn http_delete(State(st): State<Arc<Http>>, headers: HeaderMap) -> StatusCode {
+    if let (Some(s), Ok(mut m)) = (
+        headers.get("mcp-session-id").and_then(|v| v.to_str().ok()),
+        st.sessions.lock(),
+    ) {
+        m.remove(s);
+    }
+    StatusCode::OK
+}
+
+#[tokio::main]
+async fn main() {
+    let mut http = None;
+    let mut record = None;
+    let mut faults = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--http" => http = args.next(),
+            "--record" => record = args.next().map(PathBuf::from),
+            "--faults" => faults = args.next().map(PathBuf::from),
+            other => {
+                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let server = Arc::new(Server {
+        record,
+        faults,
+        record_lock: Mutex::new(()),
+        charges: AtomicU64::new(0),
+    });
+    match http {
+        None => run_stdio(server).await,
+        Some(addr) => {
+            let listener = match tokio::net::TcpListener::bind(&addr).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("payments_server: cannot listen on {addr}: {e}");
+                    std::process::exit(2);
+                }
+            };
+            let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
+            eprintln!("payments_server: listening on {local}");
+            let st = Arc::new(Http {
+                server,
+                sessions: Mutex::new(HashMap::new()),
+            });
+            let app = Router::new()
+                .route("/mcp", post(http_post).get(http_get).delete(http_delete))
+                .with_state(st);
+            let _ = axum::serve(listener, app).await;
+        }
+    }
+}

@@ -28,7 +28,12 @@ pub struct Annotations {
 impl Default for Annotations {
     /// The MCP defaults: the most cautious reading of a tool.
     fn default() -> Self {
-        Annotations { read_only: false, destructive: true, idempotent: false, open_world: true }
+        Annotations {
+            read_only: false,
+            destructive: true,
+            idempotent: false,
+            open_world: true,
+        }
     }
 }
 
@@ -38,7 +43,10 @@ impl Annotations {
     pub fn from_hints(hints: Option<&Value>) -> Annotations {
         let d = Annotations::default();
         let flag = |key: &str, default: bool| {
-            hints.and_then(|h| h.get(key)).and_then(Value::as_bool).unwrap_or(default)
+            hints
+                .and_then(|h| h.get(key))
+                .and_then(Value::as_bool)
+                .unwrap_or(default)
         };
         Annotations {
             read_only: flag("readOnlyHint", d.read_only),
@@ -70,19 +78,29 @@ pub struct Catalog {
 impl Catalog {
     /// A catalog knowing the operator's overrides per server.
     pub fn new(overrides: HashMap<String, BTreeMap<String, ToolConfig>>) -> Catalog {
-        Catalog { overrides, seen: RwLock::default() }
+        Catalog {
+            overrides,
+            seen: RwLock::default(),
+        }
     }
 
     /// Record the tools of a `tools/list` result (raw JSON text). Returns how
     /// many tools were read. A result that does not parse records nothing, so
     /// those tools keep the cautious defaults.
     pub fn capture(&self, server: &str, result: &str) -> usize {
-        let Ok(value) = serde_json::from_str::<Value>(result) else { return 0 };
-        let Some(tools) = value.get("tools").and_then(Value::as_array) else { return 0 };
+        let Ok(value) = serde_json::from_str::<Value>(result) else {
+            return 0;
+        };
+        let Some(tools) = value.get("tools").and_then(Value::as_array) else {
+            return 0;
+        };
         let mut found = HashMap::new();
         for tool in tools {
             if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                found.insert(name.to_owned(), Annotations::from_hints(tool.get("annotations")));
+                found.insert(
+                    name.to_owned(),
+                    Annotations::from_hints(tool.get("annotations")),
+                );
             }
         }
         let n = found.len();
@@ -115,7 +133,9 @@ mod tests {
         let a = Annotations::from_hints(Some(&serde_json::json!({"readOnlyHint": "yes"})));
         assert!(!a.read_only);
         assert!(a.destructive);
-        let b = Annotations::from_hints(Some(&serde_json::json!({"readOnlyHint": true, "destructiveHint": false})));
+        let b = Annotations::from_hints(Some(
+            &serde_json::json!({"readOnlyHint": true, "destructiveHint": false}),
+        ));
         assert!(b.read_only && !b.destructive);
         assert_eq!(Annotations::from_hints(None), Annotations::default());
     }
@@ -124,8 +144,20 @@ mod tests {
     fn capture_and_override() {
         let mut o = HashMap::new();
         let mut tools = BTreeMap::new();
-        tools.insert("sneaky".to_owned(), ToolConfig { read_only: Some(false), ..Default::default() });
-        tools.insert("plain".to_owned(), ToolConfig { read_only: Some(true), ..Default::default() });
+        tools.insert(
+            "sneaky".to_owned(),
+            ToolConfig {
+                read_only: Some(false),
+                ..Default::default()
+            },
+        );
+        tools.insert(
+            "plain".to_owned(),
+            ToolConfig {
+                read_only: Some(true),
+                ..Default::default()
+            },
+        );
         o.insert("s".to_owned(), tools);
         let c = Catalog::new(o);
         let n = c.capture(
@@ -133,7 +165,10 @@ mod tests {
             r#"{"tools":[{"name":"sneaky","annotations":{"readOnlyHint":true}},{"name":"get","annotations":{"readOnlyHint":true}},{"name":"plain"}]}"#,
         );
         assert_eq!(n, 3);
-        assert!(!c.effective("s", "sneaky").read_only, "operator wins over the server");
+        assert!(
+            !c.effective("s", "sneaky").read_only,
+            "operator wins over the server"
+        );
         assert!(c.effective("s", "get").read_only);
         assert!(c.effective("s", "plain").read_only);
         assert!(!c.effective("s", "never-listed").read_only);

@@ -108,8 +108,18 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         match read_line(&mut stdin, &mut buf, opts.max_line).await? {
             Line::Eof => break,
             Line::TooLong => {
-                let msg = format!("line longer than {} bytes refused; nothing was sent", opts.max_line);
-                state.emit(&Message::error(Value::Null, code::INVALID_REQUEST, &msg, None)).await;
+                let msg = format!(
+                    "line longer than {} bytes refused; nothing was sent",
+                    opts.max_line
+                );
+                state
+                    .emit(&Message::error(
+                        Value::Null,
+                        code::INVALID_REQUEST,
+                        &msg,
+                        None,
+                    ))
+                    .await;
                 continue;
             }
             Line::Line => {}
@@ -121,7 +131,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             Ok(b) => b,
             Err(e) => {
                 // Answer and keep the pipe: one bad line must not end the session.
-                state.emit(&Message::error(Value::Null, e.code(), &e.to_string(), None)).await;
+                state
+                    .emit(&Message::error(Value::Null, e.code(), &e.to_string(), None))
+                    .await;
                 continue;
             }
         };
@@ -137,13 +149,21 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         tasks.push(task);
     }
     // stdin closed: let calls in flight finish (bounded), then end the session.
-    let _ = tokio::time::timeout(Duration::from_secs(10), futures_util::future::join_all(tasks)).await;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::future::join_all(tasks),
+    )
+    .await;
     if let Some(t) = lock(&state.standalone).take() {
         t.abort();
     }
     let session = lock(&state.session).clone();
     if let Some(sid) = session {
-        let _ = state.request(reqwest::Method::DELETE).header("mcp-session-id", sid).send().await;
+        let _ = state
+            .request(reqwest::Method::DELETE)
+            .header("mcp-session-id", sid)
+            .send()
+            .await;
     }
     drop(state);
     let _ = writer.await;
@@ -175,7 +195,9 @@ impl State {
         if msg.method() != "notifications/cancelled" || lock(&self.session).is_some() {
             return false;
         }
-        let Some(id) = msg.params_value().and_then(|p| p.get("requestId").cloned()) else { return false };
+        let Some(id) = msg.params_value().and_then(|p| p.get("requestId").cloned()) else {
+            return false;
+        };
         if let Some(handle) = lock(&self.in_flight).remove(&id.to_string()) {
             handle.abort();
             return true;
@@ -188,7 +210,9 @@ impl State {
             Body::Single(m) => Some(m.clone()),
             Body::Batch(_) => None,
         };
-        let modern = single.as_ref().and_then(|m| declared_version(m.params_value().as_ref()));
+        let modern = single
+            .as_ref()
+            .and_then(|m| declared_version(m.params_value().as_ref()));
         if let (Some(m), Some(_)) = (&single, &modern) {
             if m.kind() == Kind::Request {
                 if let Some(id) = &m.id {
@@ -197,7 +221,9 @@ impl State {
                     let st = self.clone();
                     let m2 = m.clone();
                     let key = id.to_string();
-                    let task = tokio::spawn(async move { st.post_and_answer(&m2, bytes, modern.as_deref()).await });
+                    let task = tokio::spawn(async move {
+                        st.post_and_answer(&m2, bytes, modern.as_deref()).await
+                    });
                     lock(&self.in_flight).insert(key.clone(), task.abort_handle());
                     let aborted = task.await.is_err();
                     lock(&self.in_flight).remove(&key);
@@ -212,8 +238,16 @@ impl State {
             Some(m) => self.post_and_answer(&m, bytes, modern.as_deref()).await,
             None => {
                 // Batches are relayed whole; the gateway answers each member.
-                if let Err(Failure::Unreachable(e) | Failure::Broken(e)) = self.post(bytes, None, None).await {
-                    self.emit(&Message::error(Value::Null, code::INTERNAL_ERROR, &format!("countersign gateway: {e}"), None)).await;
+                if let Err(Failure::Unreachable(e) | Failure::Broken(e)) =
+                    self.post(bytes, None, None).await
+                {
+                    self.emit(&Message::error(
+                        Value::Null,
+                        code::INTERNAL_ERROR,
+                        &format!("countersign gateway: {e}"),
+                        None,
+                    ))
+                    .await;
                 }
             }
         }
@@ -229,16 +263,30 @@ impl State {
         }
         let Err(failure) = result else { return };
         let Some(id) = msg.id.clone() else {
-            tracing::warn!(method = msg.method(), "a notification did not reach the gateway");
+            tracing::warn!(
+                method = msg.method(),
+                "a notification did not reach the gateway"
+            );
             return;
         };
         let answer = match failure {
             Failure::Unreachable(e) => {
                 let text = format!("The call did not run: the countersign gateway is unreachable ({e}). It is safe to try again later.");
                 if msg.method() == "tools/call" {
-                    reply::tool_error(id, reply::codes::UPSTREAM_UNAVAILABLE, &text, json!({}), modern.is_some())
+                    reply::tool_error(
+                        id,
+                        reply::codes::UPSTREAM_UNAVAILABLE,
+                        &text,
+                        json!({}),
+                        modern.is_some(),
+                    )
                 } else {
-                    Message::error(id, code::INTERNAL_ERROR, &text, Some(json!({"countersign": {"code": reply::codes::UPSTREAM_UNAVAILABLE}})))
+                    Message::error(
+                        id,
+                        code::INTERNAL_ERROR,
+                        &text,
+                        Some(json!({"countersign": {"code": reply::codes::UPSTREAM_UNAVAILABLE}})),
+                    )
                 }
             }
             Failure::Broken(e) => {
@@ -247,9 +295,20 @@ impl State {
                      Verify with a read before calling again; do not retry blindly."
                 );
                 if msg.method() == "tools/call" {
-                    reply::tool_error(id, reply::codes::OUTCOME_UNKNOWN, &text, json!({}), modern.is_some())
+                    reply::tool_error(
+                        id,
+                        reply::codes::OUTCOME_UNKNOWN,
+                        &text,
+                        json!({}),
+                        modern.is_some(),
+                    )
                 } else {
-                    Message::error(id, code::INTERNAL_ERROR, &text, Some(json!({"countersign": {"code": reply::codes::OUTCOME_UNKNOWN}})))
+                    Message::error(
+                        id,
+                        code::INTERNAL_ERROR,
+                        &text,
+                        Some(json!({"countersign": {"code": reply::codes::OUTCOME_UNKNOWN}})),
+                    )
                 }
             }
         };
@@ -257,7 +316,12 @@ impl State {
     }
 
     /// POST one body and copy every message of the answer to stdout.
-    async fn post(&self, bytes: Vec<u8>, msg: Option<&Message>, modern: Option<&str>) -> Result<(), Failure> {
+    async fn post(
+        &self,
+        bytes: Vec<u8>,
+        msg: Option<&Message>,
+        modern: Option<&str>,
+    ) -> Result<(), Failure> {
         let mut reinitialized = false;
         let deadline = tokio::time::Instant::now() + self.opts.reconnect_for;
         let mut backoff = Duration::from_millis(100);
@@ -269,13 +333,17 @@ impl State {
                 .body(bytes.clone());
             match (modern, msg) {
                 (Some(version), Some(m)) => {
-                    req = req.header("mcp-protocol-version", version).header("mcp-method", m.method());
+                    req = req
+                        .header("mcp-protocol-version", version)
+                        .header("mcp-method", m.method());
                     let field = match m.method() {
                         "tools/call" | "prompts/get" => Some("name"),
                         "resources/read" => Some("uri"),
                         _ => None,
                     };
-                    if let Some(name) = field.and_then(|f| m.params_value()?.get(f)?.as_str().map(encode_header_value)) {
+                    if let Some(name) = field
+                        .and_then(|f| m.params_value()?.get(f)?.as_str().map(encode_header_value))
+                    {
                         req = req.header("mcp-name", name);
                     }
                 }
@@ -304,7 +372,11 @@ impl State {
             };
             let status = resp.status();
             let had_session = lock(&self.session).is_some();
-            if status == reqwest::StatusCode::NOT_FOUND && had_session && modern.is_none() && !reinitialized {
+            if status == reqwest::StatusCode::NOT_FOUND
+                && had_session
+                && modern.is_none()
+                && !reinitialized
+            {
                 // The gateway no longer knows the session (it restarted): the
                 // request was refused unprocessed, so re-initialize and resend.
                 reinitialized = true;
@@ -312,7 +384,11 @@ impl State {
                 continue;
             }
             if msg.is_some_and(|m| m.method() == "initialize") && status.is_success() {
-                if let Some(s) = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+                if let Some(s) = resp
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|v| v.to_str().ok())
+                {
                     *lock(&self.session) = Some(s.to_owned());
                 }
             }
@@ -320,7 +396,11 @@ impl State {
         }
     }
 
-    async fn copy_answer(&self, resp: reqwest::Response, msg: Option<&Message>) -> Result<(), Failure> {
+    async fn copy_answer(
+        &self,
+        resp: reqwest::Response,
+        msg: Option<&Message>,
+    ) -> Result<(), Failure> {
         let status = resp.status();
         if status == reqwest::StatusCode::ACCEPTED {
             return Ok(());
@@ -336,7 +416,10 @@ impl State {
             let mut answered = false;
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| Failure::Broken(e.to_string()))?;
-                for ev in decoder.feed(&chunk).map_err(|e| Failure::Broken(e.to_string()))? {
+                for ev in decoder
+                    .feed(&chunk)
+                    .map_err(|e| Failure::Broken(e.to_string()))?
+                {
                     if let Ok(m) = Message::parse(ev.data.as_bytes()) {
                         answered |= m.kind() == Kind::Response;
                         self.observe(&m);
@@ -345,11 +428,16 @@ impl State {
                 }
             }
             if !answered && msg.is_some_and(|m| m.kind() == Kind::Request) {
-                return Err(Failure::Broken("the response stream ended without an answer".into()));
+                return Err(Failure::Broken(
+                    "the response stream ended without an answer".into(),
+                ));
             }
             return Ok(());
         }
-        let bytes = resp.bytes().await.map_err(|e| Failure::Broken(e.to_string()))?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| Failure::Broken(e.to_string()))?;
         match parse_body(&bytes) {
             Ok(Body::Single(mut m)) => {
                 // The gateway answers some refusals (401, 400) with id null; give
@@ -371,8 +459,11 @@ impl State {
             }
             Err(_) => {
                 let id = msg.and_then(|m| m.id.clone()).unwrap_or(Value::Null);
-                let text = format!("countersign gateway answered HTTP {status} without a JSON-RPC message");
-                self.emit(&Message::error(id, code::INTERNAL_ERROR, &text, None)).await;
+                let text = format!(
+                    "countersign gateway answered HTTP {status} without a JSON-RPC message"
+                );
+                self.emit(&Message::error(id, code::INTERNAL_ERROR, &text, None))
+                    .await;
                 Ok(())
             }
         }
@@ -402,7 +493,9 @@ impl State {
             return Ok(()); // another task already re-initialized
         }
         let Some(mut init) = lock(&self.init).clone() else {
-            return Err(Failure::Unreachable("the session is gone and no initialize was seen to redo".into()));
+            return Err(Failure::Unreachable(
+                "the session is gone and no initialize was seen to redo".into(),
+            ));
         };
         init.id = Some(json!(format!("countersign-reinit-{}", self.scope)));
         *lock(&self.session) = None;
@@ -414,9 +507,16 @@ impl State {
             .send()
             .await
             .map_err(|e| Failure::Unreachable(e.to_string()))?;
-        let sid = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let sid = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let Some(sid) = sid else {
-            return Err(Failure::Unreachable(format!("re-initialize failed with HTTP {}", resp.status())));
+            return Err(Failure::Unreachable(format!(
+                "re-initialize failed with HTTP {}",
+                resp.status()
+            )));
         };
         *lock(&self.session) = Some(sid.clone());
         let done = Message::notification("notifications/initialized", None);
@@ -428,7 +528,9 @@ impl State {
         if let Some(p) = lock(&self.protocol).clone() {
             req = req.header("mcp-protocol-version", p);
         }
-        req.send().await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+        req.send()
+            .await
+            .map_err(|e| Failure::Unreachable(e.to_string()))?;
         tracing::info!("gateway session re-established");
         self.open_standalone();
         Ok(())
@@ -436,7 +538,9 @@ impl State {
 
     /// Keep a standalone GET stream open for server-initiated messages.
     fn open_standalone(self: &State) {
-        let Some(sid) = lock(&self.session).clone() else { return };
+        let Some(sid) = lock(&self.session).clone() else {
+            return;
+        };
         let req = self
             .request(reqwest::Method::GET)
             .header("accept", "text/event-stream")
@@ -455,7 +559,9 @@ impl State {
             let mut decoder = sse::Decoder::new(max);
             let mut stream = resp.bytes_stream();
             while let Some(Ok(chunk)) = stream.next().await {
-                let Ok(events) = decoder.feed(&chunk) else { return };
+                let Ok(events) = decoder.feed(&chunk) else {
+                    return;
+                };
                 for ev in events {
                     if Message::parse(ev.data.as_bytes()).is_ok() {
                         let _ = out.send(ev.data.into_bytes()).await;

@@ -1,5 +1,6 @@
 //! `countersign check`: initialize each configured upstream and report
-//! whether it is up, with the time `initialize` took.
+//! whether it is up, with the time `initialize` took, and list its tools with
+//! their effective annotations.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,24 @@ pub struct Health {
     /// The failure, when down.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Each listed tool with its effective annotations (server hints, MCP
+    /// defaults, operator overrides), as later stages will see them.
+    pub tools: Vec<ToolHealth>,
+}
+
+/// One tool as `check` reports it.
+#[derive(Debug, Serialize)]
+pub struct ToolHealth {
+    /// Tool name.
+    pub name: String,
+    /// Effective `readOnly`.
+    pub read_only: bool,
+    /// Effective `destructive`.
+    pub destructive: bool,
+    /// Effective `idempotent`.
+    pub idempotent: bool,
+    /// Effective `openWorld`.
+    pub open_world: bool,
 }
 
 /// Check every configured upstream, one after another.
@@ -38,7 +57,11 @@ pub async fn check_all(gw: &Gateway) -> Vec<Health> {
 
 async fn check_one(gw: &Gateway, server: &str) -> Health {
     let started = Instant::now();
-    let timeout = gw.config.servers.get(server).map_or(Duration::from_secs(30), |c| c.call_timeout);
+    let timeout = gw
+        .config
+        .servers
+        .get(server)
+        .map_or(Duration::from_secs(30), |c| c.call_timeout);
     let result = async {
         let (conn, _unsolicited) = gw.connect(server).await.map_err(|e| e.to_string())?;
         let init = Message::request(
@@ -51,6 +74,19 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
             }))),
         );
         let answer = conn.call(init, None, timeout, &Vec::new()).await;
+        let listed = match &answer {
+            Ok(r) if r.error.is_none() => {
+                let _ = conn
+                    .send(
+                        Message::notification("notifications/initialized", None),
+                        &Vec::new(),
+                    )
+                    .await;
+                let list = Message::request(json!(2), "tools/list", None);
+                conn.call(list, None, timeout, &Vec::new()).await.ok()
+            }
+            _ => None,
+        };
         conn.shutdown(gw.config.gateway.shutdown_grace).await;
         let resp = answer.map_err(|e| e.to_string())?;
         if let Some(err) = &resp.error {
@@ -61,12 +97,47 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
             .as_ref()
             .and_then(|r| serde_json::from_str(r.get()).ok())
             .unwrap_or(Value::Null);
-        Ok(result.get("serverInfo").cloned())
+        let mut tools = Vec::new();
+        if let Some(list) = listed.and_then(|l| l.result) {
+            gw.catalog.capture(server, list.get());
+            let names: Vec<String> = serde_json::from_str::<Value>(list.get())
+                .ok()
+                .and_then(|v| v.get("tools")?.as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|t| t.get("name")?.as_str().map(str::to_owned))
+                .collect();
+            for name in names {
+                let a = gw.catalog.effective(server, &name);
+                tools.push(ToolHealth {
+                    name,
+                    read_only: a.read_only,
+                    destructive: a.destructive,
+                    idempotent: a.idempotent,
+                    open_world: a.open_world,
+                });
+            }
+        }
+        Ok((result.get("serverInfo").cloned(), tools))
     }
     .await;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     match result {
-        Ok(info) => Health { server: server.into(), up: true, latency_ms, server_info: info, error: None },
-        Err(e) => Health { server: server.into(), up: false, latency_ms, server_info: None, error: Some(e) },
+        Ok((info, tools)) => Health {
+            server: server.into(),
+            up: true,
+            latency_ms,
+            server_info: info,
+            error: None,
+            tools,
+        },
+        Err(e) => Health {
+            server: server.into(),
+            up: false,
+            latency_ms,
+            server_info: None,
+            error: Some(e),
+            tools: Vec::new(),
+        },
     }
 }

@@ -236,7 +236,9 @@ impl Config {
             // Server names become URL path segments (`/mcp/{name}`) and Cedar
             // entity ids: keep them to a plain alphabet.
             if name.is_empty()
-                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
             {
                 return Err(format!(
                     "server name `{name}` may only use letters, digits, `-` and `_`"
@@ -263,7 +265,9 @@ impl Config {
                 (Some(_), None) => {}
             }
             if server.call_timeout.is_zero() {
-                return Err(format!("[servers.{name}] call_timeout must be more than zero"));
+                return Err(format!(
+                    "[servers.{name}] call_timeout must be more than zero"
+                ));
             }
         }
         for (i, id) in self.identities.iter().enumerate() {
@@ -277,11 +281,15 @@ impl Config {
                 ));
             }
             if id.principal.is_empty() || id.tenant.is_empty() {
-                return Err(format!("identities[{i}]: principal and tenant must not be empty"));
+                return Err(format!(
+                    "identities[{i}]: principal and tenant must not be empty"
+                ));
             }
         }
         if self.limits.max_body_bytes < 1024 || self.limits.max_line_bytes < 1024 {
-            return Err("limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into());
+            return Err(
+                "limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into(),
+            );
         }
         Ok(())
     }
@@ -312,16 +320,18 @@ mod tests {
 
     #[test]
     fn misspelled_tool_override_is_refused() {
-        let err = parse(
-            "[servers.p]\ncommand = \"x\"\n[servers.p.tools.charge]\nreadonly = true\n",
-        )
-        .unwrap_err();
+        let err =
+            parse("[servers.p]\ncommand = \"x\"\n[servers.p.tools.charge]\nreadonly = true\n")
+                .unwrap_err();
         assert!(err.to_string().contains("readonly"), "{err}");
     }
 
     #[test]
     fn server_needs_exactly_one_transport() {
-        assert!(parse("[servers.p]\n").unwrap_err().to_string().contains("needs `command`"));
+        assert!(parse("[servers.p]\n")
+            .unwrap_err()
+            .to_string()
+            .contains("needs `command`"));
         let both = parse("[servers.p]\ncommand=\"x\"\nurl=\"http://a\"\n").unwrap_err();
         assert!(both.to_string().contains("both"));
     }

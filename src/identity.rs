@@ -84,7 +84,9 @@ mod tests {
             groups: vec![],
         }]);
         assert_eq!(
-            ids.from_authorization(Some("Bearer s3cret")).unwrap().principal,
+            ids.from_authorization(Some("Bearer s3cret"))
+                .unwrap()
+                .principal,
             "agent-7"
         );
         assert!(ids.from_authorization(Some("bearer s3cret")).is_some());

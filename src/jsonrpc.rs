@@ -47,7 +47,11 @@ pub struct Message {
     pub jsonrpc: String,
     /// Request or response id (a string or a number; `null` only on errors
     /// answering unparseable requests).
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_value")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_value"
+    )]
     pub id: Option<Value>,
     /// Method name of a request or notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,7 +116,9 @@ impl Message {
         }
         if let Some(id) = &self.id {
             if !(id.is_string() || id.is_number() || id.is_null()) {
-                return Err(ParseError::Invalid("`id` must be a string or a number".into()));
+                return Err(ParseError::Invalid(
+                    "`id` must be a string or a number".into(),
+                ));
             }
         }
         let has_outcome = self.result.is_some() || self.error.is_some();
@@ -207,7 +213,9 @@ impl Message {
 
     /// Parse `params` into a JSON value (for the few methods the relay reads).
     pub fn params_value(&self) -> Option<Value> {
-        self.params.as_ref().and_then(|p| serde_json::from_str(p.get()).ok())
+        self.params
+            .as_ref()
+            .and_then(|p| serde_json::from_str(p.get()).ok())
     }
 
     /// The error code of an error response.
@@ -246,12 +254,18 @@ pub enum Body {
 pub fn parse_body(bytes: &[u8]) -> Result<Body, ParseError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let members: Vec<Box<RawValue>> = serde_json::from_slice(bytes).map_err(ParseError::Json)?;
+        let members: Vec<Box<RawValue>> =
+            serde_json::from_slice(bytes).map_err(ParseError::Json)?;
         if members.is_empty() {
-            return Err(ParseError::Invalid("an empty batch is not a request".into()));
+            return Err(ParseError::Invalid(
+                "an empty batch is not a request".into(),
+            ));
         }
         Ok(Body::Batch(
-            members.iter().map(|m| Message::parse(m.get().as_bytes())).collect(),
+            members
+                .iter()
+                .map(|m| Message::parse(m.get().as_bytes()))
+                .collect(),
         ))
     } else {
         Message::parse(bytes).map(Body::Single)
@@ -267,7 +281,10 @@ mod tests {
         let text = br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"a",  "x":1.50}]}}"#;
         let m = Message::parse(text).unwrap();
         assert_eq!(m.kind(), Kind::Response);
-        assert_eq!(m.result.unwrap().get(), r#"{"tools":[{"name":"a",  "x":1.50}]}"#);
+        assert_eq!(
+            m.result.unwrap().get(),
+            r#"{"tools":[{"name":"a",  "x":1.50}]}"#
+        );
     }
 
     #[test]

@@ -32,7 +32,11 @@ enum Command {
         #[arg(long)]
         server: String,
         /// Gateway base URL.
-        #[arg(long, default_value = "http://127.0.0.1:7373", env = "COUNTERSIGN_GATEWAY")]
+        #[arg(
+            long,
+            default_value = "http://127.0.0.1:7373",
+            env = "COUNTERSIGN_GATEWAY"
+        )]
         gateway: String,
         /// Longest stdin line accepted, in bytes.
         #[arg(long, default_value_t = 16 << 20)]
@@ -55,7 +59,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("countersign: cannot start the async runtime: {e}");
@@ -75,7 +82,10 @@ fn main() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -85,9 +95,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             countersign::serve::serve(config).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Stdio { server, gateway, max_line_bytes, reconnect_for } => {
-            let token = std::env::var("COUNTERSIGN_TOKEN")
-                .context("COUNTERSIGN_TOKEN is not set: export the bearer token the gateway knows for you")?;
+        Command::Stdio {
+            server,
+            gateway,
+            max_line_bytes,
+            reconnect_for,
+        } => {
+            let token = std::env::var("COUNTERSIGN_TOKEN").context(
+                "COUNTERSIGN_TOKEN is not set: export the bearer token the gateway knows for you",
+            )?;
             countersign::bridge::run(countersign::bridge::Options {
                 gateway,
                 server,
@@ -108,13 +124,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 for h in &report {
                     let state = if h.up { "up" } else { "down" };
                     let detail = h.error.clone().unwrap_or_else(|| {
-                        h.server_info.as_ref().map(|i| i.to_string()).unwrap_or_default()
+                        h.server_info
+                            .as_ref()
+                            .map(|i| i.to_string())
+                            .unwrap_or_default()
                     });
-                    println!("{:<20} {:<5} {:>9.1} ms  {}", h.server, state, h.latency_ms, detail);
+                    println!(
+                        "{:<20} {:<5} {:>9.1} ms  {}",
+                        h.server, state, h.latency_ms, detail
+                    );
                 }
             }
             let all_up = !report.is_empty() && report.iter().all(|h| h.up);
-            Ok(if all_up { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if all_up {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }

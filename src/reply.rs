@@ -52,6 +52,11 @@ pub fn upstream_failure(id: Value, method: &str, err: &UpstreamError, modern: bo
     if method == "tools/call" {
         tool_error(id, code, &text, json!({}), modern)
     } else {
-        Message::error(id, code::INTERNAL_ERROR, &text, Some(json!({ "countersign": { "code": code } })))
+        Message::error(
+            id,
+            code::INTERNAL_ERROR,
+            &text,
+            Some(json!({ "countersign": { "code": code } })),
+        )
     }
 }

@@ -23,9 +23,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let grace = config.gateway.shutdown_grace;
     let gw = Gateway::new(config);
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} (gateway.listen): is another process using it?"))?;
+    let listener = TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} (gateway.listen): is another process using it?")
+    })?;
     let local = listener.local_addr()?;
     // Tests and scripts wait for this exact line on stderr.
     eprintln!("countersign: listening on {local}");

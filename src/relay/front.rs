@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use crate::identity::Identity;
 use crate::jsonrpc::{code, parse_body, Body, Kind, Message};
 use crate::relay::session::{
-    decode_header_value, declared_version, modern_headers, Gateway, ModernUpstream, Session,
+    declared_version, decode_header_value, modern_headers, Gateway, ModernUpstream, Session,
 };
 use crate::relay::upstream::{ExtraHeaders, UpstreamConn};
 use crate::relay::{sse, HANDSHAKE_VERSIONS, MODERN_VERSIONS};
@@ -40,17 +40,30 @@ pub const SCOPE_HEADER: &str = "countersign-session-scope";
 pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/mcp/{server}", get(get_mcp).post(post_mcp).delete(delete_mcp))
+        .route(
+            "/mcp/{server}",
+            get(get_mcp).post(post_mcp).delete(delete_mcp),
+        )
         .with_state(gw)
 }
 
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
     let body = json!({ "status": "ok", "sessions": gw.session_count() });
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 fn rpc(status: StatusCode, msg: &Message) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], msg.to_bytes()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        msg.to_bytes(),
+    )
+        .into_response()
 }
 
 fn rpc_error(status: StatusCode, code: i64, message: &str, data: Option<Value>) -> Response {
@@ -69,7 +82,9 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
             None,
         ));
     }
-    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     let Some(identity) = gw.identities.from_authorization(auth) else {
         let mut r = rpc_error(
             StatusCode::UNAUTHORIZED,
@@ -77,8 +92,10 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
             "missing or unknown bearer token: send `Authorization: Bearer TOKEN` with a token listed in [[identities]]",
             None,
         );
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"countersign\""));
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"countersign\""),
+        );
         return Err(r);
     };
     if !gw.config.servers.contains_key(server) {
@@ -86,7 +103,10 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
         return Err(rpc_error(
             StatusCode::NOT_FOUND,
             code::INVALID_REQUEST,
-            &format!("unknown server `{server}`: configured servers are {}", known.join(", ")),
+            &format!(
+                "unknown server `{server}`: configured servers are {}",
+                known.join(", ")
+            ),
             None,
         ));
     }
@@ -94,16 +114,32 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
 }
 
 fn origin_allowed(gw: &Gateway, headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN) else { return true };
-    let Ok(origin) = origin.to_str() else { return false };
-    if gw.config.gateway.allowed_origins.iter().any(|o| o == origin) {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let Ok(origin) = origin.to_str() else {
+        return false;
+    };
+    if gw
+        .config
+        .gateway
+        .allowed_origins
+        .iter()
+        .any(|o| o == origin)
+    {
         return true;
     }
-    let Some(rest) = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) else {
+    let Some(rest) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
         return false;
     };
     let host = if let Some(v6) = rest.strip_prefix('[') {
-        v6.split(']').next().map(|h| format!("[{h}]")).unwrap_or_default()
+        v6.split(']')
+            .next()
+            .map(|h| format!("[{h}]"))
+            .unwrap_or_default()
     } else {
         rest.split(':').next().unwrap_or_default().to_owned()
     };
@@ -115,7 +151,8 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 fn accepts_sse(headers: &HeaderMap) -> bool {
-    header_str(headers, "accept").is_none_or(|a| a.contains("text/event-stream") || a.contains("*/*"))
+    header_str(headers, "accept")
+        .is_none_or(|a| a.contains("text/event-stream") || a.contains("*/*"))
 }
 
 async fn post_mcp(
@@ -156,7 +193,10 @@ async fn post_mcp(
                 return rpc_error(
                     StatusCode::BAD_REQUEST,
                     code::INVALID_REQUEST,
-                    &format!("unsupported MCP-Protocol-Version `{v}` for a session; supported: {}", HANDSHAKE_VERSIONS.join(", ")),
+                    &format!(
+                        "unsupported MCP-Protocol-Version `{v}` for a session; supported: {}",
+                        HANDSHAKE_VERSIONS.join(", ")
+                    ),
                     None,
                 );
             }
@@ -195,7 +235,10 @@ async fn initialize(
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(server, "initialize failed: {e}");
-            return rpc(StatusCode::OK, &reply::upstream_failure(id, "initialize", &e, false));
+            return rpc(
+                StatusCode::OK,
+                &reply::upstream_failure(id, "initialize", &e, false),
+            );
         }
     };
     let params = msg.params.clone();
@@ -209,8 +252,14 @@ async fn initialize(
                 .as_ref()
                 .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
                 .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
-            *session.protocol_version.lock().unwrap_or_else(|p| p.into_inner()) = version;
-            *session.init_params.lock().unwrap_or_else(|p| p.into_inner()) = params;
+            *session
+                .protocol_version
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = version;
+            *session
+                .init_params
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = params;
             tracing::info!(server, session = %session.id, principal = %session.identity.principal, "session opened");
             let mut r = rpc(StatusCode::OK, &resp);
             if let Ok(v) = HeaderValue::try_from(session.id.as_str()) {
@@ -227,16 +276,27 @@ async fn initialize(
             tracing::warn!(server, "initialize failed: {e}");
             let grace = gw.config.gateway.shutdown_grace;
             tokio::spawn(async move { conn.shutdown(grace).await });
-            rpc(StatusCode::OK, &reply::upstream_failure(id, "initialize", &e, false))
+            rpc(
+                StatusCode::OK,
+                &reply::upstream_failure(id, "initialize", &e, false),
+            )
         }
     }
 }
 
 fn call_timeout(gw: &Gateway, server: &str) -> std::time::Duration {
-    gw.config.servers.get(server).map_or(std::time::Duration::from_secs(30), |c| c.call_timeout)
+    gw.config
+        .servers
+        .get(server)
+        .map_or(std::time::Duration::from_secs(30), |c| c.call_timeout)
 }
 
-async fn in_session(gw: &Arc<Gateway>, session: &Arc<Session>, msg: Message, sse: bool) -> Response {
+async fn in_session(
+    gw: &Arc<Gateway>,
+    session: &Arc<Session>,
+    msg: Message,
+    sse: bool,
+) -> Response {
     match msg.kind() {
         Kind::Request if msg.method() == "initialize" => rpc(
             StatusCode::BAD_REQUEST,
@@ -247,7 +307,18 @@ async fn in_session(gw: &Arc<Gateway>, session: &Arc<Session>, msg: Message, sse
                 None,
             ),
         ),
-        Kind::Request => relay_request(gw, session.conn.clone(), &session.server, msg, sse, false, Vec::new()).await,
+        Kind::Request => {
+            relay_request(
+                gw,
+                session.conn.clone(),
+                &session.server,
+                msg,
+                sse,
+                false,
+                Vec::new(),
+            )
+            .await
+        }
         Kind::Notification | Kind::Response => {
             if let Err(e) = session.conn.send(msg, &Vec::new()).await {
                 tracing::warn!(server = %session.server, "client message not delivered upstream: {e}");
@@ -269,17 +340,23 @@ async fn batch(
     for member in members {
         match member {
             Err(e) => answers.push(Message::error(Value::Null, e.code(), &e.to_string(), None)),
-            Ok(msg) if msg.kind() == Kind::Request && msg.method() == "initialize" => answers.push(
-                Message::error(
+            Ok(msg) if msg.kind() == Kind::Request && msg.method() == "initialize" => {
+                answers.push(Message::error(
                     msg.id.unwrap_or(Value::Null),
                     code::INVALID_REQUEST,
                     "initialize cannot be part of a batch",
                     None,
-                ),
-            ),
-            Ok(msg) if msg.kind() == Kind::Request => {
-                calls.push(answer(gw.clone(), session.conn.clone(), session.server.clone(), msg, None, false, Vec::new()))
+                ))
             }
+            Ok(msg) if msg.kind() == Kind::Request => calls.push(answer(
+                gw.clone(),
+                session.conn.clone(),
+                session.server.clone(),
+                msg,
+                None,
+                false,
+                Vec::new(),
+            )),
             Ok(msg) => {
                 if let Err(e) = session.conn.send(msg, &Vec::new()).await {
                     tracing::warn!(server = %session.server, "client message not delivered upstream: {e}");
@@ -295,7 +372,12 @@ async fn batch(
         .iter()
         .filter_map(|m| serde_json::from_slice(&m.to_bytes()).ok())
         .collect();
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], Value::Array(body).to_string()).into_response()
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Value::Array(body).to_string(),
+    )
+        .into_response()
 }
 
 /// Call upstream and produce the answer the client gets (the upstream's
@@ -311,7 +393,10 @@ async fn answer(
 ) -> Message {
     let method = msg.method().to_owned();
     let id = msg.id.clone().unwrap_or(Value::Null);
-    match conn.call(msg, events, call_timeout(&gw, &server), &extra).await {
+    match conn
+        .call(msg, events, call_timeout(&gw, &server), &extra)
+        .await
+    {
         Ok(resp) => {
             if method == "tools/list" {
                 if let Some(result) = &resp.result {
@@ -351,7 +436,15 @@ async fn relay_request(
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Message>(64);
     let events = sse.then(|| tx.clone());
-    let work = answer(gw.clone(), conn, server.to_owned(), msg, events, modern, extra);
+    let work = answer(
+        gw.clone(),
+        conn,
+        server.to_owned(),
+        msg,
+        events,
+        modern,
+        extra,
+    );
     // Spawned: in the handshake era a client that disconnects does not cancel
     // the call (it may resume through the session), so the call must outlive
     // this handler.
@@ -361,29 +454,43 @@ async fn relay_request(
     });
     let abort = modern.then(|| AbortOnDrop(task.abort_handle()));
     let Some(first) = rx.recv().await else {
-        return rpc_error(StatusCode::INTERNAL_SERVER_ERROR, code::INTERNAL_ERROR, "the relay task ended without an answer", None);
+        return rpc_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            code::INTERNAL_ERROR,
+            "the relay task ended without an answer",
+            None,
+        );
     };
     if first.kind() == Kind::Response {
         return rpc(StatusCode::OK, &first);
     }
-    let frames = stream::unfold((Some(first), rx, abort, false), |(next, mut rx, abort, done)| async move {
-        if done {
-            return None;
-        }
-        let msg = match next {
-            Some(m) => m,
-            None => rx.recv().await?,
-        };
-        let last = msg.kind() == Kind::Response;
-        Some((Ok::<Bytes, Infallible>(sse::encode(&msg.to_bytes())), (None, rx, abort, last)))
-    });
+    let frames = stream::unfold(
+        (Some(first), rx, abort, false),
+        |(next, mut rx, abort, done)| async move {
+            if done {
+                return None;
+            }
+            let msg = match next {
+                Some(m) => m,
+                None => rx.recv().await?,
+            };
+            let last = msg.kind() == Kind::Response;
+            Some((
+                Ok::<Bytes, Infallible>(sse::encode(&msg.to_bytes())),
+                (None, rx, abort, last),
+            ))
+        },
+    );
     sse_response(HttpBody::from_stream(frames))
 }
 
 fn sse_response(body: HttpBody) -> Response {
     let mut r = Response::new(body);
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
@@ -399,11 +506,18 @@ async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Messa
         // The headers are what intermediaries route on; a body that says
         // otherwise is refused so that no component acts on a different call
         // than the one the gateway checked.
-        rpc(StatusCode::BAD_REQUEST, &Message::error(id.clone(), code::HEADER_MISMATCH, &text, None))
+        rpc(
+            StatusCode::BAD_REQUEST,
+            &Message::error(id.clone(), code::HEADER_MISMATCH, &text, None),
+        )
     };
     match header_str(headers, PROTOCOL_HEADER) {
         Some(v) if v == declared => {}
-        Some(v) => return mismatch(format!("header mismatch: MCP-Protocol-Version `{v}` does not match _meta `{declared}`")),
+        Some(v) => {
+            return mismatch(format!(
+                "header mismatch: MCP-Protocol-Version `{v}` does not match _meta `{declared}`"
+            ))
+        }
         None => return mismatch("header mismatch: MCP-Protocol-Version header is missing".into()),
     }
     let unsupported = |supported: Vec<&str>, why: &str| {
@@ -418,12 +532,21 @@ async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Messa
         )
     };
     if !MODERN_VERSIONS.contains(&declared.as_str()) {
-        let all = MODERN_VERSIONS.iter().chain(HANDSHAKE_VERSIONS).copied().collect();
+        let all = MODERN_VERSIONS
+            .iter()
+            .chain(HANDSHAKE_VERSIONS)
+            .copied()
+            .collect();
         return unsupported(all, "Unsupported protocol version");
     }
     match header_str(headers, "mcp-method") {
         Some(m) if m == msg.method() => {}
-        Some(m) => return mismatch(format!("header mismatch: Mcp-Method `{m}` does not match body `{}`", msg.method())),
+        Some(m) => {
+            return mismatch(format!(
+                "header mismatch: Mcp-Method `{m}` does not match body `{}`",
+                msg.method()
+            ))
+        }
         None => return mismatch("header mismatch: Mcp-Method header is missing".into()),
     }
     let name_field = match msg.method() {
@@ -433,15 +556,31 @@ async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Messa
     };
     let mut name = None;
     if let Some(field) = name_field {
-        let body_name = params.as_ref().and_then(|p| p.get(field)).and_then(Value::as_str).unwrap_or_default();
+        let body_name = params
+            .as_ref()
+            .and_then(|p| p.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         match header_str(headers, "mcp-name").map(decode_header_value) {
             Some(Some(h)) if h == body_name => name = Some(body_name.to_owned()),
-            Some(Some(h)) => return mismatch(format!("header mismatch: Mcp-Name `{h}` does not match body `{body_name}`")),
-            Some(None) => return mismatch("header mismatch: Mcp-Name is not valid base64 sentinel encoding".into()),
+            Some(Some(h)) => {
+                return mismatch(format!(
+                    "header mismatch: Mcp-Name `{h}` does not match body `{body_name}`"
+                ))
+            }
+            Some(None) => {
+                return mismatch(
+                    "header mismatch: Mcp-Name is not valid base64 sentinel encoding".into(),
+                )
+            }
             None => return mismatch("header mismatch: Mcp-Name header is missing".into()),
         }
     }
-    let meta = params.as_ref().and_then(|p| p.get("_meta")).cloned().unwrap_or(Value::Null);
+    let meta = params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .cloned()
+        .unwrap_or(Value::Null);
     let conn = match gw.modern_upstream(server, &meta).await {
         Ok(ModernUpstream::Speaks(conn)) => conn,
         Ok(ModernUpstream::Legacy) => {
@@ -450,7 +589,12 @@ async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Messa
                 &format!("upstream `{server}` speaks only the handshake era: send initialize"),
             )
         }
-        Err(e) => return rpc(StatusCode::OK, &reply::upstream_failure(id, msg.method(), &e, true)),
+        Err(e) => {
+            return rpc(
+                StatusCode::OK,
+                &reply::upstream_failure(id, msg.method(), &e, true),
+            )
+        }
     };
     let mut extra = modern_headers(msg.method(), name.as_deref(), &declared);
     // Intermediaries forward `Mcp-Param-*` headers they do not interpret.
@@ -460,7 +604,9 @@ async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Messa
         }
     }
     match msg.kind() {
-        Kind::Request => relay_request(gw, conn, server, msg, accepts_sse(headers), true, extra).await,
+        Kind::Request => {
+            relay_request(gw, conn, server, msg, accepts_sse(headers), true, extra).await
+        }
         _ => {
             if let Err(e) = conn.send(msg, &extra).await {
                 tracing::warn!(server, "client message not delivered upstream: {e}");
@@ -470,7 +616,11 @@ async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Messa
     }
 }
 
-async fn get_mcp(State(gw): State<Arc<Gateway>>, Path(server): Path<String>, headers: HeaderMap) -> Response {
+async fn get_mcp(
+    State(gw): State<Arc<Gateway>>,
+    Path(server): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let identity = match admit(&gw, &server, &headers) {
         Ok(i) => i,
         Err(r) => return r,
@@ -480,7 +630,12 @@ async fn get_mcp(State(gw): State<Arc<Gateway>>, Path(server): Path<String>, hea
         return StatusCode::METHOD_NOT_ALLOWED.into_response();
     };
     let Some(session) = gw.session(&server, sid, &identity) else {
-        return rpc_error(StatusCode::NOT_FOUND, code::INVALID_REQUEST, "session not found: send initialize again", None);
+        return rpc_error(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "session not found: send initialize again",
+            None,
+        );
     };
     let Ok(receiver) = session.standalone.clone().try_lock_owned() else {
         return rpc_error(
@@ -497,7 +652,11 @@ async fn get_mcp(State(gw): State<Arc<Gateway>>, Path(server): Path<String>, hea
     sse_response(HttpBody::from_stream(frames))
 }
 
-async fn delete_mcp(State(gw): State<Arc<Gateway>>, Path(server): Path<String>, headers: HeaderMap) -> Response {
+async fn delete_mcp(
+    State(gw): State<Arc<Gateway>>,
+    Path(server): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let identity = match admit(&gw, &server, &headers) {
         Ok(i) => i,
         Err(r) => return r,
@@ -506,7 +665,12 @@ async fn delete_mcp(State(gw): State<Arc<Gateway>>, Path(server): Path<String>, 
         return StatusCode::METHOD_NOT_ALLOWED.into_response();
     };
     if gw.session(&server, sid, &identity).is_none() {
-        return rpc_error(StatusCode::NOT_FOUND, code::INVALID_REQUEST, "session not found", None);
+        return rpc_error(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "session not found",
+            None,
+        );
     }
     gw.close_session(sid).await;
     tracing::info!(server, session = sid, "session closed by the client");

@@ -90,7 +90,10 @@ impl Mux {
         events: Option<mpsc::Sender<Message>>,
     ) -> Result<(Message, Ticket), Lost> {
         let upstream_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let client_id = msg.id.replace(Value::from(upstream_id)).unwrap_or(Value::Null);
+        let client_id = msg
+            .id
+            .replace(Value::from(upstream_id))
+            .unwrap_or(Value::Null);
         let progress_token = msg
             .params_value()
             .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
@@ -101,9 +104,20 @@ impl Mux {
         }
         inner.pending.insert(
             upstream_id,
-            Pending { client_id, progress_token, events, done: tx },
+            Pending {
+                client_id,
+                progress_token,
+                events,
+                done: tx,
+            },
         );
-        Ok((msg, Ticket { upstream_id, done: rx }))
+        Ok((
+            msg,
+            Ticket {
+                upstream_id,
+                done: rx,
+            },
+        ))
     }
 
     /// Stop waiting for a request (timeout or abandoned call).
@@ -113,7 +127,10 @@ impl Mux {
 
     /// The client's id of an in-flight upstream request.
     pub fn client_id(&self, upstream_id: u64) -> Option<Value> {
-        self.lock().pending.get(&upstream_id).map(|p| p.client_id.clone())
+        self.lock()
+            .pending
+            .get(&upstream_id)
+            .map(|p| p.client_id.clone())
     }
 
     /// How many requests await an answer.
@@ -147,7 +164,10 @@ impl Mux {
                     return;
                 };
                 let Some(p) = self.lock().pending.remove(&id) else {
-                    tracing::warn!(id, "upstream answered an unknown or abandoned request; dropped");
+                    tracing::warn!(
+                        id,
+                        "upstream answered an unknown or abandoned request; dropped"
+                    );
                     return;
                 };
                 msg.id = Some(p.client_id);
@@ -163,7 +183,9 @@ impl Mux {
                 if msg.method() == "notifications/cancelled" {
                     // The server cancels one of its own requests to the client:
                     // name it by the id the client knows.
-                    let Some(mut params) = msg.params_value() else { return };
+                    let Some(mut params) = msg.params_value() else {
+                        return;
+                    };
                     let known = {
                         let inner = self.lock();
                         let req = params.get("requestId").cloned();
@@ -271,23 +293,35 @@ mod tests {
     async fn ids_are_rewritten_and_restored() {
         let (utx, _urx) = mpsc::channel(8);
         let mux = Mux::new(utx);
-        let (up1, t1) = mux.register(req(Value::from("a"), "ping", None), None).unwrap();
-        let (up2, t2) = mux.register(req(Value::from("a"), "ping", None), None).unwrap();
-        assert_ne!(up1.id, up2.id, "the same client id from two clients must not collide upstream");
+        let (up1, t1) = mux
+            .register(req(Value::from("a"), "ping", None), None)
+            .unwrap();
+        let (up2, t2) = mux
+            .register(req(Value::from("a"), "ping", None), None)
+            .unwrap();
+        assert_ne!(
+            up1.id, up2.id,
+            "the same client id from two clients must not collide upstream"
+        );
         let r = Message::response(up2.id.clone().unwrap(), raw(&serde_json::json!({})));
         mux.deliver(r, Origin::Pipe);
         let got = t2.done.await.unwrap().unwrap();
         assert_eq!(got.id, Some(Value::from("a")));
         mux.close("gone");
         assert!(t1.done.await.unwrap().is_err());
-        assert!(mux.register(req(Value::from(1), "ping", None), None).is_err());
+        assert!(mux
+            .register(req(Value::from(1), "ping", None), None)
+            .is_err());
     }
 
     #[tokio::test]
     async fn unknown_response_is_dropped() {
         let (utx, mut urx) = mpsc::channel(8);
         let mux = Mux::new(utx);
-        mux.deliver(Message::response(Value::from(99), raw(&serde_json::json!({}))), Origin::Pipe);
+        mux.deliver(
+            Message::response(Value::from(99), raw(&serde_json::json!({}))),
+            Origin::Pipe,
+        );
         assert!(urx.try_recv().is_err());
     }
 
@@ -295,14 +329,20 @@ mod tests {
     async fn server_request_round_trip() {
         let (utx, mut urx) = mpsc::channel(8);
         let mux = Mux::new(utx);
-        mux.deliver(req(Value::from("srv-1"), "sampling/createMessage", None), Origin::Standalone);
+        mux.deliver(
+            req(Value::from("srv-1"), "sampling/createMessage", None),
+            Origin::Standalone,
+        );
         let to_client = urx.recv().await.unwrap();
         let n = to_client.id.clone().unwrap();
         assert!(n.is_u64());
         let answer = Message::response(n, raw(&serde_json::json!({"ok": true})));
         let upstream = mux.from_client(answer.clone()).unwrap();
         assert_eq!(upstream.id, Some(Value::from("srv-1")));
-        assert!(mux.from_client(answer).is_none(), "a second answer has nothing to answer");
+        assert!(
+            mux.from_client(answer).is_none(),
+            "a second answer has nothing to answer"
+        );
     }
 
     #[tokio::test]
@@ -313,17 +353,24 @@ mod tests {
         let (etx2, mut erx2) = mpsc::channel(8);
         let p1 = serde_json::json!({"_meta": {"progressToken": "t1"}});
         let p2 = serde_json::json!({"_meta": {"progressToken": "t2"}});
-        mux.register(req(Value::from(1), "tools/call", Some(p1)), Some(etx1)).unwrap();
-        mux.register(req(Value::from(2), "tools/call", Some(p2)), Some(etx2)).unwrap();
+        mux.register(req(Value::from(1), "tools/call", Some(p1)), Some(etx1))
+            .unwrap();
+        mux.register(req(Value::from(2), "tools/call", Some(p2)), Some(etx2))
+            .unwrap();
         let progress = Message::notification(
             "notifications/progress",
-            Some(raw(&serde_json::json!({"progressToken": "t2", "progress": 1}))),
+            Some(raw(
+                &serde_json::json!({"progressToken": "t2", "progress": 1}),
+            )),
         );
         mux.deliver(progress, Origin::Pipe);
         assert!(erx2.try_recv().is_ok());
         assert!(erx1.try_recv().is_err());
         // Two requests pending and no token: it belongs to neither.
-        mux.deliver(Message::notification("notifications/message", None), Origin::Pipe);
+        mux.deliver(
+            Message::notification("notifications/message", None),
+            Origin::Pipe,
+        );
         assert!(urx.try_recv().is_ok());
     }
 
@@ -331,7 +378,9 @@ mod tests {
     async fn cancel_names_upstream_id() {
         let (utx, _urx) = mpsc::channel(8);
         let mux = Mux::new(utx);
-        let (up, _t) = mux.register(req(Value::from("c-1"), "tools/call", None), None).unwrap();
+        let (up, _t) = mux
+            .register(req(Value::from("c-1"), "tools/call", None), None)
+            .unwrap();
         let cancel = Message::notification(
             "notifications/cancelled",
             Some(raw(&serde_json::json!({"requestId": "c-1"}))),

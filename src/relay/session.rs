@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use serde_json::value::RawValue;
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::annotations::Catalog;
@@ -96,7 +96,11 @@ impl Gateway {
     pub fn new(config: Config) -> Arc<Gateway> {
         let identities = Identities::from_config(&config.identities);
         let catalog = Catalog::new(
-            config.servers.iter().map(|(k, v)| (k.clone(), v.tools.clone())).collect(),
+            config
+                .servers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.tools.clone()))
+                .collect(),
         );
         Arc::new(Gateway {
             config,
@@ -113,13 +117,23 @@ impl Gateway {
         &self,
         server: &str,
     ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
-        let cfg = self.config.servers.get(server).ok_or_else(|| UpstreamError::Closed {
-            server: server.into(),
-            reason: "not configured".into(),
-        })?;
+        let cfg = self
+            .config
+            .servers
+            .get(server)
+            .ok_or_else(|| UpstreamError::Closed {
+                server: server.into(),
+                reason: "not configured".into(),
+            })?;
         let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
-        let conn =
-            UpstreamConn::connect(server, cfg, &self.http, self.config.limits.max_line_bytes, tx).await?;
+        let conn = UpstreamConn::connect(
+            server,
+            cfg,
+            &self.http,
+            self.config.limits.max_line_bytes,
+            tx,
+        )
+        .await?;
         Ok((conn, rx))
     }
 
@@ -181,7 +195,8 @@ impl Gateway {
     /// Shut every upstream down (gateway stopping).
     pub async fn shutdown(&self) {
         let all: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
-        let modern: Vec<ModernUpstream> = self.modern.lock().await.drain().map(|(_, m)| m).collect();
+        let modern: Vec<ModernUpstream> =
+            self.modern.lock().await.drain().map(|(_, m)| m).collect();
         let grace = self.config.gateway.shutdown_grace;
         let mut tasks = Vec::new();
         for s in all {
@@ -204,7 +219,11 @@ impl Gateway {
 
     /// The shared 2026-07-28 upstream of `server`, connecting and probing it
     /// on first use (and again after it was lost).
-    pub async fn modern_upstream(&self, server: &str, meta: &Value) -> Result<ModernUpstream, UpstreamError> {
+    pub async fn modern_upstream(
+        &self,
+        server: &str,
+        meta: &Value,
+    ) -> Result<ModernUpstream, UpstreamError> {
         let mut map = self.modern.lock().await;
         if let Some(known) = map.get(server) {
             match known {
@@ -215,7 +234,11 @@ impl Gateway {
         let (conn, unsolicited) = self.connect(server).await?;
         // Nothing listens for unattributed messages in this era: drain them.
         tokio::spawn(drain(unsolicited));
-        let timeout = self.config.servers.get(server).map_or(Duration::from_secs(30), |c| c.call_timeout);
+        let timeout = self
+            .config
+            .servers
+            .get(server)
+            .map_or(Duration::from_secs(30), |c| c.call_timeout);
         let probe = Message::request(
             Value::from(0),
             "server/discover",
@@ -230,7 +253,10 @@ impl Gateway {
                     .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
                     .and_then(|v| v.get("supportedVersions").cloned())
                     .and_then(|v| v.as_array().cloned())
-                    .is_some_and(|vs| vs.iter().any(|v| v.as_str().is_some_and(|v| MODERN_VERSIONS.contains(&v))));
+                    .is_some_and(|vs| {
+                        vs.iter()
+                            .any(|v| v.as_str().is_some_and(|v| MODERN_VERSIONS.contains(&v)))
+                    });
                 if speaks {
                     ModernUpstream::Speaks(conn)
                 } else {
@@ -249,7 +275,11 @@ impl Gateway {
                 return Err(e);
             }
         };
-        tracing::info!(server, modern = matches!(verdict, ModernUpstream::Speaks(_)), "probed upstream era");
+        tracing::info!(
+            server,
+            modern = matches!(verdict, ModernUpstream::Speaks(_)),
+            "probed upstream era"
+        );
         map.insert(server.to_owned(), verdict.clone());
         Ok(verdict)
     }
@@ -260,7 +290,11 @@ async fn drain(mut rx: mpsc::Receiver<Message>) {
 }
 
 /// 2026-07-28 request metadata headers for an upstream POST.
-pub fn modern_headers(method: &str, name: Option<&str>, version: &str) -> super::upstream::ExtraHeaders {
+pub fn modern_headers(
+    method: &str,
+    name: Option<&str>,
+    version: &str,
+) -> super::upstream::ExtraHeaders {
     let mut h = Vec::new();
     if let Ok(v) = http::HeaderValue::try_from(version) {
         h.push((http::HeaderName::from_static("mcp-protocol-version"), v));
@@ -288,14 +322,20 @@ pub fn encode_header_value(value: &str) -> String {
     if plain {
         value.to_owned()
     } else {
-        format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(value))
+        format!(
+            "=?base64?{}?=",
+            base64::engine::general_purpose::STANDARD.encode(value)
+        )
     }
 }
 
 /// Decode an `Mcp-Name` / `Mcp-Param-*` header value.
 pub fn decode_header_value(value: &str) -> Option<String> {
     use base64::Engine;
-    match value.strip_prefix("=?base64?").and_then(|v| v.strip_suffix("?=")) {
+    match value
+        .strip_prefix("=?base64?")
+        .and_then(|v| v.strip_suffix("?="))
+    {
         Some(b64) => {
             let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
             String::from_utf8(bytes).ok()
@@ -306,7 +346,11 @@ pub fn decode_header_value(value: &str) -> Option<String> {
 
 /// The protocol version a 2026-07-28 request declares in `params._meta`.
 pub fn declared_version(params: Option<&Value>) -> Option<String> {
-    params?.get("_meta")?.get(META_PROTOCOL_VERSION)?.as_str().map(str::to_owned)
+    params?
+        .get("_meta")?
+        .get(META_PROTOCOL_VERSION)?
+        .as_str()
+        .map(str::to_owned)
 }
 
 fn mint_session_id() -> String {
@@ -322,11 +366,26 @@ mod tests {
     #[test]
     fn header_value_encoding() {
         assert_eq!(encode_header_value("get_weather"), "get_weather");
-        assert_eq!(encode_header_value("Hello, 世界"), "=?base64?SGVsbG8sIOS4lueVjA==?=");
+        assert_eq!(
+            encode_header_value("Hello, 世界"),
+            "=?base64?SGVsbG8sIOS4lueVjA==?="
+        );
         assert_eq!(encode_header_value(" padded "), "=?base64?IHBhZGRlZCA=?=");
-        assert_eq!(encode_header_value("=?base64?literal?="), "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?=");
-        for v in ["get_weather", "Hello, 世界", " padded ", "line1\nline2", "=?base64?literal?="] {
-            assert_eq!(decode_header_value(&encode_header_value(v)).as_deref(), Some(v));
+        assert_eq!(
+            encode_header_value("=?base64?literal?="),
+            "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="
+        );
+        for v in [
+            "get_weather",
+            "Hello, 世界",
+            " padded ",
+            "line1\nline2",
+            "=?base64?literal?=",
+        ] {
+            assert_eq!(
+                decode_header_value(&encode_header_value(v)).as_deref(),
+                Some(v)
+            );
         }
         assert_eq!(decode_header_value("=?base64?!!?="), None);
     }

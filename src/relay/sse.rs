@@ -121,7 +121,9 @@ mod tests {
     fn split_across_chunks_and_crlf() {
         let mut d = Decoder::new(1024);
         assert!(d.feed(b"event: message\r\nda").unwrap().is_empty());
-        let ev = d.feed(b"ta: {\"a\":1}\r\n\r\n: keepalive\n\ndata: x\ndata: y\nid: 7\n\n").unwrap();
+        let ev = d
+            .feed(b"ta: {\"a\":1}\r\n\r\n: keepalive\n\ndata: x\ndata: y\nid: 7\n\n")
+            .unwrap();
         assert_eq!(ev.len(), 2);
         assert_eq!(ev[0].data, "{\"a\":1}");
         assert_eq!(ev[0].event.as_deref(), Some("message"));

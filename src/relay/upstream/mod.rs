@@ -82,7 +82,10 @@ pub enum UpstreamError {
 impl UpstreamError {
     /// Whether the request may have reached the server (and so may have run).
     pub fn dispatched(&self) -> bool {
-        matches!(self, UpstreamError::Lost { .. } | UpstreamError::Timeout { .. })
+        matches!(
+            self,
+            UpstreamError::Lost { .. } | UpstreamError::Timeout { .. }
+        )
     }
 }
 
@@ -114,10 +117,25 @@ impl UpstreamConn {
     ) -> Result<Arc<UpstreamConn>, UpstreamError> {
         let mux = Arc::new(Mux::new(unsolicited));
         let transport = match &cfg.url {
-            Some(url) => Transport::Http(streamable_http::Http::new(server, url, &cfg.headers, http, max_line)?),
-            None => Transport::Stdio(Arc::new(stdio::Stdio::spawn(server, cfg, max_line, mux.clone())?)),
+            Some(url) => Transport::Http(streamable_http::Http::new(
+                server,
+                url,
+                &cfg.headers,
+                http,
+                max_line,
+            )?),
+            None => Transport::Stdio(Arc::new(stdio::Stdio::spawn(
+                server,
+                cfg,
+                max_line,
+                mux.clone(),
+            )?)),
         };
-        Ok(Arc::new(UpstreamConn { mux, transport, server: server.into() }))
+        Ok(Arc::new(UpstreamConn {
+            mux,
+            transport,
+            server: server.into(),
+        }))
     }
 
     /// The server this connection talks to.
@@ -134,14 +152,21 @@ impl UpstreamConn {
         timeout: Duration,
         extra: &ExtraHeaders,
     ) -> Result<Message, UpstreamError> {
-        let (out, ticket) = self.mux.register(msg, events).map_err(|l| UpstreamError::Closed {
-            server: self.server.clone(),
-            reason: l.0,
-        })?;
+        let (out, ticket) = self
+            .mux
+            .register(msg, events)
+            .map_err(|l| UpstreamError::Closed {
+                server: self.server.clone(),
+                reason: l.0,
+            })?;
         let id = ticket.upstream_id;
         // If this future is dropped mid-call (the 2026-07-28 client closed its
         // stream, which is its cancellation), tell a stdio upstream to stop.
-        let mut in_flight = InFlight { conn: self, id, armed: true };
+        let mut in_flight = InFlight {
+            conn: self,
+            id,
+            armed: true,
+        };
         let work = async {
             match &self.transport {
                 Transport::Stdio(s) => s.write(&out).await?,
@@ -174,10 +199,15 @@ impl UpstreamConn {
                 // the caller reports as an unknown outcome.
                 let cancel = Message::notification(
                     "notifications/cancelled",
-                    Some(raw(&serde_json::json!({ "requestId": id, "reason": "countersign: call_timeout elapsed" }))),
+                    Some(raw(
+                        &serde_json::json!({ "requestId": id, "reason": "countersign: call_timeout elapsed" }),
+                    )),
                 );
                 let _ = self.send_raw(&cancel, &Vec::new()).await;
-                Err(UpstreamError::Timeout { server: self.server.clone(), timeout })
+                Err(UpstreamError::Timeout {
+                    server: self.server.clone(),
+                    timeout,
+                })
             }
         }
     }
@@ -185,7 +215,9 @@ impl UpstreamConn {
     /// Send a client notification or a client response to a server request
     /// (mapped through the mux first; dropped when it maps to nothing).
     pub async fn send(&self, msg: Message, extra: &ExtraHeaders) -> Result<(), UpstreamError> {
-        let Some(msg) = self.mux.from_client(msg) else { return Ok(()) };
+        let Some(msg) = self.mux.from_client(msg) else {
+            return Ok(());
+        };
         self.send_raw(&msg, extra).await?;
         if msg.method() == "notifications/initialized" {
             if let Transport::Http(h) = &self.transport {
@@ -201,7 +233,9 @@ impl UpstreamConn {
         self.mux.forget(upstream_id);
         let cancel = Message::notification(
             "notifications/cancelled",
-            Some(raw(&serde_json::json!({ "requestId": upstream_id, "reason": reason }))),
+            Some(raw(
+                &serde_json::json!({ "requestId": upstream_id, "reason": reason }),
+            )),
         );
         let _ = self.send_raw(&cancel, &Vec::new()).await;
     }
@@ -229,7 +263,10 @@ impl UpstreamConn {
     }
 
     fn lost(&self, reason: String) -> UpstreamError {
-        UpstreamError::Lost { server: self.server.clone(), reason }
+        UpstreamError::Lost {
+            server: self.server.clone(),
+            reason,
+        }
     }
 }
 
@@ -252,7 +289,9 @@ impl Drop for InFlight<'_> {
             let s = s.clone();
             let cancel = Message::notification(
                 "notifications/cancelled",
-                Some(raw(&serde_json::json!({ "requestId": self.id, "reason": "the client cancelled the request" }))),
+                Some(raw(
+                    &serde_json::json!({ "requestId": self.id, "reason": "the client cancelled the request" }),
+                )),
             );
             tokio::spawn(async move {
                 let _ = s.write(&cancel).await;

@@ -29,8 +29,14 @@ impl Stdio {
         max_line: usize,
         mux: Arc<Mux>,
     ) -> Result<Stdio, UpstreamError> {
-        let spawn_err = |reason: String| UpstreamError::Spawn { server: server.into(), reason };
-        let program = cfg.command.as_deref().ok_or_else(|| spawn_err("no command".into()))?;
+        let spawn_err = |reason: String| UpstreamError::Spawn {
+            server: server.into(),
+            reason,
+        };
+        let program = cfg
+            .command
+            .as_deref()
+            .ok_or_else(|| spawn_err("no command".into()))?;
         let mut cmd = Command::new(program);
         cmd.args(&cfg.args)
             .envs(&cfg.env)
@@ -42,7 +48,9 @@ impl Stdio {
         if let Some(dir) = &cfg.cwd {
             cmd.current_dir(dir);
         }
-        let mut child = cmd.spawn().map_err(|e| spawn_err(format!("`{program}`: {e}")))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| spawn_err(format!("`{program}`: {e}")))?;
         let pid = child.id().unwrap_or(0);
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -63,13 +71,17 @@ impl Stdio {
                         }
                         match Message::parse(&buf) {
                             Ok(msg) => mux.deliver(msg, Origin::Pipe),
-                            Err(e) => tracing::warn!(server = %name, pid, "upstream wrote a line that is not JSON-RPC ({e}); ignored"),
+                            Err(e) => {
+                                tracing::warn!(server = %name, pid, "upstream wrote a line that is not JSON-RPC ({e}); ignored")
+                            }
                         }
                     }
                     Ok(Line::TooLong) => {
                         // The protocol is broken from here on (the answer of some
                         // request is gone): treat it like a lost connection.
-                        break format!("the child wrote a line longer than limits.max_line_bytes ({max_line})");
+                        break format!(
+                            "the child wrote a line longer than limits.max_line_bytes ({max_line})"
+                        );
                     }
                     Ok(Line::Eof) => break "the child closed its stdout (exited?)".to_owned(),
                     Err(e) => break format!("reading the child's stdout failed: {e}"),
@@ -85,8 +97,12 @@ impl Stdio {
             let mut buf = Vec::new();
             while let Ok(l) = read_line(&mut reader, &mut buf, 64 * 1024).await {
                 match l {
-                    Line::Line => tracing::info!(target: "countersign::upstream_stderr", server = %name, pid, "{}", String::from_utf8_lossy(&buf)),
-                    Line::TooLong => tracing::info!(target: "countersign::upstream_stderr", server = %name, pid, "(a stderr line over 64 KiB was skipped)"),
+                    Line::Line => {
+                        tracing::info!(target: "countersign::upstream_stderr", server = %name, pid, "{}", String::from_utf8_lossy(&buf))
+                    }
+                    Line::TooLong => {
+                        tracing::info!(target: "countersign::upstream_stderr", server = %name, pid, "(a stderr line over 64 KiB was skipped)")
+                    }
                     Line::Eof => break,
                 }
             }
@@ -104,7 +120,10 @@ impl Stdio {
         line.push(b'\n');
         let mut guard = self.stdin.lock().await;
         let Some(stdin) = guard.as_mut() else {
-            return Err(UpstreamError::Closed { server: self.server.clone(), reason: "stdin is closed".into() });
+            return Err(UpstreamError::Closed {
+                server: self.server.clone(),
+                reason: "stdin is closed".into(),
+            });
         };
         // A failed write may have delivered part of the line: it counts as
         // possibly dispatched, never as "not sent".
@@ -113,13 +132,18 @@ impl Stdio {
             stdin.flush().await
         }
         .await;
-        result.map_err(|e| UpstreamError::Lost { server: self.server.clone(), reason: format!("writing to the child failed: {e}") })
+        result.map_err(|e| UpstreamError::Lost {
+            server: self.server.clone(),
+            reason: format!("writing to the child failed: {e}"),
+        })
     }
 
     pub(super) async fn shutdown(&self, grace: Duration) {
         // 1. close stdin: a well-behaved stdio server exits on EOF.
         drop(self.stdin.lock().await.take());
-        let Some(mut child) = self.child.lock().await.take() else { return };
+        let Some(mut child) = self.child.lock().await.take() else {
+            return;
+        };
         if tokio::time::timeout(grace, child.wait()).await.is_ok() {
             return;
         }

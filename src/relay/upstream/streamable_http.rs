@@ -39,6 +39,18 @@ impl Default for HttpClient {
     }
 }
 
+/// An error with its causes, `a: b: c` (reqwest's own message is terse).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 pub(super) struct Http {
     server: String,
     url: String,
@@ -67,10 +79,15 @@ impl Http {
     ) -> Result<Http, UpstreamError> {
         let mut headers = HeaderMap::new();
         for (k, v) in static_headers {
-            let (Ok(name), Ok(value)) = (HeaderName::try_from(k.as_str()), HeaderValue::try_from(v.as_str())) else {
+            let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(k.as_str()),
+                HeaderValue::try_from(v.as_str()),
+            ) else {
                 return Err(UpstreamError::Connect {
                     server: server.into(),
-                    reason: format!("header `{k}` in [servers.{server}.headers] is not a valid HTTP header"),
+                    reason: format!(
+                        "header `{k}` in [servers.{server}.headers] is not a valid HTTP header"
+                    ),
                 });
             };
             headers.insert(name, value);
@@ -88,7 +105,10 @@ impl Http {
     }
 
     fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
-        let mut req = self.client.request(method, &self.url).headers(self.headers.clone());
+        let mut req = self
+            .client
+            .request(method, &self.url)
+            .headers(self.headers.clone());
         if let Some(s) = lock(&self.session).clone() {
             req = req.header(SESSION, s);
         }
@@ -135,16 +155,24 @@ impl Http {
             }
         }
         if status == reqwest::StatusCode::NOT_FOUND && lock(&self.session).is_some() {
-            return Err(UpstreamError::SessionExpired { server: self.server.clone() });
+            return Err(UpstreamError::SessionExpired {
+                server: self.server.clone(),
+            });
         }
         if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
-            return Err(UpstreamError::Refused { server: self.server.clone(), status: status.as_u16() });
+            return Err(UpstreamError::Refused {
+                server: self.server.clone(),
+                status: status.as_u16(),
+            });
         }
         let Some(id) = id else {
             return if status.is_success() {
                 Ok(())
             } else {
-                Err(UpstreamError::Refused { server: self.server.clone(), status: status.as_u16() })
+                Err(UpstreamError::Refused {
+                    server: self.server.clone(),
+                    status: status.as_u16(),
+                })
             };
         };
         let is_sse = resp
@@ -157,7 +185,8 @@ impl Http {
             let mut decoder = sse::Decoder::new(self.max_event);
             let mut body = resp.bytes_stream();
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| self.lost(format!("the response stream broke: {e}")))?;
+                let chunk =
+                    chunk.map_err(|e| self.lost(format!("the response stream broke: {e}")))?;
                 let events = decoder.feed(&chunk).map_err(|e| self.lost(e.to_string()))?;
                 for ev in events {
                     if ev.data.is_empty() {
@@ -165,7 +194,9 @@ impl Http {
                     }
                     match Message::parse(ev.data.as_bytes()) {
                         Ok(m) => mux.deliver(m, origin),
-                        Err(e) => tracing::warn!(server = %self.server, "upstream SSE event is not JSON-RPC ({e}); ignored"),
+                        Err(e) => {
+                            tracing::warn!(server = %self.server, "upstream SSE event is not JSON-RPC ({e}); ignored")
+                        }
                     }
                 }
                 if mux.client_id(id).is_none() {
@@ -174,18 +205,27 @@ impl Http {
                 }
             }
         } else {
-            let bytes = resp.bytes().await.map_err(|e| self.lost(format!("reading the response failed: {e}")))?;
+            let bytes = resp
+                .bytes()
+                .await
+                .map_err(|e| self.lost(format!("reading the response failed: {e}")))?;
             if bytes.len() > self.max_event {
                 return Err(self.lost(format!("response larger than {} bytes", self.max_event)));
             }
             match parse_body(&bytes) {
                 Ok(Body::Single(m)) => mux.deliver(m, origin),
-                Ok(Body::Batch(ms)) => ms.into_iter().flatten().for_each(|m| mux.deliver(m, origin)),
+                Ok(Body::Batch(ms)) => ms
+                    .into_iter()
+                    .flatten()
+                    .for_each(|m| mux.deliver(m, origin)),
                 Err(_) if !status.is_success() => {
                     // A non-2xx without a JSON-RPC answer. A 4xx means the server
                     // rejected the request without processing it.
                     return if status.is_client_error() {
-                        Err(UpstreamError::Refused { server: self.server.clone(), status: status.as_u16() })
+                        Err(UpstreamError::Refused {
+                            server: self.server.clone(),
+                            status: status.as_u16(),
+                        })
                     } else {
                         Err(self.lost(format!("HTTP {status} without a JSON-RPC answer")))
                     };
@@ -200,16 +240,23 @@ impl Http {
     }
 
     fn send_error(&self, e: reqwest::Error) -> UpstreamError {
+        let reason = error_chain(&e);
         if e.is_connect() {
-            UpstreamError::Connect { server: self.server.clone(), reason: e.to_string() }
+            UpstreamError::Connect {
+                server: self.server.clone(),
+                reason,
+            }
         } else {
             // The request may have been written before the failure.
-            self.lost(e.to_string())
+            self.lost(reason)
         }
     }
 
     fn lost(&self, reason: String) -> UpstreamError {
-        UpstreamError::Lost { server: self.server.clone(), reason }
+        UpstreamError::Lost {
+            server: self.server.clone(),
+            reason,
+        }
     }
 
     /// Open the standalone GET stream for server-initiated messages.
@@ -235,7 +282,9 @@ impl Http {
             let mut decoder = sse::Decoder::new(max_event);
             let mut body = resp.bytes_stream();
             while let Some(Ok(chunk)) = body.next().await {
-                let Ok(events) = decoder.feed(&chunk) else { break };
+                let Ok(events) = decoder.feed(&chunk) else {
+                    break;
+                };
                 for ev in events {
                     if let Ok(m) = Message::parse(ev.data.as_bytes()) {
                         mux.deliver(m, Origin::Standalone);

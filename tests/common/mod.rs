@@ -1,0 +1,433 @@
+//! Shared helpers: start the real gateway binary and the real example
+//! server, and speak MCP to them over real HTTP.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const TOKEN: &str = "tok-agent7";
+pub const OTHER_TOKEN: &str = "tok-agent9";
+
+pub fn countersign_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_countersign"))
+}
+
+/// `target/debug/examples/payments_server`, built by `cargo test`.
+pub fn example_server_bin() -> PathBuf {
+    let bin = countersign_bin();
+    let dir = bin.parent().unwrap();
+    let path = dir.join("examples").join("payments_server");
+    assert!(
+        path.exists(),
+        "example server not built at {}: run `cargo build --examples`",
+        path.display()
+    );
+    path
+}
+
+fn sha(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// Wait for `prefix` + address on a child's stderr; keep draining it after.
+fn wait_listening(child: &mut Child, what: &str) -> String {
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if std::env::var_os("TEST_VERBOSE").is_some() {
+                eprintln!("[{line}]");
+            }
+            if !sent {
+                if let Some(addr) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(addr.trim().to_owned());
+                    sent = true;
+                }
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{what} did not report its listening address"))
+}
+
+/// The example server over HTTP.
+pub struct HttpUpstream {
+    child: Child,
+    pub addr: String,
+}
+
+impl HttpUpstream {
+    pub fn start(record: &Path, faults: &Path) -> HttpUpstream {
+        let mut child = Command::new(example_server_bin())
+            .args(["--http", "127.0.0.1:0", "--record"])
+            .arg(record)
+            .arg("--faults")
+            .arg(faults)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr = wait_listening(&mut child, "example server");
+        HttpUpstream { child, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+}
+
+impl Drop for HttpUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running gateway with its temp dir, record and fault files.
+pub struct Gateway {
+    child: Option<Child>,
+    pub addr: String,
+    pub dir: tempfile::TempDir,
+    pub http_upstream: Option<HttpUpstream>,
+}
+
+pub struct Options {
+    /// Also run the example server over HTTP as server `phttp`.
+    pub http_upstream: bool,
+    /// Extra TOML appended to the config.
+    pub extra: String,
+    pub listen: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            http_upstream: false,
+            extra: String::new(),
+            listen: "127.0.0.1:0".into(),
+        }
+    }
+}
+
+impl Gateway {
+    pub fn start() -> Gateway {
+        Gateway::start_with(Options::default())
+    }
+
+    pub fn start_with(opts: Options) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("executions.jsonl");
+        let faults = dir.path().join("faults.json");
+        std::fs::write(&faults, "{}").unwrap();
+        let http_upstream = opts
+            .http_upstream
+            .then(|| HttpUpstream::start(&record, &faults));
+        let mut config = format!(
+            r#"
+[gateway]
+listen = "{listen}"
+data_dir = "{data}"
+shutdown_grace = "500ms"
+
+[[identities]]
+token_sha256 = "{t1}"
+principal = "agent-7"
+tenant = "acme"
+groups = ["agents"]
+
+[[identities]]
+token_sha256 = "{t2}"
+principal = "agent-9"
+tenant = "acme"
+
+[limits]
+max_body_bytes = 65536
+
+[servers.payments]
+command = "{bin}"
+args = ["--record", "{record}", "--faults", "{faults}"]
+call_timeout = "5s"
+"#,
+            listen = opts.listen,
+            data = dir.path().join("data").display(),
+            t1 = sha(TOKEN),
+            t2 = sha(OTHER_TOKEN),
+            bin = example_server_bin().display(),
+            record = record.display(),
+            faults = faults.display(),
+        );
+        if let Some(up) = &http_upstream {
+            config.push_str(&format!(
+                "\n[servers.phttp]\nurl = \"{}\"\ncall_timeout = \"5s\"\n",
+                up.url()
+            ));
+        }
+        config.push_str(&opts.extra);
+        let config_path = dir.path().join("countersign.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut gw = Gateway {
+            child: None,
+            addr: String::new(),
+            dir,
+            http_upstream,
+        };
+        gw.spawn();
+        gw
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("countersign.toml")
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(countersign_bin())
+            .args(["serve", "--config"])
+            .arg(self.config_path())
+            .env("COUNTERSIGN_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.addr = wait_listening(&mut child, "gateway");
+        self.child = Some(child);
+    }
+
+    /// Kill the gateway (SIGKILL) and start it again on the same address.
+    pub fn restart(&mut self) {
+        self.kill();
+        let text = std::fs::read_to_string(self.config_path()).unwrap();
+        let old_listen = text
+            .lines()
+            .find(|l| l.starts_with("listen"))
+            .unwrap()
+            .to_owned();
+        let text = text.replacen(&old_listen, &format!("listen = \"{}\"", self.addr), 1);
+        std::fs::write(self.config_path(), text).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // The old socket may linger a moment.
+            if std::net::TcpListener::bind(&self.addr).is_ok() || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.spawn();
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stop with SIGTERM and wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().unwrap();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
+        c.wait().unwrap()
+    }
+
+    pub fn url(&self, server: &str) -> String {
+        format!("http://{}/mcp/{server}", self.addr)
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn faults_path(&self) -> PathBuf {
+        self.dir.path().join("faults.json")
+    }
+
+    /// Inject a fault for the example server's next call of `tool`.
+    pub fn fault(&self, tool: &str, fault: &str, delay_ms: u64) {
+        let v = json!({ tool: { "fault": fault, "times": 1, "delay_ms": delay_ms } });
+        std::fs::write(self.faults_path(), v.to_string()).unwrap();
+    }
+
+    /// Every record the example server wrote.
+    pub fn records(&self) -> Vec<Value> {
+        let path = self.dir.path().join("executions.jsonl");
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// How many times `tool` was executed.
+    pub fn executions(&self, tool: &str) -> usize {
+        self.records()
+            .iter()
+            .filter(|r| r["event"] == "executed" && r["tool"] == tool)
+            .count()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What one POST produced.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    /// Every JSON-RPC message of the body (one for JSON, several for SSE).
+    pub messages: Vec<Value>,
+    /// The raw body text.
+    pub text: String,
+    pub sse: bool,
+}
+
+impl Answer {
+    /// The last message (the response, for a request).
+    pub fn last(&self) -> &Value {
+        self.messages
+            .last()
+            .unwrap_or_else(|| panic!("no message in answer: {self:?}"))
+    }
+}
+
+/// A minimal handshake-era MCP client over real HTTP.
+pub struct Client {
+    pub http: reqwest::Client,
+    pub url: String,
+    pub token: String,
+    pub session: Option<String>,
+    pub protocol: String,
+}
+
+pub fn parse_messages(text: &str, sse: bool) -> Vec<Value> {
+    if !sse {
+        return serde_json::from_str::<Value>(text)
+            .map(|v| vec![v])
+            .unwrap_or_default();
+    }
+    text.split("\n\n")
+        .filter_map(|ev| {
+            let data: Vec<&str> = ev
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .collect();
+            (!data.is_empty())
+                .then(|| serde_json::from_str(&data.join("\n")).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+impl Client {
+    pub fn new(url: &str) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            url: url.into(),
+            token: TOKEN.into(),
+            session: None,
+            protocol: "2025-06-18".into(),
+        }
+    }
+
+    pub fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
+        let mut r = self
+            .http
+            .request(method, &self.url)
+            .bearer_auth(&self.token);
+        if let Some(s) = &self.session {
+            r = r
+                .header("mcp-session-id", s)
+                .header("mcp-protocol-version", &self.protocol);
+        }
+        r
+    }
+
+    pub async fn post_raw(&self, body: impl Into<reqwest::Body>) -> Answer {
+        let resp = self
+            .request(reqwest::Method::POST)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        answer(resp).await
+    }
+
+    pub async fn post(&self, body: &Value) -> Answer {
+        self.post_raw(body.to_string()).await
+    }
+
+    pub async fn initialize(&mut self) -> Answer {
+        let a = self
+            .post(
+                &json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+                "protocolVersion": self.protocol, "capabilities": {"sampling": {}},
+                "clientInfo": {"name": "countersign-tests", "version": "1"}}}),
+            )
+            .await;
+        assert_eq!(a.status, 200, "initialize failed: {a:?}");
+        self.session = a
+            .headers
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert!(self.session.is_some(), "no Mcp-Session-Id in {a:?}");
+        let n = self
+            .post(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}))
+            .await;
+        assert_eq!(n.status, 202);
+        a
+    }
+
+    pub async fn call(&self, id: i64, tool: &str, args: Value) -> Answer {
+        self.post(&json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":args}}))
+            .await
+    }
+}
+
+pub async fn answer(resp: reqwest::Response) -> Answer {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let sse = headers
+        .get("content-type")
+        .is_some_and(|v| v.to_str().unwrap_or("").starts_with("text/event-stream"));
+    let text = resp.text().await.unwrap_or_default();
+    let messages = parse_messages(&text, sse);
+    Answer {
+        status,
+        headers,
+        messages,
+        text,
+        sse,
+    }
+}
+
+/// The raw text of `result.tools` in a JSON-RPC response body.
+pub fn raw_tools(body: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Resp<'a> {
+        #[serde(borrow)]
+        result: Res<'a>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Res<'a> {
+        #[serde(borrow)]
+        tools: &'a serde_json::value::RawValue,
+    }
+    let r: Resp = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("not a tools/list response ({e}): {body}"));
+    r.result.tools.get().to_owned()
+}

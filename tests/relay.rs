@@ -1,0 +1,416 @@
+//! The gateway relays MCP between a real client and the real example
+//! server: handshake era over stdio and HTTP upstreams, notifications and
+//! server-to-client requests, auth, origin, malformed and oversized input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::{json, Value};
+
+/// `tools/list` straight from a stdio example server, without the gateway.
+fn direct_stdio_tools_list() -> String {
+    let mut child = Command::new(example_server_bin())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"direct","version":"1"}}}}}}"#).unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+    )
+    .unwrap();
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":2,"method":"tools/list"}}"#).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    raw_tools(&line)
+}
+
+#[tokio::test]
+async fn stdio_upstream_initialize_list_and_call() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    let init = c.initialize().await;
+    assert_eq!(
+        init.last()["result"]["serverInfo"]["name"],
+        "payments-example"
+    );
+    assert_eq!(init.last()["id"], 0, "the client's own id comes back");
+
+    let list = c
+        .post(&json!({"jsonrpc":"2.0","id":"list-1","method":"tools/list"}))
+        .await;
+    assert_eq!(list.status, 200);
+    assert_eq!(
+        raw_tools(&list.text),
+        direct_stdio_tools_list(),
+        "tools array must be byte-for-byte what the server sent"
+    );
+
+    let call = c
+        .call(7, "charge_card", json!({"account":"acct_42","amount":120}))
+        .await;
+    let result = &call.last()["result"];
+    assert_eq!(call.last()["id"], 7);
+    assert_eq!(result["isError"], false, "{call:?}");
+    assert!(result["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("charged 120 to acct_42"));
+    assert_eq!(gw.executions("charge_card"), 1);
+}
+
+#[tokio::test]
+async fn http_upstream_initialize_list_and_call() {
+    let gw = Gateway::start_with(Options {
+        http_upstream: true,
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("phttp"));
+    c.initialize().await;
+    let list = c
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
+        .await;
+
+    let mut direct = Client::new(&gw.http_upstream.as_ref().unwrap().url());
+    direct.initialize().await;
+    let direct_list = direct
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
+        .await;
+    assert_eq!(raw_tools(&list.text), raw_tools(&direct_list.text));
+
+    let call = c.call(3, "refund", json!({"charge":"ch_1"})).await;
+    assert_eq!(call.last()["result"]["content"][0]["text"], "refunded ch_1");
+    assert_eq!(gw.executions("refund"), 1);
+}
+
+#[tokio::test]
+async fn progress_notifications_are_relayed_on_the_request_stream() {
+    for server in ["payments", "phttp"] {
+        let gw = Gateway::start_with(Options {
+            http_upstream: true,
+            ..Default::default()
+        });
+        let mut c = Client::new(&gw.url(server));
+        c.initialize().await;
+        let a = c
+            .post(
+                &json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{
+                "name":"slow_report","arguments":{"steps":3},"_meta":{"progressToken":"tok-1"}}}),
+            )
+            .await;
+        assert!(
+            a.sse,
+            "{server}: related messages need an SSE answer: {a:?}"
+        );
+        let progress: Vec<&Value> = a
+            .messages
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .collect();
+        assert_eq!(progress.len(), 3, "{server}: {a:?}");
+        assert!(progress
+            .iter()
+            .all(|p| p["params"]["progressToken"] == "tok-1"));
+        assert_eq!(a.last()["id"], 5);
+        assert_eq!(
+            a.last()["result"]["content"][0]["text"],
+            "report done in 3 steps"
+        );
+    }
+}
+
+#[tokio::test]
+async fn server_to_client_request_round_trip() {
+    for server in ["payments", "phttp"] {
+        let gw = Gateway::start_with(Options {
+            http_upstream: true,
+            ..Default::default()
+        });
+        let mut c = Client::new(&gw.url(server));
+        c.initialize().await;
+        let resp = c
+            .request(reqwest::Method::POST)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(json!({"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"ask_model","arguments":{"question":"2+2?"}}}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        // Read the stream until the sampling request arrives, answer it, then
+        // read on to the tool's result.
+        let mut stream = resp;
+        let mut buf = String::new();
+        let mut answered = false;
+        let result = loop {
+            let chunk = stream
+                .chunk()
+                .await
+                .unwrap()
+                .expect("stream ended before the result");
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            let msgs = parse_messages(&buf, true);
+            if !answered {
+                if let Some(req) = msgs
+                    .iter()
+                    .find(|m| m["method"] == "sampling/createMessage")
+                {
+                    assert_eq!(req["params"]["messages"][0]["content"]["text"], "2+2?");
+                    let reply = json!({"jsonrpc":"2.0","id":req["id"],"result":{"role":"assistant","model":"test","content":{"type":"text","text":"four"}}});
+                    let r = c.post(&reply).await;
+                    assert_eq!(r.status, 202, "{server}: {r:?}");
+                    answered = true;
+                }
+            }
+            if let Some(done) = msgs.iter().find(|m| m["id"] == 11) {
+                break done.clone();
+            }
+        };
+        assert!(answered, "{server}: no sampling request was relayed");
+        assert_eq!(
+            result["result"]["content"][0]["text"], "the model said: four",
+            "{server}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_token_unknown_server_and_foreign_origin_are_refused() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.token = "not-a-token".into();
+    let a = c
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .await;
+    assert_eq!(a.status, 401);
+    assert!(a.headers.contains_key("www-authenticate"));
+    assert!(a.last()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("bearer token"));
+
+    let c = Client::new(&gw.url("nope"));
+    let a = c
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .await;
+    assert_eq!(a.status, 404);
+    assert!(a.last()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unknown server `nope`"));
+
+    let c = Client::new(&gw.url("payments"));
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let evil = c
+        .request(reqwest::Method::POST)
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/json")
+        .body(init.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(evil.status(), 403);
+    let local = c
+        .request(reqwest::Method::POST)
+        .header("origin", "http://localhost:3000")
+        .header("content-type", "application/json")
+        .body(init.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(local.status(), 200);
+}
+
+#[tokio::test]
+async fn malformed_json_gets_parse_error_and_connection_is_kept() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let bad = c.post_raw("{\"jsonrpc\":\"2.0\",\"id\":1,").await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.last()["error"]["code"], -32700);
+    assert_eq!(bad.last()["id"], Value::Null);
+    let not_rpc = c
+        .post_raw("{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"ping\"}")
+        .await;
+    assert_eq!(not_rpc.last()["error"]["code"], -32600);
+    // Same client, same pooled connection: still served.
+    let ok = c
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"ping"}))
+        .await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.last()["id"], 2);
+}
+
+#[tokio::test]
+async fn oversized_body_is_refused_with_the_limit() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let big = "x".repeat(70_000);
+    let a = c
+        .call(3, "charge_card", json!({"account": big, "amount": 1}))
+        .await;
+    assert_eq!(a.status, 413);
+    assert!(a.last()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("limits.max_body_bytes (65536 bytes)"));
+    assert_eq!(gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn sessions_are_bound_to_their_identity_and_deletable() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let mut thief = Client::new(&gw.url("payments"));
+    thief.token = OTHER_TOKEN.into();
+    thief.session = c.session.clone();
+    let a = thief
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
+        .await;
+    assert_eq!(a.status, 404, "another principal must not use this session");
+
+    let del = c.request(reqwest::Method::DELETE).send().await.unwrap();
+    assert_eq!(del.status(), 200);
+    let after = c
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"ping"}))
+        .await;
+    assert_eq!(after.status, 404);
+
+    let no_session = Client::new(&gw.url("payments"));
+    let a = no_session
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
+        .await;
+    assert_eq!(a.status, 400);
+    assert!(a.last()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("initialize"));
+}
+
+#[tokio::test]
+async fn batch_members_are_answered_each() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.protocol = "2025-03-26".into();
+    c.initialize().await;
+    let a = c
+        .post_raw(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_balance","arguments":{"account":"a"}}},{"bad":1}]"#)
+        .await;
+    assert_eq!(a.status, 200);
+    let arr: Vec<Value> = serde_json::from_str(&a.text).unwrap();
+    assert_eq!(arr.len(), 3, "{}", a.text);
+    assert!(arr.iter().any(|m| m["id"] == 1 && m["result"].is_object()));
+    assert!(arr
+        .iter()
+        .any(|m| m["id"] == 2 && m["result"]["content"][0]["text"] == "balance of a: 1200.00 EUR"));
+    assert!(arr.iter().any(|m| m["error"]["code"] == -32600));
+}
+
+#[tokio::test]
+async fn unreachable_and_crashing_upstreams_answer_clearly() {
+    let gw = Gateway::start_with(Options {
+        extra: "\n[servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n".into(),
+        ..Default::default()
+    });
+    let mut broken = Client::new(&gw.url("broken"));
+    let a = broken
+        .post(&json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}))
+        .await;
+    assert_eq!(
+        a.last()["error"]["data"]["countersign"]["code"],
+        "upstream_unavailable",
+        "{a:?}"
+    );
+    assert!(a.last()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/mcp-server"));
+    broken.session = None;
+
+    // The child executes the write and dies before answering.
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    gw.fault("charge_card", "exit_after_execute", 0);
+    let a = c
+        .call(3, "charge_card", json!({"account":"acct_1","amount":5}))
+        .await;
+    let result = &a.last()["result"];
+    assert_eq!(result["isError"], true);
+    assert_eq!(
+        result["structuredContent"]["countersign"]["code"],
+        "outcome_unknown"
+    );
+    assert!(result["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("Verify with a read"));
+    assert_eq!(gw.executions("charge_card"), 1);
+
+    // The gateway is still up and answers other sessions.
+    let mut d = Client::new(&gw.url("payments"));
+    d.initialize().await;
+    let ok = d.call(4, "get_balance", json!({"account":"a"})).await;
+    assert_eq!(ok.last()["result"]["isError"], false);
+}
+
+#[tokio::test]
+async fn timeout_answers_outcome_unknown_and_cancels_upstream() {
+    // A server of its own with a short call_timeout and a slow charge_card.
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("rec.jsonl");
+    let faults = dir.path().join("faults.json");
+    std::fs::write(
+        &faults,
+        json!({"charge_card":{"fault":"delay","delay_ms":2000}}).to_string(),
+    )
+    .unwrap();
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.quick]\ncommand = \"{}\"\nargs = [\"--record\", \"{}\", \"--faults\", \"{}\"]\ncall_timeout = \"300ms\"\n",
+            example_server_bin().display(),
+            record.display(),
+            faults.display()
+        ),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("quick"));
+    c.initialize().await;
+    let a = c
+        .call(9, "charge_card", json!({"account":"a","amount":1}))
+        .await;
+    assert_eq!(
+        a.last()["result"]["structuredContent"]["countersign"]["code"],
+        "outcome_unknown",
+        "{a:?}"
+    );
+    // The server saw the execution and then the cancellation.
+    let mut cancelled = false;
+    for _ in 0..50 {
+        let text = std::fs::read_to_string(&record).unwrap_or_default();
+        if text.contains("\"cancelled\"") {
+            assert!(text.contains("call_timeout"), "{text}");
+            cancelled = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(cancelled, "no notifications/cancelled reached the server");
+}
