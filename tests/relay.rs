@@ -53,7 +53,7 @@ async fn stdio_upstream_initialize_list_and_call() {
         .await;
     assert_eq!(list.status, 200);
     assert_eq!(
-        raw_tools(&list.text),
+        raw_tools(&list.response_text()),
         direct_stdio_tools_list(),
         "tools array must be byte-for-byte what the server sent"
     );
@@ -88,7 +88,10 @@ async fn http_upstream_initialize_list_and_call() {
     let direct_list = direct
         .post(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
         .await;
-    assert_eq!(raw_tools(&list.text), raw_tools(&direct_list.text));
+    assert_eq!(
+        raw_tools(&list.response_text()),
+        raw_tools(&direct_list.response_text())
+    );
 
     let call = c.call(3, "refund", json!({"charge":"ch_1"})).await;
     assert_eq!(call.last()["result"]["content"][0]["text"], "refunded ch_1");

@@ -301,6 +301,23 @@ impl Answer {
             .last()
             .unwrap_or_else(|| panic!("no message in answer: {self:?}"))
     }
+
+    /// The raw text of the response message (the body for JSON, the response
+    /// event's data for SSE), for byte-for-byte comparisons.
+    pub fn response_text(&self) -> String {
+        if !self.sse {
+            return self.text.clone();
+        }
+        self.text
+            .split("\n\n")
+            .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+            .find(|d| {
+                serde_json::from_str::<Value>(d)
+                    .is_ok_and(|v| v.get("id").is_some() && v.get("method").is_none())
+            })
+            .unwrap_or_else(|| panic!("no response event in {self:?}"))
+            .to_owned()
+    }
 }
 
 /// A minimal handshake-era MCP client over real HTTP.

@@ -1,0 +1,233 @@
+//! Real MCP peers that no one here wrote, through the real gateway:
+//! the Python `mcp` SDK as a client (HTTP and through `countersign stdio`, in
+//! both wire eras its `mode` offers) and `@modelcontextprotocol/server-everything`
+//! as an upstream. `.ci/setup-peers` installs them under `.ci/cache`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(".ci")
+        .join("cache")
+}
+
+fn python() -> PathBuf {
+    let p = cache().join("venv").join("bin").join("python");
+    assert!(
+        p.exists(),
+        "the Python mcp SDK is not installed: run `.ci/setup-peers` (then `cargo test` again)"
+    );
+    p
+}
+
+fn everything_js() -> PathBuf {
+    let p = cache().join("npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        p.exists(),
+        "server-everything is not installed: run `.ci/setup-peers`"
+    );
+    p
+}
+
+fn sdk(args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/sdk_client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python SDK client failed:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("bad output ({e}): {text}"))
+}
+
+fn assert_session(seen: &Value, version: &str, what: &str) {
+    assert_eq!(seen["protocol_version"], version, "{what}: {seen}");
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "charge_card"),
+        "{what}: {seen}"
+    );
+    assert_eq!(seen["get_balance_read_only"], true, "{what}");
+    assert_eq!(
+        seen["read_text"], "balance of acct_42: 1200.00 EUR",
+        "{what}"
+    );
+    assert_eq!(seen["write_is_error"], false, "{what}: {seen}");
+    assert!(
+        seen["write_text"]
+            .as_str()
+            .unwrap()
+            .starts_with("charged 12.5 to acct_42"),
+        "{what}: {seen}"
+    );
+}
+
+#[test]
+fn python_sdk_over_http_both_eras() {
+    let gw = Gateway::start();
+    let url = gw.url("payments");
+    let legacy = sdk(&["http", &url, TOKEN, "legacy"]);
+    assert_session(&legacy, "2025-11-25", "http legacy");
+    // `auto` probes server/discover; the upstream speaks 2026-07-28, so the
+    // SDK stays in the stateless era through the gateway.
+    let auto = sdk(&["http", &url, TOKEN, "auto"]);
+    assert_session(&auto, "2026-07-28", "http auto");
+    assert_eq!(gw.executions("charge_card"), 2);
+}
+
+#[test]
+fn python_sdk_through_stdio_bridge_both_eras() {
+    let gw = Gateway::start();
+    let bin = countersign_bin();
+    let bin = bin.to_str().unwrap();
+    let legacy = sdk(&["stdio", bin, &gw.base(), "payments", TOKEN, "legacy"]);
+    assert_session(&legacy, "2025-11-25", "stdio legacy");
+    let auto = sdk(&["stdio", bin, &gw.base(), "payments", TOKEN, "auto"]);
+    assert_session(&auto, "2026-07-28", "stdio auto");
+    assert_eq!(gw.executions("charge_card"), 2);
+}
+
+#[test]
+fn python_sdk_auto_falls_back_when_upstream_is_handshake_only() {
+    let js = everything_js();
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\n",
+            js.display()
+        ),
+        ..Default::default()
+    });
+    let script = r#"
+import asyncio, json, sys
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+async def main():
+    http = create_mcp_http_client(headers={"Authorization": "Bearer " + sys.argv[2]})
+    async with Client(streamable_http_client(sys.argv[1], http_client=http), mode="auto") as c:
+        r = await c.call_tool("echo", {"message": "hi"})
+        print(json.dumps({"v": c.protocol_version, "text": r.content[0].text}))
+asyncio.run(main())
+"#;
+    let out = Command::new(python())
+        .args(["-c", script, &gw.url("everything"), TOKEN])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert!(
+        seen["v"].as_str().unwrap().starts_with("2025-"),
+        "fell back to the handshake era: {seen}"
+    );
+    assert_eq!(seen["text"], "Echo: hi");
+}
+
+#[tokio::test]
+async fn server_everything_matches_a_direct_connection() {
+    let js = everything_js();
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\n",
+            js.display()
+        ),
+        ..Default::default()
+    });
+    let mut through = Client::new(&gw.url("everything"));
+    through.initialize().await;
+    let list = through
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
+        .await;
+    let echo = through
+        .call(3, "echo", json!({"message": "through the gateway"}))
+        .await;
+    let add = through.call(4, "get-sum", json!({"a": 2, "b": 40})).await;
+
+    // Direct: the same server over its own stdio.
+    let direct = direct_stdio(
+        &["node", js.to_str().unwrap(), "stdio"],
+        &[
+            json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}),
+            json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"through the gateway"}}}),
+            json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get-sum","arguments":{"a":2,"b":40}}}),
+        ],
+    );
+    assert_eq!(
+        raw_tools(&list.response_text()),
+        raw_tools(&direct[0]),
+        "tools array differs from direct"
+    );
+    assert_eq!(
+        echo.last()["result"],
+        serde_json::from_str::<Value>(&direct[1]).unwrap()["result"]
+    );
+    assert_eq!(
+        add.last()["result"],
+        serde_json::from_str::<Value>(&direct[2]).unwrap()["result"]
+    );
+}
+
+/// Talk to a stdio server directly: initialize, then each request; return
+/// the raw response line of each request.
+fn direct_stdio(cmd: &[&str], requests: &[Value]) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut read_response = |id: &Value| -> String {
+        loop {
+            let mut line = String::new();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "server closed stdout"
+            );
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v.get("id") == Some(id) && v.get("method").is_none() {
+                return line;
+            }
+        }
+    };
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"sampling":{}},"clientInfo":{"name":"countersign-tests","version":"1"}}});
+    writeln!(stdin, "{init}").unwrap();
+    read_response(&json!(0));
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"})
+    )
+    .unwrap();
+    let mut answers = Vec::new();
+    for r in requests {
+        writeln!(stdin, "{r}").unwrap();
+        answers.push(read_response(&r["id"]));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    answers
+}
