@@ -1,0 +1,130 @@
+//! `countersign stdio`: a stdio-only client through the bridge, including a
+//! gateway restart under it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+struct Bridge {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Bridge {
+    fn start(gw: &Gateway) -> Bridge {
+        let mut child = Command::new(countersign_bin())
+            .args(["stdio", "--server", "payments", "--gateway", &gw.base()])
+            .env("COUNTERSIGN_TOKEN", TOKEN)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout: ChildStdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Bridge {
+            child,
+            stdin,
+            lines: rx,
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn recv(&self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no answer from the bridge");
+        serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("stdout carried a non-JSON line ({e}): {line}"))
+    }
+
+    /// Read until the response with `id`.
+    fn answer(&self, id: Value) -> Value {
+        loop {
+            let v = self.recv();
+            if v.get("id") == Some(&id) && v.get("method").is_none() {
+                return v;
+            }
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn bridge_relays_survives_bad_lines_and_a_gateway_restart() {
+    let mut gw = Gateway::start();
+    let mut b = Bridge::start(&gw);
+    b.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"stdio-test","version":"1"}}}"#);
+    assert_eq!(
+        b.answer(json!(1))["result"]["serverInfo"]["name"],
+        "payments-example"
+    );
+    b.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+
+    b.send("{this is not json");
+    let err = b.recv();
+    assert_eq!(err["error"]["code"], -32700, "{err}");
+
+    b.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let list = b.answer(json!(2));
+    assert!(list["result"]["tools"].as_array().unwrap().len() >= 8);
+
+    b.send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"charge_card","arguments":{"account":"acct_1","amount":3}}}"#);
+    assert_eq!(b.answer(json!(3))["result"]["isError"], false);
+
+    // The gateway dies and comes back on the same address: the bridge
+    // re-initializes on its own and the client never notices.
+    gw.restart();
+    b.send(r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_balance","arguments":{"account":"acct_1"}}}"#);
+    let after = b.answer(json!(4));
+    assert_eq!(
+        after["result"]["content"][0]["text"], "balance of acct_1: 1200.00 EUR",
+        "{after}"
+    );
+    assert_eq!(gw.executions("charge_card"), 1);
+    assert_eq!(gw.executions("get_balance"), 1);
+}
+
+#[test]
+fn bridge_without_token_says_what_to_do() {
+    let out = Command::new(countersign_bin())
+        .args(["stdio", "--server", "payments"])
+        .env_remove("COUNTERSIGN_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "stdout is the protocol; errors go to stderr"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("COUNTERSIGN_TOKEN is not set"));
+}
