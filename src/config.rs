@@ -256,9 +256,17 @@ impl Config {
                     ))
                 }
                 (None, Some(url)) => {
-                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    if url.starts_with("https://") {
+                        // This build carries no TLS stack; refusing here beats a
+                        // connect error on the first call.
                         return Err(format!(
-                            "[servers.{name}] url `{url}` must start with http:// or https://"
+                            "[servers.{name}] url `{url}`: HTTPS upstreams are not supported by this build yet; \
+                             reach the server over http:// on a trusted network or through a local TLS proxy"
+                        ));
+                    }
+                    if !url.starts_with("http://") {
+                        return Err(format!(
+                            "[servers.{name}] url `{url}` must start with http://"
                         ));
                     }
                 }

@@ -94,8 +94,13 @@ impl Mux {
             .id
             .replace(Value::from(upstream_id))
             .unwrap_or(Value::Null);
+        // Parse params only when they can carry a progress token: this runs
+        // on every relayed request.
         let progress_token = msg
-            .params_value()
+            .params
+            .as_ref()
+            .filter(|p| p.get().contains("progressToken"))
+            .and_then(|_| msg.params_value())
             .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
         let (tx, rx) = oneshot::channel();
         let mut inner = self.lock();

@@ -318,7 +318,7 @@ pub fn encode_header_value(value: &str) -> String {
         && value.bytes().all(|b| (0x20..0x7f).contains(&b))
         && !value.starts_with(' ')
         && !value.ends_with(' ')
-        && !(value.starts_with("=?base64?") && value.ends_with("?="));
+        && (!value.starts_with("=?base64?") || !value.ends_with("?="));
     if plain {
         value.to_owned()
     } else {

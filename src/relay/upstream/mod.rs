@@ -94,7 +94,7 @@ pub type ExtraHeaders = Vec<(http::HeaderName, http::HeaderValue)>;
 
 enum Transport {
     Stdio(Arc<stdio::Stdio>),
-    Http(streamable_http::Http),
+    Http(Box<streamable_http::Http>),
 }
 
 /// One live upstream connection.
@@ -117,13 +117,13 @@ impl UpstreamConn {
     ) -> Result<Arc<UpstreamConn>, UpstreamError> {
         let mux = Arc::new(Mux::new(unsolicited));
         let transport = match &cfg.url {
-            Some(url) => Transport::Http(streamable_http::Http::new(
+            Some(url) => Transport::Http(Box::new(streamable_http::Http::new(
                 server,
                 url,
                 &cfg.headers,
                 http,
                 max_line,
-            )?),
+            )?)),
             None => Transport::Stdio(Arc::new(stdio::Stdio::spawn(
                 server,
                 cfg,
