@@ -28,6 +28,13 @@
 //!   404), and break the connection mid-response.
 //!
 //! `times` (default 1) counts down; the entry is removed when it reaches 0.
+//!
+//! `notify_later` answers, then sends `notifications/message` on the
+//! standalone stream (stdout, or the session's GET stream over HTTP).
+//! Over HTTP, 2026-07-28 requests are checked like a real modern server does
+//! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` against the body), and
+//! each execution record carries the `Authorization` header the request came
+//! with. `--stubborn` ignores stdin EOF and SIGTERM (to test SIGKILL escalation).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -50,13 +57,14 @@ use tokio::sync::{mpsc, oneshot};
 const HANDSHAKE: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
 const MODERN: &str = "2026-07-28";
 
-const TOOLS: &str = r#"[{"name":"get_balance","description":"Read the balance of an account.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"get_account","description":"Read an account with its version.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"charge_card","description":"Charge a card.","inputSchema":{"type":"object","properties":{"account":{"type":"string"},"amount":{"type":"number"},"currency":{"type":"string"}},"required":["account","amount"]},"annotations":{"readOnlyHint":false,"destructiveHint":false,"idempotentHint":false,"openWorldHint":true}},{"name":"refund","description":"Refund a charge.","inputSchema":{"type":"object","properties":{"charge":{"type":"string"},"amount":{"type":"number"}},"required":["charge"]},"annotations":{"readOnlyHint":false,"destructiveHint":false}},{"name":"close_account","description":"Close an account for good.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"destructiveHint":true}},{"name":"transfer","description":"Move money between accounts.","inputSchema":{"type":"object","properties":{"from":{"type":"string"},"to":{"type":"string"},"amount":{"type":"number"}}}},{"name":"slow_report","description":"A report that takes a while and reports progress.","inputSchema":{"type":"object","properties":{"steps":{"type":"integer"}}},"annotations":{"readOnlyHint":true}},{"name":"ask_model","description":"Ask the client's model a question (sampling).","inputSchema":{"type":"object","properties":{"question":{"type":"string"}}},"annotations":{"readOnlyHint":true}}]"#;
+const TOOLS: &str = r#"[{"name":"get_balance","description":"Read the balance of an account.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"get_account","description":"Read an account with its version.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"charge_card","description":"Charge a card.","inputSchema":{"type":"object","properties":{"account":{"type":"string"},"amount":{"type":"number"},"currency":{"type":"string"}},"required":["account","amount"]},"annotations":{"readOnlyHint":false,"destructiveHint":false,"idempotentHint":false,"openWorldHint":true}},{"name":"refund","description":"Refund a charge.","inputSchema":{"type":"object","properties":{"charge":{"type":"string"},"amount":{"type":"number"}},"required":["charge"]},"annotations":{"readOnlyHint":false,"destructiveHint":false}},{"name":"close_account","description":"Close an account for good.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"destructiveHint":true}},{"name":"transfer","description":"Move money between accounts.","inputSchema":{"type":"object","properties":{"from":{"type":"string"},"to":{"type":"string"},"amount":{"type":"number"}}}},{"name":"slow_report","description":"A report that takes a while and reports progress.","inputSchema":{"type":"object","properties":{"steps":{"type":"integer"}}},"annotations":{"readOnlyHint":true}},{"name":"ask_model","description":"Ask the client's model a question (sampling).","inputSchema":{"type":"object","properties":{"question":{"type":"string"}}},"annotations":{"readOnlyHint":true}},{"name":"notify_later","description":"Answer, then send a log message on the standalone stream.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}},"annotations":{"readOnlyHint":true}}]"#;
 
 struct Server {
     record: Option<PathBuf>,
     faults: Option<PathBuf>,
     record_lock: Mutex<()>,
     charges: AtomicU64,
+    stubborn: bool,
 }
 
 /// How a tool talks back to the client while it runs.
@@ -67,6 +75,11 @@ struct Out {
     /// Server-to-client requests awaiting an answer.
     pending: Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>,
     next: Arc<AtomicU64>,
+    /// Messages that belong to no request (stdio: stdout; HTTP: the GET stream).
+    standalone: mpsc::Sender<Value>,
+    /// The `Authorization` header the request arrived with (HTTP), recorded
+    /// so tests can prove a client's token never reaches the upstream.
+    auth: Option<String>,
 }
 
 impl Out {
@@ -257,7 +270,7 @@ impl Server {
             _ => {}
         }
         self.note(
-            json!({"event":"executed","tool":name,"arguments":args,"pid":std::process::id()}),
+            json!({"event":"executed","tool":name,"arguments":args,"pid":std::process::id(),"authorization":out.auth}),
         );
         let text = match name {
             "get_balance" => format!(
@@ -282,6 +295,18 @@ impl Server {
                 )
             }
             "refund" => format!("refunded {}", args["charge"].as_str().unwrap_or("?")),
+            "notify_later" => {
+                // After answering, say something that belongs to no request:
+                // it must travel on the standalone stream.
+                let standalone = out.standalone.clone();
+                let text = args["text"].as_str().unwrap_or("later").to_owned();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let n = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":text}});
+                    let _ = standalone.send(n).await;
+                });
+                "will notify".to_owned()
+            }
             "close_account" => format!("closed {}", args["account"].as_str().unwrap_or("?")),
             "transfer" => format!(
                 "moved {} from {} to {}",
@@ -356,11 +381,13 @@ fn error(id: Value, code: i64, message: &str, data: Option<Value>) -> Value {
     json!({"jsonrpc":"2.0","id":id,"error":e})
 }
 
-fn new_out(tx: mpsc::Sender<Value>) -> Out {
+fn new_out(tx: mpsc::Sender<Value>, standalone: mpsc::Sender<Value>) -> Out {
     Out {
         tx,
         pending: Arc::new(Mutex::new(HashMap::new())),
         next: Arc::new(AtomicU64::new(1)),
+        standalone,
+        auth: None,
     }
 }
 
@@ -376,7 +403,7 @@ async fn run_stdio(server: Arc<Server>) {
             }
         }
     });
-    let out = new_out(tx);
+    let out = new_out(tx.clone(), tx);
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
@@ -397,56 +424,118 @@ async fn run_stdio(server: Arc<Server>) {
             }
         });
     }
+    if server.stubborn {
+        // Test mode: ignore stdin EOF (and SIGTERM, see main) so that the
+        // gateway's shutdown has to escalate to SIGKILL.
+        eprintln!("payments_server: stdin closed, staying up (stubborn)");
+        std::future::pending::<()>().await;
+    }
     eprintln!("payments_server: stdin closed, exiting");
     drop(out);
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
 }
 
+struct HttpSession {
+    out: Out,
+    /// Taken by the session's GET stream.
+    standalone: Mutex<Option<mpsc::Receiver<Value>>>,
+}
+
 struct Http {
     server: Arc<Server>,
-    sessions: Mutex<HashMap<String, Out>>,
+    sessions: Mutex<HashMap<String, Arc<HttpSession>>>,
+}
+
+fn reply(status: StatusCode, v: &Value) -> Response {
+    (
+        status,
+        [("content-type", "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A 2026-07-28 server must check the metadata headers against the body.
+fn modern_headers_match(headers: &HeaderMap, msg: &Value, version: &str) -> Result<(), String> {
+    if header(headers, "mcp-protocol-version") != Some(version) {
+        return Err("MCP-Protocol-Version header does not match _meta".into());
+    }
+    let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
+    if header(headers, "mcp-method") != Some(method) {
+        return Err("Mcp-Method header does not match the body".into());
+    }
+    let field = match method {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        _ => return Ok(()),
+    };
+    let body = msg
+        .pointer(&format!("/params/{field}"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if header(headers, "mcp-name") != Some(body) {
+        return Err(format!(
+            "Mcp-Name header does not match the body value `{body}`"
+        ));
+    }
+    Ok(())
 }
 
 async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
     let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
-        return (
+        return reply(
             StatusCode::BAD_REQUEST,
-            error(Value::Null, -32700, "parse error", None).to_string(),
-        )
-            .into_response();
+            &error(Value::Null, -32700, "parse error", None),
+        );
     };
     let method = msg
         .get("method")
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_owned();
-    let sid = headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let modern = msg
+    let sid = header(&headers, "mcp-session-id").map(str::to_owned);
+    let version = msg
         .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
-        .is_some();
-    let (out, new_session) = if method == "initialize" {
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut new_session = None;
+    let mut out = if method == "initialize" {
         let id = format!("up-{:032x}", rand::random::<u128>());
-        let (tx, _rx) = mpsc::channel(1);
-        (new_out(tx), Some(id))
-    } else if modern {
-        let (tx, _rx) = mpsc::channel(1);
-        (new_out(tx), None)
+        let (tx, _) = mpsc::channel(1);
+        let (stx, srx) = mpsc::channel(64);
+        let session = Arc::new(HttpSession {
+            out: new_out(tx, stx),
+            standalone: Mutex::new(Some(srx)),
+        });
+        new_session = Some((id, session.clone()));
+        session.out.clone()
+    } else if let Some(v) = &version {
+        if let Err(why) = modern_headers_match(&headers, &msg, v) {
+            let id = msg.get("id").cloned().unwrap_or(Value::Null);
+            return reply(
+                StatusCode::BAD_REQUEST,
+                &error(id, -32020, &format!("Header mismatch: {why}"), None),
+            );
+        }
+        let (tx, _) = mpsc::channel(1);
+        new_out(tx.clone(), tx)
     } else {
-        let Some(out) = sid
+        let Some(session) = sid
             .as_ref()
             .and_then(|s| st.sessions.lock().ok()?.get(s).cloned())
         else {
-            return (
+            return reply(
                 StatusCode::NOT_FOUND,
-                error(Value::Null, -32600, "session not found", None).to_string(),
-            )
-                .into_response();
+                &error(Value::Null, -32600, "session not found", None),
+            );
         };
-        (out, None)
+        session.out.clone()
     };
+    out.auth = header(&headers, "authorization").map(str::to_owned);
     if msg.get("method").is_none() {
         out.answer(&msg);
         return StatusCode::ACCEPTED.into_response();
@@ -457,38 +546,26 @@ async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes)
     }
     // Per-request stream: related messages first, then the answer.
     let (tx, mut rx) = mpsc::channel::<Value>(64);
-    let req_out = Out {
-        tx: tx.clone(),
-        pending: out.pending.clone(),
-        next: out.next.clone(),
-    };
-    if let Some(id) = &new_session {
-        if let Ok(mut s) = st.sessions.lock() {
-            s.insert(id.clone(), req_out.clone());
-        }
+    out.tx = tx;
+    if let (Some((id, session)), Ok(mut map)) = (&new_session, st.sessions.lock()) {
+        map.insert(id.clone(), session.clone());
     }
     let server = st.server.clone();
     tokio::spawn(async move {
-        let last = match server.handle(&msg, &req_out).await {
+        let last = match server.handle(&msg, &out).await {
             Some(Outcome::Reply(r)) => r,
             // Marker: answer nothing and break the connection.
             Some(Outcome::DropSession) => json!({"__drop_session__": true}),
             None => return,
         };
-        let _ = req_out.tx.send(last).await;
+        let _ = out.tx.send(last).await;
     });
-    drop(tx);
     let first = rx
         .recv()
         .await
         .filter(|v| v.get("__drop_session__").is_none());
     let mut resp = match first {
-        Some(v) if v.get("method").is_none() => (
-            StatusCode::OK,
-            [("content-type", "application/json")],
-            v.to_string(),
-        )
-            .into_response(),
+        Some(v) if v.get("method").is_none() => reply(StatusCode::OK, &v),
         None => {
             // drop_session: forget the session and break the connection mid-response.
             if let (Some(s), Ok(mut map)) = (&sid, st.sessions.lock()) {
@@ -532,7 +609,7 @@ async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes)
             r
         }
     };
-    if let Some(id) = new_session {
+    if let Some((id, _)) = new_session {
         if let Ok(v) = HeaderValue::try_from(id) {
             resp.headers_mut().insert("mcp-session-id", v);
         }
@@ -541,26 +618,22 @@ async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes)
 }
 
 async fn http_get(State(st): State<Arc<Http>>, headers: HeaderMap) -> Response {
-    let known = headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|s| {
-            st.sessions
-                .lock()
-                .map(|m| m.contains_key(s))
-                .unwrap_or(false)
-        });
-    if !known {
+    let session =
+        header(&headers, "mcp-session-id").and_then(|s| st.sessions.lock().ok()?.get(s).cloned());
+    let Some(session) = session else {
         return StatusCode::METHOD_NOT_ALLOWED.into_response();
-    }
-    let keepalive = futures_util::stream::unfold((), |()| async {
-        tokio::time::sleep(Duration::from_secs(15)).await;
-        Some((
-            Ok::<Bytes, Infallible>(Bytes::from_static(b": keepalive\n\n")),
-            (),
-        ))
+    };
+    let Some(rx) = session.standalone.lock().ok().and_then(|mut r| r.take()) else {
+        return StatusCode::CONFLICT.into_response();
+    };
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+        let frame = tokio::select! {
+            v = rx.recv() => format!("event: message\ndata: {}\n\n", v?),
+            _ = tokio::time::sleep(Duration::from_secs(15)) => ": keepalive\n\n".to_owned(),
+        };
+        Some((Ok::<Bytes, Infallible>(Bytes::from(frame)), rx))
     });
-    let mut r = Response::new(Body::from_stream(keepalive));
+    let mut r = Response::new(Body::from_stream(frames));
     r.headers_mut().insert(
         "content-type",
         HeaderValue::from_static("text/event-stream"),
@@ -569,10 +642,7 @@ async fn http_get(State(st): State<Arc<Http>>, headers: HeaderMap) -> Response {
 }
 
 async fn http_delete(State(st): State<Arc<Http>>, headers: HeaderMap) -> StatusCode {
-    if let (Some(s), Ok(mut m)) = (
-        headers.get("mcp-session-id").and_then(|v| v.to_str().ok()),
-        st.sessions.lock(),
-    ) {
+    if let (Some(s), Ok(mut m)) = (header(&headers, "mcp-session-id"), st.sessions.lock()) {
         m.remove(s);
     }
     StatusCode::OK
@@ -583,14 +653,16 @@ async fn main() {
     let mut http = None;
     let mut record = None;
     let mut faults = None;
+    let mut stubborn = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--http" => http = args.next(),
             "--record" => record = args.next().map(PathBuf::from),
             "--faults" => faults = args.next().map(PathBuf::from),
+            "--stubborn" => stubborn = true,
             other => {
-                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE]");
+                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE] [--stubborn]");
                 std::process::exit(2);
             }
         }
@@ -600,7 +672,20 @@ async fn main() {
         faults,
         record_lock: Mutex::new(()),
         charges: AtomicU64::new(0),
+        stubborn,
     });
+    if stubborn {
+        // Ignore SIGTERM: registering a handler replaces the default action.
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::spawn(async move {
+                while term.recv().await.is_some() {
+                    eprintln!("payments_server: SIGTERM ignored (stubborn)");
+                }
+            });
+        }
+    }
     match http {
         None => run_stdio(server).await,
         Some(addr) => {

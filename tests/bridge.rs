@@ -20,8 +20,13 @@ struct Bridge {
 
 impl Bridge {
     fn start(gw: &Gateway) -> Bridge {
+        Bridge::start_with(gw, &[])
+    }
+
+    fn start_with(gw: &Gateway, extra: &[&str]) -> Bridge {
         let mut child = Command::new(countersign_bin())
             .args(["stdio", "--server", "payments", "--gateway", &gw.base()])
+            .args(extra)
             .env("COUNTERSIGN_TOKEN", TOKEN)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -127,4 +132,27 @@ fn bridge_without_token_says_what_to_do() {
         "stdout is the protocol; errors go to stderr"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("COUNTERSIGN_TOKEN is not set"));
+}
+
+#[test]
+fn bridge_refuses_an_overlong_line_and_keeps_going() {
+    let gw = Gateway::start();
+    let mut b = Bridge::start_with(&gw, &["--max-line-bytes", "2048"]);
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"charge_card","arguments":{{"account":"{}","amount":1}}}}}}"#,
+        "x".repeat(5000)
+    );
+    b.send(&huge);
+    let err = b.recv();
+    assert_eq!(err["error"]["code"], -32600, "{err}");
+    assert!(err["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("longer than 2048 bytes"));
+    b.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"stdio-test","version":"1"}}}"#);
+    assert_eq!(
+        b.answer(json!(1))["result"]["serverInfo"]["name"],
+        "payments-example"
+    );
+    assert_eq!(gw.executions("charge_card"), 0);
 }

@@ -417,3 +417,226 @@ async fn timeout_answers_outcome_unknown_and_cancels_upstream() {
     }
     assert!(cancelled, "no notifications/cancelled reached the server");
 }
+
+/// Read an SSE response until a message matches, or panic after `secs`.
+async fn read_until(
+    resp: &mut reqwest::Response,
+    secs: u64,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let mut buf = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .expect("timed out waiting on the stream")
+            .unwrap()
+            .expect("stream ended");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(m) = parse_messages(&buf, true).into_iter().find(|m| pred(m)) {
+            return m;
+        }
+    }
+}
+
+#[tokio::test]
+async fn standalone_stream_carries_messages_of_no_request() {
+    for server in ["payments", "phttp"] {
+        let gw = Gateway::start_with(Options {
+            http_upstream: true,
+            ..Default::default()
+        });
+        let mut c = Client::new(&gw.url(server));
+        c.initialize().await;
+        let mut stream = c
+            .request(reqwest::Method::GET)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), 200, "{server}");
+        let second = c
+            .request(reqwest::Method::GET)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            second.status(),
+            409,
+            "{server}: one standalone stream per session"
+        );
+        let a = c
+            .call(
+                1,
+                "notify_later",
+                json!({"text": format!("hello from {server}")}),
+            )
+            .await;
+        assert_eq!(a.last()["result"]["content"][0]["text"], "will notify");
+        let note = read_until(&mut stream, 10, |m| m["method"] == "notifications/message").await;
+        assert_eq!(note["params"]["data"], format!("hello from {server}"));
+    }
+}
+
+#[tokio::test]
+async fn client_cancellation_reaches_the_server_under_the_upstream_id() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    gw.fault("get_balance", "delay", 3000);
+    let url = c.url.clone();
+    let session = c.session.clone().unwrap();
+    let slow = tokio::spawn(async move {
+        let mut c2 = Client::new(&url);
+        c2.session = Some(session);
+        c2.post(&json!({"jsonrpc":"2.0","id":"call-A","method":"tools/call","params":{"name":"get_balance","arguments":{"account":"a"}}}))
+            .await
+    });
+    // Wait until the server has started executing it.
+    for _ in 0..100 {
+        if gw.executions("get_balance") == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let cancel = c
+        .post(&json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"call-A","reason":"user"}}))
+        .await;
+    assert_eq!(cancel.status, 202);
+    let mut seen = None;
+    for _ in 0..100 {
+        if let Some(r) = gw.records().into_iter().find(|r| r["event"] == "cancelled") {
+            seen = Some(r);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let seen = seen.expect("the cancellation never reached the server");
+    assert!(
+        seen["requestId"].is_u64(),
+        "the server must see its own (gateway-assigned) id: {seen}"
+    );
+    assert_eq!(seen["reason"], "user");
+    slow.abort();
+}
+
+#[tokio::test]
+async fn the_clients_token_never_reaches_an_http_upstream() {
+    let gw = Gateway::start_with(Options {
+        http_upstream: true,
+        // Appended to [servers.phttp]: the gateway's own credential upstream.
+        extra: "headers = { Authorization = \"Bearer upstream-credential\" }\n".into(),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("phttp"));
+    c.initialize().await;
+    c.call(1, "get_balance", json!({"account":"a"})).await;
+    let rec = gw
+        .records()
+        .into_iter()
+        .find(|r| r["event"] == "executed")
+        .unwrap();
+    assert_eq!(rec["authorization"], "Bearer upstream-credential");
+    assert!(!rec.to_string().contains(TOKEN));
+}
+
+#[tokio::test]
+async fn http_session_dropped_mid_call_is_outcome_unknown() {
+    let gw = Gateway::start_with(Options {
+        http_upstream: true,
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("phttp"));
+    c.initialize().await;
+    gw.fault("charge_card", "drop_session", 0);
+    let a = c
+        .call(1, "charge_card", json!({"account":"a","amount":2}))
+        .await;
+    assert_eq!(
+        a.last()["result"]["structuredContent"]["countersign"]["code"],
+        "outcome_unknown",
+        "{a:?}"
+    );
+    assert_eq!(gw.executions("charge_card"), 1);
+    // The upstream forgot the session: the next call is refused before it
+    // runs (404), so it is reported as unavailable, not unknown.
+    let b = c
+        .call(2, "charge_card", json!({"account":"a","amount":2}))
+        .await;
+    assert_eq!(
+        b.last()["result"]["structuredContent"]["countersign"]["code"],
+        "upstream_unavailable",
+        "{b:?}"
+    );
+    assert_eq!(gw.executions("charge_card"), 1);
+}
+
+#[tokio::test]
+async fn server_error_before_execution_passes_through() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    gw.fault("refund", "error_before_execute", 0);
+    let a = c.call(1, "refund", json!({"charge":"ch_1"})).await;
+    assert_eq!(a.last()["error"]["code"], -32603);
+    assert_eq!(
+        a.last()["error"]["message"],
+        "injected failure before execution"
+    );
+    assert_eq!(gw.executions("refund"), 0);
+}
+
+#[tokio::test]
+async fn a_child_that_ignores_eof_and_sigterm_is_killed() {
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.stubborn]\ncommand = \"{}\"\nargs = [\"--stubborn\", \"--record\", \"{}\"]\n",
+            example_server_bin().display(),
+            Gateway::record_path_for_extra()
+        ),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("stubborn"));
+    c.initialize().await;
+    c.call(1, "get_balance", json!({"account":"a"})).await;
+    let text = std::fs::read_to_string(Gateway::record_path_for_extra()).unwrap();
+    let pid = text
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok()?["pid"].as_u64())
+        .unwrap();
+    let _ = std::fs::remove_file(Gateway::record_path_for_extra());
+    let del = c.request(reqwest::Method::DELETE).send().await.unwrap();
+    assert_eq!(del.status(), 200);
+    // grace is 500ms: EOF, then SIGTERM, then SIGKILL.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.split_whitespace().nth(2).unwrap_or("gone").to_owned();
+    assert!(
+        state == "gone" || state == "Z",
+        "child {pid} still running after DELETE returned: {state}"
+    );
+}
+
+#[tokio::test]
+async fn session_requests_with_an_unknown_protocol_version_are_refused() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    c.protocol = "1999-01-01".into();
+    let a = c
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .await;
+    assert_eq!(a.status, 400);
+    assert!(a.last()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unsupported MCP-Protocol-Version `1999-01-01`"));
+    let health = reqwest::get(format!("{}/healthz", gw.base()))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let body: Value = serde_json::from_str(&health.text().await.unwrap()).unwrap();
+    assert_eq!(body["status"], "ok");
+    assert_eq!(body["sessions"], 1);
+}

@@ -183,6 +183,18 @@ call_timeout = "5s"
         gw
     }
 
+    /// A record file for servers added through `Options::extra` (one per
+    /// test process and thread, outside the gateway's temp dir).
+    pub fn record_path_for_extra() -> String {
+        let name = format!(
+            "countersign-extra-{}-{:?}.jsonl",
+            std::process::id(),
+            std::thread::current().id()
+        )
+        .replace(['(', ')'], "");
+        std::env::temp_dir().join(name).display().to_string()
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("countersign.toml")
     }
