@@ -143,6 +143,18 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// CPU time (user + system) a process has used, in microseconds.
+fn cpu_us(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start at `) `.
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    // USER_HZ is 100 on Linux.
+    ticks * 10_000.0
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -210,6 +222,8 @@ fn main() {
         direct.post(call);
         through.post(call);
     }
+    let (gw_pid, up_pid) = (gateway.0.id(), upstream.0.id());
+    let (gw_cpu0, up_cpu0) = (cpu_us(gw_pid), cpu_us(up_pid));
     let mut d = Vec::with_capacity(iterations);
     let mut g = Vec::with_capacity(iterations);
     for i in 0..iterations {
@@ -226,6 +240,8 @@ fn main() {
             }
         }
     }
+    let gw_cpu = (cpu_us(gw_pid) - gw_cpu0) / iterations as f64;
+    let up_cpu = (cpu_us(up_pid) - up_cpu0) / (2 * iterations) as f64;
     d.sort_by(f64::total_cmp);
     g.sort_by(f64::total_cmp);
     let (d50, d99, g50, g99) = (
@@ -245,6 +261,7 @@ fn main() {
         g99 - d99
     );
     println!("ratio    p50 {:8.2}x     p99 {:8.2}x", g50 / d50, g99 / d99);
+    println!("cpu per call: gateway {gw_cpu:.1} µs, upstream {up_cpu:.1} µs (from /proc, 10 ms ticks)");
 
     drop(gateway);
     drop(upstream);
