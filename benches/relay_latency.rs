@@ -261,7 +261,9 @@ fn main() {
         g99 - d99
     );
     println!("ratio    p50 {:8.2}x     p99 {:8.2}x", g50 / d50, g99 / d99);
-    println!("cpu per call: gateway {gw_cpu:.1} µs, upstream {up_cpu:.1} µs (from /proc, 10 ms ticks)");
+    println!(
+        "cpu per call: gateway {gw_cpu:.1} µs, upstream {up_cpu:.1} µs (from /proc, 10 ms ticks)"
+    );
 
     drop(gateway);
     drop(upstream);

@@ -67,6 +67,23 @@ pub struct Message {
     pub error: Option<Box<RawValue>>,
 }
 
+/// The same envelope without `deny_unknown_fields`, for messages from
+/// upstream servers (see [`Message::parse_from_upstream`]).
+#[derive(Deserialize)]
+struct LenientMessage {
+    jsonrpc: String,
+    #[serde(default, deserialize_with = "some_value")]
+    id: Option<Value>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    params: Option<Box<RawValue>>,
+    #[serde(default)]
+    result: Option<Box<RawValue>>,
+    #[serde(default)]
+    error: Option<Box<RawValue>>,
+}
+
 /// Keep an explicit `"id": null` distinct from a missing id.
 fn some_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)
@@ -103,6 +120,30 @@ impl Message {
                 ParseError::Json(e)
             }
         })?;
+        msg.check()?;
+        Ok(msg)
+    }
+
+    /// Parse a message from an upstream server. Unknown top-level members are
+    /// ignored rather than refused: a server that adds one must not turn every
+    /// answer into a lost one (and a timeout). Clients get the strict
+    /// [`Message::parse`].
+    pub fn parse_from_upstream(bytes: &[u8]) -> Result<Message, ParseError> {
+        let m: LenientMessage = serde_json::from_slice(bytes).map_err(|e| {
+            if e.is_data() {
+                ParseError::Invalid(e.to_string())
+            } else {
+                ParseError::Json(e)
+            }
+        })?;
+        let msg = Message {
+            jsonrpc: m.jsonrpc,
+            id: m.id,
+            method: m.method,
+            params: m.params,
+            result: m.result,
+            error: m.error,
+        };
         msg.check()?;
         Ok(msg)
     }
@@ -321,6 +362,18 @@ mod tests {
         assert!(members[0].is_ok());
         assert!(members[1].is_err());
         assert!(parse_body(b"[]").is_err());
+    }
+
+    #[test]
+    fn upstream_extra_members_are_ignored() {
+        let text = br#"{"jsonrpc":"2.0","id":3,"result":{},"x-trace":"abc"}"#;
+        assert!(
+            Message::parse(text).is_err(),
+            "clients are held to the envelope"
+        );
+        let m = Message::parse_from_upstream(text).unwrap();
+        assert_eq!(m.kind(), Kind::Response);
+        assert!(Message::parse_from_upstream(br#"{"jsonrpc":"2.0","id":3}"#).is_err());
     }
 
     #[test]

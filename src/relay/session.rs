@@ -86,15 +86,21 @@ pub struct Gateway {
     /// Shared HTTP client for HTTP upstreams.
     pub http: HttpClient,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    // A tokio mutex: probing an upstream awaits, and concurrent first requests
-    // must not spawn two shared children.
-    modern: tokio::sync::Mutex<HashMap<String, ModernUpstream>>,
+    /// One slot per configured server. A tokio mutex per server: probing an
+    /// upstream awaits, concurrent first requests must not spawn two shared
+    /// children, and a slow server must not hold up the others.
+    modern: HashMap<String, tokio::sync::Mutex<Option<ModernUpstream>>>,
 }
 
 impl Gateway {
     /// Build the gateway state from a checked config.
     pub fn new(config: Config) -> Arc<Gateway> {
         let identities = Identities::from_config(&config.identities);
+        let modern = config
+            .servers
+            .keys()
+            .map(|k| (k.clone(), tokio::sync::Mutex::new(None)))
+            .collect();
         let catalog = Catalog::new(
             config
                 .servers
@@ -108,7 +114,7 @@ impl Gateway {
             catalog,
             http: HttpClient::new(),
             sessions: Mutex::new(HashMap::new()),
-            modern: tokio::sync::Mutex::new(HashMap::new()),
+            modern,
         })
     }
 
@@ -195,8 +201,10 @@ impl Gateway {
     /// Shut every upstream down (gateway stopping).
     pub async fn shutdown(&self) {
         let all: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
-        let modern: Vec<ModernUpstream> =
-            self.modern.lock().await.drain().map(|(_, m)| m).collect();
+        let mut modern = Vec::new();
+        for slot in self.modern.values() {
+            modern.extend(slot.lock().await.take());
+        }
         let grace = self.config.gateway.shutdown_grace;
         let mut tasks = Vec::new();
         for s in all {
@@ -224,8 +232,14 @@ impl Gateway {
         server: &str,
         meta: &Value,
     ) -> Result<ModernUpstream, UpstreamError> {
-        let mut map = self.modern.lock().await;
-        if let Some(known) = map.get(server) {
+        let Some(slot) = self.modern.get(server) else {
+            return Err(UpstreamError::Closed {
+                server: server.into(),
+                reason: "not configured".into(),
+            });
+        };
+        let mut slot = slot.lock().await;
+        if let Some(known) = slot.as_ref() {
             match known {
                 ModernUpstream::Speaks(conn) if conn.is_closed() => {}
                 other => return Ok(other.clone()),
@@ -280,7 +294,7 @@ impl Gateway {
             modern = matches!(verdict, ModernUpstream::Speaks(_)),
             "probed upstream era"
         );
-        map.insert(server.to_owned(), verdict.clone());
+        *slot = Some(verdict.clone());
         Ok(verdict)
     }
 }

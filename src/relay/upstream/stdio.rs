@@ -69,7 +69,7 @@ impl Stdio {
                         if buf.iter().all(u8::is_ascii_whitespace) {
                             continue;
                         }
-                        match Message::parse(&buf) {
+                        match Message::parse_from_upstream(&buf) {
                             Ok(msg) => mux.deliver(msg, Origin::Pipe),
                             Err(e) => {
                                 tracing::warn!(server = %name, pid, "upstream wrote a line that is not JSON-RPC ({e}); ignored")

@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::task::JoinHandle;
 
 use super::{ExtraHeaders, UpstreamError};
-use crate::jsonrpc::{parse_body, Body, Message};
+use crate::jsonrpc::Message;
 use crate::relay::mux::{Mux, Origin};
 use crate::relay::sse;
 
@@ -333,7 +333,7 @@ impl Http {
                     if ev.data.is_empty() {
                         continue;
                     }
-                    match Message::parse(ev.data.as_bytes()) {
+                    match Message::parse_from_upstream(ev.data.as_bytes()) {
                         Ok(m) => mux.deliver(m, origin),
                         Err(e) => {
                             tracing::warn!(server = %self.server, "upstream SSE event is not JSON-RPC ({e}); ignored")
@@ -349,12 +349,10 @@ impl Http {
         } else {
             let bytes = self.read_all(&mut body).await?;
             self.pool.checkin(sender);
-            match parse_body(&bytes) {
-                Ok(Body::Single(m)) => mux.deliver(m, origin),
-                Ok(Body::Batch(ms)) => ms
-                    .into_iter()
-                    .flatten()
-                    .for_each(|m| mux.deliver(m, origin)),
+            // One request, one answer: upstreams receive no batches from the
+            // gateway, so they owe none back.
+            match Message::parse_from_upstream(&bytes) {
+                Ok(m) => mux.deliver(m, origin),
                 Err(_) if !status.is_success() => {
                     // A non-2xx without a JSON-RPC answer. A 4xx means the server
                     // rejected the request without processing it.
@@ -437,7 +435,7 @@ impl Http {
                     break;
                 };
                 for ev in events {
-                    if let Ok(m) = Message::parse(ev.data.as_bytes()) {
+                    if let Ok(m) = Message::parse_from_upstream(ev.data.as_bytes()) {
                         mux.deliver(m, Origin::Standalone);
                     }
                 }
