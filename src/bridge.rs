@@ -269,49 +269,20 @@ impl State {
             );
             return;
         };
-        let answer = match failure {
-            Failure::Unreachable(e) => {
-                let text = format!("The call did not run: the countersign gateway is unreachable ({e}). It is safe to try again later.");
-                if msg.method() == "tools/call" {
-                    reply::tool_error(
-                        id,
-                        reply::codes::UPSTREAM_UNAVAILABLE,
-                        &text,
-                        json!({}),
-                        modern.is_some(),
-                    )
-                } else {
-                    Message::error(
-                        id,
-                        code::INTERNAL_ERROR,
-                        &text,
-                        Some(json!({"countersign": {"code": reply::codes::UPSTREAM_UNAVAILABLE}})),
-                    )
-                }
-            }
-            Failure::Broken(e) => {
-                let text = format!(
+        let (code, text) = match failure {
+            Failure::Unreachable(e) => (
+                reply::codes::UPSTREAM_UNAVAILABLE,
+                format!("The call did not run: the countersign gateway is unreachable ({e}). It is safe to try again later."),
+            ),
+            Failure::Broken(e) => (
+                reply::codes::OUTCOME_UNKNOWN,
+                format!(
                     "The call may have run: the connection to the countersign gateway broke during the call ({e}). \
                      Verify with a read before calling again; do not retry blindly."
-                );
-                if msg.method() == "tools/call" {
-                    reply::tool_error(
-                        id,
-                        reply::codes::OUTCOME_UNKNOWN,
-                        &text,
-                        json!({}),
-                        modern.is_some(),
-                    )
-                } else {
-                    Message::error(
-                        id,
-                        code::INTERNAL_ERROR,
-                        &text,
-                        Some(json!({"countersign": {"code": reply::codes::OUTCOME_UNKNOWN}})),
-                    )
-                }
-            }
+                ),
+            ),
         };
+        let answer = reply::failure(id, msg.method(), code, &text, modern.is_some());
         self.emit(&answer).await;
     }
 

@@ -33,6 +33,22 @@ pub fn tool_error(id: Value, code: &str, text: &str, details: Value, modern: boo
     Message::response(id, raw(&result))
 }
 
+/// A gateway-side failure of a request: an `isError` result for
+/// `tools/call` (the model reads it), a JSON-RPC `-32603` with the code in
+/// `data` for any other method.
+pub fn failure(id: Value, method: &str, code: &str, text: &str, modern: bool) -> Message {
+    if method == "tools/call" {
+        tool_error(id, code, text, json!({}), modern)
+    } else {
+        Message::error(
+            id,
+            code::INTERNAL_ERROR,
+            text,
+            Some(json!({ "countersign": { "code": code } })),
+        )
+    }
+}
+
 /// The answer to a request whose upstream call failed.
 pub fn upstream_failure(id: Value, method: &str, err: &UpstreamError, modern: bool) -> Message {
     let (code, text) = if err.dispatched() {

@@ -29,10 +29,7 @@ async fn post(gw: &Gateway, server: &str, body: &Value, headers: &[(&str, &str)]
 
 #[tokio::test]
 async fn stateless_calls_over_stdio_and_http_upstreams() {
-    let gw = Gateway::start_with(Options {
-        http_upstream: true,
-        ..Default::default()
-    });
+    let gw = Gateway::with_http_upstream();
     for server in ["payments", "phttp"] {
         let a = post(
             &gw,

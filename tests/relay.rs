@@ -73,10 +73,7 @@ async fn stdio_upstream_initialize_list_and_call() {
 
 #[tokio::test]
 async fn http_upstream_initialize_list_and_call() {
-    let gw = Gateway::start_with(Options {
-        http_upstream: true,
-        ..Default::default()
-    });
+    let gw = Gateway::with_http_upstream();
     let mut c = Client::new(&gw.url("phttp"));
     c.initialize().await;
     let list = c
@@ -101,10 +98,7 @@ async fn http_upstream_initialize_list_and_call() {
 #[tokio::test]
 async fn progress_notifications_are_relayed_on_the_request_stream() {
     for server in ["payments", "phttp"] {
-        let gw = Gateway::start_with(Options {
-            http_upstream: true,
-            ..Default::default()
-        });
+        let gw = Gateway::with_http_upstream();
         let mut c = Client::new(&gw.url(server));
         c.initialize().await;
         let a = c
@@ -137,10 +131,7 @@ async fn progress_notifications_are_relayed_on_the_request_stream() {
 #[tokio::test]
 async fn server_to_client_request_round_trip() {
     for server in ["payments", "phttp"] {
-        let gw = Gateway::start_with(Options {
-            http_upstream: true,
-            ..Default::default()
-        });
+        let gw = Gateway::with_http_upstream();
         let mut c = Client::new(&gw.url(server));
         c.initialize().await;
         let resp = c
@@ -442,10 +433,7 @@ async fn read_until(
 #[tokio::test]
 async fn standalone_stream_carries_messages_of_no_request() {
     for server in ["payments", "phttp"] {
-        let gw = Gateway::start_with(Options {
-            http_upstream: true,
-            ..Default::default()
-        });
+        let gw = Gateway::with_http_upstream();
         let mut c = Client::new(&gw.url(server));
         c.initialize().await;
         let mut stream = c
@@ -543,10 +531,7 @@ async fn the_clients_token_never_reaches_an_http_upstream() {
 
 #[tokio::test]
 async fn http_session_dropped_mid_call_is_outcome_unknown() {
-    let gw = Gateway::start_with(Options {
-        http_upstream: true,
-        ..Default::default()
-    });
+    let gw = Gateway::with_http_upstream();
     let mut c = Client::new(&gw.url("phttp"));
     c.initialize().await;
     gw.fault("charge_card", "drop_session", 0);

@@ -625,21 +625,9 @@ async fn get_mcp(
     Path(server): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let identity = match admit(&gw, &server, &headers) {
-        Ok(i) => i,
+    let session = match named_session(&gw, &server, &headers) {
+        Ok(s) => s,
         Err(r) => return r,
-    };
-    let Some(sid) = header_str(&headers, SESSION_HEADER) else {
-        // 2026-07-28 has no GET stream; handshake clients must name a session.
-        return StatusCode::METHOD_NOT_ALLOWED.into_response();
-    };
-    let Some(session) = gw.session(&server, sid, &identity) else {
-        return rpc_error(
-            StatusCode::NOT_FOUND,
-            code::INVALID_REQUEST,
-            "session not found: send initialize again",
-            None,
-        );
     };
     let Ok(receiver) = session.standalone.clone().try_lock_owned() else {
         return rpc_error(
@@ -661,22 +649,36 @@ async fn delete_mcp(
     Path(server): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let identity = match admit(&gw, &server, &headers) {
-        Ok(i) => i,
+    let session = match named_session(&gw, &server, &headers) {
+        Ok(s) => s,
         Err(r) => return r,
     };
-    let Some(sid) = header_str(&headers, SESSION_HEADER) else {
-        return StatusCode::METHOD_NOT_ALLOWED.into_response();
+    gw.close_session(&session.id).await;
+    tracing::info!(server, session = %session.id, "session closed by the client");
+    StatusCode::OK.into_response()
+}
+
+/// GET and DELETE act on the handshake-era session the request names; in the
+/// 2026-07-28 era (no session) both are 405.
+#[expect(
+    clippy::result_large_err,
+    reason = "the refusal is the response itself"
+)]
+fn named_session(
+    gw: &Gateway,
+    server: &str,
+    headers: &HeaderMap,
+) -> Result<Arc<Session>, Response> {
+    let identity = admit(gw, server, headers)?;
+    let Some(sid) = header_str(headers, SESSION_HEADER) else {
+        return Err(StatusCode::METHOD_NOT_ALLOWED.into_response());
     };
-    if gw.session(&server, sid, &identity).is_none() {
-        return rpc_error(
+    gw.session(server, sid, &identity).ok_or_else(|| {
+        rpc_error(
             StatusCode::NOT_FOUND,
             code::INVALID_REQUEST,
-            "session not found",
+            "session not found: send initialize again",
             None,
-        );
-    }
-    gw.close_session(sid).await;
-    tracing::info!(server, session = sid, "session closed by the client");
-    StatusCode::OK.into_response()
+        )
+    })
 }

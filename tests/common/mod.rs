@@ -122,6 +122,15 @@ impl Gateway {
         Gateway::start_with(Options::default())
     }
 
+    /// A gateway with the example server both as stdio `payments` and as
+    /// HTTP `phttp`.
+    pub fn with_http_upstream() -> Gateway {
+        Gateway::start_with(Options {
+            http_upstream: true,
+            ..Default::default()
+        })
+    }
+
     pub fn start_with(opts: Options) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let record = dir.path().join("executions.jsonl");
