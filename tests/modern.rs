@@ -151,3 +151,68 @@ async fn unknown_versions_get_the_standard_version_error() {
         .unwrap();
     assert_eq!(get.status(), 405);
 }
+
+/// Poll the example server's record until a cancellation shows up.
+async fn wait_for_cancellation(gw: &Gateway) -> Option<Value> {
+    for _ in 0..150 {
+        if let Some(r) = gw.records().into_iter().find(|r| r["event"] == "cancelled") {
+            return Some(r);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn closing_the_response_stream_cancels_upstream() {
+    let gw = Gateway::start();
+    let mut body = call_body(1, "slow_report", json!({"steps": 20}));
+    body["params"]["_meta"]["progressToken"] = json!("p-1");
+    let mut resp = reqwest::Client::new()
+        .post(gw.url("payments"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", V)
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "slow_report")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    // The first progress event proves the call is running; then hang up.
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("notifications/progress"));
+    drop(resp);
+    let seen = wait_for_cancellation(&gw)
+        .await
+        .expect("closing the stream did not cancel upstream");
+    assert!(seen["requestId"].is_u64(), "{seen}");
+}
+
+#[tokio::test]
+async fn hanging_up_on_a_json_answer_cancels_upstream() {
+    let gw = Gateway::start();
+    gw.fault("get_balance", "delay", 3000);
+    let res = reqwest::Client::new()
+        .post(gw.url("payments"))
+        .bearer_auth(TOKEN)
+        .timeout(std::time::Duration::from_millis(400))
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .header("mcp-protocol-version", V)
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "get_balance")
+        .body(call_body(1, "get_balance", json!({"account":"a"})).to_string())
+        .send()
+        .await;
+    assert!(res.is_err(), "the client gave up before the answer");
+    assert!(
+        wait_for_cancellation(&gw).await.is_some(),
+        "the upstream was not told"
+    );
+}

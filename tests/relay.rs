@@ -625,3 +625,48 @@ async fn session_requests_with_an_unknown_protocol_version_are_refused() {
     assert_eq!(body["status"], "ok");
     assert_eq!(body["sessions"], 1);
 }
+
+#[tokio::test]
+async fn a_parse_error_keeps_the_tcp_connection_open() {
+    use std::io::{Read, Write};
+    let gw = Gateway::start();
+    let mut s = std::net::TcpStream::connect(&gw.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut exchange = |body: &str| -> String {
+        let req = format!(
+            "POST /mcp/payments HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            gw.addr,
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        // Read the head, then exactly Content-Length bytes of body.
+        while !buf.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte)
+                .expect("the gateway closed the connection");
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+        format!("{head}{}", String::from_utf8_lossy(&body))
+    };
+    let bad = exchange("{\"jsonrpc\":");
+    assert!(bad.starts_with("http/1.1 400"), "{bad}");
+    assert!(bad.contains("-32700"), "{bad}");
+    assert!(!bad.contains("connection: close"), "{bad}");
+    let good = exchange(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+    );
+    assert!(
+        good.starts_with("http/1.1 200"),
+        "same socket, next request served: {good}"
+    );
+}
