@@ -231,3 +231,32 @@ fn direct_stdio(cmd: &[&str], requests: &[Value]) -> Vec<String> {
     let _ = child.wait();
     answers
 }
+
+#[tokio::test]
+async fn stdio_children_get_a_minimal_environment() {
+    let js = everything_js();
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\nenv = {{ VISIBLE_TO_SERVER = \"yes\" }}\n",
+            js.display()
+        ),
+        gateway_env: vec![("GATEWAY_SECRET_PROBE".into(), "do-not-leak".into())],
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("everything"));
+    c.initialize().await;
+    let a = c.call(1, "get-env", json!({})).await;
+    let text = a.last()["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.contains("VISIBLE_TO_SERVER"),
+        "configured env reaches the child: {text}"
+    );
+    assert!(text.contains("PATH"), "PATH is inherited");
+    assert!(
+        !text.contains("GATEWAY_SECRET_PROBE"),
+        "the gateway's environment must not leak: {text}"
+    );
+}

@@ -94,6 +94,7 @@ impl Drop for HttpUpstream {
 /// A running gateway with its temp dir, record and fault files.
 pub struct Gateway {
     child: Option<Child>,
+    env: Vec<(String, String)>,
     pub addr: String,
     pub dir: tempfile::TempDir,
     pub http_upstream: Option<HttpUpstream>,
@@ -105,6 +106,8 @@ pub struct Options {
     /// Extra TOML appended to the config.
     pub extra: String,
     pub listen: String,
+    /// Extra environment for the gateway process.
+    pub gateway_env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -113,6 +116,7 @@ impl Default for Options {
             http_upstream: false,
             extra: String::new(),
             listen: "127.0.0.1:0".into(),
+            gateway_env: Vec::new(),
         }
     }
 }
@@ -184,6 +188,7 @@ call_timeout = "5s"
         std::fs::write(&config_path, config).unwrap();
         let mut gw = Gateway {
             child: None,
+            env: opts.gateway_env,
             addr: String::new(),
             dir,
             http_upstream,
@@ -213,6 +218,7 @@ call_timeout = "5s"
             .args(["serve", "--config"])
             .arg(self.config_path())
             .env("COUNTERSIGN_LOG", "info")
+            .envs(self.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

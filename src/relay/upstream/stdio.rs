@@ -16,6 +16,16 @@ use crate::jsonrpc::Message;
 use crate::lines::{read_line, Line};
 use crate::relay::mux::{Mux, Origin};
 
+/// Variables a stdio child inherits from the gateway (as the MCP SDKs do for
+/// their stdio clients); everything else must be listed in `servers.S.env`.
+const INHERITED: &[&str] = &[
+    "HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "TMPDIR", "TZ", "LANG",
+];
+
+fn inherited(key: &str) -> bool {
+    INHERITED.contains(&key) || key.starts_with("LC_")
+}
+
 pub(super) struct Stdio {
     server: String,
     stdin: Mutex<Option<ChildStdin>>,
@@ -38,6 +48,15 @@ impl Stdio {
             .as_deref()
             .ok_or_else(|| spawn_err("no command".into()))?;
         let mut cmd = Command::new(program);
+        // The child gets a minimal environment plus what the operator lists:
+        // the gateway's own environment may hold credentials that an
+        // untrusted server has no business reading.
+        cmd.env_clear();
+        for (key, value) in std::env::vars_os() {
+            if key.to_str().is_some_and(inherited) {
+                cmd.env(key, value);
+            }
+        }
         cmd.args(&cfg.args)
             .envs(&cfg.env)
             .stdin(StdStdio::piped())
