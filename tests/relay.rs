@@ -670,3 +670,29 @@ async fn a_parse_error_keeps_the_tcp_connection_open() {
         "same socket, next request served: {good}"
     );
 }
+
+#[tokio::test]
+async fn a_child_dying_after_receiving_a_write_is_reported_as_unknown_not_retried() {
+    // The request was written to the child: the gateway cannot know whether
+    // it ran, so it says so (even though this child died before executing).
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    gw.fault("close_account", "exit_before_execute", 0);
+    let a = c
+        .call(1, "close_account", json!({"account":"acct_9"}))
+        .await;
+    assert_eq!(
+        a.last()["result"]["structuredContent"]["countersign"]["code"],
+        "outcome_unknown",
+        "{a:?}"
+    );
+    assert_eq!(gw.executions("close_account"), 0);
+    // The session's child is gone; the next call is refused before dispatch.
+    let b = c.call(2, "get_balance", json!({"account":"a"})).await;
+    assert_eq!(
+        b.last()["result"]["structuredContent"]["countersign"]["code"],
+        "upstream_unavailable",
+        "{b:?}"
+    );
+}
