@@ -39,14 +39,21 @@ const MAX_IDLE: usize = 32;
 impl Pool {
     async fn checkout(&self) -> std::io::Result<SendRequest<Full<Bytes>>> {
         loop {
-            let Some(sender) = lock(&self.idle).pop() else {
+            let Some(mut sender) = lock(&self.idle).pop() else {
                 break;
             };
-            if sender.is_ready() {
+            // An idle connection is ready once its task has seen the end of
+            // the previous answer; `is_ready` alone can miss that and throw a
+            // good connection away.
+            if !sender.is_closed() && sender.ready().await.is_ok() {
                 return Ok(sender);
             }
         }
-        let stream = tokio::net::TcpStream::connect(&self.authority).await?;
+        // A literal address skips the resolver (which runs on the blocking pool).
+        let stream = match self.authority.parse::<std::net::SocketAddr>() {
+            Ok(addr) => tokio::net::TcpStream::connect(addr).await?,
+            Err(_) => tokio::net::TcpStream::connect(&self.authority).await?,
+        };
         stream.set_nodelay(true)?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
