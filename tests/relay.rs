@@ -696,3 +696,19 @@ async fn a_child_dying_after_receiving_a_write_is_reported_as_unknown_not_retrie
         "{b:?}"
     );
 }
+
+#[tokio::test]
+async fn batches_are_refused_after_2025_03_26() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await; // negotiates 2025-06-18
+    let a = c
+        .post_raw(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"charge_card","arguments":{"account":"a","amount":1}}}]"#)
+        .await;
+    assert_eq!(a.status, 400);
+    assert!(a.last()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("only part of protocol version 2025-03-26"));
+    assert_eq!(gw.executions("charge_card"), 0);
+}

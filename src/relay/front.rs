@@ -207,7 +207,26 @@ async fn post_mcp(
         }
         return match parsed {
             Body::Single(msg) => in_session(&gw, &session, msg, accepts_sse(&headers)).await,
-            Body::Batch(members) => batch(&gw, &session, members).await,
+            Body::Batch(members) => {
+                // Batching exists only in 2025-03-26; later versions removed it.
+                let version = session
+                    .protocol_version
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                if version.as_deref() != Some("2025-03-26") {
+                    return rpc_error(
+                        StatusCode::BAD_REQUEST,
+                        code::INVALID_REQUEST,
+                        &format!(
+                            "JSON-RPC batches are only part of protocol version 2025-03-26; this session negotiated `{}`: send one message per request",
+                            version.unwrap_or_default()
+                        ),
+                        None,
+                    );
+                }
+                batch(&gw, &session, members).await
+            }
         };
     }
     match parsed {
