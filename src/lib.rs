@@ -5,6 +5,8 @@
 //! - [`config`]: `countersign.toml`, strict parsing with line-numbered errors.
 //! - [`identity`]: bearer tokens (stored as SHA-256) → principal, tenant, groups.
 //! - [`jsonrpc`]: JSON-RPC envelopes that keep payloads as raw bytes.
+//! - [`canonical`]: strict parse of `tools/call` params, RFC 8785 JCS and the
+//!   call digest (pure, no I/O).
 //! - [`annotations`]: effective tool annotations (server hints, MCP defaults,
 //!   operator overrides) captured from `tools/list`.
 //! - [`relay`]: the gateway's data path — HTTP front, sessions, id
@@ -20,6 +22,7 @@
 
 pub mod annotations;
 pub mod bridge;
+pub mod canonical;
 pub mod check;
 pub mod config;
 pub mod identity;

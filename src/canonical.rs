@@ -1,0 +1,882 @@
+//! The canonical call: strict parse, proxy-reserved inputs, RFC 8785 JCS and
+//! the call digest (DESIGN.md section 2).
+//!
+//! What a reviewer approves and what the server receives must be the same
+//! bytes, so a `tools/call` is parsed strictly, reduced to its canonical form
+//! and forwarded as exactly that form. Everything here is pure: no I/O, no
+//! runtime.
+//!
+//! Strictness, and what each rule protects against:
+//! - duplicate object keys: parsers disagree on which duplicate wins, so the
+//!   gateway could check one value while the server acts on another;
+//! - lone surrogates (`"\ud800"`): not text, and JCS cannot represent them;
+//! - numbers a double cannot hold: JCS writes numbers as IEEE-754 doubles, so
+//!   `9007199254740993` would silently become `9007199254740992` (and collide
+//!   with it in the digest). `4.50` and `1e2` are fine, only their spelling
+//!   changes;
+//! - nesting deeper than `limits.max_depth`, arguments larger than
+//!   `limits.max_arguments_bytes`: bounded work per call.
+//!
+//! Invalid UTF-8 never gets this far: the envelope parser refuses the whole
+//! body with `-32700` before any `params` exist.
+
+use std::collections::HashSet;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// `_meta` keys under this prefix are the gateway's own inputs: read, then
+/// removed before hashing and forwarding.
+pub const RESERVED_META_PREFIX: &str = "dev.countersign/";
+/// The argument through which a client without `_meta` support passes an
+/// idempotency key; removed before hashing and forwarding.
+pub const RESERVED_ARGUMENT: &str = "_idempotency_key";
+
+/// Why `params` of a `tools/call` were refused (JSON-RPC `-32602`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CanonicalError {
+    /// Not JSON, or not an object.
+    #[error("invalid params: {0}")]
+    Invalid(String),
+    /// The same key twice in one object.
+    #[error("duplicate key `{key}` in the object at `{path}`: send each key once")]
+    DuplicateKey {
+        /// JSON pointer of the object.
+        path: String,
+        /// The repeated key.
+        key: String,
+    },
+    /// A `\uD800`–`\uDFFF` escape without its pair.
+    #[error("lone surrogate escape in a string at `{path}`: strings must be valid Unicode")]
+    LoneSurrogate {
+        /// JSON pointer of the string (or of the object whose key it is).
+        path: String,
+    },
+    /// A number that changes when read as a double.
+    #[error(
+        "number `{literal}` at `{path}` cannot be represented exactly as an IEEE-754 double \
+         (it would become `{becomes}`): send it as a string"
+    )]
+    InexactNumber {
+        /// JSON pointer of the number.
+        path: String,
+        /// The number as sent.
+        literal: String,
+        /// What a double makes of it.
+        becomes: String,
+    },
+    /// Nesting deeper than the limit.
+    #[error("arguments nest deeper than limits.max_depth ({max}) at `{path}`")]
+    TooDeep {
+        /// Where the limit was crossed.
+        path: String,
+        /// The limit.
+        max: usize,
+    },
+    /// Arguments larger than the limit.
+    #[error("arguments are {size} bytes, more than limits.max_arguments_bytes ({max})")]
+    TooLarge {
+        /// Size of the arguments as sent.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// Limits applied by [`canonicalize`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Deepest nesting of objects and arrays inside `arguments`.
+    pub max_depth: usize,
+    /// Largest `arguments`, in bytes as sent.
+    pub max_arguments_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_depth: 64,
+            max_arguments_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A `tools/call` reduced to what is hashed, approved and forwarded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CanonicalCall {
+    /// Server name (from the endpoint, not from the client's body).
+    pub server: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments with `_idempotency_key` removed (`{}` when absent).
+    pub arguments: Value,
+    /// JCS text of `arguments`: the exact bytes forwarded upstream.
+    pub arguments_jcs: String,
+    /// `sha256:` + hex SHA-256 of JCS({server, tool, arguments}).
+    pub digest: String,
+    /// The params to forward: the client's params with `arguments` replaced
+    /// by the canonical form and reserved `_meta` keys removed.
+    pub forward_params: Value,
+    /// Reserved inputs the client sent (for the ledger and approvals).
+    pub reserved: Reserved,
+}
+
+impl CanonicalCall {
+    /// The `params` text to forward: `arguments` is spliced in as the exact
+    /// JCS bytes that were hashed (re-serializing would reorder keys by UTF-8
+    /// and respell numbers), the other members follow as the client sent
+    /// them, minus reserved `_meta` keys.
+    pub fn forward_params_text(&self) -> String {
+        let mut out = String::with_capacity(self.arguments_jcs.len() + 64);
+        out.push_str("{\"arguments\":");
+        out.push_str(&self.arguments_jcs);
+        if let Value::Object(rest) = &self.forward_params {
+            for (k, v) in rest.iter().filter(|(k, _)| k.as_str() != "arguments") {
+                out.push(',');
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                out.push_str(&v.to_string());
+            }
+        }
+        out.push('}');
+        out
+    }
+}
+
+/// Proxy-reserved inputs, read before they are stripped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reserved {
+    /// `_meta` entries under `dev.countersign/`, keyed by the full key.
+    pub meta: Map<String, Value>,
+    /// `arguments._idempotency_key`, if sent.
+    pub argument_key: Option<Value>,
+    /// The rest of `_meta` (other vendors' keys), forwarded unchanged.
+    pub other_meta: Map<String, Value>,
+}
+
+/// Strictly parse `params` of a `tools/call` sent to `server` and build its
+/// canonical form.
+pub fn canonicalize(
+    server: &str,
+    params: &str,
+    limits: Limits,
+) -> Result<CanonicalCall, CanonicalError> {
+    let arguments_len = check_strict(params, limits.max_depth)?;
+    if arguments_len > limits.max_arguments_bytes {
+        return Err(CanonicalError::TooLarge {
+            size: arguments_len,
+            max: limits.max_arguments_bytes,
+        });
+    }
+    let value: Value =
+        serde_json::from_str(params).map_err(|e| CanonicalError::Invalid(e.to_string()))?;
+    let Value::Object(mut params) = value else {
+        return Err(CanonicalError::Invalid("`params` must be an object".into()));
+    };
+    let tool = match params.get("name") {
+        Some(Value::String(name)) if !name.is_empty() => name.clone(),
+        _ => {
+            return Err(CanonicalError::Invalid(
+                "`params.name` must be a non-empty string".into(),
+            ))
+        }
+    };
+    let mut arguments = match params.remove("arguments") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            return Err(CanonicalError::Invalid(
+                "`params.arguments` must be an object".into(),
+            ))
+        }
+    };
+    let mut reserved = Reserved {
+        argument_key: arguments.remove(RESERVED_ARGUMENT),
+        ..Reserved::default()
+    };
+    match params.remove("_meta") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(meta)) => {
+            for (k, v) in meta {
+                if k.starts_with(RESERVED_META_PREFIX) {
+                    reserved.meta.insert(k, v);
+                } else {
+                    reserved.other_meta.insert(k, v);
+                }
+            }
+        }
+        Some(_) => {
+            return Err(CanonicalError::Invalid(
+                "`params._meta` must be an object".into(),
+            ))
+        }
+    }
+    let arguments = Value::Object(arguments);
+    let arguments_jcs = jcs(&arguments);
+    let digest = call_digest(server, &tool, &arguments);
+    let mut forward = params;
+    forward.insert("arguments".into(), arguments.clone());
+    if !reserved.other_meta.is_empty() {
+        forward.insert("_meta".into(), Value::Object(reserved.other_meta.clone()));
+    }
+    Ok(CanonicalCall {
+        server: server.into(),
+        tool,
+        arguments,
+        arguments_jcs,
+        digest,
+        forward_params: Value::Object(forward),
+        reserved,
+    })
+}
+
+/// RFC 8785 canonical text of a value.
+pub fn jcs(value: &Value) -> String {
+    // Serializing a `serde_json::Value` cannot fail: its numbers are finite
+    // and its keys are strings.
+    serde_jcs::to_string(value).unwrap_or_default()
+}
+
+/// `sha256:` + hex SHA-256 of JCS({"server", "tool", "arguments"}).
+pub fn call_digest(server: &str, tool: &str, arguments: &Value) -> String {
+    let body = serde_json::json!({ "server": server, "tool": tool, "arguments": arguments });
+    format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(jcs(&body).as_bytes()))
+    )
+}
+
+/// Walk the JSON text and enforce what `serde_json` lets through:
+/// duplicate keys, lone surrogates, inexact numbers and depth. Returns the
+/// size in bytes of `arguments` as sent (0 when absent).
+fn check_strict(text: &str, max_depth: usize) -> Result<usize, CanonicalError> {
+    let mut s = Strict {
+        b: text.as_bytes(),
+        i: 0,
+        max_depth,
+        path: Vec::new(),
+        arguments_len: 0,
+    };
+    s.value(0)?;
+    s.ws();
+    if s.i != s.b.len() {
+        return Err(s.invalid("trailing characters after `params`"));
+    }
+    Ok(s.arguments_len)
+}
+
+struct Strict<'a> {
+    b: &'a [u8],
+    i: usize,
+    max_depth: usize,
+    path: Vec<String>,
+    arguments_len: usize,
+}
+
+impl Strict<'_> {
+    fn pointer(&self) -> String {
+        if self.path.is_empty() {
+            return "/".into();
+        }
+        self.path
+            .iter()
+            .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
+            .collect()
+    }
+
+    fn invalid(&self, what: &str) -> CanonicalError {
+        CanonicalError::Invalid(format!("{what} at byte {}", self.i))
+    }
+
+    fn ws(&mut self) {
+        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    /// `depth` counts the containers around this value.
+    fn value(&mut self, depth: usize) -> Result<(), CanonicalError> {
+        self.ws();
+        match self.peek() {
+            Some(b'{') => self.object(depth),
+            Some(b'[') => self.array(depth),
+            Some(b'"') => self.string().map(drop),
+            Some(b't') => self.literal("true"),
+            Some(b'f') => self.literal("false"),
+            Some(b'n') => self.literal("null"),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => Err(self.invalid("expected a JSON value")),
+        }
+    }
+
+    fn enter(&self, depth: usize) -> Result<(), CanonicalError> {
+        // `params` is depth 0 and the `arguments` object depth 1, so depth is
+        // the nesting level counted from the arguments object.
+        if depth > self.max_depth {
+            return Err(CanonicalError::TooDeep {
+                path: self.pointer(),
+                max: self.max_depth,
+            });
+        }
+        Ok(())
+    }
+
+    fn object(&mut self, depth: usize) -> Result<(), CanonicalError> {
+        self.enter(depth)?;
+        self.i += 1;
+        let mut keys = HashSet::new();
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            self.ws();
+            if self.peek() != Some(b'"') {
+                return Err(self.invalid("expected an object key"));
+            }
+            let key = self.string()?;
+            if !keys.insert(key.clone()) {
+                return Err(CanonicalError::DuplicateKey {
+                    path: self.pointer(),
+                    key,
+                });
+            }
+            self.ws();
+            if self.peek() != Some(b':') {
+                return Err(self.invalid("expected `:`"));
+            }
+            self.i += 1;
+            let top_arguments = depth == 0 && key == "arguments";
+            self.path.push(key);
+            let value_start = self.i;
+            self.value(depth + 1)?;
+            if top_arguments {
+                self.arguments_len = self.i - value_start;
+            }
+            self.path.pop();
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.invalid("expected `,` or `}`")),
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<(), CanonicalError> {
+        self.enter(depth)?;
+        self.i += 1;
+        self.ws();
+        if self.peek() == Some(b']') {
+            self.i += 1;
+            return Ok(());
+        }
+        let mut index = 0usize;
+        loop {
+            self.path.push(index.to_string());
+            self.value(depth + 1)?;
+            self.path.pop();
+            index += 1;
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b']') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.invalid("expected `,` or `]`")),
+            }
+        }
+    }
+
+    fn literal(&mut self, word: &str) -> Result<(), CanonicalError> {
+        if self.b[self.i..].starts_with(word.as_bytes()) {
+            self.i += word.len();
+            Ok(())
+        } else {
+            Err(self.invalid("invalid literal"))
+        }
+    }
+
+    /// Decode a string, refusing unpaired surrogate escapes.
+    fn string(&mut self) -> Result<String, CanonicalError> {
+        self.i += 1; // opening quote
+        let mut out = String::new();
+        let start = self.i;
+        let mut plain_from = start;
+        while let Some(c) = self.peek() {
+            match c {
+                b'"' => {
+                    out.push_str(self.slice(plain_from, self.i)?);
+                    self.i += 1;
+                    return Ok(out);
+                }
+                b'\\' => {
+                    out.push_str(self.slice(plain_from, self.i)?);
+                    self.i += 1;
+                    let esc = self
+                        .peek()
+                        .ok_or_else(|| self.invalid("unterminated escape"))?;
+                    self.i += 1;
+                    match esc {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let hi = self.hex4()?;
+                            let ch = if (0xD800..0xDC00).contains(&hi) {
+                                // A high surrogate must be followed by `\u` + low surrogate.
+                                if !self.b[self.i..].starts_with(b"\\u") {
+                                    return Err(CanonicalError::LoneSurrogate {
+                                        path: self.pointer(),
+                                    });
+                                }
+                                self.i += 2;
+                                let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return Err(CanonicalError::LoneSurrogate {
+                                        path: self.pointer(),
+                                    });
+                                }
+                                0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                            } else if (0xDC00..0xE000).contains(&hi) {
+                                return Err(CanonicalError::LoneSurrogate {
+                                    path: self.pointer(),
+                                });
+                            } else {
+                                hi
+                            };
+                            out.push(
+                                char::from_u32(ch).ok_or_else(|| self.invalid("invalid escape"))?,
+                            );
+                        }
+                        _ => return Err(self.invalid("invalid escape")),
+                    }
+                    plain_from = self.i;
+                }
+                _ => self.i += 1,
+            }
+        }
+        Err(self.invalid("unterminated string"))
+    }
+
+    fn slice(&self, from: usize, to: usize) -> Result<&str, CanonicalError> {
+        std::str::from_utf8(&self.b[from..to]).map_err(|_| self.invalid("invalid UTF-8"))
+    }
+
+    fn hex4(&mut self) -> Result<u32, CanonicalError> {
+        let digits = self
+            .b
+            .get(self.i..self.i + 4)
+            .ok_or_else(|| self.invalid("short \\u escape"))?;
+        let text = std::str::from_utf8(digits).map_err(|_| self.invalid("invalid \\u escape"))?;
+        let v = u32::from_str_radix(text, 16).map_err(|_| self.invalid("invalid \\u escape"))?;
+        self.i += 4;
+        Ok(v)
+    }
+
+    fn number(&mut self) -> Result<(), CanonicalError> {
+        let start = self.i;
+        while let Some(c) = self.peek() {
+            if c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.' | b'e' | b'E') {
+                self.i += 1;
+            } else {
+                break;
+            }
+        }
+        let literal = self.slice(start, self.i)?.to_owned();
+        check_number(&literal).map_err(|becomes| CanonicalError::InexactNumber {
+            path: self.pointer(),
+            literal,
+            becomes,
+        })
+    }
+}
+
+/// `Ok` when the literal's decimal value survives a trip through an IEEE-754
+/// double written back in shortest form; otherwise what the double says.
+fn check_number(literal: &str) -> Result<(), String> {
+    let parsed: f64 = literal.parse().map_err(|_| "not a number".to_owned())?;
+    if !parsed.is_finite() {
+        return Err(format!("{parsed}"));
+    }
+    // Rust's `{:e}` prints the shortest digits that round-trip.
+    let shortest = format!("{parsed:e}");
+    match (decimal(literal), decimal(&shortest)) {
+        (Some(a), Some(b)) if a == b => Ok(()),
+        _ => Err(serde_jcs::to_string(&parsed).unwrap_or(shortest)),
+    }
+}
+
+/// A decimal literal as (negative, significant digits, exponent of the last
+/// digit); zero is `(false, "", 0)` whatever its sign or spelling.
+fn decimal(text: &str) -> Option<(bool, String, i64)> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, text),
+    };
+    let (mantissa, exp) = match rest.find(['e', 'E']) {
+        Some(i) => (&rest[..i], rest[i + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits: String = format!("{int}{frac}");
+    let mut exp = exp - frac.len() as i64;
+    let trimmed = digits.trim_start_matches('0').to_owned();
+    digits = trimmed;
+    while digits.ends_with('0') {
+        digits.pop();
+        exp += 1;
+    }
+    if digits.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    Some((negative, digits, exp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn canon(params: &str) -> Result<CanonicalCall, CanonicalError> {
+        canonicalize("payments", params, Limits::default())
+    }
+
+    /// RFC 8785 appendix B: IEEE-754 values and their canonical text.
+    #[test]
+    fn rfc8785_number_vectors() {
+        let vectors: &[(u64, &str)] = &[
+            (0x0000000000000000, "0"),
+            (0x8000000000000000, "0"),
+            (0x0000000000000001, "5e-324"),
+            (0x8000000000000001, "-5e-324"),
+            (0x7fefffffffffffff, "1.7976931348623157e+308"),
+            (0xffefffffffffffff, "-1.7976931348623157e+308"),
+            (0x4340000000000000, "9007199254740992"),
+            (0xc340000000000000, "-9007199254740992"),
+            (0x4430000000000000, "295147905179352830000"),
+            (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+            (0x44b52d02c7e14af6, "1e+23"),
+            (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+            (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef50, "1e+21"),
+            (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+            (0x3eb0c6f7a0b5ed8d, "0.000001"),
+            (0x41b3de4355555553, "333333333.3333332"),
+            (0x41b3de4355555554, "333333333.33333325"),
+            (0x41b3de4355555555, "333333333.3333333"),
+            (0x41b3de4355555556, "333333333.3333334"),
+            (0x41b3de4355555557, "333333333.33333343"),
+            (0xbecbf647612f3696, "-0.0000033333333333333333"),
+            (0x43143ff3c1cb0959, "1424953923781206.2"),
+        ];
+        for (bits, expected) in vectors {
+            let v = json!(f64::from_bits(*bits));
+            assert_eq!(jcs(&v), *expected, "bits {bits:#018x}");
+        }
+    }
+
+    /// RFC 8785 section 3.2.2: the worked example (values, escapes, literals).
+    #[test]
+    fn rfc8785_example_object() {
+        let input = r#"{
+            "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+            "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+            "literals": [null, true, false]
+        }"#;
+        let v: Value = serde_json::from_str(input).unwrap();
+        assert_eq!(
+            jcs(&v),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+        );
+    }
+
+    /// RFC 8785 section 3.2.3: keys sorted by UTF-16 code units (the emoji,
+    /// a surrogate pair starting 0xD83D, sorts before U+FB33).
+    #[test]
+    fn rfc8785_utf16_key_order() {
+        let input = r#"{
+            "\u20ac": "Euro Sign",
+            "\r": "Carriage Return",
+            "\ufb33": "Hebrew Letter Dalet With Dagesh",
+            "1": "One",
+            "\ud83d\ude00": "Emoji: Grinning Face",
+            "\u0080": "Control\u007f",
+            "\u00f6": "Latin Small Letter O With Diaeresis"
+        }"#;
+        let v: Value = serde_json::from_str(input).unwrap();
+        assert_eq!(
+            jcs(&v),
+            "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\u{7f}\",\"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\"😀\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
+        );
+    }
+
+    #[test]
+    fn string_escapes_follow_ecmascript() {
+        let v = json!({"s": "\u{0}\u{8}\u{9}\u{a}\u{c}\u{d}\u{1f}\"\\/\u{7f}é"});
+        assert_eq!(
+            jcs(&v),
+            "{\"s\":\"\\u0000\\b\\t\\n\\f\\r\\u001f\\\"\\\\/\u{7f}é\"}"
+        );
+    }
+
+    #[test]
+    fn digest_is_over_server_tool_and_jcs_arguments() {
+        let a = canon(r#"{"name":"charge_card","arguments":{"b":1,"a":4.50}}"#).unwrap();
+        let b = canon(r#"{"arguments":{"a":4.5,"b":1e0},"name":"charge_card"}"#).unwrap();
+        assert_eq!(
+            a.digest, b.digest,
+            "spelling and order do not change the digest"
+        );
+        assert_eq!(a.arguments_jcs, r#"{"a":4.5,"b":1}"#);
+        let expected = format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(
+                br#"{"arguments":{"a":4.5,"b":1},"server":"payments","tool":"charge_card"}"#
+            ))
+        );
+        assert_eq!(a.digest, expected);
+        let other_server = canonicalize(
+            "other",
+            r#"{"name":"charge_card","arguments":{"a":4.5,"b":1}}"#,
+            Limits::default(),
+        )
+        .unwrap();
+        assert_ne!(a.digest, other_server.digest);
+        let no_args = canon(r#"{"name":"ping_tool"}"#).unwrap();
+        assert_eq!(no_args.arguments_jcs, "{}");
+    }
+
+    #[test]
+    fn reserved_inputs_are_read_and_stripped() {
+        let c = canon(
+            r#"{"name":"charge_card","arguments":{"amount":5,"_idempotency_key":"k-1"},
+                "_meta":{"dev.countersign/idempotency-key":"k-2","progressToken":"p","idempotencyKey":"k-3"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.reserved.argument_key, Some(json!("k-1")));
+        assert_eq!(
+            c.reserved.meta["dev.countersign/idempotency-key"],
+            json!("k-2")
+        );
+        assert_eq!(c.arguments, json!({"amount": 5}));
+        assert_eq!(
+            c.forward_params,
+            json!({"name":"charge_card","arguments":{"amount":5},"_meta":{"progressToken":"p","idempotencyKey":"k-3"}})
+        );
+        let plain =
+            canon(r#"{"name":"t","arguments":{"x":1},"_idempotency_key":"not-reserved-here"}"#)
+                .unwrap();
+        assert_eq!(
+            plain.digest,
+            canon(r#"{"name":"t","arguments":{"x":1}}"#).unwrap().digest
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_anywhere() {
+        let e = canon(r#"{"name":"t","arguments":{"to":"a","amount":1,"to":"b"}}"#).unwrap_err();
+        assert_eq!(
+            e,
+            CanonicalError::DuplicateKey {
+                path: "/arguments".into(),
+                key: "to".into()
+            }
+        );
+        let e = canon(r#"{"name":"t","arguments":{"x":{"y":1,"y":2}}}"#).unwrap_err();
+        assert!(
+            matches!(e, CanonicalError::DuplicateKey { ref path, .. } if path == "/arguments/x"),
+            "{e}"
+        );
+        // The same key spelled with an escape is still the same key.
+        let e = canon(r#"{"name":"t","arguments":{"a":1,"\u0061":2}}"#).unwrap_err();
+        assert!(matches!(e, CanonicalError::DuplicateKey { .. }), "{e}");
+        assert!(canon(r#"{"name":"t","name":"u"}"#).is_err());
+    }
+
+    #[test]
+    fn lone_surrogates_are_refused() {
+        for bad in [
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800x""#,
+            r#""\ud800\u0041""#,
+        ] {
+            let params = format!(r#"{{"name":"t","arguments":{{"s":{bad}}}}}"#);
+            let e = canon(&params).unwrap_err();
+            assert_eq!(
+                e,
+                CanonicalError::LoneSurrogate {
+                    path: "/arguments/s".into()
+                },
+                "{bad}"
+            );
+        }
+        let ok = canon(r#"{"name":"t","arguments":{"s":"\ud83d\ude00"}}"#).unwrap();
+        assert_eq!(ok.arguments["s"], "😀");
+    }
+
+    #[test]
+    fn numbers_that_a_double_changes_are_refused() {
+        for (bad, becomes) in [
+            ("9007199254740993", "9007199254740992"),
+            ("1.00000000000000001", "1"),
+            ("1e400", "inf"),
+            ("123456789012345678901234567890", "1.2345678901234568e+29"),
+        ] {
+            let e = canon(&format!(r#"{{"name":"t","arguments":{{"n":[0,{bad}]}}}}"#)).unwrap_err();
+            assert_eq!(
+                e,
+                CanonicalError::InexactNumber {
+                    path: "/arguments/n/1".into(),
+                    literal: bad.into(),
+                    becomes: becomes.into()
+                },
+                "{bad}"
+            );
+        }
+        for good in [
+            "4.50",
+            "1e2",
+            "0.1",
+            "-0",
+            "9007199254740992",
+            "-1.5E-3",
+            "0.000001",
+            "100",
+            "1E+2",
+        ] {
+            assert!(
+                canon(&format!(r#"{{"name":"t","arguments":{{"n":{good}}}}}"#)).is_ok(),
+                "{good}"
+            );
+        }
+        assert_eq!(
+            canon(r#"{"name":"t","arguments":{"n":-0}}"#)
+                .unwrap()
+                .arguments_jcs,
+            r#"{"n":0}"#
+        );
+    }
+
+    #[test]
+    fn depth_and_size_limits() {
+        let limits = Limits {
+            max_depth: 3,
+            max_arguments_bytes: 64,
+        };
+        let ok = r#"{"name":"t","arguments":{"a":{"b":{"c":1}}}}"#;
+        assert!(canonicalize("s", ok, limits).is_ok());
+        let deep = r#"{"name":"t","arguments":{"a":{"b":{"c":{"d":1}}}}}"#;
+        assert_eq!(
+            canonicalize("s", deep, limits).unwrap_err(),
+            CanonicalError::TooDeep {
+                path: "/arguments/a/b/c".into(),
+                max: 3
+            }
+        );
+        let big = format!(
+            r#"{{"name":"t","arguments":{{"a":"{}"}}}}"#,
+            "x".repeat(100)
+        );
+        assert!(matches!(
+            canonicalize("s", &big, limits),
+            Err(CanonicalError::TooLarge { max: 64, .. })
+        ));
+        // Depth is bounded even for pathological input, without recursion blowing the stack.
+        let very_deep = format!(
+            r#"{{"name":"t","arguments":{{"a":{}1{}}}}}"#,
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        assert!(matches!(
+            canon(&very_deep),
+            Err(CanonicalError::TooDeep { .. })
+        ));
+    }
+
+    #[test]
+    fn forwarded_params_carry_the_jcs_bytes() {
+        let c = canon(r#"{"name":"t","arguments":{"z":1E30,"a":4.50,"\u20ac":"x"},"_meta":{"progressToken":7}}"#).unwrap();
+        let text = c.forward_params_text();
+        assert!(
+            text.starts_with(r#"{"arguments":{"a":4.5,"z":1e+30,"€":"x"}"#),
+            "{text}"
+        );
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["name"], "t");
+        assert_eq!(back["_meta"]["progressToken"], 7);
+        // Forwarding is a fixed point: canonicalizing what is forwarded changes nothing.
+        let again = canon(&text).unwrap();
+        assert_eq!(again.digest, c.digest);
+        assert_eq!(again.forward_params_text(), text);
+    }
+
+    proptest::proptest! {
+        /// JCS output always passes the strict parse, and canonicalization
+        /// is idempotent.
+        #[test]
+        fn jcs_output_is_strict_and_stable(v in arb_json()) {
+            let params = serde_json::json!({"name": "t", "arguments": {"v": v}});
+            let first = canon(&jcs(&params)).unwrap();
+            let second = canon(&first.forward_params_text()).unwrap();
+            proptest::prop_assert_eq!(&first.digest, &second.digest);
+            proptest::prop_assert_eq!(first.arguments_jcs, second.arguments_jcs);
+        }
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i32>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            "\\PC{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map("\\PC{0,6}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    #[test]
+    fn shape_errors_name_the_field() {
+        assert!(canon(r#"[1]"#)
+            .unwrap_err()
+            .to_string()
+            .contains("must be an object"));
+        assert!(canon(r#"{"arguments":{}}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("params.name"));
+        assert!(canon(r#"{"name":"t","arguments":[1]}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("params.arguments"));
+        assert!(canon(r#"{"name":"t","_meta":5}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("params._meta"));
+    }
+}
