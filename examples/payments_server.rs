@@ -15,7 +15,8 @@
 //! a sampling completion: a server-to-client request).
 //!
 //! `--record FILE` appends one JSON line per execution
-//! (`{"event":"executed","tool":…,"arguments":…,"pid":…}`) and per received
+//! (`{"event":"executed","tool":…,"arguments":…,"raw_arguments":…,"pid":…}`,
+//! `raw_arguments` being the arguments text byte for byte) and per received
 //! cancellation (`{"event":"cancelled",…}`), so tests can count executions.
 //!
 //! `--faults FILE` is read before each call: a JSON object from tool name to
@@ -226,7 +227,15 @@ impl Server {
                 }
                 r
             }
-            "tools/call" => return self.call_tool(id, &params, out, modern.is_some()).await,
+            "tools/call" => {
+                let raw = msg
+                    .get("__raw")
+                    .and_then(Value::as_str)
+                    .and_then(raw_arguments);
+                return self
+                    .call_tool(id, &params, raw, out, modern.is_some())
+                    .await;
+            }
             _ => {
                 return Some(Outcome::Reply(error(
                     id,
@@ -243,6 +252,7 @@ impl Server {
         &self,
         id: Value,
         params: &Value,
+        raw: Option<(String, Option<String>)>,
         out: &Out,
         modern: bool,
     ) -> Option<Outcome> {
@@ -270,7 +280,7 @@ impl Server {
             _ => {}
         }
         self.note(
-            json!({"event":"executed","tool":name,"arguments":args,"pid":std::process::id(),"authorization":out.auth}),
+            json!({"event":"executed","tool":name,"arguments":args,"raw_arguments":raw.as_ref().map(|r| &r.0),"raw_meta":raw.as_ref().and_then(|r| r.1.as_ref()),"pid":std::process::id(),"authorization":out.auth}),
         );
         let text = match name {
             "get_balance" => format!(
@@ -366,6 +376,26 @@ impl Server {
     }
 }
 
+/// The `params.arguments` and `params._meta` texts exactly as they arrived
+/// (for the record).
+fn raw_arguments(message: &str) -> Option<(String, Option<String>)> {
+    #[derive(serde::Deserialize)]
+    struct Msg<'a> {
+        #[serde(borrow)]
+        params: Params<'a>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        arguments: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow, rename = "_meta")]
+        meta: Option<&'a serde_json::value::RawValue>,
+    }
+    let m: Msg = serde_json::from_str(message).ok()?;
+    let args = m.params.arguments.map(|a| a.get().to_owned())?;
+    Some((args, m.params.meta.map(|a| a.get().to_owned())))
+}
+
 fn ok(id: Value, mut result: Value, modern: bool) -> Value {
     if modern {
         result["resultType"] = json!("complete");
@@ -406,7 +436,7 @@ async fn run_stdio(server: Arc<Server>) {
     let out = new_out(tx.clone(), tx);
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+        let Ok(mut msg) = serde_json::from_str::<Value>(&line) else {
             let _ = out
                 .tx
                 .send(error(Value::Null, -32700, "parse error", None))
@@ -417,6 +447,7 @@ async fn run_stdio(server: Arc<Server>) {
             out.answer(&msg);
             continue;
         }
+        msg["__raw"] = Value::String(line);
         let (server, out) = (server.clone(), out.clone());
         tokio::spawn(async move {
             if let Some(Outcome::Reply(r)) = server.handle(&msg, &out).await {
@@ -486,12 +517,13 @@ fn modern_headers_match(headers: &HeaderMap, msg: &Value, version: &str) -> Resu
 }
 
 async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
-    let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
+    let Ok(mut msg) = serde_json::from_slice::<Value>(&body) else {
         return reply(
             StatusCode::BAD_REQUEST,
             &error(Value::Null, -32700, "parse error", None),
         );
     };
+    msg["__raw"] = Value::String(String::from_utf8_lossy(&body).into_owned());
     let method = msg
         .get("method")
         .and_then(Value::as_str)

@@ -22,6 +22,7 @@ use futures_util::stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::canonical;
 use crate::identity::Identity;
 use crate::jsonrpc::{code, parse_body, Body, Kind, Message};
 use crate::relay::session::{
@@ -416,6 +417,14 @@ async fn answer(
 ) -> Message {
     let method = msg.method().to_owned();
     let id = msg.id.clone().unwrap_or(Value::Null);
+    let msg = if method == "tools/call" {
+        match canonical_call(&gw, &server, msg) {
+            Ok(m) => m,
+            Err(refusal) => return refusal,
+        }
+    } else {
+        msg
+    };
     match conn
         .call(msg, events, call_timeout(&gw, &server), &extra)
         .await
@@ -433,6 +442,34 @@ async fn answer(
             reply::upstream_failure(id, &method, &e, modern)
         }
     }
+}
+
+/// Step one for every `tools/call`: strict parse and canonical form. The
+/// forwarded `params` carry the exact JCS bytes that were hashed, so what is
+/// checked (and later approved) is byte-for-byte what the server receives. A
+/// refusal is `-32602` and nothing is sent upstream.
+#[expect(clippy::result_large_err, reason = "the refusal is the answer itself")]
+fn canonical_call(gw: &Gateway, server: &str, mut msg: Message) -> Result<Message, Message> {
+    let id = msg.id.clone().unwrap_or(Value::Null);
+    let limits = canonical::Limits {
+        max_depth: gw.config.limits.max_depth,
+        max_arguments_bytes: gw.config.limits.max_arguments_bytes,
+    };
+    let params = msg.params.as_ref().map_or("null", |p| p.get());
+    let call = canonical::canonicalize(server, params, limits)
+        .map_err(|e| Message::error(id.clone(), code::INVALID_PARAMS, &e.to_string(), None))?;
+    tracing::debug!(server, tool = %call.tool, digest = %call.digest, "canonical call");
+    msg.params = Some(
+        serde_json::value::RawValue::from_string(call.forward_params_text()).map_err(|e| {
+            Message::error(
+                id,
+                code::INTERNAL_ERROR,
+                &format!("canonical form is not JSON: {e}"),
+                None,
+            )
+        })?,
+    );
+    Ok(msg)
 }
 
 /// Aborts the relayed call when the client goes away (2026-07-28: closing the

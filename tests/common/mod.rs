@@ -163,6 +163,7 @@ tenant = "acme"
 
 [limits]
 max_body_bytes = 65536
+max_arguments_bytes = 32768
 
 [servers.payments]
 command = "{bin}"
