@@ -7,6 +7,8 @@
 //! - [`jsonrpc`]: JSON-RPC envelopes that keep payloads as raw bytes.
 //! - [`canonical`]: strict parse of `tools/call` params, RFC 8785 JCS and the
 //!   call digest (pure, no I/O).
+//! - [`ledger`]: idempotency keys, ledger states and what a retry gets (pure).
+//! - [`store`]: durable ledger storage (redb by default) behind one trait.
 //! - [`annotations`]: effective tool annotations (server hints, MCP defaults,
 //!   operator overrides) captured from `tools/list`.
 //! - [`relay`]: the gateway's data path — HTTP front, sessions, id
@@ -27,7 +29,9 @@ pub mod check;
 pub mod config;
 pub mod identity;
 pub mod jsonrpc;
+pub mod ledger;
 pub mod lines;
 pub mod relay;
 pub mod reply;
 pub mod serve;
+pub mod store;

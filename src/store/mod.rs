@@ -1,0 +1,205 @@
+//! Durable storage of the idempotency ledger.
+//!
+//! One trait, [`Store`], with what each call guarantees when it returns, and
+//! two implementations: [`RedbStore`] (embedded, the default, under
+//! `gateway.data_dir`) and [`MemoryStore`] (the reference the redb store is
+//! checked against; also for tests). The same conformance suite
+//! (`tests::conformance`) runs against both.
+//!
+//! Durability contract (what is on disk when the future resolves):
+//! - [`Store::reserve`]: atomic, **not** necessarily durable. A reservation
+//!   lost in a crash means nothing was sent, and recovery would have freed
+//!   the key anyway.
+//! - [`Store::transition`] to `dispatched`: **durable** (fsync) before the
+//!   future resolves. The relay writes nothing upstream before that.
+//! - [`Store::transition`] out of `unknown` (reconciliation): durable.
+//! - Other transitions (`complete`, `not_dispatched`, `unknown`): atomic,
+//!   durable at the next durable commit. If a crash loses one, the record is
+//!   still `dispatched`, which recovery turns into `unknown`: an answer may be
+//!   lost, never a call repeated.
+//! - [`Store::recover`] (at startup): `reserved` → removed, `dispatched` →
+//!   `unknown`, durably.
+//!
+//! Mapping onto PostgreSQL (several gateways sharing one ledger), one row per
+//! key in `ledger(key text primary key, state text, digest text, record jsonb,
+//! expires_at timestamptz)`:
+//! - `reserve`: `INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE
+//!   ledger.state = 'not_dispatched' OR (ledger.state = 'complete' AND
+//!   ledger.expires_at <= now()) RETURNING *`; no row returned means the key
+//!   is bound, then `SELECT` it.
+//! - `transition`: `UPDATE ledger SET state = $to, record = $rec WHERE key =
+//!   $key AND state = $from`; one row updated is `true`. Synchronous commit
+//!   gives the durability `dispatched` needs.
+//! - Waiters in other gateways: `NOTIFY ledger, key` after `complete`,
+//!   `unknown` or `not_dispatched`; waiters `LISTEN` and re-read.
+//! - `recover` becomes per-gateway: rows carry the owning gateway id, and a
+//!   gateway restarting moves only its own `dispatched` rows to `unknown`.
+
+mod memory;
+mod redb_store;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use memory::MemoryStore;
+pub use redb_store::RedbStore;
+
+use crate::ledger::{Record, State};
+
+/// A storage failure. The relay fails closed on it: the call does not run.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("ledger store: {0}")]
+pub struct StoreError(pub String);
+
+/// A future returned by the store.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// The outcome of [`Store::reserve`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// The key was free; the given record now holds it (state `reserved`).
+    Reserved,
+    /// The key is bound by this record; nothing was written.
+    Bound(Record),
+}
+
+/// What [`Store::recover`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// `reserved` records removed (never sent).
+    pub freed: usize,
+    /// `dispatched` records turned `unknown` (sent, answer lost in the crash).
+    pub unknown: usize,
+}
+
+/// Ledger storage. Keys are [`crate::ledger::storage_key`]s.
+pub trait Store: Send + Sync {
+    /// The record of `key`, if any (reads never fsync).
+    fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
+
+    /// Atomically claim `key` with `record` (state `reserved`) if no record
+    /// binds it at `now_ms` (see [`Record::binds`]); otherwise return the
+    /// binding record and write nothing.
+    fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation>;
+
+    /// Replace the record of `key` with `to` if its state is `from`
+    /// (compare-and-set). Returns whether it did. Transitions the ledger does
+    /// not allow are refused with an error.
+    fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool>;
+
+    /// At startup, before serving: free `reserved` keys, mark `dispatched`
+    /// ones `unknown`.
+    fn recover(&self) -> Result<Recovery, StoreError>;
+
+    /// Forget records that no longer bind their key at `now_ms` (expired
+    /// `complete`, and `not_dispatched`). `unknown` records stay until
+    /// reconciled.
+    fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize>;
+
+    /// All records, optionally only those in `state`.
+    fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError>;
+}
+
+/// Whether a transition to `to` from `from` must be on disk when it returns.
+fn needs_durability(from: State, to: State) -> bool {
+    to == State::Dispatched || from == State::Unknown
+}
+
+/// Refuse transitions the ledger does not allow, whatever the backend.
+fn check_transition(from: State, to: State) -> Result<(), StoreError> {
+    if crate::ledger::allowed(from, to) {
+        Ok(())
+    } else {
+        Err(StoreError(format!("transition {from:?} → {to:?} is not allowed")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Answer, Claim};
+
+    fn claim(digest: &str) -> Claim {
+        Claim {
+            key: "k".into(),
+            client_key: "k".into(),
+            explicit: true,
+            digest: digest.into(),
+            server: "s".into(),
+            tool: "t".into(),
+        }
+    }
+
+    fn with_state(mut r: Record, s: State) -> Record {
+        r.state = s;
+        r
+    }
+
+    /// The conformance suite every store must pass.
+    async fn conformance(store: &dyn Store) {
+        let r = Record::reserve(&claim("d1"), 0, 1000);
+        assert_eq!(store.get("k").unwrap(), None);
+        assert_eq!(store.reserve("k".into(), r.clone(), 0).await.unwrap(), Reservation::Reserved);
+        // A second reservation of a bound key writes nothing and returns the binder.
+        let other = Record::reserve(&claim("d2"), 1, 1000);
+        assert_eq!(store.reserve("k".into(), other.clone(), 1).await.unwrap(), Reservation::Bound(r.clone()));
+        // Compare-and-set.
+        let dispatched = with_state(r.clone(), State::Dispatched);
+        assert!(store.transition("k".into(), State::Reserved, dispatched.clone()).await.unwrap());
+        assert!(!store.transition("k".into(), State::Reserved, dispatched.clone()).await.unwrap(), "the state moved on");
+        let mut done = with_state(r.clone(), State::Complete);
+        done.answer = Some(Answer::Result("{}".into()));
+        assert!(store.transition("k".into(), State::Dispatched, done.clone()).await.unwrap());
+        assert_eq!(store.get("k").unwrap(), Some(done.clone()));
+        // Not allowed: a complete call is never dispatched again.
+        assert!(store.transition("k".into(), State::Complete, dispatched).await.is_err());
+        // Expired complete records free the key; gc forgets them.
+        assert_eq!(store.reserve("k".into(), other.clone(), 5000).await.unwrap(), Reservation::Reserved);
+        assert_eq!(store.get("k").unwrap().unwrap().digest, "d2");
+        // not_dispatched frees the key at once.
+        assert!(store.transition("k".into(), State::Reserved, with_state(other.clone(), State::NotDispatched)).await.unwrap());
+        assert_eq!(store.reserve("k".into(), r.clone(), 6000).await.unwrap(), Reservation::Reserved);
+        // Recovery: reserved → freed, dispatched → unknown.
+        let a = Record::reserve(&claim("a"), 0, 1000);
+        store.reserve("a".into(), a.clone(), 0).await.unwrap();
+        assert!(store.transition("a".into(), State::Reserved, with_state(a.clone(), State::Dispatched)).await.unwrap());
+        let rec = store.recover().unwrap();
+        assert_eq!(rec, Recovery { freed: 1, unknown: 1 });
+        assert_eq!(store.get("k").unwrap(), None);
+        assert_eq!(store.get("a").unwrap().unwrap().state, State::Unknown);
+        // Unknown survives gc, even far in the future.
+        assert_eq!(store.gc(i64::MAX).await.unwrap(), 0);
+        assert_eq!(store.list(Some(State::Unknown)).unwrap().len(), 1);
+        // Reconciliation.
+        assert!(store.transition("a".into(), State::Unknown, with_state(a.clone(), State::NotDispatched)).await.unwrap());
+        assert_eq!(store.gc(0).await.unwrap(), 1);
+        assert!(store.list(None).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn memory_store_conforms() {
+        conformance(&MemoryStore::default()).await;
+    }
+
+    #[tokio::test]
+    async fn redb_store_conforms() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
+        conformance(&store).await;
+    }
+
+    #[tokio::test]
+    async fn redb_dispatched_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            let r = Record::reserve(&claim("d1"), 0, 1000);
+            store.reserve("k".into(), r.clone(), 0).await.unwrap();
+            assert!(store.transition("k".into(), State::Reserved, with_state(r, State::Dispatched)).await.unwrap());
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.get("k").unwrap().unwrap().state, State::Dispatched);
+        assert_eq!(store.recover().unwrap().unknown, 1);
+    }
+}

@@ -1,0 +1,281 @@
+//! The embedded ledger store: redb (ACID, copy-on-write B-trees, fsync on
+//! durable commit, one process at a time per file).
+//!
+//! All writes go through one writer thread, which takes every operation
+//! waiting in its queue into a single transaction: concurrent dispatches share
+//! one fsync (group commit), and a batch is durable only if one of its
+//! operations needs it. Reads use their own read transactions and never wait
+//! for the writer.
+
+use std::path::Path;
+use std::sync::{mpsc, Arc};
+
+use redb::{Database, Durability, ReadableTable, TableDefinition};
+use tokio::sync::oneshot;
+
+use super::{check_transition, needs_durability, Recovery, Reservation, Store, StoreError, StoreFuture};
+use crate::ledger::{Record, State};
+
+const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
+
+/// Most operations folded into one write transaction.
+const MAX_BATCH: usize = 256;
+
+enum Op {
+    Reserve { key: String, record: Record, now_ms: i64, reply: oneshot::Sender<Result<Reservation, StoreError>> },
+    Transition { key: String, from: State, to: Record, reply: oneshot::Sender<Result<bool, StoreError>> },
+    Gc { now_ms: i64, reply: oneshot::Sender<Result<usize, StoreError>> },
+}
+
+impl Op {
+    fn durable(&self) -> bool {
+        match self {
+            Op::Transition { from, to, .. } => needs_durability(*from, to.state),
+            Op::Reserve { .. } | Op::Gc { .. } => false,
+        }
+    }
+}
+
+/// What one operation produced inside a batch.
+enum Done {
+    Reserve(Result<Reservation, StoreError>),
+    Transition(Result<bool, StoreError>),
+    Gc(Result<usize, StoreError>),
+}
+
+/// The redb-backed ledger.
+pub struct RedbStore {
+    db: Arc<Database>,
+    // `mpsc::Sender` is `Sync`: every caller enqueues on the same writer.
+    // Options only so that `Drop` can close the queue and join the writer,
+    // releasing the file lock before `drop` returns.
+    queue: Option<mpsc::Sender<Op>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for RedbStore {
+    fn drop(&mut self) {
+        self.queue.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn err(context: &str) -> impl Fn(redb::Error) -> StoreError + '_ {
+    move |e| StoreError(format!("{context}: {e}"))
+}
+
+fn encode(r: &Record) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(r).map_err(|e| StoreError(format!("cannot encode a record: {e}")))
+}
+
+fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError(format!("a stored record does not decode ({e}): the ledger file may be damaged")))
+}
+
+impl RedbStore {
+    /// Open (or create) the ledger file and start its writer thread. Fails
+    /// when another process holds the file (a running gateway).
+    pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError(format!("cannot create `{}`: {e}", dir.display())))?;
+        }
+        let db = Database::create(path).map_err(|e| {
+            StoreError(format!(
+                "cannot open `{}`: {e} (is a gateway running on this data_dir? stop it, or act through it)",
+                path.display()
+            ))
+        })?;
+        let txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+        txn.open_table(LEDGER).map_err(|e| err("create table")(e.into()))?;
+        txn.commit().map_err(|e| err("commit")(e.into()))?;
+        let db = Arc::new(db);
+        let (queue, rx) = mpsc::channel();
+        let writer_db = db.clone();
+        let writer = std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || writer(&writer_db, &rx))
+            .map_err(|e| StoreError(format!("cannot start the ledger writer: {e}")))?;
+        Ok(RedbStore { db, queue: Some(queue), writer: Some(writer) })
+    }
+
+    fn submit<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
+    ) -> StoreFuture<'_, T> {
+        let (tx, rx) = oneshot::channel();
+        let sent = match &self.queue {
+            Some(q) => q.send(make(tx)).map_err(drop),
+            None => Err(()),
+        };
+        Box::pin(async move {
+            sent.map_err(|_| StoreError("the ledger writer stopped".into()))?;
+            rx.await.map_err(|_| StoreError("the ledger writer dropped a request".into()))?
+        })
+    }
+}
+
+fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        let durable = batch.iter().any(Op::durable);
+        match apply_batch(db, &batch, durable) {
+            Ok(done) => {
+                for (op, d) in batch.into_iter().zip(done) {
+                    match (op, d) {
+                        (Op::Reserve { reply, .. }, Done::Reserve(r)) => drop(reply.send(r)),
+                        (Op::Transition { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
+                        (Op::Gc { reply, .. }, Done::Gc(r)) => drop(reply.send(r)),
+                        _ => {}
+                    }
+                }
+            }
+            Err(e) => {
+                // The whole transaction failed: nothing of it happened.
+                tracing::error!("ledger commit failed: {e}");
+                for op in batch {
+                    match op {
+                        Op::Reserve { reply, .. } => drop(reply.send(Err(e.clone()))),
+                        Op::Transition { reply, .. } => drop(reply.send(Err(e.clone()))),
+                        Op::Gc { reply, .. } => drop(reply.send(Err(e.clone()))),
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, StoreError> {
+    let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+    // INVARIANT: a batch holding a `dispatched` (or reconciliation) commits
+    // with fsync before any of its callers is answered.
+    txn.set_durability(if durable { Durability::Immediate } else { Durability::None });
+    let mut done = Vec::with_capacity(batch.len());
+    {
+        let mut table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+        for op in batch {
+            done.push(match op {
+                Op::Reserve { key, record, now_ms, .. } => Done::Reserve(reserve(&mut table, key, record, *now_ms)),
+                Op::Transition { key, from, to, .. } => Done::Transition(transition(&mut table, key, *from, to)),
+                Op::Gc { now_ms, .. } => Done::Gc(gc(&mut table, *now_ms)),
+            });
+        }
+    }
+    txn.commit().map_err(|e| err("commit")(e.into()))?;
+    Ok(done)
+}
+
+type Table<'t> = redb::Table<'t, &'static str, &'static [u8]>;
+
+fn read(table: &Table<'_>, key: &str) -> Result<Option<Record>, StoreError> {
+    match table.get(key).map_err(|e| err("read")(e.into()))? {
+        Some(v) => decode(v.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn reserve(table: &mut Table<'_>, key: &str, record: &Record, now_ms: i64) -> Result<Reservation, StoreError> {
+    if let Some(existing) = read(table, key)?.filter(|r| r.binds(now_ms)) {
+        return Ok(Reservation::Bound(existing));
+    }
+    table.insert(key, encode(record)?.as_slice()).map_err(|e| err("write")(e.into()))?;
+    Ok(Reservation::Reserved)
+}
+
+fn transition(table: &mut Table<'_>, key: &str, from: State, to: &Record) -> Result<bool, StoreError> {
+    check_transition(from, to.state)?;
+    match read(table, key)? {
+        Some(cur) if cur.state == from => {
+            table.insert(key, encode(to)?.as_slice()).map_err(|e| err("write")(e.into()))?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+fn gc(table: &mut Table<'_>, now_ms: i64) -> Result<usize, StoreError> {
+    let mut stale = Vec::new();
+    for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+        let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+        if !decode(v.value())?.binds(now_ms) {
+            stale.push(k.value().to_owned());
+        }
+    }
+    for k in &stale {
+        table.remove(k.as_str()).map_err(|e| err("delete")(e.into()))?;
+    }
+    Ok(stale.len())
+}
+
+impl Store for RedbStore {
+    fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| err("begin read")(e.into()))?;
+        let table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+        match table.get(key).map_err(|e| err("read")(e.into()))? {
+            Some(v) => decode(v.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation> {
+        self.submit(|reply| Op::Reserve { key, record, now_ms, reply })
+    }
+
+    fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool> {
+        self.submit(|reply| Op::Transition { key, from, to, reply })
+    }
+
+    fn recover(&self) -> Result<Recovery, StoreError> {
+        let txn = self.db.begin_write().map_err(|e| err("begin")(e.into()))?;
+        let mut rec = Recovery::default();
+        {
+            let mut table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+            let mut changes = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                let r = decode(v.value())?;
+                if matches!(r.state, State::Reserved | State::Dispatched) {
+                    changes.push((k.value().to_owned(), r));
+                }
+            }
+            for (k, mut r) in changes {
+                if r.state == State::Reserved {
+                    table.remove(k.as_str()).map_err(|e| err("delete")(e.into()))?;
+                    rec.freed += 1;
+                } else {
+                    r.state = State::Unknown;
+                    table.insert(k.as_str(), encode(&r)?.as_slice()).map_err(|e| err("write")(e.into()))?;
+                    rec.unknown += 1;
+                }
+            }
+        }
+        txn.commit().map_err(|e| err("commit")(e.into()))?;
+        Ok(rec)
+    }
+
+    fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        self.submit(|reply| Op::Gc { now_ms, reply })
+    }
+
+    fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| err("begin read")(e.into()))?;
+        let table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+            let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+            let r = decode(v.value())?;
+            if state.is_none_or(|s| r.state == s) {
+                out.push((k.value().to_owned(), r));
+            }
+        }
+        Ok(out)
+    }
+}
