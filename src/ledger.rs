@@ -184,7 +184,9 @@ pub fn storage_key(tenant: &str, principal: &str, key: &str) -> String {
 
 /// Why an idempotency key was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("idempotency key from `{source_name}` must be a non-empty string of at most 256 characters")]
+#[error(
+    "idempotency key from `{source_name}` must be a non-empty string of at most 256 characters"
+)]
 pub struct BadKey {
     /// Where it came from.
     pub source_name: &'static str,
@@ -203,10 +205,21 @@ pub fn idempotency_key(
     digest: &str,
 ) -> Result<(String, bool), BadKey> {
     let sources: [(&'static str, Option<&Value>); 4] = [
-        ("_meta[\"dev.countersign/idempotency-key\"]", reserved.meta.get("dev.countersign/idempotency-key")),
-        ("_meta.idempotencyKey", reserved.other_meta.get("idempotencyKey")),
+        (
+            "_meta[\"dev.countersign/idempotency-key\"]",
+            reserved.meta.get("dev.countersign/idempotency-key"),
+        ),
+        (
+            "_meta.idempotencyKey",
+            reserved.other_meta.get("idempotencyKey"),
+        ),
         ("arguments._idempotency_key", reserved.argument_key.as_ref()),
-        ("_meta[\"com.nousresearch.hermes/toolAttemptId\"]", reserved.other_meta.get("com.nousresearch.hermes/toolAttemptId")),
+        (
+            "_meta[\"com.nousresearch.hermes/toolAttemptId\"]",
+            reserved
+                .other_meta
+                .get("com.nousresearch.hermes/toolAttemptId"),
+        ),
     ];
     for (source_name, value) in sources {
         let Some(value) = value else { continue };
@@ -246,22 +259,52 @@ mod tests {
     fn the_table_of_section_3() {
         let c = claim("d1", "charge");
         assert_eq!(judge(None, &c, 0), Verdict::Proceed);
-        assert_eq!(judge(Some(&rec(State::Reserved, "d1", "charge")), &c, 0), Verdict::Wait);
-        assert_eq!(judge(Some(&rec(State::Dispatched, "d1", "charge")), &c, 0), Verdict::Wait);
-        assert_eq!(judge(Some(&rec(State::Complete, "d1", "charge")), &c, 0), Verdict::Replay);
-        assert_eq!(judge(Some(&rec(State::NotDispatched, "d1", "charge")), &c, 0), Verdict::Proceed);
-        assert_eq!(judge(Some(&rec(State::Unknown, "d1", "charge")), &c, 0), Verdict::OutcomeUnknown);
+        assert_eq!(
+            judge(Some(&rec(State::Reserved, "d1", "charge")), &c, 0),
+            Verdict::Wait
+        );
+        assert_eq!(
+            judge(Some(&rec(State::Dispatched, "d1", "charge")), &c, 0),
+            Verdict::Wait
+        );
+        assert_eq!(
+            judge(Some(&rec(State::Complete, "d1", "charge")), &c, 0),
+            Verdict::Replay
+        );
+        assert_eq!(
+            judge(Some(&rec(State::NotDispatched, "d1", "charge")), &c, 0),
+            Verdict::Proceed
+        );
+        assert_eq!(
+            judge(Some(&rec(State::Unknown, "d1", "charge")), &c, 0),
+            Verdict::OutcomeUnknown
+        );
     }
 
     #[test]
     fn drift_and_remap() {
         let c = claim("d2", "charge");
-        assert_eq!(judge(Some(&rec(State::Complete, "d1", "charge")), &c, 0), Verdict::Drift);
-        assert_eq!(judge(Some(&rec(State::Dispatched, "d1", "charge")), &c, 0), Verdict::Drift);
-        assert_eq!(judge(Some(&rec(State::Complete, "d1", "refund")), &c, 0), Verdict::Remap);
-        assert_eq!(judge(Some(&rec(State::Unknown, "d1", "refund")), &c, 0), Verdict::Remap);
+        assert_eq!(
+            judge(Some(&rec(State::Complete, "d1", "charge")), &c, 0),
+            Verdict::Drift
+        );
+        assert_eq!(
+            judge(Some(&rec(State::Dispatched, "d1", "charge")), &c, 0),
+            Verdict::Drift
+        );
+        assert_eq!(
+            judge(Some(&rec(State::Complete, "d1", "refund")), &c, 0),
+            Verdict::Remap
+        );
+        assert_eq!(
+            judge(Some(&rec(State::Unknown, "d1", "refund")), &c, 0),
+            Verdict::Remap
+        );
         // A freed key may be used for anything.
-        assert_eq!(judge(Some(&rec(State::NotDispatched, "d1", "refund")), &c, 0), Verdict::Proceed);
+        assert_eq!(
+            judge(Some(&rec(State::NotDispatched, "d1", "refund")), &c, 0),
+            Verdict::Proceed
+        );
     }
 
     #[test]
@@ -269,9 +312,17 @@ mod tests {
         let c = claim("d1", "charge");
         let done = rec(State::Complete, "d1", "charge");
         assert_eq!(judge(Some(&done), &c, 999), Verdict::Replay);
-        assert_eq!(judge(Some(&done), &c, 1000), Verdict::Proceed, "expired answers are forgotten");
+        assert_eq!(
+            judge(Some(&done), &c, 1000),
+            Verdict::Proceed,
+            "expired answers are forgotten"
+        );
         let lost = rec(State::Unknown, "d1", "charge");
-        assert_eq!(judge(Some(&lost), &c, i64::MAX), Verdict::OutcomeUnknown, "unknown never expires");
+        assert_eq!(
+            judge(Some(&lost), &c, i64::MAX),
+            Verdict::OutcomeUnknown,
+            "unknown never expires"
+        );
     }
 
     #[test]
@@ -280,24 +331,44 @@ mod tests {
         assert!(allowed(Reserved, Dispatched));
         assert!(allowed(Dispatched, Unknown));
         assert!(allowed(Unknown, NotDispatched));
-        assert!(!allowed(Complete, Dispatched), "a complete call is never sent again");
-        assert!(!allowed(Unknown, Dispatched), "an unknown outcome is never re-executed");
-        assert!(!allowed(Reserved, Complete), "nothing completes without being dispatched");
+        assert!(
+            !allowed(Complete, Dispatched),
+            "a complete call is never sent again"
+        );
+        assert!(
+            !allowed(Unknown, Dispatched),
+            "an unknown outcome is never re-executed"
+        );
+        assert!(
+            !allowed(Reserved, Complete),
+            "nothing completes without being dispatched"
+        );
     }
 
     #[test]
     fn key_sources_in_order() {
         let mut r = Reserved::default();
-        r.other_meta.insert("com.nousresearch.hermes/toolAttemptId".into(), json!("hermes"));
-        assert_eq!(idempotency_key(&r, "p", "t", None, "d").unwrap(), ("hermes".into(), true));
+        r.other_meta.insert(
+            "com.nousresearch.hermes/toolAttemptId".into(),
+            json!("hermes"),
+        );
+        assert_eq!(
+            idempotency_key(&r, "p", "t", None, "d").unwrap(),
+            ("hermes".into(), true)
+        );
         r.argument_key = Some(json!("arg"));
         assert_eq!(idempotency_key(&r, "p", "t", None, "d").unwrap().0, "arg");
         r.other_meta.insert("idempotencyKey".into(), json!("meta"));
         assert_eq!(idempotency_key(&r, "p", "t", None, "d").unwrap().0, "meta");
-        r.meta.insert("dev.countersign/idempotency-key".into(), json!("ours"));
+        r.meta
+            .insert("dev.countersign/idempotency-key".into(), json!("ours"));
         assert_eq!(idempotency_key(&r, "p", "t", None, "d").unwrap().0, "ours");
-        r.meta.insert("dev.countersign/idempotency-key".into(), json!(42));
-        assert!(idempotency_key(&r, "p", "t", None, "d").is_err(), "a non-string key is refused, not ignored");
+        r.meta
+            .insert("dev.countersign/idempotency-key".into(), json!(42));
+        assert!(
+            idempotency_key(&r, "p", "t", None, "d").is_err(),
+            "a non-string key is refused, not ignored"
+        );
     }
 
     #[test]
@@ -307,7 +378,13 @@ mod tests {
         assert!(!explicit);
         assert!(k.starts_with("derived:"));
         assert_eq!(k, idempotency_key(&r, "p", "t", Some("s1"), "d").unwrap().0);
-        for (p, t, s, d) in [("q", "t", Some("s1"), "d"), ("p", "u", Some("s1"), "d"), ("p", "t", Some("s2"), "d"), ("p", "t", None, "d"), ("p", "t", Some("s1"), "e")] {
+        for (p, t, s, d) in [
+            ("q", "t", Some("s1"), "d"),
+            ("p", "u", Some("s1"), "d"),
+            ("p", "t", Some("s2"), "d"),
+            ("p", "t", None, "d"),
+            ("p", "t", Some("s1"), "e"),
+        ] {
             assert_ne!(k, idempotency_key(&r, p, t, s, d).unwrap().0);
         }
     }

@@ -8,6 +8,8 @@
 //! - [`canonical`]: strict parse of `tools/call` params, RFC 8785 JCS and the
 //!   call digest (pure, no I/O).
 //! - [`ledger`]: idempotency keys, ledger states and what a retry gets (pure).
+//! - [`idempotency`]: the ledger as a service — store plus in-process
+//!   single-flight, tickets and the dispatch permit.
 //! - [`store`]: durable ledger storage (redb by default) behind one trait.
 //! - [`annotations`]: effective tool annotations (server hints, MCP defaults,
 //!   operator overrides) captured from `tools/list`.
@@ -27,6 +29,7 @@ pub mod bridge;
 pub mod canonical;
 pub mod check;
 pub mod config;
+pub mod idempotency;
 pub mod identity;
 pub mod jsonrpc;
 pub mod ledger;

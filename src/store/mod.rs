@@ -110,7 +110,9 @@ fn check_transition(from: State, to: State) -> Result<(), StoreError> {
     if crate::ledger::allowed(from, to) {
         Ok(())
     } else {
-        Err(StoreError(format!("transition {from:?} → {to:?} is not allowed")))
+        Err(StoreError(format!(
+            "transition {from:?} → {to:?} is not allowed"
+        )))
     }
 }
 
@@ -139,39 +141,96 @@ mod tests {
     async fn conformance(store: &dyn Store) {
         let r = Record::reserve(&claim("d1"), 0, 1000);
         assert_eq!(store.get("k").unwrap(), None);
-        assert_eq!(store.reserve("k".into(), r.clone(), 0).await.unwrap(), Reservation::Reserved);
+        assert_eq!(
+            store.reserve("k".into(), r.clone(), 0).await.unwrap(),
+            Reservation::Reserved
+        );
         // A second reservation of a bound key writes nothing and returns the binder.
         let other = Record::reserve(&claim("d2"), 1, 1000);
-        assert_eq!(store.reserve("k".into(), other.clone(), 1).await.unwrap(), Reservation::Bound(r.clone()));
+        assert_eq!(
+            store.reserve("k".into(), other.clone(), 1).await.unwrap(),
+            Reservation::Bound(r.clone())
+        );
         // Compare-and-set.
         let dispatched = with_state(r.clone(), State::Dispatched);
-        assert!(store.transition("k".into(), State::Reserved, dispatched.clone()).await.unwrap());
-        assert!(!store.transition("k".into(), State::Reserved, dispatched.clone()).await.unwrap(), "the state moved on");
+        assert!(store
+            .transition("k".into(), State::Reserved, dispatched.clone())
+            .await
+            .unwrap());
+        assert!(
+            !store
+                .transition("k".into(), State::Reserved, dispatched.clone())
+                .await
+                .unwrap(),
+            "the state moved on"
+        );
         let mut done = with_state(r.clone(), State::Complete);
         done.answer = Some(Answer::Result("{}".into()));
-        assert!(store.transition("k".into(), State::Dispatched, done.clone()).await.unwrap());
+        assert!(store
+            .transition("k".into(), State::Dispatched, done.clone())
+            .await
+            .unwrap());
         assert_eq!(store.get("k").unwrap(), Some(done.clone()));
         // Not allowed: a complete call is never dispatched again.
-        assert!(store.transition("k".into(), State::Complete, dispatched).await.is_err());
+        assert!(store
+            .transition("k".into(), State::Complete, dispatched)
+            .await
+            .is_err());
         // Expired complete records free the key; gc forgets them.
-        assert_eq!(store.reserve("k".into(), other.clone(), 5000).await.unwrap(), Reservation::Reserved);
+        assert_eq!(
+            store
+                .reserve("k".into(), other.clone(), 5000)
+                .await
+                .unwrap(),
+            Reservation::Reserved
+        );
         assert_eq!(store.get("k").unwrap().unwrap().digest, "d2");
         // not_dispatched frees the key at once.
-        assert!(store.transition("k".into(), State::Reserved, with_state(other.clone(), State::NotDispatched)).await.unwrap());
-        assert_eq!(store.reserve("k".into(), r.clone(), 6000).await.unwrap(), Reservation::Reserved);
+        assert!(store
+            .transition(
+                "k".into(),
+                State::Reserved,
+                with_state(other.clone(), State::NotDispatched)
+            )
+            .await
+            .unwrap());
+        assert_eq!(
+            store.reserve("k".into(), r.clone(), 6000).await.unwrap(),
+            Reservation::Reserved
+        );
         // Recovery: reserved → freed, dispatched → unknown.
         let a = Record::reserve(&claim("a"), 0, 1000);
         store.reserve("a".into(), a.clone(), 0).await.unwrap();
-        assert!(store.transition("a".into(), State::Reserved, with_state(a.clone(), State::Dispatched)).await.unwrap());
+        assert!(store
+            .transition(
+                "a".into(),
+                State::Reserved,
+                with_state(a.clone(), State::Dispatched)
+            )
+            .await
+            .unwrap());
         let rec = store.recover().unwrap();
-        assert_eq!(rec, Recovery { freed: 1, unknown: 1 });
+        assert_eq!(
+            rec,
+            Recovery {
+                freed: 1,
+                unknown: 1
+            }
+        );
         assert_eq!(store.get("k").unwrap(), None);
         assert_eq!(store.get("a").unwrap().unwrap().state, State::Unknown);
         // Unknown survives gc, even far in the future.
         assert_eq!(store.gc(i64::MAX).await.unwrap(), 0);
         assert_eq!(store.list(Some(State::Unknown)).unwrap().len(), 1);
         // Reconciliation.
-        assert!(store.transition("a".into(), State::Unknown, with_state(a.clone(), State::NotDispatched)).await.unwrap());
+        assert!(store
+            .transition(
+                "a".into(),
+                State::Unknown,
+                with_state(a.clone(), State::NotDispatched)
+            )
+            .await
+            .unwrap());
         assert_eq!(store.gc(0).await.unwrap(), 1);
         assert!(store.list(None).unwrap().is_empty());
     }
@@ -196,7 +255,14 @@ mod tests {
             let store = RedbStore::open(&path).unwrap();
             let r = Record::reserve(&claim("d1"), 0, 1000);
             store.reserve("k".into(), r.clone(), 0).await.unwrap();
-            assert!(store.transition("k".into(), State::Reserved, with_state(r, State::Dispatched)).await.unwrap());
+            assert!(store
+                .transition(
+                    "k".into(),
+                    State::Reserved,
+                    with_state(r, State::Dispatched)
+                )
+                .await
+                .unwrap());
         }
         let store = RedbStore::open(&path).unwrap();
         assert_eq!(store.get("k").unwrap().unwrap().state, State::Dispatched);

@@ -13,7 +13,9 @@ use std::sync::{mpsc, Arc};
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::{check_transition, needs_durability, Recovery, Reservation, Store, StoreError, StoreFuture};
+use super::{
+    check_transition, needs_durability, Recovery, Reservation, Store, StoreError, StoreFuture,
+};
 use crate::ledger::{Record, State};
 
 const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
@@ -22,9 +24,22 @@ const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
 const MAX_BATCH: usize = 256;
 
 enum Op {
-    Reserve { key: String, record: Record, now_ms: i64, reply: oneshot::Sender<Result<Reservation, StoreError>> },
-    Transition { key: String, from: State, to: Record, reply: oneshot::Sender<Result<bool, StoreError>> },
-    Gc { now_ms: i64, reply: oneshot::Sender<Result<usize, StoreError>> },
+    Reserve {
+        key: String,
+        record: Record,
+        now_ms: i64,
+        reply: oneshot::Sender<Result<Reservation, StoreError>>,
+    },
+    Transition {
+        key: String,
+        from: State,
+        to: Record,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
+    Gc {
+        now_ms: i64,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
+    },
 }
 
 impl Op {
@@ -71,7 +86,11 @@ fn encode(r: &Record) -> Result<Vec<u8>, StoreError> {
 }
 
 fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError(format!("a stored record does not decode ({e}): the ledger file may be damaged")))
+    serde_json::from_slice(bytes).map_err(|e| {
+        StoreError(format!(
+            "a stored record does not decode ({e}): the ledger file may be damaged"
+        ))
+    })
 }
 
 impl RedbStore {
@@ -89,7 +108,8 @@ impl RedbStore {
             ))
         })?;
         let txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
-        txn.open_table(LEDGER).map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(LEDGER)
+            .map_err(|e| err("create table")(e.into()))?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         let db = Arc::new(db);
         let (queue, rx) = mpsc::channel();
@@ -98,7 +118,11 @@ impl RedbStore {
             .name("ledger-writer".into())
             .spawn(move || writer(&writer_db, &rx))
             .map_err(|e| StoreError(format!("cannot start the ledger writer: {e}")))?;
-        Ok(RedbStore { db, queue: Some(queue), writer: Some(writer) })
+        Ok(RedbStore {
+            db,
+            queue: Some(queue),
+            writer: Some(writer),
+        })
     }
 
     fn submit<T: Send + 'static>(
@@ -112,7 +136,8 @@ impl RedbStore {
         };
         Box::pin(async move {
             sent.map_err(|_| StoreError("the ledger writer stopped".into()))?;
-            rx.await.map_err(|_| StoreError("the ledger writer dropped a request".into()))?
+            rx.await
+                .map_err(|_| StoreError("the ledger writer dropped a request".into()))?
         })
     }
 }
@@ -157,14 +182,27 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
     let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
     // INVARIANT: a batch holding a `dispatched` (or reconciliation) commits
     // with fsync before any of its callers is answered.
-    txn.set_durability(if durable { Durability::Immediate } else { Durability::None });
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    });
     let mut done = Vec::with_capacity(batch.len());
     {
-        let mut table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+        let mut table = txn
+            .open_table(LEDGER)
+            .map_err(|e| err("open table")(e.into()))?;
         for op in batch {
             done.push(match op {
-                Op::Reserve { key, record, now_ms, .. } => Done::Reserve(reserve(&mut table, key, record, *now_ms)),
-                Op::Transition { key, from, to, .. } => Done::Transition(transition(&mut table, key, *from, to)),
+                Op::Reserve {
+                    key,
+                    record,
+                    now_ms,
+                    ..
+                } => Done::Reserve(reserve(&mut table, key, record, *now_ms)),
+                Op::Transition { key, from, to, .. } => {
+                    Done::Transition(transition(&mut table, key, *from, to))
+                }
                 Op::Gc { now_ms, .. } => Done::Gc(gc(&mut table, *now_ms)),
             });
         }
@@ -182,19 +220,33 @@ fn read(table: &Table<'_>, key: &str) -> Result<Option<Record>, StoreError> {
     }
 }
 
-fn reserve(table: &mut Table<'_>, key: &str, record: &Record, now_ms: i64) -> Result<Reservation, StoreError> {
+fn reserve(
+    table: &mut Table<'_>,
+    key: &str,
+    record: &Record,
+    now_ms: i64,
+) -> Result<Reservation, StoreError> {
     if let Some(existing) = read(table, key)?.filter(|r| r.binds(now_ms)) {
         return Ok(Reservation::Bound(existing));
     }
-    table.insert(key, encode(record)?.as_slice()).map_err(|e| err("write")(e.into()))?;
+    table
+        .insert(key, encode(record)?.as_slice())
+        .map_err(|e| err("write")(e.into()))?;
     Ok(Reservation::Reserved)
 }
 
-fn transition(table: &mut Table<'_>, key: &str, from: State, to: &Record) -> Result<bool, StoreError> {
+fn transition(
+    table: &mut Table<'_>,
+    key: &str,
+    from: State,
+    to: &Record,
+) -> Result<bool, StoreError> {
     check_transition(from, to.state)?;
     match read(table, key)? {
         Some(cur) if cur.state == from => {
-            table.insert(key, encode(to)?.as_slice()).map_err(|e| err("write")(e.into()))?;
+            table
+                .insert(key, encode(to)?.as_slice())
+                .map_err(|e| err("write")(e.into()))?;
             Ok(true)
         }
         _ => Ok(false),
@@ -210,15 +262,22 @@ fn gc(table: &mut Table<'_>, now_ms: i64) -> Result<usize, StoreError> {
         }
     }
     for k in &stale {
-        table.remove(k.as_str()).map_err(|e| err("delete")(e.into()))?;
+        table
+            .remove(k.as_str())
+            .map_err(|e| err("delete")(e.into()))?;
     }
     Ok(stale.len())
 }
 
 impl Store for RedbStore {
     fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| err("begin read")(e.into()))?;
-        let table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| err("begin read")(e.into()))?;
+        let table = txn
+            .open_table(LEDGER)
+            .map_err(|e| err("open table")(e.into()))?;
         match table.get(key).map_err(|e| err("read")(e.into()))? {
             Some(v) => decode(v.value()).map(Some),
             None => Ok(None),
@@ -226,18 +285,30 @@ impl Store for RedbStore {
     }
 
     fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation> {
-        self.submit(|reply| Op::Reserve { key, record, now_ms, reply })
+        self.submit(|reply| Op::Reserve {
+            key,
+            record,
+            now_ms,
+            reply,
+        })
     }
 
     fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool> {
-        self.submit(|reply| Op::Transition { key, from, to, reply })
+        self.submit(|reply| Op::Transition {
+            key,
+            from,
+            to,
+            reply,
+        })
     }
 
     fn recover(&self) -> Result<Recovery, StoreError> {
         let txn = self.db.begin_write().map_err(|e| err("begin")(e.into()))?;
         let mut rec = Recovery::default();
         {
-            let mut table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+            let mut table = txn
+                .open_table(LEDGER)
+                .map_err(|e| err("open table")(e.into()))?;
             let mut changes = Vec::new();
             for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
                 let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
@@ -248,11 +319,15 @@ impl Store for RedbStore {
             }
             for (k, mut r) in changes {
                 if r.state == State::Reserved {
-                    table.remove(k.as_str()).map_err(|e| err("delete")(e.into()))?;
+                    table
+                        .remove(k.as_str())
+                        .map_err(|e| err("delete")(e.into()))?;
                     rec.freed += 1;
                 } else {
                     r.state = State::Unknown;
-                    table.insert(k.as_str(), encode(&r)?.as_slice()).map_err(|e| err("write")(e.into()))?;
+                    table
+                        .insert(k.as_str(), encode(&r)?.as_slice())
+                        .map_err(|e| err("write")(e.into()))?;
                     rec.unknown += 1;
                 }
             }
@@ -266,8 +341,13 @@ impl Store for RedbStore {
     }
 
     fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| err("begin read")(e.into()))?;
-        let table = txn.open_table(LEDGER).map_err(|e| err("open table")(e.into()))?;
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| err("begin read")(e.into()))?;
+        let table = txn
+            .open_table(LEDGER)
+            .map_err(|e| err("open table")(e.into()))?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
             let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
