@@ -56,6 +56,31 @@ pub struct Config {
     /// `[limits]`: input size limits.
     #[serde(default)]
     pub limits: Limits,
+    /// `[idempotency]`: how long ledger answers are kept.
+    #[serde(default)]
+    pub idempotency: IdempotencyConfig,
+}
+
+/// `[idempotency]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    /// How long answers to explicit keys are kept (a promise).
+    #[serde(deserialize_with = "duration")]
+    pub retention: Duration,
+    /// How long answers to derived keys are kept: an identical write from the
+    /// same principal in the same scope within this time is a retry.
+    #[serde(deserialize_with = "duration")]
+    pub derived_ttl: Duration,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig {
+            retention: Duration::from_secs(24 * 3600),
+            derived_ttl: Duration::from_secs(300),
+        }
+    }
 }
 
 /// `[gateway]`.

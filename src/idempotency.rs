@@ -414,6 +414,12 @@ pub struct ReadLead {
 }
 
 impl ReadLead {
+    /// A read-only call needs no durable record before it goes out (it is
+    /// retried, never `unknown`); leading its flight is its permit.
+    pub fn permit(&self) -> Permit {
+        Permit { _private: () }
+    }
+
     /// Share the read's outcome with its followers.
     pub fn finish(mut self, settled: Settled) {
         self.done = true;

@@ -116,7 +116,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Check { config, json } => {
             let config = Config::load(&config)?;
-            let gw = Gateway::new(config);
+            let gw = Gateway::new(
+                config,
+                std::sync::Arc::new(countersign::store::MemoryStore::default()),
+            );
             let report = countersign::check::check_all(&gw).await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);

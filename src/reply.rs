@@ -14,6 +14,10 @@ pub mod codes {
     pub const UPSTREAM_UNAVAILABLE: &str = "upstream_unavailable";
     /// The call was sent and the answer was lost; it may have run.
     pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+    /// The idempotency key was used with other arguments for the same tool.
+    pub const DRIFT_REJECTED: &str = "drift_rejected";
+    /// The idempotency key was used for another tool.
+    pub const REMAP_REJECTED: &str = "remap_rejected";
 }
 
 /// A `CallToolResult` that tells the agent what happened.

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use crate::config::Config;
 use crate::relay::front::router;
 use crate::relay::session::Gateway;
+use crate::store::{RedbStore, Store};
 
 /// Run the gateway with a loaded config.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
@@ -22,7 +23,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");
     }
     let grace = config.gateway.shutdown_grace;
-    let gw = Gateway::new(config);
+    let ledger_path = config.gateway.data_dir.join("ledger.redb");
+    let store = RedbStore::open(&ledger_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Before serving: what was reserved never went out; what was dispatched
+    // when the last process died has an unknown outcome.
+    let recovery = store.recover().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if recovery.unknown > 0 || recovery.freed > 0 {
+        tracing::warn!(
+            freed = recovery.freed,
+            unknown = recovery.unknown,
+            "ledger recovered after an unclean stop: calls in flight are now `unknown` until reconciled"
+        );
+    }
+    let gw = Gateway::new(config, Arc::new(store));
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (gateway.listen): is another process using it?")
     })?;
@@ -38,6 +51,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             loop {
                 tick.tick().await;
                 gw.sweep_idle().await;
+                let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+                match gw.idempotency.store().gc(now).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(forgotten = n, "ledger retention sweep"),
+                    Err(e) => tracing::warn!("ledger retention sweep failed: {e}"),
+                }
             }
         })
     };

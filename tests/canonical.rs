@@ -14,10 +14,12 @@ async fn arguments_reach_the_server_as_jcs_bytes_without_reserved_inputs() {
     for server in ["payments", "phttp"] {
         let mut c = Client::new(&gw.url(server));
         c.initialize().await;
-        let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card",
-            "arguments":{"z":1E30,"amount":4.50,"account":"acct_1","_idempotency_key":"key-1"},
-            "_meta":{"dev.countersign/idempotency-key":"key-2","progressToken":"p-1"}}}"#;
-        let a = c.post_raw(body.to_owned()).await;
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"charge_card",
+            "arguments":{{"z":1E30,"amount":4.50,"account":"acct_1","_idempotency_key":"key-1"}},
+            "_meta":{{"dev.countersign/idempotency-key":"key-{server}","progressToken":"p-1"}}}}}}"#
+        );
+        let a = c.post_raw(body).await;
         assert_eq!(a.last()["result"]["isError"], false, "{server}: {a:?}");
     }
     let records: Vec<Value> = gw

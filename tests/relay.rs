@@ -544,10 +544,19 @@ async fn http_session_dropped_mid_call_is_outcome_unknown() {
         "{a:?}"
     );
     assert_eq!(gw.executions("charge_card"), 1);
-    // The upstream forgot the session: the next call is refused before it
+    // The same call again is a retry of a call whose outcome is unknown:
+    // the ledger answers without sending it.
+    let again = c
+        .call(2, "charge_card", json!({"account":"a","amount":2}))
+        .await;
+    assert_eq!(
+        again.last()["result"]["structuredContent"]["countersign"]["code"],
+        "outcome_unknown"
+    );
+    // The upstream forgot the session: another call is refused before it
     // runs (404), so it is reported as unavailable, not unknown.
     let b = c
-        .call(2, "charge_card", json!({"account":"a","amount":2}))
+        .call(3, "charge_card", json!({"account":"a","amount":3}))
         .await;
     assert_eq!(
         b.last()["result"]["structuredContent"]["countersign"]["code"],

@@ -23,8 +23,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::canonical;
+use crate::idempotency::{follow, Begin, Outcome as IdemOutcome, Settled};
 use crate::identity::Identity;
 use crate::jsonrpc::{code, parse_body, Body, Kind, Message};
+use crate::ledger;
 use crate::relay::session::{
     declared_version, decode_header_value, modern_headers, Gateway, ModernUpstream, Session,
 };
@@ -235,7 +237,7 @@ async fn post_mcp(
             initialize(&gw, &server, identity, &headers, msg).await
         }
         Body::Single(msg) if declared_version(msg.params_value().as_ref()).is_some() => {
-            modern(&gw, &server, &headers, msg).await
+            modern(&gw, &server, identity, &headers, msg).await
         }
         _ => rpc_error(
             StatusCode::BAD_REQUEST,
@@ -340,6 +342,7 @@ async fn in_session(
                 sse,
                 false,
                 Vec::new(),
+                session_caller(session),
             )
             .await
         }
@@ -380,6 +383,7 @@ async fn batch(
                 None,
                 false,
                 Vec::new(),
+                session_caller(session),
             )),
             Ok(msg) => {
                 if let Err(e) = session.conn.send(msg, &Vec::new()).await {
@@ -404,8 +408,27 @@ async fn batch(
         .into_response()
 }
 
+fn session_caller(session: &Session) -> Caller {
+    Caller {
+        identity: session.identity.clone(),
+        scope: Some(session.scope.clone()),
+    }
+}
+
+/// Who is calling, for idempotency keys: the identity and the session scope
+/// (the bridge's stable scope, the session id, or none when stateless).
+#[derive(Clone)]
+struct Caller {
+    identity: Arc<Identity>,
+    scope: Option<String>,
+}
+
 /// Call upstream and produce the answer the client gets (the upstream's
 /// response, or the gateway's account of the failure).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one request's whole context, passed once"
+)]
 async fn answer(
     gw: Arc<Gateway>,
     conn: Arc<UpstreamConn>,
@@ -414,17 +437,13 @@ async fn answer(
     events: Option<mpsc::Sender<Message>>,
     modern: bool,
     extra: ExtraHeaders,
+    caller: Caller,
 ) -> Message {
     let method = msg.method().to_owned();
+    if method == "tools/call" {
+        return tool_call(&gw, &conn, &server, msg, events, modern, &extra, &caller).await;
+    }
     let id = msg.id.clone().unwrap_or(Value::Null);
-    let msg = if method == "tools/call" {
-        match canonical_call(&gw, &server, msg) {
-            Ok(m) => m,
-            Err(refusal) => return refusal,
-        }
-    } else {
-        msg
-    };
     match conn
         .call(msg, events, call_timeout(&gw, &server), &extra)
         .await
@@ -444,12 +463,258 @@ async fn answer(
     }
 }
 
+/// The enforcement pipeline of one `tools/call` (DESIGN.md section 3, in
+/// this order): strict parse and digest → key → ledger lookup (replay, wait,
+/// conflict, `outcome_unknown`) → reserve → durable `dispatched` → forward →
+/// record the answer. Policy and approvals slot in before the reservation
+/// (issues 4/7 and 5/7).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one request's whole context, passed once"
+)]
+async fn tool_call(
+    gw: &Arc<Gateway>,
+    conn: &Arc<UpstreamConn>,
+    server: &str,
+    msg: Message,
+    events: Option<mpsc::Sender<Message>>,
+    modern: bool,
+    extra: &ExtraHeaders,
+    caller: &Caller,
+) -> Message {
+    let id = msg.id.clone().unwrap_or(Value::Null);
+    let (msg, call) = match canonical_call(gw, server, msg) {
+        Ok(c) => c,
+        Err(refusal) => return refusal,
+    };
+    let who = &caller.identity;
+    let (client_key, explicit) = match ledger::idempotency_key(
+        &call.reserved,
+        &who.principal,
+        &who.tenant,
+        caller.scope.as_deref(),
+        &call.digest,
+    ) {
+        Ok(k) => k,
+        Err(e) => return Message::error(id, code::INVALID_PARAMS, &e.to_string(), None),
+    };
+    let claim = ledger::Claim {
+        key: ledger::storage_key(&who.tenant, &who.principal, &client_key),
+        client_key: client_key.clone(),
+        explicit,
+        digest: call.digest.clone(),
+        server: server.to_owned(),
+        tool: call.tool.clone(),
+    };
+    let timeout = call_timeout(gw, server);
+    let read_only = gw.catalog.effective(server, &call.tool).read_only;
+    if read_only && !explicit {
+        // Reads stay fresh: identical reads in flight share one call, and a
+        // finished read is never replayed. No durable write.
+        return match gw.idempotency.coalesce_read(&claim) {
+            Ok(lead) => {
+                let resp = conn
+                    .call_tool(lead.permit(), msg, events, timeout, extra)
+                    .await;
+                let answer = match resp {
+                    Ok(r) => r,
+                    Err(e) => reply::upstream_failure(id, "tools/call", &e, modern),
+                };
+                lead.finish(settled_from(&answer));
+                answer
+            }
+            Err(rx) => from_settled(id, follow(rx).await, &client_key, false, modern),
+        };
+    }
+    let begin = match gw.idempotency.begin(claim).await {
+        Ok(b) => b,
+        Err(e) => return ledger_unavailable(id, &e, modern),
+    };
+    match begin {
+        Begin::Go(mut ticket) => {
+            let permit = match ticket.dispatch().await {
+                Ok(p) => p,
+                // Dropping the ticket frees the key: nothing was sent.
+                Err(e) => return ledger_unavailable(id, &e, modern),
+            };
+            match conn.call_tool(permit, msg, events, timeout, extra).await {
+                Ok(resp) => {
+                    if matches!(resp.error_code(), Some(-32700 | -32600 | -32601 | -32602)) {
+                        // The server refused it unprocessed: provably not run.
+                        ticket.not_dispatched().await;
+                    } else if let Some(answer) = answer_of(&resp) {
+                        ticket.complete(answer).await;
+                    } else {
+                        ticket.unknown().await;
+                    }
+                    resp
+                }
+                Err(e) if !e.dispatched() => {
+                    ticket.not_dispatched().await;
+                    reply::upstream_failure(id, "tools/call", &e, modern)
+                }
+                Err(e) => {
+                    ticket.unknown().await;
+                    tracing::warn!(%server, tool = %call.tool, key = %client_key, "outcome unknown: {e}");
+                    reply::upstream_failure(id, "tools/call", &e, modern)
+                }
+            }
+        }
+        Begin::Replay {
+            answer,
+            answered_at,
+        } => replay(id, &answer, &client_key, &answered_at, modern),
+        Begin::Follow(rx) => from_settled(id, follow(rx).await, &client_key, true, modern),
+        Begin::Stop(outcome) => verdict(id, outcome, &client_key, &call.tool, modern),
+    }
+}
+
+/// The part of a response the ledger keeps.
+fn answer_of(resp: &Message) -> Option<ledger::Answer> {
+    match (&resp.result, &resp.error) {
+        (Some(r), _) => Some(ledger::Answer::Result(r.get().to_owned())),
+        (None, Some(e)) => Some(ledger::Answer::Error(e.get().to_owned())),
+        _ => None,
+    }
+}
+
+fn settled_from(resp: &Message) -> Settled {
+    match answer_of(resp) {
+        Some(answer) => Settled::Answered {
+            answer,
+            answered_at: String::new(),
+        },
+        None => Settled::Verdict(IdemOutcome::NotDispatched),
+    }
+}
+
+/// The answer a follower or a retry gets.
+fn from_settled(
+    id: Value,
+    settled: Settled,
+    key: &str,
+    mark_replay: bool,
+    modern: bool,
+) -> Message {
+    match settled {
+        Settled::Answered {
+            answer,
+            answered_at,
+        } if mark_replay => replay(id, &answer, key, &answered_at, modern),
+        Settled::Answered { answer, .. } => match answer {
+            ledger::Answer::Result(r) => Message::response(id, raw_or_null(&r)),
+            ledger::Answer::Error(e) => error_message(id, &e),
+        },
+        Settled::Verdict(o) => verdict(id, o, key, "", modern),
+    }
+}
+
+fn raw_or_null(text: &str) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(text.to_owned())
+        .unwrap_or_else(|_| crate::jsonrpc::raw(&Value::Null))
+}
+
+fn error_message(id: Value, raw_error: &str) -> Message {
+    let mut m = Message::error(id, code::INTERNAL_ERROR, "", None);
+    m.error = Some(raw_or_null(raw_error));
+    m
+}
+
+/// A stored answer, given to a retry under its own JSON-RPC id and marked
+/// `_meta["dev.countersign/replayed"]` so the client can tell it from a
+/// fresh execution.
+fn replay(
+    id: Value,
+    answer: &ledger::Answer,
+    key: &str,
+    answered_at: &str,
+    _modern: bool,
+) -> Message {
+    match answer {
+        ledger::Answer::Result(text) => {
+            let mut result: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+            if let Some(obj) = result.as_object_mut() {
+                let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert(
+                        "dev.countersign/replayed".into(),
+                        json!({ "key": key, "first_answered_at": answered_at }),
+                    );
+                }
+            }
+            Message::response(id, crate::jsonrpc::raw(&result))
+        }
+        ledger::Answer::Error(e) => error_message(id, e),
+    }
+}
+
+/// Ledger verdicts that end a call without running it.
+fn verdict(id: Value, outcome: IdemOutcome, key: &str, tool: &str, modern: bool) -> Message {
+    let details = json!({ "idempotency_key": key });
+    match outcome {
+        IdemOutcome::Unknown => reply::tool_error(
+            id,
+            reply::codes::OUTCOME_UNKNOWN,
+            &format!(
+                "The call may have run: a call with idempotency key `{key}` was sent and its answer was lost. \
+                 Verify with a read before calling again; do not retry blindly. An operator can reconcile it."
+            ),
+            details,
+            modern,
+        ),
+        IdemOutcome::Drift => reply::tool_error(
+            id,
+            reply::codes::DRIFT_REJECTED,
+            &format!(
+                "Refused, nothing was run: idempotency key `{key}` was already used for this tool with different \
+                 arguments. A new call needs a new key."
+            ),
+            details,
+            modern,
+        ),
+        IdemOutcome::Remap => reply::tool_error(
+            id,
+            reply::codes::REMAP_REJECTED,
+            &format!(
+                "Refused, nothing was run: idempotency key `{key}` was already used for a different tool or server{}. \
+                 A new call needs a new key.",
+                if tool.is_empty() { String::new() } else { format!(" (this call is for `{tool}`)") }
+            ),
+            details,
+            modern,
+        ),
+        IdemOutcome::NotDispatched => reply::tool_error(
+            id,
+            reply::codes::UPSTREAM_UNAVAILABLE,
+            "The call did not run: the identical call it joined could not be sent. It is safe to try again.",
+            details,
+            modern,
+        ),
+    }
+}
+
+/// The ledger could not record the call: fail closed, nothing is sent.
+fn ledger_unavailable(id: Value, e: &crate::store::StoreError, modern: bool) -> Message {
+    tracing::error!("refusing a call: {e}");
+    reply::tool_error(
+        id,
+        reply::codes::UPSTREAM_UNAVAILABLE,
+        "The call did not run: countersign could not record it in its ledger. It is safe to try again later.",
+        json!({}),
+        modern,
+    )
+}
+
 /// Step one for every `tools/call`: strict parse and canonical form. The
 /// forwarded `params` carry the exact JCS bytes that were hashed, so what is
 /// checked (and later approved) is byte-for-byte what the server receives. A
 /// refusal is `-32602` and nothing is sent upstream.
 #[expect(clippy::result_large_err, reason = "the refusal is the answer itself")]
-fn canonical_call(gw: &Gateway, server: &str, mut msg: Message) -> Result<Message, Message> {
+fn canonical_call(
+    gw: &Gateway,
+    server: &str,
+    mut msg: Message,
+) -> Result<(Message, canonical::CanonicalCall), Message> {
     let id = msg.id.clone().unwrap_or(Value::Null);
     let limits = canonical::Limits {
         max_depth: gw.config.limits.max_depth,
@@ -469,7 +734,7 @@ fn canonical_call(gw: &Gateway, server: &str, mut msg: Message) -> Result<Messag
             )
         })?,
     );
-    Ok(msg)
+    Ok((msg, call))
 }
 
 /// Aborts the relayed call when the client goes away (2026-07-28: closing the
@@ -485,6 +750,10 @@ impl Drop for AbortOnDrop {
 /// Relay one request. The answer is plain JSON when the upstream sends
 /// nothing before it; as soon as a related message (progress, a server
 /// request) comes first, the answer becomes an SSE stream.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one request's whole context, passed once"
+)]
 async fn relay_request(
     gw: &Arc<Gateway>,
     conn: Arc<UpstreamConn>,
@@ -493,6 +762,7 @@ async fn relay_request(
     sse: bool,
     modern: bool,
     extra: ExtraHeaders,
+    caller: Caller,
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Message>(64);
     let events = sse.then(|| tx.clone());
@@ -504,6 +774,7 @@ async fn relay_request(
         events,
         modern,
         extra,
+        caller,
     );
     // Spawned: in the handshake era a client that disconnects does not cancel
     // the call (it may resume through the session), so the call must outlive
@@ -558,7 +829,13 @@ fn sse_response(body: HttpBody) -> Response {
 
 /// 2026-07-28: validate the metadata headers against the body, then relay
 /// through the server's shared upstream.
-async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Message) -> Response {
+async fn modern(
+    gw: &Arc<Gateway>,
+    server: &str,
+    identity: Arc<Identity>,
+    headers: &HeaderMap,
+    msg: Message,
+) -> Response {
     let params = msg.params_value();
     let declared = declared_version(params.as_ref()).unwrap_or_default();
     let id = msg.id.clone().unwrap_or(Value::Null);
@@ -665,7 +942,21 @@ async fn modern(gw: &Arc<Gateway>, server: &str, headers: &HeaderMap, msg: Messa
     }
     match msg.kind() {
         Kind::Request => {
-            relay_request(gw, conn, server, msg, accepts_sse(headers), true, extra).await
+            let caller = Caller {
+                identity,
+                scope: None,
+            };
+            relay_request(
+                gw,
+                conn,
+                server,
+                msg,
+                accepts_sse(headers),
+                true,
+                extra,
+                caller,
+            )
+            .await
         }
         _ => {
             if let Err(e) = conn.send(msg, &extra).await {

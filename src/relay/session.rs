@@ -20,10 +20,12 @@ use tokio::sync::mpsc;
 
 use crate::annotations::Catalog;
 use crate::config::Config;
+use crate::idempotency::{Idempotency, Retention};
 use crate::identity::{Identities, Identity};
 use crate::jsonrpc::{raw, Message};
 use crate::relay::upstream::{HttpClient, UpstreamConn, UpstreamError};
 use crate::relay::{META_PROTOCOL_VERSION, MODERN_VERSIONS};
+use crate::store::Store;
 
 /// How many server messages wait for a client's standalone stream.
 const UNSOLICITED_BUFFER: usize = 256;
@@ -85,6 +87,8 @@ pub struct Gateway {
     pub catalog: Catalog,
     /// Shared HTTP client for HTTP upstreams.
     pub http: HttpClient,
+    /// The idempotency ledger.
+    pub idempotency: Arc<Idempotency>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// One slot per configured server. A tokio mutex per server: probing an
     /// upstream awaits, concurrent first requests must not spawn two shared
@@ -94,7 +98,16 @@ pub struct Gateway {
 
 impl Gateway {
     /// Build the gateway state from a checked config.
-    pub fn new(config: Config) -> Arc<Gateway> {
+    /// `store` holds the idempotency ledger (redb for `serve`; `check`, which
+    /// sends no `tools/call`, uses a memory store and leaves the file alone).
+    pub fn new(config: Config, store: Arc<dyn Store>) -> Arc<Gateway> {
+        let idempotency = Idempotency::new(
+            store,
+            Retention {
+                explicit: config.idempotency.retention,
+                derived: config.idempotency.derived_ttl,
+            },
+        );
         let identities = Identities::from_config(&config.identities);
         let modern = config
             .servers
@@ -115,6 +128,7 @@ impl Gateway {
             http: HttpClient::new(),
             sessions: Mutex::new(HashMap::new()),
             modern,
+            idempotency,
         })
     }
 

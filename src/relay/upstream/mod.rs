@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::config::ServerConfig;
+use crate::idempotency::Permit;
 use crate::jsonrpc::{raw, Message};
 use crate::relay::mux::Mux;
 
@@ -143,9 +144,42 @@ impl UpstreamConn {
         &self.server
     }
 
-    /// Send a request and wait for its response (the client's id restored).
-    /// Server messages related to it go to `events`.
+    /// Send a `tools/call` upstream. It takes the [`Permit`] that only the
+    /// ledger issues (after the durable `dispatched` record, or as the leader
+    /// of a read-only flight): no code path can send a tool call that skipped
+    /// the enforcement pipeline.
+    pub async fn call_tool(
+        &self,
+        _permit: Permit,
+        msg: Message,
+        events: Option<mpsc::Sender<Message>>,
+        timeout: Duration,
+        extra: &ExtraHeaders,
+    ) -> Result<Message, UpstreamError> {
+        self.call_inner(msg, events, timeout, extra).await
+    }
+
+    /// Send any request other than `tools/call` and wait for its response
+    /// (the client's id restored). Server messages related to it go to
+    /// `events`.
     pub async fn call(
+        &self,
+        msg: Message,
+        events: Option<mpsc::Sender<Message>>,
+        timeout: Duration,
+        extra: &ExtraHeaders,
+    ) -> Result<Message, UpstreamError> {
+        if msg.method() == "tools/call" {
+            // INVARIANT: tool calls go through `call_tool` with a permit.
+            return Err(UpstreamError::Closed {
+                server: self.server.clone(),
+                reason: "internal: a tools/call without a ledger permit was refused".into(),
+            });
+        }
+        self.call_inner(msg, events, timeout, extra).await
+    }
+
+    async fn call_inner(
         &self,
         msg: Message,
         events: Option<mpsc::Sender<Message>>,
