@@ -54,7 +54,7 @@ struct Flight {
 /// What [`Idempotency::begin`] decided for a call.
 pub enum Begin {
     /// This call runs: dispatch through the ticket.
-    Go(Ticket),
+    Go(Box<Ticket>),
     /// An identical call already answered (or is answering): this is its answer.
     Replay {
         /// The answer.
@@ -174,14 +174,14 @@ impl Idempotency {
                         .await?
                     {
                         Reservation::Reserved => {
-                            return Ok(Begin::Go(Ticket {
+                            return Ok(Begin::Go(Box::new(Ticket {
                                 svc: self.clone(),
                                 key: claim.key.clone(),
                                 record,
                                 flight: flight.clone(),
                                 dispatched: false,
                                 finished: false,
-                            }))
+                            })))
                         }
                         // Another process claimed it in between.
                         Reservation::Bound(rec) => Some(rec),
@@ -561,7 +561,8 @@ mod tests {
                 let mut s = Idempotency::new(store.clone(), retention);
                 // Per key: dispatches since the key was last free.
                 let mut dispatches: HashMap<String, usize> = HashMap::new();
-                let mut leaders: Vec<(String, Ticket, Vec<watch::Receiver<Option<Settled>>>)> = Vec::new();
+                type Leader = (String, Box<Ticket>, Vec<watch::Receiver<Option<Settled>>>);
+                let mut leaders: Vec<Leader> = Vec::new();
                 let mut answered: HashMap<String, Answer> = HashMap::new();
                 for st in steps {
                     match st {

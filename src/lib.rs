@@ -18,6 +18,7 @@
 //! - [`reply`]: the one place gateway failures become wire answers.
 //! - [`bridge`]: `countersign stdio`, the bridge for stdio-only clients.
 //! - [`check`]: `countersign check`, upstream health.
+//! - [`reconcile`]: `countersign reconcile`, settling unknown outcomes.
 //! - [`serve`]: `countersign serve`, the gateway process and its shutdown.
 //! - [`lines`]: capped newline-delimited reading for stdio pipes.
 //!
@@ -34,6 +35,7 @@ pub mod identity;
 pub mod jsonrpc;
 pub mod ledger;
 pub mod lines;
+pub mod reconcile;
 pub mod relay;
 pub mod reply;
 pub mod serve;

@@ -45,6 +45,36 @@ enum Command {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         reconnect_for: Duration,
     },
+    /// Settle an `unknown` outcome on a stopped gateway's ledger.
+    Reconcile {
+        /// Configuration file (for `gateway.data_dir`).
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+        /// List unknown outcomes instead.
+        #[arg(long, conflicts_with_all = ["key", "executed", "not_executed"])]
+        list: bool,
+        /// The idempotency key, as the client sent it (or `derived:...`).
+        #[arg(required_unless_present = "list")]
+        key: Option<String>,
+        /// The requester's tenant.
+        #[arg(long, required_unless_present = "list")]
+        tenant: Option<String>,
+        /// The requester.
+        #[arg(long, required_unless_present = "list")]
+        principal: Option<String>,
+        /// The call ran: retries get its (reconciled) answer.
+        #[arg(long, conflicts_with = "not_executed", required_unless_present_any = ["list", "not_executed"])]
+        executed: bool,
+        /// The call did not run: the next retry runs it.
+        #[arg(long)]
+        not_executed: bool,
+        /// A note for the record.
+        #[arg(long)]
+        note: Option<String>,
+        /// With --executed: the CallToolResult JSON retries should get.
+        #[arg(long, requires = "executed")]
+        result: Option<String>,
+    },
     /// Initialize every configured upstream and report up/down with latency.
     Check {
         /// Configuration file.
@@ -112,6 +142,42 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 reconnect_for,
             })
             .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reconcile {
+            config,
+            list,
+            key,
+            tenant,
+            principal,
+            executed,
+            not_executed: _,
+            note,
+            result,
+        } => {
+            let config = Config::load(&config)?;
+            if list {
+                for (t, p, k, r) in countersign::reconcile::list_unknown(&config)? {
+                    println!("{t}\t{p}\t{k}\t{}/{}\t{}", r.server, r.tool, r.digest);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let (Some(key), Some(tenant), Some(principal)) = (key, tenant, principal) else {
+                anyhow::bail!("reconcile needs KEY, --tenant and --principal");
+            };
+            let verdict = if executed {
+                countersign::reconcile::Verdict::Executed { result }
+            } else {
+                countersign::reconcile::Verdict::NotExecuted
+            };
+            let rec = countersign::reconcile::reconcile(
+                &config, &tenant, &principal, &key, verdict, note,
+            )
+            .await?;
+            println!(
+                "reconciled `{key}` of {principal}@{tenant}: now {:?}",
+                rec.state
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { config, json } => {

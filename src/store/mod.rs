@@ -13,10 +13,11 @@
 //! - [`Store::transition`] to `dispatched`: **durable** (fsync) before the
 //!   future resolves. The relay writes nothing upstream before that.
 //! - [`Store::transition`] out of `unknown` (reconciliation): durable.
-//! - Other transitions (`complete`, `not_dispatched`, `unknown`): atomic,
-//!   durable at the next durable commit. If a crash loses one, the record is
-//!   still `dispatched`, which recovery turns into `unknown`: an answer may be
-//!   lost, never a call repeated.
+//! - Other transitions (`complete`, `not_dispatched`, `unknown`) and
+//!   reservations: atomic and written through to the OS (they survive the
+//!   process being killed), fsynced with the next durable commit. If a power
+//!   loss drops one, the record is still `dispatched`, which recovery turns
+//!   into `unknown`: an answer may be lost, never a call repeated.
 //! - [`Store::recover`] (at startup): `reserved` → removed, `dispatched` →
 //!   `unknown`, durably.
 //!

@@ -182,10 +182,13 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
     let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
     // INVARIANT: a batch holding a `dispatched` (or reconciliation) commits
     // with fsync before any of its callers is answered.
+    // Otherwise `Eventual`: written through to the OS at commit (it survives
+    // the process being killed), fsynced later. A power loss can only turn a
+    // later state back into `dispatched`, which recovery reads as `unknown`.
     txn.set_durability(if durable {
         Durability::Immediate
     } else {
-        Durability::None
+        Durability::Eventual
     });
     let mut done = Vec::with_capacity(batch.len());
     {

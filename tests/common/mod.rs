@@ -232,6 +232,11 @@ call_timeout = "5s"
     /// Kill the gateway (SIGKILL) and start it again on the same address.
     pub fn restart(&mut self) {
         self.kill();
+        self.start_again();
+    }
+
+    /// Start a stopped gateway again on the same address.
+    pub fn start_again(&mut self) {
         let text = std::fs::read_to_string(self.config_path()).unwrap();
         let old_listen = text
             .lines()
@@ -296,6 +301,16 @@ call_timeout = "5s"
     }
 
     /// How many times `tool` was executed.
+    /// Run `countersign` with this gateway's config appended to `args`.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(countersign_bin())
+            .args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .output()
+            .unwrap()
+    }
+
     pub fn executions(&self, tool: &str) -> usize {
         self.records()
             .iter()
