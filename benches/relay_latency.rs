@@ -15,198 +15,29 @@
 //! cross-CPU wake-ups (about 45 µs on these VMs) do not swamp the numbers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-const TOKEN: &str = "bench-token";
-
-fn listening(child: &mut Child) -> String {
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if !sent {
-                if let Some(a) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(a.trim().to_owned());
-                    sent = true;
-                }
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("no listening line")
-}
-
-struct Conn {
-    stream: BufReader<TcpStream>,
-    host: String,
-    path: String,
-    headers: String,
-}
-
-impl Conn {
-    fn new(addr: &str, path: &str, auth: bool) -> Conn {
-        let stream = TcpStream::connect(addr).unwrap();
-        stream.set_nodelay(true).unwrap();
-        let headers = if auth {
-            format!("Authorization: Bearer {TOKEN}\r\n")
-        } else {
-            String::new()
-        };
-        Conn {
-            stream: BufReader::new(stream),
-            host: addr.into(),
-            path: path.into(),
-            headers,
-        }
-    }
-
-    /// POST and return (headers, body).
-    fn post(&mut self, body: &str) -> (String, String) {
-        let req = format!(
-            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{}Content-Length: {}\r\n\r\n{}",
-            self.path,
-            self.host,
-            self.headers,
-            body.len(),
-            body
-        );
-        self.stream.get_mut().write_all(req.as_bytes()).unwrap();
-        let mut head = String::new();
-        let mut len = 0usize;
-        loop {
-            let mut line = String::new();
-            self.stream.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap();
-            }
-            head.push_str(&line);
-        }
-        assert!(
-            len > 0,
-            "benchmark expects JSON answers with Content-Length: {head}"
-        );
-        let mut body = vec![0u8; len];
-        self.stream.read_exact(&mut body).unwrap();
-        (head, String::from_utf8(body).unwrap())
-    }
-
-    fn initialize(&mut self) {
-        let (head, _) = self.post(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#);
-        let sid = head
-            .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("mcp-session-id:")
-                    .map(|v| v.trim().to_owned())
-            })
-            .expect("session id");
-        self.headers.push_str(&format!(
-            "Mcp-Session-Id: {sid}\r\nMCP-Protocol-Version: 2025-06-18\r\n"
-        ));
-        let n = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-        let req = format!(
-            "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n{}Content-Length: {}\r\n\r\n{}",
-            self.path,
-            self.host,
-            self.headers,
-            n.len(),
-            n
-        );
-        self.stream.get_mut().write_all(req.as_bytes()).unwrap();
-        // 202 with an empty body.
-        loop {
-            let mut line = String::new();
-            self.stream.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-        }
-    }
-}
-
-/// Children die with the benchmark, also when it panics.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// CPU time (user + system) a process has used, in microseconds.
-fn cpu_us(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may contain spaces) start at `) `.
-    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    // USER_HZ is 100 on Linux.
-    ticks * 10_000.0
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
+use common::*;
 
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_countersign"));
-    let example = bin.parent().unwrap().join("examples/payments_server");
-    assert!(
-        example.exists(),
-        "build the example first: cargo build --release --examples"
-    );
     let iterations: usize = std::env::var("BENCH_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
-
-    let mut upstream = Command::new(&example)
-        .args(["--http", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let up_addr = listening(&mut upstream);
-    let upstream = KillOnDrop(upstream);
-
-    let dir = std::env::temp_dir().join(format!("countersign-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let digest = {
-        use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()))
-    };
-    let config = format!(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\n[[identities]]\ntoken_sha256 = \"{digest}\"\nprincipal = \"bench\"\ntenant = \"bench\"\n[servers.payments]\nurl = \"http://{up_addr}/mcp\"\n"
-    );
-    let config_path = dir.join("countersign.toml");
-    std::fs::write(&config_path, config).unwrap();
-    let mut gateway = Command::new(&bin)
-        .args(["serve", "--config"])
-        .arg(&config_path)
-        .env("COUNTERSIGN_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let gw_addr = listening(&mut gateway);
-    let gateway = KillOnDrop(gateway);
-
+    let pair = start_pair(&bin);
+    let (up_addr, gw_addr) = (pair.up_addr.clone(), pair.gw_addr.clone());
     let mut direct = Conn::new(&up_addr, "/mcp", false);
     direct.initialize();
     let mut through = Conn::new(&gw_addr, "/mcp/payments", true);
     through.initialize();
+    // The gateway must see the annotations to treat get_balance as a read
+    // (relayed every time) rather than a write (replayed from the ledger).
+    through.post(r#"{"jsonrpc":"2.0","id":0,"method":"tools/list"}"#);
 
     let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_balance","arguments":{"account":"acct_42"}}}"#;
     let (_, a) = direct.post(call);
@@ -222,7 +53,7 @@ fn main() {
         direct.post(call);
         through.post(call);
     }
-    let (gw_pid, up_pid) = (gateway.0.id(), upstream.0.id());
+    let (gw_pid, up_pid) = (pair.gateway.0.id(), pair.upstream.0.id());
     let (gw_cpu0, up_cpu0) = (cpu_us(gw_pid), cpu_us(up_pid));
     let mut d = Vec::with_capacity(iterations);
     let mut g = Vec::with_capacity(iterations);
@@ -244,28 +75,8 @@ fn main() {
     let up_cpu = (cpu_us(up_pid) - up_cpu0) / (2 * iterations) as f64;
     d.sort_by(f64::total_cmp);
     g.sort_by(f64::total_cmp);
-    let (d50, d99, g50, g99) = (
-        percentile(&d, 0.5),
-        percentile(&d, 0.99),
-        percentile(&g, 0.5),
-        percentile(&g, 0.99),
-    );
-    println!(
-        "read-only tools/call, {iterations} calls each side, A/B interleaved, one connection each"
-    );
-    println!("direct   p50 {d50:8.1} µs   p99 {d99:8.1} µs");
-    println!("gateway  p50 {g50:8.1} µs   p99 {g99:8.1} µs");
-    println!(
-        "added    p50 {:8.1} µs   p99 {:8.1} µs",
-        g50 - d50,
-        g99 - d99
-    );
-    println!("ratio    p50 {:8.2}x     p99 {:8.2}x", g50 / d50, g99 / d99);
+    report(&format!("read-only tools/call, {iterations} calls each side, A/B interleaved, one connection each"), &d, &g);
     println!(
         "cpu per call: gateway {gw_cpu:.1} µs, upstream {up_cpu:.1} µs (from /proc, 10 ms ticks)"
     );
-
-    drop(gateway);
-    drop(upstream);
-    let _ = std::fs::remove_dir_all(&dir);
 }

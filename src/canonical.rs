@@ -213,7 +213,7 @@ pub fn canonicalize(
     }
     let arguments = Value::Object(arguments);
     let arguments_jcs = jcs(&arguments);
-    let digest = call_digest(server, &tool, &arguments);
+    let digest = digest_of(server, &tool, &arguments_jcs);
     let mut forward = params;
     forward.insert("arguments".into(), arguments.clone());
     if !reserved.other_meta.is_empty() {
@@ -239,11 +239,22 @@ pub fn jcs(value: &Value) -> String {
 
 /// `sha256:` + hex SHA-256 of JCS({"server", "tool", "arguments"}).
 pub fn call_digest(server: &str, tool: &str, arguments: &Value) -> String {
-    let body = serde_json::json!({ "server": server, "tool": tool, "arguments": arguments });
-    format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(jcs(&body).as_bytes()))
-    )
+    digest_of(server, tool, &jcs(arguments))
+}
+
+/// The digest from arguments already in JCS form: the object's JCS is
+/// assembled around them (its keys sort `arguments` < `server` < `tool`)
+/// instead of serializing the arguments a second time on every call.
+fn digest_of(server: &str, tool: &str, arguments_jcs: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"{\"arguments\":");
+    h.update(arguments_jcs.as_bytes());
+    h.update(b",\"server\":");
+    h.update(jcs(&Value::String(server.to_owned())).as_bytes());
+    h.update(b",\"tool\":");
+    h.update(jcs(&Value::String(tool.to_owned())).as_bytes());
+    h.update(b"}");
+    format!("sha256:{}", hex::encode(h.finalize()))
 }
 
 /// Walk the JSON text and enforce what `serde_json` lets through:
@@ -660,6 +671,17 @@ mod tests {
         assert_ne!(a.digest, other_server.digest);
         let no_args = canon(r#"{"name":"ping_tool"}"#).unwrap();
         assert_eq!(no_args.arguments_jcs, "{}");
+    }
+
+    proptest::proptest! {
+        /// The assembled digest equals the digest of the whole object's JCS.
+        #[test]
+        fn assembled_digest_matches_full_jcs(v in arb_json(), server in "\\PC{0,8}", tool in "\\PC{1,8}") {
+            let args = serde_json::json!({"v": v});
+            let full = serde_json::json!({"server": server, "tool": tool, "arguments": args});
+            let expected = format!("sha256:{}", hex::encode(Sha256::digest(jcs(&full).as_bytes())));
+            proptest::prop_assert_eq!(call_digest(&server, &tool, &args), expected);
+        }
     }
 
     #[test]
