@@ -291,3 +291,26 @@ async fn gateway_killed_mid_call_then_retry_is_unknown() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(gw.executions("charge_card"), 1);
 }
+
+#[tokio::test]
+async fn answers_survive_a_kill_once_flushed() {
+    // Completed answers are fsynced by the next dispatch or an idle flush
+    // (within 100 ms): after that, even SIGKILL keeps them replayable.
+    let mut gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let call = keyed(1, "refund", json!({"charge":"ch_7"}), "refund-7");
+    let first = c.post(&call).await;
+    assert_eq!(first.last()["result"]["isError"], false);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    gw.restart();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let again = c.post(&call).await;
+    assert_eq!(
+        again.last()["result"]["_meta"]["dev.countersign/replayed"]["key"],
+        "refund-7",
+        "{again:?}"
+    );
+    assert_eq!(gw.executions("refund"), 1);
+}

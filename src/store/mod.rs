@@ -14,10 +14,10 @@
 //!   future resolves. The relay writes nothing upstream before that.
 //! - [`Store::transition`] out of `unknown` (reconciliation): durable.
 //! - Other transitions (`complete`, `not_dispatched`, `unknown`) and
-//!   reservations: atomic and written through to the OS (they survive the
-//!   process being killed), fsynced with the next durable commit. If a power
-//!   loss drops one, the record is still `dispatched`, which recovery turns
-//!   into `unknown`: an answer may be lost, never a call repeated.
+//!   reservations: atomic and visible at once, durable with the next durable
+//!   commit (redb: at most 100 ms later). If a crash drops one, the record is
+//!   still `dispatched`, which recovery turns into `unknown`: an answer may be
+//!   lost, never a call repeated.
 //! - [`Store::recover`] (at startup): `reserved` → removed, `dispatched` →
 //!   `unknown`, durably.
 //!
