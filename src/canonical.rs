@@ -524,11 +524,13 @@ fn check_number(literal: &str) -> Result<(), String> {
     if !parsed.is_finite() {
         return Err(format!("{parsed}"));
     }
-    // Rust's `{:e}` prints the shortest digits that round-trip.
-    let shortest = format!("{parsed:e}");
-    match (decimal(literal), decimal(&shortest)) {
+    // "Shortest form" is the JCS form, which is what will be forwarded.
+    // (Rust's own shortest printing may pick another of several equally
+    // short digit strings than ECMAScript does: proptest found one.)
+    let written = serde_jcs::to_string(&parsed).map_err(|e| e.to_string())?;
+    match (decimal(literal), decimal(&written)) {
         (Some(a), Some(b)) if a == b => Ok(()),
-        _ => Err(serde_jcs::to_string(&parsed).unwrap_or(shortest)),
+        _ => Err(written),
     }
 }
 
@@ -793,6 +795,18 @@ mod tests {
                 .unwrap()
                 .arguments_jcs,
             r#"{"n":0}"#
+        );
+    }
+
+    /// Regression: a JCS-written double whose shortest digits differ between
+    /// Rust's and ECMAScript's printers was refused as inexact.
+    #[test]
+    fn regression_ecmascript_shortest_digits_are_exact() {
+        let params = r#"{"name":"t","arguments":{"n":-1984012952780920.2}}"#;
+        assert!(canon(params).is_ok());
+        assert_eq!(
+            canon(params).unwrap().arguments_jcs,
+            r#"{"n":-1984012952780920.2}"#
         );
     }
 

@@ -209,13 +209,13 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
 /// An empty durable commit: fsyncs every non-durable commit before it.
 /// Returns whether it succeeded.
 fn flush(db: &Database) -> bool {
-    let result = db
-        .begin_write()
-        .map_err(redb::Error::from)
-        .and_then(|mut txn| {
+    let result = match db.begin_write() {
+        Ok(mut txn) => {
             txn.set_durability(Durability::Immediate);
-            txn.commit().map_err(redb::Error::from)
-        });
+            txn.commit().map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    };
     if let Err(e) = &result {
         tracing::error!("ledger flush failed: {e}");
     }
@@ -226,13 +226,15 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
     let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
     // INVARIANT: a batch holding a `dispatched` (or reconciliation) commits
     // with fsync before any of its callers is answered.
-    // Otherwise `Eventual`: written through to the OS at commit (it survives
-    // the process being killed), fsynced later. A power loss can only turn a
-    // later state back into `dispatched`, which recovery reads as `unknown`.
+    // Otherwise not durable yet: the next durable commit (another dispatch,
+    // or the idle flush within IDLE_FLUSH) carries it. redb's `Eventual`
+    // fsyncs too on Linux, which would triple the flushes of a write call.
+    // A crash before that flush can only turn a later state back into
+    // `dispatched`, which recovery reads as `unknown`.
     txn.set_durability(if durable {
         Durability::Immediate
     } else {
-        Durability::Eventual
+        Durability::None
     });
     let mut done = Vec::with_capacity(batch.len());
     {
