@@ -314,3 +314,41 @@ async fn answers_survive_a_kill_once_flushed() {
     );
     assert_eq!(gw.executions("refund"), 1);
 }
+
+#[tokio::test]
+async fn concurrent_identical_reads_share_one_call_and_write_nothing() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    c.post(&json!({"jsonrpc":"2.0","id":0,"method":"tools/list"}))
+        .await;
+    gw.fault("get_balance", "delay", 300);
+    let mut tasks = Vec::new();
+    for id in 0..10 {
+        let (url, session) = (c.url.clone(), c.session.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c2 = Client::new(&url);
+            c2.session = session;
+            c2.call(id, "get_balance", json!({"account":"z"})).await
+        }));
+    }
+    for t in tasks {
+        let a = t.await.unwrap();
+        assert_eq!(
+            a.last()["result"]["content"][0]["text"],
+            "balance of z: 1200.00 EUR"
+        );
+        assert!(
+            a.last()["result"].get("_meta").is_none(),
+            "a shared read is not a replay"
+        );
+    }
+    assert_eq!(
+        gw.executions("get_balance"),
+        1,
+        "in-flight duplicates share one call"
+    );
+    // Finished reads are not kept: the same read again runs again.
+    c.call(20, "get_balance", json!({"account":"z"})).await;
+    assert_eq!(gw.executions("get_balance"), 2);
+}
