@@ -127,6 +127,16 @@ impl RedbStore {
         })
     }
 
+    /// A read-only view of the ledger (never waits for the writer).
+    fn read_table(&self) -> Result<redb::ReadOnlyTable<&'static str, &'static [u8]>, StoreError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| err("begin read")(e.into()))?;
+        txn.open_table(LEDGER)
+            .map_err(|e| err("open table")(e.into()))
+    }
+
     fn submit<T: Send + 'static>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
@@ -262,7 +272,10 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
 
 type Table<'t> = redb::Table<'t, &'static str, &'static [u8]>;
 
-fn read(table: &Table<'_>, key: &str) -> Result<Option<Record>, StoreError> {
+fn read(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<Record>, StoreError> {
     match table.get(key).map_err(|e| err("read")(e.into()))? {
         Some(v) => decode(v.value()).map(Some),
         None => Ok(None),
@@ -320,17 +333,7 @@ fn gc(table: &mut Table<'_>, now_ms: i64) -> Result<usize, StoreError> {
 
 impl Store for RedbStore {
     fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        let txn = self
-            .db
-            .begin_read()
-            .map_err(|e| err("begin read")(e.into()))?;
-        let table = txn
-            .open_table(LEDGER)
-            .map_err(|e| err("open table")(e.into()))?;
-        match table.get(key).map_err(|e| err("read")(e.into()))? {
-            Some(v) => decode(v.value()).map(Some),
-            None => Ok(None),
-        }
+        read(&self.read_table()?, key)
     }
 
     fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation> {
@@ -390,13 +393,7 @@ impl Store for RedbStore {
     }
 
     fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError> {
-        let txn = self
-            .db
-            .begin_read()
-            .map_err(|e| err("begin read")(e.into()))?;
-        let table = txn
-            .open_table(LEDGER)
-            .map_err(|e| err("open table")(e.into()))?;
+        let table = self.read_table()?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
             let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
