@@ -59,6 +59,57 @@ pub struct Config {
     /// `[idempotency]`: how long ledger answers are kept.
     #[serde(default)]
     pub idempotency: IdempotencyConfig,
+    /// `[retry]`: retries of read-only calls.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// `[circuit]`: the per-upstream circuit breaker.
+    #[serde(default)]
+    pub circuit: CircuitConfig,
+}
+
+/// `[retry]`: read-only tools are retried after transport failures and
+/// transient errors; writes never are once dispatched.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// Backoff before the first retry (doubles, with full jitter).
+    #[serde(deserialize_with = "duration")]
+    pub base_delay: Duration,
+    /// Largest backoff.
+    #[serde(deserialize_with = "duration")]
+    pub max_delay: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+        }
+    }
+}
+
+/// `[circuit]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CircuitConfig {
+    /// Consecutive upstream failures that open the circuit.
+    pub failure_threshold: u32,
+    /// How long it stays open before one trial call.
+    #[serde(deserialize_with = "duration")]
+    pub cooldown: Duration,
+}
+
+impl Default for CircuitConfig {
+    fn default() -> Self {
+        CircuitConfig {
+            failure_threshold: 5,
+            cooldown: Duration::from_secs(30),
+        }
+    }
 }
 
 /// `[idempotency]`.
@@ -318,6 +369,11 @@ impl Config {
                     "identities[{i}]: principal and tenant must not be empty"
                 ));
             }
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(
+                "retry.max_attempts counts the first attempt too: it must be at least 1".into(),
+            );
         }
         if self.limits.max_body_bytes < 1024 || self.limits.max_line_bytes < 1024 {
             return Err(

@@ -19,6 +19,7 @@
 //! - [`bridge`]: `countersign stdio`, the bridge for stdio-only clients.
 //! - [`check`]: `countersign check`, upstream health.
 //! - [`reconcile`]: `countersign reconcile`, settling unknown outcomes.
+//! - [`recovery`]: outcome classification, retry backoff, circuit breaker (pure).
 //! - [`serve`]: `countersign serve`, the gateway process and its shutdown.
 //! - [`lines`]: capped newline-delimited reading for stdio pipes.
 //!
@@ -36,6 +37,7 @@ pub mod jsonrpc;
 pub mod ledger;
 pub mod lines;
 pub mod reconcile;
+pub mod recovery;
 pub mod relay;
 pub mod reply;
 pub mod serve;

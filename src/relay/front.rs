@@ -23,16 +23,19 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::canonical;
-use crate::idempotency::{follow, Begin, Outcome as IdemOutcome, Settled};
+use crate::idempotency::{follow, Begin, Outcome as IdemOutcome, Permit, Settled, Ticket};
 use crate::identity::Identity;
 use crate::jsonrpc::{code, parse_body, Body, Kind, Message};
 use crate::ledger;
+use crate::recovery::{self, Admission, Backoff, ResponseClass};
 use crate::relay::session::{
     declared_version, decode_header_value, modern_headers, Gateway, ModernUpstream, Session,
 };
+use crate::relay::upstream::UpstreamError;
 use crate::relay::upstream::{ExtraHeaders, UpstreamConn};
 use crate::relay::{sse, HANDSHAKE_VERSIONS, MODERN_VERSIONS};
 use crate::reply;
+use std::time::Instant;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_HEADER: &str = "mcp-protocol-version";
@@ -257,7 +260,8 @@ async fn initialize(
     msg: Message,
 ) -> Response {
     let id = msg.id.clone().unwrap_or(Value::Null);
-    let (conn, standalone) = match gw.connect(server).await {
+    let (unsolicited, standalone) = mpsc::channel(256);
+    let conn = match gw.connect_with(server, unsolicited.clone()).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(server, "initialize failed: {e}");
@@ -272,7 +276,7 @@ async fn initialize(
     match conn.call(msg, None, timeout, &Vec::new()).await {
         Ok(resp) if resp.error.is_none() => {
             let scope = header_str(headers, super::front::SCOPE_HEADER).map(str::to_owned);
-            let session = gw.add_session(server, identity, scope, conn, standalone);
+            let session = gw.add_session(server, identity, scope, conn, unsolicited, standalone);
             let version = resp
                 .result
                 .as_ref()
@@ -336,7 +340,7 @@ async fn in_session(
         Kind::Request => {
             relay_request(
                 gw,
-                session.conn.clone(),
+                Route::Session(session.clone()),
                 &session.server,
                 msg,
                 sse,
@@ -347,7 +351,7 @@ async fn in_session(
             .await
         }
         Kind::Notification | Kind::Response => {
-            if let Err(e) = session.conn.send(msg, &Vec::new()).await {
+            if let Err(e) = session.conn().send(msg, &Vec::new()).await {
                 tracing::warn!(server = %session.server, "client message not delivered upstream: {e}");
             }
             StatusCode::ACCEPTED.into_response()
@@ -377,7 +381,7 @@ async fn batch(
             }
             Ok(msg) if msg.kind() == Kind::Request => calls.push(answer(
                 gw.clone(),
-                session.conn.clone(),
+                Route::Session(session.clone()),
                 session.server.clone(),
                 msg,
                 None,
@@ -386,7 +390,7 @@ async fn batch(
                 session_caller(session),
             )),
             Ok(msg) => {
-                if let Err(e) = session.conn.send(msg, &Vec::new()).await {
+                if let Err(e) = session.conn().send(msg, &Vec::new()).await {
                     tracing::warn!(server = %session.server, "client message not delivered upstream: {e}");
                 }
             }
@@ -431,7 +435,7 @@ struct Caller {
 )]
 async fn answer(
     gw: Arc<Gateway>,
-    conn: Arc<UpstreamConn>,
+    route: Route,
     server: String,
     msg: Message,
     events: Option<mpsc::Sender<Message>>,
@@ -441,9 +445,13 @@ async fn answer(
 ) -> Message {
     let method = msg.method().to_owned();
     if method == "tools/call" {
-        return tool_call(&gw, &conn, &server, msg, events, modern, &extra, &caller).await;
+        return tool_call(&gw, &route, &server, msg, events, modern, &extra, &caller).await;
     }
     let id = msg.id.clone().unwrap_or(Value::Null);
+    let conn = match route.conn(&gw).await {
+        Ok(c) => c,
+        Err(e) => return reply::upstream_failure(id, &method, &e, modern),
+    };
     match conn
         .call(msg, events, call_timeout(&gw, &server), &extra)
         .await
@@ -463,18 +471,74 @@ async fn answer(
     }
 }
 
-/// The enforcement pipeline of one `tools/call` (DESIGN.md section 3, in
-/// this order): strict parse and digest → key → ledger lookup (replay, wait,
-/// conflict, `outcome_unknown`) → reserve → durable `dispatched` → forward →
-/// record the answer. Policy and approvals slot in before the reservation
-/// (issues 4/7 and 5/7).
+/// Where a request goes: a handshake-era session (healed when its
+/// connection is lost) or a server's shared 2026-07-28 connection.
+#[derive(Clone)]
+enum Route {
+    Session(Arc<Session>),
+    Shared { server: String, meta: Value },
+}
+
+impl Route {
+    /// A connection for a tool call. Failing to get one (even when the
+    /// handshake or probe that failed had been sent) means the tool call
+    /// itself was never sent: report it as such.
+    async fn conn_for_call(
+        &self,
+        gw: &Gateway,
+        server: &str,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        self.conn(gw).await.map_err(|e| match e {
+            e if !e.dispatched() => e,
+            e => UpstreamError::Connect {
+                server: server.to_owned(),
+                reason: format!("the connection could not be (re)established: {e}"),
+            },
+        })
+    }
+
+    /// A live connection, healing a lost one first.
+    async fn conn(&self, gw: &Gateway) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        match self {
+            Route::Session(s) => s.healthy_conn(gw).await,
+            Route::Shared { server, meta } => match gw.modern_upstream(server, meta).await? {
+                ModernUpstream::Speaks(c) => Ok(c),
+                ModernUpstream::Legacy => Err(UpstreamError::Closed {
+                    server: server.clone(),
+                    reason: "the upstream speaks only the handshake era".into(),
+                }),
+            },
+        }
+    }
+}
+
+/// What one attempt at a tool call ended with.
+enum Attempt {
+    /// Final: give this to the client.
+    Done(Message),
+    /// Not sent (or a read that may be retried): try again if attempts remain,
+    /// else give this to the client.
+    Retry(Message),
+}
+
+/// The enforcement pipeline of one `tools/call` (DESIGN.md sections 3 and
+/// 5, in this order): strict parse and digest → key → circuit breaker →
+/// ledger lookup (replay, wait, conflict, `outcome_unknown`) → reserve →
+/// durable `dispatched` → forward → record the answer. Policy and approvals
+/// slot in before the reservation (issues 4/7 and 5/7).
+///
+/// Retries (`retry.*`, capped exponential backoff with jitter) happen only
+/// where they cannot run a call twice: a read-only tool after any transport
+/// failure or transient error, and any call proven not dispatched (spawn or
+/// connect failure, upstream session expired, refused unprocessed). A lost
+/// connection is healed before the next attempt.
 #[expect(
     clippy::too_many_arguments,
     reason = "one request's whole context, passed once"
 )]
 async fn tool_call(
     gw: &Arc<Gateway>,
-    conn: &Arc<UpstreamConn>,
+    route: &Route,
     server: &str,
     msg: Message,
     events: Option<mpsc::Sender<Message>>,
@@ -506,66 +570,232 @@ async fn tool_call(
         server: server.to_owned(),
         tool: call.tool.clone(),
     };
-    let timeout = call_timeout(gw, server);
     let read_only = gw.catalog.effective(server, &call.tool).read_only;
+    let ctx = Attempting {
+        gw,
+        route,
+        server,
+        msg: &msg,
+        events: &events,
+        modern,
+        extra,
+        id: &id,
+    };
     if read_only && !explicit {
         // Reads stay fresh: identical reads in flight share one call, and a
         // finished read is never replayed. No durable write.
         return match gw.idempotency.coalesce_read(&claim) {
             Ok(lead) => {
-                let resp = conn
-                    .call_tool(lead.permit(), msg, events, timeout, extra)
+                let answer = ctx
+                    .with_retries(|| async { ctx.read_once(lead.permit()).await })
                     .await;
-                let answer = match resp {
-                    Ok(r) => r,
-                    Err(e) => reply::upstream_failure(id, "tools/call", &e, modern),
-                };
                 lead.finish(settled_from(&answer));
                 answer
             }
             Err(rx) => from_settled(id, follow(rx).await, &client_key, false, modern),
         };
     }
-    let begin = match gw.idempotency.begin(claim).await {
-        Ok(b) => b,
-        Err(e) => return ledger_unavailable(id, &e, modern),
-    };
-    match begin {
-        Begin::Go(mut ticket) => {
-            let permit = match ticket.dispatch().await {
-                Ok(p) => p,
-                // Dropping the ticket frees the key: nothing was sent.
-                Err(e) => return ledger_unavailable(id, &e, modern),
-            };
-            match conn.call_tool(permit, msg, events, timeout, extra).await {
-                Ok(resp) => {
-                    if matches!(resp.error_code(), Some(-32700 | -32600 | -32601 | -32602)) {
-                        // The server refused it unprocessed: provably not run.
-                        ticket.not_dispatched().await;
-                    } else if let Some(answer) = answer_of(&resp) {
-                        ticket.complete(answer).await;
-                    } else {
-                        ticket.unknown().await;
-                    }
-                    resp
-                }
-                Err(e) if !e.dispatched() => {
-                    ticket.not_dispatched().await;
-                    reply::upstream_failure(id, "tools/call", &e, modern)
-                }
-                Err(e) => {
-                    ticket.unknown().await;
-                    tracing::warn!(%server, tool = %call.tool, key = %client_key, "outcome unknown: {e}");
-                    reply::upstream_failure(id, "tools/call", &e, modern)
+    ctx.with_retries(|| async {
+        if let Some(refusal) = ctx.circuit_refusal() {
+            return Attempt::Done(refusal);
+        }
+        let begin = match gw.idempotency.begin(claim.clone()).await {
+            Ok(b) => b,
+            Err(e) => return Attempt::Done(ledger_unavailable(id.clone(), &e, modern)),
+        };
+        match begin {
+            Begin::Go(ticket) => ctx.write_once(ticket, &call.tool, &client_key).await,
+            Begin::Replay {
+                answer,
+                answered_at,
+            } => Attempt::Done(replay(
+                id.clone(),
+                &answer,
+                &client_key,
+                &answered_at,
+                modern,
+            )),
+            Begin::Follow(rx) => Attempt::Done(from_settled(
+                id.clone(),
+                follow(rx).await,
+                &client_key,
+                true,
+                modern,
+            )),
+            Begin::Stop(outcome) => Attempt::Done(verdict(
+                id.clone(),
+                outcome,
+                &client_key,
+                &call.tool,
+                modern,
+            )),
+        }
+    })
+    .await
+}
+
+/// One tool call's context across its attempts.
+struct Attempting<'a> {
+    gw: &'a Arc<Gateway>,
+    route: &'a Route,
+    server: &'a str,
+    msg: &'a Message,
+    events: &'a Option<mpsc::Sender<Message>>,
+    modern: bool,
+    extra: &'a ExtraHeaders,
+    id: &'a Value,
+}
+
+impl Attempting<'_> {
+    async fn with_retries<F, Fut>(&self, attempt: F) -> Message
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Attempt>,
+    {
+        let cfg = &self.gw.config.retry;
+        let backoff = Backoff {
+            max_attempts: cfg.max_attempts,
+            base: cfg.base_delay,
+            max: cfg.max_delay,
+        };
+        let mut n = 1;
+        loop {
+            match attempt().await {
+                Attempt::Done(m) => return m,
+                Attempt::Retry(m) if n >= backoff.max_attempts => return m,
+                Attempt::Retry(_) => {
+                    n += 1;
+                    let pause = backoff.delay(n, rand::random::<f64>());
+                    tracing::info!(server = %self.server, attempt = n, ?pause, "retrying a call that is safe to retry");
+                    tokio::time::sleep(pause).await;
                 }
             }
         }
-        Begin::Replay {
-            answer,
-            answered_at,
-        } => replay(id, &answer, &client_key, &answered_at, modern),
-        Begin::Follow(rx) => from_settled(id, follow(rx).await, &client_key, true, modern),
-        Begin::Stop(outcome) => verdict(id, outcome, &client_key, &call.tool, modern),
+    }
+
+    /// `upstream_unavailable` at once while the circuit is open: nothing is
+    /// reserved, nothing is sent.
+    fn circuit_refusal(&self) -> Option<Message> {
+        let breaker = self.gw.breaker(self.server)?;
+        let admission = breaker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(Instant::now());
+        (admission == Admission::Refuse).then(|| {
+            reply::tool_error(
+                self.id.clone(),
+                reply::codes::UPSTREAM_UNAVAILABLE,
+                &format!(
+                    "The call did not run: upstream `{}` is failing and countersign stopped sending to it for a while \
+                     (circuit open). It is safe to try again later.",
+                    self.server
+                ),
+                json!({ "circuit": "open" }),
+                self.modern,
+            )
+        })
+    }
+
+    fn record(&self, ok: bool) {
+        if let Some(b) = self.gw.breaker(self.server) {
+            let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
+            if ok {
+                b.success();
+            } else {
+                b.failure(Instant::now());
+            }
+        }
+    }
+
+    fn failure(&self, e: &UpstreamError) -> Message {
+        if recovery::is_upstream_failure(e) {
+            self.record(false);
+        }
+        reply::upstream_failure(self.id.clone(), "tools/call", e, self.modern)
+    }
+
+    /// One read: any failure may be retried (reading twice is harmless).
+    async fn read_once(&self, permit: Permit) -> Attempt {
+        if let Some(refusal) = self.circuit_refusal() {
+            return Attempt::Done(refusal);
+        }
+        let conn = match self.route.conn_for_call(self.gw, self.server).await {
+            Ok(c) => c,
+            Err(e) => return Attempt::Retry(self.failure(&e)),
+        };
+        let timeout = call_timeout(self.gw, self.server);
+        match conn
+            .call_tool(
+                permit,
+                self.msg.clone(),
+                self.events.clone(),
+                timeout,
+                self.extra,
+            )
+            .await
+        {
+            Ok(resp) if recovery::classify_response(&resp) == ResponseClass::Transient => {
+                self.record(true);
+                Attempt::Retry(resp)
+            }
+            Ok(resp) => {
+                self.record(true);
+                Attempt::Done(resp)
+            }
+            Err(e) => Attempt::Retry(self.failure(&e)),
+        }
+    }
+
+    /// One write under a reserved key: sent at most once; only a failure
+    /// proven before dispatch frees the key for another attempt.
+    async fn write_once(&self, mut ticket: Box<Ticket>, tool: &str, key: &str) -> Attempt {
+        let conn = match self.route.conn_for_call(self.gw, self.server).await {
+            Ok(c) => c,
+            Err(e) => {
+                ticket.not_dispatched().await;
+                return Attempt::Retry(self.failure(&e));
+            }
+        };
+        let permit = match ticket.dispatch().await {
+            Ok(p) => p,
+            // Dropping the ticket frees the key: nothing was sent.
+            Err(e) => return Attempt::Done(ledger_unavailable(self.id.clone(), &e, self.modern)),
+        };
+        let timeout = call_timeout(self.gw, self.server);
+        match conn
+            .call_tool(
+                permit,
+                self.msg.clone(),
+                self.events.clone(),
+                timeout,
+                self.extra,
+            )
+            .await
+        {
+            Ok(resp) => {
+                self.record(true);
+                if recovery::classify_response(&resp) == ResponseClass::Refused {
+                    // The server refused it unprocessed: provably not run.
+                    ticket.not_dispatched().await;
+                    Attempt::Done(resp)
+                } else if let Some(answer) = answer_of(&resp) {
+                    ticket.complete(answer).await;
+                    Attempt::Done(resp)
+                } else {
+                    ticket.unknown().await;
+                    Attempt::Done(resp)
+                }
+            }
+            Err(e) if !recovery::possibly_executed(&e) => {
+                ticket.not_dispatched().await;
+                Attempt::Retry(self.failure(&e))
+            }
+            Err(e) => {
+                ticket.unknown().await;
+                tracing::warn!(server = %self.server, %tool, %key, "outcome unknown: {e}");
+                Attempt::Done(self.failure(&e))
+            }
+        }
     }
 }
 
@@ -756,7 +986,7 @@ impl Drop for AbortOnDrop {
 )]
 async fn relay_request(
     gw: &Arc<Gateway>,
-    conn: Arc<UpstreamConn>,
+    route: Route,
     server: &str,
     msg: Message,
     sse: bool,
@@ -768,7 +998,7 @@ async fn relay_request(
     let events = sse.then(|| tx.clone());
     let work = answer(
         gw.clone(),
-        conn,
+        route,
         server.to_owned(),
         msg,
         events,
@@ -919,18 +1149,22 @@ async fn modern(
         .cloned()
         .unwrap_or(Value::Null);
     let conn = match gw.modern_upstream(server, &meta).await {
-        Ok(ModernUpstream::Speaks(conn)) => conn,
+        Ok(ModernUpstream::Speaks(conn)) => Some(conn),
         Ok(ModernUpstream::Legacy) => {
             return unsupported(
                 HANDSHAKE_VERSIONS.to_vec(),
                 &format!("upstream `{server}` speaks only the handshake era: send initialize"),
             )
         }
+        // Not reachable now: a request goes on, and its own pipeline tries
+        // again, classifies the failure (nothing of it was sent) and feeds
+        // the circuit breaker.
         Err(e) => {
-            return rpc(
-                StatusCode::OK,
-                &reply::upstream_failure(id, msg.method(), &e, true),
-            )
+            tracing::debug!(
+                server,
+                "upstream not reachable for a 2026-07-28 request: {e}"
+            );
+            None
         }
     };
     let mut extra = modern_headers(msg.method(), name.as_deref(), &declared);
@@ -946,9 +1180,13 @@ async fn modern(
                 identity,
                 scope: None,
             };
+            let route = Route::Shared {
+                server: server.to_owned(),
+                meta,
+            };
             relay_request(
                 gw,
-                conn,
+                route,
                 server,
                 msg,
                 accepts_sse(headers),
@@ -959,8 +1197,16 @@ async fn modern(
             .await
         }
         _ => {
-            if let Err(e) = conn.send(msg, &extra).await {
-                tracing::warn!(server, "client message not delivered upstream: {e}");
+            match conn {
+                Some(conn) => {
+                    if let Err(e) = conn.send(msg, &extra).await {
+                        tracing::warn!(server, "client message not delivered upstream: {e}");
+                    }
+                }
+                None => tracing::warn!(
+                    server,
+                    "client notification dropped: the upstream is not reachable"
+                ),
             }
             StatusCode::ACCEPTED.into_response()
         }

@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::idempotency::{Idempotency, Retention};
 use crate::identity::{Identities, Identity};
 use crate::jsonrpc::{raw, Message};
+use crate::recovery::Breaker;
 use crate::relay::upstream::{HttpClient, UpstreamConn, UpstreamError};
 use crate::relay::{META_PROTOCOL_VERSION, MODERN_VERSIONS};
 use crate::store::Store;
@@ -41,8 +42,14 @@ pub struct Session {
     /// The idempotency scope: the stdio bridge's stable scope when it sent
     /// one, else the session id.
     pub scope: String,
-    /// The upstream connection.
-    pub conn: Arc<UpstreamConn>,
+    /// The upstream connection; replaced when it is healed. Read it with
+    /// [`Session::conn`].
+    conn: Mutex<Arc<UpstreamConn>>,
+    /// Where every connection of this session sends server messages of no
+    /// request: the same stream across healing.
+    unsolicited: mpsc::Sender<Message>,
+    /// One healing at a time.
+    healing: tokio::sync::Mutex<()>,
     /// What the client negotiated in `initialize`.
     pub protocol_version: Mutex<Option<String>>,
     /// The client's `initialize` params, kept to re-initialize a healed upstream.
@@ -54,6 +61,71 @@ pub struct Session {
 }
 
 impl Session {
+    /// The current upstream connection.
+    pub fn conn(&self) -> Arc<UpstreamConn> {
+        lock(&self.conn).clone()
+    }
+
+    /// The connection to use now: the current one, or a healed one when it
+    /// was lost (child exited, upstream session expired).
+    pub async fn healthy_conn(&self, gw: &Gateway) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        let conn = self.conn();
+        if !conn.is_closed() {
+            return Ok(conn);
+        }
+        self.heal(gw, &conn).await
+    }
+
+    /// Replace a lost connection: spawn or reconnect, then re-initialize with
+    /// the client's own `initialize` params (its answer stays in the
+    /// gateway: the client already has one) and `notifications/initialized`.
+    async fn heal(
+        &self,
+        gw: &Gateway,
+        stale: &Arc<UpstreamConn>,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        let _one = self.healing.lock().await;
+        let current = self.conn();
+        if !Arc::ptr_eq(&current, stale) && !current.is_closed() {
+            return Ok(current); // healed meanwhile
+        }
+        let conn = gw
+            .connect_with(&self.server, self.unsolicited.clone())
+            .await?;
+        let params = lock(&self.init_params).clone();
+        let init = Message::request(Value::from("countersign-heal"), "initialize", params);
+        let timeout = gw
+            .config
+            .servers
+            .get(&self.server)
+            .map_or(Duration::from_secs(30), |c| c.call_timeout);
+        let healed = async {
+            let resp = conn.call(init, None, timeout, &Vec::new()).await?;
+            if resp.error.is_some() {
+                return Err(UpstreamError::Refused {
+                    server: self.server.clone(),
+                    status: 0,
+                });
+            }
+            conn.send(
+                Message::notification("notifications/initialized", None),
+                &Vec::new(),
+            )
+            .await
+        }
+        .await;
+        if let Err(e) = healed {
+            conn.shutdown(gw.config.gateway.shutdown_grace).await;
+            return Err(e);
+        }
+        *lock(&self.conn) = conn.clone();
+        let grace = gw.config.gateway.shutdown_grace;
+        let old = current;
+        tokio::spawn(async move { old.shutdown(grace).await });
+        tracing::info!(server = %self.server, session = %self.id, "upstream connection healed");
+        Ok(conn)
+    }
+
     /// Note activity (for the idle sweep).
     pub fn touch(&self) {
         *lock(&self.last_used) = Instant::now();
@@ -89,6 +161,8 @@ pub struct Gateway {
     pub http: HttpClient,
     /// The idempotency ledger.
     pub idempotency: Arc<Idempotency>,
+    /// One circuit breaker per configured server.
+    breakers: HashMap<String, Mutex<Breaker>>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// One slot per configured server. A tokio mutex per server: probing an
     /// upstream awaits, concurrent first requests must not spawn two shared
@@ -109,6 +183,19 @@ impl Gateway {
             },
         );
         let identities = Identities::from_config(&config.identities);
+        let breakers = config
+            .servers
+            .keys()
+            .map(|k| {
+                (
+                    k.clone(),
+                    Mutex::new(Breaker::new(
+                        config.circuit.failure_threshold,
+                        config.circuit.cooldown,
+                    )),
+                )
+            })
+            .collect();
         let modern = config
             .servers
             .keys()
@@ -129,14 +216,17 @@ impl Gateway {
             sessions: Mutex::new(HashMap::new()),
             modern,
             idempotency,
+            breakers,
         })
     }
 
-    /// Open an upstream connection to `server`.
-    pub async fn connect(
+    /// Open an upstream connection to `server` whose server messages of no
+    /// request go to `unsolicited`.
+    pub async fn connect_with(
         &self,
         server: &str,
-    ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
+        unsolicited: mpsc::Sender<Message>,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
         let cfg = self
             .config
             .servers
@@ -145,15 +235,28 @@ impl Gateway {
                 server: server.into(),
                 reason: "not configured".into(),
             })?;
-        let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
-        let conn = UpstreamConn::connect(
+        UpstreamConn::connect(
             server,
             cfg,
             &self.http,
             self.config.limits.max_line_bytes,
-            tx,
+            unsolicited,
         )
-        .await?;
+        .await
+    }
+
+    /// The circuit breaker of `server`.
+    pub fn breaker(&self, server: &str) -> Option<&Mutex<Breaker>> {
+        self.breakers.get(server)
+    }
+
+    /// Open an upstream connection to `server`.
+    pub async fn connect(
+        &self,
+        server: &str,
+    ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
+        let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
+        let conn = self.connect_with(server, tx).await?;
         Ok((conn, rx))
     }
 
@@ -164,6 +267,7 @@ impl Gateway {
         identity: Arc<Identity>,
         scope: Option<String>,
         conn: Arc<UpstreamConn>,
+        unsolicited: mpsc::Sender<Message>,
         standalone: mpsc::Receiver<Message>,
     ) -> Arc<Session> {
         let id = mint_session_id();
@@ -172,7 +276,9 @@ impl Gateway {
             id: id.clone(),
             server: server.into(),
             identity,
-            conn,
+            conn: Mutex::new(conn),
+            unsolicited,
+            healing: tokio::sync::Mutex::new(()),
             protocol_version: Mutex::new(None),
             init_params: Mutex::new(None),
             standalone: Arc::new(tokio::sync::Mutex::new(standalone)),
@@ -194,7 +300,7 @@ impl Gateway {
     pub async fn close_session(&self, id: &str) {
         let removed = lock(&self.sessions).remove(id);
         if let Some(s) = removed {
-            s.conn.shutdown(self.config.gateway.shutdown_grace).await;
+            s.conn().shutdown(self.config.gateway.shutdown_grace).await;
         }
     }
 
@@ -203,7 +309,7 @@ impl Gateway {
         let limit = self.config.gateway.session_idle_timeout;
         let idle: Vec<String> = lock(&self.sessions)
             .values()
-            .filter(|s| s.idle_for() > limit && s.conn.mux.in_flight() == 0)
+            .filter(|s| s.idle_for() > limit && s.conn().mux.in_flight() == 0)
             .map(|s| s.id.clone())
             .collect();
         for id in idle {
@@ -222,7 +328,7 @@ impl Gateway {
         let grace = self.config.gateway.shutdown_grace;
         let mut tasks = Vec::new();
         for s in all {
-            tasks.push(tokio::spawn(async move { s.conn.shutdown(grace).await }));
+            tasks.push(tokio::spawn(async move { s.conn().shutdown(grace).await }));
         }
         for m in modern {
             if let ModernUpstream::Speaks(conn) = m {

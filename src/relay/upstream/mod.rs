@@ -225,6 +225,11 @@ impl UpstreamConn {
             }
             Ok(Err(e)) => {
                 self.mux.forget(id);
+                if matches!(e, UpstreamError::SessionExpired { .. }) {
+                    // The upstream forgot this session: every call on it is
+                    // lost, and the next call heals the connection.
+                    self.mux.close("the upstream session expired");
+                }
                 Err(e)
             }
             Err(_) => {
