@@ -224,3 +224,62 @@ async fn breaker_opens_answers_fast_and_closes_after_cooldown() {
     let closed = call(6).await;
     assert_eq!(closed.last()["result"]["isError"], false);
 }
+
+#[tokio::test]
+async fn transient_server_errors_are_retried_for_reads_only() {
+    let gw = Gateway::start();
+    let c = listed(&gw, "payments").await;
+    gw.fault("get_balance", "error_before_execute", 0);
+    let a = c.call(1, "get_balance", json!({"account":"t"})).await;
+    assert_eq!(
+        a.last()["result"]["isError"],
+        false,
+        "-32603 on a read is retried: {a:?}"
+    );
+    assert_eq!(gw.executions("get_balance"), 1);
+    gw.fault("refund", "error_before_execute", 0);
+    let w = c.call(2, "refund", json!({"charge":"ch_t"})).await;
+    assert_eq!(
+        w.last()["error"]["code"],
+        -32603,
+        "a write's answer is final: {w:?}"
+    );
+    assert_eq!(gw.executions("refund"), 0);
+}
+
+#[tokio::test]
+async fn a_timed_out_write_is_unknown_in_the_ledger_and_cancelled_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("rec.jsonl");
+    let faults = dir.path().join("faults.json");
+    std::fs::write(
+        &faults,
+        json!({"charge_card":{"fault":"delay","delay_ms":2000}}).to_string(),
+    )
+    .unwrap();
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.slow]\ncommand = \"{}\"\nargs = [\"--record\", \"{}\", \"--faults\", \"{}\"]\ncall_timeout = \"300ms\"\n",
+            example_server_bin().display(),
+            record.display(),
+            faults.display()
+        ),
+        ..Default::default()
+    });
+    let c = listed(&gw, "slow").await;
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card",
+        "arguments":{"account":"a","amount":1},"_meta":{"dev.countersign/idempotency-key":"t-1"}}});
+    assert_eq!(code(&c.post(&call).await), "outcome_unknown");
+    assert_eq!(
+        code(&c.post(&call).await),
+        "outcome_unknown",
+        "the ledger holds it as unknown"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(text.matches("\"executed\"").count(), 1);
+    assert!(
+        text.contains("\"cancelled\""),
+        "notifications/cancelled reached the server: {text}"
+    );
+}
