@@ -714,6 +714,18 @@ impl Attempting<'_> {
         reply::upstream_failure(self.id.clone(), "tools/call", e, self.modern)
     }
 
+    async fn send(&self, conn: &UpstreamConn, permit: Permit) -> Result<Message, UpstreamError> {
+        let timeout = call_timeout(self.gw, self.server);
+        conn.call_tool(
+            permit,
+            self.msg.clone(),
+            self.events.clone(),
+            timeout,
+            self.extra,
+        )
+        .await
+    }
+
     /// One read: any failure may be retried (reading twice is harmless).
     async fn read_once(&self, permit: Permit) -> Attempt {
         if let Some(refusal) = self.circuit_refusal() {
@@ -723,17 +735,7 @@ impl Attempting<'_> {
             Ok(c) => c,
             Err(e) => return Attempt::Retry(self.failure(&e)),
         };
-        let timeout = call_timeout(self.gw, self.server);
-        match conn
-            .call_tool(
-                permit,
-                self.msg.clone(),
-                self.events.clone(),
-                timeout,
-                self.extra,
-            )
-            .await
-        {
+        match self.send(&conn, permit).await {
             Ok(resp) if recovery::classify_response(&resp) == ResponseClass::Transient => {
                 self.record(true);
                 Attempt::Retry(resp)
@@ -761,17 +763,7 @@ impl Attempting<'_> {
             // Dropping the ticket frees the key: nothing was sent.
             Err(e) => return Attempt::Done(ledger_unavailable(self.id.clone(), &e, self.modern)),
         };
-        let timeout = call_timeout(self.gw, self.server);
-        match conn
-            .call_tool(
-                permit,
-                self.msg.clone(),
-                self.events.clone(),
-                timeout,
-                self.extra,
-            )
-            .await
-        {
+        match self.send(&conn, permit).await {
             Ok(resp) => {
                 self.record(true);
                 if recovery::classify_response(&resp) == ResponseClass::Refused {
