@@ -7,6 +7,8 @@
 //! - [`jsonrpc`]: JSON-RPC envelopes that keep payloads as raw bytes.
 //! - [`canonical`]: strict parse of `tools/call` params, RFC 8785 JCS and the
 //!   call digest (pure, no I/O).
+//! - [`decision`]: Cedar policies, argument mapping and the two-phase
+//!   decision (pure apart from loading the policy folder).
 //! - [`ledger`]: idempotency keys, ledger states and what a retry gets (pure).
 //! - [`idempotency`]: the ledger as a service — store plus in-process
 //!   single-flight, tickets and the dispatch permit.
@@ -18,6 +20,7 @@
 //! - [`reply`]: the one place gateway failures become wire answers.
 //! - [`bridge`]: `countersign stdio`, the bridge for stdio-only clients.
 //! - [`check`]: `countersign check`, upstream health.
+//! - [`policy_cli`]: `countersign policy check|test`.
 //! - [`reconcile`]: `countersign reconcile`, settling unknown outcomes.
 //! - [`recovery`]: outcome classification, retry backoff, circuit breaker (pure).
 //! - [`serve`]: `countersign serve`, the gateway process and its shutdown.
@@ -31,11 +34,13 @@ pub mod bridge;
 pub mod canonical;
 pub mod check;
 pub mod config;
+pub mod decision;
 pub mod idempotency;
 pub mod identity;
 pub mod jsonrpc;
 pub mod ledger;
 pub mod lines;
+pub mod policy_cli;
 pub mod reconcile;
 pub mod recovery;
 pub mod relay;

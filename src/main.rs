@@ -45,6 +45,11 @@ enum Command {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         reconnect_for: Duration,
     },
+    /// Check or test the Cedar policies.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// Settle an `unknown` outcome on a stopped gateway's ledger.
     Reconcile {
         /// Configuration file (for `gateway.data_dir`).
@@ -83,6 +88,27 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Parse the policies and validate them against `schema.cedarschema`;
+    /// errors print as `file:line:column: message`; exit 1 on any.
+    Check {
+        /// The policy folder.
+        #[arg(long, default_value = "policies")]
+        dir: PathBuf,
+    },
+    /// Run decision cases (principal, tenant, server, tool, annotations,
+    /// arguments → allow | approval | deny) and report each; exit 1 on any
+    /// failure.
+    Test {
+        /// The case file (TOML, `[[case]]` tables).
+        file: PathBuf,
+        /// The policy folder.
+        #[arg(long, default_value = "policies")]
+        dir: PathBuf,
     },
 }
 
@@ -179,6 +205,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 rec.state
             );
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy { command } => {
+            let ok = match command {
+                PolicyCommand::Check { dir } => countersign::policy_cli::check(&dir),
+                PolicyCommand::Test { file, dir } => countersign::policy_cli::test(&dir, &file)?,
+            };
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Check { config, json } => {
             let config = Config::load(&config)?;
