@@ -226,6 +226,15 @@ impl Policies {
         }
     }
 
+    /// No policies: every call is denied (default deny).
+    pub fn empty() -> Policies {
+        Policies {
+            set: PolicySet::new(),
+            schema: None,
+            origin: HashMap::new(),
+        }
+    }
+
     /// How many policies are loaded.
     pub fn len(&self) -> usize {
         self.set.policies().count()

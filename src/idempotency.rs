@@ -42,6 +42,10 @@ pub enum Outcome {
     Remap,
     /// The key is bound to other arguments.
     Drift,
+    /// The policies deny the call.
+    Denied,
+    /// The policies want a human approval first.
+    ApprovalRequired,
 }
 
 struct Flight {
@@ -152,6 +156,18 @@ impl Idempotency {
     /// Order step "ledger lookup": decide what a write call with this claim
     /// gets, reserving the key when it runs.
     pub async fn begin(self: &Arc<Self>, claim: Claim) -> Result<Begin, StoreError> {
+        self.begin_gated(claim, || None).await
+    }
+
+    /// [`Idempotency::begin`] with a gate between the ledger lookup and the
+    /// reservation (DESIGN.md section 3's order): a replay, a wait or a
+    /// conflict is answered first; only a call that would run meets the gate,
+    /// and a gate that says no leaves the key free.
+    pub async fn begin_gated(
+        self: &Arc<Self>,
+        claim: Claim,
+        gate: impl FnOnce() -> Option<Outcome>,
+    ) -> Result<Begin, StoreError> {
         let flight = match self.lead_or_follow(&claim) {
             Ok(f) => f,
             Err(other) => return Ok(other),
@@ -167,6 +183,9 @@ impl Idempotency {
             let existing = self.store.get(&claim.key)?;
             let existing = match judge(existing.as_ref(), &claim, now) {
                 Verdict::Proceed => {
+                    if let Some(refusal) = gate() {
+                        return Ok(Begin::Stop(refusal));
+                    }
                     let record = Record::reserve(&claim, now, ttl_ms);
                     match self
                         .store

@@ -219,9 +219,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Check { config, json } => {
             let config = Config::load(&config)?;
+            // `check` sends no tools/call: no ledger file, no policies needed.
             let gw = Gateway::new(
                 config,
                 std::sync::Arc::new(countersign::store::MemoryStore::default()),
+                countersign::decision::Policies::empty(),
             );
             let report = countersign::check::check_all(&gw).await;
             if json {

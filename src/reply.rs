@@ -18,6 +18,10 @@ pub mod codes {
     pub const DRIFT_REJECTED: &str = "drift_rejected";
     /// The idempotency key was used for another tool.
     pub const REMAP_REJECTED: &str = "remap_rejected";
+    /// The policies deny the call.
+    pub const POLICY_DENIED: &str = "policy_denied";
+    /// The call waits for a human approval.
+    pub const APPROVAL_PENDING: &str = "approval_pending";
 }
 
 /// A `CallToolResult` that tells the agent what happened.

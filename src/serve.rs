@@ -12,6 +12,7 @@ use std::future::IntoFuture;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::decision::Policies;
 use crate::relay::front::router;
 use crate::relay::session::Gateway;
 use crate::store::{RedbStore, Store};
@@ -35,7 +36,18 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             "ledger recovered after an unclean stop: calls in flight are now `unknown` until reconciled"
         );
     }
-    let gw = Gateway::new(config, Arc::new(store));
+    let policy_dir = config.gateway.policies.clone();
+    let policies = Policies::load(&policy_dir).map_err(|errors| {
+        anyhow::anyhow!(
+            "the policies in `{}` do not load (fix them, or check with `countersign policy check --dir {}`):\n{}",
+            policy_dir.display(),
+            policy_dir.display(),
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+        )
+    })?;
+    tracing::info!(policies = policies.len(), dir = %policy_dir.display(), "policies loaded");
+    let gw = Gateway::new(config, Arc::new(store), policies);
+    let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (gateway.listen): is another process using it?")
     })?;
@@ -78,9 +90,54 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // Open SSE streams never end on their own: bound the drain.
     let _ = tokio::time::timeout(grace, server).await;
     sweeper.abort();
+    reloader.abort();
     gw.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What the policy folder looks like: its files with sizes and mtimes.
+fn fingerprint(
+    dir: &std::path::Path,
+) -> Vec<(std::path::PathBuf, u64, Option<std::time::SystemTime>)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            Some((e.path(), meta.len(), meta.modified().ok()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Hot reload: poll the policy folder; on a change, load it whole. A set that
+/// fails to parse or validate is not used: the previous one stays in force
+/// and the errors are logged with file and line.
+async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
+    let mut seen = fingerprint(&dir);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let now = fingerprint(&dir);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match Policies::load(&dir) {
+            Ok(p) => {
+                tracing::info!(policies = p.len(), "policies reloaded");
+                gw.set_policies(p);
+            }
+            Err(errors) => {
+                for e in &errors {
+                    tracing::error!("policy reload refused, previous policies stay in force: {e}");
+                }
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {

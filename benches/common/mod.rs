@@ -183,8 +183,13 @@ pub fn start_pair(bin: &std::path::Path) -> Pair {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()))
     };
+    // Benchmarks measure the relay and the ledger: one policy allows all.
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("allow-all.cedar"), "permit (principal, action, resource);\n").unwrap();
     let config = format!(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[[identities]]\ntoken_sha256 = \"{digest}\"\nprincipal = \"bench\"\ntenant = \"bench\"\n[servers.payments]\nurl = \"http://{up_addr}/mcp\"\n",
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npolicies = \"{}\"\ndata_dir = \"{}\"\n[[identities]]\ntoken_sha256 = \"{digest}\"\nprincipal = \"bench\"\ntenant = \"bench\"\n[servers.payments]\nurl = \"http://{up_addr}/mcp\"\n",
+        policies.display(),
         dir.join("data").display()
     );
     let config_path = dir.join("countersign.toml");

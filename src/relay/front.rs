@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::canonical;
+use crate::decision::{self, Decision};
 use crate::idempotency::{follow, Begin, Outcome as IdemOutcome, Permit, Settled, Ticket};
 use crate::identity::Identity;
 use crate::jsonrpc::{code, parse_body, Body, Kind, Message};
@@ -582,6 +583,9 @@ async fn tool_call(
         id: &id,
     };
     if read_only && !explicit {
+        if let Some(refusal) = policy_gate(gw, server, caller, &call) {
+            return verdict(id, refusal, &client_key, &call.tool, modern);
+        }
         // Reads stay fresh: identical reads in flight share one call, and a
         // finished read is never replayed. No durable write.
         return match gw.idempotency.coalesce_read(&claim) {
@@ -599,7 +603,8 @@ async fn tool_call(
         if let Some(refusal) = ctx.circuit_refusal() {
             return Attempt::Done(refusal);
         }
-        let begin = match gw.idempotency.begin(claim.clone()).await {
+        let gate = || policy_gate(gw, server, caller, &call);
+        let begin = match gw.idempotency.begin_gated(claim.clone(), gate).await {
             Ok(b) => b,
             Err(e) => return Attempt::Done(ledger_unavailable(id.clone(), &e, modern)),
         };
@@ -632,6 +637,46 @@ async fn tool_call(
         }
     })
     .await
+}
+
+/// The policy decision (DESIGN.md section 4) for a call about to run:
+/// `None` lets it through; otherwise why not. The determining policies are
+/// logged here, never sent to the agent.
+fn policy_gate(
+    gw: &Gateway,
+    server: &str,
+    caller: &Caller,
+    call: &canonical::CanonicalCall,
+) -> Option<IdemOutcome> {
+    let policies = gw.policies();
+    let resource_version = call
+        .reserved
+        .meta
+        .get("dev.countersign/resource-version")
+        .and_then(Value::as_str);
+    let decision = policies.decide(&decision::Call {
+        identity: &caller.identity,
+        server,
+        tool: &call.tool,
+        annotations: gw.catalog.effective(server, &call.tool),
+        arguments: &call.arguments,
+        digest: &call.digest,
+        resource_version,
+    });
+    match decision {
+        Decision::Allow { policies } => {
+            tracing::debug!(%server, tool = %call.tool, ?policies, "policy: allow");
+            None
+        }
+        Decision::Approval { policies } => {
+            tracing::info!(%server, tool = %call.tool, ?policies, principal = %caller.identity.principal, "policy: approval required");
+            Some(IdemOutcome::ApprovalRequired)
+        }
+        Decision::Deny { policies, errors } => {
+            tracing::info!(%server, tool = %call.tool, ?policies, ?errors, principal = %caller.identity.principal, "policy: denied");
+            Some(IdemOutcome::Denied)
+        }
+    }
 }
 
 /// One tool call's context across its attempts.
@@ -874,6 +919,24 @@ fn replay(
 fn verdict(id: Value, outcome: IdemOutcome, key: &str, tool: &str, modern: bool) -> Message {
     let details = json!({ "idempotency_key": key });
     match outcome {
+        // Which policy decided stays in the gateway's log (and the audit log
+        // later): the agent learns the outcome, not how to word around it.
+        IdemOutcome::Denied => reply::tool_error(
+            id,
+            reply::codes::POLICY_DENIED,
+            "Refused, nothing was run: countersign's policies do not allow this call. Do not retry it; \
+             ask a person if it is needed.",
+            json!({}),
+            modern,
+        ),
+        IdemOutcome::ApprovalRequired => reply::tool_error(
+            id,
+            reply::codes::APPROVAL_PENDING,
+            "Not run yet: this call needs a human approval, and countersign holds none for it. This version \
+             of countersign has no approval workflow yet, so a reviewer cannot approve it; nothing was run.",
+            details,
+            modern,
+        ),
         IdemOutcome::Unknown => reply::tool_error(
             id,
             reply::codes::OUTCOME_UNKNOWN,

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::annotations::Catalog;
 use crate::config::Config;
+use crate::decision::Policies;
 use crate::idempotency::{Idempotency, Retention};
 use crate::identity::{Identities, Identity};
 use crate::jsonrpc::{raw, Message};
@@ -163,6 +164,8 @@ pub struct Gateway {
     pub idempotency: Arc<Idempotency>,
     /// One circuit breaker per configured server.
     breakers: HashMap<String, Mutex<Breaker>>,
+    /// The policy set in force; swapped whole by a reload.
+    policies: std::sync::RwLock<Arc<Policies>>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// One slot per configured server. A tokio mutex per server: probing an
     /// upstream awaits, concurrent first requests must not spawn two shared
@@ -174,7 +177,7 @@ impl Gateway {
     /// Build the gateway state from a checked config.
     /// `store` holds the idempotency ledger (redb for `serve`; `check`, which
     /// sends no `tools/call`, uses a memory store and leaves the file alone).
-    pub fn new(config: Config, store: Arc<dyn Store>) -> Arc<Gateway> {
+    pub fn new(config: Config, store: Arc<dyn Store>, policies: Policies) -> Arc<Gateway> {
         let idempotency = Idempotency::new(
             store,
             Retention {
@@ -217,6 +220,7 @@ impl Gateway {
             modern,
             idempotency,
             breakers,
+            policies: std::sync::RwLock::new(Arc::new(policies)),
         })
     }
 
@@ -243,6 +247,19 @@ impl Gateway {
             unsolicited,
         )
         .await
+    }
+
+    /// The policy set in force now.
+    pub fn policies(&self) -> Arc<Policies> {
+        self.policies
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Put a new policy set in force (a successful reload).
+    pub fn set_policies(&self, policies: Policies) {
+        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
     }
 
     /// The circuit breaker of `server`.

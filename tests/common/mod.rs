@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub const TOKEN: &str = "tok-agent7";
+
+/// One policy that permits every call unattended.
+pub const ALLOW_ALL: &str = "@id(\"allow-all\")\npermit (principal, action, resource);\n";
 pub const OTHER_TOKEN: &str = "tok-agent9";
 
 pub fn countersign_bin() -> PathBuf {
@@ -36,12 +39,24 @@ fn sha(token: &str) -> String {
 
 /// Wait for `prefix` + address on a child's stderr; keep draining it after.
 fn wait_listening(child: &mut Child, what: &str) -> String {
+    wait_listening_logged(child, what, None)
+}
+
+/// The same, keeping every stderr line in `log`.
+fn wait_listening_logged(
+    child: &mut Child,
+    what: &str,
+    log: Option<std::sync::Arc<std::sync::Mutex<Vec<String>>>>,
+) -> String {
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut sent = false;
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
+            if let Some(log) = &log {
+                log.lock().unwrap().push(line.clone());
+            }
             if std::env::var_os("TEST_VERBOSE").is_some() {
                 eprintln!("[{line}]");
             }
@@ -94,6 +109,8 @@ impl Drop for HttpUpstream {
 /// A running gateway with its temp dir, record and fault files.
 pub struct Gateway {
     child: Option<Child>,
+    /// Every line the gateway wrote to stderr.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     env: Vec<(String, String)>,
     pub addr: String,
     pub dir: tempfile::TempDir,
@@ -108,6 +125,9 @@ pub struct Options {
     pub listen: String,
     /// Extra environment for the gateway process.
     pub gateway_env: Vec<(String, String)>,
+    /// The gateway's policy folder: `None` is one permissive policy (most
+    /// tests are about the relay and the ledger, not about policies).
+    pub policies: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -117,6 +137,7 @@ impl Default for Options {
             extra: String::new(),
             listen: "127.0.0.1:0".into(),
             gateway_env: Vec::new(),
+            policies: None,
         }
     }
 }
@@ -143,11 +164,21 @@ impl Gateway {
         let http_upstream = opts
             .http_upstream
             .then(|| HttpUpstream::start(&record, &faults));
+        let policies = match &opts.policies {
+            Some(p) => p.clone(),
+            None => {
+                let p = dir.path().join("policies");
+                std::fs::create_dir_all(&p).unwrap();
+                std::fs::write(p.join("allow-all.cedar"), ALLOW_ALL).unwrap();
+                p
+            }
+        };
         let mut config = format!(
             r#"
 [gateway]
 listen = "{listen}"
 data_dir = "{data}"
+policies = "{policies}"
 shutdown_grace = "500ms"
 
 [[identities]]
@@ -171,6 +202,7 @@ args = ["--record", "{record}", "--faults", "{faults}"]
 call_timeout = "5s"
 "#,
             listen = opts.listen,
+            policies = policies.display(),
             data = dir.path().join("data").display(),
             t1 = sha(TOKEN),
             t2 = sha(OTHER_TOKEN),
@@ -189,6 +221,7 @@ call_timeout = "5s"
         std::fs::write(&config_path, config).unwrap();
         let mut gw = Gateway {
             child: None,
+            log: Default::default(),
             env: opts.gateway_env,
             addr: String::new(),
             dir,
@@ -225,7 +258,7 @@ call_timeout = "5s"
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        self.addr = wait_listening(&mut child, "gateway");
+        self.addr = wait_listening_logged(&mut child, "gateway", Some(self.log.clone()));
         self.child = Some(child);
     }
 
