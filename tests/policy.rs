@@ -106,3 +106,152 @@ fn check_reports_syntax_errors_and_test_reports_failures() {
         "{out}"
     );
 }
+
+/// A gateway whose policy folder is a copy of the shipped defaults.
+fn gateway_with_default_policies() -> (common::Gateway, tempfile::TempDir) {
+    let pdir = tempfile::tempdir().unwrap();
+    for f in ["schema.cedarschema", "default.cedar"] {
+        std::fs::copy(policies_dir().join(f), pdir.path().join(f)).unwrap();
+    }
+    let gw = common::Gateway::start_with(common::Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    });
+    (gw, pdir)
+}
+
+fn code(a: &common::Answer) -> serde_json::Value {
+    a.last()["result"]["structuredContent"]["countersign"]["code"].clone()
+}
+
+#[tokio::test]
+async fn default_policies_decide_every_call_before_it_runs() {
+    use serde_json::json;
+    let (gw, _pdir) = gateway_with_default_policies();
+    let mut c = common::Client::new(&gw.url("payments"));
+    c.initialize().await;
+    c.post(&json!({"jsonrpc":"2.0","id":0,"method":"tools/list"}))
+        .await;
+    let read = c.call(1, "get_balance", json!({"account":"a"})).await;
+    assert_eq!(
+        read.last()["result"]["isError"],
+        false,
+        "reads run unattended: {read:?}"
+    );
+    let write = c.call(2, "refund", json!({"charge":"ch_1"})).await;
+    assert_eq!(code(&write), "approval_pending", "{write:?}");
+    let big = c
+        .call(3, "charge_card", json!({"account":"a","amount":5000}))
+        .await;
+    assert_eq!(code(&big), "policy_denied", "{big:?}");
+    assert!(
+        !big.text.contains("charge-ceiling"),
+        "which policy denied stays in the gateway: {}",
+        big.text
+    );
+    assert_eq!(gw.executions("refund"), 0);
+    assert_eq!(gw.executions("charge_card"), 0);
+    assert_eq!(gw.executions("get_balance"), 1);
+    // A denial leaves the key free: nothing was reserved.
+    let logged = gw.log.lock().unwrap().join("\n");
+    assert!(
+        logged.contains("charge-ceiling"),
+        "the log names the determining policy"
+    );
+}
+
+#[tokio::test]
+async fn policy_edits_apply_to_the_next_call_and_broken_edits_are_refused() {
+    use serde_json::json;
+    let (gw, pdir) = gateway_with_default_policies();
+    let mut c = common::Client::new(&gw.url("payments"));
+    c.initialize().await;
+    c.post(&json!({"jsonrpc":"2.0","id":0,"method":"tools/list"}))
+        .await;
+    assert_eq!(
+        code(&c.call(1, "refund", json!({"charge":"ch_1"})).await),
+        "approval_pending"
+    );
+
+    // An edit in git: refunds run unattended from now on.
+    std::fs::write(
+        pdir.path().join("refunds.cedar"),
+        "@id(\"refunds-unattended\")\npermit (principal, action == Action::\"call\", resource == Tool::\"payments/refund\");\n",
+    )
+    .unwrap();
+    let mut ran = false;
+    for i in 0..40 {
+        let a = c
+            .call(10 + i, "refund", json!({"charge": format!("ch_{i}")}))
+            .await;
+        if a.last()["result"]["isError"] == false {
+            ran = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ran, "the edit never took effect");
+    assert_eq!(gw.executions("refund"), 1);
+
+    // A broken edit: the previous set stays in force and the error is logged with its line.
+    std::fs::write(
+        pdir.path().join("broken.cedar"),
+        "permit (principal, action, resource)\nwhen { principal == };\n",
+    )
+    .unwrap();
+    let mut logged = false;
+    for _ in 0..40 {
+        if gw
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("policy reload refused") && l.contains("broken.cedar:2:"))
+        {
+            logged = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        logged,
+        "the refused reload was not logged with file and line"
+    );
+    let a = c.call(99, "refund", json!({"charge":"ch_after"})).await;
+    assert_eq!(
+        a.last()["result"]["isError"],
+        false,
+        "old behaviour kept: {a:?}"
+    );
+    assert_eq!(
+        code(&c.call(100, "close_account", json!({"account":"z"})).await),
+        "approval_pending"
+    );
+}
+
+#[test]
+fn serve_refuses_to_start_with_broken_policies() {
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        pdir.path().join("bad.cedar"),
+        "permit (principal, action, resource)\nwhen { nope };\n",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicies = \"{}\"\n",
+            dir.path().join("data").display(),
+            pdir.path().display()
+        ),
+    )
+    .unwrap();
+    let (ok, out) = run(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        out.contains("do not load") && out.contains("bad.cedar:2:"),
+        "{out}"
+    );
+}

@@ -186,7 +186,11 @@ pub fn start_pair(bin: &std::path::Path) -> Pair {
     // Benchmarks measure the relay and the ledger: one policy allows all.
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
-    std::fs::write(policies.join("allow-all.cedar"), "permit (principal, action, resource);\n").unwrap();
+    std::fs::write(
+        policies.join("allow-all.cedar"),
+        "permit (principal, action, resource);\n",
+    )
+    .unwrap();
     let config = format!(
         "[gateway]\nlisten = \"127.0.0.1:0\"\npolicies = \"{}\"\ndata_dir = \"{}\"\n[[identities]]\ntoken_sha256 = \"{digest}\"\nprincipal = \"bench\"\ntenant = \"bench\"\n[servers.payments]\nurl = \"http://{up_addr}/mcp\"\n",
         policies.display(),
