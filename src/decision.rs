@@ -92,6 +92,56 @@ pub struct Policies {
     schema: Option<Schema>,
     /// Policy id → file it came from.
     origin: HashMap<String, PathBuf>,
+    /// The policies that can apply to `Action::"call"` on a tool, by scope.
+    index: Index,
+    /// Per-tool slices built from the index on first use.
+    slices: std::sync::Mutex<HashMap<String, std::sync::Arc<PolicySet>>>,
+}
+
+/// Call policies by resource scope. Cedar's authorizer evaluates every policy
+/// it is given, so a call is decided against only those whose scope can
+/// match its tool: the cost follows the policies that can apply, not all.
+#[derive(Debug, Default)]
+struct Index {
+    /// Unscoped (or scoped by type only).
+    global: Vec<cedar_policy::Policy>,
+    /// `resource == Tool::"S/t"` (or `in` it), by tool uid text.
+    by_tool: HashMap<String, Vec<cedar_policy::Policy>>,
+    /// `resource in Server::"S"`, by server uid text.
+    by_server: HashMap<String, Vec<cedar_policy::Policy>>,
+}
+
+impl Index {
+    fn build(set: &PolicySet) -> Index {
+        use cedar_policy::{ActionConstraint, ResourceConstraint};
+        let call = EntityUid::from_str(r#"Action::"call""#).ok();
+        let mut index = Index::default();
+        for p in set.policies() {
+            let for_call = match p.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(a) => Some(&a) == call.as_ref(),
+                ActionConstraint::In(list) => list.iter().any(|a| Some(a) == call.as_ref()),
+            };
+            if !for_call {
+                continue;
+            }
+            let bucket = match p.resource_constraint() {
+                ResourceConstraint::Eq(uid)
+                | ResourceConstraint::In(uid)
+                | ResourceConstraint::IsIn(_, uid) => match uid.type_name().to_string().as_str() {
+                    "Tool" => Some((&mut index.by_tool, uid.to_string())),
+                    "Server" => Some((&mut index.by_server, uid.to_string())),
+                    _ => None,
+                },
+                ResourceConstraint::Any | ResourceConstraint::Is(_) => None,
+            };
+            match bucket {
+                Some((map, key)) => map.entry(key).or_default().push(p.clone()),
+                None => index.global.push(p.clone()),
+            }
+        }
+        index
+    }
 }
 
 /// The schema file in the policy folder.
@@ -216,10 +266,13 @@ impl Policies {
             }
         }
         if errors.is_empty() {
+            let index = Index::build(&set);
             Ok(Policies {
                 set,
                 schema,
                 origin,
+                index,
+                slices: Default::default(),
             })
         } else {
             Err(errors)
@@ -232,6 +285,8 @@ impl Policies {
             set: PolicySet::new(),
             schema: None,
             origin: HashMap::new(),
+            index: Index::default(),
+            slices: Default::default(),
         }
     }
 
@@ -257,6 +312,45 @@ impl Policies {
 
     /// Decide a call (section 4's two phases).
     pub fn decide(&self, call: &Call<'_>) -> Decision {
+        let slice = self.slice(call.server, call.tool);
+        self.decide_against(&slice, call)
+    }
+
+    /// The policies that can apply to a call of `server/tool`.
+    fn slice(&self, server: &str, tool: &str) -> std::sync::Arc<PolicySet> {
+        let tool_uid = uid("Tool", &format!("{server}/{tool}"))
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slices.get(&tool_uid) {
+            return s.clone();
+        }
+        let server_uid = uid("Server", server)
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        let mut set = PolicySet::new();
+        let parts = self
+            .index
+            .global
+            .iter()
+            .chain(self.index.by_server.get(&server_uid).into_iter().flatten())
+            .chain(self.index.by_tool.get(&tool_uid).into_iter().flatten());
+        for p in parts {
+            // Ids are unique in the full set, so adding cannot collide.
+            let _ = set.add(p.clone());
+        }
+        let set = std::sync::Arc::new(set);
+        // One slice per tool ever called.
+        slices.insert(tool_uid, set.clone());
+        set
+    }
+
+    /// Decide against every policy, unsliced (for the benchmark and tests).
+    pub fn decide_unsliced(&self, call: &Call<'_>) -> Decision {
+        self.decide_against(&self.set, call)
+    }
+
+    fn decide_against(&self, set: &PolicySet, call: &Call<'_>) -> Decision {
         let arguments = match map_value(call.arguments, "") {
             Ok(Some(a)) => a,
             Ok(None) => RestrictedExpression::new_record([])
@@ -314,7 +408,7 @@ impl Policies {
                 None,
             )
             .map_err(|e| vec![e.to_string()])?;
-            let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+            let response = Authorizer::new().is_authorized(&request, set, &entities);
             let errors: Vec<String> = response
                 .diagnostics()
                 .errors()
@@ -641,6 +735,59 @@ mod tests {
         assert_eq!(as_decimal("-12.5000"), Some("-12.5".into()));
         assert_eq!(as_decimal("1.23456"), None);
         assert_eq!(as_decimal("922337203685478"), None);
+    }
+
+    #[test]
+    fn slicing_decides_like_the_whole_set() {
+        let mut text = std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies/default.cedar"),
+        )
+        .unwrap();
+        for i in 0..50 {
+            text.push_str(&format!(
+                "@id(\"other-{i}\") forbid (principal, action == Action::\"call\", resource == Tool::\"payments/other_{i}\");\n"
+            ));
+        }
+        text.push_str(
+            "@id(\"server-wide\") forbid (principal, action, resource in Server::\"vault\");\n",
+        );
+        let p = policies(&text, None).unwrap();
+        let cases = [
+            ("payments", "get_balance", read(), json!({})),
+            ("payments", "charge_card", write(), json!({"amount": 5000})),
+            ("payments", "other_7", read(), json!({})),
+            ("vault", "get_secret", read(), json!({})),
+            ("payments", "refund", write(), json!({})),
+        ];
+        for (server, tool, ann, args) in cases {
+            let call = Call {
+                identity: &agent(),
+                server,
+                tool,
+                annotations: ann,
+                arguments: &args,
+                digest: "d",
+                resource_version: None,
+            };
+            assert_eq!(p.decide(&call), p.decide_unsliced(&call), "{server}/{tool}");
+        }
+        let args = json!({});
+        let call = Call {
+            identity: &agent(),
+            server: "payments",
+            tool: "other_7",
+            annotations: read(),
+            arguments: &args,
+            digest: "d",
+            resource_version: None,
+        };
+        assert!(
+            matches!(p.decide(&call), Decision::Deny { ref policies, .. } if policies == &vec!["p/other-7".to_string()])
+        );
+        assert!(
+            p.slice("payments", "get_balance").policies().count() < 10,
+            "a slice holds only what can apply"
+        );
     }
 
     #[test]

@@ -1,0 +1,95 @@
+//! Per-call policy decision time, with the shipped policies and with 1,000
+//! policies, decided against the whole set and against the slice of policies
+//! that can apply to the tool.
+//!
+//! ```text
+//! taskset -c 0 cargo bench --bench decision
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use countersign::annotations::Annotations;
+use countersign::decision::{Call, Policies};
+use countersign::identity::Identity;
+
+fn time_per_call(label: &str, n: usize, mut f: impl FnMut()) {
+    for _ in 0..n / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    println!(
+        "{label:<45} {:8.1} µs/call",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+}
+
+fn main() {
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let defaults = std::fs::read_to_string(shipped.join("default.cedar")).unwrap();
+    let big = tempfile::tempdir().unwrap();
+    let mut text = defaults.clone();
+    let extra = 1000 - defaults.matches("@id(").count();
+    for i in 0..extra {
+        text.push_str(&format!(
+            "@id(\"limit-{i}\")\nforbid (principal, action == Action::\"call\", resource == Tool::\"payments/tool_{i}\")\nwhen {{ context.arguments has amount && context.arguments.amount.greaterThan(decimal(\"{i}.0\")) }};\n"
+        ));
+    }
+    std::fs::write(big.path().join("many.cedar"), text).unwrap();
+    std::fs::copy(
+        shipped.join("schema.cedarschema"),
+        big.path().join("schema.cedarschema"),
+    )
+    .unwrap();
+
+    let small = Policies::load(&shipped).unwrap();
+    let large = Policies::load(big.path()).unwrap();
+    println!(
+        "shipped: {} policies; large: {} policies",
+        small.len(),
+        large.len()
+    );
+
+    let identity = Identity {
+        principal: "agent-7".into(),
+        tenant: "acme".into(),
+        groups: vec!["agents".into()],
+    };
+    let args = serde_json::json!({"account": "acct_42", "amount": 120.5, "currency": "EUR"});
+    let call = Call {
+        identity: &identity,
+        server: "payments",
+        tool: "charge_card",
+        annotations: Annotations {
+            read_only: false,
+            destructive: false,
+            idempotent: false,
+            open_world: true,
+        },
+        arguments: &args,
+        digest: "sha256:00",
+        resource_version: None,
+    };
+    assert_eq!(small.decide(&call), small.decide_unsliced(&call));
+    assert_eq!(large.decide(&call), large.decide_unsliced(&call));
+    let n: usize = std::env::var("BENCH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    time_per_call("shipped policies, whole set", n, || {
+        drop(small.decide_unsliced(&call))
+    });
+    time_per_call("shipped policies, sliced by tool", n, || {
+        drop(small.decide(&call))
+    });
+    time_per_call("1,000 policies, whole set", n / 10, || {
+        drop(large.decide_unsliced(&call))
+    });
+    time_per_call("1,000 policies, sliced by tool", n, || {
+        drop(large.decide(&call))
+    });
+}
