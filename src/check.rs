@@ -46,6 +46,62 @@ pub struct ToolHealth {
     pub open_world: bool,
 }
 
+/// The `tools` array of `server`'s `tools/list` (initializing a connection
+/// of its own, then closing it).
+pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
+    let timeout = gw
+        .config
+        .servers
+        .get(server)
+        .map_or(Duration::from_secs(30), |c| c.call_timeout);
+    let (conn, _unsolicited) = gw.connect(server).await.map_err(|e| e.to_string())?;
+    let init = Message::request(
+        json!(1),
+        "initialize",
+        Some(raw(&json!({
+            "protocolVersion": HANDSHAKE_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": { "name": "countersign-policy-schema", "version": env!("CARGO_PKG_VERSION") }
+        }))),
+    );
+    let result = async {
+        let resp = conn
+            .call(init, None, timeout, &Vec::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        if resp.error.is_some() {
+            return Err("initialize was refused".to_owned());
+        }
+        let _ = conn
+            .send(
+                Message::notification("notifications/initialized", None),
+                &Vec::new(),
+            )
+            .await;
+        let list = conn
+            .call(
+                Message::request(json!(2), "tools/list", None),
+                None,
+                timeout,
+                &Vec::new(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let result: Value = list
+            .result
+            .as_ref()
+            .and_then(|r| serde_json::from_str(r.get()).ok())
+            .unwrap_or(Value::Null);
+        result
+            .get("tools")
+            .cloned()
+            .ok_or_else(|| "tools/list returned no tools".to_owned())
+    }
+    .await;
+    conn.shutdown(gw.config.gateway.shutdown_grace).await;
+    result
+}
+
 /// Check every configured upstream, one after another.
 pub async fn check_all(gw: &Gateway) -> Vec<Health> {
     let mut out = Vec::new();

@@ -100,6 +100,16 @@ enum PolicyCommand {
         #[arg(long, default_value = "policies")]
         dir: PathBuf,
     },
+    /// Write the `Arguments` type of the policy schema from a server's live
+    /// tools/list, so that policies naming argument fields are validated.
+    Schema {
+        /// The server, as configured.
+        #[arg(long)]
+        server: String,
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
     /// Run decision cases (principal, tenant, server, tool, annotations,
     /// arguments → allow | approval | deny) and report each; exit 1 on any
     /// failure.
@@ -210,6 +220,32 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let ok = match command {
                 PolicyCommand::Check { dir } => countersign::policy_cli::check(&dir),
                 PolicyCommand::Test { file, dir } => countersign::policy_cli::test(&dir, &file)?,
+                PolicyCommand::Schema { server, config } => {
+                    let config = Config::load(&config)?;
+                    anyhow::ensure!(
+                        config.servers.contains_key(&server),
+                        "unknown server `{server}`: configured servers are {}",
+                        config
+                            .servers
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    let gw = Gateway::new(
+                        config,
+                        std::sync::Arc::new(countersign::store::MemoryStore::default()),
+                        countersign::decision::Policies::empty(),
+                    );
+                    let tools = countersign::check::list_tools(&gw, &server)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(e))?;
+                    print!(
+                        "{}",
+                        countersign::policy_cli::arguments_schema(&server, &tools)
+                    );
+                    true
+                }
             };
             Ok(if ok {
                 ExitCode::SUCCESS

@@ -255,3 +255,52 @@ fn serve_refuses_to_start_with_broken_policies() {
         "{out}"
     );
 }
+
+#[test]
+fn policy_schema_types_arguments_from_a_live_tools_list() {
+    let gw = common::Gateway::start();
+    let (ok, out) = run(&[
+        "policy",
+        "schema",
+        "--server",
+        "payments",
+        "--config",
+        gw.config_path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("amount?: decimal,"), "{out}");
+    assert!(out.contains("account?: String,"), "{out}");
+    assert!(out.contains("steps?: decimal,"), "{out}");
+    assert!(
+        out.contains("//   charge_card(account, amount, currency)"),
+        "{out}"
+    );
+    // Spliced into the schema, the default policies still validate, and a
+    // policy naming a field no tool has is caught.
+    let generated: String = out
+        .lines()
+        .filter(|l| !l.contains("INFO") && !l.contains("WARN"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let schema = std::fs::read_to_string(policies_dir().join("schema.cedarschema")).unwrap();
+    let start = schema.find("type Arguments").unwrap();
+    let end = start + schema[start..].find("};").unwrap() + 2;
+    let spliced = format!("{}{}{}", &schema[..start], generated, &schema[end..]);
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("schema.cedarschema"), spliced).unwrap();
+    std::fs::copy(
+        policies_dir().join("default.cedar"),
+        tmp.path().join("default.cedar"),
+    )
+    .unwrap();
+    let (ok, out) = run(&["policy", "check", "--dir", tmp.path().to_str().unwrap()]);
+    assert!(ok, "{out}");
+    std::fs::write(
+        tmp.path().join("typo.cedar"),
+        "forbid (principal, action == Action::\"call\", resource)\nwhen { context.arguments.amout.greaterThan(decimal(\"1.0\")) };\n",
+    )
+    .unwrap();
+    let (ok, out) = run(&["policy", "check", "--dir", tmp.path().to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("typo.cedar:2:"), "{out}");
+}
