@@ -378,6 +378,83 @@ impl Policies {
         Ok(built)
     }
 
+    /// May `reviewer` (with `groups`) approve this call of `requester`?
+    /// (`Action::"approve"`, DESIGN.md section 4). Default deny, errors deny.
+    pub fn may_approve(
+        &self,
+        reviewer: &str,
+        groups: &[String],
+        call: &Call<'_>,
+    ) -> Result<(), Decision> {
+        let deny = |errors: Vec<String>| Decision::Deny {
+            policies: Vec::new(),
+            errors,
+        };
+        let build = || -> Result<(Entities, EntityUid, EntityUid), String> {
+            let mut list = Vec::new();
+            let mut parents = HashSet::new();
+            for g in groups {
+                let group = uid("Group", g)?;
+                parents.insert(group.clone());
+                list.push(Entity::new_no_attrs(group, HashSet::new()));
+            }
+            let principal = uid("Reviewer", reviewer)?;
+            let attrs = HashMap::from([(
+                "name".to_owned(),
+                RestrictedExpression::new_string(reviewer.to_owned()),
+            )]);
+            list.push(Entity::new(principal.clone(), attrs, parents).map_err(|e| e.to_string())?);
+            let (tool_entities, _, tool) = entities(call)?;
+            let mut all: Vec<Entity> = tool_entities.iter().cloned().collect();
+            all.extend(list);
+            Ok((
+                Entities::from_entities(all, None).map_err(|e| e.to_string())?,
+                principal,
+                tool,
+            ))
+        };
+        let (entities, principal, resource) = build().map_err(|e| deny(vec![e]))?;
+        let arguments = match map_value(call.arguments, "").map_err(|e| deny(vec![e]))? {
+            Some(a) => a,
+            None => RestrictedExpression::new_record([]).map_err(|e| deny(vec![e.to_string()]))?,
+        };
+        let context = Context::from_pairs([
+            (
+                "requester".to_owned(),
+                RestrictedExpression::new_string(call.identity.principal.clone()),
+            ),
+            (
+                "tenant".to_owned(),
+                RestrictedExpression::new_string(call.identity.tenant.clone()),
+            ),
+            ("arguments".to_owned(), arguments),
+        ])
+        .map_err(|e| deny(vec![e.to_string()]))?;
+        let action =
+            EntityUid::from_str(r#"Action::"approve""#).map_err(|e| deny(vec![e.to_string()]))?;
+        let request = Request::new(principal, action, resource, context, None)
+            .map_err(|e| deny(vec![e.to_string()]))?;
+        let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+        let errors: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(|e| e.to_string())
+            .collect();
+        let policies: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(ToString::to_string)
+            .collect();
+        if !errors.is_empty() {
+            return Err(Decision::Deny { policies, errors });
+        }
+        if response.decision() == CedarDecision::Allow {
+            Ok(())
+        } else {
+            Err(Decision::Deny { policies, errors })
+        }
+    }
+
     /// Decide against every policy, unsliced (for the benchmark and tests).
     pub fn decide_unsliced(&self, call: &Call<'_>) -> Decision {
         self.decide_against(&self.set, call)
@@ -769,6 +846,44 @@ mod tests {
         assert_eq!(as_decimal("-12.5000"), Some("-12.5".into()));
         assert_eq!(as_decimal("1.23456"), None);
         assert_eq!(as_decimal("922337203685478"), None);
+    }
+
+    #[test]
+    fn reviewers_approve_leads_for_destructive_and_nobody_their_own() {
+        let p = shipped();
+        let args = json!({"account": "a"});
+        let who = agent();
+        let call = |ann| Call {
+            identity: &who,
+            server: "payments",
+            tool: "close_account",
+            annotations: ann,
+            arguments: &args,
+            digest: "d",
+            resource_version: None,
+        };
+        let destructive = Annotations {
+            read_only: false,
+            destructive: true,
+            idempotent: false,
+            open_world: true,
+        };
+        assert!(
+            p.may_approve("bob", &["reviewers".into()], &call(write()))
+                .is_ok(),
+            "any reviewer approves a plain write"
+        );
+        let refused = p.may_approve("bob", &["reviewers".into()], &call(destructive));
+        assert!(refused.is_err(), "a destructive tool needs a lead");
+        assert!(p
+            .may_approve("carol", &["leads".into()], &call(destructive))
+            .is_ok());
+        // The requester `agent-7` reviewing its own call, even as a lead.
+        let own = p.may_approve("agent-7", &["leads".into()], &call(write()));
+        assert!(
+            matches!(own, Err(Decision::Deny { ref policies, .. }) if policies.iter().any(|p| p.contains("no-self-approval"))),
+            "{own:?}"
+        );
     }
 
     #[test]
