@@ -1,6 +1,7 @@
 //! `countersign check`: initialize each configured upstream and report
 //! whether it is up, with the time `initialize` took, and list its tools with
-//! their effective annotations.
+//! their effective annotations. Also the tool listing behind
+//! `countersign policy schema`.
 
 use std::time::{Duration, Instant};
 
@@ -46,14 +47,31 @@ pub struct ToolHealth {
     pub open_world: bool,
 }
 
-/// The `tools` array of `server`'s `tools/list` (initializing a connection
-/// of its own, then closing it).
-pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
+/// What a fresh connection to an upstream says about itself.
+struct Listing {
+    /// `initialize` time.
+    init_ms: f64,
+    server_info: Option<Value>,
+    /// The `tools` array of `tools/list`, when it answered.
+    tools: Option<Value>,
+}
+
+fn result_of(resp: &Message) -> Value {
+    resp.result
+        .as_ref()
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// Open a connection of its own to `server`, initialize, list the tools,
+/// close it.
+async fn initialize_and_list(gw: &Gateway, server: &str) -> Result<Listing, String> {
     let timeout = gw
         .config
         .servers
         .get(server)
         .map_or(Duration::from_secs(30), |c| c.call_timeout);
+    let started = Instant::now();
     let (conn, _unsolicited) = gw.connect(server).await.map_err(|e| e.to_string())?;
     let init = Message::request(
         json!(1),
@@ -61,7 +79,7 @@ pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
         Some(raw(&json!({
             "protocolVersion": HANDSHAKE_VERSIONS[0],
             "capabilities": {},
-            "clientInfo": { "name": "countersign-policy-schema", "version": env!("CARGO_PKG_VERSION") }
+            "clientInfo": { "name": "countersign", "version": env!("CARGO_PKG_VERSION") }
         }))),
     );
     let result = async {
@@ -69,9 +87,11 @@ pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
             .call(init, None, timeout, &Vec::new())
             .await
             .map_err(|e| e.to_string())?;
-        if resp.error.is_some() {
-            return Err("initialize was refused".to_owned());
+        if let Some(err) = &resp.error {
+            return Err(format!("initialize was refused: {}", err.get()));
         }
+        let init_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let server_info = result_of(&resp).get("serverInfo").cloned();
         let _ = conn
             .send(
                 Message::notification("notifications/initialized", None),
@@ -85,21 +105,25 @@ pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
                 timeout,
                 &Vec::new(),
             )
-            .await
-            .map_err(|e| e.to_string())?;
-        let result: Value = list
-            .result
-            .as_ref()
-            .and_then(|r| serde_json::from_str(r.get()).ok())
-            .unwrap_or(Value::Null);
-        result
-            .get("tools")
-            .cloned()
-            .ok_or_else(|| "tools/list returned no tools".to_owned())
+            .await;
+        let tools = list.ok().and_then(|l| result_of(&l).get("tools").cloned());
+        Ok(Listing {
+            init_ms,
+            server_info,
+            tools,
+        })
     }
     .await;
     conn.shutdown(gw.config.gateway.shutdown_grace).await;
     result
+}
+
+/// The `tools` array of `server`'s `tools/list`.
+pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
+    initialize_and_list(gw, server)
+        .await?
+        .tools
+        .ok_or_else(|| "tools/list returned no tools".to_owned())
 }
 
 /// Check every configured upstream, one after another.
@@ -113,84 +137,41 @@ pub async fn check_all(gw: &Gateway) -> Vec<Health> {
 
 async fn check_one(gw: &Gateway, server: &str) -> Health {
     let started = Instant::now();
-    let timeout = gw
-        .config
-        .servers
-        .get(server)
-        .map_or(Duration::from_secs(30), |c| c.call_timeout);
-    let result = async {
-        let (conn, _unsolicited) = gw.connect(server).await.map_err(|e| e.to_string())?;
-        let init = Message::request(
-            json!(1),
-            "initialize",
-            Some(raw(&json!({
-                "protocolVersion": HANDSHAKE_VERSIONS[0],
-                "capabilities": {},
-                "clientInfo": { "name": "countersign-check", "version": env!("CARGO_PKG_VERSION") }
-            }))),
-        );
-        let answer = conn.call(init, None, timeout, &Vec::new()).await;
-        let listed = match &answer {
-            Ok(r) if r.error.is_none() => {
-                let _ = conn
-                    .send(
-                        Message::notification("notifications/initialized", None),
-                        &Vec::new(),
-                    )
-                    .await;
-                let list = Message::request(json!(2), "tools/list", None);
-                conn.call(list, None, timeout, &Vec::new()).await.ok()
+    match initialize_and_list(gw, server).await {
+        Ok(listing) => {
+            let mut tools = Vec::new();
+            if let Some(list) = &listing.tools {
+                gw.catalog
+                    .capture(server, &json!({ "tools": list }).to_string());
+                for name in list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t.get("name")?.as_str())
+                {
+                    let a = gw.catalog.effective(server, name);
+                    tools.push(ToolHealth {
+                        name: name.to_owned(),
+                        read_only: a.read_only,
+                        destructive: a.destructive,
+                        idempotent: a.idempotent,
+                        open_world: a.open_world,
+                    });
+                }
             }
-            _ => None,
-        };
-        conn.shutdown(gw.config.gateway.shutdown_grace).await;
-        let resp = answer.map_err(|e| e.to_string())?;
-        if let Some(err) = &resp.error {
-            return Err(format!("initialize was refused: {}", err.get()));
-        }
-        let result: Value = resp
-            .result
-            .as_ref()
-            .and_then(|r| serde_json::from_str(r.get()).ok())
-            .unwrap_or(Value::Null);
-        let mut tools = Vec::new();
-        if let Some(list) = listed.and_then(|l| l.result) {
-            gw.catalog.capture(server, list.get());
-            let names: Vec<String> = serde_json::from_str::<Value>(list.get())
-                .ok()
-                .and_then(|v| v.get("tools")?.as_array().cloned())
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|t| t.get("name")?.as_str().map(str::to_owned))
-                .collect();
-            for name in names {
-                let a = gw.catalog.effective(server, &name);
-                tools.push(ToolHealth {
-                    name,
-                    read_only: a.read_only,
-                    destructive: a.destructive,
-                    idempotent: a.idempotent,
-                    open_world: a.open_world,
-                });
+            Health {
+                server: server.into(),
+                up: true,
+                latency_ms: listing.init_ms,
+                server_info: listing.server_info,
+                error: None,
+                tools,
             }
         }
-        Ok((result.get("serverInfo").cloned(), tools))
-    }
-    .await;
-    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-    match result {
-        Ok((info, tools)) => Health {
-            server: server.into(),
-            up: true,
-            latency_ms,
-            server_info: info,
-            error: None,
-            tools,
-        },
         Err(e) => Health {
             server: server.into(),
             up: false,
-            latency_ms,
+            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
             server_info: None,
             error: Some(e),
             tools: Vec::new(),
