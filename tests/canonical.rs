@@ -101,14 +101,8 @@ async fn modern_calls_are_canonicalized_too() {
     let gw = Gateway::start();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{"charge":"ch_1","amount":1.0},
         "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
-    let resp = reqwest::Client::new()
-        .post(gw.url("payments"))
-        .bearer_auth(TOKEN)
-        .header("content-type", "application/json")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "refund")
-        .body(body)
+    let body: Value = serde_json::from_str(body).unwrap();
+    let resp = modern_post(&gw.url("payments"), &body)
         .send()
         .await
         .unwrap();

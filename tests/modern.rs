@@ -168,15 +168,7 @@ async fn closing_the_response_stream_cancels_upstream() {
     let gw = Gateway::start();
     let mut body = call_body(1, "slow_report", json!({"steps": 20}));
     body["params"]["_meta"]["progressToken"] = json!("p-1");
-    let mut resp = reqwest::Client::new()
-        .post(gw.url("payments"))
-        .bearer_auth(TOKEN)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", V)
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "slow_report")
-        .body(body.to_string())
+    let mut resp = modern_post(&gw.url("payments"), &body)
         .send()
         .await
         .unwrap();
@@ -198,18 +190,14 @@ async fn closing_the_response_stream_cancels_upstream() {
 async fn hanging_up_on_a_json_answer_cancels_upstream() {
     let gw = Gateway::start();
     gw.fault("get_balance", "delay", 3000);
-    let res = reqwest::Client::new()
-        .post(gw.url("payments"))
-        .bearer_auth(TOKEN)
-        .timeout(std::time::Duration::from_millis(400))
-        .header("content-type", "application/json")
-        .header("accept", "application/json")
-        .header("mcp-protocol-version", V)
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "get_balance")
-        .body(call_body(1, "get_balance", json!({"account":"a"})).to_string())
-        .send()
-        .await;
+    let res = modern_post(
+        &gw.url("payments"),
+        &call_body(1, "get_balance", json!({"account":"a"})),
+    )
+    // No progress precedes the answer, so it would come as one JSON body.
+    .timeout(std::time::Duration::from_millis(400))
+    .send()
+    .await;
     assert!(res.is_err(), "the client gave up before the answer");
     assert!(
         wait_for_cancellation(&gw).await.is_some(),

@@ -137,17 +137,7 @@ async fn failure_before_dispatch_runs_nothing_and_leaves_the_key_free() {
     let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card","arguments":{"amount":1},
         "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","dev.countersign/idempotency-key":"b-1"}}});
     for _ in 0..2 {
-        let resp = reqwest::Client::new()
-            .post(gw.url("broken"))
-            .bearer_auth(TOKEN)
-            .header("content-type", "application/json")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", "charge_card")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
+        let resp = modern_post(&gw.url("broken"), &body).send().await.unwrap();
         let a = answer(resp).await;
         // Reported, not unknown: the key stays free (a second try is judged afresh).
         assert_eq!(
@@ -180,17 +170,7 @@ async fn breaker_opens_answers_fast_and_closes_after_cooldown() {
         async move {
             let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"get_balance","arguments":{"account":"a"},
                 "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}});
-            let resp = reqwest::Client::new()
-                .post(url)
-                .bearer_auth(TOKEN)
-                .header("content-type", "application/json")
-                .header("mcp-protocol-version", "2026-07-28")
-                .header("mcp-method", "tools/call")
-                .header("mcp-name", "get_balance")
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
+            let resp = modern_post(&url, &body).send().await.unwrap();
             answer(resp).await
         }
     };

@@ -571,7 +571,9 @@ async fn tool_call(
         server: server.to_owned(),
         tool: call.tool.clone(),
     };
-    let read_only = gw.catalog.effective(server, &call.tool).read_only;
+    // Read once: the same annotations classify the call and feed the policies.
+    let annotations = gw.catalog.effective(server, &call.tool);
+    let read_only = annotations.read_only;
     let ctx = Attempting {
         gw,
         route,
@@ -583,7 +585,7 @@ async fn tool_call(
         id: &id,
     };
     if read_only && !explicit {
-        if let Some(refusal) = policy_gate(gw, server, caller, &call) {
+        if let Some(refusal) = policy_gate(gw, server, caller, &call, annotations) {
             return verdict(id, refusal, &client_key, &call.tool, modern);
         }
         // Reads stay fresh: identical reads in flight share one call, and a
@@ -603,7 +605,7 @@ async fn tool_call(
         if let Some(refusal) = ctx.circuit_refusal() {
             return Attempt::Done(refusal);
         }
-        let gate = || policy_gate(gw, server, caller, &call);
+        let gate = || policy_gate(gw, server, caller, &call, annotations);
         let begin = match gw.idempotency.begin_gated(claim.clone(), gate).await {
             Ok(b) => b,
             Err(e) => return Attempt::Done(ledger_unavailable(id.clone(), &e, modern)),
@@ -647,6 +649,7 @@ fn policy_gate(
     server: &str,
     caller: &Caller,
     call: &canonical::CanonicalCall,
+    annotations: crate::annotations::Annotations,
 ) -> Option<IdemOutcome> {
     let policies = gw.policies();
     let resource_version = call
@@ -658,7 +661,7 @@ fn policy_gate(
         identity: &caller.identity,
         server,
         tool: &call.tool,
-        annotations: gw.catalog.effective(server, &call.tool),
+        annotations,
         arguments: &call.arguments,
         digest: &call.digest,
         resource_version,

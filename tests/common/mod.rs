@@ -491,6 +491,26 @@ impl Client {
     }
 }
 
+/// A 2026-07-28 POST as a conforming client sends it: authenticated, with
+/// `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` mirroring the body.
+pub fn modern_post(url: &str, body: &Value) -> reqwest::RequestBuilder {
+    let version = body
+        .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("2026-07-28");
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", version)
+        .header("mcp-method", body["method"].as_str().unwrap_or(""));
+    if let Some(name) = body.pointer("/params/name").and_then(Value::as_str) {
+        req = req.header("mcp-name", name);
+    }
+    req.body(body.to_string())
+}
+
 pub async fn answer(resp: reqwest::Response) -> Answer {
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
