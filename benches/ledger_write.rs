@@ -41,25 +41,10 @@ fn main() {
     let (_, first) = through.post(&write_call(0, "warm-0"));
     assert!(first.contains("charged"), "a write must run: {first}");
 
-    let mut d = Vec::with_capacity(iterations);
-    let mut g = Vec::with_capacity(iterations);
-    for i in 1..=iterations {
-        let call = write_call(i, &format!("w-{i}"));
-        for side in [i % 2 == 0, i % 2 != 0] {
-            let conn = if side { &mut direct } else { &mut through };
-            let t = Instant::now();
-            let (_, body) = conn.post(&call);
-            let us = t.elapsed().as_secs_f64() * 1e6;
-            debug_assert!(body.contains("charged"));
-            if side {
-                d.push(us)
-            } else {
-                g.push(us)
-            }
-        }
-    }
-    d.sort_by(f64::total_cmp);
-    g.sort_by(f64::total_cmp);
+    // Fresh keys: every write really executes.
+    let (d, g) = ab_interleaved(&mut direct, &mut through, iterations, |i| {
+        write_call(i + 1, &format!("w-{i}"))
+    });
     report(
         &format!(
             "write tools/call (durable ledger), {iterations} calls each side, A/B interleaved"
@@ -69,22 +54,7 @@ fn main() {
     );
 
     let read = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_balance","arguments":{"account":"acct_42"}}}"#;
-    let (mut d, mut g) = (Vec::new(), Vec::new());
-    for i in 0..iterations {
-        for side in [i % 2 == 0, i % 2 != 0] {
-            let conn = if side { &mut direct } else { &mut through };
-            let t = Instant::now();
-            conn.post(read);
-            let us = t.elapsed().as_secs_f64() * 1e6;
-            if side {
-                d.push(us)
-            } else {
-                g.push(us)
-            }
-        }
-    }
-    d.sort_by(f64::total_cmp);
-    g.sort_by(f64::total_cmp);
+    let (d, g) = ab_interleaved(&mut direct, &mut through, iterations, |_| read.to_owned());
     println!();
     report(
         &format!("read-only tools/call (no ledger write), {iterations} calls each side"),

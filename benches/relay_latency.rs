@@ -18,7 +18,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use common::*;
 
@@ -55,26 +54,9 @@ fn main() {
     }
     let (gw_pid, up_pid) = (pair.gateway.0.id(), pair.upstream.0.id());
     let (gw_cpu0, up_cpu0) = (cpu_us(gw_pid), cpu_us(up_pid));
-    let mut d = Vec::with_capacity(iterations);
-    let mut g = Vec::with_capacity(iterations);
-    for i in 0..iterations {
-        let order = i % 2 == 0;
-        for side in [order, !order] {
-            let conn = if side { &mut direct } else { &mut through };
-            let t = Instant::now();
-            conn.post(call);
-            let us = t.elapsed().as_secs_f64() * 1e6;
-            if side {
-                d.push(us)
-            } else {
-                g.push(us)
-            }
-        }
-    }
+    let (d, g) = ab_interleaved(&mut direct, &mut through, iterations, |_| call.to_owned());
     let gw_cpu = (cpu_us(gw_pid) - gw_cpu0) / iterations as f64;
     let up_cpu = (cpu_us(up_pid) - up_cpu0) / (2 * iterations) as f64;
-    d.sort_by(f64::total_cmp);
-    g.sort_by(f64::total_cmp);
     report(&format!("read-only tools/call, {iterations} calls each side, A/B interleaved, one connection each"), &d, &g);
     println!(
         "cpu per call: gateway {gw_cpu:.1} µs, upstream {up_cpu:.1} µs (from /proc, 10 ms ticks)"

@@ -216,6 +216,36 @@ pub fn start_pair(bin: &std::path::Path) -> Pair {
     }
 }
 
+/// Send `call(i)` alternately direct and through the gateway, `iterations`
+/// times each, swapping which side goes first every round; returns the
+/// sorted latencies in microseconds (direct, gateway).
+pub fn ab_interleaved(
+    direct: &mut Conn,
+    through: &mut Conn,
+    iterations: usize,
+    call: impl Fn(usize) -> String,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut d = Vec::with_capacity(iterations);
+    let mut g = Vec::with_capacity(iterations);
+    for i in 0..iterations {
+        let body = call(i);
+        for side in [i % 2 == 0, i % 2 != 0] {
+            let conn = if side { &mut *direct } else { &mut *through };
+            let t = std::time::Instant::now();
+            conn.post(&body);
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if side {
+                d.push(us)
+            } else {
+                g.push(us)
+            }
+        }
+    }
+    d.sort_by(f64::total_cmp);
+    g.sort_by(f64::total_cmp);
+    (d, g)
+}
+
 /// Print p50/p99 of two sorted samples, the difference and the ratio.
 pub fn report(label: &str, d: &[f64], g: &[f64]) {
     let (d50, d99, g50, g99) = (
