@@ -30,6 +30,7 @@
 //! of the relay; the relay never sees the CLI.
 
 pub mod annotations;
+pub mod approval;
 pub mod bridge;
 pub mod canonical;
 pub mod check;
