@@ -36,6 +36,8 @@
 //! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` against the body), and
 //! each execution record carries the `Authorization` header the request came
 //! with. `--stubborn` ignores stdin EOF and SIGTERM (to test SIGKILL escalation).
+//! `get_account` reports the version in the faults file's
+//! `{"_versions": {"ACCOUNT": "VERSION"}}` (default `v1`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -289,9 +291,19 @@ impl Server {
             ),
             "get_account" => {
                 let account = args["account"].as_str().unwrap_or("?");
+                // The version comes from the faults file's `_versions` map
+                // (default "v1"), so tests can change the resource under a
+                // pending approval.
+                let version = self
+                    .faults
+                    .as_ref()
+                    .and_then(|f| std::fs::read_to_string(f).ok())
+                    .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                    .and_then(|v| v["_versions"][account].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "v1".to_owned());
                 let result = json!({
                     "content":[{"type":"text","text":format!("account {account}")}],
-                    "structuredContent":{"account":account,"version":"v1"},
+                    "structuredContent":{"account":account,"version":version},
                     "isError":false
                 });
                 return self.finish(id, result, fault, modern).await;

@@ -333,7 +333,11 @@ fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD
 }
 
-fn verify_bytes(key: &VerifyingKey, bytes: &[u8], signature_b64: &str) -> Result<(), ApprovalError> {
+fn verify_bytes(
+    key: &VerifyingKey,
+    bytes: &[u8],
+    signature_b64: &str,
+) -> Result<(), ApprovalError> {
     let raw = b64()
         .decode(signature_b64.trim())
         .map_err(|e| ApprovalError(format!("the signature is not base64: {e}")))?;
@@ -478,7 +482,8 @@ pub struct Reviewers {
 impl Reviewers {
     /// Parse the file's text. Errors carry `toml`'s line and column.
     pub fn parse(text: &str) -> Result<Reviewers, (Option<std::ops::Range<usize>>, String)> {
-        let file: ReviewersFile = toml::from_str(text).map_err(|e| (e.span(), e.message().to_owned()))?;
+        let file: ReviewersFile =
+            toml::from_str(text).map_err(|e| (e.span(), e.message().to_owned()))?;
         let mut by_name = BTreeMap::new();
         for r in file.reviewers {
             check_reviewer_name(&r.name).map_err(|e| (None, e.0))?;
@@ -525,7 +530,12 @@ impl Reviewers {
 /// The bytes a control API request signs: context, method, path with query,
 /// time and the body's SHA-256. Binding the body and path stops a captured
 /// header from authorizing another request; the time bounds replay.
-pub fn request_signing_bytes(method: &str, path_and_query: &str, time: &str, body: &[u8]) -> Vec<u8> {
+pub fn request_signing_bytes(
+    method: &str,
+    path_and_query: &str,
+    time: &str,
+    body: &[u8],
+) -> Vec<u8> {
     format!(
         "{REQUEST_CONTEXT}\n{}\n{path_and_query}\n{time}\n{}",
         method.to_ascii_uppercase(),
@@ -564,7 +574,10 @@ pub struct RequestAuth {
 impl RequestAuth {
     /// Parse the header value.
     pub fn parse(value: &str) -> Result<RequestAuth, ApprovalError> {
-        let Some(rest) = value.strip_prefix(AUTH_SCHEME).and_then(|r| r.strip_prefix(' ')) else {
+        let Some(rest) = value
+            .strip_prefix(AUTH_SCHEME)
+            .and_then(|r| r.strip_prefix(' '))
+        else {
             return fail(format!(
                 "the control API wants `Authorization: {AUTH_SCHEME} reviewer=..,time=..,signature=..` (use the countersign CLI or TUI)"
             ));
@@ -641,6 +654,42 @@ fn diff_at(path: &str, before: &Value, after: &Value, out: &mut Vec<Change>) {
     }
 }
 
+/// The consumption step (DESIGN.md section 6), decided on the proposal as
+/// stored, inside the same store transaction that reserves the ledger key.
+/// `Ok(Some(p))`: write `p` (now `consumed`, bound to `key`). `Ok(None)`:
+/// already consumed by this very key (a retry after a failure proven before
+/// dispatch), nothing to write. `Err(state)`: unusable, nothing written;
+/// `Expired` also stands for an approval past its expiry.
+///
+/// INVARIANT: an approval moves `approved → consumed` once, and a consumed
+/// approval serves only the key that consumed it; the ledger lets that key
+/// dispatch at most once. Together: one yes, at most one execution.
+pub fn consume(
+    p: &Proposal,
+    key: &str,
+    server: &str,
+    digest: &str,
+    now_ms: i64,
+) -> Result<Option<Proposal>, ProposalState> {
+    // The store re-checks the binding: the proposal id came from a lookup
+    // made before this transaction, and must still be for this call.
+    if p.server != server || p.call_digest != digest {
+        return Err(ProposalState::Invalidated);
+    }
+    match p.state {
+        ProposalState::Approved if p.expires_ms.is_some_and(|e| e > now_ms) => {
+            let mut next = p.clone();
+            next.state = ProposalState::Consumed;
+            next.consumed_by = Some(key.to_owned());
+            next.updated_ms = now_ms;
+            Ok(Some(next))
+        }
+        ProposalState::Approved => Err(ProposalState::Expired),
+        ProposalState::Consumed if p.consumed_by.as_deref() == Some(key) => Ok(None),
+        other => Err(other),
+    }
+}
+
 /// One plain sentence of what an approval lets happen, for reviewers.
 pub fn summary(p: &Proposal) -> String {
     let verb = match p.risk {
@@ -697,11 +746,20 @@ mod tests {
     #[test]
     fn statement_signs_its_jcs_and_verifies() {
         let p = proposal();
-        let st = p.statement(Verdict::Approve, "alice", "ok", "2026-11-30T10:00:00Z", "2026-11-30T10:15:00Z");
+        let st = p.statement(
+            Verdict::Approve,
+            "alice",
+            "ok",
+            "2026-11-30T10:00:00Z",
+            "2026-11-30T10:15:00Z",
+        );
         let bytes = st.signing_bytes().unwrap();
         // JCS: keys sorted, no whitespace, `type` included, null kept.
         let text = String::from_utf8(bytes).unwrap();
-        assert!(text.starts_with(r#"{"call_digest":"sha256:aa","decision":"approve","expires_at":"#), "{text}");
+        assert!(
+            text.starts_with(r#"{"call_digest":"sha256:aa","decision":"approve","expires_at":"#),
+            "{text}"
+        );
         assert!(text.contains(r#""type":"countersign.approval.v1""#));
         let sig = st.sign(&key(1)).unwrap();
         st.verify(&key(1).verifying_key(), &sig).unwrap();
@@ -724,10 +782,18 @@ mod tests {
         st.check_binding(&p.binding()).unwrap();
         let mut other = p.clone();
         other.tool = "refund".into();
-        assert!(st.check_binding(&other.binding()).unwrap_err().0.contains("`tool`"));
+        assert!(st
+            .check_binding(&other.binding())
+            .unwrap_err()
+            .0
+            .contains("`tool`"));
         let mut other = p.clone();
         other.resource_version = None;
-        assert!(st.check_binding(&other.binding()).unwrap_err().0.contains("`resource_version`"));
+        assert!(st
+            .check_binding(&other.binding())
+            .unwrap_err()
+            .0
+            .contains("`resource_version`"));
         let mut other = p.clone();
         other.requester = "agent-8".into();
         assert!(st.check_binding(&other.binding()).is_err());
@@ -754,8 +820,14 @@ mod tests {
         let back = KeyFile::parse(&text).unwrap();
         let public = format_public_key(&back.signing_key().unwrap().verifying_key());
         assert_eq!(parse_public_key(&public).unwrap(), key(7).verifying_key());
-        assert!(parse_public_key("ssh-ed25519 AAAA").unwrap_err().0.contains("must start with"));
-        assert!(parse_public_key("ed25519:AAAA").unwrap_err().0.contains("32 bytes"));
+        assert!(parse_public_key("ssh-ed25519 AAAA")
+            .unwrap_err()
+            .0
+            .contains("must start with"));
+        assert!(parse_public_key("ed25519:AAAA")
+            .unwrap_err()
+            .0
+            .contains("32 bytes"));
         assert!(KeyFile::parse("name = \"a b\"\nsecret_key = \"x\"").is_err());
         assert!(KeyFile::parse("garbage").unwrap_err().0.contains("keygen"));
     }
@@ -770,7 +842,10 @@ mod tests {
         assert!(Reviewers::parse(&ok.replace("groups", "grups")).is_err());
         let (span, msg) = Reviewers::parse(&ok.replace("tenants = [\"acme\"]\n", "")).unwrap_err();
         assert!(span.is_some() && msg.contains("tenants"), "{msg}");
-        assert!(Reviewers::parse(&format!("{ok}{ok}")).unwrap_err().1.contains("twice"));
+        assert!(Reviewers::parse(&format!("{ok}{ok}"))
+            .unwrap_err()
+            .1
+            .contains("twice"));
         assert!(Reviewers::parse(&ok.replace(&pk, "ed25519:xx")).is_err());
         assert!(Reviewers::parse("").unwrap().is_empty());
     }
@@ -778,14 +853,28 @@ mod tests {
     #[test]
     fn request_auth_binds_method_path_time_and_body() {
         let k = key(3);
-        let h = authorization(&k, "alice", "POST", "/v1/proposals/p-1/decision", "2026-11-30T10:00:00Z", b"{}");
+        let h = authorization(
+            &k,
+            "alice",
+            "POST",
+            "/v1/proposals/p-1/decision",
+            "2026-11-30T10:00:00Z",
+            b"{}",
+        );
         let a = RequestAuth::parse(&h).unwrap();
         assert_eq!(a.reviewer, "alice");
         let vk = k.verifying_key();
-        a.verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{}").unwrap();
-        assert!(a.verify(&vk, "GET", "/v1/proposals/p-1/decision", b"{}").is_err());
-        assert!(a.verify(&vk, "POST", "/v1/proposals/p-2/decision", b"{}").is_err());
-        assert!(a.verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{ }").is_err());
+        a.verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{}")
+            .unwrap();
+        assert!(a
+            .verify(&vk, "GET", "/v1/proposals/p-1/decision", b"{}")
+            .is_err());
+        assert!(a
+            .verify(&vk, "POST", "/v1/proposals/p-2/decision", b"{}")
+            .is_err());
+        assert!(a
+            .verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{ }")
+            .is_err());
         assert!(RequestAuth::parse("Bearer x").is_err());
         assert!(RequestAuth::parse("Countersign-Ed25519 reviewer=a").is_err());
     }
@@ -799,9 +888,21 @@ mod tests {
         assert_eq!(
             d,
             vec![
-                Change { pointer: "/amount".into(), before: Some(json!(10)), after: Some(json!(12)) },
-                Change { pointer: "/meta/a~1b".into(), before: Some(json!(2)), after: None },
-                Change { pointer: "/note".into(), before: None, after: Some(json!("n")) },
+                Change {
+                    pointer: "/amount".into(),
+                    before: Some(json!(10)),
+                    after: Some(json!(12))
+                },
+                Change {
+                    pointer: "/meta/a~1b".into(),
+                    before: Some(json!(2)),
+                    after: None
+                },
+                Change {
+                    pointer: "/note".into(),
+                    before: None,
+                    after: Some(json!("n"))
+                },
             ]
         );
         assert!(diff(&json!({"a": [1]}), &json!({"a": [1]})).is_empty());

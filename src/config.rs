@@ -65,6 +65,53 @@ pub struct Config {
     /// `[circuit]`: the per-upstream circuit breaker.
     #[serde(default)]
     pub circuit: CircuitConfig,
+    /// `[approvals]`: proposals, holding and the control API.
+    #[serde(default)]
+    pub approvals: ApprovalsConfig,
+}
+
+/// `[approvals]` (DESIGN.md section 6).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApprovalsConfig {
+    /// Longest life of an approval; a reviewer may choose shorter (`--ttl`).
+    #[serde(deserialize_with = "duration")]
+    pub ttl: Duration,
+    /// How long a call that needs approval is held waiting for a decision
+    /// before it answers `approval_pending` (`"0s"`: answer at once).
+    #[serde(deserialize_with = "duration")]
+    pub hold: Duration,
+    /// Progress notifications to a held call that sent a `progressToken`.
+    #[serde(deserialize_with = "duration")]
+    pub progress_interval: Duration,
+    /// A new proposal that differs from one of the same requester and tool
+    /// made within this window is flagged as its revision.
+    #[serde(deserialize_with = "duration")]
+    pub revision_window: Duration,
+    /// A proposal nobody decides expires after this.
+    #[serde(deserialize_with = "duration")]
+    pub pending_ttl: Duration,
+    /// Serve `/v1` to non-loopback peers too. Off by default: reviewers reach
+    /// the control API from the gateway's host (or through an SSH tunnel).
+    pub remote_control: bool,
+    /// How far a signed control request's time may be from the gateway's
+    /// clock (bounds the replay of a captured request).
+    #[serde(deserialize_with = "duration")]
+    pub clock_skew: Duration,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        ApprovalsConfig {
+            ttl: Duration::from_secs(15 * 60),
+            hold: Duration::from_secs(60),
+            progress_interval: Duration::from_secs(5),
+            revision_window: Duration::from_secs(3600),
+            pending_ttl: Duration::from_secs(24 * 3600),
+            remote_control: false,
+            clock_skew: Duration::from_secs(120),
+        }
+    }
 }
 
 /// `[retry]`: read-only tools are retried after transport failures and

@@ -99,6 +99,9 @@ pub struct Policies {
     /// Entities per (identity, tool, annotations): building them (with
     /// Cedar's transitive closure) was a third of a decision's time.
     entity_cache: std::sync::Mutex<HashMap<String, CachedEntities>>,
+    /// `reviewers.toml`: who may decide proposals, loaded and reloaded with
+    /// the policies (both live in the policy repository).
+    reviewers: crate::approval::Reviewers,
 }
 
 type CachedEntities = std::sync::Arc<(Entities, EntityUid, EntityUid)>;
@@ -273,6 +276,39 @@ impl Policies {
                 errors.push(located(&file, text, e, format!("policy `{id}`: {e}")));
             }
         }
+        let reviewers_path = dir.join(crate::approval::REVIEWERS_FILE);
+        let reviewers = match std::fs::read_to_string(&reviewers_path) {
+            Ok(text) => match crate::approval::Reviewers::parse(&text) {
+                Ok(r) => r,
+                Err((span, message)) => {
+                    let (line, column) = match span {
+                        Some(s) => {
+                            let (l, c) = line_col(&text, s.start);
+                            (Some(l), Some(c))
+                        }
+                        None => (None, None),
+                    };
+                    errors.push(PolicyError {
+                        file: reviewers_path.clone(),
+                        line,
+                        column,
+                        message,
+                    });
+                    Default::default()
+                }
+            },
+            // No file: no reviewers, so nothing can be approved (fail closed).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
+            Err(e) => {
+                errors.push(PolicyError {
+                    file: reviewers_path.clone(),
+                    line: None,
+                    column: None,
+                    message: e.to_string(),
+                });
+                Default::default()
+            }
+        };
         if errors.is_empty() {
             let index = Index::build(&set);
             Ok(Policies {
@@ -282,6 +318,7 @@ impl Policies {
                 index,
                 slices: Default::default(),
                 entity_cache: Default::default(),
+                reviewers,
             })
         } else {
             Err(errors)
@@ -297,7 +334,13 @@ impl Policies {
             index: Index::default(),
             slices: Default::default(),
             entity_cache: Default::default(),
+            reviewers: Default::default(),
         }
+    }
+
+    /// The reviewers of `reviewers.toml`.
+    pub fn reviewers(&self) -> &crate::approval::Reviewers {
+        &self.reviewers
     }
 
     /// How many policies are loaded.

@@ -31,8 +31,34 @@ pub enum Settled {
     Verdict(Outcome),
 }
 
-/// A non-answer outcome shared with followers.
+/// Why an approval-gated call did not run (DESIGN.md section 7 codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalCode {
+    /// `approval_pending`: a reviewer has not decided yet.
+    Pending,
+    /// `approval_denied`.
+    Denied,
+    /// `approval_expired`.
+    Expired,
+    /// `stale_resource_version`.
+    Stale,
+}
+
+/// The approval side of a refusal: which proposal, and what to tell the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalNote {
+    /// The code.
+    pub code: ApprovalCode,
+    /// The proposal the agent's call waits on (or was refused by).
+    pub proposal_id: Option<String>,
+    /// The proposal this one revises, if any.
+    pub revises: Option<String>,
+    /// A reviewer's reason (denials) or the gateway's (stale versions).
+    pub reason: Option<String>,
+}
+
+/// A non-answer outcome shared with followers.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Sent, answer lost.
     Unknown,
@@ -44,9 +70,27 @@ pub enum Outcome {
     Drift,
     /// The policies deny the call.
     Denied,
-    /// The policies want a human approval first.
-    ApprovalRequired,
+    /// The call needs (or lost, or was refused) a human approval.
+    Approval(ApprovalNote),
 }
+
+/// What the gate between the ledger lookup and the reservation decided
+/// (DESIGN.md section 3's order: policy decision → approval lookup and
+/// revalidation → atomic {reserve key, consume approval}).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Run without an approval: the policies allow it unattended.
+    Pass,
+    /// Run under this approved proposal, consumed in the same store
+    /// transaction that reserves the key.
+    Consume(String),
+    /// Do not run; the key stays free.
+    Refuse(Outcome),
+}
+
+/// How many times the gate is asked again when the approval it chose was
+/// consumed (or expired) between its lookup and the reservation.
+const GATE_ROUNDS: usize = 4;
 
 struct Flight {
     digest: String,
@@ -156,18 +200,26 @@ impl Idempotency {
     /// Order step "ledger lookup": decide what a write call with this claim
     /// gets, reserving the key when it runs.
     pub async fn begin(self: &Arc<Self>, claim: Claim) -> Result<Begin, StoreError> {
-        self.begin_gated(claim, || None).await
+        self.begin_gated(claim, |_| async { Gate::Pass }).await
     }
 
     /// [`Idempotency::begin`] with a gate between the ledger lookup and the
     /// reservation (DESIGN.md section 3's order): a replay, a wait or a
     /// conflict is answered first; only a call that would run meets the gate,
-    /// and a gate that says no leaves the key free.
-    pub async fn begin_gated(
+    /// and a gate that says no leaves the key free. The gate runs while this
+    /// call leads its key's flight, so identical calls (same key) wait for
+    /// it instead of racing it. When the approval the gate chose is no
+    /// longer usable at reservation time (a concurrent call with another key
+    /// consumed it), the gate is asked again, told what it lost.
+    pub async fn begin_gated<G, F>(
         self: &Arc<Self>,
         claim: Claim,
-        gate: impl FnOnce() -> Option<Outcome>,
-    ) -> Result<Begin, StoreError> {
+        mut gate: G,
+    ) -> Result<Begin, StoreError>
+    where
+        G: FnMut(Option<crate::approval::ProposalState>) -> F,
+        F: std::future::Future<Output = Gate>,
+    {
         let flight = match self.lead_or_follow(&claim) {
             Ok(f) => f,
             Err(other) => return Ok(other),
@@ -183,28 +235,46 @@ impl Idempotency {
             let existing = self.store.get(&claim.key)?;
             let existing = match judge(existing.as_ref(), &claim, now) {
                 Verdict::Proceed => {
-                    if let Some(refusal) = gate() {
-                        return Ok(Begin::Stop(refusal));
-                    }
-                    let record = Record::reserve(&claim, now, ttl_ms);
-                    match self
-                        .store
-                        .reserve(claim.key.clone(), record.clone(), now)
-                        .await?
-                    {
-                        Reservation::Reserved => {
-                            return Ok(Begin::Go(Box::new(Ticket {
-                                svc: self.clone(),
-                                key: claim.key.clone(),
-                                record,
-                                flight: flight.clone(),
-                                dispatched: false,
-                                finished: false,
-                            })))
+                    let mut lost = None;
+                    let mut bound = None;
+                    for _ in 0..GATE_ROUNDS {
+                        let approval = match gate(lost).await {
+                            Gate::Refuse(refusal) => return Ok(Begin::Stop(refusal)),
+                            Gate::Pass => None,
+                            Gate::Consume(id) => Some(id),
+                        };
+                        // The gate may have waited (a held call): judge
+                        // expiry against the time of the reservation.
+                        let now = now_ms();
+                        let record = Record::reserve(&claim, now, ttl_ms);
+                        match self
+                            .store
+                            .reserve_with(claim.key.clone(), record.clone(), now, approval)
+                            .await?
+                        {
+                            Reservation::Reserved => {
+                                return Ok(Begin::Go(Box::new(Ticket {
+                                    svc: self.clone(),
+                                    key: claim.key.clone(),
+                                    record,
+                                    flight: flight.clone(),
+                                    dispatched: false,
+                                    finished: false,
+                                })))
+                            }
+                            // Another process claimed it in between.
+                            Reservation::Bound(rec) => {
+                                bound = Some(rec);
+                                break;
+                            }
+                            Reservation::Unapproved(state) => lost = Some(state),
                         }
-                        // Another process claimed it in between.
-                        Reservation::Bound(rec) => Some(rec),
                     }
+                    if bound.is_none() {
+                        // The approval kept slipping away: fail closed.
+                        return Ok(Begin::Stop(Outcome::NotDispatched));
+                    }
+                    bound
                 }
                 _ => existing,
             };
@@ -224,7 +294,7 @@ impl Idempotency {
                     answered_at: answered_at.clone(),
                 },
             ),
-            Ok(Begin::Stop(o)) => self.settle(&claim.key, &flight, Settled::Verdict(*o)),
+            Ok(Begin::Stop(o)) => self.settle(&claim.key, &flight, Settled::Verdict(o.clone())),
             // A record in flight with no leader in this process: its leader
             // is gone (another process, or a crash not yet recovered). Never
             // re-execute: the outcome is unknown.

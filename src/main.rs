@@ -79,6 +79,68 @@ enum Command {
         /// With --executed: the CallToolResult JSON retries should get.
         #[arg(long, requires = "executed")]
         result: Option<String>,
+        /// Reconcile through the running gateway's control API, signed with
+        /// this reviewer key (the ledger file is locked while it runs).
+        #[arg(long)]
+        reviewer_key: Option<PathBuf>,
+        /// Gateway base URL (with --reviewer-key).
+        #[arg(
+            long,
+            default_value = "http://127.0.0.1:7373",
+            env = "COUNTERSIGN_GATEWAY"
+        )]
+        gateway: String,
+    },
+    /// Make a reviewer key: writes the private key (mode 0600) and prints
+    /// the entry for `policies/reviewers.toml`.
+    Keygen {
+        /// Where to write the private key (never overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// The reviewer's name (defaults to $USER).
+        #[arg(long, env = "USER")]
+        name: String,
+    },
+    /// List proposals waiting for a decision.
+    Pending {
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one proposal: what would run, the arguments, what changed.
+    Show {
+        /// Proposal id (`p-...`).
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a proposal: signs the statement with your key.
+    Approve {
+        /// Proposal id.
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Why (recorded with the signature).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// How long the approval lasts (capped by the gateway's approvals.ttl).
+        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+    /// Deny a proposal: signs the statement with your key.
+    Deny {
+        /// Proposal id.
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Why (the agent is told).
+        #[arg(long)]
+        reason: String,
     },
     /// Initialize every configured upstream and report up/down with latency.
     Check {
@@ -89,6 +151,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// How a reviewer command reaches the gateway.
+#[derive(clap::Args)]
+struct ReviewerArgs {
+    /// The reviewer's key file (from `countersign keygen`).
+    #[arg(long, env = "COUNTERSIGN_KEY")]
+    key: PathBuf,
+    /// Gateway base URL.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7373",
+        env = "COUNTERSIGN_GATEWAY"
+    )]
+    gateway: String,
 }
 
 #[derive(Subcommand)]
@@ -190,7 +267,34 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             not_executed: _,
             note,
             result,
+            reviewer_key,
+            gateway,
         } => {
+            if let Some(key_file) = reviewer_key {
+                let c = countersign::review_cli::client(&gateway, &key_file)?;
+                if list {
+                    let v = c.call(reqwest::Method::GET, "/v1/outcomes", None).await?;
+                    for o in v["outcomes"].as_array().into_iter().flatten() {
+                        println!(
+                            "{}\t{}\t{}\t{}/{}\t{}",
+                            o["tenant"].as_str().unwrap_or(""),
+                            o["principal"].as_str().unwrap_or(""),
+                            o["key"].as_str().unwrap_or(""),
+                            o["server"].as_str().unwrap_or(""),
+                            o["tool"].as_str().unwrap_or(""),
+                            o["call_digest"].as_str().unwrap_or("")
+                        );
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                let body = serde_json::json!({
+                    "tenant": tenant, "principal": principal, "key": key,
+                    "resolution": if executed { "executed" } else { "not_executed" },
+                    "note": note, "result": result,
+                });
+                print!("{}", countersign::review_cli::reconcile(&c, &body).await?);
+                return Ok(ExitCode::SUCCESS);
+            }
             let config = Config::load(&config)?;
             if list {
                 for (t, p, k, r) in countersign::reconcile::list_unknown(&config)? {
@@ -252,6 +356,61 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Command::Keygen { out, name } => {
+            let entry = countersign::review_cli::keygen(&out, &name)?;
+            eprintln!(
+                "countersign: wrote the private key to {} (mode 0600); add this to policies/reviewers.toml \
+                 (set groups and tenants):",
+                out.display()
+            );
+            print!("{entry}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pending { reviewer, json } => {
+            let c = countersign::review_cli::client(&reviewer.gateway, &reviewer.key)?;
+            print!("{}", countersign::review_cli::pending(&c, json).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show { id, reviewer, json } => {
+            let c = countersign::review_cli::client(&reviewer.gateway, &reviewer.key)?;
+            println!("{}", countersign::review_cli::show(&c, &id, json).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Approve {
+            id,
+            reviewer,
+            reason,
+            ttl,
+        } => {
+            let c = countersign::review_cli::client(&reviewer.gateway, &reviewer.key)?;
+            let out = countersign::review_cli::decide(
+                &c,
+                &id,
+                countersign::approval::Verdict::Approve,
+                &reason,
+                ttl,
+            )
+            .await?;
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Deny {
+            id,
+            reviewer,
+            reason,
+        } => {
+            let c = countersign::review_cli::client(&reviewer.gateway, &reviewer.key)?;
+            let out = countersign::review_cli::decide(
+                &c,
+                &id,
+                countersign::approval::Verdict::Deny,
+                &reason,
+                Duration::from_secs(0),
+            )
+            .await?;
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
         }
         Command::Check { config, json } => {
             let config = Config::load(&config)?;

@@ -1,8 +1,9 @@
 //! `countersign reconcile`: an operator settles an `unknown` outcome.
 //!
-//! Works directly on a stopped gateway's ledger (`gateway.data_dir`). The
-//! ledger file is locked while a gateway runs; reconciling through the
-//! running gateway's control API arrives with it (issue 5/7).
+//! Works directly on a stopped gateway's ledger (`gateway.data_dir`), or,
+//! while a gateway runs (its ledger file is locked), through its control
+//! API (`POST /v1/outcomes/reconcile`, signed by a reviewer), which calls
+//! [`reconcile_in`] on the live store.
 
 use std::path::Path;
 
@@ -72,6 +73,28 @@ pub async fn reconcile(
     note: Option<String>,
 ) -> Result<Record, ReconcileError> {
     let store = open(config)?;
+    reconcile_in(
+        &store,
+        config.idempotency.retention,
+        tenant,
+        principal,
+        key,
+        verdict,
+        note,
+    )
+    .await
+}
+
+/// [`reconcile`] on an open store (a running gateway's).
+pub async fn reconcile_in(
+    store: &dyn Store,
+    retention: std::time::Duration,
+    tenant: &str,
+    principal: &str,
+    key: &str,
+    verdict: Verdict,
+    note: Option<String>,
+) -> Result<Record, ReconcileError> {
     let skey = storage_key(tenant, principal, key);
     let Some(rec) = store.get(&skey)? else {
         return Err(ReconcileError::NotFound {
@@ -113,11 +136,7 @@ pub async fn reconcile(
             // A reconciled answer is kept like any explicit-key answer,
             // counted from now.
             let now_ms = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-            let keep = config
-                .idempotency
-                .retention
-                .as_millis()
-                .min(i64::MAX as u128) as i64;
+            let keep = retention.as_millis().min(i64::MAX as u128) as i64;
             next.expires_ms = now_ms.saturating_add(keep);
         }
     }
@@ -131,7 +150,13 @@ pub async fn reconcile(
 pub fn list_unknown(
     config: &Config,
 ) -> Result<Vec<(String, String, String, Record)>, ReconcileError> {
-    let store = open(config)?;
+    list_unknown_in(&open(config)?)
+}
+
+/// [`list_unknown`] on an open store.
+pub fn list_unknown_in(
+    store: &dyn Store,
+) -> Result<Vec<(String, String, String, Record)>, ReconcileError> {
     Ok(store
         .list(Some(State::Unknown))?
         .into_iter()

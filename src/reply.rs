@@ -22,6 +22,12 @@ pub mod codes {
     pub const POLICY_DENIED: &str = "policy_denied";
     /// The call waits for a human approval.
     pub const APPROVAL_PENDING: &str = "approval_pending";
+    /// A reviewer denied the call.
+    pub const APPROVAL_DENIED: &str = "approval_denied";
+    /// The approval expired before the call came back.
+    pub const APPROVAL_EXPIRED: &str = "approval_expired";
+    /// The resource changed since the reviewer saw it.
+    pub const STALE_RESOURCE_VERSION: &str = "stale_resource_version";
 }
 
 /// A `CallToolResult` that tells the agent what happened.

@@ -17,6 +17,9 @@ use crate::relay::front::router;
 use crate::relay::session::Gateway;
 use crate::store::{RedbStore, Store};
 
+/// How often idle sessions, ledger retention and approval expiry are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
 /// Run the gateway with a loaded config.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let addr = config.gateway.listen;
@@ -59,7 +62,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let sweeper = {
         let gw = Arc::clone(&gw);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
             loop {
                 tick.tick().await;
                 gw.sweep_idle().await;
@@ -68,6 +71,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                     Ok(0) => {}
                     Ok(n) => tracing::debug!(forgotten = n, "ledger retention sweep"),
                     Err(e) => tracing::warn!("ledger retention sweep failed: {e}"),
+                }
+                // Expiry is also checked at consumption; the sweep keeps
+                // reviewers' lists honest and forgets old final proposals.
+                match gw.book.sweep(gw.config.idempotency.retention).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(expired = n, "approval expiry sweep"),
+                    Err(e) => tracing::warn!("approval expiry sweep failed: {e}"),
                 }
             }
         })
@@ -78,11 +88,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         let _ = tcp.set_nodelay(true);
     });
     let server = tokio::spawn(
-        axum::serve(listener, router(Arc::clone(&gw)))
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
+        axum::serve(
+            listener,
+            // The peer address lets the control API refuse non-loopback peers.
+            router(Arc::clone(&gw)).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = stop_rx.await;
+        })
+        .into_future(),
     );
     shutdown_signal().await;
     tracing::info!("shutting down");

@@ -22,9 +22,14 @@ use futures_util::stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::approval::{ProposalState, Risk};
 use crate::canonical;
+use crate::control::book::Found;
 use crate::decision::{self, Decision};
-use crate::idempotency::{follow, Begin, Outcome as IdemOutcome, Permit, Settled, Ticket};
+use crate::idempotency::{
+    follow, ApprovalCode, ApprovalNote, Begin, Gate, Outcome as IdemOutcome, Permit, Settled,
+    Ticket,
+};
 use crate::identity::Identity;
 use crate::jsonrpc::{code, parse_body, Body, Kind, Message};
 use crate::ledger;
@@ -51,7 +56,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             "/mcp/{server}",
             get(get_mcp).post(post_mcp).delete(delete_mcp),
         )
-        .with_state(gw)
+        .with_state(Arc::clone(&gw))
+        .merge(crate::control::router(gw))
 }
 
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
@@ -584,10 +590,18 @@ async fn tool_call(
         extra,
         id: &id,
     };
-    if read_only && !explicit {
-        if let Some(refusal) = policy_gate(gw, server, caller, &call, annotations) {
-            return verdict(id, refusal, &client_key, &call.tool, modern);
-        }
+    let unattended_read = read_only
+        && !explicit
+        && match policy_decision(gw, server, caller, &call, annotations) {
+            Decision::Allow { .. } => true,
+            Decision::Deny { .. } => {
+                return verdict(id, IdemOutcome::Denied, &client_key, &call.tool, modern)
+            }
+            // A read the policies want approved goes through the approval
+            // book and the ledger like a write: its yes is single-use too.
+            Decision::Approval { .. } => false,
+        };
+    if unattended_read {
         // Reads stay fresh: identical reads in flight share one call, and a
         // finished read is never replayed. No durable write.
         return match gw.idempotency.coalesce_read(&claim) {
@@ -605,7 +619,20 @@ async fn tool_call(
         if let Some(refusal) = ctx.circuit_refusal() {
             return Attempt::Done(refusal);
         }
-        let gate = || policy_gate(gw, server, caller, &call, annotations);
+        let held = Held {
+            gw,
+            route,
+            server,
+            caller,
+            call: &call,
+            annotations,
+            msg: &msg,
+            events: &events,
+            modern,
+            extra,
+            key: &claim.key,
+        };
+        let gate = |lost| held.gate(lost);
         let begin = match gw.idempotency.begin_gated(claim.clone(), gate).await {
             Ok(b) => b,
             Err(e) => return Attempt::Done(ledger_unavailable(id.clone(), &e, modern)),
@@ -641,22 +668,16 @@ async fn tool_call(
     .await
 }
 
-/// The policy decision (DESIGN.md section 4) for a call about to run:
-/// `None` lets it through; otherwise why not. The determining policies are
-/// logged here, never sent to the agent.
-fn policy_gate(
+/// The policy decision (DESIGN.md section 4) for a call about to run, with
+/// the determining policies logged here, never sent to the agent.
+fn policy_decision(
     gw: &Gateway,
     server: &str,
     caller: &Caller,
     call: &canonical::CanonicalCall,
     annotations: crate::annotations::Annotations,
-) -> Option<IdemOutcome> {
+) -> Decision {
     let policies = gw.policies();
-    let resource_version = call
-        .reserved
-        .meta
-        .get("dev.countersign/resource-version")
-        .and_then(Value::as_str);
     let decision = policies.decide(&decision::Call {
         identity: &caller.identity,
         server,
@@ -664,20 +685,244 @@ fn policy_gate(
         annotations,
         arguments: &call.arguments,
         digest: &call.digest,
-        resource_version,
+        resource_version: explicit_version(call),
     });
-    match decision {
+    match &decision {
         Decision::Allow { policies } => {
             tracing::debug!(%server, tool = %call.tool, ?policies, "policy: allow");
-            None
         }
         Decision::Approval { policies } => {
             tracing::info!(%server, tool = %call.tool, ?policies, principal = %caller.identity.principal, "policy: approval required");
-            Some(IdemOutcome::ApprovalRequired)
         }
         Decision::Deny { policies, errors } => {
             tracing::info!(%server, tool = %call.tool, ?policies, ?errors, principal = %caller.identity.principal, "policy: denied");
-            Some(IdemOutcome::Denied)
+        }
+    }
+    decision
+}
+
+/// `_meta["dev.countersign/resource-version"]`: a version the client binds
+/// explicitly (DESIGN.md section 6).
+fn explicit_version(call: &canonical::CanonicalCall) -> Option<&str> {
+    call.reserved
+        .meta
+        .get("dev.countersign/resource-version")
+        .and_then(Value::as_str)
+}
+
+/// The gate of a call that goes through the ledger (DESIGN.md section 3's
+/// order): policy decision → approval lookup and revalidation → the atomic
+/// {reserve, consume} that [`Idempotency::begin_gated`] performs. A call
+/// that needs a yes is held up to `approvals.hold`, with progress
+/// notifications when it sent a `progressToken`, and proceeds the moment a
+/// reviewer approves.
+struct Held<'a> {
+    gw: &'a Arc<Gateway>,
+    route: &'a Route,
+    server: &'a str,
+    caller: &'a Caller,
+    call: &'a canonical::CanonicalCall,
+    annotations: crate::annotations::Annotations,
+    msg: &'a Message,
+    events: &'a Option<mpsc::Sender<Message>>,
+    modern: bool,
+    extra: &'a ExtraHeaders,
+    key: &'a str,
+}
+
+fn approval_refusal(code: ApprovalCode, proposal: Option<String>, reason: Option<String>) -> Gate {
+    Gate::Refuse(IdemOutcome::Approval(ApprovalNote {
+        code,
+        proposal_id: proposal,
+        revises: None,
+        reason,
+    }))
+}
+
+impl Held<'_> {
+    async fn gate(&self, lost: Option<ProposalState>) -> Gate {
+        if let Some(state) = lost {
+            tracing::info!(tool = %self.call.tool, lost = state.as_str(), "the approval went to a concurrent call; looking again");
+        }
+        let gw = self.gw;
+        let hold_until = Instant::now() + gw.config.approvals.hold;
+        // Subscribed before the first look, so a decision made between the
+        // look and the wait is not missed.
+        let mut changes = gw.book.subscribe();
+        let token = self
+            .msg
+            .params_value()
+            .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
+        let mut progress = 0u64;
+        loop {
+            // Revalidation right before execution: the policies in force now.
+            let policies =
+                match policy_decision(gw, self.server, self.caller, self.call, self.annotations) {
+                    Decision::Allow { .. } => return Gate::Pass,
+                    Decision::Deny { .. } => return Gate::Refuse(IdemOutcome::Denied),
+                    Decision::Approval { policies } => policies,
+                };
+            let version = match self.resource_version().await {
+                Ok(v) => {
+                    tracing::debug!(tool = %self.call.tool, version = ?v, "resource version");
+                    v
+                }
+                Err(reason) => {
+                    tracing::warn!(tool = %self.call.tool, "resource version: {reason}");
+                    return approval_refusal(ApprovalCode::Stale, None, Some(reason));
+                }
+            };
+            let who = &self.caller.identity;
+            let risk = if self.annotations.read_only {
+                Risk::Read
+            } else if self.annotations.destructive {
+                Risk::Destructive
+            } else {
+                Risk::Write
+            };
+            let ask = crate::control::book::Ask {
+                identity: who,
+                server: self.server,
+                tool: &self.call.tool,
+                arguments: &self.call.arguments,
+                digest: &self.call.digest,
+                resource_version: version.as_deref(),
+                risk,
+                policies: &policies,
+                key: self.key,
+            };
+            let reviewers = gw.policies();
+            let proposal = match gw.book.find(&ask, reviewers.reviewers()).await {
+                Ok(Found::Usable(p)) => return Gate::Consume(p.id),
+                Ok(Found::Refuse(note)) => return Gate::Refuse(IdemOutcome::Approval(note)),
+                Ok(Found::Wait(p)) => p,
+                Err(e) => {
+                    tracing::error!("approval book unavailable, refusing: {e}");
+                    return Gate::Refuse(IdemOutcome::NotDispatched);
+                }
+            };
+            // Hold: wait for this proposal to be decided, sending progress.
+            loop {
+                let left = hold_until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Gate::Refuse(IdemOutcome::Approval(crate::control::book::pending(
+                        &proposal,
+                    )));
+                }
+                let tick = gw.config.approvals.progress_interval.min(left);
+                tokio::select! {
+                    change = changes.recv() => match change {
+                        Ok(e) if e.proposal.id == proposal.id && e.proposal.state != ProposalState::Pending => break,
+                        Ok(_) => {}
+                        // Missed some: look again rather than wait blind.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            return Gate::Refuse(IdemOutcome::Approval(crate::control::book::pending(&proposal)));
+                        }
+                    },
+                    () = tokio::time::sleep(tick) => {
+                        if let (Some(token), Some(events)) = (&token, self.events) {
+                            progress += 1;
+                            let waited = gw.config.approvals.hold.saturating_sub(hold_until.saturating_duration_since(Instant::now()));
+                            let params = json!({
+                                "progressToken": token,
+                                "progress": progress,
+                                "message": format!(
+                                    "waiting for a reviewer to approve proposal {} ({}s so far)",
+                                    proposal.id, waited.as_secs()
+                                ),
+                            });
+                            let _ = events
+                                .send(Message::notification("notifications/progress", Some(crate::jsonrpc::raw(&params))))
+                                .await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The resource version this call acts on: the operator's probe when one
+    /// is configured (the gateway reads it itself), else the client's
+    /// explicit `_meta` binding, else none. Errors fail closed.
+    async fn resource_version(&self) -> Result<Option<String>, String> {
+        let explicit = explicit_version(self.call).map(str::to_owned);
+        let Some(probe) = self
+            .gw
+            .config
+            .servers
+            .get(self.server)
+            .and_then(|s| s.tools.get(&self.call.tool))
+            .and_then(|t| t.version_probe.clone())
+        else {
+            return Ok(explicit);
+        };
+        let read = self.probe(&probe).await?;
+        if let Some(e) = explicit.filter(|e| *e != read) {
+            return Err(format!(
+                "the call binds resource version `{e}`, but the resource is at `{read}` now"
+            ));
+        }
+        Ok(Some(read))
+    }
+
+    /// Run a version probe: a read-only tool of the same server, through the
+    /// read path of the pipeline (policy decision included), as the
+    /// requester.
+    async fn probe(&self, probe: &crate::config::VersionProbe) -> Result<String, String> {
+        // A probe that could write is not a probe: never run it.
+        if !self
+            .gw
+            .catalog
+            .effective(self.server, &probe.tool)
+            .read_only
+        {
+            return Err(format!(
+                "version probe `{}` is not a read-only tool (list tools first, or set read_only = true for it in the config)",
+                probe.tool
+            ));
+        }
+        let mut arguments = serde_json::Map::new();
+        for (name, pointer) in &probe.arguments {
+            let v = self.call.arguments.pointer(pointer).ok_or_else(|| {
+                format!("version probe argument `{name}` points at `{pointer}`, which the call does not have")
+            })?;
+            arguments.insert(name.clone(), v.clone());
+        }
+        let mut meta = self.call.reserved.other_meta.clone();
+        meta.remove("progressToken");
+        let params = json!({ "name": probe.tool, "arguments": arguments, "_meta": meta });
+        let request = Message::request(
+            json!(format!("countersign-probe-{:x}", rand::random::<u64>())),
+            "tools/call",
+            Some(crate::jsonrpc::raw(&params)),
+        );
+        let answer = Box::pin(tool_call(
+            self.gw,
+            self.route,
+            self.server,
+            request,
+            None,
+            self.modern,
+            self.extra,
+            self.caller,
+        ))
+        .await;
+        let result: Value = answer
+            .result
+            .as_ref()
+            .and_then(|r| serde_json::from_str(r.get()).ok())
+            .ok_or_else(|| format!("version probe `{}` failed", probe.tool))?;
+        if result.get("isError").and_then(Value::as_bool) == Some(true) {
+            return Err(format!("version probe `{}` answered an error", probe.tool));
+        }
+        match result.pointer(&probe.pointer) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(Value::Null) | None => Err(format!(
+                "version probe `{}` has nothing at `{}`",
+                probe.tool, probe.pointer
+            )),
+            Some(other) => serde_jcs::to_string(other).map_err(|e| e.to_string()),
         }
     }
 }
@@ -932,14 +1177,7 @@ fn verdict(id: Value, outcome: IdemOutcome, key: &str, tool: &str, modern: bool)
             json!({}),
             modern,
         ),
-        IdemOutcome::ApprovalRequired => reply::tool_error(
-            id,
-            reply::codes::APPROVAL_PENDING,
-            "Not run yet: this call needs a human approval, and countersign holds none for it. This version \
-             of countersign has no approval workflow yet, so a reviewer cannot approve it; nothing was run.",
-            details,
-            modern,
-        ),
+        IdemOutcome::Approval(note) => approval_answer(id, &note, key, tool, modern),
         IdemOutcome::Unknown => reply::tool_error(
             id,
             reply::codes::OUTCOME_UNKNOWN,
@@ -979,6 +1217,60 @@ fn verdict(id: Value, outcome: IdemOutcome, key: &str, tool: &str, modern: bool)
             modern,
         ),
     }
+}
+
+/// What an agent is told when a call waits on, or was refused by, the
+/// approval workflow. The proposal id lets it (and a person) follow up; the
+/// exact same call later finds the approval.
+fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, modern: bool) -> Message {
+    let proposal = note.proposal_id.as_deref().unwrap_or("none");
+    let mut details = json!({ "idempotency_key": key, "proposal_id": note.proposal_id });
+    if let Some(r) = &note.revises {
+        details["revises"] = json!(r);
+    }
+    if let Some(r) = &note.reason {
+        details["reason"] = json!(r);
+    }
+    let tool = if tool.is_empty() {
+        "this tool".to_owned()
+    } else {
+        format!("`{tool}`")
+    };
+    let (code, text) = match note.code {
+        ApprovalCode::Pending => (
+            reply::codes::APPROVAL_PENDING,
+            format!(
+                "Not run yet: this call to {tool} needs a human approval, and proposal {proposal} is waiting for a reviewer{}. \
+                 Nothing was run. Call again with exactly the same arguments later; once approved, it runs once. \
+                 Changing the arguments needs a new approval.",
+                note.revises.as_deref().map(|r| format!(" (it revises proposal {r})")).unwrap_or_default()
+            ),
+        ),
+        ApprovalCode::Denied => (
+            reply::codes::APPROVAL_DENIED,
+            format!(
+                "Refused, nothing was run: a reviewer denied this call to {tool} (proposal {proposal}){}. Do not retry it.",
+                note.reason.as_deref().map(|r| format!(", saying: {r}")).unwrap_or_default()
+            ),
+        ),
+        ApprovalCode::Expired => (
+            reply::codes::APPROVAL_EXPIRED,
+            format!(
+                "Not run: the approval for this call to {tool} expired before it was used. Nothing was run; \
+                 proposal {proposal} asks a reviewer again. Call again with the same arguments once it is approved."
+            ),
+        ),
+        ApprovalCode::Stale => (
+            reply::codes::STALE_RESOURCE_VERSION,
+            format!(
+                "Not run: what this call to {tool} acts on changed since a reviewer saw it{}. Nothing was run; \
+                 re-read the resource, then call again{}.",
+                note.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
+                note.proposal_id.as_deref().map(|p| format!(" (proposal {p} asks a reviewer about the new version)")).unwrap_or_default()
+            ),
+        ),
+    };
+    reply::tool_error(id, code, &text, details, modern)
 }
 
 /// The ledger could not record the call: fail closed, nothing is sent.

@@ -162,6 +162,8 @@ pub struct Gateway {
     pub http: HttpClient,
     /// The idempotency ledger.
     pub idempotency: Arc<Idempotency>,
+    /// Proposals and approvals (same store as the ledger).
+    pub book: Arc<crate::control::book::Book>,
     /// One circuit breaker per configured server.
     breakers: HashMap<String, Mutex<Breaker>>,
     /// The policy set in force; swapped whole by a reload.
@@ -178,6 +180,10 @@ impl Gateway {
     /// `store` holds the idempotency ledger (redb for `serve`; `check`, which
     /// sends no `tools/call`, uses a memory store and leaves the file alone).
     pub fn new(config: Config, store: Arc<dyn Store>, policies: Policies) -> Arc<Gateway> {
+        let book = Arc::new(crate::control::book::Book::new(
+            store.clone(),
+            config.approvals.clone(),
+        ));
         let idempotency = Idempotency::new(
             store,
             Retention {
@@ -219,6 +225,7 @@ impl Gateway {
             sessions: Mutex::new(HashMap::new()),
             modern,
             idempotency,
+            book,
             breakers,
             policies: std::sync::RwLock::new(Arc::new(policies)),
         })

@@ -4,18 +4,26 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{check_transition, Recovery, Reservation, Store, StoreError, StoreFuture};
+use super::{
+    check_transition, proposal_final, Recovery, Reservation, Store, StoreError, StoreFuture,
+};
+use crate::approval::{self, Proposal, ProposalState};
 use crate::ledger::{Record, State};
 
 /// A ledger in a map.
 #[derive(Default)]
 pub struct MemoryStore {
     map: Mutex<BTreeMap<String, Record>>,
+    proposals: Mutex<BTreeMap<String, Proposal>>,
 }
 
 impl MemoryStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Record>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn proposals(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Proposal>> {
+        self.proposals.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -24,16 +32,71 @@ impl Store for MemoryStore {
         Ok(self.lock().get(key).cloned())
     }
 
-    fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation> {
+    fn reserve_with(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        approval: Option<String>,
+    ) -> StoreFuture<'_, Reservation> {
+        // Both locks, always in this order: the pair is one atomic step.
         let mut map = self.lock();
+        let mut proposals = self.proposals();
         let out = match map.get(&key) {
             Some(existing) if existing.binds(now_ms) => Reservation::Bound(existing.clone()),
             _ => {
-                map.insert(key, record);
-                Reservation::Reserved
+                let consumed = match approval {
+                    None => Ok(None),
+                    Some(id) => match proposals.get(&id) {
+                        None => Err(ProposalState::Invalidated),
+                        Some(p) => {
+                            approval::consume(p, &key, &record.server, &record.digest, now_ms)
+                        }
+                    },
+                };
+                match consumed {
+                    Err(state) => Reservation::Unapproved(state),
+                    Ok(next) => {
+                        if let Some(p) = next {
+                            proposals.insert(p.id.clone(), p);
+                        }
+                        map.insert(key, record);
+                        Reservation::Reserved
+                    }
+                }
             }
         };
         Box::pin(async move { Ok(out) })
+    }
+
+    fn put_proposal(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+    ) -> StoreFuture<'_, bool> {
+        let mut proposals = self.proposals();
+        let current = proposals.get(&proposal.id).map(|p| p.state);
+        let ok = current == expect;
+        if ok {
+            proposals.insert(proposal.id.clone(), proposal);
+        }
+        Box::pin(async move { Ok(ok) })
+    }
+
+    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
+        Ok(self.proposals().get(id).cloned())
+    }
+
+    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError> {
+        Ok(self.proposals().values().cloned().collect())
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        let mut proposals = self.proposals();
+        let before = proposals.len();
+        proposals.retain(|_, p| !(proposal_final(p) && p.updated_ms < before_ms));
+        let n = before - proposals.len();
+        Box::pin(async move { Ok(n) })
     }
 
     fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool> {

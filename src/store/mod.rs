@@ -45,6 +45,7 @@ use std::pin::Pin;
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 
+use crate::approval::{Proposal, ProposalState};
 use crate::ledger::{Record, State};
 
 /// A storage failure. The relay fails closed on it: the call does not run.
@@ -62,6 +63,9 @@ pub enum Reservation {
     Reserved,
     /// The key is bound by this record; nothing was written.
     Bound(Record),
+    /// The approval to consume is not usable (found in this state;
+    /// `Expired` also for an approval past its expiry); nothing was written.
+    Unapproved(ProposalState),
 }
 
 /// What [`Store::recover`] changed.
@@ -81,7 +85,42 @@ pub trait Store: Send + Sync {
     /// Atomically claim `key` with `record` (state `reserved`) if no record
     /// binds it at `now_ms` (see [`Record::binds`]); otherwise return the
     /// binding record and write nothing.
-    fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation>;
+    fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation> {
+        self.reserve_with(key, record, now_ms, None)
+    }
+
+    /// [`Store::reserve`], and when `approval` names a proposal, consume it
+    /// in the same transaction (see [`crate::approval::consume`]): either
+    /// both happen or neither. Not durable by itself, like a reservation: a
+    /// crash before the durable `dispatched` loses both together, and then
+    /// nothing was sent.
+    fn reserve_with(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        approval: Option<String>,
+    ) -> StoreFuture<'_, Reservation>;
+
+    /// Write a proposal if its stored state is `expect` (`None`: only if
+    /// there is none). Returns whether it did. Durable before it returns
+    /// when the new state is a reviewer's decision (`approved`, `denied`): a
+    /// signed human act is not lost to a crash.
+    fn put_proposal(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+    ) -> StoreFuture<'_, bool>;
+
+    /// A proposal by id.
+    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError>;
+
+    /// Every stored proposal.
+    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError>;
+
+    /// Forget proposals in a final state (denied, consumed, expired,
+    /// invalidated) last changed before `before_ms`.
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize>;
 
     /// Replace the record of `key` with `to` if its state is `from`
     /// (compare-and-set). Returns whether it did. Transitions the ledger does
@@ -99,6 +138,16 @@ pub trait Store: Send + Sync {
 
     /// All records, optionally only those in `state`.
     fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError>;
+}
+
+/// Whether a proposal is in a final state that retention may forget.
+fn proposal_final(p: &Proposal) -> bool {
+    !matches!(p.state, ProposalState::Pending | ProposalState::Approved)
+}
+
+/// Whether writing a proposal in this state must be on disk when it returns.
+fn proposal_durable(p: &Proposal) -> bool {
+    matches!(p.state, ProposalState::Approved | ProposalState::Denied)
 }
 
 /// Whether a transition to `to` from `from` must be on disk when it returns.

@@ -16,11 +16,16 @@ use redb::{Database, Durability, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::{
-    check_transition, needs_durability, Recovery, Reservation, Store, StoreError, StoreFuture,
+    check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
+    Store, StoreError, StoreFuture,
 };
+use crate::approval::{self, Proposal, ProposalState};
 use crate::ledger::{Record, State};
 
 const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
+/// Approval proposals, in the same database: consuming an approval and
+/// reserving a key commit in one transaction.
+const PROPOSALS: TableDefinition<&str, &[u8]> = TableDefinition::new("proposals");
 
 /// Most operations folded into one write transaction.
 const MAX_BATCH: usize = 256;
@@ -30,7 +35,17 @@ enum Op {
         key: String,
         record: Record,
         now_ms: i64,
+        approval: Option<String>,
         reply: oneshot::Sender<Result<Reservation, StoreError>>,
+    },
+    PutProposal {
+        proposal: Box<Proposal>,
+        expect: Option<ProposalState>,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
+    GcProposals {
+        before_ms: i64,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
     },
     Transition {
         key: String,
@@ -48,7 +63,8 @@ impl Op {
     fn durable(&self) -> bool {
         match self {
             Op::Transition { from, to, .. } => needs_durability(*from, to.state),
-            Op::Reserve { .. } | Op::Gc { .. } => false,
+            Op::PutProposal { proposal, .. } => proposal_durable(proposal),
+            Op::Reserve { .. } | Op::Gc { .. } | Op::GcProposals { .. } => false,
         }
     }
 }
@@ -58,6 +74,18 @@ enum Done {
     Reserve(Result<Reservation, StoreError>),
     Transition(Result<bool, StoreError>),
     Gc(Result<usize, StoreError>),
+}
+
+fn encode_proposal(p: &Proposal) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(p).map_err(|e| StoreError(format!("cannot encode a proposal: {e}")))
+}
+
+fn decode_proposal(bytes: &[u8]) -> Result<Proposal, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        StoreError(format!(
+            "a stored proposal does not decode ({e}): the ledger file may be damaged"
+        ))
+    })
 }
 
 /// The redb-backed ledger.
@@ -112,6 +140,8 @@ impl RedbStore {
         let txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
         txn.open_table(LEDGER)
             .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(PROPOSALS)
+            .map_err(|e| err("create table")(e.into()))?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         let db = Arc::new(db);
         let (queue, rx) = mpsc::channel();
@@ -129,12 +159,18 @@ impl RedbStore {
 
     /// A read-only view of the ledger (never waits for the writer).
     fn read_table(&self) -> Result<redb::ReadOnlyTable<&'static str, &'static [u8]>, StoreError> {
+        self.read(LEDGER)
+    }
+
+    fn read(
+        &self,
+        def: TableDefinition<'static, &'static str, &'static [u8]>,
+    ) -> Result<redb::ReadOnlyTable<&'static str, &'static [u8]>, StoreError> {
         let txn = self
             .db
             .begin_read()
             .map_err(|e| err("begin read")(e.into()))?;
-        txn.open_table(LEDGER)
-            .map_err(|e| err("open table")(e.into()))
+        txn.open_table(def).map_err(|e| err("open table")(e.into()))
     }
 
     fn submit<T: Send + 'static>(
@@ -193,7 +229,10 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                     match (op, d) {
                         (Op::Reserve { reply, .. }, Done::Reserve(r)) => drop(reply.send(r)),
                         (Op::Transition { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
-                        (Op::Gc { reply, .. }, Done::Gc(r)) => drop(reply.send(r)),
+                        (Op::Gc { reply, .. } | Op::GcProposals { reply, .. }, Done::Gc(r)) => {
+                            drop(reply.send(r))
+                        }
+                        (Op::PutProposal { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
                         _ => {}
                     }
                 }
@@ -205,7 +244,10 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                     match op {
                         Op::Reserve { reply, .. } => drop(reply.send(Err(e.clone()))),
                         Op::Transition { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::Gc { reply, .. } => drop(reply.send(Err(e.clone()))),
+                        Op::Gc { reply, .. } | Op::GcProposals { reply, .. } => {
+                            drop(reply.send(Err(e.clone())))
+                        }
+                        Op::PutProposal { reply, .. } => drop(reply.send(Err(e.clone()))),
                     }
                 }
             }
@@ -251,18 +293,35 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
         let mut table = txn
             .open_table(LEDGER)
             .map_err(|e| err("open table")(e.into()))?;
+        let mut proposals = txn
+            .open_table(PROPOSALS)
+            .map_err(|e| err("open table")(e.into()))?;
         for op in batch {
             done.push(match op {
                 Op::Reserve {
                     key,
                     record,
                     now_ms,
+                    approval,
                     ..
-                } => Done::Reserve(reserve(&mut table, key, record, *now_ms)),
+                } => Done::Reserve(reserve(
+                    &mut table,
+                    &mut proposals,
+                    key,
+                    record,
+                    *now_ms,
+                    approval.as_deref(),
+                )),
                 Op::Transition { key, from, to, .. } => {
                     Done::Transition(transition(&mut table, key, *from, to))
                 }
                 Op::Gc { now_ms, .. } => Done::Gc(gc(&mut table, *now_ms)),
+                Op::PutProposal {
+                    proposal, expect, ..
+                } => Done::Transition(put_proposal(&mut proposals, proposal, *expect)),
+                Op::GcProposals { before_ms, .. } => {
+                    Done::Gc(gc_proposals(&mut proposals, *before_ms))
+                }
             });
         }
     }
@@ -284,12 +343,32 @@ fn read(
 
 fn reserve(
     table: &mut Table<'_>,
+    proposals: &mut Table<'_>,
     key: &str,
     record: &Record,
     now_ms: i64,
+    approval: Option<&str>,
 ) -> Result<Reservation, StoreError> {
     if let Some(existing) = read(table, key)?.filter(|r| r.binds(now_ms)) {
         return Ok(Reservation::Bound(existing));
+    }
+    if let Some(id) = approval {
+        let stored = match proposals.get(id).map_err(|e| err("read")(e.into()))? {
+            Some(v) => Some(decode_proposal(v.value())?),
+            None => None,
+        };
+        let Some(p) = stored else {
+            return Ok(Reservation::Unapproved(ProposalState::Invalidated));
+        };
+        match approval::consume(&p, key, &record.server, &record.digest, now_ms) {
+            Err(state) => return Ok(Reservation::Unapproved(state)),
+            Ok(None) => {}
+            Ok(Some(next)) => {
+                proposals
+                    .insert(id, encode_proposal(&next)?.as_slice())
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+        }
     }
     table
         .insert(key, encode(record)?.as_slice())
@@ -331,18 +410,100 @@ fn gc(table: &mut Table<'_>, now_ms: i64) -> Result<usize, StoreError> {
     Ok(stale.len())
 }
 
+fn put_proposal(
+    proposals: &mut Table<'_>,
+    p: &Proposal,
+    expect: Option<ProposalState>,
+) -> Result<bool, StoreError> {
+    let current = match proposals
+        .get(p.id.as_str())
+        .map_err(|e| err("read")(e.into()))?
+    {
+        Some(v) => Some(decode_proposal(v.value())?.state),
+        None => None,
+    };
+    if current != expect {
+        return Ok(false);
+    }
+    proposals
+        .insert(p.id.as_str(), encode_proposal(p)?.as_slice())
+        .map_err(|e| err("write")(e.into()))?;
+    Ok(true)
+}
+
+fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, StoreError> {
+    let mut stale = Vec::new();
+    for entry in proposals.iter().map_err(|e| err("scan")(e.into()))? {
+        let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+        let p = decode_proposal(v.value())?;
+        if proposal_final(&p) && p.updated_ms < before_ms {
+            stale.push(k.value().to_owned());
+        }
+    }
+    for k in &stale {
+        proposals
+            .remove(k.as_str())
+            .map_err(|e| err("delete")(e.into()))?;
+    }
+    Ok(stale.len())
+}
+
 impl Store for RedbStore {
     fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
         read(&self.read_table()?, key)
     }
 
-    fn reserve(&self, key: String, record: Record, now_ms: i64) -> StoreFuture<'_, Reservation> {
+    fn reserve_with(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        approval: Option<String>,
+    ) -> StoreFuture<'_, Reservation> {
         self.submit(|reply| Op::Reserve {
             key,
             record,
             now_ms,
+            approval,
             reply,
         })
+    }
+
+    fn put_proposal(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+    ) -> StoreFuture<'_, bool> {
+        self.submit(|reply| Op::PutProposal {
+            proposal: Box::new(proposal),
+            expect,
+            reply,
+        })
+    }
+
+    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
+        match self
+            .read(PROPOSALS)?
+            .get(id)
+            .map_err(|e| err("read")(e.into()))?
+        {
+            Some(v) => decode_proposal(v.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError> {
+        let table = self.read(PROPOSALS)?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+            let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
+            out.push(decode_proposal(v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        self.submit(|reply| Op::GcProposals { before_ms, reply })
     }
 
     fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool> {

@@ -14,6 +14,8 @@ pub const TOKEN: &str = "tok-agent7";
 /// One policy that permits every call unattended.
 pub const ALLOW_ALL: &str = "@id(\"allow-all\")\npermit (principal, action, resource);\n";
 pub const OTHER_TOKEN: &str = "tok-agent9";
+/// `agent-7` again, but in tenant `globex`.
+pub const GLOBEX_TOKEN: &str = "tok-agent7-globex";
 
 pub fn countersign_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_countersign"))
@@ -128,6 +130,8 @@ pub struct Options {
     /// The gateway's policy folder: `None` is one permissive policy (most
     /// tests are about the relay and the ledger, not about policies).
     pub policies: Option<PathBuf>,
+    /// The body of `[approvals]` (by default calls are not held).
+    pub approvals: String,
 }
 
 impl Default for Options {
@@ -138,6 +142,7 @@ impl Default for Options {
             listen: "127.0.0.1:0".into(),
             gateway_env: Vec::new(),
             policies: None,
+            approvals: "hold = \"0s\"\n".into(),
         }
     }
 }
@@ -192,6 +197,14 @@ token_sha256 = "{t2}"
 principal = "agent-9"
 tenant = "acme"
 
+[[identities]]
+token_sha256 = "{t3}"
+principal = "agent-7"
+tenant = "globex"
+
+[approvals]
+{approvals}
+
 [limits]
 max_body_bytes = 65536
 max_arguments_bytes = 32768
@@ -206,6 +219,8 @@ call_timeout = "5s"
             data = dir.path().join("data").display(),
             t1 = sha(TOKEN),
             t2 = sha(OTHER_TOKEN),
+            t3 = sha(GLOBEX_TOKEN),
+            approvals = opts.approvals,
             bin = example_server_bin().display(),
             record = record.display(),
             faults = faults.display(),

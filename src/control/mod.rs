@@ -1,0 +1,445 @@
+//! The reviewer control API, `/v1` on the gateway's listener (DESIGN.md
+//! sections 1 and 6).
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /v1/proposals[?state=pending]` | proposals of the reviewer's tenants, newest first |
+//! | `GET /v1/proposals/{id}` | one proposal, with a one-sentence summary |
+//! | `POST /v1/proposals/{id}/decision` | `{statement, signature}`: a signed approve or deny |
+//! | `GET /v1/outcomes` | `unknown` ledger records of the reviewer's tenants |
+//! | `POST /v1/outcomes/reconcile` | settle one: `{tenant, principal, key, resolution, note?, result?}` |
+//! | `GET /v1/events` | SSE: `proposal_created` / `proposal_updated` |
+//!
+//! Every request is signed with the reviewer's ed25519 key
+//! (`Authorization: Countersign-Ed25519 reviewer=..,time=..,signature=..`
+//! over method, path, time and body hash; see [`crate::approval`]). There is
+//! no shared secret to leak: the key that signs approvals also opens the
+//! API. Requests from non-loopback peers are refused unless
+//! `approvals.remote_control` is set. Reviewers see only the tenants listed
+//! for them in `reviewers.toml`; anything else is "not found".
+
+pub mod book;
+pub mod client;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::approval::{self, Proposal, ProposalState, RequestAuth, Reviewer, Statement};
+use crate::relay::session::Gateway;
+use book::{rfc3339, DecideError};
+
+/// The control API's routes (merged into the gateway's router).
+pub fn router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/proposals", get(list))
+        .route("/v1/proposals/{id}", get(show))
+        .route("/v1/proposals/{id}/decision", post(decide))
+        .route("/v1/outcomes", get(outcomes))
+        .route("/v1/outcomes/reconcile", post(reconcile))
+        .route("/v1/events", get(events))
+        .with_state(gw)
+}
+
+fn problem(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({ "error": { "code": code, "message": message.into() } }).to_string(),
+    )
+        .into_response()
+}
+
+fn ok(body: Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Who signed this request, or why it is refused. Checks, in order: the
+/// peer is loopback (unless remote control is on), the header parses, the
+/// reviewer is registered, the signed time is within `clock_skew`, and the
+/// signature covers this method, path and body.
+#[expect(clippy::result_large_err, reason = "the refusal is the response")]
+fn authenticate(
+    gw: &Gateway,
+    peer: Option<SocketAddr>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Reviewer, Response> {
+    let cfg = &gw.config.approvals;
+    // Loopback only by default: the control API decides what runs, so it is
+    // not exposed to the network by accident (an unknown peer counts as
+    // remote: fail closed).
+    if !cfg.remote_control && !peer.is_some_and(|p| p.ip().is_loopback()) {
+        return Err(problem(
+            StatusCode::FORBIDDEN,
+            "remote_refused",
+            "the control API answers loopback peers only: run the CLI on the gateway's host (or set approvals.remote_control = true behind TLS)",
+        ));
+    }
+    let unauthorized = |m: String| problem(StatusCode::UNAUTHORIZED, "unauthenticated", m);
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| unauthorized("missing `Authorization`: sign requests with a reviewer key (countersign CLI or countersign-review)".into()))?;
+    let auth = RequestAuth::parse(value).map_err(|e| unauthorized(e.0))?;
+    let policies = gw.policies();
+    let reviewer = policies
+        .reviewers()
+        .get(&auth.reviewer)
+        .cloned()
+        .ok_or_else(|| {
+            unauthorized(format!(
+                "reviewer `{}` is not in reviewers.toml: add the line `countersign keygen` printed to the policy repository",
+                auth.reviewer
+            ))
+        })?;
+    let signed = book::parse_rfc3339(&auth.time)
+        .ok_or_else(|| unauthorized(format!("`time` `{}` is not RFC 3339", auth.time)))?;
+    let now = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+    // A captured request replays only within this window.
+    if (signed - now).abs() > cfg.clock_skew.as_millis() as i64 {
+        return Err(unauthorized(format!(
+            "the request's time {} is too far from the gateway's clock ({}): check the reviewer's clock",
+            auth.time,
+            rfc3339(now)
+        )));
+    }
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    auth.verify(&reviewer.key, method.as_str(), path, body)
+        .map_err(|e| unauthorized(e.0))?;
+    Ok(reviewer)
+}
+
+macro_rules! reviewer {
+    ($gw:expr, $peer:expr, $method:expr, $uri:expr, $headers:expr, $body:expr) => {
+        match authenticate(
+            &$gw,
+            $peer.map(|Extension(ConnectInfo(a))| a),
+            &$method,
+            &$uri,
+            &$headers,
+            &$body,
+        ) {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        }
+    };
+}
+
+/// A proposal as the API shows it: the stored record plus a plain
+/// sentence and RFC 3339 times.
+pub fn view(p: &Proposal) -> Value {
+    let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("summary".into(), json!(approval::summary(p)));
+        o.insert("created_at".into(), json!(rfc3339(p.created_ms)));
+        o.insert("updated_at".into(), json!(rfc3339(p.updated_ms)));
+        o.insert(
+            "expires_at".into(),
+            p.expires_ms.map_or(Value::Null, |e| json!(rfc3339(e))),
+        );
+    }
+    v
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+}
+
+async fn list(
+    State(gw): State<Arc<Gateway>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+    body: Bytes,
+) -> Response {
+    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+    let wanted = match q.state.as_deref() {
+        None | Some("all") => None,
+        Some(s) => match serde_json::from_value::<ProposalState>(json!(s)) {
+            Ok(st) => Some(st),
+            Err(_) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!("unknown state `{s}`: use pending, approved, denied, consumed, expired, invalidated or all"),
+                )
+            }
+        },
+    };
+    match gw.book.list() {
+        Ok(all) => ok(json!({
+            "proposals": all
+                .iter()
+                .filter(|p| reviewer.covers(&p.tenant) && wanted.is_none_or(|w| p.state == w))
+                .map(view)
+                .collect::<Vec<_>>()
+        })),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
+    }
+}
+
+async fn show(
+    State(gw): State<Arc<Gateway>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+    match gw.book.get(&id) {
+        // Another tenant's proposal is "not found": its existence is not
+        // disclosed.
+        Ok(Some(p)) if reviewer.covers(&p.tenant) => ok(json!({ "proposal": view(&p) })),
+        Ok(_) => problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no proposal `{id}`: list them with `countersign pending`"),
+        ),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    statement: Value,
+    signature: String,
+}
+
+async fn decide(
+    State(gw): State<Arc<Gateway>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+    let parsed: DecisionBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("the body must be {{\"statement\": {{...}}, \"signature\": \"...\"}}: {e}"),
+            )
+        }
+    };
+    let statement: Statement = match serde_json::from_value(parsed.statement) {
+        Ok(s) => s,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad_statement",
+                format!(
+                    "the statement is not a {} statement: {e}",
+                    approval::STATEMENT_TYPE
+                ),
+            )
+        }
+    };
+    let policies = gw.policies();
+    // Approving is itself authorized (DESIGN.md section 4): the reviewer,
+    // the tool with its effective annotations, the requester and arguments.
+    let may_approve = |p: &Proposal| {
+        let groups = gw
+            .config
+            .identities
+            .iter()
+            .find(|i| i.principal == p.requester && i.tenant == p.tenant)
+            .map(|i| i.groups.clone())
+            .unwrap_or_default();
+        let identity = crate::identity::Identity {
+            principal: p.requester.clone(),
+            tenant: p.tenant.clone(),
+            groups,
+        };
+        let call = crate::decision::Call {
+            identity: &identity,
+            server: &p.server,
+            tool: &p.tool,
+            annotations: gw.catalog.effective(&p.server, &p.tool),
+            arguments: &p.arguments,
+            digest: &p.call_digest,
+            resource_version: p.resource_version.as_deref(),
+        };
+        match policies.may_approve(&reviewer.name, &reviewer.groups, &call) {
+            Ok(()) => true,
+            Err(d) => {
+                tracing::info!(proposal = %p.id, reviewer = %reviewer.name, decision = ?d, "approval refused by policy");
+                false
+            }
+        }
+    };
+    match gw
+        .book
+        .decide(&id, statement, &parsed.signature, &reviewer, may_approve)
+        .await
+    {
+        Ok(p) => ok(json!({ "proposal": view(&p) })),
+        Err(e) => {
+            let (status, code) = match &e {
+                DecideError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+                DecideError::NotPending { .. } => (StatusCode::CONFLICT, "not_pending"),
+                DecideError::Refused(_) => (StatusCode::BAD_REQUEST, "refused"),
+                DecideError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+                DecideError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
+            };
+            tracing::warn!(proposal = %id, reviewer = %reviewer.name, "decision refused: {e}");
+            problem(status, code, e.to_string())
+        }
+    }
+}
+
+async fn outcomes(
+    State(gw): State<Arc<Gateway>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+    match crate::reconcile::list_unknown_in(gw.idempotency.store().as_ref()) {
+        Ok(all) => ok(json!({
+            "outcomes": all
+                .into_iter()
+                .filter(|(t, ..)| reviewer.covers(t))
+                .map(|(tenant, principal, key, r)| json!({
+                    "tenant": tenant, "principal": principal, "key": key,
+                    "server": r.server, "tool": r.tool, "call_digest": r.digest,
+                    "created_at": rfc3339(r.created_ms),
+                }))
+                .collect::<Vec<_>>()
+        })),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReconcileBody {
+    tenant: String,
+    principal: String,
+    key: String,
+    resolution: String,
+    note: Option<String>,
+    result: Option<String>,
+}
+
+async fn reconcile(
+    State(gw): State<Arc<Gateway>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+    let b: ReconcileBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+    };
+    if !reviewer.covers(&b.tenant) {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no unknown outcome for key `{}` in your tenants", b.key),
+        );
+    }
+    let verdict = match b.resolution.as_str() {
+        "executed" => crate::reconcile::Verdict::Executed { result: b.result },
+        "not_executed" => crate::reconcile::Verdict::NotExecuted,
+        other => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("resolution `{other}` must be `executed` or `not_executed`"),
+            )
+        }
+    };
+    let note = Some(format!(
+        "reconciled by reviewer {}{}",
+        reviewer.name,
+        b.note.map(|n| format!(": {n}")).unwrap_or_default()
+    ));
+    match crate::reconcile::reconcile_in(
+        gw.idempotency.store().as_ref(),
+        gw.config.idempotency.retention,
+        &b.tenant,
+        &b.principal,
+        &b.key,
+        verdict,
+        note,
+    )
+    .await
+    {
+        Ok(r) => ok(json!({ "state": r.state, "note": r.note })),
+        Err(e @ crate::reconcile::ReconcileError::NotFound { .. }) => {
+            problem(StatusCode::NOT_FOUND, "not_found", e.to_string())
+        }
+        Err(e @ crate::reconcile::ReconcileError::NotUnknown(_)) => {
+            problem(StatusCode::CONFLICT, "not_unknown", e.to_string())
+        }
+        Err(e) => problem(StatusCode::BAD_REQUEST, "refused", e.to_string()),
+    }
+}
+
+async fn events(
+    State(gw): State<Arc<Gateway>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    use futures_util::StreamExt;
+    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+    let rx = gw.book.subscribe();
+    let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |e| {
+        let out = match e {
+            Ok(e) if reviewer.covers(&e.proposal.tenant) => {
+                Some(Ok::<_, std::convert::Infallible>(
+                    SseEvent::default()
+                        .event(e.kind)
+                        .data(json!({ "kind": e.kind, "proposal": view(&e.proposal) }).to_string()),
+                ))
+            }
+            Ok(_) => None,
+            // A slow client missed events: tell it to re-list.
+            Err(_) => Some(Ok(SseEvent::default().event("resync").data("{}"))),
+        };
+        std::future::ready(out)
+    });
+    // A first comment flushes the headers at once, so a client knows it is
+    // subscribed before anything happens.
+    let hello = futures_util::stream::once(std::future::ready(Ok(
+        SseEvent::default().comment("subscribed")
+    )));
+    Sse::new(hello.chain(stream))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
