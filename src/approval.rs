@@ -907,4 +907,38 @@ mod tests {
         );
         assert!(diff(&json!({"a": [1]}), &json!({"a": [1]})).is_empty());
     }
+
+    proptest::proptest! {
+        /// Whatever order calls with different keys, times and digests try
+        /// to consume one approval in, at most one key ever gets it, never
+        /// after expiry, never for another call.
+        #[test]
+        fn one_approval_serves_at_most_one_key(
+            attempts in proptest::collection::vec((0u8..4, 0i64..200, proptest::bool::ANY), 1..40)
+        ) {
+            let mut p = proposal();
+            p.state = ProposalState::Approved;
+            p.expires_ms = Some(100);
+            let mut winner: Option<String> = None;
+            for (key, now, same_digest) in attempts {
+                let key = format!("k{key}");
+                let digest = if same_digest { "sha256:aa" } else { "sha256:bb" };
+                match consume(&p, &key, "payments", digest, now) {
+                    Ok(next) => {
+                        proptest::prop_assert!(same_digest);
+                        if let Some(next) = next {
+                            proptest::prop_assert!(now < 100, "consumed after expiry");
+                            proptest::prop_assert!(winner.is_none());
+                            p = next;
+                        }
+                        match &winner {
+                            Some(w) => proptest::prop_assert_eq!(w, &key),
+                            None => winner = Some(key),
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
 }

@@ -614,3 +614,159 @@ async fn keygen_writes_a_private_key_only_its_owner_can_read() {
     let (ok, _, err) = cli(&["pending", "--key", key.to_str().unwrap()]).await;
     assert!(!ok && err.contains("chmod 600"), "{err}");
 }
+
+#[tokio::test]
+async fn an_approval_survives_a_gateway_crash_and_a_lost_answer_never_frees_it() {
+    let mut r = Review::start("hold = \"0s\"", "");
+    let c = r.client(common::TOKEN).await;
+    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    r.approve("alice", &id).await;
+    // SIGKILL: the signed decision was durable before `approve` returned.
+    r.gw.restart();
+    let c = r.client(common::TOKEN).await;
+
+    // The approved call runs, and the server dies before answering.
+    r.gw.fault(CHARGE, "exit_after_execute", 0);
+    let lost = call(&c, 2, CHARGE, charge(10), "k-1").await;
+    assert_eq!(code(&lost), "outcome_unknown", "{lost:?}");
+    assert_eq!(r.gw.executions(CHARGE), 1);
+    // The same key follows the ledger: unknown, never a second consumption.
+    let again = call(&c, 3, CHARGE, charge(10), "k-1").await;
+    assert_eq!(code(&again), "outcome_unknown", "{again:?}");
+    // Another key does not inherit the used approval.
+    let other = call(&c, 4, CHARGE, charge(10), "k-2").await;
+    assert_eq!(code(&other), "approval_pending", "{other:?}");
+    assert_eq!(r.gw.executions(CHARGE), 1);
+
+    // A reviewer reconciles through the running gateway.
+    let base = r.gw.base();
+    let key = r.key("alice");
+    let (ok, out, err) = cli(&[
+        "reconcile", "--list", "--reviewer-key", &key, "--gateway", &base,
+    ])
+    .await;
+    assert!(ok && out.contains("k-1") && out.contains("payments/charge_card"), "{out}{err}");
+    let (ok, out, err) = cli(&[
+        "reconcile", "k-1", "--tenant", "acme", "--principal", "agent-7", "--executed",
+        "--note", "seen in the PSP dashboard", "--reviewer-key", &key, "--gateway", &base,
+    ])
+    .await;
+    assert!(ok, "{out}{err}");
+    let replayed = call(&c, 5, CHARGE, charge(10), "k-1").await;
+    assert!(ran(&replayed), "{replayed:?}");
+    assert!(replayed.text.contains("seen in the PSP dashboard"), "{replayed:?}");
+    assert_eq!(r.gw.executions(CHARGE), 1);
+    // bob (globex) cannot reconcile acme's calls.
+    let (ok, _, err) = cli(&[
+        "reconcile", "k-1", "--tenant", "acme", "--principal", "agent-7", "--not-executed",
+        "--reviewer-key", &r.key("bob"), "--gateway", &base,
+    ])
+    .await;
+    assert!(!ok && err.contains("no unknown outcome"), "{err}");
+}
+
+#[tokio::test]
+async fn the_event_stream_shows_new_proposals_and_decisions_live() {
+    use futures_util::StreamExt;
+    let r = Review::start("hold = \"0s\"", "");
+    let alice = countersign::control::client::Client::new(
+        &r.gw.base(),
+        &countersign::control::client::load_key(Path::new(&r.key("alice"))).unwrap(),
+    )
+    .unwrap();
+    let resp = alice
+        .signed(reqwest::Method::GET, "/v1/events", Vec::new())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.bytes_stream();
+    let mut seen = String::new();
+    // The stream is open before anything happens.
+    while !seen.contains("subscribed") {
+        seen.push_str(&String::from_utf8_lossy(&body.next().await.unwrap().unwrap()));
+    }
+    let c = r.client(common::TOKEN).await;
+    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    // bob's tenant gets a proposal too; alice must not see it.
+    let globex = r.client(common::GLOBEX_TOKEN).await;
+    let hidden = proposal_id(&call(&globex, 2, CHARGE, charge(10), "k-1").await);
+    r.approve("alice", &id).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(seen.contains("event: proposal_updated") && seen.contains("\"approved\"")) {
+        let chunk = tokio::time::timeout_at(deadline, body.next())
+            .await
+            .expect("no approval event")
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("event: proposal_created"), "{seen}");
+    assert!(seen.contains(&id), "{seen}");
+    assert!(!seen.contains(&hidden), "another tenant's proposal leaked: {seen}");
+}
+
+#[tokio::test]
+async fn the_control_api_refuses_bad_requests_with_a_reason() {
+    let r = Review::start("hold = \"0s\"", "");
+    let alice = countersign::control::client::Client::new(
+        &r.gw.base(),
+        &countersign::control::client::load_key(Path::new(&r.key("alice"))).unwrap(),
+    )
+    .unwrap();
+    let err = alice
+        .call(reqwest::Method::GET, "/v1/proposals?state=bogus", None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown state `bogus`"), "{err}");
+    let err = alice
+        .call(reqwest::Method::POST, "/v1/proposals/p-0/decision", Some(&json!({"nope": 1})))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("\"statement\""), "{err}");
+    let err = alice.proposal("p-does-not-exist").await.unwrap_err();
+    assert!(err.to_string().contains("no proposal `p-does-not-exist`"), "{err}");
+    // A signature made for another path does not open this one.
+    let auth = countersign::approval::authorization(
+        &countersign::control::client::load_key(Path::new(&r.key("alice")))
+            .unwrap()
+            .signing_key()
+            .unwrap(),
+        "alice",
+        "GET",
+        "/v1/outcomes",
+        &countersign::control::book::rfc3339(
+            (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
+        ),
+        b"",
+    );
+    let resp = reqwest::Client::new()
+        .get(format!("{}/v1/proposals", r.gw.base()))
+        .header("authorization", auth)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert!(resp.text().await.unwrap().contains("does not verify"));
+    // A request signed too long ago (a replay).
+    let old = countersign::approval::authorization(
+        &countersign::control::client::load_key(Path::new(&r.key("alice")))
+            .unwrap()
+            .signing_key()
+            .unwrap(),
+        "alice",
+        "GET",
+        "/v1/proposals",
+        "2026-01-01T00:00:00Z",
+        b"",
+    );
+    let resp = reqwest::Client::new()
+        .get(format!("{}/v1/proposals", r.gw.base()))
+        .header("authorization", old)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert!(resp.text().await.unwrap().contains("too far from the gateway's clock"));
+}

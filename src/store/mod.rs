@@ -285,9 +285,157 @@ mod tests {
         assert!(store.list(None).unwrap().is_empty());
     }
 
+    fn proposal(id: &str, state: ProposalState, expires_ms: Option<i64>) -> Proposal {
+        Proposal {
+            id: id.into(),
+            state,
+            created_ms: 0,
+            updated_ms: 0,
+            server: "s".into(),
+            tool: "t".into(),
+            arguments: serde_json::json!({}),
+            call_digest: "d1".into(),
+            requester: "r".into(),
+            tenant: "acme".into(),
+            resource_version: None,
+            risk: crate::approval::Risk::Write,
+            policies: vec![],
+            revises: None,
+            joined: 0,
+            decision: None,
+            expires_ms,
+            consumed_by: None,
+            reason: None,
+        }
+    }
+
+    /// The approval half of the suite: proposals compare-and-set, and
+    /// {reserve, consume} is one atomic step.
+    async fn approval_conformance(store: &dyn Store) {
+        let p = proposal("p1", ProposalState::Pending, None);
+        assert!(store.put_proposal(p.clone(), None).await.unwrap());
+        assert!(
+            !store.put_proposal(p.clone(), None).await.unwrap(),
+            "an id is created once"
+        );
+        let approved = proposal("p1", ProposalState::Approved, Some(1000));
+        assert!(!store
+            .put_proposal(approved.clone(), Some(ProposalState::Approved))
+            .await
+            .unwrap());
+        assert!(store
+            .put_proposal(approved.clone(), Some(ProposalState::Pending))
+            .await
+            .unwrap());
+        assert_eq!(store.get_proposal("p1").unwrap(), Some(approved.clone()));
+
+        // Consumption needs a matching digest: nothing is written otherwise.
+        let other = Record::reserve(&claim("d2"), 0, 1000);
+        assert_eq!(
+            store
+                .reserve_with("k1".into(), other, 10, Some("p1".into()))
+                .await
+                .unwrap(),
+            Reservation::Unapproved(ProposalState::Invalidated)
+        );
+        assert_eq!(store.get("k1").unwrap(), None);
+        // Expired: refused, nothing written.
+        let r = Record::reserve(&claim("d1"), 0, 1000);
+        assert_eq!(
+            store
+                .reserve_with("k1".into(), r.clone(), 1000, Some("p1".into()))
+                .await
+                .unwrap(),
+            Reservation::Unapproved(ProposalState::Expired)
+        );
+        assert_eq!(store.get("k1").unwrap(), None);
+        // Reserve and consume together.
+        assert_eq!(
+            store
+                .reserve_with("k1".into(), r.clone(), 10, Some("p1".into()))
+                .await
+                .unwrap(),
+            Reservation::Reserved
+        );
+        let consumed = store.get_proposal("p1").unwrap().unwrap();
+        assert_eq!(consumed.state, ProposalState::Consumed);
+        assert_eq!(consumed.consumed_by.as_deref(), Some("k1"));
+        // Another key cannot use it; the key that consumed it can again once
+        // its attempt is proven not sent.
+        assert_eq!(
+            store
+                .reserve_with("k2".into(), r.clone(), 11, Some("p1".into()))
+                .await
+                .unwrap(),
+            Reservation::Unapproved(ProposalState::Consumed)
+        );
+        assert_eq!(store.get("k2").unwrap(), None);
+        assert!(store
+            .transition(
+                "k1".into(),
+                State::Reserved,
+                with_state(r.clone(), State::NotDispatched)
+            )
+            .await
+            .unwrap());
+        assert_eq!(
+            store
+                .reserve_with("k1".into(), r.clone(), 12, Some("p1".into()))
+                .await
+                .unwrap(),
+            Reservation::Reserved
+        );
+        // A bound key wins over the approval: nothing consumed.
+        let p2 = proposal("p2", ProposalState::Approved, Some(1000));
+        assert!(store.put_proposal(p2, None).await.unwrap());
+        assert!(matches!(
+            store
+                .reserve_with("k1".into(), r.clone(), 13, Some("p2".into()))
+                .await
+                .unwrap(),
+            Reservation::Bound(_)
+        ));
+        assert_eq!(
+            store.get_proposal("p2").unwrap().unwrap().state,
+            ProposalState::Approved
+        );
+        assert_eq!(
+            store
+                .reserve_with("k3".into(), r, 13, Some("missing".into()))
+                .await
+                .unwrap(),
+            Reservation::Unapproved(ProposalState::Invalidated)
+        );
+        // Retention forgets final proposals only.
+        assert_eq!(store.gc_proposals(i64::MAX).await.unwrap(), 1);
+        let left: Vec<String> = store
+            .list_proposals()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(left, vec!["p2".to_owned()]);
+    }
+
     #[tokio::test]
     async fn memory_store_conforms() {
         conformance(&MemoryStore::default()).await;
+        approval_conformance(&MemoryStore::default()).await;
+    }
+
+    #[tokio::test]
+    async fn redb_approvals_conform_and_decisions_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            approval_conformance(&store).await;
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(
+            store.get_proposal("p2").unwrap().unwrap().state,
+            ProposalState::Approved
+        );
     }
 
     #[tokio::test]
