@@ -427,6 +427,37 @@ impl Config {
                 "limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into(),
             );
         }
+        let a = &self.approvals;
+        if a.ttl.is_zero() {
+            return Err("approvals.ttl must be more than zero (an approval that is born expired approves nothing)".into());
+        }
+        // A zero interval would turn a held call into a busy loop of
+        // progress notifications.
+        if a.progress_interval < Duration::from_millis(100) {
+            return Err("approvals.progress_interval must be at least 100ms".into());
+        }
+        if a.clock_skew < Duration::from_secs(1) || a.clock_skew > Duration::from_secs(600) {
+            return Err("approvals.clock_skew must be between 1s and 10m: it bounds how long a captured control request can be replayed".into());
+        }
+        for (name, server) in &self.servers {
+            for (tool, t) in &server.tools {
+                if let Some(p) = &t.version_probe {
+                    if p.tool == *tool {
+                        return Err(format!(
+                            "[servers.{name}.tools.{tool}] version_probe names the tool itself: the probe must be a read-only tool"
+                        ));
+                    }
+                    let pointer_name = "pointer".to_owned();
+                    for (arg, pointer) in p.arguments.iter().chain([(&pointer_name, &p.pointer)]) {
+                        if !pointer.is_empty() && !pointer.starts_with('/') {
+                            return Err(format!(
+                                "[servers.{name}.tools.{tool}] version_probe `{arg}` = `{pointer}` is not a JSON pointer (it starts with `/`)"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -444,6 +475,23 @@ mod tests {
         let c = parse("").unwrap();
         assert!(c.gateway.listen.ip().is_loopback());
         assert_eq!(c.limits.max_depth, 64);
+    }
+
+    #[test]
+    fn approval_settings_are_checked() {
+        let err = parse("[approvals]\nprogress_interval = \"0s\"\n").unwrap_err();
+        assert!(err.to_string().contains("progress_interval"), "{err}");
+        let err = parse("[approvals]\nttl = \"0s\"\n").unwrap_err();
+        assert!(err.to_string().contains("approvals.ttl"), "{err}");
+        let err = parse("[approvals]\nhold = \"soon\"\n").unwrap_err();
+        assert!(err.to_string().contains("not a duration"), "{err}");
+        let err = parse(
+            "[servers.p]\ncommand = \"x\"\n[servers.p.tools.t]\nversion_probe = { tool = \"r\", arguments = { id = \"account\" }, pointer = \"/v\" }\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not a JSON pointer"), "{err}");
+        let c = parse("[approvals]\nhold = \"0s\"\nremote_control = true\n").unwrap();
+        assert!(c.approvals.hold.is_zero() && c.approvals.remote_control);
     }
 
     #[test]
@@ -502,6 +550,8 @@ version_probe = { tool = "get_account", arguments = { id = "/account" }, pointer
 "#,
         )
         .unwrap();
+        assert_eq!(c.approvals.ttl, Duration::from_secs(900));
+        assert_eq!(c.approvals.hold, Duration::from_secs(60));
         let tool = &c.servers["payments"].tools["charge_card"];
         assert_eq!(tool.read_only, Some(false));
         assert_eq!(tool.version_probe.as_ref().unwrap().tool, "get_account");

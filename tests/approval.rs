@@ -642,24 +642,55 @@ async fn an_approval_survives_a_gateway_crash_and_a_lost_answer_never_frees_it()
     let base = r.gw.base();
     let key = r.key("alice");
     let (ok, out, err) = cli(&[
-        "reconcile", "--list", "--reviewer-key", &key, "--gateway", &base,
+        "reconcile",
+        "--list",
+        "--reviewer-key",
+        &key,
+        "--gateway",
+        &base,
     ])
     .await;
-    assert!(ok && out.contains("k-1") && out.contains("payments/charge_card"), "{out}{err}");
+    assert!(
+        ok && out.contains("k-1") && out.contains("payments/charge_card"),
+        "{out}{err}"
+    );
     let (ok, out, err) = cli(&[
-        "reconcile", "k-1", "--tenant", "acme", "--principal", "agent-7", "--executed",
-        "--note", "seen in the PSP dashboard", "--reviewer-key", &key, "--gateway", &base,
+        "reconcile",
+        "k-1",
+        "--tenant",
+        "acme",
+        "--principal",
+        "agent-7",
+        "--executed",
+        "--note",
+        "seen in the PSP dashboard",
+        "--reviewer-key",
+        &key,
+        "--gateway",
+        &base,
     ])
     .await;
     assert!(ok, "{out}{err}");
     let replayed = call(&c, 5, CHARGE, charge(10), "k-1").await;
     assert!(ran(&replayed), "{replayed:?}");
-    assert!(replayed.text.contains("seen in the PSP dashboard"), "{replayed:?}");
+    assert!(
+        replayed.text.contains("seen in the PSP dashboard"),
+        "{replayed:?}"
+    );
     assert_eq!(r.gw.executions(CHARGE), 1);
     // bob (globex) cannot reconcile acme's calls.
     let (ok, _, err) = cli(&[
-        "reconcile", "k-1", "--tenant", "acme", "--principal", "agent-7", "--not-executed",
-        "--reviewer-key", &r.key("bob"), "--gateway", &base,
+        "reconcile",
+        "k-1",
+        "--tenant",
+        "acme",
+        "--principal",
+        "agent-7",
+        "--not-executed",
+        "--reviewer-key",
+        &r.key("bob"),
+        "--gateway",
+        &base,
     ])
     .await;
     assert!(!ok && err.contains("no unknown outcome"), "{err}");
@@ -685,7 +716,9 @@ async fn the_event_stream_shows_new_proposals_and_decisions_live() {
     let mut seen = String::new();
     // The stream is open before anything happens.
     while !seen.contains("subscribed") {
-        seen.push_str(&String::from_utf8_lossy(&body.next().await.unwrap().unwrap()));
+        seen.push_str(&String::from_utf8_lossy(
+            &body.next().await.unwrap().unwrap(),
+        ));
     }
     let c = r.client(common::TOKEN).await;
     let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
@@ -704,7 +737,10 @@ async fn the_event_stream_shows_new_proposals_and_decisions_live() {
     }
     assert!(seen.contains("event: proposal_created"), "{seen}");
     assert!(seen.contains(&id), "{seen}");
-    assert!(!seen.contains(&hidden), "another tenant's proposal leaked: {seen}");
+    assert!(
+        !seen.contains(&hidden),
+        "another tenant's proposal leaked: {seen}"
+    );
 }
 
 #[tokio::test]
@@ -721,12 +757,19 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
         .unwrap_err();
     assert!(err.to_string().contains("unknown state `bogus`"), "{err}");
     let err = alice
-        .call(reqwest::Method::POST, "/v1/proposals/p-0/decision", Some(&json!({"nope": 1})))
+        .call(
+            reqwest::Method::POST,
+            "/v1/proposals/p-0/decision",
+            Some(&json!({"nope": 1})),
+        )
         .await
         .unwrap_err();
     assert!(err.to_string().contains("\"statement\""), "{err}");
     let err = alice.proposal("p-does-not-exist").await.unwrap_err();
-    assert!(err.to_string().contains("no proposal `p-does-not-exist`"), "{err}");
+    assert!(
+        err.to_string().contains("no proposal `p-does-not-exist`"),
+        "{err}"
+    );
     // A signature made for another path does not open this one.
     let auth = countersign::approval::authorization(
         &countersign::control::client::load_key(Path::new(&r.key("alice")))
@@ -768,5 +811,54 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 401);
-    assert!(resp.text().await.unwrap().contains("too far from the gateway's clock"));
+    assert!(resp
+        .text()
+        .await
+        .unwrap()
+        .contains("too far from the gateway's clock"));
+}
+
+#[tokio::test]
+async fn an_approval_by_a_reviewer_removed_since_does_not_run() {
+    let r = Review::start("hold = \"0s\"", "");
+    let c = r.client(common::TOKEN).await;
+    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    r.approve("alice", &id).await;
+    // alice leaves: the policy repository drops her entry.
+    let file = r.pdir.path().join("reviewers.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let without: String = text
+        .split("[[reviewers]]")
+        .filter(|e| !e.trim().is_empty() && !e.contains("name = \"alice\""))
+        .map(|e| format!("[[reviewers]]{e}"))
+        .collect();
+    std::fs::write(&file, without).unwrap();
+    let mut reloaded = false;
+    for _ in 0..60 {
+        if r.gw
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("policies reloaded"))
+        {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reloaded, "the reviewers edit was not picked up");
+    let a = call(&c, 2, CHARGE, charge(10), "k-1").await;
+    assert_eq!(code(&a), "approval_pending", "{a:?}");
+    assert_ne!(proposal_id(&a), id);
+    assert_eq!(r.gw.executions(CHARGE), 0);
+    let (_, shown, _) = r.cli("bob", &["show", &id, "--json"]).await;
+    assert!(shown.is_empty(), "bob does not see acme: {shown}");
+    let (_, shown, _) = r.cli("agent-7", &["show", &id, "--json"]).await;
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["state"], "invalidated");
+    assert!(shown["reason"]
+        .as_str()
+        .unwrap()
+        .contains("no longer registered"));
 }
