@@ -10,6 +10,11 @@
 //! - [`decision`]: Cedar policies, argument mapping and the two-phase
 //!   decision (pure apart from loading the policy folder).
 //! - [`ledger`]: idempotency keys, ledger states and what a retry gets (pure).
+//! - [`approval`]: proposals, the signed approval statement, reviewer keys
+//!   and `reviewers.toml`, request signatures, consumption (pure).
+//! - [`control`]: the reviewer control API `/v1`, the approval book (the
+//!   service behind holds and decisions) and its signed client.
+//! - [`review_cli`]: `countersign keygen|pending|show|approve|deny`.
 //! - [`idempotency`]: the ledger as a service — store plus in-process
 //!   single-flight, tickets and the dispatch permit.
 //! - [`store`]: durable ledger storage (redb by default) behind one trait.

@@ -21,7 +21,13 @@ pub fn check(dir: &Path) -> bool {
             } else {
                 "no schema.cedarschema: parsed only"
             };
-            println!("{}: {} policies, {how}", dir.display(), p.len());
+            println!(
+                "{}: {} policies, {how}; {} reviewers in {}",
+                dir.display(),
+                p.len(),
+                p.reviewers().len(),
+                crate::approval::REVIEWERS_FILE
+            );
             true
         }
         Err(errors) => {
