@@ -74,6 +74,42 @@ impl Review {
         Review { gw, pdir, keys }
     }
 
+    /// A gateway (calls not held) where agent-7's `charge_card` of 10 under
+    /// key `k-1` waits on proposal `id`.
+    async fn with_pending_charge() -> (Review, common::Client, String) {
+        let r = Review::start("hold = \"0s\"", "");
+        let c = r.client(common::TOKEN).await;
+        let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+        (r, c, id)
+    }
+
+    /// A signed control API client for a reviewer.
+    fn api(&self, name: &str) -> countersign::control::client::Client {
+        countersign::control::client::Client::new(&self.gw.base(), &self.key_file(name)).unwrap()
+    }
+
+    fn key_file(&self, name: &str) -> countersign::approval::KeyFile {
+        countersign::control::client::load_key(Path::new(&self.key(name))).unwrap()
+    }
+
+    /// Wait until the gateway logs a policy folder reload.
+    async fn wait_for_reload(&self, what: &str) {
+        for _ in 0..60 {
+            if self
+                .gw
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains("policies reloaded"))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}");
+    }
+
     fn key(&self, name: &str) -> String {
         self.keys.join(format!("{name}.key")).display().to_string()
     }
@@ -209,9 +245,7 @@ async fn a_write_without_approval_makes_one_proposal_however_often_it_is_retried
 
 #[tokio::test]
 async fn an_approved_call_runs_once_and_a_new_key_needs_a_new_approval() {
-    let r = Review::start("hold = \"0s\"", "");
-    let c = r.client(common::TOKEN).await;
-    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    let (r, c, id) = Review::with_pending_charge().await;
     r.approve("alice", &id).await;
 
     let run = call(&c, 2, CHARGE, charge(10), "k-1").await;
@@ -236,9 +270,7 @@ async fn an_approved_call_runs_once_and_a_new_key_needs_a_new_approval() {
 
 #[tokio::test]
 async fn drifted_arguments_and_another_tool_never_ride_on_an_approval() {
-    let r = Review::start("hold = \"0s\"", "");
-    let c = r.client(common::TOKEN).await;
-    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    let (r, c, id) = Review::with_pending_charge().await;
     r.approve("alice", &id).await;
 
     // Changed amount: not run; a new proposal flagged as a revision.
@@ -304,9 +336,7 @@ async fn an_approval_is_bound_to_its_requester_and_tenant() {
 
 #[tokio::test]
 async fn an_expired_approval_answers_approval_expired() {
-    let r = Review::start("hold = \"0s\"", "");
-    let c = r.client(common::TOKEN).await;
-    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    let (r, c, id) = Review::with_pending_charge().await;
     let (ok, out, err) = r.cli("alice", &["approve", &id, "--ttl", "1s"]).await;
     assert!(ok, "{out}{err}");
     tokio::time::sleep(Duration::from_millis(2100)).await;
@@ -384,9 +414,7 @@ async fn an_explicit_resource_version_binds_the_approval() {
 
 #[tokio::test]
 async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
-    let r = Review::start("hold = \"0s\"", "");
-    let c = r.client(common::TOKEN).await;
-    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    let (r, c, id) = Review::with_pending_charge().await;
 
     // A reviewer approving their own call.
     let (ok, _, err) = r.cli("agent-7", &["approve", &id]).await;
@@ -399,12 +427,8 @@ async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
     assert!(!ok && err.contains("not in reviewers.toml"), "{err}");
 
     // Forged: alice's request carrying a statement signed by mallory's key.
-    let alice = countersign::control::client::Client::new(
-        &r.gw.base(),
-        &countersign::control::client::load_key(Path::new(&r.key("alice"))).unwrap(),
-    )
-    .unwrap();
-    let mallory = countersign::control::client::load_key(Path::new(&r.key("mallory"))).unwrap();
+    let alice = r.api("alice");
+    let mallory = r.key_file("mallory");
     let shown = alice.proposal(&id).await.unwrap();
     let p: countersign::approval::Proposal =
         serde_json::from_value(countersign::control::client::strip_view(shown)).unwrap();
@@ -434,10 +458,9 @@ async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
     assert!(err.to_string().contains("does not verify"), "{err}");
 
     // Tampered: a genuine signature, then the digest changed.
-    let genuine = {
-        let key = countersign::control::client::load_key(Path::new(&r.key("alice"))).unwrap();
-        statement.sign(&key.signing_key().unwrap()).unwrap()
-    };
+    let genuine = statement
+        .sign(&r.key_file("alice").signing_key().unwrap())
+        .unwrap();
     let mut tampered = serde_json::to_value(&statement).unwrap();
     tampered["call_digest"] = json!("sha256:00");
     let err = post(json!({"statement": tampered, "signature": genuine}))
@@ -498,30 +521,14 @@ async fn twenty_calls_with_different_keys_racing_for_one_approval_run_once() {
 
 #[tokio::test]
 async fn a_policy_revoked_between_approval_and_execution_stops_the_call() {
-    let r = Review::start("hold = \"0s\"", "");
-    let c = r.client(common::TOKEN).await;
-    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    let (r, c, id) = Review::with_pending_charge().await;
     r.approve("alice", &id).await;
     std::fs::write(
         r.pdir.path().join("freeze.cedar"),
         "@id(\"freeze\")\nforbid (principal, action == Action::\"call\", resource == Tool::\"payments/charge_card\");\n",
     )
     .unwrap();
-    let mut reloaded = false;
-    for _ in 0..60 {
-        if r.gw
-            .log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains("policies reloaded"))
-        {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(reloaded, "the policy edit was not picked up");
+    r.wait_for_reload("the policy edit was not picked up").await;
     let a = call(&c, 2, CHARGE, charge(10), "k-1").await;
     assert_eq!(code(&a), "policy_denied", "{a:?}");
     assert_eq!(r.gw.executions(CHARGE), 0);
@@ -577,9 +584,7 @@ async fn a_held_call_gets_progress_then_its_result_when_approved() {
 
 #[tokio::test]
 async fn a_denied_call_answers_approval_denied_with_the_reason() {
-    let r = Review::start("hold = \"0s\"", "");
-    let c = r.client(common::TOKEN).await;
-    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    let (r, c, id) = Review::with_pending_charge().await;
     let (ok, _, err) = r.cli("alice", &["deny", &id]).await;
     assert!(
         !ok && err.contains("--reason"),
@@ -700,11 +705,7 @@ async fn an_approval_survives_a_gateway_crash_and_a_lost_answer_never_frees_it()
 async fn the_event_stream_shows_new_proposals_and_decisions_live() {
     use futures_util::StreamExt;
     let r = Review::start("hold = \"0s\"", "");
-    let alice = countersign::control::client::Client::new(
-        &r.gw.base(),
-        &countersign::control::client::load_key(Path::new(&r.key("alice"))).unwrap(),
-    )
-    .unwrap();
+    let alice = r.api("alice");
     let resp = alice
         .signed(reqwest::Method::GET, "/v1/events", Vec::new())
         .send()
@@ -746,11 +747,7 @@ async fn the_event_stream_shows_new_proposals_and_decisions_live() {
 #[tokio::test]
 async fn the_control_api_refuses_bad_requests_with_a_reason() {
     let r = Review::start("hold = \"0s\"", "");
-    let alice = countersign::control::client::Client::new(
-        &r.gw.base(),
-        &countersign::control::client::load_key(Path::new(&r.key("alice"))).unwrap(),
-    )
-    .unwrap();
+    let alice = r.api("alice");
     let err = alice
         .call(reqwest::Method::GET, "/v1/proposals?state=bogus", None)
         .await
@@ -772,10 +769,7 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
     );
     // A signature made for another path does not open this one.
     let auth = countersign::approval::authorization(
-        &countersign::control::client::load_key(Path::new(&r.key("alice")))
-            .unwrap()
-            .signing_key()
-            .unwrap(),
+        &r.key_file("alice").signing_key().unwrap(),
         "alice",
         "GET",
         "/v1/outcomes",
@@ -794,10 +788,7 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
     assert!(resp.text().await.unwrap().contains("does not verify"));
     // A request signed too long ago (a replay).
     let old = countersign::approval::authorization(
-        &countersign::control::client::load_key(Path::new(&r.key("alice")))
-            .unwrap()
-            .signing_key()
-            .unwrap(),
+        &r.key_file("alice").signing_key().unwrap(),
         "alice",
         "GET",
         "/v1/proposals",
@@ -820,9 +811,7 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
 
 #[tokio::test]
 async fn an_approval_by_a_reviewer_removed_since_does_not_run() {
-    let r = Review::start("hold = \"0s\"", "");
-    let c = r.client(common::TOKEN).await;
-    let id = proposal_id(&call(&c, 1, CHARGE, charge(10), "k-1").await);
+    let (r, c, id) = Review::with_pending_charge().await;
     r.approve("alice", &id).await;
     // alice leaves: the policy repository drops her entry.
     let file = r.pdir.path().join("reviewers.toml");
@@ -833,21 +822,8 @@ async fn an_approval_by_a_reviewer_removed_since_does_not_run() {
         .map(|e| format!("[[reviewers]]{e}"))
         .collect();
     std::fs::write(&file, without).unwrap();
-    let mut reloaded = false;
-    for _ in 0..60 {
-        if r.gw
-            .log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains("policies reloaded"))
-        {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(reloaded, "the reviewers edit was not picked up");
+    r.wait_for_reload("the reviewers edit was not picked up")
+        .await;
     let a = call(&c, 2, CHARGE, charge(10), "k-1").await;
     assert_eq!(code(&a), "approval_pending", "{a:?}");
     assert_ne!(proposal_id(&a), id);

@@ -100,14 +100,14 @@ fn now_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-/// RFC 3339 (UTC, seconds) of unix milliseconds.
+/// RFC 3339 (UTC, to the millisecond) of unix milliseconds. Milliseconds,
+/// not seconds: an expiry rounded down to the second could be in the past
+/// by the time a short approval reaches the gateway.
 pub fn rfc3339(ms: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
         .ok()
         .and_then(|t| {
-            t.replace_nanosecond(0)
-                .ok()?
-                .format(&time::format_description::well_known::Rfc3339)
+            t.format(&time::format_description::well_known::Rfc3339)
                 .ok()
         })
         .unwrap_or_default()
@@ -497,4 +497,16 @@ fn reviewer_still_valid(p: &Proposal, reviewers: &Reviewers) -> bool {
 /// The pending answer for a proposal.
 pub fn pending(p: &Proposal) -> ApprovalNote {
     note(ApprovalCode::Pending, p, None)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_keep_milliseconds_and_round_trip() {
+        let ms = 1_796_033_537_855;
+        let text = super::rfc3339(ms);
+        assert_eq!(text, "2026-11-30T10:12:17.855Z");
+        assert_eq!(super::parse_rfc3339(&text), Some(ms));
+        assert_eq!(super::rfc3339(1_796_033_537_000), "2026-11-30T10:12:17Z");
+    }
 }

@@ -25,12 +25,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::extract::{ConnectInfo, FromRequest, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -126,20 +126,36 @@ fn authenticate(
     Ok(reviewer)
 }
 
-macro_rules! reviewer {
-    ($gw:expr, $peer:expr, $method:expr, $uri:expr, $headers:expr, $body:expr) => {
-        match authenticate(
-            &$gw,
-            $peer.map(|Extension(ConnectInfo(a))| a),
-            &$method,
-            &$uri,
-            &$headers,
-            &$body,
-        ) {
-            Ok(r) => r,
-            Err(resp) => return resp,
-        }
-    };
+/// A request signed by a registered reviewer: the reviewer and the body the
+/// signature covers. Handlers that take it cannot run for anyone else.
+pub struct Signed {
+    /// Who signed.
+    pub reviewer: Reviewer,
+    /// The request body (already read: the signature covers its hash).
+    pub body: Bytes,
+}
+
+impl FromRequest<Arc<Gateway>> for Signed {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, gw: &Arc<Gateway>) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(a)| *a);
+        let body = axum::body::to_bytes(body, gw.config.limits.max_body_bytes)
+            .await
+            .map_err(|e| {
+                problem(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("the body could not be read (limits.max_body_bytes): {e}"),
+                )
+            })?;
+        let reviewer = authenticate(gw, peer, &parts.method, &parts.uri, &parts.headers, &body)?;
+        Ok(Signed { reviewer, body })
+    }
 }
 
 /// A proposal as the API shows it: the stored record plus a plain
@@ -165,14 +181,9 @@ struct ListQuery {
 
 async fn list(
     State(gw): State<Arc<Gateway>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Query(q): Query<ListQuery>,
-    body: Bytes,
+    Signed { reviewer, .. }: Signed,
 ) -> Response {
-    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
     let wanted = match q.state.as_deref() {
         None | Some("all") => None,
         Some(s) => match serde_json::from_value::<ProposalState>(json!(s)) {
@@ -200,14 +211,9 @@ async fn list(
 
 async fn show(
     State(gw): State<Arc<Gateway>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(id): Path<String>,
-    body: Bytes,
+    Signed { reviewer, .. }: Signed,
 ) -> Response {
-    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
     match gw.book.get(&id) {
         // Another tenant's proposal is "not found": its existence is not
         // disclosed.
@@ -230,14 +236,9 @@ struct DecisionBody {
 
 async fn decide(
     State(gw): State<Arc<Gateway>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
     Path(id): Path<String>,
-    body: Bytes,
+    Signed { reviewer, body }: Signed,
 ) -> Response {
-    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
     let parsed: DecisionBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -314,15 +315,7 @@ async fn decide(
     }
 }
 
-async fn outcomes(
-    State(gw): State<Arc<Gateway>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+async fn outcomes(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
     match crate::reconcile::list_unknown_in(gw.idempotency.store().as_ref()) {
         Ok(all) => ok(json!({
             "outcomes": all
@@ -350,15 +343,7 @@ struct ReconcileBody {
     result: Option<String>,
 }
 
-async fn reconcile(
-    State(gw): State<Arc<Gateway>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
+async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Signed) -> Response {
     let b: ReconcileBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
@@ -408,16 +393,8 @@ async fn reconcile(
     }
 }
 
-async fn events(
-    State(gw): State<Arc<Gateway>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+async fn events(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
     use futures_util::StreamExt;
-    let reviewer = reviewer!(gw, peer, method, uri, headers, body);
     let rx = gw.book.subscribe();
     let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |e| {
         let out = match e {

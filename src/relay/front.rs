@@ -746,13 +746,9 @@ impl Held<'_> {
         }
         let gw = self.gw;
         let hold_until = Instant::now() + gw.config.approvals.hold;
-        // Subscribed before the first look, so a decision made between the
-        // look and the wait is not missed.
-        let mut changes = gw.book.subscribe();
-        let token = self
-            .msg
-            .params_value()
-            .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
+        // Set up on the first look only: an unattended call (the hot path)
+        // pays for neither the subscription nor re-reading its params.
+        let mut waiting: Option<(tokio::sync::broadcast::Receiver<_>, Option<Value>)> = None;
         let mut progress = 0u64;
         loop {
             // Revalidation right before execution: the policies in force now.
@@ -762,6 +758,15 @@ impl Held<'_> {
                     Decision::Deny { .. } => return Gate::Refuse(IdemOutcome::Denied),
                     Decision::Approval { policies } => policies,
                 };
+            // Subscribed before the first look, so a decision made between
+            // the look and the wait is not missed.
+            let (changes, token) = waiting.get_or_insert_with(|| {
+                let token = self
+                    .msg
+                    .params_value()
+                    .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
+                (gw.book.subscribe(), token)
+            });
             let version = match self.resource_version().await {
                 Ok(v) => {
                     tracing::debug!(tool = %self.call.tool, version = ?v, "resource version");
@@ -821,7 +826,7 @@ impl Held<'_> {
                         }
                     },
                     () = tokio::time::sleep(tick) => {
-                        if let (Some(token), Some(events)) = (&token, self.events) {
+                        if let (Some(token), Some(events)) = (&*token, self.events) {
                             progress += 1;
                             let waited = gw.config.approvals.hold.saturating_sub(hold_until.saturating_duration_since(Instant::now()));
                             let params = json!({
