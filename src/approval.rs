@@ -923,20 +923,17 @@ mod tests {
             for (key, now, same_digest) in attempts {
                 let key = format!("k{key}");
                 let digest = if same_digest { "sha256:aa" } else { "sha256:bb" };
-                match consume(&p, &key, "payments", digest, now) {
-                    Ok(next) => {
-                        proptest::prop_assert!(same_digest);
-                        if let Some(next) = next {
-                            proptest::prop_assert!(now < 100, "consumed after expiry");
-                            proptest::prop_assert!(winner.is_none());
-                            p = next;
-                        }
-                        match &winner {
-                            Some(w) => proptest::prop_assert_eq!(w, &key),
-                            None => winner = Some(key),
-                        }
+                if let Ok(next) = consume(&p, &key, "payments", digest, now) {
+                    proptest::prop_assert!(same_digest);
+                    if let Some(next) = next {
+                        proptest::prop_assert!(now < 100, "consumed after expiry");
+                        proptest::prop_assert!(winner.is_none());
+                        p = next;
                     }
-                    Err(_) => {}
+                    match &winner {
+                        Some(w) => proptest::prop_assert_eq!(w, &key),
+                        None => winner = Some(key),
+                    }
                 }
             }
         }
