@@ -260,3 +260,53 @@ async fn stdio_children_get_a_minimal_environment() {
         "the gateway's environment must not leak: {text}"
     );
 }
+
+/// The Python SDK, held for an approval: it receives progress notifications
+/// while a reviewer decides, then the call's real result, without retrying;
+/// in the handshake era and in 2026-07-28.
+#[test]
+fn python_sdk_call_held_for_approval_gets_progress_then_its_result() {
+    let (pdir, key) = default_policies_with_alice();
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        approvals: "hold = \"30s\"\nprogress_interval = \"300ms\"\n".into(),
+        ..Default::default()
+    });
+    for (mode, version) in [("legacy", "2025-11-25"), ("auto", "2026-07-28")] {
+        let url = gw.url("payments");
+        let idem = format!("sdk-held-{mode}");
+        let client = std::thread::spawn(move || sdk(&["held", &url, TOKEN, mode, &idem]));
+        let mut id = None;
+        for _ in 0..100 {
+            let (ok, out, err) = review_cli(&gw, &key, &["pending", "--json"]);
+            assert!(ok, "{err}");
+            let listed: Value = serde_json::from_str(&out).unwrap();
+            if let Some(p) = listed["proposals"].as_array().unwrap().first() {
+                id = p["id"].as_str().map(str::to_owned);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let id = id.unwrap_or_else(|| panic!("{mode}: the held call made no proposal"));
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        let (ok, out, err) = review_cli(&gw, &key, &["approve", &id]);
+        assert!(ok, "{out}{err}");
+        let seen = client.join().unwrap();
+        assert_eq!(seen["protocol_version"], version, "{mode}: {seen}");
+        assert_eq!(seen["is_error"], false, "{mode}: {seen}");
+        assert!(
+            seen["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("charged 7 to acct_42"),
+            "{mode}: {seen}"
+        );
+        let progress = seen["progress"].as_array().unwrap();
+        assert!(!progress.is_empty(), "{mode}: no progress seen: {seen}");
+        assert!(
+            progress[0]["message"].as_str().unwrap().contains(&id),
+            "{mode}: {seen}"
+        );
+    }
+    assert_eq!(gw.executions("charge_card"), 2);
+}

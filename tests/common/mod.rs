@@ -559,3 +559,43 @@ pub fn raw_tools(body: &str) -> String {
         .unwrap_or_else(|e| panic!("not a tools/list response ({e}): {body}"));
     r.result.tools.get().to_owned()
 }
+
+/// A policy folder with the shipped schema and default policies, and one
+/// reviewer, `alice` (group `leads`, tenant `acme`); returns it and the path of
+/// alice's key (made by the real `countersign keygen`).
+pub fn default_policies_with_alice() -> (tempfile::TempDir, PathBuf) {
+    let pdir = tempfile::tempdir().unwrap();
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
+    for f in ["schema.cedarschema", "default.cedar"] {
+        std::fs::copy(shipped.join(f), pdir.path().join(f)).unwrap();
+    }
+    let key = pdir.path().join("alice.key");
+    let out = Command::new(countersign_bin())
+        .args(["keygen", "--name", "alice", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let entry = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace("groups = []", "groups = [\"leads\"]")
+        .replace("tenants = [\"*\"]", "tenants = [\"acme\"]");
+    std::fs::write(pdir.path().join("reviewers.toml"), entry).unwrap();
+    (pdir, key)
+}
+
+/// Run a reviewer command against `gw` with `key`; (success, stdout, stderr).
+pub fn review_cli(gw: &Gateway, key: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(countersign_bin())
+        .args(args)
+        .arg("--key")
+        .arg(key)
+        .args(["--gateway", &gw.base()])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -3,6 +3,9 @@
 Usage:
   sdk_client.py http URL TOKEN MODE
   sdk_client.py stdio COUNTERSIGN_BIN GATEWAY_URL SERVER TOKEN MODE
+  sdk_client.py held URL TOKEN MODE KEY
+    (one charge_card with a progress callback and idempotency key KEY: the
+    gateway holds it until a reviewer decides)
 
 MODE is the SDK's `mode`: "legacy" (initialize handshake) or "auto" (probe
 server/discover, fall back to initialize). Prints one JSON object with what
@@ -53,6 +56,31 @@ async def main() -> None:
         )
         async with Client(params, mode=mode) as client:
             out = await exercise(client)
+    elif kind == "held":
+        url, token, mode, key = sys.argv[2:6]
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        transport = streamable_http_client(url, http_client=http)
+        progress = []
+
+        async def on_progress(done, total, message):
+            progress.append({"progress": done, "message": message})
+
+        async with Client(transport, mode=mode) as client:
+            await client.list_tools()
+            result = await client.call_tool(
+                "charge_card",
+                {"account": "acct_42", "amount": 7},
+                read_timeout_seconds=60,
+                progress_callback=on_progress,
+                meta={"dev.countersign/idempotency-key": key},
+            )
+            out = {
+                "protocol_version": client.protocol_version,
+                "progress": progress,
+                "is_error": result.is_error,
+                "text": result.content[0].text,
+                "structured": result.structured_content,
+            }
     else:
         raise SystemExit(f"unknown kind {kind!r}")
     print(json.dumps(out))
