@@ -36,6 +36,7 @@
 
 pub mod annotations;
 pub mod approval;
+pub mod audit;
 pub mod bridge;
 pub mod canonical;
 pub mod check;

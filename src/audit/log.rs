@@ -1,0 +1,564 @@
+//! The audit writer: one thread appends entries in order, chains them,
+//! signs checkpoints, rotates segments and fsyncs what must be durable.
+//!
+//! Files under the audit dir (`gateway.data_dir/audit` by default):
+//! `gateway.key` (the gateway's ed25519 key, 0600, made on first start),
+//! `gateway.pub`, and segments `000001.jsonl`, `000002.jsonl`, ... The
+//! chain continues across segments.
+//!
+//! Durability: [`AuditLog::record_durable`] returns once its entry is
+//! fsynced (the relay awaits it, alongside the ledger's `dispatched` commit,
+//! before a write is sent). Other entries are written to the file at the
+//! end of each batch (a gateway crash loses none of them) and fsynced with
+//! the next durable entry or checkpoint (an OS crash loses at most that
+//! unflushed tail, which `audit verify` reports as entries after the last
+//! checkpoint, never as corruption). At startup a torn final line is cut
+//! off and the cut is recorded in the `log_started` entry.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::SigningKey;
+use serde_json::{json, Map, Value};
+use tokio::sync::oneshot;
+
+use super::{entry_hash, sign_checkpoint, ArgumentMode, CHECKPOINT, LOG_STARTED};
+use crate::approval::{format_public_key, KeyFile};
+
+/// `[audit]` settings the writer needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The audit dir.
+    pub dir: PathBuf,
+    /// A checkpoint after this many entries.
+    pub checkpoint_every: u64,
+    /// A checkpoint after this long with unsigned entries.
+    pub checkpoint_interval: Duration,
+    /// A new segment once the current one is this large.
+    pub segment_bytes: u64,
+    /// How arguments are recorded.
+    pub arguments: ArgumentMode,
+    /// JSON pointers redacted in `redact` mode.
+    pub redact: Vec<String>,
+}
+
+/// Why the audit log could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("audit log `{path}`: {message}")]
+pub struct AuditError {
+    /// The file or dir.
+    pub path: PathBuf,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> AuditError + '_ {
+    move |e| AuditError {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// The key file name in the audit dir.
+pub const KEY_FILE: &str = "gateway.key";
+
+/// Load the gateway's audit key, or make one (0600) on first start.
+pub fn load_or_create_key(dir: &Path) -> Result<SigningKey, AuditError> {
+    let path = dir.join(KEY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => KeyFile::parse(&text)
+            .and_then(|k| k.signing_key())
+            .map_err(|e| AuditError {
+                path: path.clone(),
+                message: format!("{e} (the audit key is damaged: restore it from backup)"),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let kf = KeyFile::generate("gateway", rand::random());
+            let key = kf.signing_key().map_err(|e| AuditError {
+                path: path.clone(),
+                message: e.0,
+            })?;
+            let text = format!(
+                "# countersign gateway audit key: signs checkpoints; keep it secret, back it up\n{}",
+                toml::to_string(&kf).map_err(|e| AuditError {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?
+            );
+            let mut opts = OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            let mut f = opts.open(&path).map_err(io_err(&path))?;
+            f.write_all(text.as_bytes()).map_err(io_err(&path))?;
+            f.sync_all().map_err(io_err(&path))?;
+            let pub_path = dir.join("gateway.pub");
+            std::fs::write(&pub_path, format!("{}\n", format_public_key(&key.verifying_key())))
+                .map_err(io_err(&pub_path))?;
+            Ok(key)
+        }
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
+/// The segment files of `dir`, in order.
+pub fn segments(dir: &Path) -> Result<Vec<PathBuf>, AuditError> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "jsonl")
+                && p.file_stem()
+                    .and_then(|s| s.to_str())
+                    .is_some_and(|s| s.len() == 6 && s.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn segment_path(dir: &Path, n: u32) -> PathBuf {
+    dir.join(format!("{n:06}.jsonl"))
+}
+
+/// Where the chain stands when the log is opened.
+struct Tail {
+    segment: u32,
+    seq: u64,
+    head: String,
+    /// Bytes of a torn final line cut off.
+    cut: u64,
+    /// The last entry was a clean-shutdown checkpoint.
+    clean: bool,
+}
+
+/// Find the end of the chain; cut a torn final line of the last segment.
+fn recover(dir: &Path) -> Result<Tail, AuditError> {
+    let segs = segments(dir)?;
+    let Some(last) = segs.last() else {
+        return Ok(Tail {
+            segment: 1,
+            seq: 0,
+            head: String::new(),
+            cut: 0,
+            clean: true,
+        });
+    };
+    let number: u32 = last
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(last)
+        .map_err(io_err(last))?;
+    let len = f.metadata().map_err(io_err(last))?.len();
+    let mut reader = BufReader::new(&mut f);
+    let (mut good_end, mut pos) = (0u64, 0u64);
+    let mut last_entry: Option<Map<String, Value>> = None;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line).map_err(io_err(last))?;
+        if n == 0 {
+            break;
+        }
+        pos += n as u64;
+        let complete = line.ends_with(b"\n");
+        match serde_json::from_slice::<Map<String, Value>>(&line) {
+            Ok(e) if complete => {
+                good_end = pos;
+                last_entry = Some(e);
+            }
+            // A torn or garbled line: everything from here is cut.
+            _ => break,
+        }
+    }
+    drop(reader);
+    let cut = len - good_end;
+    if cut > 0 {
+        f.set_len(good_end).map_err(io_err(last))?;
+        f.sync_all().map_err(io_err(last))?;
+    }
+    // An empty last segment: the chain ends in the one before.
+    if last_entry.is_none() && segs.len() > 1 {
+        let mut t = recover_from(&segs[segs.len() - 2])?;
+        t.segment = number;
+        t.cut = cut;
+        return Ok(t);
+    }
+    Ok(tail_of(last_entry, number, cut))
+}
+
+fn recover_from(seg: &Path) -> Result<Tail, AuditError> {
+    let f = File::open(seg).map_err(io_err(seg))?;
+    let mut last = None;
+    for line in BufReader::new(f).split(b'\n') {
+        let line = line.map_err(io_err(seg))?;
+        if let Ok(e) = serde_json::from_slice::<Map<String, Value>>(&line) {
+            last = Some(e);
+        }
+    }
+    Ok(tail_of(last, 1, 0))
+}
+
+fn tail_of(last: Option<Map<String, Value>>, segment: u32, cut: u64) -> Tail {
+    match last {
+        Some(e) => Tail {
+            segment,
+            seq: e.get("seq").and_then(Value::as_u64).unwrap_or(0),
+            head: e
+                .get("hash")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            cut,
+            clean: e.get("kind").and_then(Value::as_str) == Some(CHECKPOINT)
+                && e.get("reason").and_then(Value::as_str) == Some("shutdown"),
+        },
+        None => Tail {
+            segment,
+            seq: 0,
+            head: String::new(),
+            cut,
+            clean: true,
+        },
+    }
+}
+
+enum Msg {
+    Entry {
+        kind: &'static str,
+        fields: Map<String, Value>,
+        durable: Option<oneshot::Sender<Result<(), String>>>,
+    },
+}
+
+/// The audit log of a running gateway.
+pub struct AuditLog {
+    tx: Option<mpsc::Sender<Msg>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The gateway's public key (`ed25519:...`).
+    pub public_key: String,
+    /// How arguments are recorded.
+    pub arguments: ArgumentMode,
+    /// Pointers redacted.
+    pub redact: Vec<String>,
+}
+
+impl AuditLog {
+    /// Open (or create) the log, recover its tail, write `log_started`.
+    pub fn open(s: Settings) -> Result<AuditLog, AuditError> {
+        std::fs::create_dir_all(&s.dir).map_err(io_err(&s.dir))?;
+        let key = load_or_create_key(&s.dir)?;
+        let public_key = format_public_key(&key.verifying_key());
+        let tail = recover(&s.dir)?;
+        let path = segment_path(&s.dir, tail.segment);
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let size = file.metadata().map_err(io_err(&path))?.len();
+        let mut started = Map::new();
+        started.insert("public_key".into(), json!(public_key));
+        started.insert(
+            "previous".into(),
+            json!({ "seq": tail.seq, "clean_shutdown": tail.clean, "torn_bytes_cut": tail.cut }),
+        );
+        let (tx, rx) = mpsc::channel();
+        let mut w = Writer {
+            dir: s.dir.clone(),
+            key,
+            file: BufWriter::with_capacity(1 << 16, file),
+            segment: tail.segment,
+            size,
+            seq: tail.seq,
+            head: tail.head,
+            since_checkpoint: 0,
+            settings: s.clone(),
+        };
+        if tail.cut > 0 || !tail.clean {
+            tracing::warn!(
+                last_seq = tail.seq,
+                torn_bytes = tail.cut,
+                "audit log: the previous run did not end with a shutdown checkpoint (crash?)"
+            );
+        }
+        w.append(LOG_STARTED, started).map_err(io_err(&path))?;
+        w.sync().map_err(io_err(&path))?;
+        let thread = std::thread::Builder::new()
+            .name("audit-writer".into())
+            .spawn(move || w.run(&rx))
+            .map_err(io_err(&s.dir))?;
+        Ok(AuditLog {
+            tx: Some(tx),
+            thread: Some(thread),
+            public_key,
+            arguments: s.arguments,
+            redact: s.redact,
+        })
+    }
+
+    /// Append an entry (buffered).
+    pub fn record(&self, kind: &'static str, fields: Map<String, Value>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Entry {
+                kind,
+                fields,
+                durable: None,
+            });
+        }
+    }
+
+    /// Append an entry and return once it is on disk.
+    pub async fn record_durable(
+        &self,
+        kind: &'static str,
+        fields: Map<String, Value>,
+    ) -> Result<(), String> {
+        let (done, wait) = oneshot::channel();
+        let tx = self.tx.as_ref().ok_or("the audit log is closed")?;
+        tx.send(Msg::Entry {
+            kind,
+            fields,
+            durable: Some(done),
+        })
+        .map_err(|_| "the audit writer stopped".to_owned())?;
+        wait.await
+            .map_err(|_| "the audit writer dropped an entry".to_owned())?
+    }
+
+    /// The recorded form of `arguments` (see [`super::record_arguments`]).
+    pub fn arguments_fields(&self, arguments: &Value, fields: &mut Map<String, Value>) {
+        super::record_arguments(self.arguments, &self.redact, arguments, fields);
+    }
+
+    /// Write the shutdown checkpoint and stop the writer.
+    pub fn close(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for AuditLog {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct Writer {
+    dir: PathBuf,
+    key: SigningKey,
+    file: BufWriter<File>,
+    segment: u32,
+    size: u64,
+    seq: u64,
+    head: String,
+    since_checkpoint: u64,
+    settings: Settings,
+}
+
+fn now() -> String {
+    crate::control::book::rfc3339(
+        (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
+    )
+}
+
+impl Writer {
+    fn append(&mut self, kind: &str, fields: Map<String, Value>) -> std::io::Result<()> {
+        let mut e = Map::with_capacity(fields.len() + 5);
+        e.insert("seq".into(), json!(self.seq + 1));
+        e.insert("time".into(), json!(now()));
+        e.insert("kind".into(), json!(kind));
+        for (k, v) in fields {
+            // The chain fields are the writer's alone.
+            if !matches!(k.as_str(), "seq" | "time" | "kind" | "prev" | "hash") {
+                e.insert(k, v);
+            }
+        }
+        e.insert("prev".into(), json!(self.head));
+        let hash = entry_hash(&e);
+        e.insert("hash".into(), json!(hash));
+        let mut line = serde_json::to_vec(&e)?;
+        line.push(b'\n');
+        self.file.write_all(&line)?;
+        self.size += line.len() as u64;
+        self.seq += 1;
+        self.head = hash;
+        self.since_checkpoint += 1;
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, reason: &str) -> std::io::Result<()> {
+        let time = now();
+        let mut f = Map::new();
+        f.insert(
+            "checkpoint".into(),
+            json!({ "seq": self.seq, "head": self.head, "time": time }),
+        );
+        f.insert(
+            "signature".into(),
+            json!(sign_checkpoint(&self.key, self.seq, &self.head, &time)),
+        );
+        f.insert("reason".into(), json!(reason));
+        self.append(CHECKPOINT, f)?;
+        self.since_checkpoint = 0;
+        self.sync()
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.file.flush()?;
+        self.file.get_ref().sync_data()
+    }
+
+    fn rotate_if_full(&mut self) -> std::io::Result<()> {
+        if self.size < self.settings.segment_bytes {
+            return Ok(());
+        }
+        self.sync()?;
+        self.segment += 1;
+        let path = segment_path(&self.dir, self.segment);
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        self.file = BufWriter::with_capacity(1 << 16, file);
+        self.size = 0;
+        // The new file's directory entry is durable too.
+        File::open(&self.dir)?.sync_all()?;
+        Ok(())
+    }
+
+    fn run(mut self, rx: &mpsc::Receiver<Msg>) {
+        let mut last_checkpoint = Instant::now();
+        loop {
+            let first = if self.since_checkpoint > 0 {
+                let left = self
+                    .settings
+                    .checkpoint_interval
+                    .saturating_sub(last_checkpoint.elapsed());
+                match rx.recv_timeout(left) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => break,
+                }
+            };
+            let mut waiters = Vec::new();
+            let mut failed = None;
+            let mut batch: Vec<Msg> = first.into_iter().collect();
+            while batch.len() < 1024 {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            for Msg::Entry {
+                kind,
+                fields,
+                durable,
+            } in batch
+            {
+                if let Err(e) = self.append(kind, fields) {
+                    failed = Some(e.to_string());
+                }
+                if let Some(d) = durable {
+                    waiters.push(d);
+                }
+                if self.since_checkpoint >= self.settings.checkpoint_every {
+                    if let Err(e) = self.checkpoint("count") {
+                        failed = Some(e.to_string());
+                    }
+                    last_checkpoint = Instant::now();
+                }
+            }
+            let interval_due = self.since_checkpoint > 0
+                && last_checkpoint.elapsed() >= self.settings.checkpoint_interval;
+            let result = if interval_due {
+                last_checkpoint = Instant::now();
+                self.checkpoint("interval")
+            } else if waiters.is_empty() {
+                self.file.flush()
+            } else {
+                self.sync()
+            };
+            if let Err(e) = result.and_then(|()| self.rotate_if_full()) {
+                failed = Some(e.to_string());
+            }
+            if let Some(e) = &failed {
+                tracing::error!("audit log write failed: {e}");
+            }
+            for w in waiters {
+                let _ = w.send(match &failed {
+                    None => Ok(()),
+                    Some(e) => Err(e.clone()),
+                });
+            }
+        }
+        if let Err(e) = self.checkpoint("shutdown") {
+            tracing::error!("audit log: the shutdown checkpoint failed: {e}");
+        }
+    }
+}
+
+/// The current length of a file (tests).
+#[cfg(test)]
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dir: &Path) -> Settings {
+        Settings {
+            dir: dir.to_owned(),
+            checkpoint_every: 3,
+            checkpoint_interval: Duration::from_secs(60),
+            segment_bytes: 1500,
+            arguments: ArgumentMode::Full,
+            redact: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn the_chain_continues_across_segments_restarts_and_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = AuditLog::open(settings(dir.path())).unwrap();
+            for i in 0..10 {
+                log.record("call_received", json!({ "i": i }).as_object().unwrap().clone());
+            }
+            log.record_durable("dispatched", Map::new()).await.unwrap();
+        }
+        let segs = segments(dir.path()).unwrap();
+        assert!(segs.len() > 1, "rotated: {segs:?}");
+        // A torn write at the end (a crash mid-line).
+        let last = segs.last().unwrap().clone();
+        let before = file_len(&last);
+        let mut f = OpenOptions::new().append(true).open(&last).unwrap();
+        f.write_all(b"{\"seq\":99,\"ti").unwrap();
+        drop(f);
+        {
+            let _log = AuditLog::open(settings(dir.path())).unwrap();
+        }
+        assert!(file_len(&last) >= before);
+        let report = super::super::verify::verify_dir(dir.path(), None, None).unwrap();
+        assert!(report.brk.is_none(), "{report:?}");
+        assert!(report.entries > 14, "{report:?}");
+        assert!(report.ended_clean);
+    }
+}
