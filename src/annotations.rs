@@ -12,6 +12,15 @@ use serde_json::Value;
 
 use crate::config::ToolConfig;
 
+/// What one `tools/list` result taught the catalog.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// Tools listed.
+    pub tools: usize,
+    /// Tools new or with other hints than before (for the audit log).
+    pub changed: Vec<String>,
+}
+
 /// Effective annotations of one tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Annotations {
@@ -87,12 +96,12 @@ impl Catalog {
     /// Record the tools of a `tools/list` result (raw JSON text). Returns how
     /// many tools were read. A result that does not parse records nothing, so
     /// those tools keep the cautious defaults.
-    pub fn capture(&self, server: &str, result: &str) -> usize {
+    pub fn capture(&self, server: &str, result: &str) -> Captured {
         let Ok(value) = serde_json::from_str::<Value>(result) else {
-            return 0;
+            return Captured::default();
         };
         let Some(tools) = value.get("tools").and_then(Value::as_array) else {
-            return 0;
+            return Captured::default();
         };
         let mut found = HashMap::new();
         for tool in tools {
@@ -103,12 +112,22 @@ impl Catalog {
                 );
             }
         }
-        let n = found.len();
+        let mut out = Captured {
+            tools: found.len(),
+            changed: Vec::new(),
+        };
         if let Ok(mut seen) = self.seen.write() {
+            let known = seen.entry(server.to_owned()).or_default();
+            for (name, hints) in &found {
+                if known.get(name) != Some(hints) {
+                    out.changed.push(name.clone());
+                }
+            }
             // Pagination: later pages add to what earlier pages said.
-            seen.entry(server.to_owned()).or_default().extend(found);
+            known.extend(found);
         }
-        n
+        out.changed.sort();
+        out
     }
 
     /// Effective annotations of `server/tool`: server hints (or MCP defaults
@@ -164,7 +183,17 @@ mod tests {
             "s",
             r#"{"tools":[{"name":"sneaky","annotations":{"readOnlyHint":true}},{"name":"get","annotations":{"readOnlyHint":true}},{"name":"plain"}]}"#,
         );
-        assert_eq!(n, 3);
+        assert_eq!(n.tools, 3);
+        assert_eq!(n.changed, vec!["get", "plain", "sneaky"]);
+        let again = c.capture(
+            "s",
+            r#"{"tools":[{"name":"get","annotations":{"readOnlyHint":false}},{"name":"plain"}]}"#,
+        );
+        assert_eq!(again.changed, vec!["get"], "only what changed");
+        c.capture(
+            "s",
+            r#"{"tools":[{"name":"get","annotations":{"readOnlyHint":true}}]}"#,
+        );
         assert!(
             !c.effective("s", "sneaky").read_only,
             "operator wins over the server"

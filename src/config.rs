@@ -68,6 +68,65 @@ pub struct Config {
     /// `[approvals]`: proposals, holding and the control API.
     #[serde(default)]
     pub approvals: ApprovalsConfig,
+    /// `[audit]`: the tamper-evident audit log.
+    #[serde(default)]
+    pub audit: AuditConfig,
+}
+
+/// `[audit]` (DESIGN.md section 8).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Where the log lives (default `gateway.data_dir/audit`).
+    pub dir: Option<PathBuf>,
+    /// `full`, `digest` or `redact`: how `tools/call` arguments are
+    /// recorded. Their digest is always recorded.
+    pub arguments: crate::audit::ArgumentMode,
+    /// With `redact`: JSON pointers into the arguments whose values are
+    /// replaced by their digest.
+    pub redact: Vec<String>,
+    /// A signed checkpoint after this many entries.
+    pub checkpoint_every: u64,
+    /// A signed checkpoint after this long with unsigned entries.
+    #[serde(deserialize_with = "duration")]
+    pub checkpoint_interval: Duration,
+    /// A new segment file once the current one reaches this size.
+    pub segment_bytes: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            dir: None,
+            arguments: crate::audit::ArgumentMode::Full,
+            redact: Vec::new(),
+            checkpoint_every: 1000,
+            checkpoint_interval: Duration::from_secs(60),
+            segment_bytes: 64 << 20,
+        }
+    }
+}
+
+impl Config {
+    /// The audit log's directory.
+    pub fn audit_dir(&self) -> PathBuf {
+        self.audit
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.gateway.data_dir.join("audit"))
+    }
+
+    /// The writer settings of `[audit]`.
+    pub fn audit_settings(&self) -> crate::audit::log::Settings {
+        crate::audit::log::Settings {
+            dir: self.audit_dir(),
+            checkpoint_every: self.audit.checkpoint_every,
+            checkpoint_interval: self.audit.checkpoint_interval,
+            segment_bytes: self.audit.segment_bytes,
+            arguments: self.audit.arguments,
+            redact: self.audit.redact.clone(),
+        }
+    }
 }
 
 /// `[approvals]` (DESIGN.md section 6).
@@ -426,6 +485,24 @@ impl Config {
             return Err(
                 "limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into(),
             );
+        }
+        let au = &self.audit;
+        if au.checkpoint_every == 0 || au.checkpoint_interval.is_zero() {
+            return Err(
+                "audit.checkpoint_every and audit.checkpoint_interval must be more than zero"
+                    .into(),
+            );
+        }
+        if au.segment_bytes < 4096 {
+            return Err("audit.segment_bytes must be at least 4096".into());
+        }
+        if let Some(p) = au.redact.iter().find(|p| !p.starts_with('/')) {
+            return Err(format!(
+                "audit.redact `{p}` is not a JSON pointer (it starts with `/`)"
+            ));
+        }
+        if !au.redact.is_empty() && au.arguments != crate::audit::ArgumentMode::Redact {
+            return Err("audit.redact is set but audit.arguments is not \"redact\": set arguments = \"redact\" (or drop the pointers)".into());
         }
         let a = &self.approvals;
         if a.ttl.is_zero() {

@@ -91,6 +91,11 @@ enum Command {
         )]
         gateway: String,
     },
+    /// The audit log: verify it, export it, print the gateway's key.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Make a reviewer key: writes the private key (mode 0600) and prints
     /// the entry for `policies/reviewers.toml`.
     Keygen {
@@ -150,6 +155,49 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the hash chain, every checkpoint signature and every embedded
+    /// reviewer signature; print a summary and the first break; exit 1 on any.
+    Verify {
+        /// The audit dir (`gateway.data_dir/audit`).
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+        /// `policies/reviewers.toml`: check reviewer statements against it
+        /// (default: against the key embedded with each statement).
+        #[arg(long)]
+        reviewers: Option<PathBuf>,
+        /// The gateway's public key (`ed25519:...`, or a file holding it, as
+        /// `audit pubkey` prints it); default: the key the log names.
+        #[arg(long)]
+        pubkey: Option<String>,
+    },
+    /// Stream entries as JSON Lines, CSV or OCSF.
+    Export {
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: countersign::audit::export::Format,
+        /// Only entries at or after this RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only entries at or before this RFC 3339 time.
+        #[arg(long)]
+        until: Option<String>,
+        /// Write here instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the gateway's audit public key (made on the gateway's first start).
+    Pubkey {
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
     },
 }
 
@@ -340,6 +388,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         config,
                         std::sync::Arc::new(countersign::store::MemoryStore::default()),
                         countersign::decision::Policies::empty(),
+                        None,
                     );
                     let tools = countersign::check::list_tools(&gw, &server)
                         .await
@@ -357,6 +406,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
+        Command::Audit { command } => audit(command),
         Command::Keygen { out, name } => {
             let entry = countersign::review_cli::keygen(&out, &name)?;
             eprintln!(
@@ -419,6 +469,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config,
                 std::sync::Arc::new(countersign::store::MemoryStore::default()),
                 countersign::decision::Policies::empty(),
+                None,
             );
             let report = countersign::check::check_all(&gw).await;
             if json {
@@ -444,6 +495,96 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+    }
+}
+
+fn parse_time(flag: &str, text: Option<String>) -> anyhow::Result<Option<i64>> {
+    text.map(|t| {
+        countersign::control::book::parse_rfc3339(&t).ok_or_else(|| {
+            anyhow::anyhow!("{flag} `{t}` is not an RFC 3339 time (like 2026-11-30T10:00:00Z)")
+        })
+    })
+    .transpose()
+}
+
+fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
+    use countersign::audit;
+    match command {
+        AuditCommand::Verify {
+            dir,
+            reviewers,
+            pubkey,
+        } => {
+            let pubkey = pubkey
+                .map(|k| {
+                    let text = if k.starts_with(countersign::approval::PUBLIC_PREFIX) {
+                        k
+                    } else {
+                        std::fs::read_to_string(&k)
+                            .with_context(|| format!("cannot read --pubkey file `{k}`"))?
+                    };
+                    countersign::approval::parse_public_key(text.trim())
+                        .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))
+                })
+                .transpose()?;
+            let reviewers = reviewers
+                .map(|f| {
+                    let text = std::fs::read_to_string(&f)
+                        .with_context(|| format!("cannot read --reviewers `{}`", f.display()))?;
+                    countersign::approval::Reviewers::parse(&text)
+                        .map_err(|(_, m)| anyhow::anyhow!("--reviewers `{}`: {m}", f.display()))
+                })
+                .transpose()?;
+            let report = audit::verify::verify_dir(&dir, pubkey, reviewers)?;
+            print!("{}", report.render());
+            Ok(if report.brk.is_some() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        AuditCommand::Export {
+            dir,
+            format,
+            since,
+            until,
+            out,
+        } => {
+            let since = parse_time("--since", since)?;
+            let until = parse_time("--until", until)?;
+            let n = match out {
+                Some(path) => {
+                    let file = std::fs::File::create(&path)
+                        .with_context(|| format!("cannot create `{}`", path.display()))?;
+                    let mut w = std::io::BufWriter::new(file);
+                    audit::export::export(&dir, format, since, until, &mut w)?
+                }
+                None => {
+                    let stdout = std::io::stdout();
+                    let mut w = std::io::BufWriter::new(stdout.lock());
+                    audit::export::export(&dir, format, since, until, &mut w)?
+                }
+            };
+            eprintln!("countersign: exported {n} entries");
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Pubkey { dir } => {
+            let path = dir.join(audit::log::KEY_FILE);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "cannot read `{}`: the gateway makes it on its first start (is --dir the audit dir?)",
+                    path.display()
+                )
+            })?;
+            let key = countersign::approval::KeyFile::parse(&text)
+                .and_then(|k| k.signing_key())
+                .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))?;
+            println!(
+                "{}",
+                countersign::approval::format_public_key(&key.verifying_key())
+            );
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -73,7 +73,7 @@ pub async fn reconcile(
     note: Option<String>,
 ) -> Result<Record, ReconcileError> {
     let store = open(config)?;
-    reconcile_in(
+    let rec = reconcile_in(
         &store,
         config.idempotency.retention,
         tenant,
@@ -82,7 +82,48 @@ pub async fn reconcile(
         verdict,
         note,
     )
-    .await
+    .await?;
+    // The gateway is stopped (we hold its ledger): this command appends to
+    // its audit log itself, and closes it with a signed checkpoint.
+    let audit = crate::audit::log::AuditLog::open(config.audit_settings())
+        .map_err(|e| ReconcileError::Store(crate::store::StoreError(e.to_string())))?;
+    audit
+        .record_durable(
+            "reconciled",
+            reconciled_fields(tenant, principal, key, &rec, "operator (offline)"),
+        )
+        .await
+        .map_err(|e| ReconcileError::Store(crate::store::StoreError(e)))?;
+    audit.close();
+    Ok(rec)
+}
+
+/// The audit fields of a reconciliation.
+pub fn reconciled_fields(
+    tenant: &str,
+    principal: &str,
+    key: &str,
+    rec: &Record,
+    by: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut f = serde_json::Map::new();
+    f.insert("call_digest".into(), json!(rec.digest));
+    f.insert("idempotency_key".into(), json!(key));
+    f.insert("principal".into(), json!(principal));
+    f.insert("tenant".into(), json!(tenant));
+    f.insert("server".into(), json!(rec.server));
+    f.insert("tool".into(), json!(rec.tool));
+    f.insert(
+        "resolution".into(),
+        json!(if rec.state == State::Complete {
+            "executed"
+        } else {
+            "not_executed"
+        }),
+    );
+    f.insert("note".into(), json!(rec.note));
+    f.insert("by".into(), json!(by));
+    f
 }
 
 /// [`reconcile`] on an open store (a running gateway's).

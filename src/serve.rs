@@ -49,7 +49,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         )
     })?;
     tracing::info!(policies = policies.len(), dir = %policy_dir.display(), "policies loaded");
-    let gw = Gateway::new(config, Arc::new(store), policies);
+    // The audit log before anything can happen that it must record.
+    let audit_dir = config.audit_dir();
+    let audit = Arc::new(
+        crate::audit::log::AuditLog::open(config.audit_settings())
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
+    tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
+    let gw = Gateway::new(config, Arc::new(store), policies, Some(audit.clone()));
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (gateway.listen): is another process using it?")
@@ -106,6 +113,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     sweeper.abort();
     reloader.abort();
     gw.shutdown().await;
+    // Last: the shutdown checkpoint signs everything recorded above.
+    audit.close();
     tracing::info!("stopped");
     Ok(())
 }
@@ -143,12 +152,26 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
         match Policies::load(&dir) {
             Ok(p) => {
                 tracing::info!(policies = p.len(), "policies reloaded");
+                let mut f = serde_json::Map::new();
+                f.insert("policies".into(), p.len().into());
+                f.insert("reviewers".into(), p.reviewers().len().into());
+                gw.audit("policy_reloaded", f);
                 gw.set_policies(p);
             }
             Err(errors) => {
                 for e in &errors {
                     tracing::error!("policy reload refused, previous policies stay in force: {e}");
                 }
+                let mut f = serde_json::Map::new();
+                f.insert(
+                    "errors".into(),
+                    errors
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .into(),
+                );
+                gw.audit("policy_reload_refused", f);
             }
         }
     }

@@ -167,7 +167,10 @@ pub fn export(
             ));
             return false;
         };
-        let t = e.get("time").and_then(Value::as_str).and_then(parse_rfc3339);
+        let t = e
+            .get("time")
+            .and_then(Value::as_str)
+            .and_then(parse_rfc3339);
         if since.is_some_and(|s| t.is_none_or(|t| t < s))
             || until.is_some_and(|u| t.is_none_or(|t| t > u))
         {

@@ -99,8 +99,11 @@ pub fn load_or_create_key(dir: &Path) -> Result<SigningKey, AuditError> {
             f.write_all(text.as_bytes()).map_err(io_err(&path))?;
             f.sync_all().map_err(io_err(&path))?;
             let pub_path = dir.join("gateway.pub");
-            std::fs::write(&pub_path, format!("{}\n", format_public_key(&key.verifying_key())))
-                .map_err(io_err(&pub_path))?;
+            std::fs::write(
+                &pub_path,
+                format!("{}\n", format_public_key(&key.verifying_key())),
+            )
+            .map_err(io_err(&pub_path))?;
             Ok(key)
         }
         Err(e) => Err(io_err(&path)(e)),
@@ -244,8 +247,10 @@ enum Msg {
 
 /// The audit log of a running gateway.
 pub struct AuditLog {
-    tx: Option<mpsc::Sender<Msg>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    // Behind locks only so that a shared log can be closed at shutdown
+    // (`close(&self)`); uncontended in practice.
+    tx: std::sync::Mutex<Option<mpsc::Sender<Msg>>>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The gateway's public key (`ed25519:...`).
     pub public_key: String,
     /// How arguments are recorded.
@@ -300,8 +305,8 @@ impl AuditLog {
             .spawn(move || w.run(&rx))
             .map_err(io_err(&s.dir))?;
         Ok(AuditLog {
-            tx: Some(tx),
-            thread: Some(thread),
+            tx: std::sync::Mutex::new(Some(tx)),
+            thread: std::sync::Mutex::new(Some(thread)),
             public_key,
             arguments: s.arguments,
             redact: s.redact,
@@ -310,7 +315,7 @@ impl AuditLog {
 
     /// Append an entry (buffered).
     pub fn record(&self, kind: &'static str, fields: Map<String, Value>) {
-        if let Some(tx) = &self.tx {
+        if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
             let _ = tx.send(Msg::Entry {
                 kind,
                 fields,
@@ -326,13 +331,16 @@ impl AuditLog {
         fields: Map<String, Value>,
     ) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
-        let tx = self.tx.as_ref().ok_or("the audit log is closed")?;
-        tx.send(Msg::Entry {
-            kind,
-            fields,
-            durable: Some(done),
-        })
-        .map_err(|_| "the audit writer stopped".to_owned())?;
+        {
+            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = tx.as_ref().ok_or("the audit log is closed")?;
+            tx.send(Msg::Entry {
+                kind,
+                fields,
+                durable: Some(done),
+            })
+            .map_err(|_| "the audit writer stopped".to_owned())?;
+        }
         wait.await
             .map_err(|_| "the audit writer dropped an entry".to_owned())?
     }
@@ -343,9 +351,10 @@ impl AuditLog {
     }
 
     /// Write the shutdown checkpoint and stop the writer.
-    pub fn close(&mut self) {
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
+    pub fn close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = thread {
             let _ = t.join();
         }
     }
@@ -540,7 +549,10 @@ mod tests {
         {
             let log = AuditLog::open(settings(dir.path())).unwrap();
             for i in 0..10 {
-                log.record("call_received", json!({ "i": i }).as_object().unwrap().clone());
+                log.record(
+                    "call_received",
+                    json!({ "i": i }).as_object().unwrap().clone(),
+                );
             }
             log.record_durable("dispatched", Map::new()).await.unwrap();
         }

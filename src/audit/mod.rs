@@ -59,9 +59,7 @@ pub fn sign_checkpoint(key: &SigningKey, seq: u64, head: &str, time: &str) -> St
 pub fn value_digest(value: &Value) -> String {
     format!(
         "sha256:{}",
-        hex::encode(Sha256::digest(
-            serde_jcs::to_vec(value).unwrap_or_default()
-        ))
+        hex::encode(Sha256::digest(serde_jcs::to_vec(value).unwrap_or_default()))
     )
 }
 
@@ -174,8 +172,11 @@ impl Verifier {
             place: place.to_owned(),
             reason,
         };
-        let entry: Map<String, Value> = serde_json::from_slice(line)
-            .map_err(|e| brk(format!("not a JSON object ({e}): bytes were changed or lost")))?;
+        let entry: Map<String, Value> = serde_json::from_slice(line).map_err(|e| {
+            brk(format!(
+                "not a JSON object ({e}): bytes were changed or lost"
+            ))
+        })?;
         let seq = entry.get("seq").and_then(Value::as_u64);
         if seq != Some(self.next_seq) {
             return Err(brk(format!(
@@ -208,8 +209,11 @@ impl Verifier {
             self.checkpoints += 1;
             self.last_checkpoint = Some(self.next_seq);
         }
-        if let Some(decision) = entry.get("decision").filter(|d| d.get("statement").is_some()) {
-            self.check_statement(decision).map_err(brk)?;
+        if let Some(approval) = entry
+            .get("approval")
+            .filter(|d| d.get("statement").is_some())
+        {
+            self.check_statement(approval).map_err(brk)?;
             self.statements += 1;
         }
         self.ended_clean = kind == CHECKPOINT && str_field(&entry, "reason") == Some("shutdown");
@@ -234,7 +238,11 @@ impl Verifier {
         let key = match (&self.pubkey, &self.named_key) {
             (Some(k), _) => *k,
             (None, Some(named)) => approval::parse_public_key(named).map_err(|e| e.0)?,
-            (None, None) => return Err("no gateway public key to check the checkpoint with (pass --pubkey)".into()),
+            (None, None) => {
+                return Err(
+                    "no gateway public key to check the checkpoint with (pass --pubkey)".into(),
+                )
+            }
         };
         let sig = str_field(e, "signature").unwrap_or("");
         let raw = base64::engine::general_purpose::STANDARD
@@ -295,7 +303,10 @@ mod tests {
                     "checkpoint".into(),
                     json!({"seq": seq - 1, "head": prev, "time": "t"}),
                 );
-                e.insert("signature".into(), json!(sign_checkpoint(key, seq - 1, &prev, "t")));
+                e.insert(
+                    "signature".into(),
+                    json!(sign_checkpoint(key, seq - 1, &prev, "t")),
+                );
             } else {
                 e.insert("kind".into(), json!("call_received"));
                 e.insert("tool".into(), json!(format!("t{seq}")));
@@ -325,7 +336,10 @@ mod tests {
         assert_eq!((v.entries, v.checkpoints), (6, 1));
 
         let mut edited = lines.clone();
-        edited[2] = String::from_utf8(edited[2].clone()).unwrap().replace("t3", "t9").into_bytes();
+        edited[2] = String::from_utf8(edited[2].clone())
+            .unwrap()
+            .replace("t3", "t9")
+            .into_bytes();
         let b = run(&edited, None).unwrap_err();
         assert_eq!(b.seq, 3);
         assert!(b.reason.contains("edited"), "{b:?}");
@@ -352,9 +366,17 @@ mod tests {
     fn redaction_replaces_values_by_their_digest_and_the_digest_stays() {
         let args = json!({"card": {"number": "4111"}, "amount": 5});
         let mut f = Map::new();
-        record_arguments(ArgumentMode::Redact, &["/card/number".into()], &args, &mut f);
+        record_arguments(
+            ArgumentMode::Redact,
+            &["/card/number".into()],
+            &args,
+            &mut f,
+        );
         assert_eq!(f["arguments"]["amount"], 5);
-        assert_eq!(f["arguments"]["card"]["number"], json!(value_digest(&json!("4111"))));
+        assert_eq!(
+            f["arguments"]["card"]["number"],
+            json!(value_digest(&json!("4111")))
+        );
         assert_eq!(f["arguments_digest"], json!(value_digest(&args)));
         let mut f = Map::new();
         record_arguments(ArgumentMode::Digest, &[], &args, &mut f);

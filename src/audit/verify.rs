@@ -59,7 +59,10 @@ impl Report {
                  a crash loses at most this unsigned tail, so this is not corruption\n",
                 self.last_checkpoint.unwrap_or(0),
                 if self.torn_bytes > 0 {
-                    format!(", and a partial final line of {} bytes was ignored", self.torn_bytes)
+                    format!(
+                        ", and a partial final line of {} bytes was ignored",
+                        self.torn_bytes
+                    )
                 } else {
                     String::new()
                 }
@@ -93,10 +96,12 @@ pub fn each_line(
         let mut number = 0usize;
         loop {
             line.clear();
-            let got = reader.read_until(b'\n', &mut line).map_err(|e| AuditError {
-                path: seg.clone(),
-                message: e.to_string(),
-            })?;
+            let got = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|e| AuditError {
+                    path: seg.clone(),
+                    message: e.to_string(),
+                })?;
             if got == 0 {
                 break;
             }

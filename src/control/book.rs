@@ -47,6 +47,8 @@ pub struct Ask<'a> {
     pub policies: &'a [String],
     /// The call's ledger key (storage key).
     pub key: &'a str,
+    /// The idempotency key as the client sent it (or derived).
+    pub client_key: &'a str,
 }
 
 /// What a call that needs approval finds.
@@ -94,6 +96,23 @@ pub struct Book {
     // tokio mutex: it is held across the store write.
     making: tokio::sync::Mutex<()>,
     events: broadcast::Sender<Event>,
+    audit: Option<Arc<crate::audit::log::AuditLog>>,
+}
+
+/// The fields every proposal entry of the audit log carries.
+fn proposal_fields(p: &Proposal) -> serde_json::Map<String, Value> {
+    let mut f = serde_json::Map::new();
+    f.insert("proposal_id".into(), Value::from(p.id.clone()));
+    f.insert("principal".into(), Value::from(p.requester.clone()));
+    f.insert("tenant".into(), Value::from(p.tenant.clone()));
+    f.insert("server".into(), Value::from(p.server.clone()));
+    f.insert("tool".into(), Value::from(p.tool.clone()));
+    f.insert("call_digest".into(), Value::from(p.call_digest.clone()));
+    f.insert(
+        "resource_version".into(),
+        p.resource_version.clone().map_or(Value::Null, Value::from),
+    );
+    f
 }
 
 fn now_ms() -> i64 {
@@ -126,13 +145,29 @@ fn ms(d: std::time::Duration) -> i64 {
 
 impl Book {
     /// A book over `store`.
-    pub fn new(store: Arc<dyn Store>, config: ApprovalsConfig) -> Book {
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: ApprovalsConfig,
+        audit: Option<Arc<crate::audit::log::AuditLog>>,
+    ) -> Book {
         let (events, _) = broadcast::channel(256);
         Book {
             store,
             config,
             making: tokio::sync::Mutex::new(()),
             events,
+            audit,
+        }
+    }
+
+    /// Record a proposal's change in the audit log.
+    fn audit(&self, kind: &'static str, p: &Proposal, extra: &[(&str, Value)]) {
+        if let Some(a) = &self.audit {
+            let mut f = proposal_fields(p);
+            for (k, v) in extra {
+                f.insert((*k).to_owned(), v.clone());
+            }
+            a.record(kind, f);
         }
     }
 
@@ -188,7 +223,17 @@ impl Book {
         next.state = ProposalState::Invalidated;
         next.reason = Some(reason.to_owned());
         next.updated_ms = now_ms();
-        self.write(next, Some(p.state)).await.map(drop)
+        if self.write(next, Some(p.state)).await? {
+            self.audit(
+                "approval_invalidated",
+                p,
+                &[
+                    ("reason", Value::from(reason)),
+                    ("was", Value::from(p.state.as_str())),
+                ],
+            );
+        }
+        Ok(())
     }
 
     /// Find what a call that needs approval may use, or create (or join)
@@ -220,7 +265,9 @@ impl Book {
                     expired.state = ProposalState::Expired;
                     expired.reason = Some("approved, but not used before its expiry".into());
                     expired.updated_ms = now;
-                    self.write(expired, Some(ProposalState::Approved)).await?;
+                    if self.write(expired, Some(ProposalState::Approved)).await? {
+                        self.audit("approval_expired", &p, &[]);
+                    }
                     let fresh = self.create(ask, &mine, now).await?;
                     return Ok(Found::Refuse(note(ApprovalCode::Expired, &fresh, None)));
                 }
@@ -336,6 +383,26 @@ impl Book {
         if !self.write(p.clone(), None).await? {
             return Err(StoreError(format!("proposal id `{}` collided", p.id)));
         }
+        let mut extra = vec![
+            ("idempotency_key", Value::from(ask.client_key)),
+            ("risk", serde_json::to_value(p.risk).unwrap_or(Value::Null)),
+            ("policies", Value::from(p.policies.clone())),
+        ];
+        if let Some(a) = &self.audit {
+            let mut args = serde_json::Map::new();
+            a.arguments_fields(&p.arguments, &mut args);
+            extra.extend(args.into_iter().map(|(k, v)| match k.as_str() {
+                "arguments" => ("arguments", v),
+                _ => ("arguments_digest", v),
+            }));
+        }
+        match &p.revises {
+            Some(r) => {
+                extra.push(("revises", serde_json::to_value(r).unwrap_or(Value::Null)));
+                self.audit("proposal_revised", &p, &extra);
+            }
+            None => self.audit("proposal_created", &p, &extra),
+        }
         tracing::info!(proposal = %p.id, server = %p.server, tool = %p.tool, requester = %p.requester, tenant = %p.tenant, revises = ?p.revises.as_ref().map(|r| &r.proposal_id), "proposal created");
         Ok(p)
     }
@@ -441,6 +508,28 @@ impl Book {
             });
         }
         tracing::info!(proposal = %id, reviewer = %reviewer.name, state = next.state.as_str(), "proposal decided");
+        // The signed statement goes into the log whole: `audit verify`
+        // checks it against reviewers.toml without trusting the gateway.
+        self.audit(
+            if next.state == ProposalState::Approved {
+                "approval_granted"
+            } else {
+                "approval_denied"
+            },
+            &next,
+            &[
+                ("reviewer", Value::from(reviewer.name.clone())),
+                (
+                    "approval",
+                    serde_json::to_value(&next.decision).unwrap_or(Value::Null),
+                ),
+                (
+                    "expires_at",
+                    next.expires_ms
+                        .map_or(Value::Null, |e| Value::from(rfc3339(e))),
+                ),
+            ],
+        );
         Ok(next)
     }
 
@@ -465,6 +554,11 @@ impl Book {
                 });
                 next.updated_ms = now;
                 if self.write(next, Some(p.state)).await? {
+                    self.audit(
+                        "approval_expired",
+                        &p,
+                        &[("was", Value::from(p.state.as_str()))],
+                    );
                     changed += 1;
                 }
             }

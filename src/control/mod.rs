@@ -382,7 +382,19 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
     )
     .await
     {
-        Ok(r) => ok(json!({ "state": r.state, "note": r.note })),
+        Ok(r) => {
+            gw.audit(
+                "reconciled",
+                crate::reconcile::reconciled_fields(
+                    &b.tenant,
+                    &b.principal,
+                    &b.key,
+                    &r,
+                    &format!("reviewer {}", reviewer.name),
+                ),
+            );
+            ok(json!({ "state": r.state, "note": r.note }))
+        }
         Err(e @ crate::reconcile::ReconcileError::NotFound { .. }) => {
             problem(StatusCode::NOT_FOUND, "not_found", e.to_string())
         }

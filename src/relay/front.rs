@@ -37,6 +37,7 @@ use crate::recovery::{self, Admission, Backoff, ResponseClass};
 use crate::relay::session::{
     declared_version, decode_header_value, modern_headers, Gateway, ModernUpstream, Session,
 };
+use crate::relay::trail::Trail;
 use crate::relay::upstream::UpstreamError;
 use crate::relay::upstream::{ExtraHeaders, UpstreamConn};
 use crate::relay::{sse, HANDSHAKE_VERSIONS, MODERN_VERSIONS};
@@ -466,7 +467,13 @@ async fn answer(
         Ok(resp) => {
             if method == "tools/list" {
                 if let Some(result) = &resp.result {
-                    gw.catalog.capture(&server, result.get());
+                    let captured = gw.catalog.capture(&server, result.get());
+                    if !captured.changed.is_empty() {
+                        let mut f = serde_json::Map::new();
+                        f.insert("server".into(), json!(server));
+                        f.insert("tools".into(), json!(captured.changed));
+                        gw.audit("tools_changed", f);
+                    }
                 }
             }
             resp
@@ -580,6 +587,8 @@ async fn tool_call(
     // Read once: the same annotations classify the call and feed the policies.
     let annotations = gw.catalog.effective(server, &call.tool);
     let read_only = annotations.read_only;
+    let trail = Trail::new(gw.audit.as_ref(), who, server, &call, &client_key);
+    trail.received(&call, explicit, read_only);
     let ctx = Attempting {
         gw,
         route,
@@ -589,10 +598,11 @@ async fn tool_call(
         modern,
         extra,
         id: &id,
+        trail: &trail,
     };
     let unattended_read = read_only
         && !explicit
-        && match policy_decision(gw, server, caller, &call, annotations) {
+        && match policy_decision(gw, server, caller, &call, annotations, &trail) {
             Decision::Allow { .. } => true,
             Decision::Deny { .. } => {
                 return verdict(id, IdemOutcome::Denied, &client_key, &call.tool, modern)
@@ -610,6 +620,7 @@ async fn tool_call(
                     .with_retries(|| async { ctx.read_once(lead.permit()).await })
                     .await;
                 lead.finish(settled_from(&answer));
+                trail.record("completed", outcome_fields(&answer));
                 answer
             }
             Err(rx) => from_settled(id, follow(rx).await, &client_key, false, modern),
@@ -631,6 +642,9 @@ async fn tool_call(
             modern,
             extra,
             key: &claim.key,
+            client_key: &client_key,
+            trail: &trail,
+            consumed: std::sync::Mutex::new(None),
         };
         let gate = |lost| held.gate(lost);
         let begin = match gw.idempotency.begin_gated(claim.clone(), gate).await {
@@ -638,17 +652,24 @@ async fn tool_call(
             Err(e) => return Attempt::Done(ledger_unavailable(id.clone(), &e, modern)),
         };
         match begin {
-            Begin::Go(ticket) => ctx.write_once(ticket, &call.tool, &client_key).await,
+            Begin::Go(ticket) => {
+                let consumed = held
+                    .consumed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                if let Some(proposal) = consumed {
+                    trail.record("approval_consumed", vec![("proposal_id", json!(proposal))]);
+                }
+                ctx.write_once(ticket, &call.tool, &client_key).await
+            }
             Begin::Replay {
                 answer,
                 answered_at,
-            } => Attempt::Done(replay(
-                id.clone(),
-                &answer,
-                &client_key,
-                &answered_at,
-                modern,
-            )),
+            } => Attempt::Done({
+                trail.record("replayed", vec![("first_answered_at", json!(answered_at))]);
+                replay(id.clone(), &answer, &client_key, &answered_at, modern)
+            }),
             Begin::Follow(rx) => Attempt::Done(from_settled(
                 id.clone(),
                 follow(rx).await,
@@ -656,13 +677,16 @@ async fn tool_call(
                 true,
                 modern,
             )),
-            Begin::Stop(outcome) => Attempt::Done(verdict(
-                id.clone(),
-                outcome,
-                &client_key,
-                &call.tool,
-                modern,
-            )),
+            Begin::Stop(outcome) => {
+                trail_refusal(&trail, &outcome);
+                Attempt::Done(verdict(
+                    id.clone(),
+                    outcome,
+                    &client_key,
+                    &call.tool,
+                    modern,
+                ))
+            }
         }
     })
     .await
@@ -676,6 +700,7 @@ fn policy_decision(
     caller: &Caller,
     call: &canonical::CanonicalCall,
     annotations: crate::annotations::Annotations,
+    trail: &Trail,
 ) -> Decision {
     let policies = gw.policies();
     let decision = policies.decide(&decision::Call {
@@ -698,6 +723,7 @@ fn policy_decision(
             tracing::info!(%server, tool = %call.tool, ?policies, ?errors, principal = %caller.identity.principal, "policy: denied");
         }
     }
+    trail.decision(&decision);
     decision
 }
 
@@ -728,6 +754,53 @@ struct Held<'a> {
     modern: bool,
     extra: &'a ExtraHeaders,
     key: &'a str,
+    client_key: &'a str,
+    trail: &'a Trail,
+    /// The proposal the gate chose to consume, for the audit entry once the
+    /// reservation (and so the consumption) succeeded.
+    consumed: std::sync::Mutex<Option<String>>,
+}
+
+/// Audit entries for a call refused before dispatch by the ledger or a
+/// stale resource version (policy and approval refusals have theirs).
+fn trail_refusal(trail: &Trail, outcome: &IdemOutcome) {
+    match outcome {
+        IdemOutcome::Drift => trail.record("rejected", vec![("reason", json!("drift"))]),
+        IdemOutcome::Remap => trail.record("rejected", vec![("reason", json!("remap"))]),
+        IdemOutcome::Unknown => trail.record("outcome_unknown", vec![("repeat", json!(true))]),
+        IdemOutcome::Approval(note) if note.code == ApprovalCode::Stale => trail.record(
+            "rejected",
+            vec![
+                ("reason", json!("stale")),
+                ("detail", json!(note.reason)),
+                ("proposal_id", json!(note.proposal_id)),
+            ],
+        ),
+        _ => {}
+    }
+}
+
+/// `completed` fields of an answer: whether it is an error, and its code
+/// when countersign itself answered.
+fn outcome_fields(answer: &Message) -> Vec<(&'static str, Value)> {
+    let result: Option<Value> = answer
+        .result
+        .as_ref()
+        .and_then(|r| serde_json::from_str(r.get()).ok());
+    let is_error = answer.error.is_some()
+        || result
+            .as_ref()
+            .and_then(|r| r.get("isError"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+    let mut out = vec![("is_error", json!(is_error))];
+    if let Some(code) = result
+        .as_ref()
+        .and_then(|r| r.pointer("/structuredContent/countersign/code"))
+    {
+        out.push(("code", code.clone()));
+    }
+    out
 }
 
 fn approval_refusal(code: ApprovalCode, proposal: Option<String>, reason: Option<String>) -> Gate {
@@ -752,12 +825,18 @@ impl Held<'_> {
         let mut progress = 0u64;
         loop {
             // Revalidation right before execution: the policies in force now.
-            let policies =
-                match policy_decision(gw, self.server, self.caller, self.call, self.annotations) {
-                    Decision::Allow { .. } => return Gate::Pass,
-                    Decision::Deny { .. } => return Gate::Refuse(IdemOutcome::Denied),
-                    Decision::Approval { policies } => policies,
-                };
+            let policies = match policy_decision(
+                gw,
+                self.server,
+                self.caller,
+                self.call,
+                self.annotations,
+                self.trail,
+            ) {
+                Decision::Allow { .. } => return Gate::Pass,
+                Decision::Deny { .. } => return Gate::Refuse(IdemOutcome::Denied),
+                Decision::Approval { policies } => policies,
+            };
             // Subscribed before the first look, so a decision made between
             // the look and the wait is not missed.
             let (changes, token) = waiting.get_or_insert_with(|| {
@@ -795,10 +874,14 @@ impl Held<'_> {
                 risk,
                 policies: &policies,
                 key: self.key,
+                client_key: self.client_key,
             };
             let reviewers = gw.policies();
             let proposal = match gw.book.find(&ask, reviewers.reviewers()).await {
-                Ok(Found::Usable(p)) => return Gate::Consume(p.id),
+                Ok(Found::Usable(p)) => {
+                    *self.consumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.id.clone());
+                    return Gate::Consume(p.id);
+                }
                 Ok(Found::Refuse(note)) => return Gate::Refuse(IdemOutcome::Approval(note)),
                 Ok(Found::Wait(p)) => p,
                 Err(e) => {
@@ -942,6 +1025,7 @@ struct Attempting<'a> {
     modern: bool,
     extra: &'a ExtraHeaders,
     id: &'a Value,
+    trail: &'a Trail,
 }
 
 impl Attempting<'_> {
@@ -1053,13 +1137,40 @@ impl Attempting<'_> {
             Ok(c) => c,
             Err(e) => {
                 ticket.not_dispatched().await;
+                self.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
                 return Attempt::Retry(self.failure(&e));
             }
         };
-        let permit = match ticket.dispatch().await {
-            Ok(p) => p,
+        // The ledger's `dispatched` and the audit entry that records the
+        // dispatch are both on disk before a byte goes upstream; their two
+        // fsyncs (different files) run at the same time.
+        let (permit, logged) = tokio::join!(
+            ticket.dispatch(),
+            self.trail.durable("dispatched", Vec::new())
+        );
+        let permit = match (permit, logged) {
+            (Ok(p), Ok(())) => p,
             // Dropping the ticket frees the key: nothing was sent.
-            Err(e) => return Attempt::Done(ledger_unavailable(self.id.clone(), &e, self.modern)),
+            (Err(e), _) => {
+                self.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+                return Attempt::Done(ledger_unavailable(self.id.clone(), &e, self.modern));
+            }
+            // No evidence, no dispatch: fail closed.
+            (Ok(_), Err(e)) => {
+                tracing::error!(
+                    "refusing a call: the audit log could not record its dispatch: {e}"
+                );
+                ticket.not_dispatched().await;
+                return Attempt::Done(reply::tool_error(
+                    self.id.clone(),
+                    reply::codes::UPSTREAM_UNAVAILABLE,
+                    "The call did not run: countersign could not record it in its audit log. It is safe to try again later.",
+                    json!({}),
+                    self.modern,
+                ));
+            }
         };
         match self.send(&conn, permit).await {
             Ok(resp) => {
@@ -1067,22 +1178,33 @@ impl Attempting<'_> {
                 if recovery::classify_response(&resp) == ResponseClass::Refused {
                     // The server refused it unprocessed: provably not run.
                     ticket.not_dispatched().await;
+                    self.trail.record(
+                        "not_dispatched",
+                        vec![("reason", json!("refused unprocessed by the server"))],
+                    );
                     Attempt::Done(resp)
                 } else if let Some(answer) = answer_of(&resp) {
                     ticket.complete(answer).await;
+                    self.trail.record("completed", outcome_fields(&resp));
                     Attempt::Done(resp)
                 } else {
                     ticket.unknown().await;
+                    self.trail
+                        .record("outcome_unknown", vec![("reason", json!("no answer"))]);
                     Attempt::Done(resp)
                 }
             }
             Err(e) if !recovery::possibly_executed(&e) => {
                 ticket.not_dispatched().await;
+                self.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
                 Attempt::Retry(self.failure(&e))
             }
             Err(e) => {
                 ticket.unknown().await;
                 tracing::warn!(server = %self.server, %tool, %key, "outcome unknown: {e}");
+                self.trail
+                    .record("outcome_unknown", vec![("reason", json!(e.to_string()))]);
                 Attempt::Done(self.failure(&e))
             }
         }

@@ -12,6 +12,7 @@ pub mod front;
 pub mod mux;
 pub mod session;
 pub mod sse;
+pub mod trail;
 pub mod upstream;
 
 /// Protocol versions of the handshake era (`initialize`, `Mcp-Session-Id`).

@@ -164,6 +164,9 @@ pub struct Gateway {
     pub idempotency: Arc<Idempotency>,
     /// Proposals and approvals (same store as the ledger).
     pub book: Arc<crate::control::book::Book>,
+    /// The audit log (`serve` only; commands that send no tools/call run
+    /// without one).
+    pub audit: Option<Arc<crate::audit::log::AuditLog>>,
     /// One circuit breaker per configured server.
     breakers: HashMap<String, Mutex<Breaker>>,
     /// The policy set in force; swapped whole by a reload.
@@ -179,10 +182,16 @@ impl Gateway {
     /// Build the gateway state from a checked config.
     /// `store` holds the idempotency ledger (redb for `serve`; `check`, which
     /// sends no `tools/call`, uses a memory store and leaves the file alone).
-    pub fn new(config: Config, store: Arc<dyn Store>, policies: Policies) -> Arc<Gateway> {
+    pub fn new(
+        config: Config,
+        store: Arc<dyn Store>,
+        policies: Policies,
+        audit: Option<Arc<crate::audit::log::AuditLog>>,
+    ) -> Arc<Gateway> {
         let book = Arc::new(crate::control::book::Book::new(
             store.clone(),
             config.approvals.clone(),
+            audit.clone(),
         ));
         let idempotency = Idempotency::new(
             store,
@@ -226,9 +235,17 @@ impl Gateway {
             modern,
             idempotency,
             book,
+            audit,
             breakers,
             policies: std::sync::RwLock::new(Arc::new(policies)),
         })
+    }
+
+    /// Append an audit entry (buffered), when there is a log.
+    pub fn audit(&self, kind: &'static str, fields: serde_json::Map<String, serde_json::Value>) {
+        if let Some(a) = &self.audit {
+            a.record(kind, fields);
+        }
     }
 
     /// Open an upstream connection to `server` whose server messages of no
