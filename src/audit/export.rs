@@ -146,7 +146,7 @@ pub fn export(
     let mut written = 0u64;
     let mut err: Option<String> = None;
     enum Sink<'a> {
-        Csv(csv::Writer<&'a mut dyn Write>),
+        Csv(Box<csv::Writer<&'a mut dyn Write>>),
         Plain(&'a mut dyn Write),
     }
     let mut sink = match format {
@@ -156,7 +156,7 @@ pub fn export(
                 path: dir.to_owned(),
                 message: e.to_string(),
             })?;
-            Sink::Csv(w)
+            Sink::Csv(Box::new(w))
         }
         _ => Sink::Plain(out),
     };

@@ -53,10 +53,11 @@ impl Report {
             return out;
         }
         let tail = self.unsigned_tail();
-        if self.torn_bytes > 0 || (tail > 0 && !self.ended_clean) {
+        if self.torn_bytes > 0 || !self.ended_clean {
             out.push_str(&format!(
-                "truncation: the log ends {tail} entries after its last checkpoint (seq {}){}; \
-                 a crash loses at most this unsigned tail, so this is not corruption\n",
+                "truncation: the log ends {tail} entries after its last checkpoint (seq {}) without a \
+                 clean-shutdown checkpoint{}: the gateway is still running or stopped abruptly; a crash \
+                 loses at most this unsigned tail, so this is not corruption\n",
                 self.last_checkpoint.unwrap_or(0),
                 if self.torn_bytes > 0 {
                     format!(
