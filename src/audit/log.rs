@@ -6,13 +6,14 @@
 //! `gateway.pub`, and segments `000001.jsonl`, `000002.jsonl`, ... The
 //! chain continues across segments.
 //!
-//! Durability: [`AuditLog::record_durable`] returns once its entry is
-//! fsynced (the relay awaits it, alongside the ledger's `dispatched` commit,
-//! before a write is sent). Other entries are written to the file at the
-//! end of each batch (a gateway crash loses none of them) and fsynced with
-//! the next durable entry or checkpoint (an OS crash loses at most that
-//! unflushed tail, which `audit verify` reports as entries after the last
-//! checkpoint, never as corruption). At startup a torn final line is cut
+//! Durability: [`AuditLog::record_durable`] returns once its entry (and
+//! every entry before it) is fsynced; the relay awaits it, alongside the
+//! ledger's `dispatched` commit, before a write is sent. Other entries are
+//! buffered: handed to the OS when the writer is idle for 100 ms, with the
+//! next durable entry or at a checkpoint, and fsynced with the next durable
+//! entry or checkpoint. A crash loses at most that unflushed tail, which
+//! `audit verify` reports as truncation after the last checkpoint, never as
+//! corruption. At startup a torn final line is cut
 //! off and the cut is recorded in the `log_started` entry.
 
 use std::fs::{File, OpenOptions};
@@ -237,12 +238,11 @@ fn tail_of(last: Option<Map<String, Value>>, segment: u32, cut: u64) -> Tail {
     }
 }
 
-enum Msg {
-    Entry {
-        kind: &'static str,
-        fields: Map<String, Value>,
-        durable: Option<oneshot::Sender<Result<(), String>>>,
-    },
+/// Entries appended together, in order; `durable` is answered once all of
+/// them are on disk.
+struct Msg {
+    entries: Vec<(&'static str, Map<String, Value>)>,
+    durable: Option<oneshot::Sender<Result<(), String>>>,
 }
 
 /// The audit log of a running gateway.
@@ -315,10 +315,18 @@ impl AuditLog {
 
     /// Append an entry (buffered).
     pub fn record(&self, kind: &'static str, fields: Map<String, Value>) {
+        self.record_all(vec![(kind, fields)]);
+    }
+
+    /// Append entries, in order (buffered). One message to the writer: a
+    /// call's entries cost one wake-up of the writer thread, not one each.
+    pub fn record_all(&self, entries: Vec<(&'static str, Map<String, Value>)>) {
+        if entries.is_empty() {
+            return;
+        }
         if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
-            let _ = tx.send(Msg::Entry {
-                kind,
-                fields,
+            let _ = tx.send(Msg {
+                entries,
                 durable: None,
             });
         }
@@ -330,13 +338,20 @@ impl AuditLog {
         kind: &'static str,
         fields: Map<String, Value>,
     ) -> Result<(), String> {
+        self.record_all_durable(vec![(kind, fields)]).await
+    }
+
+    /// Append entries, in order, and return once all are on disk.
+    pub async fn record_all_durable(
+        &self,
+        entries: Vec<(&'static str, Map<String, Value>)>,
+    ) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
         {
             let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
             let tx = tx.as_ref().ok_or("the audit log is closed")?;
-            tx.send(Msg::Entry {
-                kind,
-                fields,
+            tx.send(Msg {
+                entries,
                 durable: Some(done),
             })
             .map_err(|_| "the audit writer stopped".to_owned())?;
@@ -388,13 +403,24 @@ impl Writer {
     fn append(&mut self, kind: &str, fields: Map<String, Value>) -> std::io::Result<()> {
         let mut e = Map::with_capacity(fields.len() + 5);
         e.insert("seq".into(), json!(self.seq + 1));
-        e.insert("time".into(), json!(now()));
         e.insert("kind".into(), json!(kind));
+        let mut stamped = false;
         for (k, v) in fields {
-            // The chain fields are the writer's alone.
-            if !matches!(k.as_str(), "seq" | "time" | "kind" | "prev" | "hash") {
-                e.insert(k, v);
+            // The chain fields are the writer's alone; `time` may come with
+            // the entry (stamped when the event happened).
+            match k.as_str() {
+                "seq" | "kind" | "prev" | "hash" => {}
+                "time" => {
+                    stamped = v.is_string();
+                    e.insert(k, v);
+                }
+                _ => {
+                    e.insert(k, v);
+                }
             }
+        }
+        if !stamped {
+            e.insert("time".into(), json!(now()));
         }
         e.insert("prev".into(), json!(self.head));
         let hash = entry_hash(&e);
@@ -448,23 +474,32 @@ impl Writer {
 
     fn run(mut self, rx: &mpsc::Receiver<Msg>) {
         let mut last_checkpoint = Instant::now();
+        // Written to the BufWriter but not yet handed to the OS.
+        let mut buffered = false;
         loop {
-            let first = if self.since_checkpoint > 0 {
-                let left = self
-                    .settings
-                    .checkpoint_interval
-                    .saturating_sub(last_checkpoint.elapsed());
-                match rx.recv_timeout(left) {
+            // Idle with buffered entries: hand them to the OS soon; with
+            // unsigned entries: sign them by the interval.
+            let wait = match (buffered, self.since_checkpoint > 0) {
+                (true, _) => Some(IDLE_FLUSH),
+                (false, true) => Some(
+                    self.settings
+                        .checkpoint_interval
+                        .saturating_sub(last_checkpoint.elapsed()),
+                ),
+                (false, false) => None,
+            };
+            let first = match wait {
+                Some(w) => match rx.recv_timeout(w) {
                     Ok(m) => Some(m),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
                     Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                }
-            } else {
-                match rx.recv() {
+                },
+                None => match rx.recv() {
                     Ok(m) => Some(m),
                     Err(_) => break,
-                }
+                },
             };
+            let idle = first.is_none();
             let mut waiters = Vec::new();
             let mut failed = None;
             let mut batch: Vec<Msg> = first.into_iter().collect();
@@ -474,23 +509,22 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            for Msg::Entry {
-                kind,
-                fields,
-                durable,
-            } in batch
-            {
-                if let Err(e) = self.append(kind, fields) {
-                    failed = Some(e.to_string());
-                }
-                if let Some(d) = durable {
-                    waiters.push(d);
-                }
-                if self.since_checkpoint >= self.settings.checkpoint_every {
-                    if let Err(e) = self.checkpoint("count") {
+            for msg in batch {
+                for (kind, fields) in msg.entries {
+                    if let Err(e) = self.append(kind, fields) {
                         failed = Some(e.to_string());
                     }
-                    last_checkpoint = Instant::now();
+                    buffered = true;
+                    if self.since_checkpoint >= self.settings.checkpoint_every {
+                        if let Err(e) = self.checkpoint("count") {
+                            failed = Some(e.to_string());
+                        }
+                        buffered = false;
+                        last_checkpoint = Instant::now();
+                    }
+                }
+                if let Some(d) = msg.durable {
+                    waiters.push(d);
                 }
             }
             let interval_due = self.since_checkpoint > 0
@@ -498,11 +532,16 @@ impl Writer {
             let result = if interval_due {
                 last_checkpoint = Instant::now();
                 self.checkpoint("interval")
-            } else if waiters.is_empty() {
+            } else if !waiters.is_empty() {
+                self.sync()
+            } else if idle && buffered {
                 self.file.flush()
             } else {
-                self.sync()
+                Ok(())
             };
+            if interval_due || !waiters.is_empty() || idle {
+                buffered = false;
+            }
             if let Err(e) = result.and_then(|()| self.rotate_if_full()) {
                 failed = Some(e.to_string());
             }
@@ -521,6 +560,11 @@ impl Writer {
         }
     }
 }
+
+/// How long buffered entries may wait in memory while the writer is idle
+/// (a gateway process crash loses at most these; `verify` reports such a
+/// loss as truncation).
+const IDLE_FLUSH: Duration = Duration::from_millis(100);
 
 /// The current length of a file (tests).
 #[cfg(test)]

@@ -32,21 +32,24 @@ pub const LOG_STARTED: &str = "log_started";
 
 /// `sha256:` + hex SHA-256 of the JCS of `entry` without its `hash`.
 pub fn entry_hash(entry: &Map<String, Value>) -> String {
-    let mut h = Sha256::new();
-    // JCS via serde_jcs over the object minus `hash`; a map that does not
-    // serialize cannot occur (it came from JSON).
-    let without: Map<String, Value> = entry
-        .iter()
-        .filter(|(k, _)| k.as_str() != "hash")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    h.update(serde_jcs::to_vec(&Value::Object(without)).unwrap_or_default());
-    format!("sha256:{}", hex::encode(h.finalize()))
+    let mut buf = Vec::with_capacity(1024);
+    if entry.contains_key("hash") {
+        let without: Map<String, Value> = entry
+            .iter()
+            .filter(|(k, _)| k.as_str() != "hash")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        crate::canonical::jcs_into(&Value::Object(without), &mut buf);
+    } else {
+        // The writer hashes an entry before it has a `hash`: no copy.
+        crate::canonical::jcs_object_into(entry, &mut buf);
+    }
+    format!("sha256:{}", hex::encode(Sha256::digest(&buf)))
 }
 
 /// What a checkpoint signs: the JCS of `{seq, head, time}`.
 pub fn checkpoint_bytes(seq: u64, head: &str, time: &str) -> Vec<u8> {
-    serde_jcs::to_vec(&json!({ "seq": seq, "head": head, "time": time })).unwrap_or_default()
+    crate::canonical::jcs(&json!({ "seq": seq, "head": head, "time": time })).into_bytes()
 }
 
 /// Sign a checkpoint; base64 of the signature.
@@ -172,7 +175,7 @@ impl Verifier {
             place: place.to_owned(),
             reason,
         };
-        let entry: Map<String, Value> = serde_json::from_slice(line).map_err(|e| {
+        let mut entry: Map<String, Value> = serde_json::from_slice(line).map_err(|e| {
             brk(format!(
                 "not a JSON object ({e}): bytes were changed or lost"
             ))
@@ -192,11 +195,20 @@ impl Verifier {
                 self.next_seq - 1
             )));
         }
-        let hash = str_field(&entry, "hash").unwrap_or("");
+        // Hashed without its `hash` (taken out, then put back): no copy.
+        let stored = entry.remove("hash");
+        let hash = stored
+            .as_ref()
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
         if hash != entry_hash(&entry) {
             return Err(brk(
                 "the entry's content does not match its hash: it was edited".into(),
             ));
+        }
+        if let Some(h) = stored {
+            entry.insert("hash".into(), h);
         }
         let kind = str_field(&entry, "kind").unwrap_or("");
         if kind == LOG_STARTED && self.pubkey.is_none() {
@@ -217,7 +229,7 @@ impl Verifier {
             self.statements += 1;
         }
         self.ended_clean = kind == CHECKPOINT && str_field(&entry, "reason") == Some("shutdown");
-        self.prev = hash.to_owned();
+        self.prev = hash;
         self.next_seq += 1;
         self.entries += 1;
         Ok(entry)

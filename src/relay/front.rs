@@ -877,6 +877,7 @@ impl Held<'_> {
                 client_key: self.client_key,
             };
             let reviewers = gw.policies();
+            self.trail.flush();
             let proposal = match gw.book.find(&ask, reviewers.reviewers()).await {
                 Ok(Found::Usable(p)) => {
                     *self.consumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.id.clone());
