@@ -3,7 +3,9 @@
 //! 1,000,000) shaped like real `call_received` entries. Also the latency of
 //! a durable append (the one a write call waits for).
 //!
-//! `taskset -c 0 cargo bench --bench audit`
+//! `taskset -c 0 cargo bench --bench audit`; `BENCH_PARTS=1` instead times
+//! the parts of one entry (the JCS writer against serde_jcs).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
