@@ -365,6 +365,18 @@ impl AuditLog {
         super::record_arguments(self.arguments, &self.redact, arguments, fields);
     }
 
+    /// [`AuditLog::arguments_fields`] from the arguments' JCS text.
+    pub fn arguments_fields_jcs(
+        &self,
+        arguments: &Value,
+        jcs: &str,
+        fields: &mut Map<String, Value>,
+    ) {
+        use sha2::{Digest, Sha256};
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(jcs.as_bytes())));
+        super::record_arguments_digested(self.arguments, &self.redact, arguments, digest, fields);
+    }
+
     /// Write the shutdown checkpoint and stop the writer.
     pub fn close(&self) {
         self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();

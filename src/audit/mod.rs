@@ -88,7 +88,19 @@ pub fn record_arguments(
     arguments: &Value,
     fields: &mut Map<String, Value>,
 ) {
-    fields.insert("arguments_digest".into(), json!(value_digest(arguments)));
+    record_arguments_digested(mode, redact, arguments, value_digest(arguments), fields);
+}
+
+/// [`record_arguments`] with the digest already known (the relay has the
+/// arguments' JCS bytes at hand).
+pub fn record_arguments_digested(
+    mode: ArgumentMode,
+    redact: &[String],
+    arguments: &Value,
+    digest: String,
+    fields: &mut Map<String, Value>,
+) {
+    fields.insert("arguments_digest".into(), json!(digest));
     match mode {
         ArgumentMode::Full => {
             fields.insert("arguments".into(), arguments.clone());

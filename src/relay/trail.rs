@@ -110,7 +110,7 @@ impl Trail {
             let mut f = base.clone();
             f.insert("explicit_key".into(), json!(explicit));
             f.insert("read_only".into(), json!(read_only));
-            log.arguments_fields(&call.arguments, &mut f);
+            log.arguments_fields_jcs(&call.arguments, &call.arguments_jcs, &mut f);
             self.push("call_received", f);
         }
     }
