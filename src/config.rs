@@ -157,6 +157,10 @@ pub struct ApprovalsConfig {
     /// clock (bounds the replay of a captured request).
     #[serde(deserialize_with = "duration")]
     pub clock_skew: Duration,
+    /// Most proposals one requester may have waiting; beyond it a call that
+    /// would make a new one is refused (flooding reviewers is a denial of
+    /// service).
+    pub max_pending: usize,
 }
 
 impl Default for ApprovalsConfig {
@@ -169,6 +173,7 @@ impl Default for ApprovalsConfig {
             pending_ttl: Duration::from_secs(24 * 3600),
             remote_control: false,
             clock_skew: Duration::from_secs(120),
+            max_pending: 20,
         }
     }
 }
@@ -512,6 +517,9 @@ impl Config {
         // progress notifications.
         if a.progress_interval < Duration::from_millis(100) {
             return Err("approvals.progress_interval must be at least 100ms".into());
+        }
+        if a.max_pending == 0 {
+            return Err("approvals.max_pending must be at least 1".into());
         }
         if a.clock_skew < Duration::from_secs(1) || a.clock_skew > Duration::from_secs(600) {
             return Err("approvals.clock_skew must be between 1s and 10m: it bounds how long a captured control request can be replayed".into());

@@ -838,3 +838,33 @@ async fn an_approval_by_a_reviewer_removed_since_does_not_run() {
         .unwrap()
         .contains("no longer registered"));
 }
+
+#[tokio::test]
+async fn a_requester_flooding_proposals_is_capped_and_nothing_runs() {
+    let r = Review::start("hold = \"0s\"\nmax_pending = 3", "");
+    let c = r.client(common::TOKEN).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let a = call(&c, i, CHARGE, charge(100 + i), &format!("flood-{i}")).await;
+        ids.push(proposal_id(&a));
+    }
+    let over = call(&c, 10, CHARGE, charge(999), "flood-x").await;
+    assert_eq!(code(&over), "approval_pending", "{over:?}");
+    assert!(countersign(&over)["proposal_id"].is_null(), "{over:?}");
+    assert!(over.text.contains("max_pending"), "{over:?}");
+    // Retrying a call that already has a proposal still joins it.
+    let again = call(&c, 11, CHARGE, charge(100), "flood-0").await;
+    assert_eq!(proposal_id(&again), ids[0]);
+    // Another requester is not affected.
+    let c9 = r.client(common::OTHER_TOKEN).await;
+    assert!(countersign(&call(&c9, 12, CHARGE, charge(5), "k").await)["proposal_id"].is_string());
+    assert_eq!(r.pending("alice").await.len(), 4);
+    // Once a reviewer decides one, there is room again.
+    let (ok, _, err) = r
+        .cli("alice", &["deny", &ids[1], "--reason", "duplicate"])
+        .await;
+    assert!(ok, "{err}");
+    let now = call(&c, 13, CHARGE, charge(999), "flood-x").await;
+    assert!(countersign(&now)["proposal_id"].is_string(), "{now:?}");
+    assert_eq!(r.gw.executions(CHARGE), 0);
+}

@@ -255,6 +255,32 @@ impl Book {
             .filter(|p| p.same_call(&who.tenant, &who.principal, ask.server, ask.digest))
             .max_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)))
             .cloned();
+        // Flooding: a requester with `approvals.max_pending` proposals
+        // waiting gets no new one (reviewers' queues stay readable, the
+        // store stays bounded); calls that join or use an existing proposal
+        // are unaffected. The call does not run.
+        let continues = latest.as_ref().is_some_and(|p| {
+            matches!(
+                p.state,
+                ProposalState::Pending | ProposalState::Approved | ProposalState::Denied
+            ) || p.consumed_by.as_deref() == Some(ask.key)
+        });
+        let waiting = mine
+            .iter()
+            .filter(|p| p.state == ProposalState::Pending)
+            .count();
+        if !continues && waiting >= self.config.max_pending {
+            tracing::warn!(requester = %who.principal, tenant = %who.tenant, waiting, "proposal refused: too many pending");
+            return Ok(Found::Refuse(ApprovalNote {
+                code: ApprovalCode::Pending,
+                proposal_id: None,
+                revises: None,
+                reason: Some(format!(
+                    "{waiting} of your proposals are already waiting for reviewers (approvals.max_pending); \
+                     no new one was made"
+                )),
+            }));
+        }
         let Some(p) = latest else {
             return self.create(ask, &mine, now).await.map(Found::Wait);
         };

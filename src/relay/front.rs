@@ -1365,6 +1365,14 @@ fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, modern
         format!("`{tool}`")
     };
     let (code, text) = match note.code {
+        ApprovalCode::Pending if note.proposal_id.is_none() => (
+            reply::codes::APPROVAL_PENDING,
+            format!(
+                "Not run: this call to {tool} needs a human approval, and no proposal was made: {}. \
+                 Wait for reviewers to decide your earlier proposals before asking for more.",
+                note.reason.as_deref().unwrap_or("too many proposals are waiting")
+            ),
+        ),
         ApprovalCode::Pending => (
             reply::codes::APPROVAL_PENDING,
             format!(
