@@ -195,7 +195,8 @@ async fn a_real_run_verifies_and_every_tampering_is_caught_at_its_entry() {
     ];
     let (ok, out) = verify(&dir, &pinned);
     assert!(ok, "{out}");
-    assert!(out.contains("1 reviewer statements verified"), "{out}");
+    // The grant and the consumption both carry alice's signed statement.
+    assert!(out.contains("2 reviewer statements verified"), "{out}");
     assert!(out.contains("clean-shutdown checkpoint"), "{out}");
 
     // Flip one byte inside entry 5.

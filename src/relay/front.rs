@@ -658,8 +658,13 @@ async fn tool_call(
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .take();
-                if let Some(proposal) = consumed {
-                    trail.record("approval_consumed", vec![("proposal_id", json!(proposal))]);
+                if let Some((proposal, approval)) = consumed {
+                    // With the reviewer's signed statement: the entry shows
+                    // on its own which yes this execution used.
+                    trail.record(
+                        "approval_consumed",
+                        vec![("proposal_id", json!(proposal)), ("approval", approval)],
+                    );
                 }
                 ctx.write_once(ticket, &call.tool, &client_key).await
             }
@@ -758,7 +763,7 @@ struct Held<'a> {
     trail: &'a Trail,
     /// The proposal the gate chose to consume, for the audit entry once the
     /// reservation (and so the consumption) succeeded.
-    consumed: std::sync::Mutex<Option<String>>,
+    consumed: std::sync::Mutex<Option<(String, Value)>>,
 }
 
 /// Audit entries for a call refused before dispatch by the ledger or a
@@ -880,7 +885,9 @@ impl Held<'_> {
             self.trail.flush();
             let proposal = match gw.book.find(&ask, reviewers.reviewers()).await {
                 Ok(Found::Usable(p)) => {
-                    *self.consumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.id.clone());
+                    let approval = serde_json::to_value(&p.decision).unwrap_or(Value::Null);
+                    *self.consumed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((p.id.clone(), approval));
                     return Gate::Consume(p.id);
                 }
                 Ok(Found::Refuse(note)) => return Gate::Refuse(IdemOutcome::Approval(note)),
