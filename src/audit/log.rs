@@ -9,9 +9,9 @@
 //! Durability: [`AuditLog::record_durable`] returns once its entry (and
 //! every entry before it) is fsynced; the relay awaits it, alongside the
 //! ledger's `dispatched` commit, before a write is sent. Other entries are
-//! buffered: handed to the OS when the writer is idle for 100 ms, with the
-//! next durable entry or at a checkpoint, and fsynced with the next durable
-//! entry or checkpoint. A crash loses at most that unflushed tail, which
+//! buffered: queued without waking the writer (drained every 2 ms while busy), handed
+//! to the OS within 100 ms or with the next durable entry or checkpoint, and
+//! fsynced with the next durable entry or checkpoint. A crash loses at most that unflushed tail, which
 //! `audit verify` reports as truncation after the last checkpoint, never as
 //! corruption. At startup a torn final line is cut
 //! off and the cut is recorded in the `log_started` entry.
@@ -19,7 +19,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
@@ -238,6 +238,15 @@ fn tail_of(last: Option<Map<String, Value>>, segment: u32, cut: u64) -> Tail {
     }
 }
 
+type Queue = Arc<std::sync::Mutex<Vec<(&'static str, Map<String, Value>)>>>;
+
+/// How often the writer drains the queue of buffered entries.
+const QUEUE_POLL: Duration = Duration::from_millis(2);
+
+/// Past this many queued entries, the writer is woken at once (bounds the
+/// queue under load).
+const QUEUE_WAKE: usize = 4096;
+
 /// Entries appended together, in order; `durable` is answered once all of
 /// them are on disk.
 struct Msg {
@@ -247,6 +256,13 @@ struct Msg {
 
 /// The audit log of a running gateway.
 pub struct AuditLog {
+    // Buffered entries wait here without waking the writer, which drains
+    // the queue every few milliseconds: a relayed call costs no thread
+    // wake-up for its audit entries (the wake-up was most of their cost).
+    queue: Queue,
+    // Set by an idle writer that blocks instead of polling: the next
+    // producer wakes it (once).
+    sleeping: Arc<std::sync::atomic::AtomicBool>,
     // Behind locks only so that a shared log can be closed at shutdown
     // (`close(&self)`); uncontended in practice.
     tx: std::sync::Mutex<Option<mpsc::Sender<Msg>>>,
@@ -280,7 +296,11 @@ impl AuditLog {
             json!({ "seq": tail.seq, "clean_shutdown": tail.clean, "torn_bytes_cut": tail.cut }),
         );
         let (tx, rx) = mpsc::channel();
+        let queue: Queue = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sleeping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut w = Writer {
+            queue: queue.clone(),
+            sleeping: sleeping.clone(),
             dir: s.dir.clone(),
             key,
             file: BufWriter::with_capacity(1 << 16, file),
@@ -305,6 +325,8 @@ impl AuditLog {
             .spawn(move || w.run(&rx))
             .map_err(io_err(&s.dir))?;
         Ok(AuditLog {
+            queue,
+            sleeping,
             tx: std::sync::Mutex::new(Some(tx)),
             thread: std::sync::Mutex::new(Some(thread)),
             public_key,
@@ -324,11 +346,22 @@ impl AuditLog {
         if entries.is_empty() {
             return;
         }
-        if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
-            let _ = tx.send(Msg {
-                entries,
-                durable: None,
-            });
+        let queued = {
+            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.extend(entries);
+            q.len()
+        };
+        let wake = queued >= QUEUE_WAKE
+            || self
+                .sleeping
+                .swap(false, std::sync::atomic::Ordering::SeqCst);
+        if wake {
+            if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+                let _ = tx.send(Msg {
+                    entries: Vec::new(),
+                    durable: None,
+                });
+            }
         }
     }
 
@@ -394,6 +427,8 @@ impl Drop for AuditLog {
 }
 
 struct Writer {
+    queue: Queue,
+    sleeping: Arc<std::sync::atomic::AtomicBool>,
     dir: PathBuf,
     key: SigningKey,
     file: BufWriter<File>,
@@ -484,36 +519,100 @@ impl Writer {
         Ok(())
     }
 
+    /// Append what waits in the queue (before any message that came after
+    /// it, so a durable entry follows every buffered entry made before it).
+    fn drain(&mut self, failed: &mut Option<String>, last_checkpoint: &mut Instant) -> bool {
+        let queued = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()));
+        let any = !queued.is_empty();
+        for (kind, fields) in queued {
+            self.append_counted(kind, fields, failed, last_checkpoint);
+        }
+        any
+    }
+
+    fn append_counted(
+        &mut self,
+        kind: &str,
+        fields: Map<String, Value>,
+        failed: &mut Option<String>,
+        last_checkpoint: &mut Instant,
+    ) {
+        if let Err(e) = self.append(kind, fields) {
+            *failed = Some(e.to_string());
+        }
+        if self.since_checkpoint >= self.settings.checkpoint_every {
+            if let Err(e) = self.checkpoint("count") {
+                *failed = Some(e.to_string());
+            }
+            *last_checkpoint = Instant::now();
+        }
+    }
+
     fn run(mut self, rx: &mpsc::Receiver<Msg>) {
         let mut last_checkpoint = Instant::now();
-        // Written to the BufWriter but not yet handed to the OS.
-        let mut buffered = false;
-        loop {
-            // Idle with buffered entries: hand them to the OS soon; with
-            // unsigned entries: sign them by the interval.
-            let wait = match (buffered, self.since_checkpoint > 0) {
-                (true, _) => Some(IDLE_FLUSH),
-                (false, true) => Some(
-                    self.settings
-                        .checkpoint_interval
-                        .saturating_sub(last_checkpoint.elapsed()),
-                ),
-                (false, false) => None,
+        // Written to the BufWriter but not yet handed to the OS, and since
+        // when.
+        let mut buffered_since: Option<Instant> = None;
+        let mut open = true;
+        // Consecutive polls that found nothing.
+        let mut quiet = 0u32;
+        while open {
+            // Idle long enough with nothing buffered: block until a producer
+            // or the checkpoint interval wakes us, instead of polling.
+            let asleep = quiet >= 10 && buffered_since.is_none();
+            let timeout = if asleep {
+                self.sleeping
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                // Re-check after announcing sleep: an entry queued just
+                // before would otherwise wait for the next message.
+                if self
+                    .queue
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_empty()
+                {
+                    (self.since_checkpoint > 0).then(|| {
+                        self.settings
+                            .checkpoint_interval
+                            .saturating_sub(last_checkpoint.elapsed())
+                    })
+                } else {
+                    Some(Duration::ZERO)
+                }
+            } else {
+                Some(QUEUE_POLL)
             };
-            let first = match wait {
-                Some(w) => match rx.recv_timeout(w) {
+            let first = match timeout {
+                Some(t) => match rx.recv_timeout(t) {
                     Ok(m) => Some(m),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        None
+                    }
                 },
                 None => match rx.recv() {
                     Ok(m) => Some(m),
-                    Err(_) => break,
+                    Err(_) => {
+                        open = false;
+                        None
+                    }
                 },
             };
-            let idle = first.is_none();
+            self.sleeping
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+            let got_message = first.is_some();
             let mut waiters = Vec::new();
             let mut failed = None;
+            let drained = self.drain(&mut failed, &mut last_checkpoint);
+            if drained {
+                buffered_since.get_or_insert_with(Instant::now);
+            }
+            quiet = if drained || got_message {
+                0
+            } else {
+                quiet.saturating_add(1)
+            };
             let mut batch: Vec<Msg> = first.into_iter().collect();
             while batch.len() < 1024 {
                 match rx.try_recv() {
@@ -523,17 +622,8 @@ impl Writer {
             }
             for msg in batch {
                 for (kind, fields) in msg.entries {
-                    if let Err(e) = self.append(kind, fields) {
-                        failed = Some(e.to_string());
-                    }
-                    buffered = true;
-                    if self.since_checkpoint >= self.settings.checkpoint_every {
-                        if let Err(e) = self.checkpoint("count") {
-                            failed = Some(e.to_string());
-                        }
-                        buffered = false;
-                        last_checkpoint = Instant::now();
-                    }
+                    self.append_counted(kind, fields, &mut failed, &mut last_checkpoint);
+                    buffered_since.get_or_insert_with(Instant::now);
                 }
                 if let Some(d) = msg.durable {
                     waiters.push(d);
@@ -541,19 +631,20 @@ impl Writer {
             }
             let interval_due = self.since_checkpoint > 0
                 && last_checkpoint.elapsed() >= self.settings.checkpoint_interval;
+            let flush_due = buffered_since.is_some_and(|t| t.elapsed() >= IDLE_FLUSH);
             let result = if interval_due {
                 last_checkpoint = Instant::now();
+                buffered_since = None;
                 self.checkpoint("interval")
             } else if !waiters.is_empty() {
+                buffered_since = None;
                 self.sync()
-            } else if idle && buffered {
+            } else if flush_due {
+                buffered_since = None;
                 self.file.flush()
             } else {
                 Ok(())
             };
-            if interval_due || !waiters.is_empty() || idle {
-                buffered = false;
-            }
             if let Err(e) = result.and_then(|()| self.rotate_if_full()) {
                 failed = Some(e.to_string());
             }
@@ -567,15 +658,17 @@ impl Writer {
                 });
             }
         }
+        let mut failed = None;
+        self.drain(&mut failed, &mut last_checkpoint);
         if let Err(e) = self.checkpoint("shutdown") {
             tracing::error!("audit log: the shutdown checkpoint failed: {e}");
         }
     }
 }
 
-/// How long buffered entries may wait in memory while the writer is idle
-/// (a gateway process crash loses at most these; `verify` reports such a
-/// loss as truncation).
+/// How long appended entries may wait in the file buffer before they are
+/// handed to the OS (a gateway process crash loses at most these and the
+/// queue; `verify` reports such a loss as truncation).
 const IDLE_FLUSH: Duration = Duration::from_millis(100);
 
 /// The current length of a file (tests).
