@@ -722,4 +722,29 @@ mod tests {
         assert!(report.entries > 14, "{report:?}");
         assert!(report.ended_clean);
     }
+
+    #[test]
+    fn an_idle_writer_wakes_for_the_next_entry_and_hands_it_to_the_os() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(settings(dir.path())).unwrap();
+        let lines = || {
+            segments(dir.path())
+                .unwrap()
+                .iter()
+                .map(|s| std::fs::read_to_string(s).unwrap().lines().count())
+                .sum::<usize>()
+        };
+        // Long enough for the writer to go to sleep.
+        std::thread::sleep(Duration::from_millis(300));
+        log.record("call_received", Map::new());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while lines() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            lines(),
+            2,
+            "log_started and the entry, without closing the log"
+        );
+    }
 }
