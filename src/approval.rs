@@ -690,22 +690,44 @@ pub fn consume(
     }
 }
 
-/// One plain sentence of what an approval lets happen, for reviewers.
+/// One plain sentence of what an approval lets happen, for reviewers, built
+/// from the gateway's canonical copy (never from text the agent supplied):
+/// "agent-7 of acme wants payments/charge_card (a write) with account acct-1,
+/// amount 120, currency EUR".
 pub fn summary(p: &Proposal) -> String {
-    let verb = match p.risk {
-        Risk::Read => "read with",
-        Risk::Write => "change something with",
-        Risk::Destructive => "possibly destroy or overwrite data with",
+    let risk = match p.risk {
+        Risk::Read => "a read",
+        Risk::Write => "a write",
+        Risk::Destructive => "possibly destructive",
     };
+    let mut args: Vec<String> = match &p.arguments {
+        Value::Object(m) if !m.is_empty() => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k} {s}"),
+                other => format!("{k} {other}"),
+            })
+            .collect(),
+        Value::Object(_) => vec!["no arguments".into()],
+        other => vec![other.to_string()],
+    };
+    let mut text = args.join(", ");
+    if text.chars().count() > 160 {
+        args.truncate(1);
+        text = format!(
+            "{}… (see the arguments)",
+            text.chars().take(150).collect::<String>()
+        );
+    }
     format!(
-        "{} (tenant {}) asks to run `{}` on `{}`, which may {verb} these arguments{}",
+        "{} of {} wants {}/{} ({risk}) with {text}{}",
         p.requester,
         p.tenant,
-        p.tool,
         p.server,
+        p.tool,
         p.resource_version
             .as_deref()
-            .map(|v| format!(", against resource version `{v}`"))
+            .map(|v| format!(", against resource version {v}"))
             .unwrap_or_default()
     )
 }

@@ -237,7 +237,7 @@ async fn a_write_without_approval_makes_one_proposal_however_often_it_is_retried
     );
     let (ok, out, _) = r.cli("alice", &["show", &id]).await;
     assert!(
-        ok && out.contains("agent-7 (tenant acme) asks to run `charge_card`"),
+        ok && out.contains("agent-7 of acme wants payments/charge_card (a write) with account acct-1, amount 10, currency EUR"),
         "{out}"
     );
     assert!(out.contains("amount") && out.contains("10"), "{out}");

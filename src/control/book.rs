@@ -189,6 +189,14 @@ impl Book {
         });
     }
 
+    /// Publish a proposal changed outside the book (consumed by the store's
+    /// reserve-and-consume transaction), so live views show it.
+    pub fn changed(&self, id: &str) {
+        if let Ok(Some(p)) = self.store.get_proposal(id) {
+            self.publish("proposal_updated", &p);
+        }
+    }
+
     /// A proposal by id.
     pub fn get(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
         self.store.get_proposal(id)

@@ -129,6 +129,44 @@ impl Client {
         Ok(v["proposal"].clone())
     }
 
+    /// Unknown outcomes of the reviewer's tenants.
+    pub async fn outcomes(&self) -> anyhow::Result<Vec<Value>> {
+        let v = self
+            .call(reqwest::Method::GET, "/v1/outcomes", None)
+            .await?;
+        Ok(v["outcomes"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The newest audit entries of the reviewer's tenants.
+    pub async fn audit_tail(&self, limit: usize) -> anyhow::Result<Vec<Value>> {
+        let v = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/audit?limit={limit}"),
+                None,
+            )
+            .await?;
+        Ok(v["entries"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Settle an unknown outcome: `executed` or `not_executed`, with a note.
+    pub async fn reconcile(
+        &self,
+        tenant: &str,
+        principal: &str,
+        key: &str,
+        executed: bool,
+        note: &str,
+    ) -> anyhow::Result<Value> {
+        let body = json!({
+            "tenant": tenant, "principal": principal, "key": key,
+            "resolution": if executed { "executed" } else { "not_executed" },
+            "note": (!note.is_empty()).then_some(note),
+        });
+        self.call(reqwest::Method::POST, "/v1/outcomes/reconcile", Some(&body))
+            .await
+    }
+
     /// Sign and submit a decision on the proposal exactly as the gateway
     /// shows it. `ttl` (approvals only) bounds the approval's life.
     pub async fn decide(
@@ -166,7 +204,13 @@ impl Client {
 /// A proposal view without the fields the API adds for display.
 pub fn strip_view(mut v: Value) -> Value {
     if let Some(o) = v.as_object_mut() {
-        for k in ["summary", "created_at", "updated_at", "expires_at"] {
+        for k in [
+            "summary",
+            "created_at",
+            "updated_at",
+            "expires_at",
+            "pending_expires_ms",
+        ] {
             o.remove(k);
         }
     }

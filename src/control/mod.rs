@@ -9,6 +9,7 @@
 //! | `GET /v1/outcomes` | `unknown` ledger records of the reviewer's tenants |
 //! | `POST /v1/outcomes/reconcile` | settle one: `{tenant, principal, key, resolution, note?, result?}` |
 //! | `GET /v1/events` | SSE: `proposal_created` / `proposal_updated` |
+//! | `GET /v1/audit[?limit=N]` | the last N (default 50, at most 500) audit entries of the reviewer's tenants |
 //!
 //! Every request is signed with the reviewer's ed25519 key
 //! (`Authorization: Countersign-Ed25519 reviewer=..,time=..,signature=..`
@@ -47,6 +48,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/outcomes", get(outcomes))
         .route("/v1/outcomes/reconcile", post(reconcile))
         .route("/v1/events", get(events))
+        .route("/v1/audit", get(audit_tail))
         .with_state(gw)
 }
 
@@ -159,8 +161,9 @@ impl FromRequest<Arc<Gateway>> for Signed {
 }
 
 /// A proposal as the API shows it: the stored record plus a plain
-/// sentence and RFC 3339 times.
-pub fn view(p: &Proposal) -> Value {
+/// sentence and RFC 3339 times (`pending_expires_at`: when an undecided
+/// proposal expires).
+pub fn view(p: &Proposal, pending_ttl: std::time::Duration) -> Value {
     let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
     if let Some(o) = v.as_object_mut() {
         o.insert("summary".into(), json!(approval::summary(p)));
@@ -170,6 +173,10 @@ pub fn view(p: &Proposal) -> Value {
             "expires_at".into(),
             p.expires_ms.map_or(Value::Null, |e| json!(rfc3339(e))),
         );
+        let pending_until = p
+            .created_ms
+            .saturating_add(pending_ttl.as_millis().min(i64::MAX as u128) as i64);
+        o.insert("pending_expires_ms".into(), json!(pending_until));
     }
     v
 }
@@ -202,7 +209,7 @@ async fn list(
             "proposals": all
                 .iter()
                 .filter(|p| reviewer.covers(&p.tenant) && wanted.is_none_or(|w| p.state == w))
-                .map(view)
+                .map(|p| view(p, gw.config.approvals.pending_ttl))
                 .collect::<Vec<_>>()
         })),
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
@@ -217,7 +224,9 @@ async fn show(
     match gw.book.get(&id) {
         // Another tenant's proposal is "not found": its existence is not
         // disclosed.
-        Ok(Some(p)) if reviewer.covers(&p.tenant) => ok(json!({ "proposal": view(&p) })),
+        Ok(Some(p)) if reviewer.covers(&p.tenant) => {
+            ok(json!({ "proposal": view(&p, gw.config.approvals.pending_ttl) }))
+        }
         Ok(_) => problem(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -300,7 +309,7 @@ async fn decide(
         .decide(&id, statement, &parsed.signature, &reviewer, may_approve)
         .await
     {
-        Ok(p) => ok(json!({ "proposal": view(&p) })),
+        Ok(p) => ok(json!({ "proposal": view(&p, gw.config.approvals.pending_ttl) })),
         Err(e) => {
             let (status, code) = match &e {
                 DecideError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
@@ -405,18 +414,52 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
     }
 }
 
+#[derive(Deserialize)]
+struct TailQuery {
+    limit: Option<usize>,
+}
+
+async fn audit_tail(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<TailQuery>,
+    Signed { reviewer, .. }: Signed,
+) -> Response {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    let dir = gw.config.audit_dir();
+    let tail =
+        tokio::task::spawn_blocking(move || crate::audit::verify::tail(&dir, 256 << 10)).await;
+    match tail {
+        Ok(Ok(entries)) => {
+            // Entries of other tenants are not shown; entries without a
+            // tenant (checkpoints, reloads) are.
+            let mine: Vec<Value> = entries
+                .into_iter()
+                .filter(|e| {
+                    e.get("tenant")
+                        .and_then(Value::as_str)
+                        .is_none_or(|t| reviewer.covers(t))
+                })
+                .map(Value::Object)
+                .collect();
+            let skip = mine.len().saturating_sub(limit);
+            ok(json!({ "entries": mine[skip..] }))
+        }
+        Ok(Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
+    }
+}
+
 async fn events(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
     use futures_util::StreamExt;
     let rx = gw.book.subscribe();
+    let ttl = gw.config.approvals.pending_ttl;
     let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |e| {
         let out = match e {
-            Ok(e) if reviewer.covers(&e.proposal.tenant) => {
-                Some(Ok::<_, std::convert::Infallible>(
-                    SseEvent::default()
-                        .event(e.kind)
-                        .data(json!({ "kind": e.kind, "proposal": view(&e.proposal) }).to_string()),
-                ))
-            }
+            Ok(e) if reviewer.covers(&e.proposal.tenant) => Some(
+                Ok::<_, std::convert::Infallible>(SseEvent::default().event(e.kind).data(
+                    json!({ "kind": e.kind, "proposal": view(&e.proposal, ttl) }).to_string(),
+                )),
+            ),
             Ok(_) => None,
             // A slow client missed events: tell it to re-list.
             Err(_) => Some(Ok(SseEvent::default().event("resync").data("{}"))),

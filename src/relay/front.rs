@@ -659,6 +659,7 @@ async fn tool_call(
                     .unwrap_or_else(|p| p.into_inner())
                     .take();
                 if let Some((proposal, approval)) = consumed {
+                    gw.book.changed(&proposal);
                     // With the reviewer's signed statement: the entry shows
                     // on its own which yes this execution used.
                     trail.record(

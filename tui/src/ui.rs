@@ -1,0 +1,586 @@
+//! Drawing: reads the [`App`], never changes it. Laid out for 80x24 and up.
+
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Tabs, Wrap};
+use ratatui::Frame;
+use serde_json::Value;
+
+use crate::app::{App, Link, Modal, View};
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("")
+}
+
+/// A short duration: `45s`, `12m`, `3h`, `2d`.
+pub fn short(ms: i64) -> String {
+    let secs = (ms / 1000).max(0);
+    match secs {
+        0..=59 => format!("{secs}s"),
+        60..=3599 => format!("{}m", secs / 60),
+        3600..=86_399 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
+fn risk_style(risk: &str) -> Style {
+    match risk {
+        "destructive" => Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
+        "write" => Style::default().fg(Color::Yellow),
+        _ => Style::default().fg(Color::Green),
+    }
+}
+
+/// Draw everything.
+pub fn draw(app: &App, f: &mut Frame) {
+    let [header, tabs, body, status, hints] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Min(5),
+        Constraint::Length(1),
+        Constraint::Length(1),
+    ])
+    .areas(f.area());
+    let (link, link_style) = match &app.link {
+        Link::Live => ("● live".to_owned(), Style::default().fg(Color::Green)),
+        Link::Connecting => (
+            "○ connecting".to_owned(),
+            Style::default().fg(Color::Yellow),
+        ),
+        Link::Lost(e) => (
+            format!("✕ gateway lost, reconnecting: {e}"),
+            Style::default().fg(Color::Red),
+        ),
+    };
+    f.render_widget(
+        Paragraph::new(Line::from(vec![
+            Span::styled(
+                "countersign-review ",
+                Style::default().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(format!("{} @ {}  ", app.reviewer, app.gateway)),
+            Span::styled(link, link_style),
+        ])),
+        header,
+    );
+    let selected = match app.view {
+        View::Pending | View::Detail => 0,
+        View::Outcomes => 1,
+        View::History => 2,
+        View::Audit => 3,
+    };
+    f.render_widget(
+        Tabs::new(vec![
+            format!("1 Pending ({})", app.pending().len()),
+            format!("2 Unknown outcomes ({})", app.outcomes.len()),
+            "3 History".to_owned(),
+            "4 Audit".to_owned(),
+        ])
+        .select(selected)
+        .highlight_style(Style::default().add_modifier(Modifier::REVERSED)),
+        tabs,
+    );
+    match app.view {
+        View::Pending => pending(app, f, body),
+        View::Detail => detail(app, f, body),
+        View::Outcomes => outcomes(app, f, body),
+        View::History => history(app, f, body),
+        View::Audit => audit(app, f, body),
+    }
+    if let Some((text, error)) = &app.status {
+        let style = if *error {
+            Style::default().fg(Color::Red)
+        } else {
+            Style::default().fg(Color::Green)
+        };
+        f.render_widget(Paragraph::new(text.as_str()).style(style), status);
+    }
+    let keys = match (&app.modal, app.view) {
+        (Some(_), _) => "type · Enter confirm · Esc cancel",
+        (None, View::Pending) => {
+            "↑↓ select · Enter detail · a approve · d deny · 1-4 views · q quit"
+        }
+        (None, View::Detail) => "a approve · d deny · v raw JSON · Esc back · q quit",
+        (None, View::Outcomes) => "↑↓ select · e executed · n not executed · r reload · q quit",
+        (None, View::History) => "↑↓ select · 1-4 views · q quit",
+        (None, View::Audit) => "r reload · 1-4 views · q quit",
+    };
+    f.render_widget(
+        Paragraph::new(keys).style(Style::default().fg(Color::DarkGray)),
+        hints,
+    );
+    if let Some(m) = &app.modal {
+        modal(app, m, f);
+    }
+}
+
+fn highlight() -> Style {
+    Style::default().add_modifier(Modifier::REVERSED)
+}
+
+fn pending(app: &App, f: &mut Frame, area: Rect) {
+    let list = app.pending();
+    if list.is_empty() {
+        f.render_widget(
+            Paragraph::new("No proposals waiting. New ones appear here as agents ask.")
+                .block(Block::default().borders(Borders::TOP)),
+            area,
+        );
+        return;
+    }
+    let rows = list.iter().enumerate().map(|(i, p)| {
+        let age = short(app.now_ms - p["created_ms"].as_i64().unwrap_or(app.now_ms));
+        let expires = p["pending_expires_ms"]
+            .as_i64()
+            .map_or("-".into(), |e| short(e - app.now_ms));
+        let mut flags = Vec::new();
+        if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
+            flags.push(format!("revises {r}"));
+        }
+        if app.possible_duplicate(p).is_some() {
+            flags.push("dup?".into());
+        }
+        let row = Row::new(vec![
+            Span::raw(age),
+            Span::raw(expires),
+            Span::raw(s(p, "requester").to_owned()),
+            Span::raw(s(p, "tenant").to_owned()),
+            Span::raw(format!("{}/{}", s(p, "server"), s(p, "tool"))),
+            Span::styled(s(p, "risk").to_owned(), risk_style(s(p, "risk"))),
+            Span::raw(flags.join(" ")),
+        ]);
+        if i == app.selected {
+            row.style(highlight())
+        } else {
+            row
+        }
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(4),
+            Constraint::Length(4),
+            Constraint::Length(10),
+            Constraint::Length(8),
+            Constraint::Length(22),
+            Constraint::Length(11),
+            Constraint::Min(10),
+        ],
+    )
+    .header(
+        Row::new(vec![
+            "AGE",
+            "EXP",
+            "REQUESTER",
+            "TENANT",
+            "TOOL",
+            "RISK",
+            "FLAGS",
+        ])
+        .style(Style::default().add_modifier(Modifier::BOLD)),
+    )
+    .block(Block::default().borders(Borders::TOP));
+    f.render_widget(table, area);
+}
+
+/// Argument rows, nested values indented under their key.
+pub fn argument_lines(v: &Value, depth: usize, out: &mut Vec<Line<'static>>) {
+    if let Value::Object(m) = v {
+        for (k, val) in m {
+            let pad = "  ".repeat(depth);
+            match val {
+                Value::Object(_) => {
+                    out.push(Line::from(format!("  {pad}{k}")));
+                    argument_lines(val, depth + 1, out);
+                }
+                Value::String(t) => out.push(Line::from(vec![
+                    Span::raw(format!("  {pad}{k:<18} ")),
+                    Span::styled(t.clone(), Style::default().add_modifier(Modifier::BOLD)),
+                ])),
+                other => out.push(Line::from(vec![
+                    Span::raw(format!("  {pad}{k:<18} ")),
+                    Span::styled(
+                        other.to_string(),
+                        Style::default().add_modifier(Modifier::BOLD),
+                    ),
+                ])),
+            }
+        }
+    }
+}
+
+fn detail(app: &App, f: &mut Frame, area: Rect) {
+    let Some(p) = app.detail.as_ref().and_then(|id| app.proposals.get(id)) else {
+        f.render_widget(Paragraph::new("That proposal is gone."), area);
+        return;
+    };
+    let block = Block::default().borders(Borders::TOP).title(format!(
+        " {} · {} ",
+        s(p, "id"),
+        s(p, "state")
+    ));
+    if app.raw {
+        let canonical = countersign::canonical::jcs(&p["arguments"]);
+        let text = format!(
+            "canonical arguments (what the server receives, digest {}):\n{canonical}\n\n{}",
+            s(p, "call_digest"),
+            serde_json::to_string_pretty(p).unwrap_or_default()
+        );
+        f.render_widget(
+            Paragraph::new(text).block(block).wrap(Wrap { trim: false }),
+            area,
+        );
+        return;
+    }
+    let mut lines = vec![
+        Line::from(Span::styled(
+            s(p, "summary").to_owned(),
+            Style::default().add_modifier(Modifier::BOLD),
+        )),
+        Line::from(""),
+    ];
+    let expiry = match p["expires_ms"].as_i64() {
+        Some(e) => format!("approval expires in {}", short(e - app.now_ms)),
+        None => p["pending_expires_ms"].as_i64().map_or(String::new(), |e| {
+            format!("undecided, expires in {}", short(e - app.now_ms))
+        }),
+    };
+    lines.push(Line::from(vec![
+        Span::raw("risk "),
+        Span::styled(s(p, "risk").to_owned(), risk_style(s(p, "risk"))),
+        Span::raw(format!(
+            " · resource version {} · {expiry}",
+            p["resource_version"].as_str().unwrap_or("none")
+        )),
+    ]));
+    let asked: Vec<&str> = p["policies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    lines.push(Line::from(format!(
+        "approval required by {}",
+        if asked.is_empty() {
+            "the policies".to_owned()
+        } else {
+            asked.join(", ")
+        }
+    )));
+    if let Some(d) = app.possible_duplicate(p) {
+        lines.push(Line::from(Span::styled(
+            format!("possible duplicate: {d}"),
+            Style::default().fg(Color::Yellow),
+        )));
+    }
+    lines.push(Line::from(""));
+    lines.push(Line::from(Span::styled(
+        "arguments",
+        Style::default().add_modifier(Modifier::UNDERLINED),
+    )));
+    argument_lines(&p["arguments"], 0, &mut lines);
+    if let Some(r) = p.get("revises").filter(|r| !r.is_null()) {
+        lines.push(Line::from(""));
+        lines.push(Line::from(Span::styled(
+            format!("revises {}", s(r, "proposal_id")),
+            Style::default()
+                .fg(Color::Yellow)
+                .add_modifier(Modifier::UNDERLINED),
+        )));
+        for c in r["changes"].as_array().into_iter().flatten() {
+            let show = |v: &Value| {
+                if v.is_null() {
+                    "(absent)".to_owned()
+                } else {
+                    v.to_string()
+                }
+            };
+            lines.push(Line::from(format!(
+                "  {:<20} {} → {}",
+                s(c, "pointer"),
+                show(&c["before"]),
+                show(&c["after"])
+            )));
+        }
+    }
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(block)
+            .wrap(Wrap { trim: false }),
+        area,
+    );
+}
+
+fn outcomes(app: &App, f: &mut Frame, area: Rect) {
+    if app.outcomes.is_empty() {
+        f.render_widget(
+            Paragraph::new("No unknown outcomes: every dispatched call has an answer.")
+                .block(Block::default().borders(Borders::TOP)),
+            area,
+        );
+        return;
+    }
+    let rows = app.outcomes.iter().enumerate().map(|(i, o)| {
+        let row = Row::new(vec![
+            s(o, "tenant").to_owned(),
+            s(o, "principal").to_owned(),
+            s(o, "key").to_owned(),
+            format!("{}/{}", s(o, "server"), s(o, "tool")),
+            s(o, "created_at").to_owned(),
+        ]);
+        if i == app.selected {
+            row.style(highlight())
+        } else {
+            row
+        }
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(8),
+            Constraint::Length(10),
+            Constraint::Length(16),
+            Constraint::Length(22),
+            Constraint::Min(10),
+        ],
+    )
+    .header(
+        Row::new(vec!["TENANT", "PRINCIPAL", "KEY", "TOOL", "SINCE"])
+            .style(Style::default().add_modifier(Modifier::BOLD)),
+    )
+    .block(
+        Block::default()
+            .borders(Borders::TOP)
+            .title(" sent, answer lost: check the system, then mark executed or not "),
+    );
+    f.render_widget(table, area);
+}
+
+fn history(app: &App, f: &mut Frame, area: Rect) {
+    let rows = app.history().into_iter().enumerate().map(|(i, p)| {
+        let by = p
+            .pointer("/decision/statement/reviewer")
+            .and_then(Value::as_str)
+            .unwrap_or("-");
+        let row = Row::new(vec![
+            s(p, "id").to_owned(),
+            s(p, "state").to_owned(),
+            s(p, "requester").to_owned(),
+            format!("{}/{}", s(p, "server"), s(p, "tool")),
+            by.to_owned(),
+            short(app.now_ms - p["updated_ms"].as_i64().unwrap_or(app.now_ms)),
+        ]);
+        if i == app.selected {
+            row.style(highlight())
+        } else {
+            row
+        }
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(19),
+            Constraint::Length(11),
+            Constraint::Length(10),
+            Constraint::Length(22),
+            Constraint::Length(8),
+            Constraint::Min(4),
+        ],
+    )
+    .header(
+        Row::new(vec!["ID", "STATE", "REQUESTER", "TOOL", "BY", "AGO"])
+            .style(Style::default().add_modifier(Modifier::BOLD)),
+    )
+    .block(Block::default().borders(Borders::TOP));
+    f.render_widget(table, area);
+}
+
+fn audit(app: &App, f: &mut Frame, area: Rect) {
+    let lines: Vec<Line> = app
+        .audit
+        .iter()
+        .rev()
+        .map(|e| {
+            let time = s(e, "time");
+            let clock = time.get(11..19).unwrap_or(time);
+            Line::from(format!(
+                "{:>6} {} {:<18} {} {}",
+                e["seq"].as_u64().unwrap_or(0),
+                clock,
+                s(e, "kind"),
+                s(e, "principal"),
+                if e.get("tool").is_some() {
+                    format!("{}/{}", s(e, "server"), s(e, "tool"))
+                } else {
+                    String::new()
+                }
+            ))
+        })
+        .collect();
+    f.render_widget(
+        Paragraph::new(lines).block(
+            Block::default()
+                .borders(Borders::TOP)
+                .title(" newest first (countersign audit verify checks the chain) "),
+        ),
+        area,
+    );
+}
+
+fn centered(area: Rect, width: u16, height: u16) -> Rect {
+    let w = width.min(area.width);
+    let h = height.min(area.height);
+    Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height - h) / 2,
+        width: w,
+        height: h,
+    }
+}
+
+fn modal(app: &App, m: &Modal, f: &mut Frame) {
+    let area = centered(f.area(), 70, 9);
+    let summary = |id: &str| {
+        app.proposals
+            .get(id)
+            .map(|p| s(p, "summary").to_owned())
+            .unwrap_or_default()
+    };
+    let (title, body) = match m {
+        Modal::ConfirmApprove(id) => (
+            format!(" approve {id}? "),
+            format!(
+                "{}\n\nSigned with your key; it may run once, until the approval expires.\n\n[y] approve   [n] cancel",
+                summary(id)
+            ),
+        ),
+        Modal::DenyReason(id, text) => (
+            format!(" deny {id} "),
+            format!(
+                "{}\n\nReason (the agent is told): {text}▏\n\n[Enter] deny   [Esc] cancel",
+                summary(id)
+            ),
+        ),
+        Modal::Reconcile {
+            index,
+            executed,
+            note,
+        } => {
+            let key = app
+                .outcomes
+                .get(*index)
+                .map(|o| s(o, "key").to_owned())
+                .unwrap_or_default();
+            (
+                format!(
+                    " mark `{key}` {} ",
+                    if *executed { "executed" } else { "not executed" }
+                ),
+                format!(
+                    "{}\n\nNote: {note}▏\n\n[Enter] confirm   [Esc] cancel",
+                    if *executed {
+                        "Retries will get a note that it ran; it is never sent again."
+                    } else {
+                        "The key is freed: the next retry runs the call."
+                    }
+                ),
+            )
+        }
+    };
+    f.render_widget(Clear, area);
+    f.render_widget(
+        Paragraph::new(body)
+            .wrap(Wrap { trim: false })
+            .block(Block::default().borders(Borders::ALL).title(title)),
+        area,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::tests::{app, key, proposal};
+    use crate::app::{Input, Net};
+    use ratatui::backend::TestBackend;
+    use ratatui::crossterm::event::KeyCode;
+    use ratatui::Terminal;
+    use serde_json::json;
+
+    fn render(app: &App, w: u16, h: u16) -> String {
+        let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+        t.draw(|f| draw(app, f)).unwrap();
+        // The clock is fixed by the test (`now_ms`), so nothing needs masking
+        // but the gateway URL's port, which is fixed too.
+        format!("{}", t.backend())
+    }
+
+    #[test]
+    fn pending_view() {
+        let mut a = app();
+        let mut rev = proposal("p-3", "pending", 990_000, 150);
+        rev["revises"] = json!({"proposal_id": "p-1", "changes": [{"pointer": "/amount", "before": 120, "after": 150}]});
+        a.event(Input::Net(Net::Proposal(rev)));
+        insta::assert_snapshot!(render(&a, 80, 24));
+    }
+
+    #[test]
+    fn detail_view_with_revision() {
+        let mut a = app();
+        let mut rev = proposal("p-3", "pending", 990_000, 150);
+        rev["revises"] = json!({"proposal_id": "p-1", "changes": [{"pointer": "/amount", "before": 120, "after": 150}]});
+        a.event(Input::Net(Net::Proposal(rev)));
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Enter));
+        insta::assert_snapshot!(render(&a, 80, 24));
+        a.event(key(KeyCode::Char('v')));
+        insta::assert_snapshot!("detail_raw", render(&a, 80, 24));
+    }
+
+    #[test]
+    fn approve_and_deny_prompts() {
+        let mut a = app();
+        a.event(key(KeyCode::Char('a')));
+        insta::assert_snapshot!("confirm_approve", render(&a, 80, 24));
+        a.event(key(KeyCode::Esc));
+        a.event(key(KeyCode::Char('d')));
+        for c in "wrong account".chars() {
+            a.event(key(KeyCode::Char(c)));
+        }
+        insta::assert_snapshot!("deny_reason", render(&a, 80, 24));
+    }
+
+    #[test]
+    fn outcomes_history_audit_and_a_lost_gateway() {
+        let mut a = app();
+        a.event(key(KeyCode::Char('2')));
+        a.event(Input::Net(Net::Outcomes(vec![json!({
+            "tenant": "acme", "principal": "agent-7", "key": "k-lost",
+            "server": "payments", "tool": "charge_card", "created_at": "2026-11-30T10:00:00Z"
+        })])));
+        insta::assert_snapshot!("outcomes", render(&a, 80, 24));
+        a.event(key(KeyCode::Char('3')));
+        insta::assert_snapshot!("history", render(&a, 80, 24));
+        a.event(key(KeyCode::Char('4')));
+        a.event(Input::Net(Net::Audit(vec![
+            json!({"seq": 41, "time": "2026-11-30T10:00:01.5Z", "kind": "call_received", "principal": "agent-7", "server": "payments", "tool": "charge_card"}),
+            json!({"seq": 42, "time": "2026-11-30T10:00:02Z", "kind": "checkpoint"}),
+        ])));
+        a.event(Input::Net(Net::Lost("connection refused".into())));
+        a.event(Input::Net(Net::Failed(
+            "the gateway refused (409 Conflict): proposal `p-1` is approved, not pending".into(),
+        )));
+        insta::assert_snapshot!("audit_lost_link", render(&a, 80, 24));
+    }
+
+    #[test]
+    fn small_and_resized_terminals_do_not_panic() {
+        let mut a = app();
+        for (w, h) in [(20, 5), (80, 24), (200, 60), (1, 1)] {
+            render(&a, w, h);
+        }
+        a.event(key(KeyCode::Enter));
+        render(&a, 30, 8);
+    }
+}

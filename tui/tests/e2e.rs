@@ -1,0 +1,310 @@
+//! The real `countersign-review` in a real terminal (tmux) against a real
+//! gateway and example server: a held write appears, keys approve it and
+//! the held call completes; a second write is denied with a typed reason
+//! and the client sees `approval_denied`.
+//!
+//! Needs `tmux` (`.ci/setup-peers` installs it) and the workspace's
+//! `countersign` binary and `payments_server` example (built by
+//! `cargo test --workspace`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const TOKEN: &str = "tok-e2e-agent";
+
+fn bin_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_countersign-review"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn need(path: PathBuf) -> PathBuf {
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo test --workspace` (or `cargo build --workspace --examples`)",
+        path.display()
+    );
+    path
+}
+
+struct Gateway {
+    child: Child,
+    base: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_gateway() -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let pdir = dir.path().join("policies");
+    std::fs::create_dir(&pdir).unwrap();
+    for f in ["schema.cedarschema", "default.cedar"] {
+        std::fs::copy(repo.join("policies").join(f), pdir.join(f)).unwrap();
+    }
+    let countersign = need(bin_dir().join("countersign"));
+    let out = Command::new(&countersign)
+        .args(["keygen", "--name", "alice", "--out"])
+        .arg(dir.path().join("alice.key"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let entry = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace("groups = []", "groups = [\"leads\"]");
+    std::fs::write(pdir.join("reviewers.toml"), entry).unwrap();
+    let server = need(bin_dir().join("examples").join("payments_server"));
+    let config = format!(
+        r#"
+[gateway]
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+policies = "{policies}"
+
+[[identities]]
+token_sha256 = "{token}"
+principal = "agent-7"
+tenant = "acme"
+
+[approvals]
+hold = "60s"
+progress_interval = "1s"
+
+[servers.payments]
+command = "{server}"
+args = ["--record", "{record}"]
+"#,
+        data = dir.path().join("data").display(),
+        policies = pdir.display(),
+        token = countersign::identity::token_digest(TOKEN),
+        server = server.display(),
+        record = dir.path().join("executions.jsonl").display(),
+    );
+    let config_path = dir.path().join("countersign.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let mut child = Command::new(&countersign)
+        .args(["serve", "--config"])
+        .arg(&config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = tx.send(addr.trim().to_owned());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("gateway did not start");
+    Gateway {
+        child,
+        base: format!("http://{addr}"),
+        dir,
+    }
+}
+
+/// A tmux server of its own, so tests never touch a user's sessions.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .expect("tmux is not installed: run `.ci/setup-peers`");
+        assert!(out.status.success(), "tmux {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", "review"])
+    }
+
+    /// Wait until the screen shows `text`.
+    fn wait_for(&self, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = self.screen();
+            if s.contains(text) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "never showed `{text}`:\n{s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        for k in keys {
+            self.run(&["send-keys", "-t", "review", k]);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .output();
+    }
+}
+
+async fn mcp(
+    http: &reqwest::Client,
+    url: &str,
+    session: Option<&str>,
+    body: Value,
+) -> (Option<String>, String) {
+    let mut req = http
+        .post(url)
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    if let Some(s) = session {
+        req = req
+            .header("mcp-session-id", s)
+            .header("mcp-protocol-version", "2025-06-18");
+    }
+    let resp = req.body(body.to_string()).send().await.unwrap();
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (sid, resp.text().await.unwrap())
+}
+
+fn executions(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("executions.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"executed\"") && l.contains("charge_card"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
+    let gw = start_gateway();
+    let url = format!("{}/mcp/payments", gw.base);
+    let http = reqwest::Client::new();
+    let (sid, _) = mcp(&http, &url, None, json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}})).await;
+    let sid = sid.expect("no session");
+    mcp(
+        &http,
+        &url,
+        Some(&sid),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    )
+    .await;
+    mcp(
+        &http,
+        &url,
+        Some(&sid),
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
+    )
+    .await;
+
+    let tmux = Tmux {
+        socket: format!("countersign-e2e-{}", std::process::id()),
+    };
+    let review = PathBuf::from(env!("CARGO_BIN_EXE_countersign-review"));
+    let command = format!(
+        "{} --gateway {} --key {}",
+        review.display(),
+        gw.base,
+        gw.dir.path().join("alice.key").display()
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "review",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        &command,
+    ]);
+    tmux.wait_for("● live");
+
+    // A write arrives and is held.
+    let held = {
+        let (http, url, sid) = (http.clone(), url.clone(), sid.clone());
+        tokio::spawn(async move {
+            mcp(&http, &url, Some(&sid), json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+                "name":"charge_card","arguments":{"account":"acct_42","amount":120,"currency":"EUR"},
+                "_meta":{"progressToken":"t"}}})).await.1
+        })
+    };
+    tmux.wait_for("payments/charge_card");
+    tmux.keys(&["Enter"]);
+    let detail = tmux.wait_for("wants payments/charge_card");
+    assert!(detail.contains("amount 120"), "{detail}");
+    assert_eq!(executions(gw.dir.path()), 0, "nothing runs before the yes");
+    tmux.keys(&["a"]);
+    tmux.wait_for("[y] approve");
+    tmux.keys(&["y"]);
+    tmux.wait_for("approved p-");
+    let answer = tokio::time::timeout(Duration::from_secs(20), held)
+        .await
+        .expect("the held call never completed")
+        .unwrap();
+    assert!(answer.contains("charged 120 to acct_42"), "{answer}");
+    assert_eq!(executions(gw.dir.path()), 1);
+
+    // A second write: denied with a reason typed in the terminal.
+    tmux.keys(&["Escape", "1"]);
+    let held = {
+        let (http, url, sid) = (http.clone(), url.clone(), sid.clone());
+        tokio::spawn(async move {
+            mcp(
+                &http,
+                &url,
+                Some(&sid),
+                json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{
+                "name":"charge_card","arguments":{"account":"acct_42","amount":7}}}),
+            )
+            .await
+            .1
+        })
+    };
+    tmux.wait_for("Pending (1)");
+    tmux.keys(&["d"]);
+    tmux.wait_for("Reason");
+    tmux.run(&["send-keys", "-t", "review", "-l", "not today"]);
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("denied p-");
+    let answer = tokio::time::timeout(Duration::from_secs(20), held)
+        .await
+        .expect("the denied call never answered")
+        .unwrap();
+    assert!(answer.contains("approval_denied"), "{answer}");
+    assert!(answer.contains("not today"), "{answer}");
+    assert_eq!(executions(gw.dir.path()), 1);
+
+    // History shows both decisions; q leaves and restores the terminal.
+    tmux.keys(&["3"]);
+    let history = tmux.wait_for("denied");
+    assert!(history.contains("consumed"), "{history}");
+    tmux.keys(&["q"]);
+}
