@@ -39,6 +39,53 @@ struct Gateway {
     dir: tempfile::TempDir,
 }
 
+impl Gateway {
+    /// Kill the gateway (SIGKILL), leaving it down.
+    fn restart_killed_first(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Start a killed gateway again on the same address.
+    fn start_again(&mut self) {
+        let addr = self.base.trim_start_matches("http://").to_owned();
+        let path = self.dir.path().join("countersign.toml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}\""));
+        std::fs::write(&path, text).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpListener::bind(&addr).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (child, _) = spawn_gateway(&path);
+        self.child = child;
+    }
+}
+
+fn spawn_gateway(config_path: &Path) -> (Child, String) {
+    let mut child = Command::new(need(bin_dir().join("countersign")))
+        .args(["serve", "--config"])
+        .arg(config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = tx.send(addr.trim().to_owned());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("gateway did not start");
+    (child, addr)
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -94,25 +141,7 @@ args = ["--record", "{record}"]
     );
     let config_path = dir.path().join("countersign.toml");
     std::fs::write(&config_path, config).unwrap();
-    let mut child = Command::new(&countersign)
-        .args(["serve", "--config"])
-        .arg(&config_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                let _ = tx.send(addr.trim().to_owned());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("gateway did not start");
+    let (child, addr) = spawn_gateway(&config_path);
     Gateway {
         child,
         base: format!("http://{addr}"),
@@ -306,5 +335,73 @@ async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
     tmux.keys(&["3"]);
     let history = tmux.wait_for("denied");
     assert!(history.contains("consumed"), "{history}");
+    tmux.keys(&["q"]);
+}
+
+fn open_review(gw: &Gateway) -> Tmux {
+    let tmux = Tmux {
+        socket: format!(
+            "countersign-e2e-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        )
+        .replace(['(', ')'], ""),
+    };
+    let review = PathBuf::from(env!("CARGO_BIN_EXE_countersign-review"));
+    let command = format!(
+        "{} --gateway {} --key {}",
+        review.display(),
+        gw.base,
+        gw.dir.path().join("alice.key").display()
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "review",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        &command,
+    ]);
+    tmux
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_gateway_is_shown_and_the_view_reconnects() {
+    let mut gw = start_gateway();
+    let tmux = open_review(&gw);
+    tmux.wait_for("● live");
+    gw.restart_killed_first();
+    tmux.wait_for("gateway lost");
+    gw.start_again();
+    tmux.wait_for("● live");
+    // Events flow again: a new proposal appears without any key press.
+    let url = format!("{}/mcp/payments", gw.base);
+    let http = reqwest::Client::new();
+    let (sid, _) = mcp(&http, &url, None, json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}})).await;
+    let sid = sid.unwrap();
+    mcp(
+        &http,
+        &url,
+        Some(&sid),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    )
+    .await;
+    let call = tokio::spawn(async move {
+        mcp(
+            &http,
+            &url,
+            Some(&sid),
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"refund","arguments":{"charge":"ch_9"}}}),
+        )
+        .await
+        .1
+    });
+    tmux.wait_for("payments/refund");
+    call.abort();
     tmux.keys(&["q"]);
 }
