@@ -700,7 +700,7 @@ pub fn summary(p: &Proposal) -> String {
         Risk::Write => "a write",
         Risk::Destructive => "possibly destructive",
     };
-    let mut args: Vec<String> = match &p.arguments {
+    let args: Vec<String> = match &p.arguments {
         Value::Object(m) if !m.is_empty() => m
             .iter()
             .map(|(k, v)| match v {
@@ -713,7 +713,6 @@ pub fn summary(p: &Proposal) -> String {
     };
     let mut text = args.join(", ");
     if text.chars().count() > 160 {
-        args.truncate(1);
         text = format!(
             "{}… (see the arguments)",
             text.chars().take(150).collect::<String>()

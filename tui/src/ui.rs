@@ -119,9 +119,30 @@ fn highlight() -> Style {
     Style::default().add_modifier(Modifier::REVERSED)
 }
 
+/// A list view: rows (the selected one highlighted), a bold header, a rule
+/// above with an optional title.
+fn list<'a>(
+    rows: impl IntoIterator<Item = Row<'a>>,
+    selected: usize,
+    widths: &[Constraint],
+    header: &[&'a str],
+    title: &'a str,
+) -> Table<'a> {
+    let rows = rows.into_iter().enumerate().map(|(i, r)| {
+        if i == selected {
+            r.style(highlight())
+        } else {
+            r
+        }
+    });
+    Table::new(rows, widths.to_vec())
+        .header(Row::new(header.to_vec()).style(Style::default().add_modifier(Modifier::BOLD)))
+        .block(Block::default().borders(Borders::TOP).title(title))
+}
+
 fn pending(app: &App, f: &mut Frame, area: Rect) {
-    let list = app.pending();
-    if list.is_empty() {
+    let queue = app.pending();
+    if queue.is_empty() {
         f.render_widget(
             Paragraph::new("No proposals waiting. New ones appear here as agents ask.")
                 .block(Block::default().borders(Borders::TOP)),
@@ -129,7 +150,7 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
         );
         return;
     }
-    let rows = list.iter().enumerate().map(|(i, p)| {
+    let rows = queue.iter().map(|p| {
         let age = short(app.now_ms - p["created_ms"].as_i64().unwrap_or(app.now_ms));
         let expires = p["pending_expires_ms"]
             .as_i64()
@@ -141,7 +162,7 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
         if app.possible_duplicate(p).is_some() {
             flags.push("dup?".into());
         }
-        let row = Row::new(vec![
+        Row::new(vec![
             Span::raw(age),
             Span::raw(expires),
             Span::raw(s(p, "requester").to_owned()),
@@ -149,16 +170,12 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
             Span::raw(format!("{}/{}", s(p, "server"), s(p, "tool"))),
             Span::styled(s(p, "risk").to_owned(), risk_style(s(p, "risk"))),
             Span::raw(flags.join(" ")),
-        ]);
-        if i == app.selected {
-            row.style(highlight())
-        } else {
-            row
-        }
+        ])
     });
-    let table = Table::new(
-        rows,
-        [
+    let table = list(
+        rows.collect::<Vec<_>>(),
+        app.selected,
+        &[
             Constraint::Length(4),
             Constraint::Length(4),
             Constraint::Length(10),
@@ -167,20 +184,9 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
             Constraint::Length(11),
             Constraint::Min(10),
         ],
-    )
-    .header(
-        Row::new(vec![
-            "AGE",
-            "EXP",
-            "REQUESTER",
-            "TENANT",
-            "TOOL",
-            "RISK",
-            "FLAGS",
-        ])
-        .style(Style::default().add_modifier(Modifier::BOLD)),
-    )
-    .block(Block::default().borders(Borders::TOP));
+        &["AGE", "EXP", "REQUESTER", "TENANT", "TOOL", "RISK", "FLAGS"],
+        "",
+    );
     f.render_widget(table, area);
 }
 
@@ -321,65 +327,50 @@ fn outcomes(app: &App, f: &mut Frame, area: Rect) {
         );
         return;
     }
-    let rows = app.outcomes.iter().enumerate().map(|(i, o)| {
-        let row = Row::new(vec![
+    let rows = app.outcomes.iter().map(|o| {
+        Row::new(vec![
             s(o, "tenant").to_owned(),
             s(o, "principal").to_owned(),
             s(o, "key").to_owned(),
             format!("{}/{}", s(o, "server"), s(o, "tool")),
             s(o, "created_at").to_owned(),
-        ]);
-        if i == app.selected {
-            row.style(highlight())
-        } else {
-            row
-        }
+        ])
     });
-    let table = Table::new(
+    let table = list(
         rows,
-        [
+        app.selected,
+        &[
             Constraint::Length(8),
             Constraint::Length(10),
             Constraint::Length(16),
             Constraint::Length(22),
             Constraint::Min(10),
         ],
-    )
-    .header(
-        Row::new(vec!["TENANT", "PRINCIPAL", "KEY", "TOOL", "SINCE"])
-            .style(Style::default().add_modifier(Modifier::BOLD)),
-    )
-    .block(
-        Block::default()
-            .borders(Borders::TOP)
-            .title(" sent, answer lost: check the system, then mark executed or not "),
+        &["TENANT", "PRINCIPAL", "KEY", "TOOL", "SINCE"],
+        " sent, answer lost: check the system, then mark executed or not ",
     );
     f.render_widget(table, area);
 }
 
 fn history(app: &App, f: &mut Frame, area: Rect) {
-    let rows = app.history().into_iter().enumerate().map(|(i, p)| {
+    let rows = app.history().into_iter().map(|p| {
         let by = p
             .pointer("/decision/statement/reviewer")
             .and_then(Value::as_str)
             .unwrap_or("-");
-        let row = Row::new(vec![
+        Row::new(vec![
             s(p, "id").to_owned(),
             s(p, "state").to_owned(),
             s(p, "requester").to_owned(),
             format!("{}/{}", s(p, "server"), s(p, "tool")),
             by.to_owned(),
             short(app.now_ms - p["updated_ms"].as_i64().unwrap_or(app.now_ms)),
-        ]);
-        if i == app.selected {
-            row.style(highlight())
-        } else {
-            row
-        }
+        ])
     });
-    let table = Table::new(
+    let table = list(
         rows,
-        [
+        app.selected,
+        &[
             Constraint::Length(19),
             Constraint::Length(11),
             Constraint::Length(10),
@@ -387,12 +378,9 @@ fn history(app: &App, f: &mut Frame, area: Rect) {
             Constraint::Length(8),
             Constraint::Min(4),
         ],
-    )
-    .header(
-        Row::new(vec!["ID", "STATE", "REQUESTER", "TOOL", "BY", "AGO"])
-            .style(Style::default().add_modifier(Modifier::BOLD)),
-    )
-    .block(Block::default().borders(Borders::TOP));
+        &["ID", "STATE", "REQUESTER", "TOOL", "BY", "AGO"],
+        "",
+    );
     f.render_widget(table, area);
 }
 

@@ -253,27 +253,7 @@ async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
     )
     .await;
 
-    let tmux = Tmux {
-        socket: format!("countersign-e2e-{}", std::process::id()),
-    };
-    let review = PathBuf::from(env!("CARGO_BIN_EXE_countersign-review"));
-    let command = format!(
-        "{} --gateway {} --key {}",
-        review.display(),
-        gw.base,
-        gw.dir.path().join("alice.key").display()
-    );
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "review",
-        "-x",
-        "100",
-        "-y",
-        "30",
-        &command,
-    ]);
+    let tmux = open_review(&gw);
     tmux.wait_for("● live");
 
     // A write arrives and is held.
