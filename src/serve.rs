@@ -17,8 +17,14 @@ use crate::relay::front::router;
 use crate::relay::session::Gateway;
 use crate::store::{RedbStore, Store};
 
-/// How often idle sessions, ledger retention and approval expiry are swept.
+/// How often idle sessions, ledger retention and approval expiry are swept
+/// (more often when `session_idle_timeout` is short, so a session never
+/// outlives it by more than half).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+fn sweep_every(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 2).clamp(Duration::from_millis(100), SWEEP_EVERY)
+}
 
 /// Run the gateway with a loaded config.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
@@ -69,7 +75,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let sweeper = {
         let gw = Arc::clone(&gw);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            let mut tick =
+                tokio::time::interval(sweep_every(gw.config.gateway.session_idle_timeout));
             loop {
                 tick.tick().await;
                 gw.sweep_idle().await;

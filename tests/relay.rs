@@ -669,3 +669,44 @@ async fn batches_are_refused_after_2025_03_26() {
         .contains("only part of protocol version 2025-03-26"));
     assert_eq!(gw.executions("charge_card"), 0);
 }
+
+#[tokio::test]
+async fn an_idle_session_is_closed_and_its_upstream_child_stopped() {
+    let record = Gateway::record_path_for_extra();
+    let gw = Gateway::start_with(Options {
+        gateway: "session_idle_timeout = \"1s\"".into(),
+        extra: format!(
+            "\n[servers.idle]\ncommand = \"{}\"\nargs = [\"--record\", \"{record}\"]\n",
+            example_server_bin().display(),
+        ),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("idle"));
+    c.initialize().await;
+    c.call(1, "get_balance", json!({"account":"a"})).await;
+    let pid = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok()?["pid"].as_u64())
+        .unwrap();
+    let _ = std::fs::remove_file(&record);
+    // Idle for longer than the timeout (the sweep runs every half of it).
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let after = c
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"ping"}))
+        .await;
+    assert_eq!(after.status, 404, "the idle session is gone: {after:?}");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.split_whitespace().nth(2).unwrap_or("gone").to_owned();
+    assert!(
+        state == "gone" || state == "Z",
+        "child {pid} still running: {state}"
+    );
+    assert!(gw
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("closing idle session")));
+}

@@ -132,6 +132,8 @@ pub struct Options {
     pub policies: Option<PathBuf>,
     /// The body of `[approvals]` (by default calls are not held).
     pub approvals: String,
+    /// Extra lines for the `[gateway]` table.
+    pub gateway: String,
 }
 
 impl Default for Options {
@@ -143,6 +145,7 @@ impl Default for Options {
             gateway_env: Vec::new(),
             policies: None,
             approvals: "hold = \"0s\"\n".into(),
+            gateway: String::new(),
         }
     }
 }
@@ -185,6 +188,7 @@ listen = "{listen}"
 data_dir = "{data}"
 policies = "{policies}"
 shutdown_grace = "500ms"
+{gateway_extra}
 
 [[identities]]
 token_sha256 = "{t1}"
@@ -221,6 +225,7 @@ call_timeout = "5s"
             t2 = sha(OTHER_TOKEN),
             t3 = sha(GLOBEX_TOKEN),
             approvals = opts.approvals,
+            gateway_extra = opts.gateway,
             bin = example_server_bin().display(),
             record = record.display(),
             faults = faults.display(),
