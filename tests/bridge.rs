@@ -156,3 +156,36 @@ fn bridge_refuses_an_overlong_line_and_keeps_going() {
     );
     assert_eq!(gw.executions("charge_card"), 0);
 }
+
+#[test]
+fn a_2026_client_cancelling_through_the_bridge_cancels_upstream() {
+    let gw = Gateway::start();
+    let mut b = Bridge::start(&gw);
+    b.send(
+        &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"slow_report","arguments":{"steps":20},
+            "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities":{},"progressToken":"p-1"}}})
+        .to_string(),
+    );
+    // Progress proves the call is running upstream.
+    let first = b.recv();
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    // In 2026-07-28 there is no session to send `notifications/cancelled`
+    // to: the bridge closes the request's stream, which the gateway turns
+    // into a cancellation upstream.
+    b.send(
+        &json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}})
+            .to_string(),
+    );
+    let mut seen = None;
+    for _ in 0..150 {
+        if let Some(r) = gw.records().into_iter().find(|r| r["event"] == "cancelled") {
+            seen = Some(r);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen = seen.expect("the cancellation never reached the upstream");
+    assert!(seen["requestId"].is_u64(), "{seen}");
+}
