@@ -868,3 +868,49 @@ async fn a_requester_flooding_proposals_is_capped_and_nothing_runs() {
     assert!(countersign(&now)["proposal_id"].is_string(), "{now:?}");
     assert_eq!(r.gw.executions(CHARGE), 0);
 }
+
+/// A non-loopback address of this machine (the source address of its
+/// default route; no packet is sent).
+fn outside_address() -> std::net::IpAddr {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect("192.0.2.1:9")
+        .expect("this test needs a non-loopback IPv4 address (a default route)");
+    let ip = s.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback(), "no non-loopback address: {ip}");
+    ip
+}
+
+#[tokio::test]
+async fn the_control_api_refuses_non_loopback_peers_unless_allowed() {
+    let ip = outside_address();
+    for (remote, expect_ok) in [(false, false), (true, true)] {
+        let (pdir, key) = common::default_policies_with_alice();
+        let gw = common::Gateway::start_with(common::Options {
+            listen: "0.0.0.0:0".into(),
+            policies: Some(pdir.path().to_owned()),
+            approvals: format!("hold = \"0s\"\nremote_control = {remote}\n"),
+            ..Default::default()
+        });
+        let port = gw.addr.rsplit(':').next().unwrap();
+        let base = format!("http://{ip}:{port}");
+        let (ok, out, err) = cli(&[
+            "pending",
+            "--key",
+            key.to_str().unwrap(),
+            "--gateway",
+            &base,
+        ])
+        .await;
+        if expect_ok {
+            assert!(
+                ok,
+                "remote_control = true lets a signed request in: {out}{err}"
+            );
+        } else {
+            assert!(!ok && err.contains("loopback peers only"), "{out}{err}");
+            // The same request over loopback works.
+            let (ok, _, err) = common::review_cli(&gw, &key, &["pending"]);
+            assert!(ok, "{err}");
+        }
+    }
+}

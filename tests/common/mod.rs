@@ -63,8 +63,15 @@ fn wait_listening_logged(
                 eprintln!("[{line}]");
             }
             if !sent {
-                if let Some(addr) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(addr.trim().to_owned());
+                // Only the line that names an address (a warning about a
+                // non-loopback listener says "listening on" too).
+                if let Some(addr) = line
+                    .split("listening on ")
+                    .nth(1)
+                    .map(str::trim)
+                    .filter(|a| a.parse::<std::net::SocketAddr>().is_ok())
+                {
+                    let _ = tx.send(addr.to_owned());
                     sent = true;
                 }
             }
