@@ -390,12 +390,21 @@ pub struct Ticket {
 impl Ticket {
     /// `reserved → dispatched`, durably, before anything goes upstream.
     pub async fn dispatch(&mut self) -> Result<Permit, StoreError> {
+        self.dispatch_with(None).await
+    }
+
+    /// [`Ticket::dispatch`], committing `outbox` (audit entries that must
+    /// be on disk before the dispatch) in the same durable commit.
+    pub async fn dispatch_with(
+        &mut self,
+        outbox: Option<(u64, String)>,
+    ) -> Result<Permit, StoreError> {
         let mut next = self.record.clone();
         next.state = State::Dispatched;
         let moved = self
             .svc
             .store
-            .transition(self.key.clone(), State::Reserved, next.clone())
+            .transition_with(self.key.clone(), State::Reserved, next.clone(), outbox)
             .await?;
         if !moved {
             return Err(StoreError(format!(

@@ -62,7 +62,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("{e}"))?,
     );
     tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
-    let gw = Gateway::new(config, Arc::new(store), policies, Some(audit.clone()));
+    let store: Arc<dyn Store> = Arc::new(store);
+    // Entries a crash left in the ledger's outbox go into the log first.
+    let recovered = audit
+        .attach_outbox(store.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("audit log recovery from the ledger's outbox: {e}"))?;
+    if recovered > 0 {
+        tracing::warn!(
+            entries = recovered,
+            "audit entries recovered from the ledger's outbox"
+        );
+    }
+    let gw = Gateway::new(config, store, policies, Some(audit.clone()));
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (gateway.listen): is another process using it?")

@@ -334,18 +334,15 @@ async fn a_crash_leaves_a_truncated_tail_that_verify_reports_as_such() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(gw.executions("charge_card"), 1);
-    // The server ran it: its dispatch entry is already in the log.
-    let dir = audit_dir(&gw);
-    let dispatched = entries(&dir)
-        .into_iter()
-        .any(|e| e["kind"] == "dispatched" && e["idempotency_key"] == "slow-1");
-    assert!(
-        dispatched,
-        "the dispatch was not recorded before it happened"
-    );
+    // The server ran it; the gateway dies at once. The dispatch entry was
+    // committed with the ledger's `dispatched` record before the call went
+    // out; the audit file may or may not have it yet.
     gw.kill();
     drop(slow);
-
+    let dir = audit_dir(&gw);
+    let in_file_before = entries(&dir)
+        .into_iter()
+        .any(|e| e["kind"] == "dispatched" && e["idempotency_key"] == "slow-1");
     let (ok, out) = verify(&dir, &[]);
     assert!(ok, "{out}");
     assert!(out.contains("truncation"), "{out}");
@@ -357,9 +354,24 @@ async fn a_crash_leaves_a_truncated_tail_that_verify_reports_as_such() {
     let (ok, out) = verify(&dir, &[]);
     assert!(ok && out.contains("partial final line"), "{out}");
 
-    // The next start cuts the torn line, says so, and continues the chain.
+    // The next start cuts the torn line, says so, continues the chain, and
+    // appends from the ledger's outbox what the crash kept out of the file.
     gw.start_again();
     gw.terminate();
+    let dispatched: Vec<_> = entries(&dir)
+        .into_iter()
+        .filter(|e| e["kind"] == "dispatched" && e["idempotency_key"] == "slow-1")
+        .collect();
+    assert_eq!(
+        dispatched.len(),
+        1,
+        "exactly one dispatch entry: {dispatched:?}"
+    );
+    assert_eq!(
+        dispatched[0].get("recovered") == Some(&json!(true)),
+        !in_file_before,
+        "recovered from the outbox exactly when the crash kept it out of the file"
+    );
     let (ok, out) = verify(&dir, &["--pubkey", &pubkey(&dir)]);
     assert!(ok && out.contains("clean-shutdown checkpoint"), "{out}");
     let restarted = entries(&dir)

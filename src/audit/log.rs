@@ -63,6 +63,26 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> AuditError + '_ {
     }
 }
 
+/// A `&'static str` for a kind read back from an outbox row (the set of
+/// kinds is small and fixed; unknown ones are leaked once each).
+fn intern(kind: &str) -> &'static str {
+    const KINDS: [&str; 8] = [
+        "call_received",
+        "decision",
+        "dispatched",
+        "approval_consumed",
+        "completed",
+        "not_dispatched",
+        "outcome_unknown",
+        "rejected",
+    ];
+    KINDS
+        .iter()
+        .find(|k| **k == kind)
+        .copied()
+        .unwrap_or_else(|| Box::leak(kind.to_owned().into_boxed_str()))
+}
+
 /// The key file name in the audit dir.
 pub const KEY_FILE: &str = "gateway.key";
 
@@ -238,7 +258,32 @@ fn tail_of(last: Option<Map<String, Value>>, segment: u32, cut: u64) -> Tail {
     }
 }
 
-type Queue = Arc<std::sync::Mutex<Vec<(&'static str, Map<String, Value>)>>>;
+/// Entries in order: kind and fields.
+pub type Entries = Vec<(&'static str, Map<String, Value>)>;
+
+type Queue = Arc<std::sync::Mutex<Entries>>;
+
+/// The outbox side of the log (see [`crate::store::Store::transition_with`]).
+#[derive(Default)]
+struct OutboxState {
+    store: std::sync::Mutex<Option<Arc<dyn crate::store::Store>>>,
+    /// Highest outbox id whose entries are queued.
+    queued: std::sync::atomic::AtomicU64,
+}
+
+/// How soon entries that came through the outbox are fsynced here (after
+/// which their outbox rows are cleared).
+const OUTBOX_SYNC: Duration = Duration::from_millis(50);
+
+/// Entries staged for a dispatch: committed to the ledger's outbox with the
+/// `dispatched` record (one fsync), then queued here.
+pub struct Staged {
+    /// Outbox id.
+    pub id: u64,
+    /// The entries as JSON, for the outbox row.
+    pub text: String,
+    entries: Vec<(&'static str, Map<String, Value>)>,
+}
 
 /// How often the writer drains the queue of buffered entries.
 const QUEUE_POLL: Duration = Duration::from_millis(2);
@@ -256,6 +301,7 @@ struct Msg {
 
 /// The audit log of a running gateway.
 pub struct AuditLog {
+    dir: PathBuf,
     // Buffered entries wait here without waking the writer, which drains
     // the queue every few milliseconds: a relayed call costs no thread
     // wake-up for its audit entries (the wake-up was most of their cost).
@@ -263,6 +309,10 @@ pub struct AuditLog {
     // Set by an idle writer that blocks instead of polling: the next
     // producer wakes it (once).
     sleeping: Arc<std::sync::atomic::AtomicBool>,
+    /// Shared with the writer: the ledger store whose outbox holds entries
+    /// committed with a dispatch, and the highest outbox id queued.
+    outbox: Arc<OutboxState>,
+    outbox_next: std::sync::atomic::AtomicU64,
     // Behind locks only so that a shared log can be closed at shutdown
     // (`close(&self)`); uncontended in practice.
     tx: std::sync::Mutex<Option<mpsc::Sender<Msg>>>,
@@ -298,9 +348,13 @@ impl AuditLog {
         let (tx, rx) = mpsc::channel();
         let queue: Queue = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sleeping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let outbox = Arc::new(OutboxState::default());
         let mut w = Writer {
             queue: queue.clone(),
             sleeping: sleeping.clone(),
+            outbox: outbox.clone(),
+            outbox_cleared: 0,
+            outbox_since: None,
             dir: s.dir.clone(),
             key,
             file: BufWriter::with_capacity(1 << 16, file),
@@ -325,8 +379,11 @@ impl AuditLog {
             .spawn(move || w.run(&rx))
             .map_err(io_err(&s.dir))?;
         Ok(AuditLog {
+            dir: s.dir.clone(),
             queue,
             sleeping,
+            outbox,
+            outbox_next: std::sync::atomic::AtomicU64::new(0),
             tx: std::sync::Mutex::new(Some(tx)),
             thread: std::sync::Mutex::new(Some(thread)),
             public_key,
@@ -393,6 +450,102 @@ impl AuditLog {
             .map_err(|_| "the audit writer dropped an entry".to_owned())?
     }
 
+    /// Take over the ledger store's outbox: append the entries a crash left
+    /// there (committed with a dispatch but not fsynced here), marked
+    /// `recovered`, and from now on share the ledger's fsync for the entries
+    /// a dispatch needs on disk. Returns how many entries were recovered.
+    pub async fn attach_outbox(
+        &self,
+        store: Arc<dyn crate::store::Store>,
+    ) -> Result<usize, String> {
+        let rows = store.outbox().map_err(|e| e.to_string())?;
+        let mut recovered = Vec::new();
+        if !rows.is_empty() {
+            let dir = self.dir.clone();
+            let tail = tokio::task::spawn_blocking(move || super::verify::tail(&dir, u64::MAX))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            let present: std::collections::HashSet<String> = tail
+                .iter()
+                .filter_map(|e| e.get("outbox").and_then(Value::as_str).map(str::to_owned))
+                .collect();
+            for (_, text) in &rows {
+                let entries: Vec<(String, Map<String, Value>)> =
+                    serde_json::from_str(text).map_err(|e| format!("a damaged outbox row: {e}"))?;
+                for (kind, mut fields) in entries {
+                    let tag = fields.get("outbox").and_then(Value::as_str).unwrap_or("");
+                    if !present.contains(tag) {
+                        fields.insert("recovered".into(), Value::Bool(true));
+                        recovered.push((intern(&kind), fields));
+                    }
+                }
+            }
+        }
+        let n = recovered.len();
+        if n > 0 {
+            tracing::warn!(
+                entries = n,
+                "audit log: appending entries a crash left in the ledger's outbox"
+            );
+            self.record_all_durable(recovered).await?;
+        }
+        if let Some(max) = rows.iter().map(|(id, _)| *id).max() {
+            store.outbox_clear(max).await.map_err(|e| e.to_string())?;
+        }
+        // Ids never repeat across runs: they start at the clock (µs), past
+        // any id a previous run used.
+        let start = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1000) as u64;
+        let after_rows = rows.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
+        self.outbox_next
+            .store(start.max(after_rows), std::sync::atomic::Ordering::SeqCst);
+        *self.outbox.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store);
+        Ok(n)
+    }
+
+    /// Stage entries for a dispatch: tag them with an outbox id and give
+    /// the JSON for the outbox row. `Err` (the entries back) when no outbox
+    /// is attached: the caller then uses [`AuditLog::record_all_durable`].
+    pub fn stage(&self, mut entries: Entries) -> Result<Staged, Entries> {
+        if self
+            .outbox
+            .store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+        {
+            return Err(entries);
+        }
+        let id = self
+            .outbox_next
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        for (i, (_, f)) in entries.iter_mut().enumerate() {
+            f.insert("outbox".into(), Value::from(format!("{id}/{i}")));
+        }
+        let text = serde_json::to_string(&entries).unwrap_or_default();
+        Ok(Staged { id, text, entries })
+    }
+
+    /// Queue staged entries whose outbox row is committed; the writer
+    /// fsyncs them within 50 ms and clears the row.
+    pub fn record_staged(&self, staged: Staged) {
+        self.record_all(staged.entries);
+        self.outbox
+            .queued
+            .fetch_max(staged.id, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Staged entries whose dispatch did not happen: queue all but the
+    /// last (the `dispatched` entry), untagged.
+    pub fn unstage(&self, staged: Staged) {
+        let mut entries = staged.entries;
+        entries.pop();
+        for (_, f) in entries.iter_mut() {
+            f.remove("outbox");
+        }
+        self.record_all(entries);
+    }
+
     /// The recorded form of `arguments` (see [`super::record_arguments`]).
     pub fn arguments_fields(&self, arguments: &Value, fields: &mut Map<String, Value>) {
         super::record_arguments(self.arguments, &self.redact, arguments, fields);
@@ -429,6 +582,11 @@ impl Drop for AuditLog {
 struct Writer {
     queue: Queue,
     sleeping: Arc<std::sync::atomic::AtomicBool>,
+    outbox: Arc<OutboxState>,
+    /// Outbox ids up to this are fsynced here and cleared.
+    outbox_cleared: u64,
+    /// Since when outbox entries wait for an fsync.
+    outbox_since: Option<Instant>,
     dir: PathBuf,
     key: SigningKey,
     file: BufWriter<File>,
@@ -519,6 +677,22 @@ impl Writer {
         Ok(())
     }
 
+    fn clear_outbox(&mut self, upto: u64) {
+        let store = self
+            .outbox
+            .store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(store) = store {
+            // Enqueued on the ledger writer at once; not awaited (this is
+            // not an async thread, and the clear need not be durable).
+            drop(store.outbox_clear(upto));
+        }
+        self.outbox_cleared = upto;
+        self.outbox_since = None;
+    }
+
     /// Append what waits in the queue (before any message that came after
     /// it, so a durable entry follows every buffered entry made before it).
     fn drain(&mut self, failed: &mut Option<String>, last_checkpoint: &mut Instant) -> bool {
@@ -559,7 +733,9 @@ impl Writer {
         while open {
             // Idle long enough with nothing buffered: block until a producer
             // or the checkpoint interval wakes us, instead of polling.
-            let asleep = quiet >= 10 && buffered_since.is_none();
+            let outbox_waiting =
+                self.outbox.queued.load(std::sync::atomic::Ordering::SeqCst) > self.outbox_cleared;
+            let asleep = quiet >= 10 && buffered_since.is_none() && !outbox_waiting;
             let timeout = if asleep {
                 self.sleeping
                     .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -604,6 +780,12 @@ impl Writer {
             let got_message = first.is_some();
             let mut waiters = Vec::new();
             let mut failed = None;
+            // Read before draining: every entry of an outbox id up to this
+            // was queued before it was published, so the drain appends it.
+            let outbox_max = self.outbox.queued.load(std::sync::atomic::Ordering::SeqCst);
+            if outbox_max > self.outbox_cleared {
+                self.outbox_since.get_or_insert_with(Instant::now);
+            }
             let drained = self.drain(&mut failed, &mut last_checkpoint);
             if drained {
                 buffered_since.get_or_insert_with(Instant::now);
@@ -632,7 +814,13 @@ impl Writer {
             let interval_due = self.since_checkpoint > 0
                 && last_checkpoint.elapsed() >= self.settings.checkpoint_interval;
             let flush_due = buffered_since.is_some_and(|t| t.elapsed() >= IDLE_FLUSH);
-            let result = if interval_due {
+            let outbox_due = self
+                .outbox_since
+                .is_some_and(|t| t.elapsed() >= OUTBOX_SYNC);
+            let result = if outbox_due && !interval_due && waiters.is_empty() {
+                buffered_since = None;
+                self.sync()
+            } else if interval_due {
                 last_checkpoint = Instant::now();
                 buffered_since = None;
                 self.checkpoint("interval")
@@ -645,8 +833,15 @@ impl Writer {
             } else {
                 Ok(())
             };
+            let synced = result.is_ok() && (outbox_due || interval_due || !waiters.is_empty());
             if let Err(e) = result.and_then(|()| self.rotate_if_full()) {
                 failed = Some(e.to_string());
+            }
+            // Entries of outbox ids up to `outbox_max` are on disk here now:
+            // their rows in the ledger can go (a lost clear is repaired at
+            // the next start, which finds the entries present).
+            if synced && outbox_max > self.outbox_cleared && failed.is_none() {
+                self.clear_outbox(outbox_max);
             }
             if let Some(e) = &failed {
                 tracing::error!("audit log write failed: {e}");
@@ -659,9 +854,14 @@ impl Writer {
             }
         }
         let mut failed = None;
+        let outbox_max = self.outbox.queued.load(std::sync::atomic::Ordering::SeqCst);
         self.drain(&mut failed, &mut last_checkpoint);
-        if let Err(e) = self.checkpoint("shutdown") {
-            tracing::error!("audit log: the shutdown checkpoint failed: {e}");
+        match self.checkpoint("shutdown") {
+            Ok(()) if failed.is_none() && outbox_max > self.outbox_cleared => {
+                self.clear_outbox(outbox_max)
+            }
+            Ok(()) => {}
+            Err(e) => tracing::error!("audit log: the shutdown checkpoint failed: {e}"),
         }
     }
 }
@@ -746,5 +946,93 @@ mod tests {
             2,
             "log_started and the entry, without closing the log"
         );
+    }
+
+    #[tokio::test]
+    async fn entries_left_in_the_ledger_outbox_by_a_crash_are_appended_once() {
+        use crate::ledger::{Claim, Record, State};
+        use crate::store::{MemoryStore, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        // A dispatch committed its entries to the outbox, then the gateway
+        // died before the audit writer appended them.
+        let claim = Claim {
+            key: "k".into(),
+            client_key: "k".into(),
+            explicit: true,
+            digest: "d".into(),
+            server: "s".into(),
+            tool: "t".into(),
+        };
+        let r = Record::reserve(&claim, 0, 1000);
+        store.reserve("k".into(), r.clone(), 0).await.unwrap();
+        let mut dispatched = r.clone();
+        dispatched.state = State::Dispatched;
+        let row = serde_json::to_string(&vec![
+            (
+                "call_received",
+                json!({"idempotency_key": "k", "outbox": "7/0"}),
+            ),
+            (
+                "dispatched",
+                json!({"idempotency_key": "k", "outbox": "7/1"}),
+            ),
+        ])
+        .unwrap();
+        assert!(store
+            .transition_with("k".into(), State::Reserved, dispatched, Some((7, row)))
+            .await
+            .unwrap());
+        {
+            let log = AuditLog::open(settings(dir.path())).unwrap();
+            assert_eq!(log.attach_outbox(store.clone()).await.unwrap(), 2);
+        }
+        assert!(store.outbox().unwrap().is_empty(), "the rows are cleared");
+        let all: Vec<Map<String, Value>> = segments(dir.path())
+            .unwrap()
+            .iter()
+            .flat_map(|s| {
+                std::fs::read_to_string(s)
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let recovered: Vec<_> = all
+            .iter()
+            .filter(|e| e.get("recovered").is_some())
+            .collect();
+        assert_eq!(recovered.len(), 2);
+        assert_eq!(recovered[1]["kind"], "dispatched");
+        let report = super::super::verify::verify_dir(dir.path(), None, None).unwrap();
+        assert!(report.brk.is_none(), "{report:?}");
+
+        // A row whose entries did reach the file is not appended again.
+        let r2 = Record::reserve(
+            &Claim {
+                key: "k2".into(),
+                ..claim
+            },
+            0,
+            1000,
+        );
+        store.reserve("k2".into(), r2.clone(), 0).await.unwrap();
+        let mut d2 = r2;
+        d2.state = State::Dispatched;
+        let log = AuditLog::open(settings(dir.path())).unwrap();
+        log.record(
+            "dispatched",
+            json!({"outbox": "8/0"}).as_object().unwrap().clone(),
+        );
+        log.close();
+        let row = serde_json::to_string(&vec![("dispatched", json!({"outbox": "8/0"}))]).unwrap();
+        store
+            .transition_with("k2".into(), State::Reserved, d2, Some((8, row)))
+            .await
+            .unwrap();
+        let log = AuditLog::open(settings(dir.path())).unwrap();
+        assert_eq!(log.attach_outbox(store.clone()).await.unwrap(), 0);
+        assert!(store.outbox().unwrap().is_empty());
     }
 }

@@ -1151,34 +1151,58 @@ impl Attempting<'_> {
                 return Attempt::Retry(self.failure(&e));
             }
         };
-        // The ledger's `dispatched` and the audit entry that records the
-        // dispatch are both on disk before a byte goes upstream; their two
-        // fsyncs (different files) run at the same time.
-        let (permit, logged) = tokio::join!(
-            ticket.dispatch(),
-            self.trail.durable("dispatched", Vec::new())
-        );
-        let permit = match (permit, logged) {
-            (Ok(p), Ok(())) => p,
+        // The audit entry that records the dispatch (and the call's entries
+        // before it) is on disk before a byte goes upstream: committed in the
+        // ledger's outbox with the `dispatched` record, one fsync for both.
+        // The audit writer appends it to the log and clears the row once
+        // its own file is fsynced; startup repairs a crash in between.
+        let permit = match self.trail.stage_dispatch() {
+            None => ticket.dispatch().await,
+            Some((log, Ok(staged))) => {
+                let outbox = Some((staged.id, staged.text.clone()));
+                match ticket.dispatch_with(outbox).await {
+                    Ok(p) => {
+                        log.record_staged(staged);
+                        Ok(p)
+                    }
+                    Err(e) => {
+                        log.unstage(staged);
+                        Err(e)
+                    }
+                }
+            }
+            // No outbox attached: the audit log's own fsync, alongside the
+            // ledger's.
+            Some((log, Err(entries))) => {
+                let (permit, logged) =
+                    tokio::join!(ticket.dispatch(), log.record_all_durable(entries));
+                match (permit, logged) {
+                    (Ok(p), Ok(())) => Ok(p),
+                    (Err(e), _) => Err(e),
+                    // No evidence, no dispatch: fail closed.
+                    (Ok(_), Err(e)) => {
+                        tracing::error!(
+                            "refusing a call: the audit log could not record its dispatch: {e}"
+                        );
+                        ticket.not_dispatched().await;
+                        return Attempt::Done(reply::tool_error(
+                            self.id.clone(),
+                            reply::codes::UPSTREAM_UNAVAILABLE,
+                            "The call did not run: countersign could not record it in its audit log. It is safe to try again later.",
+                            json!({}),
+                            self.modern,
+                        ));
+                    }
+                }
+            }
+        };
+        let permit = match permit {
+            Ok(p) => p,
             // Dropping the ticket frees the key: nothing was sent.
-            (Err(e), _) => {
+            Err(e) => {
                 self.trail
                     .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
                 return Attempt::Done(ledger_unavailable(self.id.clone(), &e, self.modern));
-            }
-            // No evidence, no dispatch: fail closed.
-            (Ok(_), Err(e)) => {
-                tracing::error!(
-                    "refusing a call: the audit log could not record its dispatch: {e}"
-                );
-                ticket.not_dispatched().await;
-                return Attempt::Done(reply::tool_error(
-                    self.id.clone(),
-                    reply::codes::UPSTREAM_UNAVAILABLE,
-                    "The call did not run: countersign could not record it in its audit log. It is safe to try again later.",
-                    json!({}),
-                    self.modern,
-                ));
             }
         };
         match self.send(&conn, permit).await {

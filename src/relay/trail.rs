@@ -104,6 +104,21 @@ impl Trail {
         }
     }
 
+    /// Stage this call's pending entries plus `dispatched` for the ledger's
+    /// outbox (one fsync with the `dispatched` record). `None` without an
+    /// audit log; `Some(Err(entries))` when the log has no outbox (then the
+    /// caller makes them durable itself).
+    pub fn stage_dispatch(
+        &self,
+    ) -> Option<(
+        Arc<AuditLog>,
+        Result<crate::audit::log::Staged, crate::audit::log::Entries>,
+    )> {
+        let (log, base) = self.log.as_ref()?;
+        self.push("dispatched", base.clone());
+        Some((log.clone(), log.stage(self.take())))
+    }
+
     /// `call_received`, with the arguments as `audit.arguments` says.
     pub fn received(&self, call: &CanonicalCall, explicit: bool, read_only: bool) {
         if let Some((log, base)) = &self.log {

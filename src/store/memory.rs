@@ -15,6 +15,7 @@ use crate::ledger::{Record, State};
 pub struct MemoryStore {
     map: Mutex<BTreeMap<String, Record>>,
     proposals: Mutex<BTreeMap<String, Proposal>>,
+    outbox: Mutex<BTreeMap<u64, String>>,
 }
 
 impl MemoryStore {
@@ -99,18 +100,48 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(n) })
     }
 
-    fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool> {
+    fn transition_with(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool> {
         let out = check_transition(from, to.state).map(|()| {
             let mut map = self.lock();
             match map.get_mut(&key) {
                 Some(cur) if cur.state == from => {
                     *cur = to;
+                    if let Some((id, entries)) = outbox {
+                        self.outbox
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(id, entries);
+                    }
                     true
                 }
                 _ => false,
             }
         });
         Box::pin(async move { out })
+    }
+
+    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError> {
+        Ok(self
+            .outbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect())
+    }
+
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        let mut o = self.outbox.lock().unwrap_or_else(|p| p.into_inner());
+        let before = o.len();
+        o.retain(|k, _| *k > upto);
+        let n = before - o.len();
+        Box::pin(async move { Ok(n) })
     }
 
     fn recover(&self) -> Result<Recovery, StoreError> {

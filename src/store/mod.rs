@@ -125,7 +125,32 @@ pub trait Store: Send + Sync {
     /// Replace the record of `key` with `to` if its state is `from`
     /// (compare-and-set). Returns whether it did. Transitions the ledger does
     /// not allow are refused with an error.
-    fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool>;
+    fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool> {
+        self.transition_with(key, from, to, None)
+    }
+
+    /// [`Store::transition`], and when it moves, also store `outbox` (an
+    /// id and audit entries as JSON) in the same commit. The audit log uses
+    /// this to share the ledger's fsync for the entries that must be on disk
+    /// before a dispatch: they are durable here, and the audit writer
+    /// appends them to its own file and clears them once that file is
+    /// fsynced; a crash in between is repaired at startup from here.
+    fn transition_with(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool>;
+
+    /// The audit entries waiting in the outbox, by id.
+    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError>;
+
+    /// Forget outbox rows with ids up to `upto` (their entries are fsynced
+    /// in the audit log). Not durable by itself. The request is made when
+    /// this is called (awaiting only waits for its result), so a caller
+    /// outside an async context may drop the future.
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize>;
 
     /// At startup, before serving: free `reserved` keys, mark `dispatched`
     /// ones `unknown`.
@@ -417,10 +442,66 @@ mod tests {
         assert_eq!(left, vec!["p2".to_owned()]);
     }
 
+    /// The outbox: a row commits only with the move it rides on.
+    async fn outbox_conformance(store: &dyn Store) {
+        let r = Record::reserve(&claim("d1"), 0, 1000);
+        store.reserve("o".into(), r.clone(), 0).await.unwrap();
+        let dispatched = with_state(r.clone(), State::Dispatched);
+        // A transition that does not move writes no row.
+        assert!(!store
+            .transition_with(
+                "o".into(),
+                State::Dispatched,
+                with_state(r.clone(), State::Complete),
+                Some((1, "[1]".into()))
+            )
+            .await
+            .unwrap());
+        assert!(store.outbox().unwrap().is_empty());
+        assert!(store
+            .transition_with(
+                "o".into(),
+                State::Reserved,
+                dispatched,
+                Some((2, "[2]".into()))
+            )
+            .await
+            .unwrap());
+        store.reserve("p".into(), r.clone(), 0).await.unwrap();
+        assert!(store
+            .transition_with(
+                "p".into(),
+                State::Reserved,
+                with_state(r, State::Dispatched),
+                Some((5, "[5]".into()))
+            )
+            .await
+            .unwrap());
+        assert_eq!(
+            store.outbox().unwrap(),
+            vec![(2, "[2]".to_owned()), (5, "[5]".to_owned())]
+        );
+        assert_eq!(store.outbox_clear(4).await.unwrap(), 1);
+        assert_eq!(store.outbox().unwrap(), vec![(5, "[5]".to_owned())]);
+    }
+
     #[tokio::test]
     async fn memory_store_conforms() {
         conformance(&MemoryStore::default()).await;
         approval_conformance(&MemoryStore::default()).await;
+        outbox_conformance(&MemoryStore::default()).await;
+    }
+
+    #[tokio::test]
+    async fn redb_outbox_conforms_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            outbox_conformance(&store).await;
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.outbox().unwrap(), vec![(5, "[5]".to_owned())]);
     }
 
     #[tokio::test]

@@ -26,6 +26,8 @@ const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
 /// Approval proposals, in the same database: consuming an approval and
 /// reserving a key commit in one transaction.
 const PROPOSALS: TableDefinition<&str, &[u8]> = TableDefinition::new("proposals");
+/// Audit entries committed with a dispatch (see [`Store::transition_with`]).
+const OUTBOX: TableDefinition<u64, &str> = TableDefinition::new("audit_outbox");
 
 /// Most operations folded into one write transaction.
 const MAX_BATCH: usize = 256;
@@ -51,7 +53,12 @@ enum Op {
         key: String,
         from: State,
         to: Record,
+        outbox: Option<(u64, String)>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
+    OutboxClear {
+        upto: u64,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
     },
     Gc {
         now_ms: i64,
@@ -64,7 +71,10 @@ impl Op {
         match self {
             Op::Transition { from, to, .. } => needs_durability(*from, to.state),
             Op::PutProposal { proposal, .. } => proposal_durable(proposal),
-            Op::Reserve { .. } | Op::Gc { .. } | Op::GcProposals { .. } => false,
+            Op::Reserve { .. }
+            | Op::Gc { .. }
+            | Op::GcProposals { .. }
+            | Op::OutboxClear { .. } => false,
         }
     }
 }
@@ -141,6 +151,8 @@ impl RedbStore {
         txn.open_table(LEDGER)
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(PROPOSALS)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(OUTBOX)
             .map_err(|e| err("create table")(e.into()))?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         let db = Arc::new(db);
@@ -229,9 +241,12 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                     match (op, d) {
                         (Op::Reserve { reply, .. }, Done::Reserve(r)) => drop(reply.send(r)),
                         (Op::Transition { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
-                        (Op::Gc { reply, .. } | Op::GcProposals { reply, .. }, Done::Gc(r)) => {
-                            drop(reply.send(r))
-                        }
+                        (
+                            Op::Gc { reply, .. }
+                            | Op::GcProposals { reply, .. }
+                            | Op::OutboxClear { reply, .. },
+                            Done::Gc(r),
+                        ) => drop(reply.send(r)),
                         (Op::PutProposal { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
                         _ => {}
                     }
@@ -244,9 +259,9 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                     match op {
                         Op::Reserve { reply, .. } => drop(reply.send(Err(e.clone()))),
                         Op::Transition { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::Gc { reply, .. } | Op::GcProposals { reply, .. } => {
-                            drop(reply.send(Err(e.clone())))
-                        }
+                        Op::Gc { reply, .. }
+                        | Op::GcProposals { reply, .. }
+                        | Op::OutboxClear { reply, .. } => drop(reply.send(Err(e.clone()))),
                         Op::PutProposal { reply, .. } => drop(reply.send(Err(e.clone()))),
                     }
                 }
@@ -296,6 +311,9 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
         let mut proposals = txn
             .open_table(PROPOSALS)
             .map_err(|e| err("open table")(e.into()))?;
+        let mut outbox = txn
+            .open_table(OUTBOX)
+            .map_err(|e| err("open table")(e.into()))?;
         for op in batch {
             done.push(match op {
                 Op::Reserve {
@@ -312,9 +330,23 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                     *now_ms,
                     approval.as_deref(),
                 )),
-                Op::Transition { key, from, to, .. } => {
-                    Done::Transition(transition(&mut table, key, *from, to))
-                }
+                Op::Transition {
+                    key,
+                    from,
+                    to,
+                    outbox: entries,
+                    ..
+                } => Done::Transition(transition(&mut table, key, *from, to).and_then(|moved| {
+                    // INVARIANT: the outbox row commits in the same
+                    // transaction as the move it records, or not at all.
+                    if let (true, Some((id, text))) = (moved, entries) {
+                        outbox
+                            .insert(*id, text.as_str())
+                            .map_err(|e| err("write")(e.into()))?;
+                    }
+                    Ok(moved)
+                })),
+                Op::OutboxClear { upto, .. } => Done::Gc(outbox_clear(&mut outbox, *upto)),
                 Op::Gc { now_ms, .. } => Done::Gc(gc(&mut table, *now_ms)),
                 Op::PutProposal {
                     proposal, expect, ..
@@ -431,6 +463,21 @@ fn put_proposal(
     Ok(true)
 }
 
+fn outbox_clear(
+    outbox: &mut redb::Table<'_, u64, &'static str>,
+    upto: u64,
+) -> Result<usize, StoreError> {
+    let ids: Vec<u64> = outbox
+        .range(..=upto)
+        .map_err(|e| err("scan")(e.into()))?
+        .filter_map(|e| e.ok().map(|(k, _)| k.value()))
+        .collect();
+    for id in &ids {
+        outbox.remove(*id).map_err(|e| err("delete")(e.into()))?;
+    }
+    Ok(ids.len())
+}
+
 fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, StoreError> {
     let mut stale = Vec::new();
     for entry in proposals.iter().map_err(|e| err("scan")(e.into()))? {
@@ -506,13 +553,40 @@ impl Store for RedbStore {
         self.submit(|reply| Op::GcProposals { before_ms, reply })
     }
 
-    fn transition(&self, key: String, from: State, to: Record) -> StoreFuture<'_, bool> {
+    fn transition_with(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool> {
         self.submit(|reply| Op::Transition {
             key,
             from,
             to,
+            outbox,
             reply,
         })
+    }
+
+    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| err("begin read")(e.into()))?;
+        let table = txn
+            .open_table(OUTBOX)
+            .map_err(|e| err("open table")(e.into()))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+            let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+            out.push((k.value(), v.value().to_owned()));
+        }
+        Ok(out)
+    }
+
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        self.submit(|reply| Op::OutboxClear { upto, reply })
     }
 
     fn recover(&self) -> Result<Recovery, StoreError> {
