@@ -6,15 +6,22 @@
 //! `gateway.pub`, and segments `000001.jsonl`, `000002.jsonl`, ... The
 //! chain continues across segments.
 //!
-//! Durability: [`AuditLog::record_durable`] returns once its entry (and
-//! every entry before it) is fsynced; the relay awaits it, alongside the
-//! ledger's `dispatched` commit, before a write is sent. Other entries are
-//! buffered: queued without waking the writer (drained every 2 ms while busy), handed
-//! to the OS within 100 ms or with the next durable entry or checkpoint, and
-//! fsynced with the next durable entry or checkpoint. A crash loses at most that unflushed tail, which
-//! `audit verify` reports as truncation after the last checkpoint, never as
-//! corruption. At startup a torn final line is cut
-//! off and the cut is recorded in the `log_started` entry.
+//! Durability:
+//! - A dispatch's entries share the ledger's fsync: [`AuditLog::stage`]
+//!   tags them for the ledger's outbox, which commits them with the durable
+//!   `dispatched` record; [`AuditLog::record_staged`] queues them here, and
+//!   the writer fsyncs them within 50 ms and clears the outbox rows. At
+//!   startup [`AuditLog::attach_outbox`] appends what a crash left in the
+//!   outbox (marked `recovered`), recognizing entries already written by
+//!   their `outbox` tag.
+//! - [`AuditLog::record_durable`] returns once its entry (and every entry
+//!   before it) is fsynced here (used when no outbox is attached).
+//! - Other entries are buffered: queued without waking the writer (drained
+//!   every 2 ms while busy), handed to the OS within 100 ms or with the next
+//!   sync, and fsynced with the next sync or checkpoint. A crash loses at
+//!   most that tail, which `audit verify` reports as truncation after the
+//!   last checkpoint, never as corruption. At startup a torn final line is
+//!   cut off and the cut is recorded in the `log_started` entry.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
