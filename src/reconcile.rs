@@ -72,9 +72,20 @@ pub async fn reconcile(
     verdict: Verdict,
     note: Option<String>,
 ) -> Result<Record, ReconcileError> {
-    let store = open(config)?;
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(open(config)?);
+    let audit_err = |e: String| ReconcileError::Store(crate::store::StoreError(e));
+    // The gateway is stopped (we hold its ledger): this command appends to
+    // its audit log itself, first taking over what a crash left in the
+    // ledger's outbox (so the log keeps dispatch before reconciliation), and
+    // closes it with a signed checkpoint.
+    let audit = crate::audit::log::AuditLog::open(config.audit_settings())
+        .map_err(|e| audit_err(e.to_string()))?;
+    audit
+        .attach_outbox(store.clone())
+        .await
+        .map_err(audit_err)?;
     let rec = reconcile_in(
-        &store,
+        store.as_ref(),
         config.idempotency.retention,
         tenant,
         principal,
@@ -83,17 +94,13 @@ pub async fn reconcile(
         note,
     )
     .await?;
-    // The gateway is stopped (we hold its ledger): this command appends to
-    // its audit log itself, and closes it with a signed checkpoint.
-    let audit = crate::audit::log::AuditLog::open(config.audit_settings())
-        .map_err(|e| ReconcileError::Store(crate::store::StoreError(e.to_string())))?;
     audit
         .record_durable(
             "reconciled",
             reconciled_fields(tenant, principal, key, &rec, "operator (offline)"),
         )
         .await
-        .map_err(|e| ReconcileError::Store(crate::store::StoreError(e)))?;
+        .map_err(audit_err)?;
     audit.close();
     Ok(rec)
 }
