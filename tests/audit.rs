@@ -182,6 +182,24 @@ async fn a_real_run_verifies_and_every_tampering_is_caught_at_its_entry() {
         .find(|e| e["kind"] == "decision" && e["decision"] == "deny")
         .unwrap();
     assert_eq!(denied["policies"], json!(["default/charge-ceiling"]));
+    // Cause before effect: the approved write's entries, in log order.
+    let run: Vec<&str> = all
+        .iter()
+        .filter(|e| e.get("idempotency_key") == Some(&json!("k-1")))
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    let d = run.iter().position(|k| *k == "dispatched").unwrap();
+    assert_eq!(
+        &run[d - 3..=d + 1],
+        [
+            "call_received",
+            "decision",
+            "approval_consumed",
+            "dispatched",
+            "completed"
+        ],
+        "{run:?}"
+    );
     assert_eq!(all.last().unwrap()["kind"], "checkpoint");
     assert_eq!(all.last().unwrap()["reason"], "shutdown");
 

@@ -76,22 +76,11 @@ impl Trail {
         f
     }
 
-    /// Record an entry (buffered).
+    /// Record an entry: stamped now, handed to the writer with the
+    /// dispatch, at a flush, or when the call ends.
     pub fn record(&self, kind: &'static str, extra: Vec<(&str, Value)>) {
-        if let Some((log, base)) = &self.log {
-            log.record(kind, Self::fields(base, extra));
-        }
-    }
-
-    /// Record an entry and wait until it is on disk.
-    pub async fn durable(
-        &self,
-        kind: &'static str,
-        extra: Vec<(&str, Value)>,
-    ) -> Result<(), String> {
-        match &self.log {
-            Some((log, base)) => log.record_durable(kind, Self::fields(base, extra)).await,
-            None => Ok(()),
+        if let Some((_, base)) = &self.log {
+            self.push(kind, Self::fields(base, extra));
         }
     }
 
