@@ -15,7 +15,7 @@
 //!   outbox (marked `recovered`), recognizing entries already written by
 //!   their `outbox` tag.
 //! - [`AuditLog::record_durable`] returns once its entry (and every entry
-//!   before it) is fsynced here (used when no outbox is attached).
+//!   before it) is fsynced here (offline reconciliation, recovery).
 //! - Other entries are buffered: queued without waking the writer (drained
 //!   every 2 ms while busy), handed to the OS within 100 ms or with the next
 //!   sync, and fsynced with the next sync or checkpoint. A crash loses at
@@ -512,7 +512,7 @@ impl AuditLog {
 
     /// Stage entries for a dispatch: tag them with an outbox id and give
     /// the JSON for the outbox row. `Err` (the entries back) when no outbox
-    /// is attached: the caller then uses [`AuditLog::record_all_durable`].
+    /// is attached (the caller must then not dispatch).
     pub fn stage(&self, mut entries: Entries) -> Result<Staged, Entries> {
         if self
             .outbox

@@ -175,11 +175,6 @@ impl Verifier {
         }
     }
 
-    /// The next sequence number expected.
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
     /// Check one line (without its newline).
     pub fn feed(&mut self, line: &[u8], place: &str) -> Result<Map<String, Value>, Break> {
         let brk = |reason: String| Break {

@@ -55,11 +55,6 @@ impl Client {
         })
     }
 
-    /// The reviewer's name.
-    pub fn reviewer(&self) -> &str {
-        &self.name
-    }
-
     /// A signed request builder for `path` (with its query).
     pub fn signed(
         &self,

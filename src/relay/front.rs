@@ -1171,29 +1171,19 @@ impl Attempting<'_> {
                     }
                 }
             }
-            // No outbox attached: the audit log's own fsync, alongside the
-            // ledger's.
-            Some((log, Err(entries))) => {
-                let (permit, logged) =
-                    tokio::join!(ticket.dispatch(), log.record_all_durable(entries));
-                match (permit, logged) {
-                    (Ok(p), Ok(())) => Ok(p),
-                    (Err(e), _) => Err(e),
-                    // No evidence, no dispatch: fail closed.
-                    (Ok(_), Err(e)) => {
-                        tracing::error!(
-                            "refusing a call: the audit log could not record its dispatch: {e}"
-                        );
-                        ticket.not_dispatched().await;
-                        return Attempt::Done(reply::tool_error(
-                            self.id.clone(),
-                            reply::codes::UPSTREAM_UNAVAILABLE,
-                            "The call did not run: countersign could not record it in its audit log. It is safe to try again later.",
-                            json!({}),
-                            self.modern,
-                        ));
-                    }
-                }
+            // An audit log without the ledger's outbox cannot make the
+            // dispatch entry durable with the dispatch (`serve` always
+            // attaches it): no evidence, no dispatch.
+            Some((_, Err(_))) => {
+                tracing::error!("refusing a call: the audit log has no ledger outbox attached");
+                ticket.not_dispatched().await;
+                return Attempt::Done(reply::tool_error(
+                    self.id.clone(),
+                    reply::codes::UPSTREAM_UNAVAILABLE,
+                    "The call did not run: countersign could not record it in its audit log. It is safe to try again later.",
+                    json!({}),
+                    self.modern,
+                ));
             }
         };
         let permit = match permit {
