@@ -222,6 +222,27 @@ async fn mcp(
     (sid, resp.text().await.unwrap())
 }
 
+/// initialize + notifications/initialized; the session id.
+async fn open_session(http: &reqwest::Client, url: &str) -> String {
+    let (sid, _) = mcp(
+        http,
+        url,
+        None,
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}),
+    )
+    .await;
+    let sid = sid.expect("initialize gave no session");
+    mcp(
+        http,
+        url,
+        Some(&sid),
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    )
+    .await;
+    sid
+}
+
 fn executions(dir: &Path) -> usize {
     std::fs::read_to_string(dir.join("executions.jsonl"))
         .unwrap_or_default()
@@ -235,16 +256,7 @@ async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
     let gw = start_gateway();
     let url = format!("{}/mcp/payments", gw.base);
     let http = reqwest::Client::new();
-    let (sid, _) = mcp(&http, &url, None, json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}})).await;
-    let sid = sid.expect("no session");
-    mcp(
-        &http,
-        &url,
-        Some(&sid),
-        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
-    )
-    .await;
+    let sid = open_session(&http, &url).await;
     mcp(
         &http,
         &url,
@@ -360,16 +372,7 @@ async fn a_lost_gateway_is_shown_and_the_view_reconnects() {
     // Events flow again: a new proposal appears without any key press.
     let url = format!("{}/mcp/payments", gw.base);
     let http = reqwest::Client::new();
-    let (sid, _) = mcp(&http, &url, None, json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}})).await;
-    let sid = sid.unwrap();
-    mcp(
-        &http,
-        &url,
-        Some(&sid),
-        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
-    )
-    .await;
+    let sid = open_session(&http, &url).await;
     let call = tokio::spawn(async move {
         mcp(
             &http,
