@@ -10,9 +10,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use countersign::annotations::Annotations;
-use countersign::decision::{Call, Policies};
-use countersign::identity::Identity;
+use countersign::core::annotations::Annotations;
+use countersign::core::decision::{Call, Policies};
+use countersign::core::identity::Identity;
 
 fn time_per_call(label: &str, n: usize, mut f: impl FnMut()) {
     for _ in 0..n / 10 {

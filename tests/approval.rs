@@ -84,12 +84,12 @@ impl Review {
     }
 
     /// A signed control API client for a reviewer.
-    fn api(&self, name: &str) -> countersign::control::client::Client {
-        countersign::control::client::Client::new(&self.gw.base(), &self.key_file(name)).unwrap()
+    fn api(&self, name: &str) -> countersign::cli::client::Client {
+        countersign::cli::client::Client::new(&self.gw.base(), &self.key_file(name)).unwrap()
     }
 
-    fn key_file(&self, name: &str) -> countersign::approval::KeyFile {
-        countersign::control::client::load_key(Path::new(&self.key(name))).unwrap()
+    fn key_file(&self, name: &str) -> countersign::core::approval::KeyFile {
+        countersign::cli::client::load_key(Path::new(&self.key(name))).unwrap()
     }
 
     /// Wait until the gateway logs a policy folder reload.
@@ -430,8 +430,8 @@ async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
     let alice = r.api("alice");
     let mallory = r.key_file("mallory");
     let shown = alice.proposal(&id).await.unwrap();
-    let p: countersign::approval::Proposal =
-        serde_json::from_value(countersign::control::client::strip_view(shown)).unwrap();
+    let p: countersign::core::approval::Proposal =
+        serde_json::from_value(countersign::cli::client::strip_view(shown)).unwrap();
     let now = time::OffsetDateTime::now_utc();
     let fmt = |t: time::OffsetDateTime| {
         t.replace_nanosecond(0)
@@ -440,7 +440,7 @@ async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
             .unwrap()
     };
     let statement = p.statement(
-        countersign::approval::Verdict::Approve,
+        countersign::core::approval::Verdict::Approve,
         "alice",
         "",
         &fmt(now),
@@ -768,12 +768,12 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
         "{err}"
     );
     // A signature made for another path does not open this one.
-    let auth = countersign::approval::authorization(
+    let auth = countersign::core::approval::authorization(
         &r.key_file("alice").signing_key().unwrap(),
         "alice",
         "GET",
         "/v1/outcomes",
-        &countersign::control::book::rfc3339(
+        &countersign::core::time::rfc3339(
             (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
         ),
         b"",
@@ -787,7 +787,7 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
     assert_eq!(resp.status(), 401);
     assert!(resp.text().await.unwrap().contains("does not verify"));
     // A request signed too long ago (a replay).
-    let old = countersign::approval::authorization(
+    let old = countersign::core::approval::authorization(
         &r.key_file("alice").signing_key().unwrap(),
         "alice",
         "GET",

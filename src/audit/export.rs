@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 
 use super::log::AuditError;
 use super::verify::each_line;
-use crate::control::book::parse_rfc3339;
+use crate::core::time::parse_rfc3339;
 
 /// Export formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -34,7 +34,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
 use super::{entry_hash, sign_checkpoint, ArgumentMode, CHECKPOINT, LOG_STARTED};
-use crate::approval::{format_public_key, KeyFile};
+use crate::core::approval::{format_public_key, KeyFile};
 
 /// `[audit]` settings the writer needs.
 #[derive(Debug, Clone)]
@@ -51,6 +51,20 @@ pub struct Settings {
     pub arguments: ArgumentMode,
     /// JSON pointers redacted in `redact` mode.
     pub redact: Vec<String>,
+}
+
+impl Settings {
+    /// The writer settings of a configuration's `[audit]` table.
+    pub fn from_config(config: &crate::core::config::Config) -> Settings {
+        Settings {
+            dir: config.audit_dir(),
+            checkpoint_every: config.audit.checkpoint_every,
+            checkpoint_interval: config.audit.checkpoint_interval,
+            segment_bytes: config.audit.segment_bytes,
+            arguments: config.audit.arguments,
+            redact: config.audit.redact.clone(),
+        }
+    }
 }
 
 /// Why the audit log could not be opened.
@@ -606,9 +620,7 @@ struct Writer {
 }
 
 fn now() -> String {
-    crate::control::book::rfc3339(
-        (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
-    )
+    crate::core::time::rfc3339(crate::core::time::now_ms())
 }
 
 impl Writer {
@@ -957,7 +969,7 @@ mod tests {
 
     #[tokio::test]
     async fn entries_left_in_the_ledger_outbox_by_a_crash_are_appended_once() {
-        use crate::ledger::{Claim, Record, State};
+        use crate::core::ledger::{Claim, Record, State};
         use crate::store::{MemoryStore, Store};
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());

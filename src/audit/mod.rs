@@ -16,6 +16,7 @@
 
 pub mod export;
 pub mod log;
+pub mod trail;
 pub mod verify;
 
 use base64::Engine;
@@ -23,7 +24,7 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::approval::{self, Reviewers, Statement};
+use crate::core::approval::{self, Reviewers, Statement};
 
 /// The kind of a checkpoint entry.
 pub const CHECKPOINT: &str = "checkpoint";
@@ -39,17 +40,17 @@ pub fn entry_hash(entry: &Map<String, Value>) -> String {
             .filter(|(k, _)| k.as_str() != "hash")
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        crate::canonical::jcs_into(&Value::Object(without), &mut buf);
+        crate::core::canonical::jcs_into(&Value::Object(without), &mut buf);
     } else {
         // The writer hashes an entry before it has a `hash`: no copy.
-        crate::canonical::jcs_object_into(entry, &mut buf);
+        crate::core::canonical::jcs_object_into(entry, &mut buf);
     }
     format!("sha256:{}", hex::encode(Sha256::digest(&buf)))
 }
 
 /// What a checkpoint signs: the JCS of `{seq, head, time}`.
 pub fn checkpoint_bytes(seq: u64, head: &str, time: &str) -> Vec<u8> {
-    crate::canonical::jcs(&json!({ "seq": seq, "head": head, "time": time })).into_bytes()
+    crate::core::canonical::jcs(&json!({ "seq": seq, "head": head, "time": time })).into_bytes()
 }
 
 /// Sign a checkpoint; base64 of the signature.
@@ -66,18 +67,7 @@ pub fn value_digest(value: &Value) -> String {
     )
 }
 
-/// How arguments are recorded (`audit.arguments`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ArgumentMode {
-    /// The canonical arguments as sent.
-    Full,
-    /// Only their digest.
-    Digest,
-    /// The arguments with the values at `audit.redact` pointers replaced by
-    /// their digest.
-    Redact,
-}
+pub use crate::core::config::ArgumentMode;
 
 /// The `arguments` fields of an entry: the recorded form (absent in digest
 /// mode) and, always, `arguments_digest`, so verification never needs the

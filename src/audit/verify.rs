@@ -8,7 +8,7 @@ use ed25519_dalek::VerifyingKey;
 
 use super::log::{segments, AuditError};
 use super::{Break, Verifier};
-use crate::approval::Reviewers;
+use crate::core::approval::Reviewers;
 
 /// What a verification found.
 #[derive(Debug, Default)]

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use super::{
     check_transition, proposal_final, Recovery, Reservation, Store, StoreError, StoreFuture,
 };
-use crate::approval::{self, Proposal, ProposalState};
-use crate::ledger::{Record, State};
+use crate::core::approval::{self, Proposal, ProposalState};
+use crate::core::ledger::{Record, State};
 
 /// A ledger in a map.
 #[derive(Default)]

@@ -45,8 +45,8 @@ use std::pin::Pin;
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 
-use crate::approval::{Proposal, ProposalState};
-use crate::ledger::{Record, State};
+use crate::core::approval::{Proposal, ProposalState};
+use crate::core::ledger::{Record, State};
 
 /// A storage failure. The relay fails closed on it: the call does not run.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -77,7 +77,7 @@ pub struct Recovery {
     pub unknown: usize,
 }
 
-/// Ledger storage. Keys are [`crate::ledger::storage_key`]s.
+/// Ledger storage. Keys are [`crate::core::ledger::storage_key`]s.
 pub trait Store: Send + Sync {
     /// The record of `key`, if any (reads never fsync).
     fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
@@ -90,7 +90,7 @@ pub trait Store: Send + Sync {
     }
 
     /// [`Store::reserve`], and when `approval` names a proposal, consume it
-    /// in the same transaction (see [`crate::approval::consume`]): either
+    /// in the same transaction (see [`crate::core::approval::consume`]): either
     /// both happen or neither. Not durable by itself, like a reservation: a
     /// crash before the durable `dispatched` loses both together, and then
     /// nothing was sent.
@@ -182,7 +182,7 @@ fn needs_durability(from: State, to: State) -> bool {
 
 /// Refuse transitions the ledger does not allow, whatever the backend.
 fn check_transition(from: State, to: State) -> Result<(), StoreError> {
-    if crate::ledger::allowed(from, to) {
+    if crate::core::ledger::allowed(from, to) {
         Ok(())
     } else {
         Err(StoreError(format!(
@@ -194,7 +194,7 @@ fn check_transition(from: State, to: State) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Answer, Claim};
+    use crate::core::ledger::{Answer, Claim};
 
     fn claim(digest: &str) -> Claim {
         Claim {
@@ -323,7 +323,7 @@ mod tests {
             requester: "r".into(),
             tenant: "acme".into(),
             resource_version: None,
-            risk: crate::approval::Risk::Write,
+            risk: crate::core::approval::Risk::Write,
             policies: vec![],
             revises: None,
             joined: 0,

@@ -19,8 +19,8 @@ use super::{
     check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
     Store, StoreError, StoreFuture,
 };
-use crate::approval::{self, Proposal, ProposalState};
-use crate::ledger::{Record, State};
+use crate::core::approval::{self, Proposal, ProposalState};
+use crate::core::ledger::{Record, State};
 
 const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
 /// Approval proposals, in the same database: consuming an approval and

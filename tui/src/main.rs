@@ -4,7 +4,7 @@
 //! - `app.rs`: the state and all key handling (`App::event`), no I/O.
 //! - `ui.rs`: drawing, read-only over `App`.
 //! - `net.rs`: the live connection to `/v1` and the commands, signed with
-//!   the reviewer's key through `countersign::control::client`.
+//!   the reviewer's key through `countersign::cli::client`.
 //!
 //! The terminal is restored on exit and on panic (`ratatui::init` installs
 //! the hook).
@@ -40,21 +40,17 @@ struct Args {
     key: PathBuf,
 }
 
-fn now_ms() -> i64 {
-    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     // Fail before touching the terminal: a bad key file is a plain error.
-    let key = match countersign::control::client::load_key(&args.key) {
+    let key = match countersign::cli::client::load_key(&args.key) {
         Ok(k) => k,
         Err(e) => {
             eprintln!("countersign-review: {e:#}");
             return ExitCode::from(2);
         }
     };
-    let client = match countersign::control::client::Client::new(&args.gateway, &key) {
+    let client = match countersign::cli::client::Client::new(&args.gateway, &key) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             eprintln!("countersign-review: {e:#}");
@@ -86,11 +82,11 @@ fn main() -> ExitCode {
 
 async fn run(
     terminal: &mut ratatui::DefaultTerminal,
-    client: Arc<countersign::control::client::Client>,
+    client: Arc<countersign::cli::client::Client>,
     gateway: &str,
     reviewer: &str,
 ) -> anyhow::Result<()> {
-    let mut app = App::new(reviewer, gateway, now_ms());
+    let mut app = App::new(reviewer, gateway, countersign::core::time::now_ms());
     let (input_tx, mut input_rx) = mpsc::channel::<Input>(256);
     let (net_tx, mut net_rx) = mpsc::channel(256);
     let (cmd_tx, cmd_rx) = mpsc::channel(64);
@@ -106,7 +102,7 @@ async fn run(
                 }
             }
             Ok(Event::Resize(..)) => {
-                if keys.blocking_send(Input::Tick(now_ms())).is_err() {
+                if keys.blocking_send(Input::Tick(countersign::core::time::now_ms())).is_err() {
                     return;
                 }
             }
@@ -120,7 +116,7 @@ async fn run(
         let input = tokio::select! {
             Some(i) = input_rx.recv() => i,
             Some(n) = net_rx.recv() => Input::Net(n),
-            _ = tick.tick() => Input::Tick(now_ms()),
+            _ = tick.tick() => Input::Tick(countersign::core::time::now_ms()),
         };
         for cmd in app.event(input) {
             cmd_tx.send(cmd).await?;

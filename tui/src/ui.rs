@@ -227,7 +227,7 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
         s(p, "state")
     ));
     if app.raw {
-        let canonical = countersign::canonical::jcs(&p["arguments"]);
+        let canonical = countersign::core::canonical::jcs(&p["arguments"]);
         let text = format!(
             "canonical arguments (what the server receives, digest {}):\n{canonical}\n\n{}",
             s(p, "call_digest"),

@@ -135,7 +135,7 @@ args = ["--record", "{record}"]
 "#,
         data = dir.path().join("data").display(),
         policies = pdir.display(),
-        token = countersign::identity::token_digest(TOKEN),
+        token = countersign::core::identity::token_digest(TOKEN),
         server = server.display(),
         record = dir.path().join("executions.jsonl").display(),
     );

@@ -1,0 +1,182 @@
+//! `countersign check`: initialize each configured upstream and report
+//! whether it is up, with the time `initialize` took, and list its tools with
+//! their effective annotations. Also the tool listing behind
+//! `countersign policy schema`.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::wire::jsonrpc::{raw, Message};
+use crate::upstream::session::Gateway;
+use crate::upstream::Passthrough;
+use crate::wire::era::HANDSHAKE_VERSIONS;
+
+/// The health of one upstream.
+#[derive(Debug, Serialize)]
+pub struct Health {
+    /// Server name.
+    pub server: String,
+    /// Whether `initialize` succeeded.
+    pub up: bool,
+    /// How long `initialize` took, in milliseconds.
+    pub latency_ms: f64,
+    /// The server's `serverInfo`, when up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_info: Option<Value>,
+    /// The failure, when down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Each listed tool with its effective annotations (server hints, MCP
+    /// defaults, operator overrides), as later stages will see them.
+    pub tools: Vec<ToolHealth>,
+}
+
+/// One tool as `check` reports it.
+#[derive(Debug, Serialize)]
+pub struct ToolHealth {
+    /// Tool name.
+    pub name: String,
+    /// Effective `readOnly`.
+    pub read_only: bool,
+    /// Effective `destructive`.
+    pub destructive: bool,
+    /// Effective `idempotent`.
+    pub idempotent: bool,
+    /// Effective `openWorld`.
+    pub open_world: bool,
+}
+
+/// What a fresh connection to an upstream says about itself.
+struct Listing {
+    /// `initialize` time.
+    init_ms: f64,
+    server_info: Option<Value>,
+    /// The `tools` array of `tools/list`, when it answered.
+    tools: Option<Value>,
+}
+
+fn result_of(resp: &Message) -> Value {
+    resp.result
+        .as_ref()
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// Open a connection of its own to `server`, initialize, list the tools,
+/// close it.
+async fn initialize_and_list(gw: &Gateway, server: &str) -> Result<Listing, String> {
+    let timeout = gw
+        .config
+        .servers
+        .get(server)
+        .map_or(Duration::from_secs(30), |c| c.call_timeout);
+    let started = Instant::now();
+    let (conn, _unsolicited) = gw.connect(server).await.map_err(|e| e.to_string())?;
+    let init = Message::request(
+        json!(1),
+        "initialize",
+        Some(raw(&json!({
+            "protocolVersion": HANDSHAKE_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": { "name": "countersign", "version": env!("CARGO_PKG_VERSION") }
+        }))),
+    );
+    let pass = |m| Passthrough::new(m).map_err(|_| "internal: a tools/call is not a health check".to_owned());
+    let result = async {
+        let resp = conn
+            .call(pass(init)?, None, timeout, &Vec::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(err) = &resp.error {
+            return Err(format!("initialize was refused: {}", err.get()));
+        }
+        let init_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let server_info = result_of(&resp).get("serverInfo").cloned();
+        let _ = conn
+            .send(
+                pass(Message::notification("notifications/initialized", None))?,
+                &Vec::new(),
+            )
+            .await;
+        let list = conn
+            .call(
+                pass(Message::request(json!(2), "tools/list", None))?,
+                None,
+                timeout,
+                &Vec::new(),
+            )
+            .await;
+        let tools = list.ok().and_then(|l| result_of(&l).get("tools").cloned());
+        Ok(Listing {
+            init_ms,
+            server_info,
+            tools,
+        })
+    }
+    .await;
+    conn.shutdown(gw.config.gateway.shutdown_grace).await;
+    result
+}
+
+/// The `tools` array of `server`'s `tools/list`.
+pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
+    initialize_and_list(gw, server)
+        .await?
+        .tools
+        .ok_or_else(|| "tools/list returned no tools".to_owned())
+}
+
+/// Check every configured upstream, one after another.
+pub async fn check_all(gw: &Gateway) -> Vec<Health> {
+    let mut out = Vec::new();
+    for name in gw.config.servers.keys() {
+        out.push(check_one(gw, name).await);
+    }
+    out
+}
+
+async fn check_one(gw: &Gateway, server: &str) -> Health {
+    let started = Instant::now();
+    match initialize_and_list(gw, server).await {
+        Ok(listing) => {
+            let mut tools = Vec::new();
+            if let Some(list) = &listing.tools {
+                gw.pipeline.catalog
+                    .capture(server, &json!({ "tools": list }).to_string());
+                for name in list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t.get("name")?.as_str())
+                {
+                    let a = gw.pipeline.catalog.effective(server, name);
+                    tools.push(ToolHealth {
+                        name: name.to_owned(),
+                        read_only: a.read_only,
+                        destructive: a.destructive,
+                        idempotent: a.idempotent,
+                        open_world: a.open_world,
+                    });
+                }
+            }
+            Health {
+                server: server.into(),
+                up: true,
+                latency_ms: listing.init_ms,
+                server_info: listing.server_info,
+                error: None,
+                tools,
+            }
+        }
+        Err(e) => Health {
+            server: server.into(),
+            up: false,
+            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+            server_info: None,
+            error: Some(e),
+            tools: Vec::new(),
+        },
+    }
+}

@@ -1,0 +1,606 @@
+//! The `countersign` command: argument parsing, the commands, printing.
+//! `main.rs` only calls [`main`].
+//!
+//! - [`serve`]: the gateway process and its shutdown.
+//! - [`check`]: upstream health.
+//! - [`policy`]: `policy check|test|schema`.
+//! - [`reconcile`]: settling unknown outcomes on a stopped gateway's ledger.
+//! - [`review`]: `keygen|pending|show|approve|deny` for reviewers.
+//! - [`client`]: the signed client of the control API (also the TUI's).
+
+pub mod check;
+pub mod client;
+pub mod policy;
+pub mod reconcile;
+pub mod review;
+pub mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::core::config::Config;
+use crate::upstream::session::Gateway;
+
+/// Approval-binding policy enforcement point for MCP tool calls.
+#[derive(Parser)]
+#[command(name = "countersign", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+    /// Bridge a stdio-only MCP client to the gateway's endpoint for one server.
+    Stdio {
+        /// Upstream server name, as configured in the gateway.
+        #[arg(long)]
+        server: String,
+        /// Gateway base URL.
+        #[arg(
+            long,
+            default_value = "http://127.0.0.1:7373",
+            env = "COUNTERSIGN_GATEWAY"
+        )]
+        gateway: String,
+        /// Longest stdin line accepted, in bytes.
+        #[arg(long, default_value_t = 16 << 20)]
+        max_line_bytes: usize,
+        /// How long to keep retrying while the gateway is down (e.g. "30s").
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        reconnect_for: Duration,
+    },
+    /// Check or test the Cedar policies.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Settle an `unknown` outcome on a stopped gateway's ledger.
+    Reconcile {
+        /// Configuration file (for `gateway.data_dir`).
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+        /// List unknown outcomes instead.
+        #[arg(long, conflicts_with_all = ["key", "executed", "not_executed"])]
+        list: bool,
+        /// The idempotency key, as the client sent it (or `derived:...`).
+        #[arg(required_unless_present = "list")]
+        key: Option<String>,
+        /// The requester's tenant.
+        #[arg(long, required_unless_present = "list")]
+        tenant: Option<String>,
+        /// The requester.
+        #[arg(long, required_unless_present = "list")]
+        principal: Option<String>,
+        /// The call ran: retries get its (reconciled) answer.
+        #[arg(long, conflicts_with = "not_executed", required_unless_present_any = ["list", "not_executed"])]
+        executed: bool,
+        /// The call did not run: the next retry runs it.
+        #[arg(long)]
+        not_executed: bool,
+        /// A note for the record.
+        #[arg(long)]
+        note: Option<String>,
+        /// With --executed: the CallToolResult JSON retries should get.
+        #[arg(long, requires = "executed")]
+        result: Option<String>,
+        /// Reconcile through the running gateway's control API, signed with
+        /// this reviewer key (the ledger file is locked while it runs).
+        #[arg(long)]
+        reviewer_key: Option<PathBuf>,
+        /// Gateway base URL (with --reviewer-key).
+        #[arg(
+            long,
+            default_value = "http://127.0.0.1:7373",
+            env = "COUNTERSIGN_GATEWAY"
+        )]
+        gateway: String,
+    },
+    /// The audit log: verify it, export it, print the gateway's key.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Make a reviewer key: writes the private key (mode 0600) and prints
+    /// the entry for `policies/reviewers.toml`.
+    Keygen {
+        /// Where to write the private key (never overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// The reviewer's name (defaults to $USER).
+        #[arg(long, env = "USER")]
+        name: String,
+    },
+    /// List proposals waiting for a decision.
+    Pending {
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one proposal: what would run, the arguments, what changed.
+    Show {
+        /// Proposal id (`p-...`).
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a proposal: signs the statement with your key.
+    Approve {
+        /// Proposal id.
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Why (recorded with the signature).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// How long the approval lasts (capped by the gateway's approvals.ttl).
+        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+    /// Deny a proposal: signs the statement with your key.
+    Deny {
+        /// Proposal id.
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Why (the agent is told).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Initialize every configured upstream and report up/down with latency.
+    Check {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the hash chain, every checkpoint signature and every embedded
+    /// reviewer signature; print a summary and the first break; exit 1 on any.
+    Verify {
+        /// The audit dir (`gateway.data_dir/audit`).
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+        /// `policies/reviewers.toml`: check reviewer statements against it
+        /// (default: against the key embedded with each statement).
+        #[arg(long)]
+        reviewers: Option<PathBuf>,
+        /// The gateway's public key (`ed25519:...`, or a file holding it, as
+        /// `audit pubkey` prints it); default: the key the log names.
+        #[arg(long)]
+        pubkey: Option<String>,
+    },
+    /// Stream entries as JSON Lines, CSV or OCSF.
+    Export {
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: crate::audit::export::Format,
+        /// Only entries at or after this RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only entries at or before this RFC 3339 time.
+        #[arg(long)]
+        until: Option<String>,
+        /// Write here instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the gateway's audit public key (made on the gateway's first start).
+    Pubkey {
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+    },
+}
+
+/// How a reviewer command reaches the gateway.
+#[derive(clap::Args)]
+struct ReviewerArgs {
+    /// The reviewer's key file (from `countersign keygen`).
+    #[arg(long, env = "COUNTERSIGN_KEY")]
+    key: PathBuf,
+    /// Gateway base URL.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7373",
+        env = "COUNTERSIGN_GATEWAY"
+    )]
+    gateway: String,
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Parse the policies and validate them against `schema.cedarschema`;
+    /// errors print as `file:line:column: message`; exit 1 on any.
+    Check {
+        /// The policy folder.
+        #[arg(long, default_value = "policies")]
+        dir: PathBuf,
+    },
+    /// Write the `Arguments` type of the policy schema from a server's live
+    /// tools/list, so that policies naming argument fields are validated.
+    Schema {
+        /// The server, as configured.
+        #[arg(long)]
+        server: String,
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+    /// Run decision cases (principal, tenant, server, tool, annotations,
+    /// arguments → allow | approval | deny) and report each; exit 1 on any
+    /// failure.
+    Test {
+        /// The case file (TOML, `[[case]]` tables).
+        file: PathBuf,
+        /// The policy folder.
+        #[arg(long, default_value = "policies")]
+        dir: PathBuf,
+    },
+}
+
+/// Run the command line.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("countersign: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("countersign: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, always: in stdio mode stdout is the protocol.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve { config } => {
+            let config = Config::load(&config)?;
+            crate::cli::serve::serve(config).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Stdio {
+            server,
+            gateway,
+            max_line_bytes,
+            reconnect_for,
+        } => {
+            let token = std::env::var("COUNTERSIGN_TOKEN").context(
+                "COUNTERSIGN_TOKEN is not set: export the bearer token the gateway knows for you",
+            )?;
+            crate::front::bridge::run(crate::front::bridge::Options {
+                gateway,
+                server,
+                token,
+                max_line: max_line_bytes,
+                reconnect_for,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reconcile {
+            config,
+            list,
+            key,
+            tenant,
+            principal,
+            executed,
+            not_executed: _,
+            note,
+            result,
+            reviewer_key,
+            gateway,
+        } => {
+            if let Some(key_file) = reviewer_key {
+                let c = crate::cli::review::client(&gateway, &key_file)?;
+                if list {
+                    let v = c.call(reqwest::Method::GET, "/v1/outcomes", None).await?;
+                    for o in v["outcomes"].as_array().into_iter().flatten() {
+                        println!(
+                            "{}\t{}\t{}\t{}/{}\t{}",
+                            o["tenant"].as_str().unwrap_or(""),
+                            o["principal"].as_str().unwrap_or(""),
+                            o["key"].as_str().unwrap_or(""),
+                            o["server"].as_str().unwrap_or(""),
+                            o["tool"].as_str().unwrap_or(""),
+                            o["call_digest"].as_str().unwrap_or("")
+                        );
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                let body = serde_json::json!({
+                    "tenant": tenant, "principal": principal, "key": key,
+                    "resolution": if executed { "executed" } else { "not_executed" },
+                    "note": note, "result": result,
+                });
+                print!("{}", crate::cli::review::reconcile(&c, &body).await?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let config = Config::load(&config)?;
+            if list {
+                for (t, p, k, r) in crate::cli::reconcile::list_unknown(&config)? {
+                    println!("{t}\t{p}\t{k}\t{}/{}\t{}", r.server, r.tool, r.digest);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let (Some(key), Some(tenant), Some(principal)) = (key, tenant, principal) else {
+                anyhow::bail!("reconcile needs KEY, --tenant and --principal");
+            };
+            let verdict = if executed {
+                crate::cli::reconcile::Verdict::Executed { result }
+            } else {
+                crate::cli::reconcile::Verdict::NotExecuted
+            };
+            let rec = crate::cli::reconcile::reconcile(
+                &config, &tenant, &principal, &key, verdict, note,
+            )
+            .await?;
+            println!(
+                "reconciled `{key}` of {principal}@{tenant}: now {:?}",
+                rec.state
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy { command } => {
+            let ok = match command {
+                PolicyCommand::Check { dir } => crate::cli::policy::check(&dir),
+                PolicyCommand::Test { file, dir } => crate::cli::policy::test(&dir, &file)?,
+                PolicyCommand::Schema { server, config } => {
+                    let config = Config::load(&config)?;
+                    anyhow::ensure!(
+                        config.servers.contains_key(&server),
+                        "unknown server `{server}`: configured servers are {}",
+                        config
+                            .servers
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    let gw = Gateway::new(
+                        config,
+                        std::sync::Arc::new(crate::store::MemoryStore::default()),
+                        crate::core::decision::Policies::empty(),
+                        None,
+                    );
+                    let tools = crate::cli::check::list_tools(&gw, &server)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(e))?;
+                    print!(
+                        "{}",
+                        crate::cli::policy::arguments_schema(&server, &tools)
+                    );
+                    true
+                }
+            };
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Audit { command } => audit(command),
+        Command::Keygen { out, name } => {
+            let entry = crate::cli::review::keygen(&out, &name)?;
+            eprintln!(
+                "countersign: wrote the private key to {} (mode 0600); add this to policies/reviewers.toml \
+                 (set groups and tenants):",
+                out.display()
+            );
+            print!("{entry}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pending { reviewer, json } => {
+            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
+            print!("{}", crate::cli::review::pending(&c, json).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show { id, reviewer, json } => {
+            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
+            println!("{}", crate::cli::review::show(&c, &id, json).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Approve {
+            id,
+            reviewer,
+            reason,
+            ttl,
+        } => {
+            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
+            let out = crate::cli::review::decide(
+                &c,
+                &id,
+                crate::core::approval::Verdict::Approve,
+                &reason,
+                ttl,
+            )
+            .await?;
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Deny {
+            id,
+            reviewer,
+            reason,
+        } => {
+            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
+            let out = crate::cli::review::decide(
+                &c,
+                &id,
+                crate::core::approval::Verdict::Deny,
+                &reason,
+                Duration::from_secs(0),
+            )
+            .await?;
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { config, json } => {
+            let config = Config::load(&config)?;
+            // `check` sends no tools/call: no ledger file, no policies needed.
+            let gw = Gateway::new(
+                config,
+                std::sync::Arc::new(crate::store::MemoryStore::default()),
+                crate::core::decision::Policies::empty(),
+                None,
+            );
+            let report = crate::cli::check::check_all(&gw).await;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for h in &report {
+                    let state = if h.up { "up" } else { "down" };
+                    let detail = h.error.clone().unwrap_or_else(|| {
+                        h.server_info
+                            .as_ref()
+                            .map(|i| i.to_string())
+                            .unwrap_or_default()
+                    });
+                    println!(
+                        "{:<20} {:<5} {:>9.1} ms  {}",
+                        h.server, state, h.latency_ms, detail
+                    );
+                }
+            }
+            let all_up = !report.is_empty() && report.iter().all(|h| h.up);
+            Ok(if all_up {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+fn parse_time(flag: &str, text: Option<String>) -> anyhow::Result<Option<i64>> {
+    text.map(|t| {
+        crate::core::time::parse_rfc3339(&t).ok_or_else(|| {
+            anyhow::anyhow!("{flag} `{t}` is not an RFC 3339 time (like 2026-11-30T10:00:00Z)")
+        })
+    })
+    .transpose()
+}
+
+fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
+    use crate::audit;
+    match command {
+        AuditCommand::Verify {
+            dir,
+            reviewers,
+            pubkey,
+        } => {
+            let pubkey = pubkey
+                .map(|k| {
+                    let text = if k.starts_with(crate::core::approval::PUBLIC_PREFIX) {
+                        k
+                    } else {
+                        std::fs::read_to_string(&k)
+                            .with_context(|| format!("cannot read --pubkey file `{k}`"))?
+                    };
+                    crate::core::approval::parse_public_key(text.trim())
+                        .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))
+                })
+                .transpose()?;
+            let reviewers = reviewers
+                .map(|f| {
+                    let text = std::fs::read_to_string(&f)
+                        .with_context(|| format!("cannot read --reviewers `{}`", f.display()))?;
+                    crate::core::approval::Reviewers::parse(&text)
+                        .map_err(|(_, m)| anyhow::anyhow!("--reviewers `{}`: {m}", f.display()))
+                })
+                .transpose()?;
+            let report = audit::verify::verify_dir(&dir, pubkey, reviewers)?;
+            print!("{}", report.render());
+            Ok(if report.brk.is_some() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        AuditCommand::Export {
+            dir,
+            format,
+            since,
+            until,
+            out,
+        } => {
+            let since = parse_time("--since", since)?;
+            let until = parse_time("--until", until)?;
+            let n = match out {
+                Some(path) => {
+                    let file = std::fs::File::create(&path)
+                        .with_context(|| format!("cannot create `{}`", path.display()))?;
+                    let mut w = std::io::BufWriter::new(file);
+                    audit::export::export(&dir, format, since, until, &mut w)?
+                }
+                None => {
+                    let stdout = std::io::stdout();
+                    let mut w = std::io::BufWriter::new(stdout.lock());
+                    audit::export::export(&dir, format, since, until, &mut w)?
+                }
+            };
+            eprintln!("countersign: exported {n} entries");
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Pubkey { dir } => {
+            let path = dir.join(audit::log::KEY_FILE);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "cannot read `{}`: the gateway makes it on its first start (is --dir the audit dir?)",
+                    path.display()
+                )
+            })?;
+            let key = crate::core::approval::KeyFile::parse(&text)
+                .and_then(|k| k.signing_key())
+                .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))?;
+            println!(
+                "{}",
+                crate::core::approval::format_public_key(&key.verifying_key())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

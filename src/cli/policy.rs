@@ -1,0 +1,243 @@
+//! `countersign policy check` and `countersign policy test`, for CI in the
+//! policy repository.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::core::annotations::Annotations;
+use crate::core::canonical;
+use crate::core::decision::{Call, Decision, Policies};
+use crate::core::identity::Identity;
+
+/// Parse and validate the folder; print every error Cedar-style
+/// (`file:line:column: message`). Returns whether it is clean.
+pub fn check(dir: &Path) -> bool {
+    match Policies::load(dir) {
+        Ok(p) => {
+            let how = if p.validated() {
+                "validated against schema.cedarschema"
+            } else {
+                "no schema.cedarschema: parsed only"
+            };
+            println!(
+                "{}: {} policies, {how}; {} reviewers in {}",
+                dir.display(),
+                p.len(),
+                p.reviewers().len(),
+                crate::core::approval::REVIEWERS_FILE
+            );
+            true
+        }
+        Err(errors) => {
+            for e in &errors {
+                println!("{e}");
+            }
+            println!("{} error(s)", errors.len());
+            false
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cases {
+    case: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    name: String,
+    principal: String,
+    tenant: String,
+    #[serde(default)]
+    groups: Vec<String>,
+    server: String,
+    tool: String,
+    #[serde(default)]
+    annotations: AnnotationCase,
+    #[serde(default)]
+    arguments: Option<Value>,
+    expect: Expect,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct AnnotationCase {
+    read_only: Option<bool>,
+    destructive: Option<bool>,
+    idempotent: Option<bool>,
+    open_world: Option<bool>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "snake_case")]
+enum Expect {
+    Allow,
+    Approval,
+    Deny,
+}
+
+/// Run the decision cases of `file` against the folder `dir`. Prints one
+/// line per case; returns whether all passed.
+pub fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
+    let policies = Policies::load(dir).map_err(|errors| {
+        anyhow::anyhow!(
+            "the policies do not load:\n{}",
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| anyhow::anyhow!("cannot read `{}`: {e}", file.display()))?;
+    let cases: Cases = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("invalid case file `{}`:\n{e}", file.display()))?;
+    let mut failed = 0;
+    for c in &cases.case {
+        let d = Annotations::default();
+        let annotations = Annotations {
+            read_only: c.annotations.read_only.unwrap_or(d.read_only),
+            destructive: c.annotations.destructive.unwrap_or(d.destructive),
+            idempotent: c.annotations.idempotent.unwrap_or(d.idempotent),
+            open_world: c.annotations.open_world.unwrap_or(d.open_world),
+        };
+        let identity = Identity {
+            principal: c.principal.clone(),
+            tenant: c.tenant.clone(),
+            groups: c.groups.clone(),
+        };
+        let arguments = c
+            .arguments
+            .clone()
+            .unwrap_or(Value::Object(Default::default()));
+        let digest = canonical::call_digest(&c.server, &c.tool, &arguments);
+        let decision = policies.decide(&Call {
+            identity: &identity,
+            server: &c.server,
+            tool: &c.tool,
+            annotations,
+            arguments: &arguments,
+            digest: &digest,
+            resource_version: None,
+        });
+        let (got, detail) = match &decision {
+            Decision::Allow { policies } => (Expect::Allow, policies.join(", ")),
+            Decision::Approval { policies } => (Expect::Approval, policies.join(", ")),
+            Decision::Deny { policies, errors } => (
+                Expect::Deny,
+                [policies.join(", "), errors.join("; ")]
+                    .join(" ")
+                    .trim()
+                    .to_owned(),
+            ),
+        };
+        if got == c.expect {
+            println!("ok    {} ({got:?}: {detail})", c.name);
+        } else {
+            failed += 1;
+            println!(
+                "FAIL  {}: expected {:?}, got {got:?} ({detail})",
+                c.name, c.expect
+            );
+        }
+    }
+    println!("{} passed, {failed} failed", cases.case.len() - failed);
+    Ok(failed == 0)
+}
+
+/// `countersign policy schema --server S`: the `Arguments` type of the policy
+/// schema, written from the server's live `tools/list`. One context type
+/// serves every tool (Cedar types an action's context, not a resource's), so
+/// the fields of all tools are merged, all optional; a field two tools type
+/// differently is left out, with a comment. JSON Schema types map as the
+/// decision maps values: `string` → `String`, `number`/`integer` → `decimal`,
+/// `boolean` → `Bool`, `object` with `properties` → a record, `array` of a
+/// simple type → `Set<…>`.
+pub fn arguments_schema(server: &str, tools: &Value) -> String {
+    use std::collections::BTreeMap;
+    let mut fields: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut lines = vec![format!(
+        "// Generated by `countersign policy schema --server {server}` from its tools/list."
+    )];
+    for tool in tools.as_array().into_iter().flatten() {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or("?");
+        let props = tool
+            .pointer("/inputSchema/properties")
+            .and_then(Value::as_object);
+        let names: Vec<&str> = props
+            .map(|p| p.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        lines.push(format!("//   {name}({})", names.join(", ")));
+        for (field, schema) in props.into_iter().flatten() {
+            let ty = cedar_type(schema, 0);
+            match fields.get(field) {
+                None => {
+                    fields.insert(field.clone(), ty);
+                }
+                Some(existing) if *existing == ty => {}
+                Some(_) => {
+                    fields.insert(field.clone(), None);
+                }
+            }
+        }
+    }
+    let mut body = Vec::new();
+    for (field, ty) in &fields {
+        let key = cedar_key(field);
+        match ty {
+            Some(t) => body.push(format!("  {key}?: {t},")),
+            None => lines.push(format!(
+                "// left out: `{field}` (types differ between tools, or no Cedar type fits)"
+            )),
+        }
+    }
+    format!(
+        "{}\ntype Arguments = {{\n{}\n}};\n",
+        lines.join("\n"),
+        body.join("\n")
+    )
+}
+
+fn cedar_key(name: &str) -> String {
+    let ident = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ident {
+        name.to_owned()
+    } else {
+        Value::String(name.to_owned()).to_string()
+    }
+}
+
+fn cedar_type(schema: &Value, depth: usize) -> Option<String> {
+    if depth > 8 {
+        return None;
+    }
+    match schema.get("type")?.as_str()? {
+        "string" => Some("String".into()),
+        "number" | "integer" => Some("decimal".into()),
+        "boolean" => Some("Bool".into()),
+        "array" => Some(format!(
+            "Set<{}>",
+            cedar_type(schema.get("items")?, depth + 1)?
+        )),
+        "object" => {
+            let props = schema.get("properties")?.as_object()?;
+            let inner: Vec<String> = props
+                .iter()
+                .filter_map(|(k, v)| {
+                    Some(format!("{}?: {}", cedar_key(k), cedar_type(v, depth + 1)?))
+                })
+                .collect();
+            Some(format!("{{ {} }}", inner.join(", ")))
+        }
+        _ => None,
+    }
+}

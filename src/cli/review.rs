@@ -1,0 +1,197 @@
+//! The reviewer commands: `keygen`, `pending`, `show`, `approve`, `deny`,
+//! and `reconcile` through a running gateway. For scripting and for
+//! reviewers without the TUI; they talk to `/v1` through
+//! [`crate::cli::client`].
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::core::approval::{format_public_key, KeyFile, Verdict};
+use crate::cli::client::{load_key, Client};
+
+/// `countersign keygen --out FILE [--name NAME]`: a new reviewer key, written
+/// with mode 0600 (never over an existing file). Returns the lines to add to
+/// `policies/reviewers.toml`.
+pub fn keygen(out: &Path, name: &str) -> anyhow::Result<String> {
+    crate::core::approval::check_reviewer_name(name).map_err(|e| anyhow::anyhow!("{e} (set --name)"))?;
+    let seed: [u8; 32] = rand::random();
+    let kf = KeyFile::generate(name, seed);
+    let public = format_public_key(&kf.signing_key()?.verifying_key());
+    let text = format!(
+        "# countersign reviewer key for `{name}`: keep it secret, never commit it\n{}",
+        toml::to_string(&kf)?
+    );
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Created 0600 from the first byte: there is no moment when the
+        // secret is readable by others.
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(out).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot create `{}`: {e} (keygen never overwrites a key; choose another --out)",
+            out.display()
+        )
+    })?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    Ok(format!(
+        "[[reviewers]]\nname = \"{name}\"\npublic_key = \"{public}\"\ngroups = []\ntenants = [\"*\"]\n"
+    ))
+}
+
+/// A client for the gateway with a reviewer's key file.
+pub fn client(gateway: &str, key: &Path) -> anyhow::Result<Client> {
+    Client::new(gateway, &load_key(key)?)
+}
+
+fn age(created_ms: i64) -> String {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+    let secs = ((now - created_ms) / 1000).max(0) as u64;
+    humantime::format_duration(Duration::from_secs(secs)).to_string()
+}
+
+/// `countersign pending`: pending proposals, a line each (or JSON).
+pub async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
+    let list = c.proposals(Some("pending")).await?;
+    if as_json {
+        return Ok(serde_json::to_string_pretty(&json!({ "proposals": list }))?);
+    }
+    if list.is_empty() {
+        return Ok("no pending proposals\n".into());
+    }
+    let mut out = format!(
+        "{:<19} {:<8} {:<12} {:<10} {:<24} {:<11} {}\n",
+        "ID", "AGE", "REQUESTER", "TENANT", "TOOL", "RISK", "FLAGS"
+    );
+    for p in &list {
+        let mut flags = Vec::new();
+        if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
+            flags.push(format!("revises {r}"));
+        }
+        if p["joined"].as_u64().unwrap_or(0) > 0 {
+            flags.push(format!("{} retries joined", p["joined"]));
+        }
+        out.push_str(&format!(
+            "{:<19} {:<8} {:<12} {:<10} {:<24} {:<11} {}\n",
+            p["id"].as_str().unwrap_or(""),
+            age(p["created_ms"].as_i64().unwrap_or(0)),
+            p["requester"].as_str().unwrap_or(""),
+            p["tenant"].as_str().unwrap_or(""),
+            format!(
+                "{}/{}",
+                p["server"].as_str().unwrap_or(""),
+                p["tool"].as_str().unwrap_or("")
+            ),
+            p["risk"].as_str().unwrap_or(""),
+            flags.join(", ")
+        ));
+    }
+    Ok(out)
+}
+
+/// `countersign show ID`: the proposal in full (or JSON).
+pub async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String> {
+    let p = c.proposal(id).await?;
+    if as_json {
+        return Ok(serde_json::to_string_pretty(&p)?);
+    }
+    let mut out = format!(
+        "{}\n\n{}.\n\nstate      {}\nrequester  {} (tenant {})\ntool       {}/{}\nrisk       {}\ndigest     {}\nversion    {}\ncreated    {}\n",
+        p["id"].as_str().unwrap_or(""),
+        p["summary"].as_str().unwrap_or(""),
+        p["state"].as_str().unwrap_or(""),
+        p["requester"].as_str().unwrap_or(""),
+        p["tenant"].as_str().unwrap_or(""),
+        p["server"].as_str().unwrap_or(""),
+        p["tool"].as_str().unwrap_or(""),
+        p["risk"].as_str().unwrap_or(""),
+        p["call_digest"].as_str().unwrap_or(""),
+        p["resource_version"].as_str().unwrap_or("(none)"),
+        p["created_at"].as_str().unwrap_or(""),
+    );
+    if let Some(policies) = p["policies"].as_array().filter(|a| !a.is_empty()) {
+        let names: Vec<&str> = policies.iter().filter_map(Value::as_str).collect();
+        out.push_str(&format!("asked by   {}\n", names.join(", ")));
+    }
+    out.push_str("\narguments\n");
+    if let Some(args) = p["arguments"].as_object() {
+        for (k, v) in args {
+            out.push_str(&format!("  {k:<20} {v}\n"));
+        }
+    }
+    if let Some(rev) = p.get("revises").filter(|r| !r.is_null()) {
+        out.push_str(&format!(
+            "\nrevises {}\n",
+            rev["proposal_id"].as_str().unwrap_or("")
+        ));
+        for ch in rev["changes"].as_array().into_iter().flatten() {
+            let show = |v: &Value| {
+                if v.is_null() {
+                    "(absent)".to_owned()
+                } else {
+                    v.to_string()
+                }
+            };
+            out.push_str(&format!(
+                "  {:<20} {} -> {}\n",
+                ch["pointer"].as_str().unwrap_or(""),
+                show(&ch["before"]),
+                show(&ch["after"])
+            ));
+        }
+    }
+    if let Some(d) = p.get("decision").filter(|d| !d.is_null()) {
+        out.push_str(&format!(
+            "\ndecision   {} by {} at {}{}\n",
+            d["statement"]["decision"].as_str().unwrap_or(""),
+            d["statement"]["reviewer"].as_str().unwrap_or(""),
+            d["statement"]["issued_at"].as_str().unwrap_or(""),
+            d["statement"]["reason"]
+                .as_str()
+                .filter(|r| !r.is_empty())
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ));
+    }
+    Ok(out)
+}
+
+/// `countersign approve|deny`.
+pub async fn decide(
+    c: &Client,
+    id: &str,
+    verdict: Verdict,
+    reason: &str,
+    ttl: Duration,
+) -> anyhow::Result<String> {
+    let p = c.decide(id, verdict, reason, ttl).await?;
+    Ok(match verdict {
+        Verdict::Approve => format!(
+            "approved {id}: {}/{} for {} may run once, until {}\n",
+            p["server"].as_str().unwrap_or(""),
+            p["tool"].as_str().unwrap_or(""),
+            p["requester"].as_str().unwrap_or(""),
+            p["expires_at"].as_str().unwrap_or("")
+        ),
+        Verdict::Deny => format!("denied {id}\n"),
+    })
+}
+
+/// `countersign reconcile --reviewer-key`: through a running gateway.
+pub async fn reconcile(c: &Client, body: &Value) -> anyhow::Result<String> {
+    let v = c
+        .call(reqwest::Method::POST, "/v1/outcomes/reconcile", Some(body))
+        .await?;
+    Ok(format!(
+        "reconciled `{}`: now {}\n",
+        body["key"].as_str().unwrap_or(""),
+        v["state"]
+    ))
+}

@@ -1,0 +1,220 @@
+//! `countersign serve`: run the gateway until SIGINT/SIGTERM.
+//!
+//! Shutdown: stop accepting, give in-flight requests `shutdown_grace` to
+//! finish, then shut every upstream down (stdin closed, SIGTERM, SIGKILL).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use std::future::IntoFuture;
+use tokio::net::TcpListener;
+
+use crate::core::config::Config;
+use crate::core::decision::Policies;
+use crate::front::http::router;
+use crate::upstream::session::Gateway;
+use crate::store::{RedbStore, Store};
+
+/// How often idle sessions, ledger retention and approval expiry are swept
+/// (more often when `session_idle_timeout` is short, so a session never
+/// outlives it by more than half).
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+fn sweep_every(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 2).clamp(Duration::from_millis(100), SWEEP_EVERY)
+}
+
+/// Run the gateway with a loaded config.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let addr = config.gateway.listen;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");
+    }
+    let grace = config.gateway.shutdown_grace;
+    let ledger_path = config.gateway.data_dir.join("ledger.redb");
+    let store = RedbStore::open(&ledger_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Before serving: what was reserved never went out; what was dispatched
+    // when the last process died has an unknown outcome.
+    let recovery = store.recover().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if recovery.unknown > 0 || recovery.freed > 0 {
+        tracing::warn!(
+            freed = recovery.freed,
+            unknown = recovery.unknown,
+            "ledger recovered after an unclean stop: calls in flight are now `unknown` until reconciled"
+        );
+    }
+    let policy_dir = config.gateway.policies.clone();
+    let policies = Policies::load(&policy_dir).map_err(|errors| {
+        anyhow::anyhow!(
+            "the policies in `{}` do not load (fix them, or check with `countersign policy check --dir {}`):\n{}",
+            policy_dir.display(),
+            policy_dir.display(),
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+        )
+    })?;
+    tracing::info!(policies = policies.len(), dir = %policy_dir.display(), "policies loaded");
+    // The audit log before anything can happen that it must record.
+    let audit_dir = config.audit_dir();
+    let audit = Arc::new(
+        crate::audit::log::AuditLog::open(crate::audit::log::Settings::from_config(&config))
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
+    tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
+    let store: Arc<dyn Store> = Arc::new(store);
+    // Entries a crash left in the ledger's outbox go into the log first.
+    let recovered = audit
+        .attach_outbox(store.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("audit log recovery from the ledger's outbox: {e}"))?;
+    if recovered > 0 {
+        tracing::warn!(
+            entries = recovered,
+            "audit entries recovered from the ledger's outbox"
+        );
+    }
+    let gw = Gateway::new(config, store, policies, Some(audit.clone()));
+    let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
+    let listener = TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} (gateway.listen): is another process using it?")
+    })?;
+    let local = listener.local_addr()?;
+    // Tests and scripts wait for this exact line on stderr.
+    eprintln!("countersign: listening on {local}");
+    tracing::info!(servers = gw.config.servers.len(), "gateway ready");
+
+    let sweeper = {
+        let gw = Arc::clone(&gw);
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(sweep_every(gw.config.gateway.session_idle_timeout));
+            loop {
+                tick.tick().await;
+                gw.sweep_idle().await;
+                let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+                match gw.pipeline.flights.store().gc(now).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(forgotten = n, "ledger retention sweep"),
+                    Err(e) => tracing::warn!("ledger retention sweep failed: {e}"),
+                }
+                // Expiry is also checked at consumption; the sweep keeps
+                // reviewers' lists honest and forgets old final proposals.
+                match gw.pipeline.book.sweep(gw.config.idempotency.retention).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(expired = n, "approval expiry sweep"),
+                    Err(e) => tracing::warn!("approval expiry sweep failed: {e}"),
+                }
+            }
+        })
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let server = tokio::spawn(
+        axum::serve(
+            listener,
+            // The peer address lets the control API refuse non-loopback peers.
+            router(Arc::clone(&gw)).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = stop_rx.await;
+        })
+        .into_future(),
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(());
+    // Open SSE streams never end on their own: bound the drain.
+    let _ = tokio::time::timeout(grace, server).await;
+    sweeper.abort();
+    reloader.abort();
+    gw.shutdown().await;
+    // Last: the shutdown checkpoint signs everything recorded above.
+    audit.close();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// What the policy folder looks like: its files with sizes and mtimes.
+fn fingerprint(
+    dir: &std::path::Path,
+) -> Vec<(std::path::PathBuf, u64, Option<std::time::SystemTime>)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            Some((e.path(), meta.len(), meta.modified().ok()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Hot reload: poll the policy folder; on a change, load it whole. A set that
+/// fails to parse or validate is not used: the previous one stays in force
+/// and the errors are logged with file and line.
+async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
+    let mut seen = fingerprint(&dir);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let now = fingerprint(&dir);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match Policies::load(&dir) {
+            Ok(p) => {
+                tracing::info!(policies = p.len(), "policies reloaded");
+                let mut f = serde_json::Map::new();
+                f.insert("policies".into(), p.len().into());
+                f.insert("reviewers".into(), p.reviewers().len().into());
+                gw.pipeline.audit("policy_reloaded", f);
+                gw.pipeline.set_policies(p);
+            }
+            Err(errors) => {
+                for e in &errors {
+                    tracing::error!("policy reload refused, previous policies stay in force: {e}");
+                }
+                let mut f = serde_json::Map::new();
+                f.insert(
+                    "errors".into(),
+                    errors
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .into(),
+                );
+                gw.pipeline.audit("policy_reload_refused", f);
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

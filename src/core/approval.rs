@@ -1,0 +1,962 @@
+//! Approvals (DESIGN.md section 6), the pure part: proposals, what an
+//! approval binds, the signed statement, reviewer keys and `reviewers.toml`,
+//! request signatures for the control API, and argument diffs for
+//! revisions. No I/O here; the service that holds calls and talks to the
+//! store is [`crate::front::control`].
+//!
+//! Why signatures and not a shared reviewer token: an approval is evidence.
+//! The statement a reviewer signs names the exact call (digest), requester,
+//! tenant, resource version and expiry, so the signed bytes alone prove what
+//! was approved, by whom, even to someone who trusts neither the gateway's
+//! database nor its operator (the audit log embeds them, issue 6/7).
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// `type` of an approval statement.
+pub const STATEMENT_TYPE: &str = "countersign.approval.v1";
+/// The first line of a signed control API request.
+pub const REQUEST_CONTEXT: &str = "countersign.request.v1";
+/// The `Authorization` scheme of the control API.
+pub const AUTH_SCHEME: &str = "Countersign-Ed25519";
+/// Prefix of a public key in `reviewers.toml`.
+pub const PUBLIC_PREFIX: &str = "ed25519:";
+/// Prefix of a secret key in a key file.
+pub const SECRET_PREFIX: &str = "ed25519-secret:";
+/// The reviewers file in the policy folder.
+pub const REVIEWERS_FILE: &str = "reviewers.toml";
+
+/// Why something about an approval was refused. Messages follow the Cedar
+/// style: lowercase, user input in backticks, and what to do next.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ApprovalError(pub String);
+
+fn fail<T>(msg: impl Into<String>) -> Result<T, ApprovalError> {
+    Err(ApprovalError(msg.into()))
+}
+
+/// Where a proposal stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposalState {
+    /// Waiting for a reviewer.
+    Pending,
+    /// A reviewer said yes; not used yet.
+    Approved,
+    /// A reviewer said no.
+    Denied,
+    /// Used by one execution (bound to its idempotency key).
+    Consumed,
+    /// Approved, but not used before its expiry (or left pending too long).
+    Expired,
+    /// Void: the resource changed, the reviewer was removed, or a newer
+    /// proposal of the same call replaced it.
+    Invalidated,
+}
+
+impl ProposalState {
+    /// The state's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProposalState::Pending => "pending",
+            ProposalState::Approved => "approved",
+            ProposalState::Denied => "denied",
+            ProposalState::Consumed => "consumed",
+            ProposalState::Expired => "expired",
+            ProposalState::Invalidated => "invalidated",
+        }
+    }
+}
+
+/// How risky the proposed call is, from its effective annotations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Risk {
+    /// Read-only.
+    Read,
+    /// Changes something, not marked destructive.
+    Write,
+    /// May destroy or overwrite (`destructiveHint`, the MCP default).
+    Destructive,
+}
+
+/// One difference between a proposal's arguments and the one it revises.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    /// JSON pointer to the changed value.
+    pub pointer: String,
+    /// The value in the earlier proposal (absent: added).
+    pub before: Option<Value>,
+    /// The value now (absent: removed).
+    pub after: Option<Value>,
+}
+
+/// A proposal that differs from a recent one of the same requester and tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revision {
+    /// The proposal revised.
+    pub proposal_id: String,
+    /// What changed in the arguments.
+    pub changes: Vec<Change>,
+}
+
+/// A reviewer's signed decision, as accepted by the gateway.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SignedDecision {
+    /// The statement, exactly as signed (its JCS is what the signature covers).
+    pub statement: Statement,
+    /// Base64 ed25519 signature over the statement's JCS.
+    pub signature: String,
+    /// The reviewer's public key at the time (`ed25519:...`), so the
+    /// signature stays verifiable after the reviewer is removed.
+    pub public_key: String,
+}
+
+/// A call waiting for (or holding) a human decision. The arguments are the
+/// gateway's own canonical copy: reviewers see exactly what would be sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// `p-` and 16 hex digits.
+    pub id: String,
+    /// Where it stands.
+    pub state: ProposalState,
+    /// Unix ms of creation.
+    pub created_ms: i64,
+    /// Unix ms of the last change.
+    pub updated_ms: i64,
+    /// Server.
+    pub server: String,
+    /// Tool.
+    pub tool: String,
+    /// The canonical arguments (JCS form, parsed).
+    pub arguments: Value,
+    /// `sha256:...` of the canonical call.
+    pub call_digest: String,
+    /// Who asked.
+    pub requester: String,
+    /// Their tenant.
+    pub tenant: String,
+    /// The resource version the reviewer sees (probe or explicit).
+    pub resource_version: Option<String>,
+    /// From the effective annotations.
+    pub risk: Risk,
+    /// The policies that asked for approval.
+    pub policies: Vec<String>,
+    /// Set when this proposal revises a recent one.
+    pub revises: Option<Revision>,
+    /// Identical calls that joined it while pending (retries).
+    pub joined: u32,
+    /// The reviewer's decision, once made.
+    pub decision: Option<SignedDecision>,
+    /// Unix ms after which an approval can no longer be used.
+    pub expires_ms: Option<i64>,
+    /// The ledger key whose execution used the approval.
+    pub consumed_by: Option<String>,
+    /// Why it was invalidated or expired.
+    pub reason: Option<String>,
+}
+
+/// What an approval is for (DESIGN.md section 6), less `expires_at`, which
+/// the reviewer chooses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding<'a> {
+    /// The proposal.
+    pub proposal_id: &'a str,
+    /// Server.
+    pub server: &'a str,
+    /// Tool.
+    pub tool: &'a str,
+    /// Canonical call digest.
+    pub call_digest: &'a str,
+    /// Requester.
+    pub requester: &'a str,
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Resource version seen.
+    pub resource_version: Option<&'a str>,
+}
+
+impl Proposal {
+    /// The binding an approval of this proposal must carry.
+    pub fn binding(&self) -> Binding<'_> {
+        Binding {
+            proposal_id: &self.id,
+            server: &self.server,
+            tool: &self.tool,
+            call_digest: &self.call_digest,
+            requester: &self.requester,
+            tenant: &self.tenant,
+            resource_version: self.resource_version.as_deref(),
+        }
+    }
+
+    /// Whether this proposal is for exactly this call by this requester.
+    pub fn same_call(&self, tenant: &str, requester: &str, server: &str, digest: &str) -> bool {
+        self.tenant == tenant
+            && self.requester == requester
+            && self.server == server
+            && self.call_digest == digest
+    }
+
+    /// The statement a reviewer signs for this proposal.
+    pub fn statement(
+        &self,
+        decision: Verdict,
+        reviewer: &str,
+        reason: &str,
+        issued_at: &str,
+        expires_at: &str,
+    ) -> Statement {
+        Statement {
+            kind: STATEMENT_TYPE.into(),
+            proposal_id: self.id.clone(),
+            server: self.server.clone(),
+            tool: self.tool.clone(),
+            call_digest: self.call_digest.clone(),
+            requester: self.requester.clone(),
+            tenant: self.tenant.clone(),
+            resource_version: self.resource_version.clone(),
+            expires_at: expires_at.into(),
+            decision,
+            reviewer: reviewer.into(),
+            reason: reason.into(),
+            issued_at: issued_at.into(),
+        }
+    }
+}
+
+/// A reviewer's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Yes.
+    Approve,
+    /// No.
+    Deny,
+}
+
+/// The signed statement of DESIGN.md section 6. Unknown fields are refused:
+/// a field the gateway does not check must not ride along under a
+/// signature that seems to cover it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Statement {
+    /// Always [`STATEMENT_TYPE`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The proposal decided.
+    pub proposal_id: String,
+    /// Server.
+    pub server: String,
+    /// Tool.
+    pub tool: String,
+    /// Canonical call digest.
+    pub call_digest: String,
+    /// Requester.
+    pub requester: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Resource version seen (`null` when none).
+    pub resource_version: Option<String>,
+    /// RFC 3339: the approval is void after this.
+    pub expires_at: String,
+    /// Approve or deny.
+    pub decision: Verdict,
+    /// The reviewer's name in `reviewers.toml`.
+    pub reviewer: String,
+    /// Why (required for a denial).
+    pub reason: String,
+    /// RFC 3339: when the reviewer signed.
+    pub issued_at: String,
+}
+
+impl Statement {
+    /// The bytes that are signed: RFC 8785 JCS of the statement.
+    pub fn signing_bytes(&self) -> Result<Vec<u8>, ApprovalError> {
+        serde_jcs::to_vec(self).map_err(|e| ApprovalError(format!("cannot canonicalize: {e}")))
+    }
+
+    /// Sign with a reviewer key; returns base64 of the signature.
+    pub fn sign(&self, key: &SigningKey) -> Result<String, ApprovalError> {
+        let sig = key.sign(&self.signing_bytes()?);
+        Ok(b64().encode(sig.to_bytes()))
+    }
+
+    /// Check the signature against `key`.
+    pub fn verify(&self, key: &VerifyingKey, signature_b64: &str) -> Result<(), ApprovalError> {
+        verify_bytes(key, &self.signing_bytes()?, signature_b64)
+    }
+
+    /// Refuse a statement that does not describe exactly this proposal.
+    /// Every binding field is compared: a signature over a different call,
+    /// requester, tenant or resource version never approves this one.
+    pub fn check_binding(&self, p: &Binding<'_>) -> Result<(), ApprovalError> {
+        if self.kind != STATEMENT_TYPE {
+            return fail(format!(
+                "statement type `{}` is not `{STATEMENT_TYPE}`",
+                self.kind
+            ));
+        }
+        let pairs: [(&str, Option<&str>, Option<&str>); 7] = [
+            ("proposal_id", Some(&self.proposal_id), Some(p.proposal_id)),
+            ("server", Some(&self.server), Some(p.server)),
+            ("tool", Some(&self.tool), Some(p.tool)),
+            ("call_digest", Some(&self.call_digest), Some(p.call_digest)),
+            ("requester", Some(&self.requester), Some(p.requester)),
+            ("tenant", Some(&self.tenant), Some(p.tenant)),
+            (
+                "resource_version",
+                self.resource_version.as_deref(),
+                p.resource_version,
+            ),
+        ];
+        for (field, got, want) in pairs {
+            if got != want {
+                return fail(format!(
+                    "the statement's `{field}` ({}) is not the proposal's ({}): sign the proposal as the gateway shows it",
+                    got.unwrap_or("null"),
+                    want.unwrap_or("null")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+fn verify_bytes(
+    key: &VerifyingKey,
+    bytes: &[u8],
+    signature_b64: &str,
+) -> Result<(), ApprovalError> {
+    let raw = b64()
+        .decode(signature_b64.trim())
+        .map_err(|e| ApprovalError(format!("the signature is not base64: {e}")))?;
+    let sig = Signature::from_slice(&raw)
+        .map_err(|_| ApprovalError("the signature is not 64 bytes of ed25519".into()))?;
+    // `verify_strict` rejects weak keys and non-canonical encodings, so one
+    // statement has exactly one valid signature per key.
+    key.verify_strict(bytes, &sig)
+        .map_err(|_| ApprovalError("the signature does not verify for this reviewer's key".into()))
+}
+
+/// Parse `ed25519:BASE64` (32 bytes).
+pub fn parse_public_key(text: &str) -> Result<VerifyingKey, ApprovalError> {
+    let Some(body) = text.trim().strip_prefix(PUBLIC_PREFIX) else {
+        return fail(format!(
+            "public key `{text}` must start with `{PUBLIC_PREFIX}` (as `countersign keygen` prints it)"
+        ));
+    };
+    let raw = b64()
+        .decode(body)
+        .map_err(|e| ApprovalError(format!("public key `{text}` is not base64: {e}")))?;
+    let bytes: [u8; 32] = raw
+        .try_into()
+        .map_err(|_| ApprovalError(format!("public key `{text}` is not 32 bytes")))?;
+    VerifyingKey::from_bytes(&bytes)
+        .map_err(|e| ApprovalError(format!("public key `{text}` is not an ed25519 point: {e}")))
+}
+
+/// `ed25519:BASE64` of a public key.
+pub fn format_public_key(key: &VerifyingKey) -> String {
+    format!("{PUBLIC_PREFIX}{}", b64().encode(key.to_bytes()))
+}
+
+/// A reviewer's key file (`countersign keygen --out FILE`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyFile {
+    /// The reviewer's name, as in `reviewers.toml`.
+    pub name: String,
+    /// `ed25519-secret:BASE64` of the 32-byte seed.
+    pub secret_key: String,
+}
+
+impl KeyFile {
+    /// A key file for `name` with a fresh key from 32 random bytes.
+    pub fn generate(name: &str, seed: [u8; 32]) -> KeyFile {
+        KeyFile {
+            name: name.into(),
+            secret_key: format!("{SECRET_PREFIX}{}", b64().encode(seed)),
+        }
+    }
+
+    /// The signing key.
+    pub fn signing_key(&self) -> Result<SigningKey, ApprovalError> {
+        let Some(body) = self.secret_key.trim().strip_prefix(SECRET_PREFIX) else {
+            return fail(format!(
+                "`secret_key` must start with `{SECRET_PREFIX}`: is this a file from `countersign keygen`?"
+            ));
+        };
+        let raw = b64()
+            .decode(body)
+            .map_err(|e| ApprovalError(format!("`secret_key` is not base64: {e}")))?;
+        let seed: [u8; 32] = raw
+            .try_into()
+            .map_err(|_| ApprovalError("`secret_key` is not 32 bytes".into()))?;
+        Ok(SigningKey::from_bytes(&seed))
+    }
+
+    /// Parse a key file's text.
+    pub fn parse(text: &str) -> Result<KeyFile, ApprovalError> {
+        let kf: KeyFile = toml::from_str(text).map_err(|e| {
+            ApprovalError(format!(
+                "not a countersign key file ({}): make one with `countersign keygen --out FILE`",
+                e.message()
+            ))
+        })?;
+        check_reviewer_name(&kf.name)?;
+        kf.signing_key()?;
+        Ok(kf)
+    }
+}
+
+/// Reviewer names go into HTTP headers and Cedar ids: a plain alphabet.
+pub fn check_reviewer_name(name: &str) -> Result<(), ApprovalError> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+    {
+        return fail(format!(
+            "reviewer name `{name}` may only use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
+        ));
+    }
+    Ok(())
+}
+
+/// One entry of `reviewers.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReviewerEntry {
+    name: String,
+    public_key: String,
+    #[serde(default)]
+    groups: Vec<String>,
+    tenants: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReviewersFile {
+    #[serde(default)]
+    reviewers: Vec<ReviewerEntry>,
+}
+
+/// A registered reviewer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reviewer {
+    /// Name.
+    pub name: String,
+    /// Verifying key.
+    pub key: VerifyingKey,
+    /// Groups (for `Action::"approve"` policies).
+    pub groups: Vec<String>,
+    /// Tenants whose proposals this reviewer sees; `*` is every tenant.
+    pub tenants: Vec<String>,
+}
+
+impl Reviewer {
+    /// Whether the reviewer may see and decide the tenant's proposals.
+    pub fn covers(&self, tenant: &str) -> bool {
+        self.tenants.iter().any(|t| t == "*" || t == tenant)
+    }
+}
+
+/// The reviewers of `policies/reviewers.toml`.
+#[derive(Debug, Clone, Default)]
+pub struct Reviewers {
+    by_name: BTreeMap<String, Reviewer>,
+}
+
+impl Reviewers {
+    /// Parse the file's text. Errors carry `toml`'s line and column.
+    pub fn parse(text: &str) -> Result<Reviewers, (Option<std::ops::Range<usize>>, String)> {
+        let file: ReviewersFile =
+            toml::from_str(text).map_err(|e| (e.span(), e.message().to_owned()))?;
+        let mut by_name = BTreeMap::new();
+        for r in file.reviewers {
+            check_reviewer_name(&r.name).map_err(|e| (None, e.0))?;
+            let key = parse_public_key(&r.public_key).map_err(|e| (None, e.0))?;
+            if r.tenants.is_empty() {
+                return Err((
+                    None,
+                    format!(
+                        "reviewer `{}` has no `tenants`: list the tenants they review, or `[\"*\"]` for all",
+                        r.name
+                    ),
+                ));
+            }
+            let name = r.name.clone();
+            let reviewer = Reviewer {
+                name: r.name,
+                key,
+                groups: r.groups,
+                tenants: r.tenants,
+            };
+            if by_name.insert(name.clone(), reviewer).is_some() {
+                return Err((None, format!("reviewer `{name}` is listed twice")));
+            }
+        }
+        Ok(Reviewers { by_name })
+    }
+
+    /// A reviewer by name.
+    pub fn get(&self, name: &str) -> Option<&Reviewer> {
+        self.by_name.get(name)
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// None registered.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+/// The bytes a control API request signs: context, method, path with query,
+/// time and the body's SHA-256. Binding the body and path stops a captured
+/// header from authorizing another request; the time bounds replay.
+pub fn request_signing_bytes(
+    method: &str,
+    path_and_query: &str,
+    time: &str,
+    body: &[u8],
+) -> Vec<u8> {
+    format!(
+        "{REQUEST_CONTEXT}\n{}\n{path_and_query}\n{time}\n{}",
+        method.to_ascii_uppercase(),
+        hex::encode(Sha256::digest(body))
+    )
+    .into_bytes()
+}
+
+/// The `Authorization` value for a control API request.
+pub fn authorization(
+    key: &SigningKey,
+    reviewer: &str,
+    method: &str,
+    path_and_query: &str,
+    time: &str,
+    body: &[u8],
+) -> String {
+    let sig = key.sign(&request_signing_bytes(method, path_and_query, time, body));
+    format!(
+        "{AUTH_SCHEME} reviewer={reviewer},time={time},signature={}",
+        b64().encode(sig.to_bytes())
+    )
+}
+
+/// A parsed `Authorization: Countersign-Ed25519 ...` header.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RequestAuth {
+    /// Who claims to sign.
+    pub reviewer: String,
+    /// RFC 3339 time signed.
+    pub time: String,
+    /// Base64 signature.
+    pub signature: String,
+}
+
+impl RequestAuth {
+    /// Parse the header value.
+    pub fn parse(value: &str) -> Result<RequestAuth, ApprovalError> {
+        let Some(rest) = value
+            .strip_prefix(AUTH_SCHEME)
+            .and_then(|r| r.strip_prefix(' '))
+        else {
+            return fail(format!(
+                "the control API wants `Authorization: {AUTH_SCHEME} reviewer=..,time=..,signature=..` (use the countersign CLI or TUI)"
+            ));
+        };
+        let (mut reviewer, mut time, mut signature) = (None, None, None);
+        for part in rest.split(',') {
+            match part.trim().split_once('=') {
+                Some(("reviewer", v)) => reviewer = Some(v.to_owned()),
+                Some(("time", v)) => time = Some(v.to_owned()),
+                Some(("signature", v)) => signature = Some(v.to_owned()),
+                _ => return fail(format!("unexpected authorization field `{part}`")),
+            }
+        }
+        match (reviewer, time, signature) {
+            (Some(reviewer), Some(time), Some(signature)) => Ok(RequestAuth {
+                reviewer,
+                time,
+                signature,
+            }),
+            _ => fail("the authorization needs `reviewer`, `time` and `signature`"),
+        }
+    }
+
+    /// Verify against the reviewer's key.
+    pub fn verify(
+        &self,
+        key: &VerifyingKey,
+        method: &str,
+        path_and_query: &str,
+        body: &[u8],
+    ) -> Result<(), ApprovalError> {
+        verify_bytes(
+            key,
+            &request_signing_bytes(method, path_and_query, &self.time, body),
+            &self.signature,
+        )
+    }
+}
+
+/// The differences between two argument objects, by JSON pointer. Objects
+/// are compared key by key; anything else is compared whole.
+pub fn diff(before: &Value, after: &Value) -> Vec<Change> {
+    let mut out = Vec::new();
+    diff_at("", before, after, &mut out);
+    out
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+fn diff_at(path: &str, before: &Value, after: &Value, out: &mut Vec<Change>) {
+    match (before, after) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let p = format!("{path}/{}", escape(k));
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => diff_at(&p, x, y, out),
+                    (x, y) => out.push(Change {
+                        pointer: p,
+                        before: x.cloned(),
+                        after: y.cloned(),
+                    }),
+                }
+            }
+        }
+        (a, b) if a == b => {}
+        (a, b) => out.push(Change {
+            pointer: path.to_owned(),
+            before: Some(a.clone()),
+            after: Some(b.clone()),
+        }),
+    }
+}
+
+/// The consumption step (DESIGN.md section 6), decided on the proposal as
+/// stored, inside the same store transaction that reserves the ledger key.
+/// `Ok(Some(p))`: write `p` (now `consumed`, bound to `key`). `Ok(None)`:
+/// already consumed by this very key (a retry after a failure proven before
+/// dispatch), nothing to write. `Err(state)`: unusable, nothing written;
+/// `Expired` also stands for an approval past its expiry.
+///
+/// INVARIANT: an approval moves `approved → consumed` once, and a consumed
+/// approval serves only the key that consumed it; the ledger lets that key
+/// dispatch at most once. Together: one yes, at most one execution.
+pub fn consume(
+    p: &Proposal,
+    key: &str,
+    server: &str,
+    digest: &str,
+    now_ms: i64,
+) -> Result<Option<Proposal>, ProposalState> {
+    // The store re-checks the binding: the proposal id came from a lookup
+    // made before this transaction, and must still be for this call.
+    if p.server != server || p.call_digest != digest {
+        return Err(ProposalState::Invalidated);
+    }
+    match p.state {
+        ProposalState::Approved if p.expires_ms.is_some_and(|e| e > now_ms) => {
+            let mut next = p.clone();
+            next.state = ProposalState::Consumed;
+            next.consumed_by = Some(key.to_owned());
+            next.updated_ms = now_ms;
+            Ok(Some(next))
+        }
+        ProposalState::Approved => Err(ProposalState::Expired),
+        ProposalState::Consumed if p.consumed_by.as_deref() == Some(key) => Ok(None),
+        other => Err(other),
+    }
+}
+
+/// One plain sentence of what an approval lets happen, for reviewers, built
+/// from the gateway's canonical copy (never from text the agent supplied):
+/// "agent-7 of acme wants payments/charge_card (a write) with account acct-1,
+/// amount 120, currency EUR".
+pub fn summary(p: &Proposal) -> String {
+    let risk = match p.risk {
+        Risk::Read => "a read",
+        Risk::Write => "a write",
+        Risk::Destructive => "possibly destructive",
+    };
+    let args: Vec<String> = match &p.arguments {
+        Value::Object(m) if !m.is_empty() => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k} {s}"),
+                other => format!("{k} {other}"),
+            })
+            .collect(),
+        Value::Object(_) => vec!["no arguments".into()],
+        other => vec![other.to_string()],
+    };
+    let mut text = args.join(", ");
+    if text.chars().count() > 160 {
+        text = format!(
+            "{}… (see the arguments)",
+            text.chars().take(150).collect::<String>()
+        );
+    }
+    format!(
+        "{} of {} wants {}/{} ({risk}) with {text}{}",
+        p.requester,
+        p.tenant,
+        p.server,
+        p.tool,
+        p.resource_version
+            .as_deref()
+            .map(|v| format!(", against resource version {v}"))
+            .unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn proposal() -> Proposal {
+        Proposal {
+            id: "p-0123456789abcdef".into(),
+            state: ProposalState::Pending,
+            created_ms: 0,
+            updated_ms: 0,
+            server: "payments".into(),
+            tool: "charge_card".into(),
+            arguments: json!({"account": "acct-1", "amount": 10}),
+            call_digest: "sha256:aa".into(),
+            requester: "agent-7".into(),
+            tenant: "acme".into(),
+            resource_version: Some("v1".into()),
+            risk: Risk::Destructive,
+            policies: vec![],
+            revises: None,
+            joined: 0,
+            decision: None,
+            expires_ms: None,
+            consumed_by: None,
+            reason: None,
+        }
+    }
+
+    fn key(n: u8) -> SigningKey {
+        SigningKey::from_bytes(&[n; 32])
+    }
+
+    #[test]
+    fn statement_signs_its_jcs_and_verifies() {
+        let p = proposal();
+        let st = p.statement(
+            Verdict::Approve,
+            "alice",
+            "ok",
+            "2026-11-30T10:00:00Z",
+            "2026-11-30T10:15:00Z",
+        );
+        let bytes = st.signing_bytes().unwrap();
+        // JCS: keys sorted, no whitespace, `type` included, null kept.
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(
+            text.starts_with(r#"{"call_digest":"sha256:aa","decision":"approve","expires_at":"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""type":"countersign.approval.v1""#));
+        let sig = st.sign(&key(1)).unwrap();
+        st.verify(&key(1).verifying_key(), &sig).unwrap();
+        // Another key, or any changed field, fails.
+        assert!(st.verify(&key(2).verifying_key(), &sig).is_err());
+        let mut tampered = st.clone();
+        tampered.call_digest = "sha256:bb".into();
+        assert!(tampered.verify(&key(1).verifying_key(), &sig).is_err());
+        let mut flipped = st.clone();
+        flipped.decision = Verdict::Deny;
+        assert!(flipped.verify(&key(1).verifying_key(), &sig).is_err());
+        assert!(st.verify(&key(1).verifying_key(), "not base64!").is_err());
+        assert!(st.verify(&key(1).verifying_key(), "AAAA").is_err());
+    }
+
+    #[test]
+    fn binding_compares_every_field() {
+        let p = proposal();
+        let st = p.statement(Verdict::Approve, "alice", "", "t", "t");
+        st.check_binding(&p.binding()).unwrap();
+        let mut other = p.clone();
+        other.tool = "refund".into();
+        assert!(st
+            .check_binding(&other.binding())
+            .unwrap_err()
+            .0
+            .contains("`tool`"));
+        let mut other = p.clone();
+        other.resource_version = None;
+        assert!(st
+            .check_binding(&other.binding())
+            .unwrap_err()
+            .0
+            .contains("`resource_version`"));
+        let mut other = p.clone();
+        other.requester = "agent-8".into();
+        assert!(st.check_binding(&other.binding()).is_err());
+        let mut other = p.clone();
+        other.tenant = "globex".into();
+        assert!(st.check_binding(&other.binding()).is_err());
+        let mut wrong_type = st.clone();
+        wrong_type.kind = "countersign.approval.v0".into();
+        assert!(wrong_type.check_binding(&p.binding()).is_err());
+    }
+
+    #[test]
+    fn statement_refuses_unknown_fields() {
+        let p = proposal();
+        let mut v = serde_json::to_value(p.statement(Verdict::Approve, "a", "", "t", "t")).unwrap();
+        v["extra"] = json!(1);
+        assert!(serde_json::from_value::<Statement>(v).is_err());
+    }
+
+    #[test]
+    fn keys_round_trip_and_bad_keys_are_explained() {
+        let kf = KeyFile::generate("alice", [7; 32]);
+        let text = toml::to_string(&kf).unwrap();
+        let back = KeyFile::parse(&text).unwrap();
+        let public = format_public_key(&back.signing_key().unwrap().verifying_key());
+        assert_eq!(parse_public_key(&public).unwrap(), key(7).verifying_key());
+        assert!(parse_public_key("ssh-ed25519 AAAA")
+            .unwrap_err()
+            .0
+            .contains("must start with"));
+        assert!(parse_public_key("ed25519:AAAA")
+            .unwrap_err()
+            .0
+            .contains("32 bytes"));
+        assert!(KeyFile::parse("name = \"a b\"\nsecret_key = \"x\"").is_err());
+        assert!(KeyFile::parse("garbage").unwrap_err().0.contains("keygen"));
+    }
+
+    #[test]
+    fn reviewers_file_is_strict() {
+        let pk = format_public_key(&key(1).verifying_key());
+        let ok = format!("[[reviewers]]\nname = \"alice\"\npublic_key = \"{pk}\"\ngroups = [\"leads\"]\ntenants = [\"acme\"]\n");
+        let r = Reviewers::parse(&ok).unwrap();
+        let alice = r.get("alice").unwrap();
+        assert!(alice.covers("acme") && !alice.covers("globex"));
+        assert!(Reviewers::parse(&ok.replace("groups", "grups")).is_err());
+        let (span, msg) = Reviewers::parse(&ok.replace("tenants = [\"acme\"]\n", "")).unwrap_err();
+        assert!(span.is_some() && msg.contains("tenants"), "{msg}");
+        assert!(Reviewers::parse(&format!("{ok}{ok}"))
+            .unwrap_err()
+            .1
+            .contains("twice"));
+        assert!(Reviewers::parse(&ok.replace(&pk, "ed25519:xx")).is_err());
+        assert!(Reviewers::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn request_auth_binds_method_path_time_and_body() {
+        let k = key(3);
+        let h = authorization(
+            &k,
+            "alice",
+            "POST",
+            "/v1/proposals/p-1/decision",
+            "2026-11-30T10:00:00Z",
+            b"{}",
+        );
+        let a = RequestAuth::parse(&h).unwrap();
+        assert_eq!(a.reviewer, "alice");
+        let vk = k.verifying_key();
+        a.verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{}")
+            .unwrap();
+        assert!(a
+            .verify(&vk, "GET", "/v1/proposals/p-1/decision", b"{}")
+            .is_err());
+        assert!(a
+            .verify(&vk, "POST", "/v1/proposals/p-2/decision", b"{}")
+            .is_err());
+        assert!(a
+            .verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{ }")
+            .is_err());
+        assert!(RequestAuth::parse("Bearer x").is_err());
+        assert!(RequestAuth::parse("Countersign-Ed25519 reviewer=a").is_err());
+    }
+
+    #[test]
+    fn diff_names_changed_added_and_removed_fields() {
+        let d = diff(
+            &json!({"amount": 10, "account": "a", "meta": {"x": 1, "a/b": 2}}),
+            &json!({"amount": 12, "account": "a", "meta": {"x": 1}, "note": "n"}),
+        );
+        assert_eq!(
+            d,
+            vec![
+                Change {
+                    pointer: "/amount".into(),
+                    before: Some(json!(10)),
+                    after: Some(json!(12))
+                },
+                Change {
+                    pointer: "/meta/a~1b".into(),
+                    before: Some(json!(2)),
+                    after: None
+                },
+                Change {
+                    pointer: "/note".into(),
+                    before: None,
+                    after: Some(json!("n"))
+                },
+            ]
+        );
+        assert!(diff(&json!({"a": [1]}), &json!({"a": [1]})).is_empty());
+    }
+
+    proptest::proptest! {
+        /// Whatever order calls with different keys, times and digests try
+        /// to consume one approval in, at most one key ever gets it, never
+        /// after expiry, never for another call.
+        #[test]
+        fn one_approval_serves_at_most_one_key(
+            attempts in proptest::collection::vec((0u8..4, 0i64..200, proptest::bool::ANY), 1..40)
+        ) {
+            let mut p = proposal();
+            p.state = ProposalState::Approved;
+            p.expires_ms = Some(100);
+            let mut winner: Option<String> = None;
+            for (key, now, same_digest) in attempts {
+                let key = format!("k{key}");
+                let digest = if same_digest { "sha256:aa" } else { "sha256:bb" };
+                if let Ok(next) = consume(&p, &key, "payments", digest, now) {
+                    proptest::prop_assert!(same_digest);
+                    if let Some(next) = next {
+                        proptest::prop_assert!(now < 100, "consumed after expiry");
+                        proptest::prop_assert!(winner.is_none());
+                        p = next;
+                    }
+                    match &winner {
+                        Some(w) => proptest::prop_assert_eq!(w, &key),
+                        None => winner = Some(key),
+                    }
+                }
+            }
+        }
+    }
+}

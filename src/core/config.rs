@@ -1,0 +1,645 @@
+//! `countersign.toml`: the gateway's configuration (DESIGN.md section 10).
+//!
+//! Parsing is strict: unknown keys are rejected (a misspelled `read_only`
+//! silently ignored would turn a guarded write into an unguarded one), and
+//! every error carries the file, line and column that `toml` reports.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Why a configuration file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file `{path}`: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema.
+    #[error("invalid config file `{path}`:\n{message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// `toml`'s message, which names line and column and shows the line.
+        message: String,
+    },
+    /// The file parses but a value is not acceptable.
+    #[error("invalid config file `{path}`: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The `[gateway]` table.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+    /// `[[identities]]`: bearer tokens (as SHA-256) and who they stand for.
+    #[serde(default)]
+    pub identities: Vec<IdentityConfig>,
+    /// `[servers.NAME]`: the upstream MCP servers.
+    #[serde(default)]
+    pub servers: BTreeMap<String, ServerConfig>,
+    /// `[limits]`: input size limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// `[idempotency]`: how long ledger answers are kept.
+    #[serde(default)]
+    pub idempotency: IdempotencyConfig,
+    /// `[retry]`: retries of read-only calls.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// `[circuit]`: the per-upstream circuit breaker.
+    #[serde(default)]
+    pub circuit: CircuitConfig,
+    /// `[approvals]`: proposals, holding and the control API.
+    #[serde(default)]
+    pub approvals: ApprovalsConfig,
+    /// `[audit]`: the tamper-evident audit log.
+    #[serde(default)]
+    pub audit: AuditConfig,
+}
+
+/// How arguments are recorded (`audit.arguments`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArgumentMode {
+    /// The canonical arguments as sent.
+    Full,
+    /// Only their digest.
+    Digest,
+    /// The arguments with the values at `audit.redact` pointers replaced by
+    /// their digest.
+    Redact,
+}
+
+/// `[audit]` (DESIGN.md section 8).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Where the log lives (default `gateway.data_dir/audit`).
+    pub dir: Option<PathBuf>,
+    /// `full`, `digest` or `redact`: how `tools/call` arguments are
+    /// recorded. Their digest is always recorded.
+    pub arguments: ArgumentMode,
+    /// With `redact`: JSON pointers into the arguments whose values are
+    /// replaced by their digest.
+    pub redact: Vec<String>,
+    /// A signed checkpoint after this many entries.
+    pub checkpoint_every: u64,
+    /// A signed checkpoint after this long with unsigned entries.
+    #[serde(deserialize_with = "duration")]
+    pub checkpoint_interval: Duration,
+    /// A new segment file once the current one reaches this size.
+    pub segment_bytes: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            dir: None,
+            arguments: ArgumentMode::Full,
+            redact: Vec::new(),
+            checkpoint_every: 1000,
+            checkpoint_interval: Duration::from_secs(60),
+            segment_bytes: 64 << 20,
+        }
+    }
+}
+
+impl Config {
+    /// The audit log's directory.
+    pub fn audit_dir(&self) -> PathBuf {
+        self.audit
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.gateway.data_dir.join("audit"))
+    }
+}
+
+/// `[approvals]` (DESIGN.md section 6).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApprovalsConfig {
+    /// Longest life of an approval; a reviewer may choose shorter (`--ttl`).
+    #[serde(deserialize_with = "duration")]
+    pub ttl: Duration,
+    /// How long a call that needs approval is held waiting for a decision
+    /// before it answers `approval_pending` (`"0s"`: answer at once).
+    #[serde(deserialize_with = "duration")]
+    pub hold: Duration,
+    /// Progress notifications to a held call that sent a `progressToken`.
+    #[serde(deserialize_with = "duration")]
+    pub progress_interval: Duration,
+    /// A new proposal that differs from one of the same requester and tool
+    /// made within this window is flagged as its revision.
+    #[serde(deserialize_with = "duration")]
+    pub revision_window: Duration,
+    /// A proposal nobody decides expires after this.
+    #[serde(deserialize_with = "duration")]
+    pub pending_ttl: Duration,
+    /// Serve `/v1` to non-loopback peers too. Off by default: reviewers reach
+    /// the control API from the gateway's host (or through an SSH tunnel).
+    pub remote_control: bool,
+    /// How far a signed control request's time may be from the gateway's
+    /// clock (bounds the replay of a captured request).
+    #[serde(deserialize_with = "duration")]
+    pub clock_skew: Duration,
+    /// Most proposals one requester may have waiting; beyond it a call that
+    /// would make a new one is refused (flooding reviewers is a denial of
+    /// service).
+    pub max_pending: usize,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        ApprovalsConfig {
+            ttl: Duration::from_secs(15 * 60),
+            hold: Duration::from_secs(60),
+            progress_interval: Duration::from_secs(5),
+            revision_window: Duration::from_secs(3600),
+            pending_ttl: Duration::from_secs(24 * 3600),
+            remote_control: false,
+            clock_skew: Duration::from_secs(120),
+            max_pending: 20,
+        }
+    }
+}
+
+/// `[retry]`: read-only tools are retried after transport failures and
+/// transient errors; writes never are once dispatched.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// Backoff before the first retry (doubles, with full jitter).
+    #[serde(deserialize_with = "duration")]
+    pub base_delay: Duration,
+    /// Largest backoff.
+    #[serde(deserialize_with = "duration")]
+    pub max_delay: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+        }
+    }
+}
+
+/// `[circuit]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CircuitConfig {
+    /// Consecutive upstream failures that open the circuit.
+    pub failure_threshold: u32,
+    /// How long it stays open before one trial call.
+    #[serde(deserialize_with = "duration")]
+    pub cooldown: Duration,
+}
+
+impl Default for CircuitConfig {
+    fn default() -> Self {
+        CircuitConfig {
+            failure_threshold: 5,
+            cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[idempotency]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    /// How long answers to explicit keys are kept (a promise).
+    #[serde(deserialize_with = "duration")]
+    pub retention: Duration,
+    /// How long answers to derived keys are kept: an identical write from the
+    /// same principal in the same scope within this time is a retry.
+    #[serde(deserialize_with = "duration")]
+    pub derived_ttl: Duration,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig {
+            retention: Duration::from_secs(24 * 3600),
+            derived_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `[gateway]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Listen address (loopback by default).
+    pub listen: SocketAddr,
+    /// Where durable state lives.
+    pub data_dir: PathBuf,
+    /// Folder of Cedar policies.
+    pub policies: PathBuf,
+    /// Extra `Origin` values accepted besides loopback origins (DNS-rebinding
+    /// defence: browsers send `Origin`, and a page from another origin must not
+    /// reach a gateway on localhost).
+    pub allowed_origins: Vec<String>,
+    /// How long a stopping upstream child gets after stdin closes and after
+    /// SIGTERM before it is killed.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    /// A client session with no request for this long is closed and its
+    /// upstream shut down.
+    #[serde(deserialize_with = "duration")]
+    pub session_idle_timeout: Duration,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7373)),
+            data_dir: PathBuf::from(".countersign"),
+            policies: PathBuf::from("policies"),
+            allowed_origins: Vec::new(),
+            shutdown_grace: Duration::from_secs(2),
+            session_idle_timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// One `[[identities]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// Hex SHA-256 of the bearer token (the token itself is never stored).
+    pub token_sha256: String,
+    /// Who the token stands for.
+    pub principal: String,
+    /// The principal's tenant.
+    pub tenant: String,
+    /// Groups, for policies.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// One `[servers.NAME]` table: exactly one of `command` and `url`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Program to spawn for a stdio upstream.
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables for the child.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the child.
+    pub cwd: Option<PathBuf>,
+    /// Streamable HTTP endpoint of an HTTP upstream.
+    pub url: Option<String>,
+    /// Static headers sent to an HTTP upstream (the gateway's own credentials
+    /// for it; the client's token is never forwarded).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// How long one call may take upstream.
+    #[serde(default = "default_call_timeout", deserialize_with = "duration")]
+    pub call_timeout: Duration,
+    /// Per-tool operator overrides.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+fn default_call_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// `[servers.S.tools.T]`: the operator's word on a tool, which wins over the
+/// server's annotations.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// Override of `readOnlyHint`.
+    pub read_only: Option<bool>,
+    /// Override of `destructiveHint`.
+    pub destructive: Option<bool>,
+    /// Override of `idempotentHint`.
+    pub idempotent: Option<bool>,
+    /// Override of `openWorldHint`.
+    pub open_world: Option<bool>,
+    /// Resource version probe (used by approvals, DESIGN.md section 6).
+    pub version_probe: Option<VersionProbe>,
+}
+
+/// A read-only tool whose result carries the version of what a call changes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionProbe {
+    /// The probe tool (same server).
+    pub tool: String,
+    /// Argument template: probe argument name → JSON pointer into the call's
+    /// arguments.
+    #[serde(default)]
+    pub arguments: BTreeMap<String, String>,
+    /// JSON pointer into the probe's result.
+    pub pointer: String,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest HTTP request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Longest line on a stdio pipe (client bridge or upstream child).
+    pub max_line_bytes: usize,
+    /// Deepest nesting of `tools/call` arguments.
+    pub max_depth: usize,
+    /// Largest `tools/call` arguments, in bytes.
+    pub max_arguments_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 << 20,
+            max_line_bytes: 16 << 20,
+            max_depth: 64,
+            max_arguments_bytes: 1 << 20,
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "`{text}` is not a duration ({e}); write it like \"30s\", \"5m\" or \"250ms\""
+        ))
+    })
+}
+
+impl Config {
+    /// Read, parse and check a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parse and check configuration text; `path` is used in messages and
+    /// to resolve relative paths of stdio children.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        config.check().map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for (name, server) in &self.servers {
+            // Server names become URL path segments (`/mcp/{name}`) and Cedar
+            // entity ids: keep them to a plain alphabet.
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(format!(
+                    "server name `{name}` may only use letters, digits, `-` and `_`"
+                ));
+            }
+            match (&server.command, &server.url) {
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "[servers.{name}] sets both `command` and `url`; keep one"
+                    ))
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "[servers.{name}] needs `command` (stdio child) or `url` (Streamable HTTP)"
+                    ))
+                }
+                (None, Some(url)) => {
+                    if url.starts_with("https://") {
+                        // This build carries no TLS stack; refusing here beats a
+                        // connect error on the first call.
+                        return Err(format!(
+                            "[servers.{name}] url `{url}`: HTTPS upstreams are not supported by this build yet; \
+                             reach the server over http:// on a trusted network or through a local TLS proxy"
+                        ));
+                    }
+                    if !url.starts_with("http://") {
+                        return Err(format!(
+                            "[servers.{name}] url `{url}` must start with http://"
+                        ));
+                    }
+                }
+                (Some(_), None) => {}
+            }
+            if server.call_timeout.is_zero() {
+                return Err(format!(
+                    "[servers.{name}] call_timeout must be more than zero"
+                ));
+            }
+        }
+        for (i, id) in self.identities.iter().enumerate() {
+            let hex_ok = id.token_sha256.len() == 64
+                && id.token_sha256.chars().all(|c| c.is_ascii_hexdigit());
+            if !hex_ok {
+                return Err(format!(
+                    "identities[{i}] (principal `{}`): token_sha256 must be 64 hex digits; \
+                     compute it with `printf %s \"$TOKEN\" | sha256sum`",
+                    id.principal
+                ));
+            }
+            if id.principal.is_empty() || id.tenant.is_empty() {
+                return Err(format!(
+                    "identities[{i}]: principal and tenant must not be empty"
+                ));
+            }
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(
+                "retry.max_attempts counts the first attempt too: it must be at least 1".into(),
+            );
+        }
+        if self.limits.max_body_bytes < 1024 || self.limits.max_line_bytes < 1024 {
+            return Err(
+                "limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into(),
+            );
+        }
+        let au = &self.audit;
+        if au.checkpoint_every == 0 || au.checkpoint_interval.is_zero() {
+            return Err(
+                "audit.checkpoint_every and audit.checkpoint_interval must be more than zero"
+                    .into(),
+            );
+        }
+        if au.segment_bytes < 4096 {
+            return Err("audit.segment_bytes must be at least 4096".into());
+        }
+        if let Some(p) = au.redact.iter().find(|p| !p.starts_with('/')) {
+            return Err(format!(
+                "audit.redact `{p}` is not a JSON pointer (it starts with `/`)"
+            ));
+        }
+        if !au.redact.is_empty() && au.arguments != ArgumentMode::Redact {
+            return Err("audit.redact is set but audit.arguments is not \"redact\": set arguments = \"redact\" (or drop the pointers)".into());
+        }
+        let a = &self.approvals;
+        if a.ttl.is_zero() {
+            return Err("approvals.ttl must be more than zero (an approval that is born expired approves nothing)".into());
+        }
+        // A zero interval would turn a held call into a busy loop of
+        // progress notifications.
+        if a.progress_interval < Duration::from_millis(100) {
+            return Err("approvals.progress_interval must be at least 100ms".into());
+        }
+        if a.max_pending == 0 {
+            return Err("approvals.max_pending must be at least 1".into());
+        }
+        if a.clock_skew < Duration::from_secs(1) || a.clock_skew > Duration::from_secs(600) {
+            return Err("approvals.clock_skew must be between 1s and 10m: it bounds how long a captured control request can be replayed".into());
+        }
+        for (name, server) in &self.servers {
+            for (tool, t) in &server.tools {
+                if let Some(p) = &t.version_probe {
+                    if p.tool == *tool {
+                        return Err(format!(
+                            "[servers.{name}.tools.{tool}] version_probe names the tool itself: the probe must be a read-only tool"
+                        ));
+                    }
+                    let pointer_name = "pointer".to_owned();
+                    for (arg, pointer) in p.arguments.iter().chain([(&pointer_name, &p.pointer)]) {
+                        if !pointer.is_empty() && !pointer.starts_with('/') {
+                            return Err(format!(
+                                "[servers.{name}.tools.{tool}] version_probe `{arg}` = `{pointer}` is not a JSON pointer (it starts with `/`)"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn defaults_are_loopback() {
+        let c = parse("").unwrap();
+        assert!(c.gateway.listen.ip().is_loopback());
+        assert_eq!(c.limits.max_depth, 64);
+    }
+
+    #[test]
+    fn approval_settings_are_checked() {
+        let err = parse("[approvals]\nprogress_interval = \"0s\"\n").unwrap_err();
+        assert!(err.to_string().contains("progress_interval"), "{err}");
+        let err = parse("[approvals]\nttl = \"0s\"\n").unwrap_err();
+        assert!(err.to_string().contains("approvals.ttl"), "{err}");
+        let err = parse("[approvals]\nhold = \"soon\"\n").unwrap_err();
+        assert!(err.to_string().contains("not a duration"), "{err}");
+        let err = parse(
+            "[servers.p]\ncommand = \"x\"\n[servers.p.tools.t]\nversion_probe = { tool = \"r\", arguments = { id = \"account\" }, pointer = \"/v\" }\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not a JSON pointer"), "{err}");
+        let c = parse("[approvals]\nhold = \"0s\"\nremote_control = true\n").unwrap();
+        assert!(c.approvals.hold.is_zero() && c.approvals.remote_control);
+    }
+
+    #[test]
+    fn unknown_key_names_its_line() {
+        let err = parse("[gateway]\nlisten = \"127.0.0.1:1\"\nlsten = 3\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("line 3"), "{text}");
+        assert!(text.contains("lsten"), "{text}");
+    }
+
+    #[test]
+    fn misspelled_tool_override_is_refused() {
+        let err =
+            parse("[servers.p]\ncommand = \"x\"\n[servers.p.tools.charge]\nreadonly = true\n")
+                .unwrap_err();
+        assert!(err.to_string().contains("readonly"), "{err}");
+    }
+
+    #[test]
+    fn server_needs_exactly_one_transport() {
+        assert!(parse("[servers.p]\n")
+            .unwrap_err()
+            .to_string()
+            .contains("needs `command`"));
+        let both = parse("[servers.p]\ncommand=\"x\"\nurl=\"http://a\"\n").unwrap_err();
+        assert!(both.to_string().contains("both"));
+    }
+
+    #[test]
+    fn bad_duration_and_hash() {
+        let e = parse("[servers.p]\ncommand=\"x\"\ncall_timeout=\"soon\"\n").unwrap_err();
+        assert!(e.to_string().contains("not a duration"), "{e}");
+        let e = parse("[[identities]]\ntoken_sha256=\"abc\"\nprincipal=\"a\"\ntenant=\"t\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("64 hex digits"), "{e}");
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let c = parse(
+            r#"
+[gateway]
+listen = "127.0.0.1:7373"
+[[identities]]
+token_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+principal = "agent-7"
+tenant = "acme"
+groups = ["agents"]
+[servers.payments]
+command = "python3"
+args = ["server.py"]
+call_timeout = "30s"
+[servers.payments.tools.charge_card]
+read_only = false
+version_probe = { tool = "get_account", arguments = { id = "/account" }, pointer = "/structuredContent/version" }
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.approvals.ttl, Duration::from_secs(900));
+        assert_eq!(c.approvals.hold, Duration::from_secs(60));
+        let tool = &c.servers["payments"].tools["charge_card"];
+        assert_eq!(tool.read_only, Some(false));
+        assert_eq!(tool.version_probe.as_ref().unwrap().tool, "get_account");
+    }
+}

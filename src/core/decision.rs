@@ -1,0 +1,1016 @@
+//! The policy decision point (DESIGN.md section 4), on Cedar.
+//!
+//! Pure apart from [`Policies::load`], which reads the policy folder: the
+//! decision itself is a synchronous function of the policies, the identity,
+//! the tool's effective annotations and the canonical arguments.
+//!
+//! Two phases: evaluate with `approved = false`; Allow → run unattended.
+//! Otherwise evaluate with `approved = true`; Allow → a human approval is
+//! required; otherwise → `policy_denied`. Default deny. A Cedar evaluation
+//! error denies (Cedar skips an erroring policy, which for a `forbid` would
+//! fail open), and so does an argument that cannot be mapped.
+//!
+//! # Arguments as Cedar values
+//!
+//! Cedar has no floats and no nulls, and its integers are i64. The mapping is
+//! deterministic per value:
+//! - `null` → omitted (an object field is absent: test it with `has`; a null
+//!   array member is dropped);
+//! - booleans and strings → `Bool`, `String`;
+//! - numbers → `decimal` when exactly representable (at most 4 fractional
+//!   digits, magnitude below 922337203685477.5808), otherwise a `String` of
+//!   the number's JCS text (`"100000000000000000000"`, `"1e-7"`). Integers are decimals too, so one field has one
+//!   type whatever the value: policies compare amounts with `decimal`
+//!   methods (`context.arguments.amount.greaterThan(decimal("1000.0"))`); an
+//!   out-of-range number becomes a string, which such a comparison rejects
+//!   (an evaluation error, so the call is denied);
+//! - arrays → `Set` (order and duplicates are not kept; mixed types allowed);
+//! - objects → records; keys need not be identifiers (`arguments["a-b"]`).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use cedar_policy::{
+    Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, PolicyId,
+    PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
+};
+use serde_json::Value;
+
+use crate::core::annotations::Annotations;
+use crate::core::identity::Identity;
+
+/// What the policies say about a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Run without a human.
+    Allow {
+        /// Determining policies (for the audit log only).
+        policies: Vec<String>,
+    },
+    /// Run only with a human approval.
+    Approval {
+        /// Determining policies (for the audit log only).
+        policies: Vec<String>,
+    },
+    /// Never run.
+    Deny {
+        /// Determining policies, if a `forbid` matched.
+        policies: Vec<String>,
+        /// Evaluation or mapping errors that caused a deny.
+        errors: Vec<String>,
+    },
+}
+
+/// A problem in the policy folder, with its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{l}:{c}: {}", self.file.display(), self.message),
+            (Some(l), None) => write!(f, "{}:{l}: {}", self.file.display(), self.message),
+            _ => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+/// The loaded, validated policy set.
+#[derive(Debug)]
+pub struct Policies {
+    set: PolicySet,
+    schema: Option<Schema>,
+    /// Policy id → file it came from.
+    origin: HashMap<String, PathBuf>,
+    /// The policies that can apply to `Action::"call"` on a tool, by scope.
+    index: Index,
+    /// Per-tool slices built from the index on first use.
+    slices: std::sync::Mutex<HashMap<String, std::sync::Arc<PolicySet>>>,
+    /// Entities per (identity, tool, annotations): building them (with
+    /// Cedar's transitive closure) was a third of a decision's time.
+    entity_cache: std::sync::Mutex<HashMap<String, CachedEntities>>,
+    /// `reviewers.toml`: who may decide proposals, loaded and reloaded with
+    /// the policies (both live in the policy repository).
+    reviewers: crate::core::approval::Reviewers,
+}
+
+type CachedEntities = std::sync::Arc<(Entities, EntityUid, EntityUid)>;
+
+/// Most cached entity sets before the cache starts over.
+const ENTITY_CACHE_MAX: usize = 4096;
+
+/// Call policies by resource scope. Cedar's authorizer evaluates every policy
+/// it is given, so a call is decided against only those whose scope can
+/// match its tool: the cost follows the policies that can apply, not all.
+#[derive(Debug, Default)]
+struct Index {
+    /// Unscoped (or scoped by type only).
+    global: Vec<cedar_policy::Policy>,
+    /// `resource == Tool::"S/t"` (or `in` it), by tool uid text.
+    by_tool: HashMap<String, Vec<cedar_policy::Policy>>,
+    /// `resource in Server::"S"`, by server uid text.
+    by_server: HashMap<String, Vec<cedar_policy::Policy>>,
+}
+
+impl Index {
+    fn build(set: &PolicySet) -> Index {
+        use cedar_policy::{ActionConstraint, ResourceConstraint};
+        let call = EntityUid::from_str(r#"Action::"call""#).ok();
+        let mut index = Index::default();
+        for p in set.policies() {
+            let for_call = match p.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(a) => Some(&a) == call.as_ref(),
+                ActionConstraint::In(list) => list.iter().any(|a| Some(a) == call.as_ref()),
+            };
+            if !for_call {
+                continue;
+            }
+            let bucket = match p.resource_constraint() {
+                ResourceConstraint::Eq(uid)
+                | ResourceConstraint::In(uid)
+                | ResourceConstraint::IsIn(_, uid) => match uid.type_name().to_string().as_str() {
+                    "Tool" => Some((&mut index.by_tool, uid.to_string())),
+                    "Server" => Some((&mut index.by_server, uid.to_string())),
+                    _ => None,
+                },
+                ResourceConstraint::Any | ResourceConstraint::Is(_) => None,
+            };
+            match bucket {
+                Some((map, key)) => map.entry(key).or_default().push(p.clone()),
+                None => index.global.push(p.clone()),
+            }
+        }
+        index
+    }
+}
+
+/// The schema file in the policy folder.
+pub const SCHEMA_FILE: &str = "schema.cedarschema";
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rfind('\n')
+        .map_or(before.len(), |i| before.len() - i - 1)
+        + 1;
+    (line, column)
+}
+
+/// The first source offset a Cedar diagnostic points at.
+fn first_offset(d: &dyn miette::Diagnostic) -> Option<usize> {
+    d.labels().and_then(|mut l| l.next()).map(|l| l.offset())
+}
+
+fn located(file: &Path, text: &str, d: &dyn miette::Diagnostic, message: String) -> PolicyError {
+    let (line, column) = match first_offset(d) {
+        Some(o) => {
+            let (l, c) = line_col(text, o);
+            (Some(l), Some(c))
+        }
+        None => (None, None),
+    };
+    PolicyError {
+        file: file.to_owned(),
+        line,
+        column,
+        message,
+    }
+}
+
+impl Policies {
+    /// Read `*.cedar` and `schema.cedarschema` from `dir`, parse them, give
+    /// each policy the id `FILE/ID` (`@id("...")` or its position), and
+    /// validate against the schema when there is one. Any error refuses the
+    /// whole set: a policy set is used whole or not at all.
+    pub fn load(dir: &Path) -> Result<Policies, Vec<PolicyError>> {
+        let mut errors = Vec::new();
+        let entries = std::fs::read_dir(dir).map_err(|e| {
+            vec![PolicyError {
+                file: dir.to_owned(),
+                line: None,
+                column: None,
+                message: format!("cannot read the policy folder: {e}"),
+            }]
+        })?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
+            .collect();
+        files.sort();
+        let mut set = PolicySet::new();
+        let mut origin = HashMap::new();
+        let mut sources = HashMap::new();
+        for file in &files {
+            let text = match std::fs::read_to_string(file) {
+                Ok(t) => t,
+                Err(e) => {
+                    errors.push(PolicyError {
+                        file: file.clone(),
+                        line: None,
+                        column: None,
+                        message: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let parsed = match PolicySet::from_str(&text) {
+                Ok(p) => p,
+                Err(e) => {
+                    for d in e.iter() {
+                        errors.push(located(file, &text, d, d.to_string()));
+                    }
+                    continue;
+                }
+            };
+            let stem = file
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            for (i, p) in parsed.policies().enumerate() {
+                let name = p
+                    .annotation("id")
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("policy{i}"));
+                let id = format!("{stem}/{name}");
+                if let Err(e) = set.add(p.new_id(PolicyId::new(&id))) {
+                    errors.push(PolicyError {
+                        file: file.clone(),
+                        line: None,
+                        column: None,
+                        message: format!("policy `{id}`: {e}"),
+                    });
+                }
+                origin.insert(id, file.clone());
+            }
+            sources.insert(file.clone(), text);
+        }
+        let schema_path = dir.join(SCHEMA_FILE);
+        let schema = match std::fs::read_to_string(&schema_path) {
+            Ok(text) => match Schema::from_cedarschema_str(&text) {
+                Ok((s, _warnings)) => Some(s),
+                Err(e) => {
+                    errors.push(located(&schema_path, &text, &e, e.to_string()));
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        if let Some(schema) = &schema {
+            let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
+            for e in result.validation_errors() {
+                let id = e.policy_id().to_string();
+                let file = origin.get(&id).cloned().unwrap_or_else(|| dir.to_owned());
+                let text = sources.get(&file).map(String::as_str).unwrap_or("");
+                errors.push(located(&file, text, e, format!("policy `{id}`: {e}")));
+            }
+        }
+        let reviewers_path = dir.join(crate::core::approval::REVIEWERS_FILE);
+        let reviewers = match std::fs::read_to_string(&reviewers_path) {
+            Ok(text) => match crate::core::approval::Reviewers::parse(&text) {
+                Ok(r) => r,
+                Err((span, message)) => {
+                    let (line, column) = match span {
+                        Some(s) => {
+                            let (l, c) = line_col(&text, s.start);
+                            (Some(l), Some(c))
+                        }
+                        None => (None, None),
+                    };
+                    errors.push(PolicyError {
+                        file: reviewers_path.clone(),
+                        line,
+                        column,
+                        message,
+                    });
+                    Default::default()
+                }
+            },
+            // No file: no reviewers, so nothing can be approved (fail closed).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
+            Err(e) => {
+                errors.push(PolicyError {
+                    file: reviewers_path.clone(),
+                    line: None,
+                    column: None,
+                    message: e.to_string(),
+                });
+                Default::default()
+            }
+        };
+        if errors.is_empty() {
+            let index = Index::build(&set);
+            Ok(Policies {
+                set,
+                schema,
+                origin,
+                index,
+                slices: Default::default(),
+                entity_cache: Default::default(),
+                reviewers,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// No policies: every call is denied (default deny).
+    pub fn empty() -> Policies {
+        Policies {
+            set: PolicySet::new(),
+            schema: None,
+            origin: HashMap::new(),
+            index: Index::default(),
+            slices: Default::default(),
+            entity_cache: Default::default(),
+            reviewers: Default::default(),
+        }
+    }
+
+    /// The reviewers of `reviewers.toml`.
+    pub fn reviewers(&self) -> &crate::core::approval::Reviewers {
+        &self.reviewers
+    }
+
+    /// How many policies are loaded.
+    pub fn len(&self) -> usize {
+        self.set.policies().count()
+    }
+
+    /// Whether no policy is loaded (then everything is denied).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether a schema was loaded and the policies validated against it.
+    pub fn validated(&self) -> bool {
+        self.schema.is_some()
+    }
+
+    /// The file a policy came from.
+    pub fn origin(&self, id: &str) -> Option<&Path> {
+        self.origin.get(id).map(PathBuf::as_path)
+    }
+
+    /// Decide a call (section 4's two phases).
+    pub fn decide(&self, call: &Call<'_>) -> Decision {
+        let slice = self.slice(call.server, call.tool);
+        self.decide_against(&slice, call)
+    }
+
+    /// The policies that can apply to a call of `server/tool`.
+    fn slice(&self, server: &str, tool: &str) -> std::sync::Arc<PolicySet> {
+        let tool_uid = uid("Tool", &format!("{server}/{tool}"))
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slices.get(&tool_uid) {
+            return s.clone();
+        }
+        let server_uid = uid("Server", server)
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        let mut set = PolicySet::new();
+        let parts = self
+            .index
+            .global
+            .iter()
+            .chain(self.index.by_server.get(&server_uid).into_iter().flatten())
+            .chain(self.index.by_tool.get(&tool_uid).into_iter().flatten());
+        for p in parts {
+            // Ids are unique in the full set, so adding cannot collide.
+            let _ = set.add(p.clone());
+        }
+        let set = std::sync::Arc::new(set);
+        // One slice per tool ever called.
+        slices.insert(tool_uid, set.clone());
+        set
+    }
+
+    fn entities_for(&self, call: &Call<'_>) -> Result<CachedEntities, String> {
+        let a = call.annotations;
+        let key = serde_json::json!([
+            call.identity.principal,
+            call.identity.tenant,
+            call.identity.groups,
+            call.server,
+            call.tool,
+            [a.read_only, a.destructive, a.idempotent, a.open_world]
+        ])
+        .to_string();
+        let mut cache = self.entity_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = cache.get(&key) {
+            return Ok(e.clone());
+        }
+        let built = std::sync::Arc::new(entities(call)?);
+        if cache.len() >= ENTITY_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, built.clone());
+        Ok(built)
+    }
+
+    /// May `reviewer` (with `groups`) approve this call of `requester`?
+    /// (`Action::"approve"`, DESIGN.md section 4). Default deny, errors deny.
+    pub fn may_approve(
+        &self,
+        reviewer: &str,
+        groups: &[String],
+        call: &Call<'_>,
+    ) -> Result<(), Decision> {
+        let deny = |errors: Vec<String>| Decision::Deny {
+            policies: Vec::new(),
+            errors,
+        };
+        let build = || -> Result<(Entities, EntityUid, EntityUid), String> {
+            let mut list = Vec::new();
+            let mut parents = HashSet::new();
+            for g in groups {
+                let group = uid("Group", g)?;
+                parents.insert(group.clone());
+                list.push(Entity::new_no_attrs(group, HashSet::new()));
+            }
+            let principal = uid("Reviewer", reviewer)?;
+            let attrs = HashMap::from([(
+                "name".to_owned(),
+                RestrictedExpression::new_string(reviewer.to_owned()),
+            )]);
+            list.push(Entity::new(principal.clone(), attrs, parents).map_err(|e| e.to_string())?);
+            let (tool_entities, _, tool) = entities(call)?;
+            let mut all: Vec<Entity> = tool_entities.iter().cloned().collect();
+            all.extend(list);
+            Ok((
+                Entities::from_entities(all, None).map_err(|e| e.to_string())?,
+                principal,
+                tool,
+            ))
+        };
+        let (entities, principal, resource) = build().map_err(|e| deny(vec![e]))?;
+        let arguments = match map_value(call.arguments, "").map_err(|e| deny(vec![e]))? {
+            Some(a) => a,
+            None => RestrictedExpression::new_record([]).map_err(|e| deny(vec![e.to_string()]))?,
+        };
+        let context = Context::from_pairs([
+            (
+                "requester".to_owned(),
+                RestrictedExpression::new_string(call.identity.principal.clone()),
+            ),
+            (
+                "tenant".to_owned(),
+                RestrictedExpression::new_string(call.identity.tenant.clone()),
+            ),
+            ("arguments".to_owned(), arguments),
+        ])
+        .map_err(|e| deny(vec![e.to_string()]))?;
+        let action =
+            EntityUid::from_str(r#"Action::"approve""#).map_err(|e| deny(vec![e.to_string()]))?;
+        let request = Request::new(principal, action, resource, context, None)
+            .map_err(|e| deny(vec![e.to_string()]))?;
+        let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+        let errors: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(|e| e.to_string())
+            .collect();
+        let policies: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(ToString::to_string)
+            .collect();
+        if !errors.is_empty() {
+            return Err(Decision::Deny { policies, errors });
+        }
+        if response.decision() == CedarDecision::Allow {
+            Ok(())
+        } else {
+            Err(Decision::Deny { policies, errors })
+        }
+    }
+
+    /// Decide against every policy, unsliced (for the benchmark and tests).
+    pub fn decide_unsliced(&self, call: &Call<'_>) -> Decision {
+        self.decide_against(&self.set, call)
+    }
+
+    fn decide_against(&self, set: &PolicySet, call: &Call<'_>) -> Decision {
+        let arguments = match map_value(call.arguments, "") {
+            Ok(Some(a)) => a,
+            Ok(None) => RestrictedExpression::new_record([])
+                .unwrap_or_else(|_| RestrictedExpression::new_bool(false)),
+            Err(e) => {
+                return Decision::Deny {
+                    policies: Vec::new(),
+                    errors: vec![e],
+                }
+            }
+        };
+        let cached = match self.entities_for(call) {
+            Ok(x) => x,
+            Err(e) => {
+                return Decision::Deny {
+                    policies: Vec::new(),
+                    errors: vec![e],
+                }
+            }
+        };
+        let (entities, principal, resource) = (&cached.0, &cached.1, &cached.2);
+        let Ok(action) = EntityUid::from_str(r#"Action::"call""#) else {
+            return Decision::Deny {
+                policies: Vec::new(),
+                errors: vec!["internal: action uid".into()],
+            };
+        };
+        let run = |approved: bool| -> Result<(bool, Vec<String>), Vec<String>> {
+            let mut pairs = vec![
+                ("arguments".to_owned(), arguments.clone()),
+                (
+                    "tenant".to_owned(),
+                    RestrictedExpression::new_string(call.identity.tenant.clone()),
+                ),
+                (
+                    "callDigest".to_owned(),
+                    RestrictedExpression::new_string(call.digest.to_owned()),
+                ),
+                (
+                    "approved".to_owned(),
+                    RestrictedExpression::new_bool(approved),
+                ),
+            ];
+            if let Some(v) = call.resource_version {
+                pairs.push((
+                    "resourceVersion".to_owned(),
+                    RestrictedExpression::new_string(v.to_owned()),
+                ));
+            }
+            let context = Context::from_pairs(pairs).map_err(|e| vec![e.to_string()])?;
+            let request = Request::new(
+                principal.clone(),
+                action.clone(),
+                resource.clone(),
+                context,
+                None,
+            )
+            .map_err(|e| vec![e.to_string()])?;
+            let response = Authorizer::new().is_authorized(&request, set, entities);
+            let errors: Vec<String> = response
+                .diagnostics()
+                .errors()
+                .map(|e| e.to_string())
+                .collect();
+            if !errors.is_empty() {
+                // An erroring policy is skipped by Cedar; a skipped `forbid`
+                // would fail open, so any error denies.
+                return Err(errors);
+            }
+            let reasons = response
+                .diagnostics()
+                .reason()
+                .map(ToString::to_string)
+                .collect();
+            Ok((response.decision() == CedarDecision::Allow, reasons))
+        };
+        match run(false) {
+            Err(errors) => Decision::Deny {
+                policies: Vec::new(),
+                errors,
+            },
+            Ok((true, policies)) => Decision::Allow { policies },
+            Ok((false, _)) => match run(true) {
+                Err(errors) => Decision::Deny {
+                    policies: Vec::new(),
+                    errors,
+                },
+                Ok((true, policies)) => Decision::Approval { policies },
+                Ok((false, policies)) => Decision::Deny {
+                    policies,
+                    errors: Vec::new(),
+                },
+            },
+        }
+    }
+}
+
+/// The facts of one call.
+pub struct Call<'a> {
+    /// Who asks.
+    pub identity: &'a Identity,
+    /// The server.
+    pub server: &'a str,
+    /// The tool.
+    pub tool: &'a str,
+    /// The tool's effective annotations.
+    pub annotations: Annotations,
+    /// Canonical arguments.
+    pub arguments: &'a Value,
+    /// `call_digest`.
+    pub digest: &'a str,
+    /// The resource version, when known.
+    pub resource_version: Option<&'a str>,
+}
+
+fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
+    // The id is quoted as a Cedar string literal (JSON escaping is a subset).
+    let text = format!("{kind}::{}", Value::String(id.to_owned()));
+    EntityUid::from_str(&text).map_err(|e| format!("entity `{text}`: {e}"))
+}
+
+fn entities(call: &Call<'_>) -> Result<(Entities, EntityUid, EntityUid), String> {
+    let tenant = uid("Tenant", &call.identity.tenant)?;
+    let server = uid("Server", call.server)?;
+    let mut parents = HashSet::from([tenant.clone()]);
+    let mut list = vec![
+        Entity::new_no_attrs(tenant, HashSet::new()),
+        Entity::new_no_attrs(server.clone(), HashSet::new()),
+    ];
+    for g in &call.identity.groups {
+        let group = uid("Group", g)?;
+        parents.insert(group.clone());
+        list.push(Entity::new_no_attrs(group, HashSet::new()));
+    }
+    let principal = uid("Principal", &call.identity.principal)?;
+    list.push(Entity::new_no_attrs(principal.clone(), parents));
+    let tool = uid("Tool", &format!("{}/{}", call.server, call.tool))?;
+    let a = call.annotations;
+    let attrs = HashMap::from([
+        (
+            "readOnly".to_owned(),
+            RestrictedExpression::new_bool(a.read_only),
+        ),
+        (
+            "destructive".to_owned(),
+            RestrictedExpression::new_bool(a.destructive),
+        ),
+        (
+            "idempotent".to_owned(),
+            RestrictedExpression::new_bool(a.idempotent),
+        ),
+        (
+            "openWorld".to_owned(),
+            RestrictedExpression::new_bool(a.open_world),
+        ),
+    ]);
+    list.push(
+        Entity::new(tool.clone(), attrs, HashSet::from([server])).map_err(|e| e.to_string())?,
+    );
+    let entities = Entities::from_entities(list, None).map_err(|e| e.to_string())?;
+    Ok((entities, principal, tool))
+}
+
+/// Largest magnitude of a Cedar decimal (i64 / 10^4).
+const DECIMAL_LIMIT: f64 = 922_337_203_685_477.0;
+
+/// The Cedar text of a decimal, when `literal` is one exactly.
+fn as_decimal(literal: &str) -> Option<String> {
+    if literal.contains(['e', 'E']) {
+        return None;
+    }
+    let (int, frac) = literal.split_once('.').unwrap_or((literal, ""));
+    let frac = frac.trim_end_matches('0');
+    if frac.len() > 4 {
+        return None;
+    }
+    let magnitude: f64 = int.trim_start_matches('-').parse().ok()?;
+    if magnitude >= DECIMAL_LIMIT {
+        return None;
+    }
+    Some(format!(
+        "{int}.{}",
+        if frac.is_empty() { "0" } else { frac }
+    ))
+}
+
+/// Map a JSON value to a Cedar value (see the module docs). `None` means
+/// "omit" (a null).
+pub fn map_value(v: &Value, path: &str) -> Result<Option<RestrictedExpression>, String> {
+    Ok(Some(match v {
+        Value::Null => return Ok(None),
+        Value::Bool(b) => RestrictedExpression::new_bool(*b),
+        Value::String(s) => RestrictedExpression::new_string(s.clone()),
+        Value::Number(_) => {
+            // The JCS text: the spelling the server receives.
+            let text = crate::core::canonical::jcs(v);
+            match as_decimal(&text) {
+                Some(d) => RestrictedExpression::new_decimal(d),
+                None => RestrictedExpression::new_string(text),
+            }
+        }
+        Value::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                if let Some(x) = map_value(item, &format!("{path}/{i}"))? {
+                    out.push(x);
+                }
+            }
+            RestrictedExpression::new_set(out)
+        }
+        Value::Object(map) => {
+            let mut fields = Vec::with_capacity(map.len());
+            for (k, item) in map {
+                if let Some(x) = map_value(item, &format!("{path}/{k}"))? {
+                    fields.push((k.clone(), x));
+                }
+            }
+            RestrictedExpression::new_record(fields).map_err(|e| {
+                format!(
+                    "arguments at `{}` cannot be given to policies: {e}",
+                    if path.is_empty() { "/" } else { path }
+                )
+            })?
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policies(text: &str, schema: Option<&str>) -> Result<Policies, Vec<PolicyError>> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.cedar"), text).unwrap();
+        if let Some(s) = schema {
+            std::fs::write(dir.path().join(SCHEMA_FILE), s).unwrap();
+        }
+        Policies::load(dir.path())
+    }
+
+    fn shipped() -> Policies {
+        Policies::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap()
+    }
+
+    fn agent() -> Identity {
+        Identity {
+            principal: "agent-7".into(),
+            tenant: "acme".into(),
+            groups: vec!["agents".into()],
+        }
+    }
+
+    fn decide(p: &Policies, tool: &str, ann: Annotations, args: Value) -> Decision {
+        p.decide(&Call {
+            identity: &agent(),
+            server: "payments",
+            tool,
+            annotations: ann,
+            arguments: &args,
+            digest: "sha256:00",
+            resource_version: None,
+        })
+    }
+
+    fn read() -> Annotations {
+        Annotations {
+            read_only: true,
+            destructive: false,
+            idempotent: true,
+            open_world: false,
+        }
+    }
+
+    fn write() -> Annotations {
+        Annotations {
+            read_only: false,
+            destructive: false,
+            idempotent: false,
+            open_world: true,
+        }
+    }
+
+    #[test]
+    fn shipped_policies_load_and_validate() {
+        let p = shipped();
+        assert!(p.validated(), "the shipped policies come with a schema");
+        assert!(p.len() >= 4);
+    }
+
+    #[test]
+    fn reads_run_unattended() {
+        let d = decide(&shipped(), "get_balance", read(), json!({"account": "a"}));
+        assert!(
+            matches!(d, Decision::Allow { ref policies } if policies.iter().any(|p| p.contains("read-only"))),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn writes_need_approval() {
+        let d = decide(&shipped(), "refund", write(), json!({"charge": "ch_1"}));
+        assert!(matches!(d, Decision::Approval { .. }), "{d:?}");
+        // Default annotations are a write (and destructive): never unattended.
+        let d = decide(&shipped(), "transfer", Annotations::default(), json!({}));
+        assert!(matches!(d, Decision::Approval { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn charges_above_the_ceiling_are_denied() {
+        let p = shipped();
+        assert!(matches!(
+            decide(&p, "charge_card", write(), json!({"amount": 120})),
+            Decision::Approval { .. }
+        ));
+        assert!(matches!(
+            decide(&p, "charge_card", write(), json!({"amount": 999.99})),
+            Decision::Approval { .. }
+        ));
+        let d = decide(&p, "charge_card", write(), json!({"amount": 5000}));
+        assert!(
+            matches!(d, Decision::Deny { ref policies, .. } if policies.iter().any(|p| p.contains("charge-ceiling"))),
+            "{d:?}"
+        );
+        // An amount policies cannot compare (too precise for a decimal) denies.
+        let d = decide(&p, "charge_card", write(), json!({"amount": 1.23456}));
+        assert!(
+            matches!(d, Decision::Deny { ref errors, .. } if !errors.is_empty()),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn default_deny_and_errors_deny() {
+        let empty = policies("", None).unwrap();
+        assert!(matches!(
+            decide(&empty, "get_balance", read(), json!({})),
+            Decision::Deny { .. }
+        ));
+        // A forbid that errors must not fail open.
+        let p = policies(
+            r#"permit(principal, action, resource);
+               forbid(principal, action, resource) when { context.arguments.amount.greaterThan(decimal("10.0")) };"#,
+            None,
+        )
+        .unwrap();
+        let d = decide(&p, "x", read(), json!({"amount": "lots"}));
+        assert!(
+            matches!(d, Decision::Deny { ref errors, .. } if !errors.is_empty()),
+            "{d:?}"
+        );
+        assert!(matches!(
+            decide(&p, "x", read(), json!({"amount": 5})),
+            Decision::Allow { .. }
+        ));
+    }
+
+    #[test]
+    fn awkward_arguments_map_deterministically() {
+        let p = policies(
+            r#"@id("shape") permit(principal, action, resource) when {
+                 !(context.arguments has gone) &&
+                 context.arguments.f == decimal("4.5") &&
+                 context.arguments.i == decimal("7.0") &&
+                 context.arguments.big == "100000000000000000000" &&
+                 context.arguments.tiny == "1e-7" &&
+                 context.arguments.nested.deep.x == true &&
+                 context.arguments.mixed.contains("a") && context.arguments.mixed.contains(decimal("1.0")) &&
+                 context.arguments["not an-identifier"] == "ok"
+               };"#,
+            None,
+        )
+        .unwrap();
+        // As canonical arguments hold them: 1e20 is beyond a decimal's range
+        // and 1e-7 beyond its precision, so both become strings.
+        let args: Value = serde_json::from_str(
+            r#"{"gone": null, "f": 4.50, "i": 7, "big": 100000000000000000000, "tiny": 0.0000001,
+                "nested": {"deep": {"x": true}}, "mixed": ["a", 1, null, "a"], "not an-identifier": "ok"}"#,
+        )
+        .unwrap();
+        let d = decide(&p, "t", read(), args);
+        assert!(matches!(d, Decision::Allow { .. }), "{d:?}");
+        assert_eq!(as_decimal("-12.5000"), Some("-12.5".into()));
+        assert_eq!(as_decimal("1.23456"), None);
+        assert_eq!(as_decimal("922337203685478"), None);
+    }
+
+    #[test]
+    fn reviewers_approve_leads_for_destructive_and_nobody_their_own() {
+        let p = shipped();
+        let args = json!({"account": "a"});
+        let who = agent();
+        let call = |ann| Call {
+            identity: &who,
+            server: "payments",
+            tool: "close_account",
+            annotations: ann,
+            arguments: &args,
+            digest: "d",
+            resource_version: None,
+        };
+        let destructive = Annotations {
+            read_only: false,
+            destructive: true,
+            idempotent: false,
+            open_world: true,
+        };
+        assert!(
+            p.may_approve("bob", &["reviewers".into()], &call(write()))
+                .is_ok(),
+            "any reviewer approves a plain write"
+        );
+        let refused = p.may_approve("bob", &["reviewers".into()], &call(destructive));
+        assert!(refused.is_err(), "a destructive tool needs a lead");
+        assert!(p
+            .may_approve("carol", &["leads".into()], &call(destructive))
+            .is_ok());
+        // The requester `agent-7` reviewing its own call, even as a lead.
+        let own = p.may_approve("agent-7", &["leads".into()], &call(write()));
+        assert!(
+            matches!(own, Err(Decision::Deny { ref policies, .. }) if policies.iter().any(|p| p.contains("no-self-approval"))),
+            "{own:?}"
+        );
+    }
+
+    #[test]
+    fn slicing_decides_like_the_whole_set() {
+        let mut text = std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies/default.cedar"),
+        )
+        .unwrap();
+        for i in 0..50 {
+            text.push_str(&format!(
+                "@id(\"other-{i}\") forbid (principal, action == Action::\"call\", resource == Tool::\"payments/other_{i}\");\n"
+            ));
+        }
+        text.push_str(
+            "@id(\"server-wide\") forbid (principal, action, resource in Server::\"vault\");\n",
+        );
+        let p = policies(&text, None).unwrap();
+        let cases = [
+            ("payments", "get_balance", read(), json!({})),
+            ("payments", "charge_card", write(), json!({"amount": 5000})),
+            ("payments", "other_7", read(), json!({})),
+            ("vault", "get_secret", read(), json!({})),
+            ("payments", "refund", write(), json!({})),
+        ];
+        for (server, tool, ann, args) in cases {
+            let call = Call {
+                identity: &agent(),
+                server,
+                tool,
+                annotations: ann,
+                arguments: &args,
+                digest: "d",
+                resource_version: None,
+            };
+            assert_eq!(p.decide(&call), p.decide_unsliced(&call), "{server}/{tool}");
+        }
+        let args = json!({});
+        let call = Call {
+            identity: &agent(),
+            server: "payments",
+            tool: "other_7",
+            annotations: read(),
+            arguments: &args,
+            digest: "d",
+            resource_version: None,
+        };
+        assert!(
+            matches!(p.decide(&call), Decision::Deny { ref policies, .. } if policies == &vec!["p/other-7".to_string()])
+        );
+        assert!(
+            p.slice("payments", "get_balance").policies().count() < 10,
+            "a slice holds only what can apply"
+        );
+    }
+
+    #[test]
+    fn errors_name_file_line_and_column() {
+        let e = policies(
+            "permit(principal, action, resource)\nwhen { context.x == };",
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e[0].line, Some(2), "{e:?}");
+        assert!(e[0]
+            .to_string()
+            .starts_with(&format!("{}", e[0].file.display())));
+    }
+
+    #[test]
+    fn validation_catches_an_attribute_typo() {
+        let schema = std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("policies")
+                .join(SCHEMA_FILE),
+        )
+        .unwrap();
+        let ok = policies(
+            "permit(principal, action == Action::\"call\", resource) when { resource.readOnly };",
+            Some(&schema),
+        );
+        assert!(ok.is_ok(), "{:?}", ok.err());
+        let typo = policies("permit(principal, action == Action::\"call\", resource)\n  when { resource.readOnyl };", Some(&schema));
+        let errors = typo.expect_err("a typo must not validate");
+        assert!(errors[0].to_string().contains("readOnyl"), "{errors:?}");
+        assert_eq!(errors[0].line, Some(2), "{errors:?}");
+    }
+}

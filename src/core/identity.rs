@@ -1,0 +1,97 @@
+//! Bearer-token identities (`[[identities]]`).
+//!
+//! Tokens are configured as SHA-256 digests, so a leaked config file does not
+//! leak credentials. A presented token is hashed and looked up; the lookup key
+//! is a digest the caller cannot steer, so map lookup timing reveals nothing
+//! useful about valid tokens.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::core::config::IdentityConfig;
+
+/// Who is calling: the requester of every decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The requester's name.
+    pub principal: String,
+    /// The requester's tenant.
+    pub tenant: String,
+    /// Groups, for policies.
+    pub groups: Vec<String>,
+}
+
+/// Token digest → identity.
+#[derive(Debug, Default)]
+pub struct Identities {
+    by_digest: HashMap<[u8; 32], Arc<Identity>>,
+}
+
+impl Identities {
+    /// Build the table from config (digests were checked by `Config::check`).
+    pub fn from_config(entries: &[IdentityConfig]) -> Identities {
+        let mut by_digest = HashMap::new();
+        for e in entries {
+            let mut digest = [0u8; 32];
+            if hex::decode_to_slice(&e.token_sha256, &mut digest).is_ok() {
+                by_digest.insert(
+                    digest,
+                    Arc::new(Identity {
+                        principal: e.principal.clone(),
+                        tenant: e.tenant.clone(),
+                        groups: e.groups.clone(),
+                    }),
+                );
+            }
+        }
+        Identities { by_digest }
+    }
+
+    /// The identity a raw bearer token stands for.
+    pub fn lookup(&self, token: &str) -> Option<Arc<Identity>> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.by_digest.get(&digest).cloned()
+    }
+
+    /// The identity behind an `Authorization` header value (`Bearer TOKEN`).
+    pub fn from_authorization(&self, header: Option<&str>) -> Option<Arc<Identity>> {
+        let value = header?;
+        let (scheme, token) = value.split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        self.lookup(token.trim())
+    }
+}
+
+/// Hex SHA-256 of a token, as written in `token_sha256`.
+pub fn token_digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_lookup() {
+        let ids = Identities::from_config(&[IdentityConfig {
+            token_sha256: token_digest("s3cret"),
+            principal: "agent-7".into(),
+            tenant: "acme".into(),
+            groups: vec![],
+        }]);
+        assert_eq!(
+            ids.from_authorization(Some("Bearer s3cret"))
+                .unwrap()
+                .principal,
+            "agent-7"
+        );
+        assert!(ids.from_authorization(Some("bearer s3cret")).is_some());
+        assert!(ids.from_authorization(Some("Bearer wrong")).is_none());
+        assert!(ids.from_authorization(Some("Basic s3cret")).is_none());
+        assert!(ids.from_authorization(None).is_none());
+    }
+}

@@ -1,0 +1,30 @@
+//! The core layer: the rules, with no I/O (the one exception is named on
+//! its function: loading the policy folder, and reading a config file).
+//! Tested without a runtime.
+//!
+//! - [`canonical`]: strict parse of `tools/call` params, RFC 8785 JCS and
+//!   the call digest.
+//! - [`ledger`]: idempotency keys, ledger states and what a retry gets.
+//! - [`decision`]: Cedar policies, argument mapping and the two-phase
+//!   decision.
+//! - [`approval`]: proposals, the signed approval statement, reviewer keys
+//!   and `reviewers.toml`, request signatures, consumption.
+//! - [`recovery`]: failure classes, response classes, retry backoff and the
+//!   circuit breaker.
+//! - [`annotations`]: effective tool annotations (server hints, MCP
+//!   defaults, operator overrides).
+//! - [`identity`]: bearer tokens (stored as SHA-256) → principal, tenant,
+//!   groups.
+//! - [`config`]: `countersign.toml`, strict parsing with line-numbered
+//!   errors.
+//! - [`time`]: unix milliseconds, RFC 3339, and the pipeline's clock.
+
+pub mod annotations;
+pub mod approval;
+pub mod canonical;
+pub mod config;
+pub mod decision;
+pub mod identity;
+pub mod ledger;
+pub mod recovery;
+pub mod time;

@@ -1,0 +1,334 @@
+//! The one place where outcomes and gateway-side failures become wire
+//! answers (DESIGN.md section 7). A `tools/call` gets a `CallToolResult`
+//! with `isError: true`, a plain paragraph for the model and
+//! `structuredContent.countersign = { code, message, ...details }`; any other
+//! method gets a JSON-RPC error with the code in `data`. Nothing else in
+//! countersign words a refusal.
+
+use serde_json::{json, Value};
+
+use super::flight::{ApprovalCode, ApprovalNote, Outcome};
+use super::pipeline::CallOutcome;
+use super::upstream::UpstreamError;
+use crate::core::ledger::Answer;
+use crate::wire::era::Era;
+use crate::wire::jsonrpc::{code, raw, Message};
+
+/// Codes of `structuredContent.countersign.code`.
+pub mod codes {
+    /// The upstream could not be reached; the call did not run.
+    pub const UPSTREAM_UNAVAILABLE: &str = "upstream_unavailable";
+    /// The call was sent and the answer was lost; it may have run.
+    pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+    /// The idempotency key was used with other arguments for the same tool.
+    pub const DRIFT_REJECTED: &str = "drift_rejected";
+    /// The idempotency key was used for another tool.
+    pub const REMAP_REJECTED: &str = "remap_rejected";
+    /// The policies deny the call.
+    pub const POLICY_DENIED: &str = "policy_denied";
+    /// The call waits for a human approval.
+    pub const APPROVAL_PENDING: &str = "approval_pending";
+    /// A reviewer denied the call.
+    pub const APPROVAL_DENIED: &str = "approval_denied";
+    /// The approval expired before the call came back.
+    pub const APPROVAL_EXPIRED: &str = "approval_expired";
+    /// The resource changed since the reviewer saw it.
+    pub const STALE_RESOURCE_VERSION: &str = "stale_resource_version";
+}
+
+/// The answer to a `tools/call` request with JSON-RPC id `id`.
+pub fn render(outcome: CallOutcome, id: Value, era: Era) -> Message {
+    match outcome {
+        CallOutcome::Answered(m) => m,
+        CallOutcome::Replayed {
+            answer,
+            key,
+            answered_at,
+        } => replay(id, &answer, &key, &answered_at),
+        CallOutcome::Joined(answer) => match answer {
+            Answer::Result(r) => Message::response(id, raw_or_null(&r)),
+            Answer::Error(e) => error_message(id, &e),
+        },
+        CallOutcome::Refused { why, key, tool } => refusal(id, why, &key, &tool, era),
+        CallOutcome::CircuitOpen { server } => tool_error(
+            id,
+            codes::UPSTREAM_UNAVAILABLE,
+            &format!(
+                "The call did not run: upstream `{server}` is failing and countersign stopped sending to it for a while \
+                 (circuit open). It is safe to try again later."
+            ),
+            json!({ "circuit": "open" }),
+            era,
+        ),
+        CallOutcome::LedgerUnavailable(_) => tool_error(
+            id,
+            codes::UPSTREAM_UNAVAILABLE,
+            "The call did not run: countersign could not record it in its ledger. It is safe to try again later.",
+            json!({}),
+            era,
+        ),
+        CallOutcome::AuditUnavailable => tool_error(
+            id,
+            codes::UPSTREAM_UNAVAILABLE,
+            "The call did not run: countersign could not record it in its audit log. It is safe to try again later.",
+            json!({}),
+            era,
+        ),
+        CallOutcome::Invalid(text) => Message::error(id, code::INVALID_PARAMS, &text, None),
+        CallOutcome::Failed(e) => upstream_failure(id, "tools/call", &e, era),
+    }
+}
+
+/// The `countersign` code an outcome is answered with, if countersign
+/// answers it itself (for the audit trail).
+pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
+    Some(match outcome {
+        CallOutcome::Answered(_)
+        | CallOutcome::Replayed { .. }
+        | CallOutcome::Joined(_)
+        | CallOutcome::Invalid(_) => return None,
+        CallOutcome::Refused { why, .. } => match why {
+            Outcome::Denied => codes::POLICY_DENIED,
+            Outcome::Approval(note) => approval_code(note.code),
+            Outcome::Unknown => codes::OUTCOME_UNKNOWN,
+            Outcome::Drift => codes::DRIFT_REJECTED,
+            Outcome::Remap => codes::REMAP_REJECTED,
+            Outcome::NotDispatched => codes::UPSTREAM_UNAVAILABLE,
+        },
+        CallOutcome::CircuitOpen { .. }
+        | CallOutcome::LedgerUnavailable(_)
+        | CallOutcome::AuditUnavailable => codes::UPSTREAM_UNAVAILABLE,
+        CallOutcome::Failed(e) if e.dispatched() => codes::OUTCOME_UNKNOWN,
+        CallOutcome::Failed(_) => codes::UPSTREAM_UNAVAILABLE,
+    })
+}
+
+fn approval_code(code: ApprovalCode) -> &'static str {
+    match code {
+        ApprovalCode::Pending => codes::APPROVAL_PENDING,
+        ApprovalCode::Denied => codes::APPROVAL_DENIED,
+        ApprovalCode::Expired => codes::APPROVAL_EXPIRED,
+        ApprovalCode::Stale => codes::STALE_RESOURCE_VERSION,
+    }
+}
+
+/// A `CallToolResult` that tells the agent what happened.
+fn tool_error(id: Value, code: &str, text: &str, details: Value, era: Era) -> Message {
+    let mut countersign = json!({ "code": code, "message": text });
+    if let (Some(obj), Value::Object(extra)) = (countersign.as_object_mut(), details) {
+        obj.extend(extra);
+    }
+    let mut result = json!({
+        "content": [{ "type": "text", "text": text }],
+        "isError": true,
+        "structuredContent": { "countersign": countersign },
+    });
+    if era == Era::Modern {
+        result["resultType"] = json!("complete");
+    }
+    Message::response(id, raw(&result))
+}
+
+/// The answer to a request whose upstream call failed: an `isError` result
+/// for `tools/call` (the model reads it), a JSON-RPC `-32603` with the code
+/// in `data` for any other method.
+pub fn upstream_failure(id: Value, method: &str, err: &UpstreamError, era: Era) -> Message {
+    let (code, text) = if err.dispatched() {
+        (
+            codes::OUTCOME_UNKNOWN,
+            format!(
+                "The call may have run: countersign sent it to the server and the answer was lost ({err}). \
+                 Verify with a read before calling again; do not retry blindly."
+            ),
+        )
+    } else {
+        (
+            codes::UPSTREAM_UNAVAILABLE,
+            format!("The call did not run: {err}. It is safe to try again later."),
+        )
+    };
+    failure(id, method, code, &text, era)
+}
+
+/// The stdio bridge could not reach the gateway: nothing was sent.
+pub fn gateway_unreachable(id: Value, method: &str, reason: &str, era: Era) -> Message {
+    failure(
+        id,
+        method,
+        codes::UPSTREAM_UNAVAILABLE,
+        &format!("The call did not run: the countersign gateway is unreachable ({reason}). It is safe to try again later."),
+        era,
+    )
+}
+
+/// The stdio bridge's connection to the gateway broke during a request: it
+/// may have run.
+pub fn gateway_lost(id: Value, method: &str, reason: &str, era: Era) -> Message {
+    failure(
+        id,
+        method,
+        codes::OUTCOME_UNKNOWN,
+        &format!(
+            "The call may have run: the connection to the countersign gateway broke during the call ({reason}). \
+             Verify with a read before calling again; do not retry blindly."
+        ),
+        era,
+    )
+}
+
+/// A gateway-side failure of a request: an `isError` result for
+/// `tools/call` (the model reads it), a JSON-RPC `-32603` with the code in
+/// `data` for any other method.
+fn failure(id: Value, method: &str, code: &str, text: &str, era: Era) -> Message {
+    if method == "tools/call" {
+        tool_error(id, code, text, json!({}), era)
+    } else {
+        Message::error(
+            id,
+            code::INTERNAL_ERROR,
+            text,
+            Some(json!({ "countersign": { "code": code } })),
+        )
+    }
+}
+
+/// A malformed or unacceptable request (`-32600`), worded by the caller's
+/// own check; the front ends use this for every refusal they make.
+pub fn invalid_request(id: Value, text: &str) -> Message {
+    Message::error(id, code::INVALID_REQUEST, text, None)
+}
+
+fn raw_or_null(text: &str) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(text.to_owned()).unwrap_or_else(|_| raw(&Value::Null))
+}
+
+fn error_message(id: Value, raw_error: &str) -> Message {
+    let mut m = Message::error(id, code::INTERNAL_ERROR, "", None);
+    m.error = Some(raw_or_null(raw_error));
+    m
+}
+
+/// A stored answer, given to a retry under its own JSON-RPC id and marked
+/// `_meta["dev.countersign/replayed"]` so the client can tell it from a
+/// fresh execution.
+fn replay(id: Value, answer: &Answer, key: &str, answered_at: &str) -> Message {
+    match answer {
+        Answer::Result(text) => {
+            let mut result: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+            if let Some(obj) = result.as_object_mut() {
+                let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert(
+                        "dev.countersign/replayed".into(),
+                        json!({ "key": key, "first_answered_at": answered_at }),
+                    );
+                }
+            }
+            Message::response(id, raw(&result))
+        }
+        Answer::Error(e) => error_message(id, e),
+    }
+}
+
+/// Verdicts that end a call without running it.
+fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Message {
+    let details = json!({ "idempotency_key": key });
+    match outcome {
+        // Which policy decided stays in the gateway's log and the audit log:
+        // the agent learns the outcome, not how to word around it.
+        Outcome::Denied => tool_error(
+            id,
+            codes::POLICY_DENIED,
+            "Refused, nothing was run: countersign's policies do not allow this call. Do not retry it; \
+             ask a person if it is needed.",
+            json!({}),
+            era,
+        ),
+        Outcome::Approval(note) => approval_answer(id, &note, key, tool, era),
+        Outcome::Unknown => tool_error(
+            id,
+            codes::OUTCOME_UNKNOWN,
+            &format!(
+                "The call may have run: a call with idempotency key `{key}` was sent and its answer was lost. \
+                 Verify with a read before calling again; do not retry blindly. An operator can reconcile it."
+            ),
+            details,
+            era,
+        ),
+        Outcome::Drift => tool_error(
+            id,
+            codes::DRIFT_REJECTED,
+            &format!(
+                "Refused, nothing was run: idempotency key `{key}` was already used for this tool with different \
+                 arguments. A new call needs a new key."
+            ),
+            details,
+            era,
+        ),
+        Outcome::Remap => tool_error(
+            id,
+            codes::REMAP_REJECTED,
+            &format!(
+                "Refused, nothing was run: idempotency key `{key}` was already used for a different tool or server{}. \
+                 A new call needs a new key.",
+                if tool.is_empty() { String::new() } else { format!(" (this call is for `{tool}`)") }
+            ),
+            details,
+            era,
+        ),
+        Outcome::NotDispatched => tool_error(
+            id,
+            codes::UPSTREAM_UNAVAILABLE,
+            "The call did not run: the identical call it joined could not be sent. It is safe to try again.",
+            details,
+            era,
+        ),
+    }
+}
+
+/// What an agent is told when a call waits on, or was refused by, the
+/// approval workflow. The proposal id lets it (and a person) follow up; the
+/// exact same call later finds the approval.
+fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, era: Era) -> Message {
+    let proposal = note.proposal_id.as_deref().unwrap_or("none");
+    let mut details = json!({ "idempotency_key": key, "proposal_id": note.proposal_id });
+    if let Some(r) = &note.revises {
+        details["revises"] = json!(r);
+    }
+    if let Some(r) = &note.reason {
+        details["reason"] = json!(r);
+    }
+    let tool = if tool.is_empty() {
+        "this tool".to_owned()
+    } else {
+        format!("`{tool}`")
+    };
+    let text = match note.code {
+        ApprovalCode::Pending if note.proposal_id.is_none() => format!(
+            "Not run: this call to {tool} needs a human approval, and no proposal was made: {}. \
+             Wait for reviewers to decide your earlier proposals before asking for more.",
+            note.reason.as_deref().unwrap_or("too many proposals are waiting")
+        ),
+        ApprovalCode::Pending => format!(
+            "Not run yet: this call to {tool} needs a human approval, and proposal {proposal} is waiting for a reviewer{}. \
+             Nothing was run. Call again with exactly the same arguments later; once approved, it runs once. \
+             Changing the arguments needs a new approval.",
+            note.revises.as_deref().map(|r| format!(" (it revises proposal {r})")).unwrap_or_default()
+        ),
+        ApprovalCode::Denied => format!(
+            "Refused, nothing was run: a reviewer denied this call to {tool} (proposal {proposal}){}. Do not retry it.",
+            note.reason.as_deref().map(|r| format!(", saying: {r}")).unwrap_or_default()
+        ),
+        ApprovalCode::Expired => format!(
+            "Not run: the approval for this call to {tool} expired before it was used. Nothing was run; \
+             proposal {proposal} asks a reviewer again. Call again with the same arguments once it is approved."
+        ),
+        ApprovalCode::Stale => format!(
+            "Not run: what this call to {tool} acts on changed since a reviewer saw it{}. Nothing was run; \
+             re-read the resource, then call again{}.",
+            note.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
+            note.proposal_id.as_deref().map(|p| format!(" (proposal {p} asks a reviewer about the new version)")).unwrap_or_default()
+        ),
+    };
+    tool_error(id, approval_code(note.code), &text, details, era)
+}

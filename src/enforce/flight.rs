@@ -1,0 +1,769 @@
+//! The ledger as a service: the store plus in-process single-flight.
+//!
+//! For each key, the first call in this process is the *leader*; identical
+//! calls that arrive while it is unresolved *follow* it and receive its
+//! answer (no polling: they wait on a `watch` channel). Only the leader reads
+//! and writes the store.
+//!
+//! The steps are explicit, and the enforcement pipeline calls them in
+//! DESIGN.md section 3's order: [`Idempotency::lookup`] (replay, wait,
+//! conflict, unknown, or lead the key), then, after the policy decision and
+//! the approval lookup, [`Lead::reserve`] (the atomic {reserve key, consume
+//! approval}), then [`Ticket::dispatch_with`] (durable `dispatched`), and
+//! the ticket's end: complete, not dispatched or unknown. Nothing here can
+//! send a call upstream: that takes the pipeline's permit.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::core::ledger::{judge, Answer, Claim, Record, State, Verdict};
+use crate::store::{Reservation, Store, StoreError};
+
+/// How an in-flight call settled, as its followers see it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settled {
+    /// The server answered (fresh or replayed): followers replay it.
+    Answered {
+        /// The answer.
+        answer: Answer,
+        /// When it first arrived (RFC 3339).
+        answered_at: String,
+    },
+    /// The leader's call ended without an answer to share (not dispatched,
+    /// outcome unknown, or refused); followers get the same verdict.
+    Verdict(Outcome),
+}
+
+/// Why an approval-gated call did not run (DESIGN.md section 7 codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalCode {
+    /// `approval_pending`: a reviewer has not decided yet.
+    Pending,
+    /// `approval_denied`.
+    Denied,
+    /// `approval_expired`.
+    Expired,
+    /// `stale_resource_version`.
+    Stale,
+}
+
+/// The approval side of a refusal: which proposal, and what to tell the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalNote {
+    /// The code.
+    pub code: ApprovalCode,
+    /// The proposal the agent's call waits on (or was refused by).
+    pub proposal_id: Option<String>,
+    /// The proposal this one revises, if any.
+    pub revises: Option<String>,
+    /// A reviewer's reason (denials) or the gateway's (stale versions).
+    pub reason: Option<String>,
+}
+
+/// A non-answer outcome shared with followers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Sent, answer lost.
+    Unknown,
+    /// Proven not sent; the caller may try again.
+    NotDispatched,
+    /// The key is bound to another tool.
+    Remap,
+    /// The key is bound to other arguments.
+    Drift,
+    /// The policies deny the call.
+    Denied,
+    /// The call needs (or lost, or was refused) a human approval.
+    Approval(ApprovalNote),
+}
+
+/// How many times the pipeline looks for an approval again when the one it
+/// chose was consumed (or expired) between its lookup and the reservation.
+pub const GATE_ROUNDS: usize = 4;
+
+struct Flight {
+    digest: String,
+    server: String,
+    tool: String,
+    tx: watch::Sender<Option<Settled>>,
+}
+
+/// What the ledger lookup found for a call (DESIGN.md section 3, step
+/// "ledger lookup").
+pub enum Lookup {
+    /// The key is free and this call leads it: decide, then reserve.
+    Lead(Lead),
+    /// An identical call already answered: this is its answer.
+    Replay {
+        /// The answer.
+        answer: Answer,
+        /// When it first arrived.
+        answered_at: String,
+    },
+    /// An identical call is in flight in this process: wait for it.
+    Follow(watch::Receiver<Option<Settled>>),
+    /// Refused or unknown, without dispatch.
+    Stop(Outcome),
+}
+
+/// What [`Lead::reserve`] did.
+pub enum Reserve {
+    /// The key is reserved (and the approval, if any, consumed): dispatch
+    /// through the ticket.
+    Go(Box<Ticket>),
+    /// The approval is no longer usable (found in this state): look for
+    /// another; the key is still led, and free.
+    Lost(Lead, crate::core::approval::ProposalState),
+    /// Another process bound the key in between: this is what the call gets.
+    Bound(Lookup),
+}
+
+/// Retention settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// How long answers to explicit keys are kept.
+    pub explicit: Duration,
+    /// How long answers to derived keys are kept (a repeat within it counts as a retry).
+    pub derived: Duration,
+}
+
+/// The ledger service.
+pub struct Idempotency {
+    store: Arc<dyn Store>,
+    retention: Retention,
+    // A std mutex: held for map operations only, never across an await.
+    flights: Mutex<HashMap<String, Arc<Flight>>>,
+}
+
+impl Idempotency {
+    /// A service over `store`.
+    pub fn new(store: Arc<dyn Store>, retention: Retention) -> Arc<Idempotency> {
+        Arc::new(Idempotency {
+            store,
+            retention,
+            flights: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The store (for reconciliation and listing).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Flight>>> {
+        self.flights.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Join an in-flight identical call, or become the leader for the key.
+    fn lead_or_follow(&self, claim: &Claim) -> Result<Arc<Flight>, Lookup> {
+        let mut flights = self.flights();
+        if let Some(f) = flights.get(&claim.key) {
+            if f.digest != claim.digest {
+                return Err(Lookup::Stop(
+                    if f.tool != claim.tool || f.server != claim.server {
+                        Outcome::Remap
+                    } else {
+                        Outcome::Drift
+                    },
+                ));
+            }
+            return Err(Lookup::Follow(f.tx.subscribe()));
+        }
+        let (tx, _) = watch::channel(None);
+        let flight = Arc::new(Flight {
+            digest: claim.digest.clone(),
+            server: claim.server.clone(),
+            tool: claim.tool.clone(),
+            tx,
+        });
+        flights.insert(claim.key.clone(), flight.clone());
+        Ok(flight)
+    }
+
+    fn settle(&self, key: &str, flight: &Arc<Flight>, settled: Settled) {
+        let mut flights = self.flights();
+        if flights.get(key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            flights.remove(key);
+        }
+        drop(flights);
+        flight.tx.send_replace(Some(settled));
+    }
+
+    /// Step "ledger lookup": what a call with this claim gets. A call that
+    /// may run leads its key's flight from here on, so identical calls (same
+    /// key) wait for it instead of racing it, while the pipeline decides.
+    pub fn lookup(self: &Arc<Self>, claim: Claim, now_ms: i64) -> Result<Lookup, StoreError> {
+        let flight = match self.lead_or_follow(&claim) {
+            Ok(f) => f,
+            Err(other) => return Ok(other),
+        };
+        let existing = match self.store.get(&claim.key) {
+            Ok(e) => e,
+            Err(e) => {
+                self.settle(&claim.key, &flight, Settled::Verdict(Outcome::NotDispatched));
+                return Err(e);
+            }
+        };
+        if judge(existing.as_ref(), &claim, now_ms) == Verdict::Proceed {
+            return Ok(Lookup::Lead(Lead {
+                svc: self.clone(),
+                claim,
+                flight,
+                done: false,
+            }));
+        }
+        Ok(self.conclude(&claim, &flight, existing.as_ref(), now_ms))
+    }
+
+    /// The answer for a key bound by `rec`, shared with the flight's
+    /// followers.
+    fn conclude(
+        &self,
+        claim: &Claim,
+        flight: &Arc<Flight>,
+        rec: Option<&Record>,
+        now_ms: i64,
+    ) -> Lookup {
+        let found = match (judge(rec, claim, now_ms), rec) {
+            (
+                Verdict::Replay,
+                Some(Record {
+                    answer: Some(answer),
+                    answered_at,
+                    ..
+                }),
+            ) => Lookup::Replay {
+                answer: answer.clone(),
+                answered_at: answered_at.clone().unwrap_or_default(),
+            },
+            (Verdict::Remap, _) => Lookup::Stop(Outcome::Remap),
+            (Verdict::Drift, _) => Lookup::Stop(Outcome::Drift),
+            // A record in flight with no leader in this process (another
+            // process, or a crash not yet recovered), an unknown outcome, or
+            // a complete record without its answer (damaged): never run
+            // again.
+            _ => Lookup::Stop(Outcome::Unknown),
+        };
+        let settled = match &found {
+            Lookup::Replay {
+                answer,
+                answered_at,
+            } => Settled::Answered {
+                answer: answer.clone(),
+                answered_at: answered_at.clone(),
+            },
+            Lookup::Stop(o) => Settled::Verdict(o.clone()),
+            Lookup::Lead(_) | Lookup::Follow(_) => Settled::Verdict(Outcome::Unknown),
+        };
+        self.settle(&claim.key, flight, settled);
+        found
+    }
+
+    /// Single-flight without the store, for read-only tools: identical reads
+    /// in flight share one upstream call; a finished read is never replayed.
+    pub fn coalesce_read(
+        self: &Arc<Self>,
+        claim: &Claim,
+    ) -> Result<ReadLead, watch::Receiver<Option<Settled>>> {
+        match self.lead_or_follow(claim) {
+            Ok(flight) => Ok(ReadLead {
+                svc: self.clone(),
+                key: claim.key.clone(),
+                flight,
+                done: false,
+            }),
+            Err(Lookup::Follow(rx)) => Err(rx),
+            // A different read under the same derived key cannot happen (the
+            // digest is part of it); with an explicit key reads use the ledger.
+            Err(_) => Err(watch::channel(Some(Settled::Verdict(Outcome::Drift))).1),
+        }
+    }
+}
+
+/// Wait for the leader of a flight to settle.
+pub async fn follow(mut rx: watch::Receiver<Option<Settled>>) -> Settled {
+    loop {
+        if let Some(s) = rx.borrow_and_update().clone() {
+            return s;
+        }
+        if rx.changed().await.is_err() {
+            // The leader vanished without settling (it was cancelled
+            // mid-flight): whatever it sent may have run.
+            return Settled::Verdict(Outcome::Unknown);
+        }
+    }
+}
+
+/// The leader of a key between the lookup and the reservation. Dropped
+/// without reserving (refused, or the call was cancelled), it frees its
+/// followers with the outcome it was given (`not_dispatched` by default).
+pub struct Lead {
+    svc: Arc<Idempotency>,
+    claim: Claim,
+    flight: Arc<Flight>,
+    done: bool,
+}
+
+impl Lead {
+    /// The claim this call leads.
+    pub fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    /// Step "atomic {reserve key, consume approval}": reserve the key, and
+    /// consume `approval` in the same store transaction when one is given.
+    /// Judged at `now_ms`, the time of the reservation (the pipeline may
+    /// have held the call for minutes).
+    pub async fn reserve(
+        mut self,
+        approval: Option<String>,
+        now_ms: i64,
+    ) -> Result<Reserve, StoreError> {
+        let retention = &self.svc.retention;
+        let ttl = if self.claim.explicit {
+            retention.explicit
+        } else {
+            retention.derived
+        };
+        let record = Record::reserve(&self.claim, now_ms, crate::core::time::ms(ttl));
+        let key = self.claim.key.clone();
+        let reserved = self
+            .svc
+            .store
+            .reserve_with(key.clone(), record.clone(), now_ms, approval)
+            .await;
+        match reserved {
+            Err(e) => {
+                self.refuse(Outcome::NotDispatched);
+                Err(e)
+            }
+            // INVARIANT: only a successful reservation hands out a ticket;
+            // the flight passes to it, so followers wait for its answer.
+            Ok(Reservation::Reserved) => {
+                self.done = true;
+                Ok(Reserve::Go(Box::new(Ticket {
+                    svc: self.svc.clone(),
+                    key,
+                    record,
+                    flight: self.flight.clone(),
+                    dispatched: false,
+                    finished: false,
+                })))
+            }
+            Ok(Reservation::Unapproved(state)) => Ok(Reserve::Lost(self, state)),
+            Ok(Reservation::Bound(rec)) => {
+                self.done = true;
+                Ok(Reserve::Bound(self.svc.conclude(
+                    &self.claim,
+                    &self.flight,
+                    Some(&rec),
+                    now_ms,
+                )))
+            }
+        }
+    }
+
+    /// The call ends before the reservation: the key stays free, and
+    /// followers get `outcome`.
+    pub fn refuse(mut self, outcome: Outcome) {
+        self.done = true;
+        self.svc
+            .settle(&self.claim.key, &self.flight, Settled::Verdict(outcome));
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        if !self.done {
+            self.svc.settle(
+                &self.claim.key,
+                &self.flight,
+                Settled::Verdict(Outcome::NotDispatched),
+            );
+        }
+    }
+}
+
+/// The leader's claim on a key, from reservation to the answer.
+pub struct Ticket {
+    svc: Arc<Idempotency>,
+    key: String,
+    record: Record,
+    flight: Arc<Flight>,
+    dispatched: bool,
+    finished: bool,
+}
+
+impl Ticket {
+    /// `reserved → dispatched`, durably, before anything goes upstream.
+    pub async fn dispatch(&mut self) -> Result<(), StoreError> {
+        self.dispatch_with(None).await
+    }
+
+    /// Whether the key is durably `dispatched` (the pipeline's permit stage
+    /// checks it).
+    pub fn is_dispatched(&self) -> bool {
+        self.dispatched
+    }
+
+    /// [`Ticket::dispatch`], committing `outbox` (audit entries that must
+    /// be on disk before the dispatch) in the same durable commit.
+    pub async fn dispatch_with(
+        &mut self,
+        outbox: Option<(u64, String)>,
+    ) -> Result<(), StoreError> {
+        let mut next = self.record.clone();
+        next.state = State::Dispatched;
+        let moved = self
+            .svc
+            .store
+            .transition_with(self.key.clone(), State::Reserved, next.clone(), outbox)
+            .await?;
+        if !moved {
+            return Err(StoreError(format!(
+                "key `{}` changed state before dispatch",
+                self.key
+            )));
+        }
+        self.record = next;
+        self.dispatched = true;
+        Ok(())
+    }
+
+    /// The server answered: `complete`, and followers get the answer.
+    pub async fn complete(mut self, answer: Answer) -> String {
+        let answered_at = crate::core::time::now_rfc3339();
+        let mut next = self.record.clone();
+        next.state = State::Complete;
+        next.answer = Some(answer.clone());
+        next.answered_at = Some(answered_at.clone());
+        self.finish(
+            next,
+            Settled::Answered {
+                answer,
+                answered_at: answered_at.clone(),
+            },
+        )
+        .await;
+        answered_at
+    }
+
+    /// Proven not sent (or refused unprocessed): the key is free again.
+    pub async fn not_dispatched(mut self) {
+        let mut next = self.record.clone();
+        next.state = State::NotDispatched;
+        self.finish(next, Settled::Verdict(Outcome::NotDispatched))
+            .await;
+    }
+
+    /// Sent, answer lost: `unknown` until an operator reconciles it.
+    pub async fn unknown(mut self) {
+        let mut next = self.record.clone();
+        next.state = State::Unknown;
+        self.finish(next, Settled::Verdict(Outcome::Unknown)).await;
+    }
+
+    async fn finish(&mut self, next: Record, settled: Settled) {
+        let from = if self.dispatched {
+            State::Dispatched
+        } else {
+            State::Reserved
+        };
+        // A store failure here leaves the record `dispatched`, which recovery
+        // turns into `unknown`: conservative, never a second execution.
+        if let Err(e) = self
+            .svc
+            .store
+            .transition(self.key.clone(), from, next)
+            .await
+        {
+            tracing::error!(key = %self.key, "ledger transition failed: {e}");
+        }
+        self.finished = true;
+        self.svc.settle(&self.key, &self.flight, settled);
+    }
+}
+
+impl Drop for Ticket {
+    /// A ticket dropped unfinished (the call was cancelled): if it was
+    /// dispatched the outcome is unknown, otherwise the key is freed.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let (state, outcome) = if self.dispatched {
+            (State::Unknown, Outcome::Unknown)
+        } else {
+            (State::NotDispatched, Outcome::NotDispatched)
+        };
+        let from = if self.dispatched {
+            State::Dispatched
+        } else {
+            State::Reserved
+        };
+        let mut next = self.record.clone();
+        next.state = state;
+        let svc = self.svc.clone();
+        let key = self.key.clone();
+        svc.settle(&key, &self.flight, Settled::Verdict(outcome));
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = svc.store.transition(key.clone(), from, next).await {
+                    tracing::error!(%key, "ledger transition after cancellation failed: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// The leader of a coalesced read.
+pub struct ReadLead {
+    svc: Arc<Idempotency>,
+    key: String,
+    flight: Arc<Flight>,
+    done: bool,
+}
+
+impl ReadLead {
+    /// Share the read's outcome with its followers.
+    pub fn finish(mut self, settled: Settled) {
+        self.done = true;
+        self.svc.settle(&self.key, &self.flight, settled);
+    }
+}
+
+impl Drop for ReadLead {
+    fn drop(&mut self) {
+        if !self.done {
+            self.svc.settle(
+                &self.key,
+                &self.flight,
+                Settled::Verdict(Outcome::NotDispatched),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn svc() -> Arc<Idempotency> {
+        Idempotency::new(
+            Arc::new(MemoryStore::default()),
+            Retention {
+                explicit: Duration::from_secs(3600),
+                derived: Duration::from_secs(300),
+            },
+        )
+    }
+
+    /// Lookup and, when the key is free, reserve it (no approval).
+    enum Begin {
+        Go(Box<Ticket>),
+        Replay { answer: Answer },
+        Follow(watch::Receiver<Option<Settled>>),
+        Stop(Outcome),
+    }
+
+    impl Idempotency {
+        async fn begin(self: &Arc<Self>, claim: Claim) -> Result<Begin, StoreError> {
+            let now = crate::core::time::now_ms();
+            let found = match self.lookup(claim, now)? {
+                Lookup::Lead(lead) => match lead.reserve(None, now).await? {
+                    Reserve::Go(t) => return Ok(Begin::Go(t)),
+                    Reserve::Lost(..) => unreachable!("no approval was asked for"),
+                    Reserve::Bound(found) => found,
+                },
+                other => other,
+            };
+            Ok(match found {
+                Lookup::Replay { answer, .. } => Begin::Replay { answer },
+                Lookup::Follow(rx) => Begin::Follow(rx),
+                Lookup::Stop(o) => Begin::Stop(o),
+                Lookup::Lead(_) => unreachable!("a lookup after a reservation leads nothing"),
+            })
+        }
+    }
+
+    fn claim(key: &str, digest: &str, tool: &str) -> Claim {
+        Claim {
+            key: key.into(),
+            client_key: key.into(),
+            explicit: true,
+            digest: digest.into(),
+            server: "s".into(),
+            tool: tool.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn followers_share_the_leaders_answer() {
+        let s = svc();
+        let Begin::Go(mut t) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+            panic!("leader")
+        };
+        let Begin::Follow(rx) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+            panic!("follower")
+        };
+        let Begin::Stop(Outcome::Drift) = s.begin(claim("k", "other", "t")).await.unwrap() else {
+            panic!("drift")
+        };
+        let Begin::Stop(Outcome::Remap) = s.begin(claim("k", "other", "u")).await.unwrap() else {
+            panic!("remap")
+        };
+        t.dispatch().await.unwrap();
+        t.complete(Answer::Result("{\"ok\":1}".into())).await;
+        let Settled::Answered { answer, .. } = follow(rx).await else {
+            panic!("answer")
+        };
+        assert_eq!(answer, Answer::Result("{\"ok\":1}".into()));
+        let Begin::Replay { answer, .. } = s.begin(claim("k", "d", "t")).await.unwrap() else {
+            panic!("replay")
+        };
+        assert_eq!(answer, Answer::Result("{\"ok\":1}".into()));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_dispatched_ticket_is_unknown_and_never_reruns() {
+        let s = svc();
+        let Begin::Go(mut t) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+            panic!()
+        };
+        t.dispatch().await.unwrap();
+        drop(t);
+        tokio::task::yield_now().await;
+        for _ in 0..50 {
+            if s.store().get("k").unwrap().unwrap().state == State::Unknown {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(
+            s.begin(claim("k", "d", "t")).await.unwrap(),
+            Begin::Stop(Outcome::Unknown)
+        ));
+    }
+
+    #[tokio::test]
+    async fn not_dispatched_frees_the_key() {
+        let s = svc();
+        let Begin::Go(t) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+            panic!()
+        };
+        t.not_dispatched().await;
+        assert!(matches!(
+            s.begin(claim("k", "d", "t")).await.unwrap(),
+            Begin::Go(_)
+        ));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Arrive { key: u8, digest: u8 },
+        Complete { leader: u8 },
+        Lose { leader: u8 },
+        Restart,
+        Reconcile { key: u8 },
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u8..3, 0u8..2).prop_map(|(key, digest)| Step::Arrive { key, digest }),
+            2 => (0u8..8).prop_map(|leader| Step::Complete { leader }),
+            1 => (0u8..8).prop_map(|leader| Step::Lose { leader }),
+            1 => Just(Step::Restart),
+            1 => (0u8..3).prop_map(|key| Step::Reconcile { key }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { cases: 200, ..Default::default() })]
+        /// Random interleavings of arrivals, completions, losses, restarts
+        /// and reconciliations against a model. Invariants: at most one
+        /// dispatch per key between two frees, and every follower gets what
+        /// its leader got.
+        #[test]
+        fn ledger_model(steps in proptest::collection::vec(step(), 1..60)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+                let retention = Retention { explicit: Duration::from_secs(3600), derived: Duration::from_secs(300) };
+                let mut s = Idempotency::new(store.clone(), retention);
+                // Per key: dispatches since the key was last free.
+                let mut dispatches: HashMap<String, usize> = HashMap::new();
+                type Leader = (String, Box<Ticket>, Vec<watch::Receiver<Option<Settled>>>);
+                let mut leaders: Vec<Leader> = Vec::new();
+                let mut answered: HashMap<String, Answer> = HashMap::new();
+                for st in steps {
+                    match st {
+                        Step::Arrive { key, digest } => {
+                            let k = format!("k{key}");
+                            let c = claim(&k, &format!("d{key}-{digest}"), "t");
+                            match s.begin(c).await.unwrap() {
+                                Begin::Go(mut t) => {
+                                    t.dispatch().await.unwrap();
+                                    let n = dispatches.entry(k.clone()).or_default();
+                                    *n += 1;
+                                    assert!(*n <= 1, "second dispatch for {k}");
+                                    leaders.push((k, t, Vec::new()));
+                                }
+                                Begin::Follow(rx) => {
+                                    let l = leaders.iter_mut().find(|(lk, _, _)| *lk == k).expect("a follower has a leader");
+                                    l.2.push(rx);
+                                }
+                                Begin::Replay { answer, .. } => {
+                                    assert_eq!(Some(&answer), answered.get(&k), "replay of {k} is its answer");
+                                }
+                                Begin::Stop(_) => {}
+                            }
+                        }
+                        Step::Complete { leader } | Step::Lose { leader } if leaders.is_empty() => { let _ = leader; }
+                        Step::Complete { leader } => {
+                            let (k, t, followers) = leaders.remove(leader as usize % leaders.len());
+                            let answer = Answer::Result(format!("\"{k}-{}\"", answered.len()));
+                            t.complete(answer.clone()).await;
+                            answered.insert(k.clone(), answer.clone());
+                            for rx in followers {
+                                let got = follow(rx).await;
+                                assert!(matches!(got, Settled::Answered { answer: ref a, .. } if *a == answer), "{got:?}");
+                            }
+                        }
+                        Step::Lose { leader } => {
+                            let (_, t, followers) = leaders.remove(leader as usize % leaders.len());
+                            t.unknown().await;
+                            for rx in followers {
+                                assert_eq!(follow(rx).await, Settled::Verdict(Outcome::Unknown));
+                            }
+                        }
+                        Step::Restart => {
+                            // Tickets die with the process: dispatched → unknown.
+                            for (_, t, followers) in leaders.drain(..) {
+                                drop(t);
+                                for rx in followers {
+                                    assert_eq!(follow(rx).await, Settled::Verdict(Outcome::Unknown));
+                                }
+                            }
+                            tokio::task::yield_now().await;
+                            store.recover().unwrap();
+                            s = Idempotency::new(store.clone(), retention);
+                        }
+                        Step::Reconcile { key } => {
+                            let k = format!("k{key}");
+                            if let Some(mut r) = store.get(&k).unwrap().filter(|r| r.state == State::Unknown) {
+                                r.state = State::NotDispatched;
+                                assert!(store.transition(k.clone(), State::Unknown, r).await.unwrap());
+                                dispatches.remove(&k);
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The enforcement layer: the pipeline of DESIGN.md section 3 as one type,
+//! and the services it decides with. It does I/O only through traits (the
+//! store, the upstream, the clock) and the optional audit log, and runs
+//! without HTTP: `tests` below drive it with the memory store and an
+//! in-process upstream.
+//!
+//! - [`pipeline`]: [`pipeline::Pipeline::tool_call`], its stages, the
+//!   [`pipeline::CallOutcome`] and the sealed [`pipeline::Permit`].
+//! - [`flight`]: the ledger as a service: lookup, lead, reserve, ticket,
+//!   and single-flight of identical calls.
+//! - [`book`]: proposals and approvals (create or join, find and
+//!   revalidate, decide, expire).
+//! - [`upstream`]: the trait an upstream implements for the pipeline, and
+//!   its errors.
+//! - [`answer`]: the one module that words outcomes for the wire.
+
+pub mod answer;
+pub mod book;
+pub mod flight;
+pub mod pipeline;
+pub mod upstream;
+
+#[cfg(test)]
+mod tests;

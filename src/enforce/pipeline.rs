@@ -1,0 +1,1191 @@
+//! The enforcement pipeline of one `tools/call` (DESIGN.md sections 3–6),
+//! as one type with no HTTP in it.
+//!
+//! [`Pipeline::tool_call`] runs the stages in section 3's order, each a
+//! named function below:
+//!
+//! 1. [`Pipeline::parse`]: strict parse and digest;
+//! 2. [`Pipeline::claim`]: the idempotency key;
+//! 3. unattended reads: [`Pipeline::decide`], then [`Pipeline::read`]
+//!    (coalesced, no durable write, retried);
+//! 4. everything else, per attempt ([`Pipeline::write`]):
+//!    [`Pipeline::circuit`] → [`Pipeline::lookup`] (replay, wait, conflict,
+//!    `outcome_unknown`) → [`Pipeline::gate`] (policy decision, approval
+//!    lookup and revalidation, with [`Pipeline::resource_version`] and its
+//!    probe) → [`Pipeline::reserve`] (atomic {reserve key, consume
+//!    approval}) → [`Pipeline::dispatch`] (durable `dispatched`, with the
+//!    audit entry) → [`permit`] → the upstream → [`Pipeline::record`].
+//!
+//! A `tools/call` reaches an upstream only as a [`Permit`], which the last
+//! stage alone constructs: it owns the canonical request and the ledger
+//! ticket, and [`ToolConn::call_tool`] takes it by value.
+//!
+//! Store, upstream and clock come in through traits ([`crate::store::Store`],
+//! [`Upstream`], [`Clock`]); the audit log is optional (commands other than
+//! `serve` run without one).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::book::{Ask, Book, Found};
+use super::flight::{
+    follow, ApprovalCode, ApprovalNote, Idempotency, Lead, Lookup, Outcome, ReadLead, Reserve,
+    Retention, Settled, Ticket, GATE_ROUNDS,
+};
+use super::upstream::{ToolConn, Upstream, UpstreamError};
+use crate::audit::log::AuditLog;
+use crate::audit::trail::Trail;
+use crate::core::annotations::{Annotations, Catalog};
+use crate::core::approval::{ProposalState, Risk};
+use crate::core::canonical::{self, CanonicalCall};
+use crate::core::config::{Config, VersionProbe};
+use crate::core::decision::{self, Decision, Policies};
+use crate::core::identity::Identity;
+use crate::core::ledger::{self, Answer, Claim};
+use crate::core::recovery::{classify_response, Admission, Backoff, Breaker, ResponseClass};
+use crate::core::time::Clock;
+use crate::store::{Store, StoreError};
+use crate::wire::era::Era;
+use crate::wire::jsonrpc::{raw, Message};
+
+/// Who is calling, for idempotency keys: the identity and the session scope
+/// (the bridge's stable scope, the session id, or none when stateless).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The authenticated identity.
+    pub identity: Arc<Identity>,
+    /// The session scope, if any.
+    pub scope: Option<String>,
+}
+
+/// One request's context: who calls, which server, which era, where
+/// related server messages (progress) go, and the upstream to use.
+pub struct CallCtx<'a, U> {
+    /// The caller.
+    pub caller: &'a Caller,
+    /// The configured server name.
+    pub server: &'a str,
+    /// The wire era of the request.
+    pub era: Era,
+    /// Where progress notifications and other related messages go, when the
+    /// client can receive them.
+    pub events: Option<mpsc::Sender<Message>>,
+    /// The upstream the call goes to.
+    pub upstream: &'a U,
+}
+
+/// How a `tools/call` ended, before it is worded for the wire (that is
+/// [`super::answer`]'s job, and nobody else's).
+#[derive(Debug)]
+pub enum CallOutcome {
+    /// The server's answer to this call (the client's id restored).
+    Answered(Message),
+    /// The stored answer of an earlier call with the same key, given to a
+    /// retry or a duplicate (marked as a replay).
+    Replayed {
+        /// The answer.
+        answer: Answer,
+        /// The idempotency key as the client knows it.
+        key: String,
+        /// When it first arrived.
+        answered_at: String,
+    },
+    /// The answer of the identical read this call joined while in flight.
+    Joined(Answer),
+    /// Ended by the gateway without running (or, for `Unknown`, without
+    /// knowing whether it ran).
+    Refused {
+        /// Why.
+        why: Outcome,
+        /// The idempotency key as the client knows it.
+        key: String,
+        /// The tool called.
+        tool: String,
+    },
+    /// The upstream is refused fast while its circuit is open: nothing sent.
+    CircuitOpen {
+        /// The server.
+        server: String,
+    },
+    /// The ledger could not record the call: nothing sent.
+    LedgerUnavailable(StoreError),
+    /// The audit log could not record the dispatch: nothing sent.
+    AuditUnavailable,
+    /// The params failed the strict parse, or carry an unusable key (`-32602`).
+    Invalid(String),
+    /// The upstream failed; [`UpstreamError::dispatched`] says whether the
+    /// call may have run.
+    Failed(UpstreamError),
+}
+
+/// Leave to send one `tools/call` upstream. Only the pipeline's last stage
+/// ([`permit`]) constructs one, after every earlier stage passed: it owns
+/// the canonical request (the bytes that were hashed, checked and
+/// approved) and the ledger's hold on the key. No other value can carry a
+/// `tools/call` to an upstream, so code that skips a stage does not
+/// compile:
+///
+/// ```compile_fail
+/// use countersign::enforce::pipeline::Permit;
+/// use countersign::wire::jsonrpc::Message;
+/// // A permit cannot be made outside the pipeline: its fields are private.
+/// let permit = Permit { request: Message::notification("x", None) };
+/// ```
+///
+/// ```compile_fail
+/// // Nor is there a constructor to call.
+/// let permit = countersign::enforce::pipeline::Permit::new();
+/// ```
+#[derive(Debug)]
+pub struct Permit {
+    request: Message,
+    hold: Hold,
+}
+
+/// What a permit holds of the ledger: the ticket of a write whose key is
+/// durably `dispatched`, or the lead of a coalesced read.
+enum Hold {
+    Write(Box<Ticket>),
+    Read(Box<ReadLead>),
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Hold::Write(_) => "Hold::Write",
+            Hold::Read(_) => "Hold::Read",
+        })
+    }
+}
+
+impl Permit {
+    /// The canonical request, for the transport to write.
+    pub fn request(&self) -> &Message {
+        &self.request
+    }
+
+    /// Spend the permit: the request to write, and the receipt to hand back
+    /// with the answer.
+    pub fn spend(self) -> (Message, Receipt) {
+        (self.request, Receipt { hold: self.hold })
+    }
+}
+
+/// What a spent permit leaves: handed back with the answer, so the
+/// pipeline records it on the ledger. Dropped instead (the call was
+/// cancelled mid-flight), a write's key becomes `unknown`.
+#[derive(Debug)]
+pub struct Receipt {
+    hold: Hold,
+}
+
+impl Receipt {
+    /// The upstream's answer (or failure) to the permitted call.
+    pub fn sent(self, answer: Result<Message, UpstreamError>) -> Sent {
+        Sent {
+            answer,
+            hold: self.hold,
+        }
+    }
+}
+
+/// A permitted call's answer, with the ledger hold it went out under.
+#[derive(Debug)]
+pub struct Sent {
+    answer: Result<Message, UpstreamError>,
+    hold: Hold,
+}
+
+/// The last stage: a permit for `request`. A write's ticket must be durably
+/// `dispatched`; otherwise the hold comes back and nothing is sent.
+fn permit(request: &Message, hold: Hold) -> Result<Permit, Hold> {
+    // INVARIANT: no write leaves without its durable `dispatched` record;
+    // a crash after the send then reads as `unknown`, never as free.
+    if let Hold::Write(t) = &hold {
+        if !t.is_dispatched() {
+            return Err(hold);
+        }
+    }
+    Ok(Permit {
+        request: request.clone(),
+        hold,
+    })
+}
+
+/// What one attempt ended with.
+enum Attempt {
+    /// Final.
+    Done(CallOutcome),
+    /// Proven not run (or a read): try again if attempts remain.
+    Retry(CallOutcome),
+}
+
+/// What the approval gate chose, as a value.
+enum Gate {
+    /// The policies allow the call unattended.
+    Pass,
+    /// Run under this approved proposal, consumed with the reservation.
+    Consume {
+        /// The proposal.
+        proposal: String,
+        /// The reviewer's signed decision, for the audit entry.
+        approval: Value,
+    },
+    /// Do not run; the key stays free.
+    Refuse(Outcome),
+}
+
+/// One call on its way through the stages.
+struct Call<'a, U> {
+    ctx: &'a CallCtx<'a, U>,
+    /// The canonical request (params replaced by the JCS form).
+    request: &'a Message,
+    call: &'a CanonicalCall,
+    claim: &'a Claim,
+    annotations: Annotations,
+    trail: &'a Trail,
+}
+
+/// The enforcement pipeline and what it decides with.
+pub struct Pipeline {
+    /// The configuration in force.
+    pub config: Arc<Config>,
+    /// Effective tool annotations.
+    pub catalog: Catalog,
+    /// The idempotency ledger with in-process single-flight.
+    pub flights: Arc<Idempotency>,
+    /// Proposals and approvals (same store as the ledger).
+    pub book: Arc<Book>,
+    /// The audit log (`serve` only).
+    pub audit: Option<Arc<AuditLog>>,
+    clock: Arc<dyn Clock>,
+    /// One circuit breaker per configured server. A std mutex: held for a
+    /// state change, never across an await.
+    breakers: HashMap<String, Mutex<Breaker>>,
+    /// The policy set in force; swapped whole by a reload.
+    policies: RwLock<Arc<Policies>>,
+}
+
+impl Pipeline {
+    /// A pipeline over `store`, deciding with `policies`.
+    pub fn new(
+        config: Arc<Config>,
+        store: Arc<dyn Store>,
+        policies: Policies,
+        audit: Option<Arc<AuditLog>>,
+        clock: Arc<dyn Clock>,
+    ) -> Pipeline {
+        let book = Arc::new(Book::new(
+            store.clone(),
+            config.approvals.clone(),
+            audit.clone(),
+            clock.clone(),
+        ));
+        let flights = Idempotency::new(
+            store,
+            Retention {
+                explicit: config.idempotency.retention,
+                derived: config.idempotency.derived_ttl,
+            },
+        );
+        let breakers = config
+            .servers
+            .keys()
+            .map(|k| {
+                let b = Breaker::new(config.circuit.failure_threshold, config.circuit.cooldown);
+                (k.clone(), Mutex::new(b))
+            })
+            .collect();
+        let catalog = Catalog::new(
+            config
+                .servers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.tools.clone()))
+                .collect(),
+        );
+        Pipeline {
+            config,
+            catalog,
+            flights,
+            book,
+            audit,
+            clock,
+            breakers,
+            policies: RwLock::new(Arc::new(policies)),
+        }
+    }
+
+    /// The policy set in force now.
+    pub fn policies(&self) -> Arc<Policies> {
+        self.policies
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Put a new policy set in force (a successful reload).
+    pub fn set_policies(&self, policies: Policies) {
+        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+    }
+
+    /// Whether `server`'s circuit is open now.
+    pub fn circuit_open(&self, server: &str) -> bool {
+        self.breakers.get(server).is_some_and(|b| {
+            b.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_open(Instant::now())
+        })
+    }
+
+    /// Append an audit entry (buffered), when there is a log.
+    pub fn audit(&self, kind: &'static str, fields: serde_json::Map<String, Value>) {
+        if let Some(a) = &self.audit {
+            a.record(kind, fields);
+        }
+    }
+
+    /// A `tools/list` result passed through: capture the tools' annotations
+    /// (never altering the result), and audit what changed.
+    pub fn observe_tools_list(&self, server: &str, result: &str) {
+        let captured = self.catalog.capture(server, result);
+        if !captured.changed.is_empty() {
+            let mut f = serde_json::Map::new();
+            f.insert("server".into(), json!(server));
+            f.insert("tools".into(), json!(captured.changed));
+            self.audit("tools_changed", f);
+        }
+    }
+
+    /// The upstream `call_timeout` of `server`.
+    pub fn call_timeout(&self, server: &str) -> Duration {
+        self.config
+            .servers
+            .get(server)
+            .map_or(Duration::from_secs(30), |c| c.call_timeout)
+    }
+
+    /// Run one `tools/call` request through every stage.
+    pub async fn tool_call<U: Upstream>(
+        &self,
+        ctx: &CallCtx<'_, U>,
+        request: Message,
+    ) -> CallOutcome {
+        let (request, call) = match self.parse(ctx.server, request) {
+            Ok(c) => c,
+            Err(o) => return o,
+        };
+        let (claim, explicit) = match self.claim(ctx.caller, ctx.server, &call) {
+            Ok(c) => c,
+            Err(o) => return o,
+        };
+        // Read once: the same annotations classify the call and feed the
+        // policies.
+        let annotations = self.catalog.effective(ctx.server, &call.tool);
+        let trail = Trail::new(
+            self.audit.as_ref(),
+            &ctx.caller.identity,
+            ctx.server,
+            &call,
+            &claim.client_key,
+        );
+        trail.received(&call, explicit, annotations.read_only);
+        let c = Call {
+            ctx,
+            request: &request,
+            call: &call,
+            claim: &claim,
+            annotations,
+            trail: &trail,
+        };
+        if annotations.read_only && !explicit {
+            match self.decide(&c) {
+                Decision::Allow { .. } => return self.read(&c).await,
+                Decision::Deny { .. } => return refused(&c, Outcome::Denied),
+                // A read the policies want approved goes through the
+                // approval book and the ledger like a write: its yes is
+                // single-use too.
+                Decision::Approval { .. } => {}
+            }
+        }
+        self.write(&c).await
+    }
+
+    /// Stage 1, strict parse and canonical form: the forwarded `params` are
+    /// the exact JCS bytes that were hashed, so what is checked (and later
+    /// approved) is byte-for-byte what the server receives. A refusal is
+    /// `-32602` and nothing is sent upstream.
+    fn parse(
+        &self,
+        server: &str,
+        mut request: Message,
+    ) -> Result<(Message, CanonicalCall), CallOutcome> {
+        let limits = canonical::Limits {
+            max_depth: self.config.limits.max_depth,
+            max_arguments_bytes: self.config.limits.max_arguments_bytes,
+        };
+        let params = request.params.as_ref().map_or("null", |p| p.get());
+        let call = canonical::canonicalize(server, params, limits)
+            .map_err(|e| CallOutcome::Invalid(e.to_string()))?;
+        tracing::debug!(server, tool = %call.tool, digest = %call.digest, "canonical call");
+        let forward = serde_json::value::RawValue::from_string(call.forward_params_text())
+            .map_err(|e| CallOutcome::Invalid(format!("canonical form is not JSON: {e}")))?;
+        request.params = Some(forward);
+        Ok((request, call))
+    }
+
+    /// Stage 2, the idempotency key: explicit, or derived from who calls,
+    /// in which scope, and the digest. Namespaced by tenant and principal.
+    fn claim(
+        &self,
+        caller: &Caller,
+        server: &str,
+        call: &CanonicalCall,
+    ) -> Result<(Claim, bool), CallOutcome> {
+        let who = &caller.identity;
+        let (client_key, explicit) = ledger::idempotency_key(
+            &call.reserved,
+            &who.principal,
+            &who.tenant,
+            caller.scope.as_deref(),
+            &call.digest,
+        )
+        .map_err(|e| CallOutcome::Invalid(e.to_string()))?;
+        let claim = Claim {
+            key: ledger::storage_key(&who.tenant, &who.principal, &client_key),
+            client_key,
+            explicit,
+            digest: call.digest.clone(),
+            server: server.to_owned(),
+            tool: call.tool.clone(),
+        };
+        Ok((claim, explicit))
+    }
+
+    /// The policy decision (DESIGN.md section 4) with the policies in force
+    /// now; the determining policies go to the log and the audit trail,
+    /// never to the agent.
+    fn decide<U>(&self, c: &Call<'_, U>) -> Decision {
+        let server = c.ctx.server;
+        let who = &c.ctx.caller.identity;
+        let decision = self.policies().decide(&decision::Call {
+            identity: who,
+            server,
+            tool: &c.call.tool,
+            annotations: c.annotations,
+            arguments: &c.call.arguments,
+            digest: &c.call.digest,
+            resource_version: explicit_version(c.call),
+        });
+        match &decision {
+            Decision::Allow { policies } => {
+                tracing::debug!(%server, tool = %c.call.tool, ?policies, "policy: allow");
+            }
+            Decision::Approval { policies } => {
+                tracing::info!(%server, tool = %c.call.tool, ?policies, principal = %who.principal, "policy: approval required");
+            }
+            Decision::Deny { policies, errors } => {
+                tracing::info!(%server, tool = %c.call.tool, ?policies, ?errors, principal = %who.principal, "policy: denied");
+            }
+        }
+        c.trail.decision(&decision);
+        decision
+    }
+
+    /// Stage 3, an unattended read: identical reads in flight share one
+    /// call, and a finished read is never replayed (reads stay fresh). No
+    /// durable write; any failure may be retried (reading twice is
+    /// harmless).
+    async fn read<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
+        let mut lead = match self.flights.coalesce_read(c.claim) {
+            Ok(lead) => Box::new(lead),
+            Err(rx) => return settled(c, follow(rx).await, false),
+        };
+        let mut attempt = 1;
+        let outcome = loop {
+            let (result, back) = self.read_once(c, lead).await;
+            lead = back;
+            match self.next_attempt(c, result, &mut attempt).await {
+                Ok(done) => break done,
+                Err(()) => continue,
+            }
+        };
+        lead.finish(shared(&outcome));
+        c.trail.record("completed", completed_fields(&outcome));
+        outcome
+    }
+
+    /// One read attempt.
+    async fn read_once<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+        lead: Box<ReadLead>,
+    ) -> (Attempt, Box<ReadLead>) {
+        if let Some(refusal) = self.circuit(c) {
+            return (Attempt::Done(refusal), lead);
+        }
+        let conn = match c.ctx.upstream.ready().await {
+            Ok(conn) => conn,
+            Err(e) => return (Attempt::Retry(self.failed(c, e)), lead),
+        };
+        let hold = match permit(c.request, Hold::Read(lead)) {
+            Ok(p) => {
+                let timeout = self.call_timeout(c.ctx.server);
+                let sent = conn.call_tool(p, c.ctx.events.clone(), timeout).await;
+                return self.read_answer(c, sent);
+            }
+            Err(hold) => hold,
+        };
+        // A read's hold is always permitted; this arm only keeps the types
+        // honest.
+        match hold {
+            Hold::Read(lead) => (Attempt::Done(CallOutcome::AuditUnavailable), lead),
+            Hold::Write(_) => unreachable_hold(),
+        }
+    }
+
+    fn read_answer<U>(&self, c: &Call<'_, U>, sent: Sent) -> (Attempt, Box<ReadLead>) {
+        let lead = match sent.hold {
+            Hold::Read(lead) => lead,
+            Hold::Write(_) => unreachable_hold(),
+        };
+        let attempt = match sent.answer {
+            Ok(resp) => {
+                self.breaker_record(c.ctx.server, true);
+                if classify_response(&resp) == ResponseClass::Transient {
+                    Attempt::Retry(CallOutcome::Answered(resp))
+                } else {
+                    Attempt::Done(CallOutcome::Answered(resp))
+                }
+            }
+            Err(e) => Attempt::Retry(self.failed(c, e)),
+        };
+        (attempt, lead)
+    }
+
+    /// Stage 4, a call through the ledger, with retries only where a retry
+    /// cannot run it twice (proven not dispatched).
+    async fn write<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
+        let mut attempt = 1;
+        loop {
+            let result = self.write_once(c).await;
+            if let Ok(done) = self.next_attempt(c, result, &mut attempt).await {
+                return done;
+            }
+        }
+    }
+
+    /// One attempt through the ledger.
+    async fn write_once<U: Upstream>(&self, c: &Call<'_, U>) -> Attempt {
+        if let Some(refusal) = self.circuit(c) {
+            return Attempt::Done(refusal);
+        }
+        let lead = match self.lookup(c).await {
+            Ok(lead) => lead,
+            Err(done) => return Attempt::Done(done),
+        };
+        let ticket = match self.reserve(c, lead).await {
+            Ok(t) => t,
+            Err(done) => return Attempt::Done(done),
+        };
+        self.dispatch(c, ticket).await
+    }
+
+    /// Ledger lookup: replay, wait for the identical call in flight, refuse
+    /// a conflict or a repeat of an unknown outcome, or lead the key.
+    async fn lookup<U>(&self, c: &Call<'_, U>) -> Result<Lead, CallOutcome> {
+        let found = self
+            .flights
+            .lookup(c.claim.clone(), self.clock.now_ms())
+            .map_err(|e| ledger_unavailable(c, e))?;
+        match found {
+            Lookup::Lead(lead) => Ok(lead),
+            Lookup::Follow(rx) => Err(settled(c, follow(rx).await, true)),
+            other => Err(concluded(c, other)),
+        }
+    }
+
+    /// Policy decision → approval lookup and revalidation → the atomic
+    /// {reserve key, consume approval}. When the approval the gate chose is
+    /// gone by the reservation (a concurrent call with another key consumed
+    /// it), the gate looks again, a few times at most.
+    async fn reserve<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+        mut lead: Lead,
+    ) -> Result<Box<Ticket>, CallOutcome> {
+        let mut lost = None;
+        for _ in 0..GATE_ROUNDS {
+            let (proposal, approval) = match self.gate(c, lost).await {
+                Gate::Pass => (None, Value::Null),
+                Gate::Consume { proposal, approval } => (Some(proposal), approval),
+                Gate::Refuse(why) => {
+                    lead.refuse(why.clone());
+                    return Err(refused(c, why));
+                }
+            };
+            // Judged at the time of the reservation: the gate may have
+            // held the call for minutes.
+            let now = self.clock.now_ms();
+            match lead.reserve(proposal.clone(), now).await {
+                Err(e) => return Err(ledger_unavailable(c, e)),
+                Ok(Reserve::Go(ticket)) => {
+                    if let Some(proposal) = proposal {
+                        self.book.changed(&proposal);
+                        // With the reviewer's signed statement: the entry
+                        // shows on its own which yes this execution used.
+                        c.trail.record(
+                            "approval_consumed",
+                            vec![("proposal_id", json!(proposal)), ("approval", approval)],
+                        );
+                    }
+                    return Ok(ticket);
+                }
+                Ok(Reserve::Lost(back, state)) => {
+                    tracing::info!(tool = %c.call.tool, lost = state.as_str(), "the approval went to a concurrent call; looking again");
+                    lead = back;
+                    lost = Some(state);
+                }
+                Ok(Reserve::Bound(found)) => return Err(concluded(c, found)),
+            }
+        }
+        // The approval kept slipping away: fail closed.
+        lead.refuse(Outcome::NotDispatched);
+        Err(refused(c, Outcome::NotDispatched))
+    }
+
+    /// The gate: the policy decision in force now, and for a call that
+    /// needs a yes, the approval it may consume. Such a call is held up to
+    /// `approvals.hold` (progress notifications when it sent a
+    /// `progressToken`) and proceeds the moment a reviewer approves.
+    async fn gate<U: Upstream>(&self, c: &Call<'_, U>, lost: Option<ProposalState>) -> Gate {
+        if let Some(state) = lost {
+            tracing::debug!(lost = state.as_str(), "looking for an approval again");
+        }
+        let hold = self.config.approvals.hold;
+        let hold_until = Instant::now() + hold;
+        // Set up on the first look only: an unattended call (the hot path)
+        // pays for neither the subscription nor re-reading its params.
+        let mut waiting = None;
+        let mut progress = 0u64;
+        loop {
+            // Revalidation right before execution: the policies in force now.
+            let policies = match self.decide(c) {
+                Decision::Allow { .. } => return Gate::Pass,
+                Decision::Deny { .. } => return Gate::Refuse(Outcome::Denied),
+                Decision::Approval { policies } => policies,
+            };
+            // Subscribed before the first look, so a decision made between
+            // the look and the wait is not missed.
+            let (changes, token) = waiting.get_or_insert_with(|| {
+                let token = c
+                    .request
+                    .params_value()
+                    .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
+                (self.book.subscribe(), token)
+            });
+            let version = match self.resource_version(c).await {
+                Ok(v) => v,
+                Err(reason) => {
+                    tracing::warn!(tool = %c.call.tool, "resource version: {reason}");
+                    return Gate::Refuse(Outcome::Approval(ApprovalNote {
+                        code: ApprovalCode::Stale,
+                        proposal_id: None,
+                        revises: None,
+                        reason: Some(reason),
+                    }));
+                }
+            };
+            let ask = Ask {
+                identity: &c.ctx.caller.identity,
+                server: c.ctx.server,
+                tool: &c.call.tool,
+                arguments: &c.call.arguments,
+                digest: &c.call.digest,
+                resource_version: version.as_deref(),
+                risk: risk(c.annotations),
+                policies: &policies,
+                key: &c.claim.key,
+                client_key: &c.claim.client_key,
+            };
+            let reviewers = self.policies();
+            // Entries so far go first: the proposal this call may create
+            // follows its cause in the log.
+            c.trail.flush();
+            let proposal = match self.book.find(&ask, reviewers.reviewers()).await {
+                Ok(Found::Usable(p)) => {
+                    let approval = serde_json::to_value(&p.decision).unwrap_or(Value::Null);
+                    return Gate::Consume {
+                        proposal: p.id,
+                        approval,
+                    };
+                }
+                Ok(Found::Refuse(note)) => return Gate::Refuse(Outcome::Approval(note)),
+                Ok(Found::Wait(p)) => p,
+                Err(e) => {
+                    tracing::error!("approval book unavailable, refusing: {e}");
+                    return Gate::Refuse(Outcome::NotDispatched);
+                }
+            };
+            // Hold: wait for this proposal to be decided, sending progress.
+            loop {
+                let left = hold_until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Gate::Refuse(Outcome::Approval(super::book::pending(&proposal)));
+                }
+                let tick = self.config.approvals.progress_interval.min(left);
+                tokio::select! {
+                    change = changes.recv() => match change {
+                        Ok(e) if e.proposal.id == proposal.id && e.proposal.state != ProposalState::Pending => break,
+                        Ok(_) => {}
+                        // Missed some: look again rather than wait blind.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            return Gate::Refuse(Outcome::Approval(super::book::pending(&proposal)));
+                        }
+                    },
+                    () = tokio::time::sleep(tick) => {
+                        if let (Some(token), Some(events)) = (&*token, &c.ctx.events) {
+                            progress += 1;
+                            let waited = hold.saturating_sub(hold_until.saturating_duration_since(Instant::now()));
+                            let params = json!({
+                                "progressToken": token,
+                                "progress": progress,
+                                "message": format!(
+                                    "waiting for a reviewer to approve proposal {} ({}s so far)",
+                                    proposal.id, waited.as_secs()
+                                ),
+                            });
+                            let _ = events
+                                .send(Message::notification("notifications/progress", Some(raw(&params))))
+                                .await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The resource version this call acts on: the operator's probe when one
+    /// is configured (the gateway reads it itself), else the client's
+    /// explicit `_meta` binding, else none. Errors fail closed.
+    async fn resource_version<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+    ) -> Result<Option<String>, String> {
+        let explicit = explicit_version(c.call).map(str::to_owned);
+        let Some(probe) = self
+            .config
+            .servers
+            .get(c.ctx.server)
+            .and_then(|s| s.tools.get(&c.call.tool))
+            .and_then(|t| t.version_probe.as_ref())
+        else {
+            return Ok(explicit);
+        };
+        let read = self.probe(c, probe).await?;
+        if let Some(e) = explicit.filter(|e| *e != read) {
+            return Err(format!(
+                "the call binds resource version `{e}`, but the resource is at `{read}` now"
+            ));
+        }
+        tracing::debug!(tool = %c.call.tool, version = %read, "resource version");
+        Ok(Some(read))
+    }
+
+    /// The version probe, a stage of its own: a read-only tool of the same
+    /// server, called as the requester through the parse, key, policy and
+    /// read stages (never the approval gate: a probe that the policies do
+    /// not allow unattended does not run).
+    async fn probe<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+        probe: &VersionProbe,
+    ) -> Result<String, String> {
+        // A probe that could write is not a probe: never run it.
+        let annotations = self.catalog.effective(c.ctx.server, &probe.tool);
+        if !annotations.read_only {
+            return Err(format!(
+                "version probe `{}` is not a read-only tool (list tools first, or set read_only = true for it in the config)",
+                probe.tool
+            ));
+        }
+        let mut arguments = serde_json::Map::new();
+        for (name, pointer) in &probe.arguments {
+            let v = c.call.arguments.pointer(pointer).ok_or_else(|| {
+                format!("version probe argument `{name}` points at `{pointer}`, which the call does not have")
+            })?;
+            arguments.insert(name.clone(), v.clone());
+        }
+        let mut meta = c.call.reserved.other_meta.clone();
+        meta.remove("progressToken");
+        let params = json!({ "name": probe.tool, "arguments": arguments, "_meta": meta });
+        let request = Message::request(
+            json!(format!("countersign-probe-{:x}", rand::random::<u64>())),
+            "tools/call",
+            Some(raw(&params)),
+        );
+        let failed = || format!("version probe `{}` failed", probe.tool);
+        let (request, call) = self.parse(c.ctx.server, request).map_err(|_| failed())?;
+        let (claim, _) = self
+            .claim(c.ctx.caller, c.ctx.server, &call)
+            .map_err(|_| failed())?;
+        let trail = Trail::new(
+            self.audit.as_ref(),
+            &c.ctx.caller.identity,
+            c.ctx.server,
+            &call,
+            &claim.client_key,
+        );
+        trail.received(&call, false, true);
+        let pc = Call {
+            ctx: c.ctx,
+            request: &request,
+            call: &call,
+            claim: &claim,
+            annotations,
+            trail: &trail,
+        };
+        match self.decide(&pc) {
+            Decision::Allow { .. } => {}
+            _ => {
+                return Err(format!(
+                    "version probe `{}` is not allowed unattended by the policies",
+                    probe.tool
+                ))
+            }
+        }
+        let CallOutcome::Answered(answer) = self.read(&pc).await else {
+            return Err(failed());
+        };
+        let result: Value = answer
+            .result
+            .as_ref()
+            .and_then(|r| serde_json::from_str(r.get()).ok())
+            .ok_or_else(failed)?;
+        if result.get("isError").and_then(Value::as_bool) == Some(true) {
+            return Err(format!("version probe `{}` answered an error", probe.tool));
+        }
+        match result.pointer(&probe.pointer) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(Value::Null) | None => Err(format!(
+                "version probe `{}` has nothing at `{}`",
+                probe.tool, probe.pointer
+            )),
+            Some(other) => Ok(canonical::jcs(other)),
+        }
+    }
+
+    /// Durable `dispatched` (with the audit entry that records it), the
+    /// permit, the send, and the answer on the ledger.
+    async fn dispatch<U: Upstream>(&self, c: &Call<'_, U>, mut ticket: Box<Ticket>) -> Attempt {
+        let conn = match c.ctx.upstream.ready().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                ticket.not_dispatched().await;
+                c.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+                return Attempt::Retry(self.failed(c, e));
+            }
+        };
+        // The audit entry that records the dispatch (and the call's entries
+        // before it) is on disk before a byte goes upstream: committed in the
+        // ledger's outbox with the `dispatched` record, one fsync for both.
+        // The audit writer appends it to the log and clears the row once
+        // its own file is fsynced; startup repairs a crash in between.
+        let durable = match c.trail.stage_dispatch() {
+            None => ticket.dispatch().await,
+            Some((log, Ok(staged))) => {
+                let outbox = Some((staged.id, staged.text.clone()));
+                let r = ticket.dispatch_with(outbox).await;
+                match &r {
+                    Ok(()) => log.record_staged(staged),
+                    Err(_) => log.unstage(staged),
+                }
+                r
+            }
+            // An audit log without the ledger's outbox cannot make the
+            // dispatch entry durable with the dispatch (`serve` always
+            // attaches it): no evidence, no dispatch.
+            Some((_, Err(_))) => {
+                tracing::error!("refusing a call: the audit log has no ledger outbox attached");
+                ticket.not_dispatched().await;
+                return Attempt::Done(CallOutcome::AuditUnavailable);
+            }
+        };
+        if let Err(e) = durable {
+            // Dropping the ticket frees the key: nothing was sent.
+            c.trail
+                .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+            return Attempt::Done(ledger_unavailable(c, e));
+        }
+        let permit = match permit(c.request, Hold::Write(ticket)) {
+            Ok(p) => p,
+            Err(_) => return Attempt::Done(CallOutcome::AuditUnavailable),
+        };
+        let timeout = self.call_timeout(c.ctx.server);
+        let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
+        self.record(c, sent).await
+    }
+
+    /// Record the answer: `complete`, `not_dispatched` (refused unprocessed
+    /// or proven unsent), or `unknown` (sent, answer lost).
+    async fn record<U>(&self, c: &Call<'_, U>, sent: Sent) -> Attempt {
+        let ticket = match sent.hold {
+            Hold::Write(t) => t,
+            Hold::Read(_) => unreachable_hold(),
+        };
+        match sent.answer {
+            Ok(resp) => {
+                self.breaker_record(c.ctx.server, true);
+                if classify_response(&resp) == ResponseClass::Refused {
+                    // The server refused it unprocessed: provably not run.
+                    ticket.not_dispatched().await;
+                    c.trail.record(
+                        "not_dispatched",
+                        vec![("reason", json!("refused unprocessed by the server"))],
+                    );
+                } else if let Some(answer) = answer_of(&resp) {
+                    ticket.complete(answer).await;
+                    c.trail.record("completed", answered_fields(&resp));
+                } else {
+                    ticket.unknown().await;
+                    c.trail
+                        .record("outcome_unknown", vec![("reason", json!("no answer"))]);
+                }
+                Attempt::Done(CallOutcome::Answered(resp))
+            }
+            Err(e) if !e.class().possibly_executed() => {
+                ticket.not_dispatched().await;
+                c.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+                Attempt::Retry(self.failed(c, e))
+            }
+            Err(e) => {
+                ticket.unknown().await;
+                tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {e}");
+                c.trail
+                    .record("outcome_unknown", vec![("reason", json!(e.to_string()))]);
+                Attempt::Done(self.failed(c, e))
+            }
+        }
+    }
+
+    /// After an attempt: the outcome to give (`Ok`), or `Err` after pausing
+    /// when a retry is due (`retry.*`: capped exponential backoff with
+    /// jitter).
+    async fn next_attempt<U>(
+        &self,
+        c: &Call<'_, U>,
+        result: Attempt,
+        attempt: &mut u32,
+    ) -> Result<CallOutcome, ()> {
+        let cfg = &self.config.retry;
+        let backoff = Backoff {
+            max_attempts: cfg.max_attempts,
+            base: cfg.base_delay,
+            max: cfg.max_delay,
+        };
+        match result {
+            Attempt::Done(o) => Ok(o),
+            Attempt::Retry(o) if *attempt >= backoff.max_attempts => Ok(o),
+            Attempt::Retry(_) => {
+                *attempt += 1;
+                let pause = backoff.delay(*attempt, rand::random::<f64>());
+                tracing::info!(server = %c.ctx.server, attempt = *attempt, ?pause, "retrying a call that is safe to retry");
+                tokio::time::sleep(pause).await;
+                Err(())
+            }
+        }
+    }
+
+    /// The breaker: `Some` refusal at once while the circuit is open
+    /// (nothing is reserved, nothing is sent).
+    fn circuit<U>(&self, c: &Call<'_, U>) -> Option<CallOutcome> {
+        let breaker = self.breakers.get(c.ctx.server)?;
+        let admission = breaker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(Instant::now());
+        (admission == Admission::Refuse).then(|| CallOutcome::CircuitOpen {
+            server: c.ctx.server.to_owned(),
+        })
+    }
+
+    fn breaker_record(&self, server: &str, ok: bool) {
+        if let Some(b) = self.breakers.get(server) {
+            let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
+            if ok {
+                b.success();
+            } else {
+                b.failure(Instant::now());
+            }
+        }
+    }
+
+    /// An upstream failure, counted by the breaker when it says the
+    /// upstream is unhealthy.
+    fn failed<U>(&self, c: &Call<'_, U>, e: UpstreamError) -> CallOutcome {
+        if e.class().unhealthy() {
+            self.breaker_record(c.ctx.server, false);
+        }
+        tracing::warn!(server = %c.ctx.server, dispatched = e.dispatched(), "upstream call failed: {e}");
+        CallOutcome::Failed(e)
+    }
+}
+
+#[track_caller]
+fn unreachable_hold() -> ! {
+    // INVARIANT: a read's permit comes back as a read, a write's as a write;
+    // the pipeline builds both, and the upstream can only hand them back.
+    unreachable!("a ledger hold came back of the other kind")
+}
+
+/// `_meta["dev.countersign/resource-version"]`: a version the client binds
+/// explicitly (DESIGN.md section 6).
+fn explicit_version(call: &CanonicalCall) -> Option<&str> {
+    call.reserved
+        .meta
+        .get("dev.countersign/resource-version")
+        .and_then(Value::as_str)
+}
+
+fn risk(a: Annotations) -> Risk {
+    if a.read_only {
+        Risk::Read
+    } else if a.destructive {
+        Risk::Destructive
+    } else {
+        Risk::Write
+    }
+}
+
+fn refused<U>(c: &Call<'_, U>, why: Outcome) -> CallOutcome {
+    // Audit entries of refusals the ledger or a stale version made (policy
+    // and approval refusals have theirs).
+    match &why {
+        Outcome::Drift => c
+            .trail
+            .record("rejected", vec![("reason", json!("drift"))]),
+        Outcome::Remap => c
+            .trail
+            .record("rejected", vec![("reason", json!("remap"))]),
+        Outcome::Unknown => c
+            .trail
+            .record("outcome_unknown", vec![("repeat", json!(true))]),
+        Outcome::Approval(note) if note.code == ApprovalCode::Stale => c.trail.record(
+            "rejected",
+            vec![
+                ("reason", json!("stale")),
+                ("detail", json!(note.reason)),
+                ("proposal_id", json!(note.proposal_id)),
+            ],
+        ),
+        _ => {}
+    }
+    CallOutcome::Refused {
+        why,
+        key: c.claim.client_key.clone(),
+        tool: c.call.tool.clone(),
+    }
+}
+
+/// A replay or a stop the ledger concluded.
+fn concluded<U>(c: &Call<'_, U>, found: Lookup) -> CallOutcome {
+    match found {
+        Lookup::Replay {
+            answer,
+            answered_at,
+        } => {
+            c.trail
+                .record("replayed", vec![("first_answered_at", json!(answered_at))]);
+            CallOutcome::Replayed {
+                answer,
+                key: c.claim.client_key.clone(),
+                answered_at,
+            }
+        }
+        Lookup::Stop(why) => refused(c, why),
+        // Not produced once the key is bound; fail closed all the same.
+        Lookup::Lead(_) | Lookup::Follow(_) => refused(c, Outcome::Unknown),
+    }
+}
+
+/// What a follower gets from its leader: a write's answer as a replay, a
+/// read's as a joined answer, or the leader's verdict.
+fn settled<U>(c: &Call<'_, U>, s: Settled, write: bool) -> CallOutcome {
+    match s {
+        Settled::Answered {
+            answer,
+            answered_at,
+        } if write => CallOutcome::Replayed {
+            answer,
+            key: c.claim.client_key.clone(),
+            answered_at,
+        },
+        Settled::Answered { answer, .. } => CallOutcome::Joined(answer),
+        Settled::Verdict(why) => CallOutcome::Refused {
+            why,
+            key: c.claim.client_key.clone(),
+            tool: c.call.tool.clone(),
+        },
+    }
+}
+
+fn ledger_unavailable<U>(c: &Call<'_, U>, e: StoreError) -> CallOutcome {
+    tracing::error!(tool = %c.call.tool, "refusing a call: {e}");
+    CallOutcome::LedgerUnavailable(e)
+}
+
+/// The part of a response the ledger keeps.
+fn answer_of(resp: &Message) -> Option<Answer> {
+    match (&resp.result, &resp.error) {
+        (Some(r), _) => Some(Answer::Result(r.get().to_owned())),
+        (None, Some(e)) => Some(Answer::Error(e.get().to_owned())),
+        _ => None,
+    }
+}
+
+/// What a read's followers get.
+fn shared(outcome: &CallOutcome) -> Settled {
+    match outcome {
+        CallOutcome::Answered(resp) => match answer_of(resp) {
+            Some(answer) => Settled::Answered {
+                answer,
+                answered_at: String::new(),
+            },
+            None => Settled::Verdict(Outcome::NotDispatched),
+        },
+        _ => Settled::Verdict(Outcome::NotDispatched),
+    }
+}
+
+/// `completed` fields of an upstream answer: whether it is an error.
+fn answered_fields(answer: &Message) -> Vec<(&'static str, Value)> {
+    let is_error = answer.error.is_some()
+        || answer.result.as_ref().is_some_and(|r| {
+            serde_json::from_str::<Value>(r.get())
+                .ok()
+                .and_then(|v| v.get("isError")?.as_bool())
+                .unwrap_or(false)
+        });
+    vec![("is_error", json!(is_error))]
+}
+
+/// `completed` fields of any outcome: whether it is an error, and the code
+/// when countersign itself answered.
+fn completed_fields(outcome: &CallOutcome) -> Vec<(&'static str, Value)> {
+    match outcome {
+        CallOutcome::Answered(m) => answered_fields(m),
+        other => {
+            let mut f = vec![("is_error", json!(true))];
+            if let Some(code) = super::answer::code_of(other) {
+                f.push(("code", json!(code)));
+            }
+            f
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! The reviewer control API, `/v1` on the gateway's listener (DESIGN.md
+//! sections 1 and 6).
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /v1/proposals[?state=pending]` | proposals of the reviewer's tenants, newest first |
+//! | `GET /v1/proposals/{id}` | one proposal, with a one-sentence summary |
+//! | `POST /v1/proposals/{id}/decision` | `{statement, signature}`: a signed approve or deny |
+//! | `GET /v1/outcomes` | `unknown` ledger records of the reviewer's tenants |
+//! | `POST /v1/outcomes/reconcile` | settle one: `{tenant, principal, key, resolution, note?, result?}` |
+//! | `GET /v1/events` | SSE: `proposal_created` / `proposal_updated` |
+//! | `GET /v1/audit[?limit=N]` | the last N (default 50, at most 500) audit entries of the reviewer's tenants |
+//!
+//! Every request is signed with the reviewer's ed25519 key
+//! (`Authorization: Countersign-Ed25519 reviewer=..,time=..,signature=..`
+//! over method, path, time and body hash; see [`crate::core::approval`]). There is
+//! no shared secret to leak: the key that signs approvals also opens the
+//! API. Requests from non-loopback peers are refused unless
+//! `approvals.remote_control` is set. Reviewers see only the tenants listed
+//! for them in `reviewers.toml`; anything else is "not found".
+
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, FromRequest, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::core::approval::{self, Proposal, ProposalState, RequestAuth, Reviewer, Statement};
+use crate::upstream::session::Gateway;
+use crate::core::time::{parse_rfc3339, rfc3339};
+use crate::enforce::book::DecideError;
+
+/// The control API's routes (merged into the gateway's router).
+pub fn router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/proposals", get(list))
+        .route("/v1/proposals/{id}", get(show))
+        .route("/v1/proposals/{id}/decision", post(decide))
+        .route("/v1/outcomes", get(outcomes))
+        .route("/v1/outcomes/reconcile", post(reconcile))
+        .route("/v1/events", get(events))
+        .route("/v1/audit", get(audit_tail))
+        .with_state(gw)
+}
+
+fn problem(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({ "error": { "code": code, "message": message.into() } }).to_string(),
+    )
+        .into_response()
+}
+
+fn ok(body: Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Who signed this request, or why it is refused. Checks, in order: the
+/// peer is loopback (unless remote control is on), the header parses, the
+/// reviewer is registered, the signed time is within `clock_skew`, and the
+/// signature covers this method, path and body.
+#[expect(clippy::result_large_err, reason = "the refusal is the response")]
+fn authenticate(
+    gw: &Gateway,
+    peer: Option<SocketAddr>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Reviewer, Response> {
+    let cfg = &gw.config.approvals;
+    // Loopback only by default: the control API decides what runs, so it is
+    // not exposed to the network by accident (an unknown peer counts as
+    // remote: fail closed).
+    if !cfg.remote_control && !peer.is_some_and(|p| p.ip().is_loopback()) {
+        return Err(problem(
+            StatusCode::FORBIDDEN,
+            "remote_refused",
+            "the control API answers loopback peers only: run the CLI on the gateway's host (or set approvals.remote_control = true behind TLS)",
+        ));
+    }
+    let unauthorized = |m: String| problem(StatusCode::UNAUTHORIZED, "unauthenticated", m);
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| unauthorized("missing `Authorization`: sign requests with a reviewer key (countersign CLI or countersign-review)".into()))?;
+    let auth = RequestAuth::parse(value).map_err(|e| unauthorized(e.0))?;
+    let policies = gw.pipeline.policies();
+    let reviewer = policies
+        .reviewers()
+        .get(&auth.reviewer)
+        .cloned()
+        .ok_or_else(|| {
+            unauthorized(format!(
+                "reviewer `{}` is not in reviewers.toml: add the line `countersign keygen` printed to the policy repository",
+                auth.reviewer
+            ))
+        })?;
+    let signed = parse_rfc3339(&auth.time)
+        .ok_or_else(|| unauthorized(format!("`time` `{}` is not RFC 3339", auth.time)))?;
+    let now = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+    // A captured request replays only within this window.
+    if (signed - now).abs() > cfg.clock_skew.as_millis() as i64 {
+        return Err(unauthorized(format!(
+            "the request's time {} is too far from the gateway's clock ({}): check the reviewer's clock",
+            auth.time,
+            rfc3339(now)
+        )));
+    }
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    auth.verify(&reviewer.key, method.as_str(), path, body)
+        .map_err(|e| unauthorized(e.0))?;
+    Ok(reviewer)
+}
+
+/// A request signed by a registered reviewer: the reviewer and the body the
+/// signature covers. Handlers that take it cannot run for anyone else.
+pub struct Signed {
+    /// Who signed.
+    pub reviewer: Reviewer,
+    /// The request body (already read: the signature covers its hash).
+    pub body: Bytes,
+}
+
+impl FromRequest<Arc<Gateway>> for Signed {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, gw: &Arc<Gateway>) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(a)| *a);
+        let body = axum::body::to_bytes(body, gw.config.limits.max_body_bytes)
+            .await
+            .map_err(|e| {
+                problem(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("the body could not be read (limits.max_body_bytes): {e}"),
+                )
+            })?;
+        let reviewer = authenticate(gw, peer, &parts.method, &parts.uri, &parts.headers, &body)?;
+        Ok(Signed { reviewer, body })
+    }
+}
+
+/// A proposal as the API shows it: the stored record plus a plain
+/// sentence and RFC 3339 times (`pending_expires_at`: when an undecided
+/// proposal expires).
+pub fn view(p: &Proposal, pending_ttl: std::time::Duration) -> Value {
+    let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("summary".into(), json!(approval::summary(p)));
+        o.insert("created_at".into(), json!(rfc3339(p.created_ms)));
+        o.insert("updated_at".into(), json!(rfc3339(p.updated_ms)));
+        o.insert(
+            "expires_at".into(),
+            p.expires_ms.map_or(Value::Null, |e| json!(rfc3339(e))),
+        );
+        let pending_until = p
+            .created_ms
+            .saturating_add(pending_ttl.as_millis().min(i64::MAX as u128) as i64);
+        o.insert("pending_expires_ms".into(), json!(pending_until));
+    }
+    v
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+}
+
+async fn list(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<ListQuery>,
+    Signed { reviewer, .. }: Signed,
+) -> Response {
+    let wanted = match q.state.as_deref() {
+        None | Some("all") => None,
+        Some(s) => match serde_json::from_value::<ProposalState>(json!(s)) {
+            Ok(st) => Some(st),
+            Err(_) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!("unknown state `{s}`: use pending, approved, denied, consumed, expired, invalidated or all"),
+                )
+            }
+        },
+    };
+    match gw.pipeline.book.list() {
+        Ok(all) => ok(json!({
+            "proposals": all
+                .iter()
+                .filter(|p| reviewer.covers(&p.tenant) && wanted.is_none_or(|w| p.state == w))
+                .map(|p| view(p, gw.config.approvals.pending_ttl))
+                .collect::<Vec<_>>()
+        })),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
+    }
+}
+
+async fn show(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    Signed { reviewer, .. }: Signed,
+) -> Response {
+    match gw.pipeline.book.get(&id) {
+        // Another tenant's proposal is "not found": its existence is not
+        // disclosed.
+        Ok(Some(p)) if reviewer.covers(&p.tenant) => {
+            ok(json!({ "proposal": view(&p, gw.config.approvals.pending_ttl) }))
+        }
+        Ok(_) => problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no proposal `{id}`: list them with `countersign pending`"),
+        ),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    statement: Value,
+    signature: String,
+}
+
+async fn decide(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    Signed { reviewer, body }: Signed,
+) -> Response {
+    let parsed: DecisionBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("the body must be {{\"statement\": {{...}}, \"signature\": \"...\"}}: {e}"),
+            )
+        }
+    };
+    let statement: Statement = match serde_json::from_value(parsed.statement) {
+        Ok(s) => s,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad_statement",
+                format!(
+                    "the statement is not a {} statement: {e}",
+                    approval::STATEMENT_TYPE
+                ),
+            )
+        }
+    };
+    let policies = gw.pipeline.policies();
+    // Approving is itself authorized (DESIGN.md section 4): the reviewer,
+    // the tool with its effective annotations, the requester and arguments.
+    let may_approve = |p: &Proposal| {
+        let groups = gw
+            .config
+            .identities
+            .iter()
+            .find(|i| i.principal == p.requester && i.tenant == p.tenant)
+            .map(|i| i.groups.clone())
+            .unwrap_or_default();
+        let identity = crate::core::identity::Identity {
+            principal: p.requester.clone(),
+            tenant: p.tenant.clone(),
+            groups,
+        };
+        let call = crate::core::decision::Call {
+            identity: &identity,
+            server: &p.server,
+            tool: &p.tool,
+            annotations: gw.pipeline.catalog.effective(&p.server, &p.tool),
+            arguments: &p.arguments,
+            digest: &p.call_digest,
+            resource_version: p.resource_version.as_deref(),
+        };
+        match policies.may_approve(&reviewer.name, &reviewer.groups, &call) {
+            Ok(()) => true,
+            Err(d) => {
+                tracing::info!(proposal = %p.id, reviewer = %reviewer.name, decision = ?d, "approval refused by policy");
+                false
+            }
+        }
+    };
+    match gw
+        .pipeline
+        .book
+        .decide(&id, statement, &parsed.signature, &reviewer, may_approve)
+        .await
+    {
+        Ok(p) => ok(json!({ "proposal": view(&p, gw.config.approvals.pending_ttl) })),
+        Err(e) => {
+            let (status, code) = match &e {
+                DecideError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+                DecideError::NotPending { .. } => (StatusCode::CONFLICT, "not_pending"),
+                DecideError::Refused(_) => (StatusCode::BAD_REQUEST, "refused"),
+                DecideError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+                DecideError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
+            };
+            tracing::warn!(proposal = %id, reviewer = %reviewer.name, "decision refused: {e}");
+            problem(status, code, e.to_string())
+        }
+    }
+}
+
+async fn outcomes(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
+    match crate::cli::reconcile::list_unknown_in(gw.pipeline.flights.store().as_ref()) {
+        Ok(all) => ok(json!({
+            "outcomes": all
+                .into_iter()
+                .filter(|(t, ..)| reviewer.covers(t))
+                .map(|(tenant, principal, key, r)| json!({
+                    "tenant": tenant, "principal": principal, "key": key,
+                    "server": r.server, "tool": r.tool, "call_digest": r.digest,
+                    "created_at": rfc3339(r.created_ms),
+                }))
+                .collect::<Vec<_>>()
+        })),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReconcileBody {
+    tenant: String,
+    principal: String,
+    key: String,
+    resolution: String,
+    note: Option<String>,
+    result: Option<String>,
+}
+
+async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Signed) -> Response {
+    let b: ReconcileBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+    };
+    if !reviewer.covers(&b.tenant) {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no unknown outcome for key `{}` in your tenants", b.key),
+        );
+    }
+    let verdict = match b.resolution.as_str() {
+        "executed" => crate::cli::reconcile::Verdict::Executed { result: b.result },
+        "not_executed" => crate::cli::reconcile::Verdict::NotExecuted,
+        other => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("resolution `{other}` must be `executed` or `not_executed`"),
+            )
+        }
+    };
+    let note = Some(format!(
+        "reconciled by reviewer {}{}",
+        reviewer.name,
+        b.note.map(|n| format!(": {n}")).unwrap_or_default()
+    ));
+    match crate::cli::reconcile::reconcile_in(
+        gw.pipeline.flights.store().as_ref(),
+        gw.config.idempotency.retention,
+        &b.tenant,
+        &b.principal,
+        &b.key,
+        verdict,
+        note,
+    )
+    .await
+    {
+        Ok(r) => {
+            gw.pipeline.audit(
+                "reconciled",
+                crate::cli::reconcile::reconciled_fields(
+                    &b.tenant,
+                    &b.principal,
+                    &b.key,
+                    &r,
+                    &format!("reviewer {}", reviewer.name),
+                ),
+            );
+            ok(json!({ "state": r.state, "note": r.note }))
+        }
+        Err(e @ crate::cli::reconcile::ReconcileError::NotFound { .. }) => {
+            problem(StatusCode::NOT_FOUND, "not_found", e.to_string())
+        }
+        Err(e @ crate::cli::reconcile::ReconcileError::NotUnknown(_)) => {
+            problem(StatusCode::CONFLICT, "not_unknown", e.to_string())
+        }
+        Err(e) => problem(StatusCode::BAD_REQUEST, "refused", e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+struct TailQuery {
+    limit: Option<usize>,
+}
+
+async fn audit_tail(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<TailQuery>,
+    Signed { reviewer, .. }: Signed,
+) -> Response {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    let dir = gw.config.audit_dir();
+    let tail =
+        tokio::task::spawn_blocking(move || crate::audit::verify::tail(&dir, 256 << 10)).await;
+    match tail {
+        Ok(Ok(entries)) => {
+            // Entries of other tenants are not shown; entries without a
+            // tenant (checkpoints, reloads) are.
+            let mine: Vec<Value> = entries
+                .into_iter()
+                .filter(|e| {
+                    e.get("tenant")
+                        .and_then(Value::as_str)
+                        .is_none_or(|t| reviewer.covers(t))
+                })
+                .map(Value::Object)
+                .collect();
+            let skip = mine.len().saturating_sub(limit);
+            ok(json!({ "entries": mine[skip..] }))
+        }
+        Ok(Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
+    }
+}
+
+async fn events(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
+    use futures_util::StreamExt;
+    let rx = gw.pipeline.book.subscribe();
+    let ttl = gw.config.approvals.pending_ttl;
+    let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |e| {
+        let out = match e {
+            Ok(e) if reviewer.covers(&e.proposal.tenant) => Some(
+                Ok::<_, std::convert::Infallible>(SseEvent::default().event(e.kind).data(
+                    json!({ "kind": e.kind, "proposal": view(&e.proposal, ttl) }).to_string(),
+                )),
+            ),
+            Ok(_) => None,
+            // A slow client missed events: tell it to re-list.
+            Err(_) => Some(Ok(SseEvent::default().event("resync").data("{}"))),
+        };
+        std::future::ready(out)
+    });
+    // A first comment flushes the headers at once, so a client knows it is
+    // subscribed before anything happens.
+    let hello = futures_util::stream::once(std::future::ready(Ok(
+        SseEvent::default().comment("subscribed")
+    )));
+    Sse::new(hello.chain(stream))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,76 @@
+//! One MCP request in, one answer out, whatever the transport: a
+//! `tools/call` goes through the enforcement pipeline, anything else is
+//! relayed unchanged (a `tools/list` result is read, never altered, to
+//! capture the tools' annotations). No HTTP here, and no wording: answers
+//! are worded by [`crate::enforce::answer`].
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::enforce::answer;
+use crate::enforce::pipeline::{CallCtx, Caller};
+use crate::upstream::route::{Route, Target};
+use crate::upstream::session::Gateway;
+use crate::upstream::ExtraHeaders;
+use crate::wire::era::Era;
+use crate::wire::jsonrpc::Message;
+
+/// One request's context: who calls which server, in which era, and where
+/// it goes upstream.
+#[derive(Clone)]
+pub struct RequestCtx {
+    /// The configured server.
+    pub server: String,
+    /// Who calls, and in which idempotency scope.
+    pub caller: Caller,
+    /// The wire era.
+    pub era: Era,
+    /// The upstream connection it goes to.
+    pub target: Target,
+    /// 2026-07-28 metadata headers for the upstream request.
+    pub extra: ExtraHeaders,
+}
+
+/// The answer the client gets to request `msg`: the upstream's response, or
+/// the gateway's account of what happened. Server messages related to the
+/// request (progress, server requests) go to `events`.
+pub async fn answer(
+    gw: &Gateway,
+    rc: &RequestCtx,
+    msg: Message,
+    events: Option<mpsc::Sender<Message>>,
+) -> Message {
+    let id = msg.id.clone().unwrap_or(Value::Null);
+    let route = Route {
+        gw,
+        target: rc.target.clone(),
+        extra: rc.extra.clone(),
+    };
+    if msg.method() == "tools/call" {
+        let ctx = CallCtx {
+            caller: &rc.caller,
+            server: &rc.server,
+            era: rc.era,
+            events,
+            upstream: &route,
+        };
+        let outcome = gw.pipeline.tool_call(&ctx, msg).await;
+        return answer::render(outcome, id, rc.era);
+    }
+    let method = msg.method().to_owned();
+    let timeout = gw.pipeline.call_timeout(&rc.server);
+    match route.call(&rc.server, msg, events, timeout).await {
+        Ok(resp) => {
+            if method == "tools/list" {
+                if let Some(result) = &resp.result {
+                    gw.pipeline.observe_tools_list(&rc.server, result.get());
+                }
+            }
+            resp
+        }
+        Err(e) => {
+            tracing::warn!(server = %rc.server, %method, dispatched = e.dispatched(), "upstream call failed: {e}");
+            answer::upstream_failure(id, &method, &e, rc.era)
+        }
+    }
+}

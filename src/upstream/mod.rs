@@ -1,0 +1,305 @@
+//! Upstream MCP servers: a stdio child or a Streamable HTTP endpoint.
+//!
+//! An [`UpstreamConn`] is one connection (one child, or one HTTP session) with
+//! its [`Mux`]. Transports only move bytes; ids and routing live in the mux,
+//! so both transports behave the same towards clients.
+
+pub mod mux;
+pub mod route;
+pub mod session;
+mod stdio;
+mod streamable_http;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::core::config::ServerConfig;
+use crate::enforce::pipeline::{Permit, Sent};
+use crate::wire::jsonrpc::{raw, Kind, Message};
+use crate::upstream::mux::Mux;
+
+pub use streamable_http::HttpClient;
+
+pub use crate::enforce::upstream::UpstreamError;
+
+pub use crate::wire::era::ExtraHeaders;
+
+enum Transport {
+    Stdio(Arc<stdio::Stdio>),
+    Http(Box<streamable_http::Http>),
+}
+
+/// A client message relayed as it is: anything but a `tools/call` request,
+/// which reaches an upstream only as a [`Permit`].
+#[derive(Debug)]
+pub struct Passthrough(Message);
+
+impl Passthrough {
+    /// `msg`, unless it is a `tools/call` request (then `msg` back).
+    #[expect(clippy::result_large_err, reason = "the refused message itself comes back")]
+    pub fn new(msg: Message) -> Result<Passthrough, Message> {
+        // INVARIANT: tool calls go through the enforcement pipeline; this
+        // is the one door for everything else.
+        if msg.kind() == Kind::Request && msg.method() == "tools/call" {
+            return Err(msg);
+        }
+        Ok(Passthrough(msg))
+    }
+
+    /// The message.
+    pub fn message(&self) -> &Message {
+        &self.0
+    }
+
+    /// [`Passthrough::new`], a refusal worded as an upstream error of
+    /// `server` (nothing was sent).
+    pub fn checked(server: &str, msg: Message) -> Result<Passthrough, UpstreamError> {
+        Passthrough::new(msg).map_err(|_| UpstreamError::Closed {
+            server: server.to_owned(),
+            reason: "internal: a tools/call outside the enforcement pipeline was refused".into(),
+        })
+    }
+}
+
+/// One live upstream connection.
+pub struct UpstreamConn {
+    /// Id mapping and routing (shared with the transport's reader tasks).
+    pub mux: Arc<Mux>,
+    transport: Transport,
+    server: String,
+}
+
+impl UpstreamConn {
+    /// Connect to `server`: spawn its child or prepare its HTTP endpoint.
+    /// Server messages that belong to no request go to `unsolicited`.
+    pub async fn connect(
+        server: &str,
+        cfg: &ServerConfig,
+        http: &HttpClient,
+        max_line: usize,
+        unsolicited: mpsc::Sender<Message>,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        let mux = Arc::new(Mux::new(unsolicited));
+        let transport = match &cfg.url {
+            Some(url) => Transport::Http(Box::new(streamable_http::Http::new(
+                server,
+                url,
+                &cfg.headers,
+                http,
+                max_line,
+            )?)),
+            None => Transport::Stdio(Arc::new(stdio::Stdio::spawn(
+                server,
+                cfg,
+                max_line,
+                mux.clone(),
+            )?)),
+        };
+        Ok(Arc::new(UpstreamConn {
+            mux,
+            transport,
+            server: server.into(),
+        }))
+    }
+
+    /// The server this connection talks to.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Send a `tools/call` upstream. It takes the [`Permit`] that only the
+    /// enforcement pipeline's last stage constructs (after the durable
+    /// `dispatched` record, or as the leader of a read-only flight): no code
+    /// path can send a tool call that skipped the pipeline.
+    pub async fn call_tool(
+        &self,
+        permit: Permit,
+        events: Option<mpsc::Sender<Message>>,
+        timeout: Duration,
+        extra: &ExtraHeaders,
+    ) -> Sent {
+        let (request, receipt) = permit.spend();
+        receipt.sent(self.call_inner(request, events, timeout, extra).await)
+    }
+
+    /// Send a request other than `tools/call` and wait for its response
+    /// (the client's id restored). Server messages related to it go to
+    /// `events`.
+    pub async fn call(
+        &self,
+        request: Passthrough,
+        events: Option<mpsc::Sender<Message>>,
+        timeout: Duration,
+        extra: &ExtraHeaders,
+    ) -> Result<Message, UpstreamError> {
+        self.call_inner(request.0, events, timeout, extra).await
+    }
+
+    async fn call_inner(
+        &self,
+        msg: Message,
+        events: Option<mpsc::Sender<Message>>,
+        timeout: Duration,
+        extra: &ExtraHeaders,
+    ) -> Result<Message, UpstreamError> {
+        let (out, ticket) = self
+            .mux
+            .register(msg, events)
+            .map_err(|l| UpstreamError::Closed {
+                server: self.server.clone(),
+                reason: l.0,
+            })?;
+        let id = ticket.upstream_id;
+        // If this future is dropped mid-call (the 2026-07-28 client closed its
+        // stream, which is its cancellation), tell a stdio upstream to stop.
+        let mut in_flight = InFlight {
+            conn: self,
+            id,
+            armed: true,
+        };
+        let work = async {
+            match &self.transport {
+                Transport::Stdio(s) => s.write(&out).await?,
+                Transport::Http(h) => h.post(&self.mux, &out, Some(id), extra).await?,
+            }
+            match ticket.done.await {
+                Ok(Ok(resp)) => Ok(resp),
+                Ok(Err(lost)) => Err(self.lost(lost.0)),
+                Err(_) => Err(self.lost("the answer was dropped".into())),
+            }
+        };
+        let outcome = tokio::time::timeout(timeout, work).await;
+        in_flight.armed = false;
+        match outcome {
+            Ok(Ok(resp)) => {
+                if out.method() == "initialize" {
+                    if let Transport::Http(h) = &self.transport {
+                        h.initialized(&resp);
+                    }
+                }
+                Ok(resp)
+            }
+            Ok(Err(e)) => {
+                self.mux.forget(id);
+                if matches!(e, UpstreamError::SessionExpired { .. }) {
+                    // The upstream forgot this session: every call on it is
+                    // lost, and the next call heals the connection.
+                    self.mux.close("the upstream session expired");
+                }
+                Err(e)
+            }
+            Err(_) => {
+                self.mux.forget(id);
+                // Tell the server to stop; the call may still have run, which
+                // the caller reports as an unknown outcome.
+                let cancel = Message::notification(
+                    "notifications/cancelled",
+                    Some(raw(
+                        &serde_json::json!({ "requestId": id, "reason": "countersign: call_timeout elapsed" }),
+                    )),
+                );
+                let _ = self.send_raw(&cancel, &Vec::new()).await;
+                Err(UpstreamError::Timeout {
+                    server: self.server.clone(),
+                    timeout,
+                })
+            }
+        }
+    }
+
+    /// Send a client notification or a client response to a server request
+    /// (mapped through the mux first; dropped when it maps to nothing).
+    pub async fn send(&self, msg: Passthrough, extra: &ExtraHeaders) -> Result<(), UpstreamError> {
+        if msg.0.kind() == Kind::Request {
+            // A request expects an answer: it goes through `call`.
+            return Err(UpstreamError::Closed {
+                server: self.server.clone(),
+                reason: format!("internal: request `{}` handed to send", msg.0.method()),
+            });
+        }
+        let Some(msg) = self.mux.from_client(msg.0) else {
+            return Ok(());
+        };
+        self.send_raw(&msg, extra).await?;
+        if msg.method() == "notifications/initialized" {
+            if let Transport::Http(h) = &self.transport {
+                h.open_standalone_stream(&self.mux);
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancel an in-flight upstream request (the client went away in the
+    /// 2026-07-28 era, where closing the stream is the cancellation).
+    pub async fn cancel(&self, upstream_id: u64, reason: &str) {
+        self.mux.forget(upstream_id);
+        let cancel = Message::notification(
+            "notifications/cancelled",
+            Some(raw(
+                &serde_json::json!({ "requestId": upstream_id, "reason": reason }),
+            )),
+        );
+        let _ = self.send_raw(&cancel, &Vec::new()).await;
+    }
+
+    async fn send_raw(&self, msg: &Message, extra: &ExtraHeaders) -> Result<(), UpstreamError> {
+        match &self.transport {
+            Transport::Stdio(s) => s.write(msg).await,
+            Transport::Http(h) => h.post(&self.mux, msg, None, extra).await,
+        }
+    }
+
+    /// Close the connection: stdio closes stdin, then SIGTERM, then SIGKILL,
+    /// each after `grace`; HTTP ends its session with DELETE.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.mux.close("the session was closed");
+        match &self.transport {
+            Transport::Stdio(s) => s.shutdown(grace).await,
+            Transport::Http(h) => h.shutdown().await,
+        }
+    }
+
+    /// Whether the connection is gone (child exited, shut down).
+    pub fn is_closed(&self) -> bool {
+        self.mux.is_closed()
+    }
+
+    fn lost(&self, reason: String) -> UpstreamError {
+        UpstreamError::Lost {
+            server: self.server.clone(),
+            reason,
+        }
+    }
+}
+
+/// Cancels an upstream request whose call future was dropped before it ended.
+struct InFlight<'a> {
+    conn: &'a UpstreamConn,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.conn.mux.forget(self.id);
+        // Over HTTP, the dropped POST already closed the upstream stream,
+        // which is the cancellation there; stdio needs the notification.
+        if let Transport::Stdio(s) = &self.conn.transport {
+            let s = s.clone();
+            let cancel = Message::notification(
+                "notifications/cancelled",
+                Some(raw(
+                    &serde_json::json!({ "requestId": self.id, "reason": "the client cancelled the request" }),
+                )),
+            );
+            tokio::spawn(async move {
+                let _ = s.write(&cancel).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! Client sessions and the gateway's shared state.
+//!
+//! Handshake era: a client's `initialize` creates a [`Session`] with a
+//! gateway-minted `Mcp-Session-Id` and its own upstream connection (one
+//! stdio child per client session). The session is bound to the identity that
+//! created it; another token presenting the same id is told the session does
+//! not exist, so a leaked session id alone is worthless.
+//!
+//! 2026-07-28 era: there are no sessions; each server has one shared
+//! upstream connection ([`Gateway::modern_upstream`]), probed once with
+//! `server/discover` to learn whether the upstream speaks that era at all.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::core::config::Config;
+use crate::core::decision::Policies;
+use crate::core::identity::{Identities, Identity};
+use crate::core::time::SystemClock;
+use crate::enforce::answer;
+use crate::enforce::pipeline::Pipeline;
+use crate::upstream::Passthrough;
+use crate::wire::era::Era;
+use crate::wire::jsonrpc::{raw, Message};
+use crate::upstream::{HttpClient, UpstreamConn, UpstreamError};
+use crate::wire::era::{modern_headers, MODERN_VERSIONS};
+use crate::store::Store;
+
+/// How many server messages wait for a client's standalone stream.
+const UNSOLICITED_BUFFER: usize = 256;
+
+/// One handshake-era client session.
+pub struct Session {
+    /// The gateway-minted `Mcp-Session-Id`.
+    pub id: String,
+    /// The upstream server.
+    pub server: String,
+    /// Who created it; only this identity may use it.
+    pub identity: Arc<Identity>,
+    /// The idempotency scope: the stdio bridge's stable scope when it sent
+    /// one, else the session id.
+    pub scope: String,
+    /// The upstream connection; replaced when it is healed. Read it with
+    /// [`Session::conn`].
+    conn: Mutex<Arc<UpstreamConn>>,
+    /// Where every connection of this session sends server messages of no
+    /// request: the same stream across healing.
+    unsolicited: mpsc::Sender<Message>,
+    /// One healing at a time.
+    healing: tokio::sync::Mutex<()>,
+    /// What the client negotiated in `initialize`.
+    pub protocol_version: Mutex<Option<String>>,
+    /// The client's `initialize` params, kept to re-initialize a healed upstream.
+    pub init_params: Mutex<Option<Box<RawValue>>>,
+    /// Server messages for the standalone GET stream. A tokio mutex so that
+    /// exactly one GET stream owns the receiver at a time.
+    pub standalone: Arc<tokio::sync::Mutex<mpsc::Receiver<Message>>>,
+    last_used: Mutex<Instant>,
+}
+
+impl Session {
+    /// The current upstream connection.
+    pub fn conn(&self) -> Arc<UpstreamConn> {
+        lock(&self.conn).clone()
+    }
+
+    /// The connection to use now: the current one, or a healed one when it
+    /// was lost (child exited, upstream session expired).
+    pub async fn healthy_conn(&self, gw: &Gateway) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        let conn = self.conn();
+        if !conn.is_closed() {
+            return Ok(conn);
+        }
+        self.heal(gw, &conn).await
+    }
+
+    /// Replace a lost connection: spawn or reconnect, then re-initialize with
+    /// the client's own `initialize` params (its answer stays in the
+    /// gateway: the client already has one) and `notifications/initialized`.
+    async fn heal(
+        &self,
+        gw: &Gateway,
+        stale: &Arc<UpstreamConn>,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        let _one = self.healing.lock().await;
+        let current = self.conn();
+        if !Arc::ptr_eq(&current, stale) && !current.is_closed() {
+            return Ok(current); // healed meanwhile
+        }
+        let conn = gw
+            .connect_with(&self.server, self.unsolicited.clone())
+            .await?;
+        let params = lock(&self.init_params).clone();
+        let init = Message::request(Value::from("countersign-heal"), "initialize", params);
+        let timeout = gw
+            .config
+            .servers
+            .get(&self.server)
+            .map_or(Duration::from_secs(30), |c| c.call_timeout);
+        let healed = async {
+            let init = Passthrough::checked(&self.server, init)?;
+            let resp = conn.call(init, None, timeout, &Vec::new()).await?;
+            if resp.error.is_some() {
+                return Err(UpstreamError::Refused {
+                    server: self.server.clone(),
+                    status: 0,
+                });
+            }
+            conn.send(
+                Passthrough::checked(
+                    &self.server,
+                    Message::notification("notifications/initialized", None),
+                )?,
+                &Vec::new(),
+            )
+            .await
+        }
+        .await;
+        if let Err(e) = healed {
+            conn.shutdown(gw.config.gateway.shutdown_grace).await;
+            return Err(e);
+        }
+        *lock(&self.conn) = conn.clone();
+        let grace = gw.config.gateway.shutdown_grace;
+        let old = current;
+        tokio::spawn(async move { old.shutdown(grace).await });
+        tracing::info!(server = %self.server, session = %self.id, "upstream connection healed");
+        Ok(conn)
+    }
+
+    /// Note activity (for the idle sweep).
+    pub fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        lock(&self.last_used).elapsed()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a client's `initialize` led to.
+pub enum Opened {
+    /// A new session, and the upstream's answer.
+    Session(Arc<Session>, Message),
+    /// No session: the upstream's refusal, or the gateway's account of the
+    /// failure.
+    Refused(Message),
+}
+
+/// What the gateway learned about a server's 2026-07-28 support.
+#[derive(Clone)]
+pub enum ModernUpstream {
+    /// It answered `server/discover` with a modern version: shared connection.
+    Speaks(Arc<UpstreamConn>),
+    /// It is handshake-only; modern clients get the version error.
+    Legacy,
+}
+
+/// The gateway's shared state: configuration, identities, the enforcement
+/// pipeline, and the upstream connections (handshake-era sessions and the
+/// shared 2026-07-28 connection of each server).
+pub struct Gateway {
+    /// The loaded configuration.
+    pub config: Arc<Config>,
+    /// Bearer tokens.
+    pub identities: Identities,
+    /// The enforcement pipeline of `tools/call`.
+    pub pipeline: Pipeline,
+    /// Shared HTTP client for HTTP upstreams.
+    pub http: HttpClient,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// One slot per configured server. A tokio mutex per server: probing an
+    /// upstream awaits, concurrent first requests must not spawn two shared
+    /// children, and a slow server must not hold up the others.
+    modern: HashMap<String, tokio::sync::Mutex<Option<ModernUpstream>>>,
+}
+
+impl Gateway {
+    /// Build the gateway state from a checked config.
+    /// `store` holds the idempotency ledger (redb for `serve`; `check`, which
+    /// sends no `tools/call`, uses a memory store and leaves the file alone).
+    pub fn new(
+        config: Config,
+        store: Arc<dyn Store>,
+        policies: Policies,
+        audit: Option<Arc<crate::audit::log::AuditLog>>,
+    ) -> Arc<Gateway> {
+        let config = Arc::new(config);
+        let pipeline = Pipeline::new(
+            config.clone(),
+            store,
+            policies,
+            audit,
+            Arc::new(SystemClock),
+        );
+        let identities = Identities::from_config(&config.identities);
+        let modern = config
+            .servers
+            .keys()
+            .map(|k| (k.clone(), tokio::sync::Mutex::new(None)))
+            .collect();
+        Arc::new(Gateway {
+            config,
+            identities,
+            pipeline,
+            http: HttpClient::new(),
+            sessions: Mutex::new(HashMap::new()),
+            modern,
+        })
+    }
+
+    /// Open an upstream connection to `server` whose server messages of no
+    /// request go to `unsolicited`.
+    pub async fn connect_with(
+        &self,
+        server: &str,
+        unsolicited: mpsc::Sender<Message>,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        let cfg = self
+            .config
+            .servers
+            .get(server)
+            .ok_or_else(|| UpstreamError::Closed {
+                server: server.into(),
+                reason: "not configured".into(),
+            })?;
+        UpstreamConn::connect(
+            server,
+            cfg,
+            &self.http,
+            self.config.limits.max_line_bytes,
+            unsolicited,
+        )
+        .await
+    }
+
+    /// Open an upstream connection to `server`.
+    pub async fn connect(
+        &self,
+        server: &str,
+    ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
+        let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
+        let conn = self.connect_with(server, tx).await?;
+        Ok((conn, rx))
+    }
+
+    /// A client's `initialize`: connect to `server`, relay the request, and
+    /// on success register a session bound to `identity` (idempotency scope
+    /// `scope` when the stdio bridge sent one, else the session id).
+    pub async fn open_session(
+        &self,
+        server: &str,
+        identity: Arc<Identity>,
+        scope: Option<String>,
+        init: Message,
+    ) -> Opened {
+        let id = init.id.clone().unwrap_or(Value::Null);
+        let failed = |e: &UpstreamError| {
+            tracing::warn!(server, "initialize failed: {e}");
+            Opened::Refused(answer::upstream_failure(
+                id.clone(),
+                "initialize",
+                e,
+                Era::Handshake,
+            ))
+        };
+        let (unsolicited, standalone) = mpsc::channel(UNSOLICITED_BUFFER);
+        let conn = match self.connect_with(server, unsolicited.clone()).await {
+            Ok(c) => c,
+            Err(e) => return failed(&e),
+        };
+        let params = init.params.clone();
+        let timeout = self.pipeline.call_timeout(server);
+        let sent = match Passthrough::checked(server, init) {
+            Ok(init) => conn.call(init, None, timeout, &Vec::new()).await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(resp) if resp.error.is_none() => {
+                let session =
+                    self.add_session(server, identity, scope, conn, unsolicited, standalone);
+                let version = resp
+                    .result
+                    .as_ref()
+                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+                    .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
+                *lock(&session.protocol_version) = version;
+                *lock(&session.init_params) = params;
+                tracing::info!(server, session = %session.id, principal = %session.identity.principal, "session opened");
+                Opened::Session(session, resp)
+            }
+            other => {
+                let grace = self.config.gateway.shutdown_grace;
+                tokio::spawn(async move { conn.shutdown(grace).await });
+                match other {
+                    Ok(refusal) => Opened::Refused(refusal),
+                    Err(e) => failed(&e),
+                }
+            }
+        }
+    }
+
+    /// Register a new session after a successful `initialize`.
+    pub fn add_session(
+        &self,
+        server: &str,
+        identity: Arc<Identity>,
+        scope: Option<String>,
+        conn: Arc<UpstreamConn>,
+        unsolicited: mpsc::Sender<Message>,
+        standalone: mpsc::Receiver<Message>,
+    ) -> Arc<Session> {
+        let id = mint_session_id();
+        let session = Arc::new(Session {
+            scope: scope.unwrap_or_else(|| id.clone()),
+            id: id.clone(),
+            server: server.into(),
+            identity,
+            conn: Mutex::new(conn),
+            unsolicited,
+            healing: tokio::sync::Mutex::new(()),
+            protocol_version: Mutex::new(None),
+            init_params: Mutex::new(None),
+            standalone: Arc::new(tokio::sync::Mutex::new(standalone)),
+            last_used: Mutex::new(Instant::now()),
+        });
+        lock(&self.sessions).insert(id, session.clone());
+        session
+    }
+
+    /// The session `id` of `server`, if it exists and belongs to `identity`.
+    pub fn session(&self, server: &str, id: &str, identity: &Identity) -> Option<Arc<Session>> {
+        let s = lock(&self.sessions).get(id).cloned()?;
+        // Bound to its creator: another principal (or another server's
+        // endpoint) gets "no such session", never someone else's stream.
+        (s.server == server && *s.identity == *identity).then_some(s)
+    }
+
+    /// Remove a session and shut its upstream down.
+    pub async fn close_session(&self, id: &str) {
+        let removed = lock(&self.sessions).remove(id);
+        if let Some(s) = removed {
+            s.conn().shutdown(self.config.gateway.shutdown_grace).await;
+        }
+    }
+
+    /// Close sessions idle longer than `session_idle_timeout`.
+    pub async fn sweep_idle(&self) {
+        let limit = self.config.gateway.session_idle_timeout;
+        let idle: Vec<String> = lock(&self.sessions)
+            .values()
+            .filter(|s| s.idle_for() > limit && s.conn().mux.in_flight() == 0)
+            .map(|s| s.id.clone())
+            .collect();
+        for id in idle {
+            tracing::info!(session = %id, "closing idle session");
+            self.close_session(&id).await;
+        }
+    }
+
+    /// Shut every upstream down (gateway stopping).
+    pub async fn shutdown(&self) {
+        let all: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
+        let mut modern = Vec::new();
+        for slot in self.modern.values() {
+            modern.extend(slot.lock().await.take());
+        }
+        let grace = self.config.gateway.shutdown_grace;
+        let mut tasks = Vec::new();
+        for s in all {
+            tasks.push(tokio::spawn(async move { s.conn().shutdown(grace).await }));
+        }
+        for m in modern {
+            if let ModernUpstream::Speaks(conn) = m {
+                tasks.push(tokio::spawn(async move { conn.shutdown(grace).await }));
+            }
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// How many handshake-era sessions are open.
+    pub fn session_count(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// The shared 2026-07-28 upstream of `server`, connecting and probing it
+    /// on first use (and again after it was lost).
+    pub async fn modern_upstream(
+        &self,
+        server: &str,
+        meta: &Value,
+    ) -> Result<ModernUpstream, UpstreamError> {
+        let Some(slot) = self.modern.get(server) else {
+            return Err(UpstreamError::Closed {
+                server: server.into(),
+                reason: "not configured".into(),
+            });
+        };
+        let mut slot = slot.lock().await;
+        if let Some(known) = slot.as_ref() {
+            match known {
+                ModernUpstream::Speaks(conn) if conn.is_closed() => {}
+                other => return Ok(other.clone()),
+            }
+        }
+        let (conn, unsolicited) = self.connect(server).await?;
+        // Nothing listens for unattributed messages in this era: drain them.
+        tokio::spawn(drain(unsolicited));
+        let timeout = self
+            .config
+            .servers
+            .get(server)
+            .map_or(Duration::from_secs(30), |c| c.call_timeout);
+        let probe = Message::request(
+            Value::from(0),
+            "server/discover",
+            Some(raw(&serde_json::json!({ "_meta": meta }))),
+        );
+        let headers = modern_headers("server/discover", None, MODERN_VERSIONS[0]);
+        let verdict = match conn
+            .call(Passthrough::checked(server, probe)?, None, timeout, &headers)
+            .await
+        {
+            Ok(resp) => {
+                let speaks = resp
+                    .result
+                    .as_ref()
+                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+                    .and_then(|v| v.get("supportedVersions").cloned())
+                    .and_then(|v| v.as_array().cloned())
+                    .is_some_and(|vs| {
+                        vs.iter()
+                            .any(|v| v.as_str().is_some_and(|v| MODERN_VERSIONS.contains(&v)))
+                    });
+                if speaks {
+                    ModernUpstream::Speaks(conn)
+                } else {
+                    conn.shutdown(self.config.gateway.shutdown_grace).await;
+                    ModernUpstream::Legacy
+                }
+            }
+            // A refusal (400, 404, 405...) is a legacy server's answer to a
+            // modern request.
+            Err(UpstreamError::Refused { .. }) => {
+                conn.shutdown(self.config.gateway.shutdown_grace).await;
+                ModernUpstream::Legacy
+            }
+            Err(e) => {
+                conn.shutdown(self.config.gateway.shutdown_grace).await;
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            server,
+            modern = matches!(verdict, ModernUpstream::Speaks(_)),
+            "probed upstream era"
+        );
+        *slot = Some(verdict.clone());
+        Ok(verdict)
+    }
+}
+
+async fn drain(mut rx: mpsc::Receiver<Message>) {
+    while rx.recv().await.is_some() {}
+}
+
+fn mint_session_id() -> String {
+    // 128 random bits: unguessable, and visible ASCII as the spec requires.
+    let bytes: [u8; 16] = rand::random();
+    hex::encode(bytes)
+}

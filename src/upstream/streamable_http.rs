@@ -1,0 +1,471 @@
+//! A Streamable HTTP upstream. Each message is a POST; a request's answer
+//! comes back as JSON or as an SSE stream carrying related messages first.
+//! In the handshake era the upstream's `Mcp-Session-Id` (never the client's,
+//! which the gateway mints) is kept here, and a standalone GET stream is
+//! opened after `notifications/initialized`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::task::JoinHandle;
+
+use super::{ExtraHeaders, UpstreamError};
+use crate::wire::jsonrpc::Message;
+use crate::upstream::mux::{Mux, Origin};
+use crate::wire::sse;
+
+/// Idle HTTP/1.1 connections to one upstream origin. A request takes an idle
+/// connection or opens a new one, and gives it back once its answer has been
+/// read in full.
+///
+/// This is hyper's connection API rather than a general-purpose client: the
+/// gateway only ever talks plain HTTP/1.1 to a handful of configured origins,
+/// and the general client's per-request URL parsing, proxy and redirect
+/// handling showed up in the relay's latency profile.
+struct Pool {
+    authority: String,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+}
+
+/// Most idle connections kept per origin.
+const MAX_IDLE: usize = 32;
+
+impl Pool {
+    async fn checkout(&self) -> std::io::Result<SendRequest<Full<Bytes>>> {
+        loop {
+            let Some(mut sender) = lock(&self.idle).pop() else {
+                break;
+            };
+            // An idle connection is ready once its task has seen the end of
+            // the previous answer; `is_ready` alone can miss that and throw a
+            // good connection away.
+            if !sender.is_closed() && sender.ready().await.is_ok() {
+                return Ok(sender);
+            }
+        }
+        // A literal address skips the resolver (which runs on the blocking pool).
+        let stream = match self.authority.parse::<std::net::SocketAddr>() {
+            Ok(addr) => tokio::net::TcpStream::connect(addr).await?,
+            Err(_) => tokio::net::TcpStream::connect(&self.authority).await?,
+        };
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(std::io::Error::other)?;
+        let authority = self.authority.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%authority, "upstream connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+
+    fn checkin(&self, sender: SendRequest<Full<Bytes>>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < MAX_IDLE {
+            idle.push(sender);
+        }
+    }
+}
+
+/// Connection pools of all HTTP upstreams, shared by their sessions.
+#[derive(Clone, Default)]
+pub struct HttpClient {
+    pools: Arc<Mutex<HashMap<String, Arc<Pool>>>>,
+}
+
+impl HttpClient {
+    /// An empty set of pools.
+    pub fn new() -> HttpClient {
+        HttpClient::default()
+    }
+
+    fn pool(&self, authority: &str) -> Arc<Pool> {
+        lock(&self.pools)
+            .entry(authority.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Pool {
+                    authority: authority.to_owned(),
+                    idle: Mutex::new(Vec::new()),
+                })
+            })
+            .clone()
+    }
+}
+
+pub(super) struct Http {
+    server: String,
+    /// Origin-form target (`/mcp`) and `Host` value, parsed once from the URL.
+    path: Uri,
+    host: HeaderValue,
+    pool: Arc<Pool>,
+    headers: HeaderMap,
+    max_event: usize,
+    session: Mutex<Option<HeaderValue>>,
+    protocol: Mutex<Option<HeaderValue>>,
+    standalone: Mutex<Option<JoinHandle<()>>>,
+}
+
+const SESSION: &str = "mcp-session-id";
+const PROTOCOL: &str = "mcp-protocol-version";
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An error with its causes, `a: b: c`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// What came back for one request, with the connection to return after the
+/// body has been read.
+struct Answer {
+    status: http::StatusCode,
+    headers: HeaderMap,
+    body: Incoming,
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl Http {
+    pub(super) fn new(
+        server: &str,
+        url: &str,
+        static_headers: &BTreeMap<String, String>,
+        client: &super::HttpClient,
+        max_event: usize,
+    ) -> Result<Http, UpstreamError> {
+        let bad = |reason: String| UpstreamError::Connect {
+            server: server.into(),
+            reason,
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| bad(format!("url `{url}` is not valid: {e}")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(format!(
+                "url `{url}`: only http:// upstreams are supported"
+            )));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| bad(format!("url `{url}` has no host")))?;
+        let authority = match authority.port_u16() {
+            Some(_) => authority.as_str().to_owned(),
+            None => format!("{}:80", authority.host()),
+        };
+        let path: Uri = uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .parse()
+            .map_err(|e| bad(format!("url `{url}` has an invalid path: {e}")))?;
+        let host = HeaderValue::try_from(uri.authority().map_or("", |a| a.as_str()))
+            .map_err(|e| bad(format!("url `{url}`: {e}")))?;
+        let mut headers = HeaderMap::new();
+        for (k, v) in static_headers {
+            let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(k.as_str()),
+                HeaderValue::try_from(v.as_str()),
+            ) else {
+                return Err(bad(format!(
+                    "header `{k}` in [servers.{server}.headers] is not a valid HTTP header"
+                )));
+            };
+            headers.insert(name, value);
+        }
+        Ok(Http {
+            server: server.into(),
+            path,
+            host,
+            pool: client.pool(&authority),
+            headers,
+            max_event,
+            session: Mutex::new(None),
+            protocol: Mutex::new(None),
+            standalone: Mutex::new(None),
+        })
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        body: Bytes,
+        extra: &[(HeaderName, HeaderValue)],
+    ) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = method;
+        *req.uri_mut() = self.path.clone();
+        let h = req.headers_mut();
+        h.insert(http::header::HOST, self.host.clone());
+        for (k, v) in &self.headers {
+            h.insert(k, v.clone());
+        }
+        if let Some(s) = lock(&self.session).clone() {
+            h.insert(SESSION, s);
+        }
+        if let Some(p) = lock(&self.protocol).clone() {
+            h.insert(PROTOCOL, p);
+        }
+        for (k, v) in extra {
+            h.insert(k, v.clone());
+        }
+        req
+    }
+
+    /// Send one request on a pooled connection.
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<Answer, UpstreamError> {
+        let mut sender = self
+            .pool
+            .checkout()
+            .await
+            .map_err(|e| UpstreamError::Connect {
+                server: self.server.clone(),
+                reason: error_chain(&e),
+            })?;
+        let resp = match sender.send_request(req).await {
+            Ok(r) => r,
+            // The request may have been written before the failure.
+            Err(e) => return Err(self.lost(error_chain(&e))),
+        };
+        let (parts, body) = resp.into_parts();
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            sender,
+        })
+    }
+
+    /// Remember what `initialize` negotiated.
+    pub(super) fn initialized(&self, resp: &Message) {
+        let version = resp
+            .result
+            .as_ref()
+            .and_then(|r| serde_json::from_str::<serde_json::Value>(r.get()).ok())
+            .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
+        if let Some(v) = version.and_then(|v| HeaderValue::try_from(v).ok()) {
+            *lock(&self.protocol) = Some(v);
+        }
+    }
+
+    /// POST one message. For a request (`id` given), related messages and the
+    /// response are delivered to the mux as they arrive.
+    pub(super) async fn post(
+        &self,
+        mux: &Mux,
+        msg: &Message,
+        id: Option<u64>,
+        extra: &ExtraHeaders,
+    ) -> Result<(), UpstreamError> {
+        let mut req = self.request(Method::POST, Bytes::from(msg.to_bytes()), extra);
+        let h = req.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        let Answer {
+            status,
+            headers,
+            mut body,
+            sender,
+        } = self.send(req).await?;
+        if msg.method() == "initialize" {
+            if let Some(s) = headers.get(SESSION) {
+                *lock(&self.session) = Some(s.clone());
+            }
+        }
+        if status == http::StatusCode::NOT_FOUND && lock(&self.session).is_some() {
+            return Err(UpstreamError::SessionExpired {
+                server: self.server.clone(),
+            });
+        }
+        if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN {
+            return Err(UpstreamError::Refused {
+                server: self.server.clone(),
+                status: status.as_u16(),
+            });
+        }
+        let is_sse = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let Some(id) = id else {
+            // A notification or a response: the answer is a status.
+            if !is_sse {
+                let _ = self.read_all(&mut body).await;
+                self.pool.checkin(sender);
+            }
+            return if status.is_success() {
+                Ok(())
+            } else {
+                Err(UpstreamError::Refused {
+                    server: self.server.clone(),
+                    status: status.as_u16(),
+                })
+            };
+        };
+        let origin = Origin::Stream(id);
+        if is_sse {
+            let mut decoder = sse::Decoder::new(self.max_event);
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| {
+                    self.lost(format!("the response stream broke: {}", error_chain(&e)))
+                })?;
+                let Ok(chunk) = frame.into_data() else {
+                    continue;
+                };
+                let events = decoder.feed(&chunk).map_err(|e| self.lost(e.to_string()))?;
+                for ev in events {
+                    if ev.data.is_empty() {
+                        continue;
+                    }
+                    match Message::parse_from_upstream(ev.data.as_bytes()) {
+                        Ok(m) => mux.deliver(m, origin),
+                        Err(e) => {
+                            tracing::warn!(server = %self.server, "upstream SSE event is not JSON-RPC ({e}); ignored")
+                        }
+                    }
+                }
+                if mux.client_id(id).is_none() {
+                    // Answered: the rest of the stream is not ours to wait for
+                    // (and the connection is not reusable mid-stream).
+                    return Ok(());
+                }
+            }
+        } else {
+            let bytes = self.read_all(&mut body).await?;
+            self.pool.checkin(sender);
+            // One request, one answer: upstreams receive no batches from the
+            // gateway, so they owe none back.
+            match Message::parse_from_upstream(&bytes) {
+                Ok(m) => mux.deliver(m, origin),
+                Err(_) if !status.is_success() => {
+                    // A non-2xx without a JSON-RPC answer. A 4xx means the server
+                    // rejected the request without processing it.
+                    return if status.is_client_error() {
+                        Err(UpstreamError::Refused {
+                            server: self.server.clone(),
+                            status: status.as_u16(),
+                        })
+                    } else {
+                        Err(self.lost(format!("HTTP {status} without a JSON-RPC answer")))
+                    };
+                }
+                Err(e) => return Err(self.lost(format!("the answer is not JSON-RPC: {e}"))),
+            }
+        }
+        if mux.client_id(id).is_some() {
+            return Err(self.lost("the response ended without an answer".into()));
+        }
+        Ok(())
+    }
+
+    /// Read a whole (non-streaming) body, refusing more than `max_event` bytes.
+    async fn read_all(&self, body: &mut Incoming) -> Result<Bytes, UpstreamError> {
+        let mut out = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                self.lost(format!("reading the response failed: {}", error_chain(&e)))
+            })?;
+            if let Ok(chunk) = frame.into_data() {
+                if out.len() + chunk.len() > self.max_event {
+                    return Err(self.lost(format!("response larger than {} bytes", self.max_event)));
+                }
+                out.extend_from_slice(&chunk);
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    fn lost(&self, reason: String) -> UpstreamError {
+        UpstreamError::Lost {
+            server: self.server.clone(),
+            reason,
+        }
+    }
+
+    /// Open the standalone GET stream for server-initiated messages.
+    pub(super) fn open_standalone_stream(self: &Http, mux: &Arc<Mux>) {
+        let mut req = self.request(Method::GET, Bytes::new(), &[]);
+        req.headers_mut().insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        let mux = mux.clone();
+        let server = self.server.clone();
+        let max_event = self.max_event;
+        let pool = self.pool.clone();
+        let task = tokio::spawn(async move {
+            // A dedicated connection: this stream lives as long as the session.
+            let Ok(mut sender) = pool.checkout().await else {
+                return;
+            };
+            let resp = match sender.send_request(req).await {
+                Ok(r) if r.status().is_success() => r,
+                Ok(r) => {
+                    tracing::debug!(%server, status = %r.status(), "upstream offers no standalone stream");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(%server, "standalone stream not opened: {e}");
+                    return;
+                }
+            };
+            let mut body = resp.into_body();
+            let mut decoder = sse::Decoder::new(max_event);
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(chunk) = frame.into_data() else {
+                    continue;
+                };
+                let Ok(events) = decoder.feed(&chunk) else {
+                    break;
+                };
+                for ev in events {
+                    if let Ok(m) = Message::parse_from_upstream(ev.data.as_bytes()) {
+                        mux.deliver(m, Origin::Standalone);
+                    }
+                }
+            }
+        });
+        if let Some(old) = lock(&self.standalone).replace(task) {
+            old.abort();
+        }
+    }
+
+    pub(super) async fn shutdown(&self) {
+        if let Some(task) = lock(&self.standalone).take() {
+            task.abort();
+        }
+        if lock(&self.session).is_some() {
+            let req = self.request(Method::DELETE, Bytes::new(), &[]);
+            if let Ok(Answer {
+                mut body, sender, ..
+            }) = self.send(req).await
+            {
+                let _ = self.read_all(&mut body).await;
+                self.pool.checkin(sender);
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The two MCP wire eras and what tells them apart (no I/O).
+//!
+//! - The handshake era (2025-03-26, 2025-06-18, 2025-11-25): `initialize`,
+//!   `Mcp-Session-Id`, SSE streams.
+//! - 2026-07-28: no handshake; every request declares its version in
+//!   `params._meta["io.modelcontextprotocol/protocolVersion"]` and repeats its
+//!   method and name in `Mcp-Method` / `Mcp-Name` headers.
+
+use serde_json::Value;
+
+/// Protocol versions of the handshake era (`initialize`, `Mcp-Session-Id`).
+pub const HANDSHAKE_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+/// Protocol versions of the stateless era (per-request `_meta`).
+pub const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
+/// `_meta` key carrying a 2026-07-28 request's protocol version.
+pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// Extra HTTP headers for one upstream request (2026-07-28 metadata headers).
+pub type ExtraHeaders = Vec<(http::HeaderName, http::HeaderValue)>;
+
+/// Which wire era a request speaks. It decides the shape of some answers
+/// (2026-07-28 results carry `resultType`) and whether closing the response
+/// stream cancels the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era {
+    /// 2025-03-26 .. 2025-11-25: `initialize` and sessions.
+    Handshake,
+    /// 2026-07-28: stateless, per-request `_meta`.
+    Modern,
+}
+
+/// 2026-07-28 request metadata headers for an upstream POST.
+pub fn modern_headers(
+    method: &str,
+    name: Option<&str>,
+    version: &str,
+) -> ExtraHeaders {
+    let mut h = Vec::new();
+    if let Ok(v) = http::HeaderValue::try_from(version) {
+        h.push((http::HeaderName::from_static("mcp-protocol-version"), v));
+    }
+    if let Ok(v) = http::HeaderValue::try_from(method) {
+        h.push((http::HeaderName::from_static("mcp-method"), v));
+    }
+    if let Some(name) = name {
+        if let Ok(v) = http::HeaderValue::try_from(encode_header_value(name)) {
+            h.push((http::HeaderName::from_static("mcp-name"), v));
+        }
+    }
+    h
+}
+
+/// Encode a value for `Mcp-Name` / `Mcp-Param-*`: plain when it is visible
+/// ASCII without edge spaces, else the `=?base64?…?=` sentinel form.
+pub fn encode_header_value(value: &str) -> String {
+    use base64::Engine;
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && !value.starts_with(' ')
+        && !value.ends_with(' ')
+        && (!value.starts_with("=?base64?") || !value.ends_with("?="));
+    if plain {
+        value.to_owned()
+    } else {
+        format!(
+            "=?base64?{}?=",
+            base64::engine::general_purpose::STANDARD.encode(value)
+        )
+    }
+}
+
+/// Decode an `Mcp-Name` / `Mcp-Param-*` header value.
+pub fn decode_header_value(value: &str) -> Option<String> {
+    use base64::Engine;
+    match value
+        .strip_prefix("=?base64?")
+        .and_then(|v| v.strip_suffix("?="))
+    {
+        Some(b64) => {
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+            String::from_utf8(bytes).ok()
+        }
+        None => Some(value.to_owned()),
+    }
+}
+
+/// The protocol version a 2026-07-28 request declares in `params._meta`.
+pub fn declared_version(params: Option<&Value>) -> Option<String> {
+    params?
+        .get("_meta")?
+        .get(META_PROTOCOL_VERSION)?
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_value_encoding() {
+        assert_eq!(encode_header_value("get_weather"), "get_weather");
+        assert_eq!(
+            encode_header_value("Hello, 世界"),
+            "=?base64?SGVsbG8sIOS4lueVjA==?="
+        );
+        assert_eq!(encode_header_value(" padded "), "=?base64?IHBhZGRlZCA=?=");
+        assert_eq!(
+            encode_header_value("=?base64?literal?="),
+            "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="
+        );
+        for v in [
+            "get_weather",
+            "Hello, 世界",
+            " padded ",
+            "line1\nline2",
+            "=?base64?literal?=",
+        ] {
+            assert_eq!(
+                decode_header_value(&encode_header_value(v)).as_deref(),
+                Some(v)
+            );
+        }
+        assert_eq!(decode_header_value("=?base64?!!?="), None);
+    }
+}
