@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::wire::jsonrpc::{raw, Message};
 use crate::upstream::session::Gateway;
 use crate::upstream::Passthrough;
 use crate::wire::era::HANDSHAKE_VERSIONS;
+use crate::wire::jsonrpc::{raw, Message};
 
 /// The health of one upstream.
 #[derive(Debug, Serialize)]
@@ -83,7 +83,9 @@ async fn initialize_and_list(gw: &Gateway, server: &str) -> Result<Listing, Stri
             "clientInfo": { "name": "countersign", "version": env!("CARGO_PKG_VERSION") }
         }))),
     );
-    let pass = |m| Passthrough::new(m).map_err(|_| "internal: a tools/call is not a health check".to_owned());
+    let pass = |m| {
+        Passthrough::new(m).map_err(|_| "internal: a tools/call is not a health check".to_owned())
+    };
     let result = async {
         let resp = conn
             .call(pass(init)?, None, timeout, &Vec::new())
@@ -143,7 +145,8 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
         Ok(listing) => {
             let mut tools = Vec::new();
             if let Some(list) = &listing.tools {
-                gw.pipeline.catalog
+                gw.pipeline
+                    .catalog
                     .capture(server, &json!({ "tools": list }).to_string());
                 for name in list
                     .as_array()

@@ -374,10 +374,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 crate::cli::reconcile::Verdict::NotExecuted
             };
-            let rec = crate::cli::reconcile::reconcile(
-                &config, &tenant, &principal, &key, verdict, note,
-            )
-            .await?;
+            let rec =
+                crate::cli::reconcile::reconcile(&config, &tenant, &principal, &key, verdict, note)
+                    .await?;
             println!(
                 "reconciled `{key}` of {principal}@{tenant}: now {:?}",
                 rec.state
@@ -409,10 +408,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let tools = crate::cli::check::list_tools(&gw, &server)
                         .await
                         .map_err(|e| anyhow::anyhow!(e))?;
-                    print!(
-                        "{}",
-                        crate::cli::policy::arguments_schema(&server, &tools)
-                    );
+                    print!("{}", crate::cli::policy::arguments_schema(&server, &tools));
                     true
                 }
             };

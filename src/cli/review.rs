@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::core::approval::{format_public_key, KeyFile, Verdict};
 use crate::cli::client::{load_key, Client};
+use crate::core::approval::{format_public_key, KeyFile, Verdict};
 
 /// `countersign keygen --out FILE [--name NAME]`: a new reviewer key, written
 /// with mode 0600 (never over an existing file). Returns the lines to add to
 /// `policies/reviewers.toml`.
 pub fn keygen(out: &Path, name: &str) -> anyhow::Result<String> {
-    crate::core::approval::check_reviewer_name(name).map_err(|e| anyhow::anyhow!("{e} (set --name)"))?;
+    crate::core::approval::check_reviewer_name(name)
+        .map_err(|e| anyhow::anyhow!("{e} (set --name)"))?;
     let seed: [u8; 32] = rand::random();
     let kf = KeyFile::generate(name, seed);
     let public = format_public_key(&kf.signing_key()?.verifying_key());

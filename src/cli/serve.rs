@@ -14,8 +14,8 @@ use tokio::net::TcpListener;
 use crate::core::config::Config;
 use crate::core::decision::Policies;
 use crate::front::http::router;
-use crate::upstream::session::Gateway;
 use crate::store::{RedbStore, Store};
+use crate::upstream::session::Gateway;
 
 /// How often idle sessions, ledger retention and approval expiry are swept
 /// (more often when `session_idle_timeout` is short, so a session never
@@ -100,7 +100,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 }
                 // Expiry is also checked at consumption; the sweep keeps
                 // reviewers' lists honest and forgets old final proposals.
-                match gw.pipeline.book.sweep(gw.config.idempotency.retention).await {
+                match gw
+                    .pipeline
+                    .book
+                    .sweep(gw.config.idempotency.retention)
+                    .await
+                {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(expired = n, "approval expiry sweep"),
                     Err(e) => tracing::warn!("approval expiry sweep failed: {e}"),

@@ -229,7 +229,9 @@ pub fn idempotency_key(
         };
     }
     let basis = serde_json::json!([principal, tenant, scope, digest]);
-    let derived = hex::encode(Sha256::digest(crate::core::canonical::jcs(&basis).as_bytes()));
+    let derived = hex::encode(Sha256::digest(
+        crate::core::canonical::jcs(&basis).as_bytes(),
+    ));
     Ok((format!("derived:{derived}"), false))
 }
 

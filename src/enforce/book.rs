@@ -14,9 +14,9 @@ use crate::core::approval::{
     SignedDecision, Statement, Verdict,
 };
 use crate::core::config::ApprovalsConfig;
-use crate::enforce::flight::{ApprovalCode, ApprovalNote};
 use crate::core::identity::Identity;
 use crate::core::time::{ms, parse_rfc3339, rfc3339, Clock};
+use crate::enforce::flight::{ApprovalCode, ApprovalNote};
 use crate::store::{Store, StoreError};
 
 /// A change, for the control API's event stream.

@@ -158,6 +158,10 @@ impl Idempotency {
     }
 
     /// Join an in-flight identical call, or become the leader for the key.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the Err side is the lookup's answer itself, returned once per call"
+    )]
     fn lead_or_follow(&self, claim: &Claim) -> Result<Arc<Flight>, Lookup> {
         let mut flights = self.flights();
         if let Some(f) = flights.get(&claim.key) {
@@ -203,7 +207,11 @@ impl Idempotency {
         let existing = match self.store.get(&claim.key) {
             Ok(e) => e,
             Err(e) => {
-                self.settle(&claim.key, &flight, Settled::Verdict(Outcome::NotDispatched));
+                self.settle(
+                    &claim.key,
+                    &flight,
+                    Settled::Verdict(Outcome::NotDispatched),
+                );
                 return Err(e);
             }
         };
@@ -411,10 +419,7 @@ impl Ticket {
 
     /// [`Ticket::dispatch`], committing `outbox` (audit entries that must
     /// be on disk before the dispatch) in the same durable commit.
-    pub async fn dispatch_with(
-        &mut self,
-        outbox: Option<(u64, String)>,
-    ) -> Result<(), StoreError> {
+    pub async fn dispatch_with(&mut self, outbox: Option<(u64, String)>) -> Result<(), StoreError> {
         let mut next = self.record.clone();
         next.state = State::Dispatched;
         let moved = self

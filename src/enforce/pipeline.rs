@@ -418,6 +418,10 @@ impl Pipeline {
     /// the exact JCS bytes that were hashed, so what is checked (and later
     /// approved) is byte-for-byte what the server receives. A refusal is
     /// `-32602` and nothing is sent upstream.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the Err side is the call's outcome itself, returned once per call"
+    )]
     fn parse(
         &self,
         server: &str,
@@ -439,6 +443,10 @@ impl Pipeline {
 
     /// Stage 2, the idempotency key: explicit, or derived from who calls,
     /// in which scope, and the digest. Namespaced by tenant and principal.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the Err side is the call's outcome itself, returned once per call"
+    )]
     fn claim(
         &self,
         caller: &Caller,
@@ -1067,12 +1075,8 @@ fn refused<U>(c: &Call<'_, U>, why: Outcome) -> CallOutcome {
     // Audit entries of refusals the ledger or a stale version made (policy
     // and approval refusals have theirs).
     match &why {
-        Outcome::Drift => c
-            .trail
-            .record("rejected", vec![("reason", json!("drift"))]),
-        Outcome::Remap => c
-            .trail
-            .record("rejected", vec![("reason", json!("remap"))]),
+        Outcome::Drift => c.trail.record("rejected", vec![("reason", json!("drift"))]),
+        Outcome::Remap => c.trail.record("rejected", vec![("reason", json!("remap"))]),
         Outcome::Unknown => c
             .trail
             .record("outcome_unknown", vec![("repeat", json!(true))]),

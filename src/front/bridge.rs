@@ -25,13 +25,13 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::enforce::answer;
+use crate::front::http::SCOPE_HEADER;
+use crate::wire::era::Era;
+use crate::wire::era::{declared_version, encode_header_value};
 use crate::wire::jsonrpc::{code, parse_body, Body, Kind, Message};
 use crate::wire::lines::{read_line, Line};
-use crate::front::http::SCOPE_HEADER;
-use crate::wire::era::{declared_version, encode_header_value};
 use crate::wire::sse;
-use crate::enforce::answer;
-use crate::wire::era::Era;
 
 /// How the bridge reaches the gateway.
 #[derive(Debug, Clone)]

@@ -19,7 +19,6 @@
 //! `approvals.remote_control` is set. Reviewers see only the tenants listed
 //! for them in `reviewers.toml`; anything else is "not found".
 
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -34,9 +33,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::core::approval::{self, Proposal, ProposalState, RequestAuth, Reviewer, Statement};
-use crate::upstream::session::Gateway;
 use crate::core::time::{parse_rfc3339, rfc3339};
 use crate::enforce::book::DecideError;
+use crate::upstream::session::Gateway;
 
 /// The control API's routes (merged into the gateway's router).
 pub fn router(gw: Arc<Gateway>) -> Router {

@@ -286,9 +286,7 @@ async fn in_session(
                 None,
             ),
         ),
-        Kind::Request => {
-            relay_request(gw, session_request(session), msg, sse).await
-        }
+        Kind::Request => relay_request(gw, session_request(session), msg, sse).await,
         Kind::Notification | Kind::Response => {
             forward(&session.conn(), &session.server, msg, &Vec::new()).await;
             StatusCode::ACCEPTED.into_response()

@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 
 use crate::core::config::ServerConfig;
 use crate::enforce::pipeline::{Permit, Sent};
-use crate::wire::jsonrpc::{raw, Kind, Message};
 use crate::upstream::mux::Mux;
+use crate::wire::jsonrpc::{raw, Kind, Message};
 
 pub use streamable_http::HttpClient;
 
@@ -38,7 +38,10 @@ pub struct Passthrough(Message);
 
 impl Passthrough {
     /// `msg`, unless it is a `tools/call` request (then `msg` back).
-    #[expect(clippy::result_large_err, reason = "the refused message itself comes back")]
+    #[expect(
+        clippy::result_large_err,
+        reason = "the refused message itself comes back"
+    )]
     pub fn new(msg: Message) -> Result<Passthrough, Message> {
         // INVARIANT: tool calls go through the enforcement pipeline; this
         // is the one door for everything else.

@@ -24,12 +24,12 @@ use crate::core::identity::{Identities, Identity};
 use crate::core::time::SystemClock;
 use crate::enforce::answer;
 use crate::enforce::pipeline::Pipeline;
-use crate::upstream::Passthrough;
-use crate::wire::era::Era;
-use crate::wire::jsonrpc::{raw, Message};
-use crate::upstream::{HttpClient, UpstreamConn, UpstreamError};
-use crate::wire::era::{modern_headers, MODERN_VERSIONS};
 use crate::store::Store;
+use crate::upstream::Passthrough;
+use crate::upstream::{HttpClient, UpstreamConn, UpstreamError};
+use crate::wire::era::Era;
+use crate::wire::era::{modern_headers, MODERN_VERSIONS};
+use crate::wire::jsonrpc::{raw, Message};
 
 /// How many server messages wait for a client's standalone stream.
 const UNSOLICITED_BUFFER: usize = 256;
@@ -429,7 +429,12 @@ impl Gateway {
         );
         let headers = modern_headers("server/discover", None, MODERN_VERSIONS[0]);
         let verdict = match conn
-            .call(Passthrough::checked(server, probe)?, None, timeout, &headers)
+            .call(
+                Passthrough::checked(server, probe)?,
+                None,
+                timeout,
+                &headers,
+            )
             .await
         {
             Ok(resp) => {

@@ -12,9 +12,9 @@ use tokio::sync::Mutex;
 
 use super::UpstreamError;
 use crate::core::config::ServerConfig;
+use crate::upstream::mux::{Mux, Origin};
 use crate::wire::jsonrpc::Message;
 use crate::wire::lines::{read_line, Line};
-use crate::upstream::mux::{Mux, Origin};
 
 /// Variables a stdio child inherits from the gateway (as the MCP SDKs do for
 /// their stdio clients); everything else must be listed in `servers.S.env`.

@@ -16,8 +16,8 @@ use hyper_util::rt::TokioIo;
 use tokio::task::JoinHandle;
 
 use super::{ExtraHeaders, UpstreamError};
-use crate::wire::jsonrpc::Message;
 use crate::upstream::mux::{Mux, Origin};
+use crate::wire::jsonrpc::Message;
 use crate::wire::sse;
 
 /// Idle HTTP/1.1 connections to one upstream origin. A request takes an idle

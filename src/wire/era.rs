@@ -30,11 +30,7 @@ pub enum Era {
 }
 
 /// 2026-07-28 request metadata headers for an upstream POST.
-pub fn modern_headers(
-    method: &str,
-    name: Option<&str>,
-    version: &str,
-) -> ExtraHeaders {
+pub fn modern_headers(method: &str, name: Option<&str>, version: &str) -> ExtraHeaders {
     let mut h = Vec::new();
     if let Ok(v) = http::HeaderValue::try_from(version) {
         h.push((http::HeaderName::from_static("mcp-protocol-version"), v));

@@ -102,7 +102,10 @@ async fn run(
                 }
             }
             Ok(Event::Resize(..)) => {
-                if keys.blocking_send(Input::Tick(countersign::core::time::now_ms())).is_err() {
+                if keys
+                    .blocking_send(Input::Tick(countersign::core::time::now_ms()))
+                    .is_err()
+                {
                     return;
                 }
             }

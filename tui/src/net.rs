@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use countersign::core::approval::Verdict;
 use countersign::cli::client::Client;
+use countersign::core::approval::Verdict;
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
