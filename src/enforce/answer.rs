@@ -11,8 +11,8 @@ use super::flight::{ApprovalCode, ApprovalNote, Outcome};
 use super::pipeline::CallOutcome;
 use super::upstream::UpstreamError;
 use crate::core::ledger::Answer;
-use crate::wire::era::Era;
-use crate::wire::jsonrpc::{code, raw, Message};
+use crate::wire::era::{Era, HeaderProblem, HANDSHAKE_VERSIONS, MODERN_VERSIONS};
+use crate::wire::jsonrpc::{code, raw, Message, ParseError};
 
 /// Codes of `structuredContent.countersign.code`.
 pub mod codes {
@@ -192,10 +192,142 @@ fn failure(id: Value, method: &str, code: &str, text: &str, era: Era) -> Message
     }
 }
 
-/// A malformed or unacceptable request (`-32600`), worded by the caller's
-/// own check; the front ends use this for every refusal they make.
-pub fn invalid_request(id: Value, text: &str) -> Message {
-    Message::error(id, code::INVALID_REQUEST, text, None)
+/// Why a front end refuses a request before it reaches the pipeline or an
+/// upstream. The front decides its transport status; the words are here.
+#[derive(Debug)]
+pub enum Rejection {
+    /// A browser page from a foreign origin (DNS rebinding).
+    Origin,
+    /// No bearer token, or one no identity has.
+    Token,
+    /// The path names no configured server.
+    UnknownServer {
+        /// The name asked for.
+        server: String,
+        /// The configured names.
+        known: Vec<String>,
+    },
+    /// The body is over `limits.max_body_bytes`.
+    TooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// Not a JSON-RPC message.
+    Parse(ParseError),
+    /// `Mcp-Session-Id` names no session of this caller.
+    NoSuchSession,
+    /// A handshake-era session asked with a version it cannot speak.
+    SessionVersion(String),
+    /// A batch in a session that did not negotiate 2025-03-26.
+    BatchVersion(Option<String>),
+    /// Neither a session, nor `initialize`, nor a 2026-07-28 request.
+    NoSession,
+    /// `initialize` inside a session.
+    AlreadyInitialized,
+    /// `initialize` inside a batch.
+    InitializeInBatch,
+    /// A second standalone stream for one session.
+    StreamTaken,
+    /// The relay task ended without an answer (it panicked or was aborted).
+    NoAnswer,
+    /// A 2026-07-28 request whose headers disagree with its body.
+    Header(HeaderProblem),
+    /// A 2026-07-28 request to an upstream that speaks only the handshake
+    /// era.
+    LegacyUpstream {
+        /// The server.
+        server: String,
+        /// The version the client declared.
+        requested: String,
+    },
+}
+
+impl Rejection {
+    /// The JSON-RPC error that tells the client, under request id `id`.
+    pub fn message(&self, id: Value) -> Message {
+        let invalid = |text: &str| Message::error(id.clone(), code::INVALID_REQUEST, text, None);
+        match self {
+            Rejection::Origin => invalid(
+                "origin not allowed: add it to gateway.allowed_origins if this browser origin is trusted",
+            ),
+            Rejection::Token => invalid(
+                "missing or unknown bearer token: send `Authorization: Bearer TOKEN` with a token listed in [[identities]]",
+            ),
+            Rejection::UnknownServer { server, known } => invalid(&format!(
+                "unknown server `{server}`: configured servers are {}",
+                known.join(", ")
+            )),
+            Rejection::TooLarge { limit } => invalid(&format!(
+                "request body larger than limits.max_body_bytes ({limit} bytes): send less, or raise the limit"
+            )),
+            Rejection::Parse(e) => Message::error(id.clone(), e.code(), &e.to_string(), None),
+            Rejection::NoSuchSession => invalid(
+                "session not found (expired, closed, or the gateway restarted): send initialize again",
+            ),
+            Rejection::SessionVersion(v) => invalid(&format!(
+                "unsupported MCP-Protocol-Version `{v}` for a session; supported: {}",
+                HANDSHAKE_VERSIONS.join(", ")
+            )),
+            Rejection::BatchVersion(v) => invalid(&format!(
+                "JSON-RPC batches are only part of protocol version 2025-03-26; this session negotiated `{}`: send one message per request",
+                v.as_deref().unwrap_or_default()
+            )),
+            Rejection::NoSession => invalid(
+                "missing Mcp-Session-Id header: send initialize first (2025 protocol versions), \
+                 or carry `_meta[\"io.modelcontextprotocol/protocolVersion\"]` (2026-07-28)",
+            ),
+            Rejection::AlreadyInitialized => invalid(
+                "this session is already initialized: open a new session without Mcp-Session-Id",
+            ),
+            Rejection::InitializeInBatch => invalid("initialize cannot be part of a batch"),
+            Rejection::StreamTaken => invalid("this session already has a standalone stream open"),
+            Rejection::NoAnswer => Message::error(
+                id,
+                code::INTERNAL_ERROR,
+                "the relay task ended without an answer",
+                None,
+            ),
+            Rejection::Header(HeaderProblem::Unsupported { requested }) => {
+                let all: Vec<&str> = MODERN_VERSIONS
+                    .iter()
+                    .chain(HANDSHAKE_VERSIONS)
+                    .copied()
+                    .collect();
+                Message::error(
+                    id,
+                    code::UNSUPPORTED_PROTOCOL_VERSION,
+                    "Unsupported protocol version",
+                    Some(json!({ "supported": all, "requested": requested })),
+                )
+            }
+            Rejection::Header(problem) => {
+                Message::error(id, code::HEADER_MISMATCH, &header_text(problem), None)
+            }
+            Rejection::LegacyUpstream { server, requested } => Message::error(
+                id,
+                code::UNSUPPORTED_PROTOCOL_VERSION,
+                &format!("upstream `{server}` speaks only the handshake era: send initialize"),
+                Some(json!({ "supported": HANDSHAKE_VERSIONS, "requested": requested })),
+            ),
+        }
+    }
+}
+
+fn header_text(problem: &HeaderProblem) -> String {
+    match problem {
+        HeaderProblem::Missing(h) => format!("header mismatch: {h} header is missing"),
+        HeaderProblem::Mismatch {
+            header,
+            value,
+            body,
+        } => format!("header mismatch: {header} `{value}` does not match {body}"),
+        HeaderProblem::BadEncoding => {
+            "header mismatch: Mcp-Name is not valid base64 sentinel encoding".to_owned()
+        }
+        HeaderProblem::Unsupported { requested } => {
+            format!("unsupported protocol version `{requested}`")
+        }
+    }
 }
 
 fn raw_or_null(text: &str) -> Box<serde_json::value::RawValue> {

@@ -24,14 +24,13 @@ use tokio::sync::mpsc;
 
 use super::mcp::{self, RequestCtx};
 use crate::core::identity::Identity;
+use crate::enforce::answer::Rejection;
 use crate::enforce::pipeline::Caller;
 use crate::upstream::route::Target;
 use crate::upstream::session::{Gateway, ModernUpstream, Opened, Session};
 use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn};
-use crate::wire::era::{
-    declared_version, decode_header_value, modern_headers, Era, HANDSHAKE_VERSIONS, MODERN_VERSIONS,
-};
-use crate::wire::jsonrpc::{code, parse_body, Body, Kind, Message};
+use crate::wire::era::{check_modern, declared_version, Era, ModernRequest, HANDSHAKE_VERSIONS};
+use crate::wire::jsonrpc::{parse_body, Body, Kind, Message};
 use crate::wire::sse;
 
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -70,8 +69,33 @@ fn rpc(status: StatusCode, msg: &Message) -> Response {
         .into_response()
 }
 
-fn rpc_error(status: StatusCode, code: i64, message: &str, data: Option<Value>) -> Response {
-    rpc(status, &Message::error(Value::Null, code, message, data))
+/// A refusal, with the status HTTP gives it; the words come from
+/// [`answer::Rejection`].
+fn reject(rejection: Rejection, id: Value) -> Response {
+    let status = match &rejection {
+        Rejection::Origin => StatusCode::FORBIDDEN,
+        Rejection::Token => StatusCode::UNAUTHORIZED,
+        Rejection::UnknownServer { .. } | Rejection::NoSuchSession => StatusCode::NOT_FOUND,
+        Rejection::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Rejection::StreamTaken => StatusCode::CONFLICT,
+        Rejection::NoAnswer => StatusCode::INTERNAL_SERVER_ERROR,
+        Rejection::Parse(_)
+        | Rejection::SessionVersion(_)
+        | Rejection::BatchVersion(_)
+        | Rejection::NoSession
+        | Rejection::AlreadyInitialized
+        | Rejection::InitializeInBatch
+        | Rejection::Header(_)
+        | Rejection::LegacyUpstream { .. } => StatusCode::BAD_REQUEST,
+    };
+    let mut r = rpc(status, &rejection.message(id));
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"countersign\""),
+        );
+    }
+    r
 }
 
 /// Origin, token and server checks shared by every `/mcp` method.
@@ -83,39 +107,22 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
     if !origin_allowed(gw, headers) {
         // A browser page from a foreign origin (DNS rebinding) must not drive
         // a gateway that listens on localhost.
-        return Err(rpc_error(
-            StatusCode::FORBIDDEN,
-            code::INVALID_REQUEST,
-            "origin not allowed: add it to gateway.allowed_origins if this browser origin is trusted",
-            None,
-        ));
+        return Err(reject(Rejection::Origin, Value::Null));
     }
     let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let Some(identity) = gw.identities.from_authorization(auth) else {
-        let mut r = rpc_error(
-            StatusCode::UNAUTHORIZED,
-            code::INVALID_REQUEST,
-            "missing or unknown bearer token: send `Authorization: Bearer TOKEN` with a token listed in [[identities]]",
-            None,
-        );
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"countersign\""),
-        );
-        return Err(r);
+        return Err(reject(Rejection::Token, Value::Null));
     };
     if !gw.config.servers.contains_key(server) {
-        let known: Vec<&str> = gw.config.servers.keys().map(String::as_str).collect();
-        return Err(rpc_error(
-            StatusCode::NOT_FOUND,
-            code::INVALID_REQUEST,
-            &format!(
-                "unknown server `{server}`: configured servers are {}",
-                known.join(", ")
-            ),
-            None,
+        let known = gw.config.servers.keys().cloned().collect();
+        return Err(reject(
+            Rejection::UnknownServer {
+                server: server.to_owned(),
+                known,
+            },
+            Value::Null,
         ));
     }
     Ok(identity)
@@ -175,38 +182,20 @@ async fn post_mcp(
     };
     let limit = gw.config.limits.max_body_bytes;
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return rpc_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            code::INVALID_REQUEST,
-            &format!("request body larger than limits.max_body_bytes ({limit} bytes): send less, or raise the limit"),
-            None,
-        );
+        return reject(Rejection::TooLarge { limit }, Value::Null);
     };
     let parsed = match parse_body(&bytes) {
         Ok(p) => p,
-        Err(e) => return rpc_error(StatusCode::BAD_REQUEST, e.code(), &e.to_string(), None),
+        Err(e) => return reject(Rejection::Parse(e), Value::Null),
     };
     if let Some(sid) = header_str(&headers, SESSION_HEADER) {
         let Some(session) = gw.session(&server, sid, &identity) else {
-            return rpc_error(
-                StatusCode::NOT_FOUND,
-                code::INVALID_REQUEST,
-                "session not found (expired, closed, or the gateway restarted): send initialize again",
-                None,
-            );
+            return reject(Rejection::NoSuchSession, Value::Null);
         };
         session.touch();
         if let Some(v) = header_str(&headers, PROTOCOL_HEADER) {
             if !HANDSHAKE_VERSIONS.contains(&v) && v != "2024-11-05" {
-                return rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    code::INVALID_REQUEST,
-                    &format!(
-                        "unsupported MCP-Protocol-Version `{v}` for a session; supported: {}",
-                        HANDSHAKE_VERSIONS.join(", ")
-                    ),
-                    None,
-                );
+                return reject(Rejection::SessionVersion(v.to_owned()), Value::Null);
             }
         }
         return match parsed {
@@ -219,15 +208,7 @@ async fn post_mcp(
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
                 if version.as_deref() != Some("2025-03-26") {
-                    return rpc_error(
-                        StatusCode::BAD_REQUEST,
-                        code::INVALID_REQUEST,
-                        &format!(
-                            "JSON-RPC batches are only part of protocol version 2025-03-26; this session negotiated `{}`: send one message per request",
-                            version.unwrap_or_default()
-                        ),
-                        None,
-                    );
+                    return reject(Rejection::BatchVersion(version), Value::Null);
                 }
                 batch(&gw, &session, members).await
             }
@@ -240,13 +221,7 @@ async fn post_mcp(
         Body::Single(msg) if declared_version(msg.params_value().as_ref()).is_some() => {
             modern(&gw, &server, identity, &headers, msg).await
         }
-        _ => rpc_error(
-            StatusCode::BAD_REQUEST,
-            code::INVALID_REQUEST,
-            "missing Mcp-Session-Id header: send initialize first (2025 protocol versions), \
-             or carry `_meta[\"io.modelcontextprotocol/protocolVersion\"]` (2026-07-28)",
-            None,
-        ),
+        _ => reject(Rejection::NoSession, Value::Null),
     }
 }
 
@@ -277,15 +252,9 @@ async fn in_session(
     sse: bool,
 ) -> Response {
     match msg.kind() {
-        Kind::Request if msg.method() == "initialize" => rpc(
-            StatusCode::BAD_REQUEST,
-            &Message::error(
-                msg.id.unwrap_or(Value::Null),
-                code::INVALID_REQUEST,
-                "this session is already initialized: open a new session without Mcp-Session-Id",
-                None,
-            ),
-        ),
+        Kind::Request if msg.method() == "initialize" => {
+            reject(Rejection::AlreadyInitialized, msg.id.unwrap_or(Value::Null))
+        }
         Kind::Request => relay_request(gw, session_request(session), msg, sse).await,
         Kind::Notification | Kind::Response => {
             forward(&session.conn(), &session.server, msg, &Vec::new()).await;
@@ -316,14 +285,9 @@ async fn batch(
     let mut calls = Vec::new();
     for member in members {
         match member {
-            Err(e) => answers.push(Message::error(Value::Null, e.code(), &e.to_string(), None)),
+            Err(e) => answers.push(Rejection::Parse(e).message(Value::Null)),
             Ok(msg) if msg.kind() == Kind::Request && msg.method() == "initialize" => {
-                answers.push(Message::error(
-                    msg.id.unwrap_or(Value::Null),
-                    code::INVALID_REQUEST,
-                    "initialize cannot be part of a batch",
-                    None,
-                ))
+                answers.push(Rejection::InitializeInBatch.message(msg.id.unwrap_or(Value::Null)))
             }
             Ok(msg) if msg.kind() == Kind::Request => {
                 let rc = session_request(session);
@@ -391,12 +355,7 @@ async fn relay_request(gw: &Arc<Gateway>, rc: RequestCtx, msg: Message, sse: boo
     });
     let abort = (era == Era::Modern).then(|| AbortOnDrop(task.abort_handle()));
     let Some(first) = rx.recv().await else {
-        return rpc_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            code::INTERNAL_ERROR,
-            "the relay task ended without an answer",
-            None,
-        );
+        return reject(Rejection::NoAnswer, Value::Null);
     };
     if first.kind() == Kind::Response {
         return rpc(StatusCode::OK, &first);
@@ -442,95 +401,19 @@ async fn modern(
     headers: &HeaderMap,
     msg: Message,
 ) -> Response {
-    let params = msg.params_value();
-    let declared = declared_version(params.as_ref()).unwrap_or_default();
     let id = msg.id.clone().unwrap_or(Value::Null);
-    let mismatch = |text: String| {
-        // The headers are what intermediaries route on; a body that says
-        // otherwise is refused so that no component acts on a different call
-        // than the one the gateway checked.
-        rpc(
-            StatusCode::BAD_REQUEST,
-            &Message::error(id.clone(), code::HEADER_MISMATCH, &text, None),
-        )
+    let checked = match check_modern(headers, &msg) {
+        Ok(c) => c,
+        Err(problem) => return reject(Rejection::Header(problem), id),
     };
-    match header_str(headers, PROTOCOL_HEADER) {
-        Some(v) if v == declared => {}
-        Some(v) => {
-            return mismatch(format!(
-                "header mismatch: MCP-Protocol-Version `{v}` does not match _meta `{declared}`"
-            ))
-        }
-        None => return mismatch("header mismatch: MCP-Protocol-Version header is missing".into()),
-    }
-    let unsupported = |supported: Vec<&str>, why: &str| {
-        rpc(
-            StatusCode::BAD_REQUEST,
-            &Message::error(
-                id.clone(),
-                code::UNSUPPORTED_PROTOCOL_VERSION,
-                why,
-                Some(json!({ "supported": supported, "requested": declared })),
-            ),
-        )
-    };
-    if !MODERN_VERSIONS.contains(&declared.as_str()) {
-        let all = MODERN_VERSIONS
-            .iter()
-            .chain(HANDSHAKE_VERSIONS)
-            .copied()
-            .collect();
-        return unsupported(all, "Unsupported protocol version");
-    }
-    match header_str(headers, "mcp-method") {
-        Some(m) if m == msg.method() => {}
-        Some(m) => {
-            return mismatch(format!(
-                "header mismatch: Mcp-Method `{m}` does not match body `{}`",
-                msg.method()
-            ))
-        }
-        None => return mismatch("header mismatch: Mcp-Method header is missing".into()),
-    }
-    let name_field = match msg.method() {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        _ => None,
-    };
-    let mut name = None;
-    if let Some(field) = name_field {
-        let body_name = params
-            .as_ref()
-            .and_then(|p| p.get(field))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        match header_str(headers, "mcp-name").map(decode_header_value) {
-            Some(Some(h)) if h == body_name => name = Some(body_name.to_owned()),
-            Some(Some(h)) => {
-                return mismatch(format!(
-                    "header mismatch: Mcp-Name `{h}` does not match body `{body_name}`"
-                ))
-            }
-            Some(None) => {
-                return mismatch(
-                    "header mismatch: Mcp-Name is not valid base64 sentinel encoding".into(),
-                )
-            }
-            None => return mismatch("header mismatch: Mcp-Name header is missing".into()),
-        }
-    }
-    let meta = params
-        .as_ref()
-        .and_then(|p| p.get("_meta"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let conn = match gw.modern_upstream(server, &meta).await {
+    let conn = match gw.modern_upstream(server, &checked.meta).await {
         Ok(ModernUpstream::Speaks(conn)) => Some(conn),
         Ok(ModernUpstream::Legacy) => {
-            return unsupported(
-                HANDSHAKE_VERSIONS.to_vec(),
-                &format!("upstream `{server}` speaks only the handshake era: send initialize"),
-            )
+            let rejection = Rejection::LegacyUpstream {
+                server: server.to_owned(),
+                requested: checked.version,
+            };
+            return reject(rejection, id);
         }
         // Not reachable now: a request goes on, and its own pipeline tries
         // again, classifies the failure (nothing of it was sent) and feeds
@@ -543,13 +426,7 @@ async fn modern(
             None
         }
     };
-    let mut extra = modern_headers(msg.method(), name.as_deref(), &declared);
-    // Intermediaries forward `Mcp-Param-*` headers they do not interpret.
-    for (k, v) in headers {
-        if k.as_str().starts_with("mcp-param-") {
-            extra.push((k.clone(), v.clone()));
-        }
-    }
+    let ModernRequest { meta, extra, .. } = checked;
     match msg.kind() {
         Kind::Request => {
             let rc = RequestCtx {
@@ -590,12 +467,7 @@ async fn get_mcp(
         Err(r) => return r,
     };
     let Ok(receiver) = session.standalone.clone().try_lock_owned() else {
-        return rpc_error(
-            StatusCode::CONFLICT,
-            code::INVALID_REQUEST,
-            "this session already has a standalone stream open",
-            None,
-        );
+        return reject(Rejection::StreamTaken, Value::Null);
     };
     let frames = stream::unfold(receiver, |mut rx| async move {
         let msg = rx.recv().await?;
@@ -633,12 +505,6 @@ fn named_session(
     let Some(sid) = header_str(headers, SESSION_HEADER) else {
         return Err(StatusCode::METHOD_NOT_ALLOWED.into_response());
     };
-    gw.session(server, sid, &identity).ok_or_else(|| {
-        rpc_error(
-            StatusCode::NOT_FOUND,
-            code::INVALID_REQUEST,
-            "session not found: send initialize again",
-            None,
-        )
-    })
+    gw.session(server, sid, &identity)
+        .ok_or_else(|| reject(Rejection::NoSuchSession, Value::Null))
 }

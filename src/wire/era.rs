@@ -8,6 +8,8 @@
 
 use serde_json::Value;
 
+use crate::wire::jsonrpc::Message;
+
 /// Protocol versions of the handshake era (`initialize`, `Mcp-Session-Id`).
 pub const HANDSHAKE_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
 /// Protocol versions of the stateless era (per-request `_meta`).
@@ -87,6 +89,123 @@ pub fn declared_version(params: Option<&Value>) -> Option<String> {
         .get(META_PROTOCOL_VERSION)?
         .as_str()
         .map(str::to_owned)
+}
+
+/// What a 2026-07-28 request's headers say, once they agree with its body.
+#[derive(Debug)]
+pub struct ModernRequest {
+    /// The declared protocol version.
+    pub version: String,
+    /// The request's `_meta` (`null` when absent).
+    pub meta: Value,
+    /// Metadata headers for the upstream request: `MCP-Protocol-Version`,
+    /// `Mcp-Method`, `Mcp-Name`, and the client's `Mcp-Param-*` as they came.
+    pub extra: ExtraHeaders,
+}
+
+/// How a 2026-07-28 request's headers disagree with its body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderProblem {
+    /// A required header is absent.
+    Missing(&'static str),
+    /// A header names something other than the body does.
+    Mismatch {
+        /// The header.
+        header: &'static str,
+        /// Its value.
+        value: String,
+        /// What the body says.
+        body: String,
+    },
+    /// `Mcp-Name` is not valid base64 sentinel encoding.
+    BadEncoding,
+    /// The declared version is not one this gateway speaks.
+    Unsupported {
+        /// The declared version.
+        requested: String,
+    },
+}
+
+/// Check a 2026-07-28 request's metadata headers against its body. The
+/// headers are what intermediaries route on; a body that says otherwise is
+/// refused so that no component acts on a different call than the one the
+/// gateway checked.
+pub fn check_modern(
+    headers: &http::HeaderMap,
+    msg: &Message,
+) -> Result<ModernRequest, HeaderProblem> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let params = msg.params_value();
+    let declared = declared_version(params.as_ref()).unwrap_or_default();
+    match header("mcp-protocol-version") {
+        Some(v) if v == declared => {}
+        Some(v) => {
+            return Err(HeaderProblem::Mismatch {
+                header: "MCP-Protocol-Version",
+                value: v.to_owned(),
+                body: format!("_meta `{declared}`"),
+            })
+        }
+        None => return Err(HeaderProblem::Missing("MCP-Protocol-Version")),
+    }
+    if !MODERN_VERSIONS.contains(&declared.as_str()) {
+        return Err(HeaderProblem::Unsupported {
+            requested: declared,
+        });
+    }
+    match header("mcp-method") {
+        Some(m) if m == msg.method() => {}
+        Some(m) => {
+            return Err(HeaderProblem::Mismatch {
+                header: "Mcp-Method",
+                value: m.to_owned(),
+                body: format!("body `{}`", msg.method()),
+            })
+        }
+        None => return Err(HeaderProblem::Missing("Mcp-Method")),
+    }
+    let name_field = match msg.method() {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    };
+    let mut name = None;
+    if let Some(field) = name_field {
+        let body_name = params
+            .as_ref()
+            .and_then(|p| p.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match header("mcp-name").map(decode_header_value) {
+            Some(Some(h)) if h == body_name => name = Some(body_name.to_owned()),
+            Some(Some(h)) => {
+                return Err(HeaderProblem::Mismatch {
+                    header: "Mcp-Name",
+                    value: h,
+                    body: format!("body `{body_name}`"),
+                })
+            }
+            Some(None) => return Err(HeaderProblem::BadEncoding),
+            None => return Err(HeaderProblem::Missing("Mcp-Name")),
+        }
+    }
+    let meta = params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let mut extra = modern_headers(msg.method(), name.as_deref(), &declared);
+    // Intermediaries forward `Mcp-Param-*` headers they do not interpret.
+    for (k, v) in headers {
+        if k.as_str().starts_with("mcp-param-") {
+            extra.push((k.clone(), v.clone()));
+        }
+    }
+    Ok(ModernRequest {
+        version: declared,
+        meta,
+        extra,
+    })
 }
 
 #[cfg(test)]
