@@ -20,5 +20,3 @@ pub mod flight;
 pub mod pipeline;
 pub mod upstream;
 
-#[cfg(test)]
-mod tests;

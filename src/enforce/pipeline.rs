@@ -539,20 +539,17 @@ impl Pipeline {
             Ok(conn) => conn,
             Err(e) => return (Attempt::Retry(self.failed(c, e)), lead),
         };
-        let hold = match permit(c.request, Hold::Read(lead)) {
-            Ok(p) => {
-                let timeout = self.call_timeout(c.ctx.server);
-                let sent = conn.call_tool(p, c.ctx.events.clone(), timeout).await;
-                return self.read_answer(c, sent);
+        let permit = match permit(c.request, Hold::Read(lead)) {
+            Ok(p) => p,
+            Err(Hold::Read(lead)) => {
+                let refusal = refused(c, Outcome::NotDispatched);
+                return (Attempt::Done(refusal), lead);
             }
-            Err(hold) => hold,
+            Err(Hold::Write(_)) => unreachable_hold(),
         };
-        // A read's hold is always permitted; this arm only keeps the types
-        // honest.
-        match hold {
-            Hold::Read(lead) => (Attempt::Done(CallOutcome::AuditUnavailable), lead),
-            Hold::Write(_) => unreachable_hold(),
-        }
+        let timeout = self.call_timeout(c.ctx.server);
+        let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
+        self.read_answer(c, sent)
     }
 
     fn read_answer<U>(&self, c: &Call<'_, U>, sent: Sent) -> (Attempt, Box<ReadLead>) {
@@ -925,14 +922,21 @@ impl Pipeline {
             }
         };
         if let Err(e) = durable {
-            // Dropping the ticket frees the key: nothing was sent.
+            // Nothing was sent: free the key now, before answering, so a
+            // retry finds it free (not a reservation without a leader,
+            // which reads as an unknown outcome).
+            ticket.not_dispatched().await;
             c.trail
                 .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
             return Attempt::Done(ledger_unavailable(c, e));
         }
         let permit = match permit(c.request, Hold::Write(ticket)) {
             Ok(p) => p,
-            Err(_) => return Attempt::Done(CallOutcome::AuditUnavailable),
+            Err(Hold::Write(ticket)) => {
+                ticket.not_dispatched().await;
+                return Attempt::Done(refused(c, Outcome::NotDispatched));
+            }
+            Err(Hold::Read(_)) => unreachable_hold(),
         };
         let timeout = self.call_timeout(c.ctx.server);
         let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;

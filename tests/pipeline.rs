@@ -1,0 +1,928 @@
+//! The enforcement pipeline without HTTP: `Pipeline::tool_call` driven
+//! with the memory store, a hand-moved clock and an in-process upstream.
+//!
+//! One test per row of DESIGN.md section 3's state table, one per code of
+//! section 7, concurrent duplicates, a store failure at each step, two held
+//! copies released by one approval, and an approval racing its expiry.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use countersign::core::approval::{format_public_key, Proposal, ProposalState, Verdict};
+use countersign::core::config::Config;
+use countersign::core::decision::Policies;
+use countersign::core::identity::Identity;
+use countersign::core::ledger::{Record, State};
+use countersign::core::time::{rfc3339, Clock, ManualClock};
+use countersign::enforce::answer::{self, Rejection};
+use countersign::enforce::flight::Outcome;
+use countersign::enforce::pipeline::{CallCtx, CallOutcome, Caller, Permit, Pipeline, Sent};
+use countersign::enforce::upstream::{ToolConn, Upstream, UpstreamError};
+use countersign::store::{MemoryStore, Recovery, Reservation, Store, StoreError, StoreFuture};
+use countersign::wire::era::Era;
+use countersign::wire::jsonrpc::{raw, Message};
+use ed25519_dalek::SigningKey;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Notify};
+
+const START_MS: i64 = 1_796_000_000_000;
+
+// ---------------------------------------------------------------- upstream
+
+/// What the in-process upstream does with the next `tools/call`.
+#[derive(Clone)]
+enum Step {
+    /// Answer with a result (the default).
+    Answer,
+    /// Answer a JSON-RPC error with this code.
+    Error(i64),
+    /// The request went out and the answer was lost.
+    Lose,
+}
+
+/// An in-process MCP server: counts what reaches it, answers as scripted.
+#[derive(Default)]
+struct Fake {
+    /// Every `tools/call` that reached the server: (tool, arguments).
+    calls: Mutex<Vec<(String, Value)>>,
+    /// What the next calls do (then `Step::Answer`).
+    script: Mutex<VecDeque<Step>>,
+    /// `ready()` fails this many more times (nothing sent).
+    unreachable: AtomicUsize,
+    /// While set, calls wait here after they are received (a call in
+    /// flight) until notified.
+    hold_calls: Mutex<Option<Arc<Notify>>>,
+    /// While set, `ready()` waits here (the key is reserved, nothing sent).
+    hold_ready: Mutex<Option<Arc<Notify>>>,
+    /// Notified when a call reaches the server or waits in `ready()`.
+    arrived: Notify,
+    /// The resource version `get_account` reports.
+    version: Mutex<String>,
+}
+
+impl Fake {
+    fn new() -> Arc<Fake> {
+        let f = Fake::default();
+        *f.version.lock().unwrap() = "v1".into();
+        Arc::new(f)
+    }
+
+    fn runs(&self, tool: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| t == tool)
+            .count()
+    }
+
+    fn next(&self, step: Step) {
+        self.script.lock().unwrap().push_back(step);
+    }
+}
+
+struct FakeConn(Arc<Fake>);
+
+/// The fake as the pipeline's upstream.
+struct Up(Arc<Fake>);
+
+impl std::ops::Deref for Up {
+    type Target = Fake;
+    fn deref(&self) -> &Fake {
+        &self.0
+    }
+}
+
+impl Upstream for Up {
+    type Conn = FakeConn;
+
+    async fn ready(&self) -> Result<FakeConn, UpstreamError> {
+        let hold = self.hold_ready.lock().unwrap().clone();
+        if let Some(hold) = hold {
+            self.arrived.notify_one();
+            hold.notified().await;
+        }
+        if self
+            .unreachable
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(UpstreamError::Connect {
+                server: "pay".into(),
+                reason: "connection refused".into(),
+            });
+        }
+        Ok(FakeConn(self.0.clone()))
+    }
+}
+
+impl ToolConn for FakeConn {
+    async fn call_tool(
+        &self,
+        permit: Permit,
+        _events: Option<mpsc::Sender<Message>>,
+        _timeout: Duration,
+    ) -> Sent {
+        let (request, receipt) = permit.spend();
+        let params = request.params_value().unwrap();
+        let tool = params["name"].as_str().unwrap().to_owned();
+        let n = {
+            let mut calls = self.0.calls.lock().unwrap();
+            calls.push((tool.clone(), params["arguments"].clone()));
+            calls.len()
+        };
+        let hold = self.0.hold_calls.lock().unwrap().clone();
+        if let Some(hold) = hold {
+            self.0.arrived.notify_one();
+            hold.notified().await;
+        }
+        let step = self
+            .0
+            .script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or(Step::Answer);
+        let id = request.id.clone().unwrap_or(Value::Null);
+        let answer = match step {
+            Step::Answer if tool == "get_account" => {
+                let version = self.0.version.lock().unwrap().clone();
+                Ok(Message::response(
+                    id,
+                    raw(&json!({"content": [], "structuredContent": {"version": version}})),
+                ))
+            }
+            Step::Answer => Ok(Message::response(
+                id,
+                raw(
+                    &json!({"content": [{"type": "text", "text": format!("done #{n}")}],
+                            "structuredContent": {"n": n}}),
+                ),
+            )),
+            Step::Error(code) => Ok(Message::error(id, code, "refused", None)),
+            Step::Lose => Err(UpstreamError::Lost {
+                server: "pay".into(),
+                reason: "the child exited".into(),
+            }),
+        };
+        receipt.sent(answer)
+    }
+}
+
+// ---------------------------------------------------------------- store
+
+/// Which store operation fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fail {
+    None,
+    Get,
+    Reserve,
+    Dispatch,
+    Complete,
+    Proposals,
+}
+
+/// The memory store, with one operation made to fail, and a hook run when
+/// proposals are listed (to move the clock between a look and a reservation).
+struct Flaky {
+    inner: MemoryStore,
+    fail: Mutex<Fail>,
+    on_list: Mutex<Option<Box<dyn Fn() + Send>>>,
+}
+
+impl Flaky {
+    fn failing(&self, op: Fail) -> Result<(), StoreError> {
+        if *self.fail.lock().unwrap() == op {
+            return Err(StoreError(format!("injected failure: {op:?}")));
+        }
+        Ok(())
+    }
+}
+
+fn boxed<'a, T: Send + 'a>(
+    r: Result<T, StoreError>,
+) -> Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
+    Box::pin(async move { r })
+}
+
+impl Store for Flaky {
+    fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        self.failing(Fail::Get)?;
+        self.inner.get(key)
+    }
+    fn reserve_with(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        approval: Option<String>,
+    ) -> StoreFuture<'_, Reservation> {
+        if let Err(e) = self.failing(Fail::Reserve) {
+            return boxed(Err(e));
+        }
+        self.inner.reserve_with(key, record, now_ms, approval)
+    }
+    fn put_proposal(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+    ) -> StoreFuture<'_, bool> {
+        if let Err(e) = self.failing(Fail::Proposals) {
+            return boxed(Err(e));
+        }
+        self.inner.put_proposal(proposal, expect)
+    }
+    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
+        self.inner.get_proposal(id)
+    }
+    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError> {
+        self.failing(Fail::Proposals)?;
+        let out = self.inner.list_proposals();
+        if let Some(hook) = self.on_list.lock().unwrap().as_ref() {
+            hook();
+        }
+        out
+    }
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        self.inner.gc_proposals(before_ms)
+    }
+    fn transition_with(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool> {
+        let op = match to.state {
+            State::Dispatched => Fail::Dispatch,
+            State::Complete => Fail::Complete,
+            _ => Fail::None,
+        };
+        if op != Fail::None {
+            if let Err(e) = self.failing(op) {
+                return boxed(Err(e));
+            }
+        }
+        self.inner.transition_with(key, from, to, outbox)
+    }
+    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError> {
+        self.inner.outbox()
+    }
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        self.inner.outbox_clear(upto)
+    }
+    fn recover(&self) -> Result<Recovery, StoreError> {
+        self.inner.recover()
+    }
+    fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        self.inner.gc(now_ms)
+    }
+    fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError> {
+        self.inner.list(state)
+    }
+}
+
+// ---------------------------------------------------------------- fixture
+
+const POLICIES: &str = r#"
+@id("read-only")
+permit (principal, action == Action::"call", resource) when { resource.readOnly };
+@id("writes-need-approval")
+permit (principal, action == Action::"call", resource) when { context.approved };
+@id("charge-ceiling")
+forbid (principal, action == Action::"call", resource == Tool::"pay/charge_card")
+when { context.arguments has amount && context.arguments.amount.greaterThan(decimal("1000.0")) };
+@id("reviewers-approve")
+permit (principal, action == Action::"approve", resource);
+"#;
+
+/// Calls to `refund` run unattended (a write without approval).
+const UNATTENDED_REFUND: &str = r#"
+@id("refund-unattended")
+permit (principal, action == Action::"call", resource == Tool::"pay/refund");
+"#;
+
+struct Fixture {
+    pipeline: Pipeline,
+    store: Arc<Flaky>,
+    clock: Arc<ManualClock>,
+    fake: Up,
+    caller: Caller,
+    reviewer: SigningKey,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture(hold: &str) -> Fixture {
+    fixture_with(hold, "")
+}
+
+fn fixture_with(hold: &str, extra_config: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    let schema = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/schema.cedarschema"),
+    )
+    .unwrap();
+    std::fs::write(policies.join("schema.cedarschema"), schema).unwrap();
+    std::fs::write(
+        policies.join("test.cedar"),
+        format!("{POLICIES}{UNATTENDED_REFUND}"),
+    )
+    .unwrap();
+    let reviewer = SigningKey::from_bytes(&[7u8; 32]);
+    std::fs::write(
+        policies.join("reviewers.toml"),
+        format!(
+            "[[reviewers]]\nname = \"bob\"\npublic_key = \"{}\"\ngroups = [\"leads\"]\ntenants = [\"*\"]\n",
+            format_public_key(&reviewer.verifying_key())
+        ),
+    )
+    .unwrap();
+    let text = format!(
+        r#"
+[gateway]
+data_dir = "{data}"
+policies = "{policies}"
+
+[approvals]
+hold = "{hold}"
+progress_interval = "100ms"
+
+[retry]
+max_attempts = 3
+base_delay = "1ms"
+max_delay = "2ms"
+
+[circuit]
+failure_threshold = 4
+cooldown = "1h"
+
+[servers.pay]
+command = "unused-the-upstream-is-in-process"
+[servers.pay.tools.get_account]
+read_only = true
+[servers.pay.tools.get_balance]
+read_only = true
+{extra_config}
+"#,
+        data = dir.path().join("data").display(),
+        policies = policies.display(),
+    );
+    let config = Config::parse(&text, &dir.path().join("countersign.toml")).unwrap();
+    let policies = Policies::load(&policies).unwrap();
+    let store = Arc::new(Flaky {
+        inner: MemoryStore::default(),
+        fail: Mutex::new(Fail::None),
+        on_list: Mutex::new(None),
+    });
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let pipeline = Pipeline::new(
+        Arc::new(config),
+        store.clone(),
+        policies,
+        None,
+        clock.clone(),
+    );
+    Fixture {
+        pipeline,
+        store,
+        clock,
+        fake: Up(Fake::new()),
+        caller: Caller {
+            identity: Arc::new(Identity {
+                principal: "agent-7".into(),
+                tenant: "acme".into(),
+                groups: vec!["agents".into()],
+            }),
+            scope: Some("session-1".into()),
+        },
+        reviewer,
+        _dir: dir,
+    }
+}
+
+fn request(tool: &str, args: Value, key: Option<&str>) -> Message {
+    let mut params = json!({ "name": tool, "arguments": args });
+    if let Some(k) = key {
+        params["_meta"] = json!({ "dev.countersign/idempotency-key": k });
+    }
+    Message::request(json!(1), "tools/call", Some(raw(&params)))
+}
+
+fn charge(amount: i64) -> Value {
+    json!({ "account": "acct-1", "amount": amount, "currency": "USD" })
+}
+
+impl Fixture {
+    async fn call(&self, tool: &str, args: Value, key: Option<&str>) -> CallOutcome {
+        let ctx = CallCtx {
+            caller: &self.caller,
+            server: "pay",
+            era: Era::Handshake,
+            events: None,
+            upstream: &self.fake,
+        };
+        self.pipeline
+            .tool_call(&ctx, request(tool, args, key))
+            .await
+    }
+
+    fn fail(&self, op: Fail) {
+        *self.store.fail.lock().unwrap() = op;
+    }
+
+    fn record(&self, key: &str) -> Option<Record> {
+        let k = countersign::core::ledger::storage_key("acme", "agent-7", key);
+        self.store.inner.get(&k).unwrap()
+    }
+
+    fn pending(&self) -> Vec<Proposal> {
+        self.store
+            .inner
+            .list_proposals()
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.state == ProposalState::Pending)
+            .collect()
+    }
+
+    /// Sign and record a reviewer's decision on `p`, valid for `ttl`.
+    async fn decide(&self, p: &Proposal, verdict: Verdict, ttl: Duration) {
+        let now = self.clock.now_ms();
+        let statement = p.statement(
+            verdict,
+            "bob",
+            "checked",
+            &rfc3339(now),
+            &rfc3339(now + ttl.as_millis() as i64),
+        );
+        let signature = statement.sign(&self.reviewer).unwrap();
+        let policies = self.pipeline.policies();
+        let bob = policies
+            .reviewers()
+            .get("bob")
+            .expect("bob is a reviewer")
+            .clone();
+        self.pipeline
+            .book
+            .decide(&p.id, statement, &signature, &bob, |_| true)
+            .await
+            .unwrap();
+    }
+}
+
+/// The `countersign` code the client is told, through the answer module.
+fn code(o: CallOutcome) -> String {
+    let m = answer::render(o, json!(1), Era::Handshake);
+    let result: Value = serde_json::from_str(m.result.as_ref().unwrap().get()).unwrap();
+    assert_eq!(result["isError"], json!(true), "{result}");
+    result["structuredContent"]["countersign"]["code"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn answered_n(o: &CallOutcome) -> u64 {
+    match o {
+        CallOutcome::Answered(m) => {
+            let v: Value = serde_json::from_str(m.result.as_ref().unwrap().get()).unwrap();
+            v["structuredContent"]["n"].as_u64().unwrap()
+        }
+        other => panic!("not answered: {other:?}"),
+    }
+}
+
+// ------------------------------------------------ section 3: the state table
+
+#[tokio::test]
+async fn reserved_a_retry_waits_for_the_original_and_gets_its_answer() {
+    let f = fixture("0s");
+    let hold = Arc::new(Notify::new());
+    *f.fake.hold_ready.lock().unwrap() = Some(hold.clone());
+    let first = f.call("refund", json!({"id": 1}), Some("k"));
+    let retry = async {
+        f.fake.arrived.notified().await;
+        // The original holds the key, reserved, and nothing was sent yet.
+        assert_eq!(f.record("k").unwrap().state, State::Reserved);
+        let retry = f.call("refund", json!({"id": 1}), Some("k"));
+        tokio::pin!(retry);
+        // The retry waits: it does not finish while the original is held.
+        tokio::select! {
+            biased;
+            _ = &mut retry => panic!("the retry finished before the original"),
+            () = tokio::task::yield_now() => {}
+        }
+        hold.notify_one();
+        retry.await
+    };
+    let (first, retry) = tokio::join!(first, retry);
+    assert_eq!(answered_n(&first), 1);
+    match retry {
+        CallOutcome::Replayed { key, .. } => assert_eq!(key, "k"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+#[tokio::test]
+async fn dispatched_a_retry_waits_for_the_original_and_gets_its_answer() {
+    let f = fixture("0s");
+    let hold = Arc::new(Notify::new());
+    *f.fake.hold_calls.lock().unwrap() = Some(hold.clone());
+    let first = f.call("refund", json!({"id": 1}), Some("k"));
+    let retry = async {
+        f.fake.arrived.notified().await;
+        // Durably dispatched before the server saw a byte.
+        assert_eq!(f.record("k").unwrap().state, State::Dispatched);
+        let retry = f.call("refund", json!({"id": 1}), Some("k"));
+        tokio::pin!(retry);
+        tokio::select! {
+            biased;
+            _ = &mut retry => panic!("the retry finished before the original"),
+            () = tokio::task::yield_now() => {}
+        }
+        hold.notify_one();
+        retry.await
+    };
+    let (first, retry) = tokio::join!(first, retry);
+    assert_eq!(answered_n(&first), 1);
+    assert!(matches!(retry, CallOutcome::Replayed { .. }), "{retry:?}");
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+#[tokio::test]
+async fn complete_a_retry_gets_the_same_answer_under_its_own_id_never_rerun() {
+    let f = fixture("0s");
+    let first = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert_eq!(answered_n(&first), 1);
+    assert_eq!(f.record("k").unwrap().state, State::Complete);
+    let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
+    let CallOutcome::Replayed {
+        answer,
+        key,
+        answered_at,
+    } = retry
+    else {
+        panic!("{retry:?}")
+    };
+    assert_eq!(key, "k");
+    assert!(!answered_at.is_empty());
+    let m = answer::render(
+        CallOutcome::Replayed {
+            answer,
+            key,
+            answered_at,
+        },
+        json!(42),
+        Era::Handshake,
+    );
+    assert_eq!(m.id, Some(json!(42)));
+    let v: Value = serde_json::from_str(m.result.unwrap().get()).unwrap();
+    assert_eq!(v["structuredContent"]["n"], json!(1));
+    assert_eq!(v["_meta"]["dev.countersign/replayed"]["key"], json!("k"));
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+#[tokio::test]
+async fn not_dispatched_the_key_is_free_and_a_retry_runs() {
+    let f = fixture("0s");
+    // Every attempt fails to connect: proven not sent.
+    f.fake.unreachable.store(3, Ordering::SeqCst);
+    let first = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert_eq!(code(first), "upstream_unavailable");
+    assert_eq!(f.record("k").unwrap().state, State::NotDispatched);
+    // The server refusing unprocessed (-32602) is not dispatched either.
+    f.fake.next(Step::Error(-32602));
+    let refused = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert!(
+        matches!(refused, CallOutcome::Answered(ref m) if m.error_code() == Some(-32602)),
+        "{refused:?}"
+    );
+    assert_eq!(f.record("k").unwrap().state, State::NotDispatched);
+    let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert_eq!(answered_n(&retry), 2, "a fresh attempt ran");
+    assert_eq!(f.record("k").unwrap().state, State::Complete);
+}
+
+#[tokio::test]
+async fn unknown_a_retry_is_told_outcome_unknown_and_never_reruns() {
+    let f = fixture("0s");
+    f.fake.next(Step::Lose);
+    let first = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert!(
+        matches!(first, CallOutcome::Failed(ref e) if e.dispatched()),
+        "{first:?}"
+    );
+    assert_eq!(code(first), "outcome_unknown");
+    assert_eq!(f.record("k").unwrap().state, State::Unknown);
+    let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert!(matches!(
+        retry,
+        CallOutcome::Refused {
+            why: Outcome::Unknown,
+            ..
+        }
+    ));
+    assert_eq!(code(retry), "outcome_unknown");
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+// ---------------------------------------------------- section 7: the codes
+
+#[tokio::test]
+async fn code_policy_denied() {
+    let f = fixture("0s");
+    let o = f.call("charge_card", charge(5000), Some("k")).await;
+    assert_eq!(code(o), "policy_denied");
+    assert_eq!(f.fake.runs("charge_card"), 0);
+    assert!(f.record("k").is_none(), "a refusal leaves the key free");
+}
+
+#[tokio::test]
+async fn code_approval_pending() {
+    let f = fixture("0s");
+    let o = f.call("charge_card", charge(10), Some("k")).await;
+    assert_eq!(code(o), "approval_pending");
+    assert_eq!(f.pending().len(), 1);
+    assert_eq!(f.fake.runs("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn code_approval_denied() {
+    let f = fixture("0s");
+    f.call("charge_card", charge(10), Some("k")).await;
+    let p = f.pending().remove(0);
+    f.decide(&p, Verdict::Deny, Duration::from_secs(600)).await;
+    let o = f.call("charge_card", charge(10), Some("k")).await;
+    assert_eq!(code(o), "approval_denied");
+    assert_eq!(f.fake.runs("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn code_approval_expired() {
+    let f = fixture("0s");
+    f.call("charge_card", charge(10), Some("k")).await;
+    let p = f.pending().remove(0);
+    f.decide(&p, Verdict::Approve, Duration::from_secs(60))
+        .await;
+    f.clock.advance(Duration::from_secs(61));
+    let o = f.call("charge_card", charge(10), Some("k")).await;
+    assert_eq!(code(o), "approval_expired");
+    assert_eq!(f.fake.runs("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn code_drift_rejected() {
+    let f = fixture("0s");
+    f.call("refund", json!({"id": 1}), Some("k")).await;
+    let o = f.call("refund", json!({"id": 2}), Some("k")).await;
+    assert_eq!(code(o), "drift_rejected");
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+#[tokio::test]
+async fn code_remap_rejected() {
+    let f = fixture("0s");
+    f.call("refund", json!({"id": 1}), Some("k")).await;
+    let o = f.call("get_balance", json!({"id": 1}), Some("k")).await;
+    assert_eq!(code(o), "remap_rejected");
+    assert_eq!(f.fake.runs("get_balance"), 0);
+}
+
+#[tokio::test]
+async fn code_stale_resource_version() {
+    let f = fixture_with(
+        "0s",
+        r#"[servers.pay.tools.charge_card]
+version_probe = { tool = "get_account", arguments = { id = "/account" }, pointer = "/structuredContent/version" }"#,
+    );
+    f.call("charge_card", charge(10), Some("k")).await;
+    let p = f.pending().remove(0);
+    assert_eq!(p.resource_version.as_deref(), Some("v1"));
+    f.decide(&p, Verdict::Approve, Duration::from_secs(600))
+        .await;
+    // The account changed after the reviewer looked.
+    *f.fake.version.lock().unwrap() = "v2".into();
+    let o = f.call("charge_card", charge(10), Some("k")).await;
+    assert_eq!(code(o), "stale_resource_version");
+    assert_eq!(f.fake.runs("charge_card"), 0);
+    assert!(
+        f.fake.runs("get_account") >= 2,
+        "the probe ran at each look"
+    );
+}
+
+#[tokio::test]
+async fn code_outcome_unknown() {
+    let f = fixture("0s");
+    f.fake.next(Step::Lose);
+    let o = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert_eq!(code(o), "outcome_unknown");
+}
+
+#[tokio::test]
+async fn code_upstream_unavailable_and_the_circuit_opens() {
+    let f = fixture("0s");
+    f.fake.unreachable.store(100, Ordering::SeqCst);
+    let o = f.call("refund", json!({"id": 1}), None).await;
+    assert_eq!(code(o), "upstream_unavailable");
+    assert!(!f.pipeline.circuit_open("pay"), "3 failures, threshold 4");
+    let o = f.call("refund", json!({"id": 1}), None).await;
+    assert_eq!(code(o), "upstream_unavailable");
+    // The fourth failed attempt opened the circuit: the next call is
+    // refused without trying to connect.
+    assert!(f.pipeline.circuit_open("pay"));
+    let left = f.fake.unreachable.load(Ordering::SeqCst);
+    let o = f.call("refund", json!({"id": 2}), None).await;
+    assert!(matches!(o, CallOutcome::CircuitOpen { .. }), "{o:?}");
+    assert_eq!(code(o), "upstream_unavailable");
+    assert_eq!(f.fake.unreachable.load(Ordering::SeqCst), left);
+}
+
+#[tokio::test]
+async fn malformed_params_are_invalid_params_and_malformed_requests_invalid_request() {
+    let f = fixture("0s");
+    let o = f
+        .call("refund", json!({"id": 1, "big": 9007199254740993u64}), None)
+        .await;
+    assert!(matches!(o, CallOutcome::Invalid(_)), "{o:?}");
+    let m = answer::render(o, json!(1), Era::Handshake);
+    assert_eq!(m.error_code(), Some(-32602));
+    let m = Rejection::NoSession.message(json!(1));
+    assert_eq!(m.error_code(), Some(-32600));
+    assert_eq!(f.fake.calls.lock().unwrap().len(), 0);
+}
+
+// --------------------------------------------------------- concurrency
+
+#[tokio::test]
+async fn concurrent_duplicates_dispatch_exactly_once() {
+    let f = Arc::new(fixture("0s"));
+    let hold = Arc::new(Notify::new());
+    *f.fake.hold_calls.lock().unwrap() = Some(hold.clone());
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            f.call("refund", json!({"id": 1}), Some("k")).await
+        }));
+    }
+    f.fake.arrived.notified().await;
+    // Let every duplicate reach its wait behind the original.
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+    hold.notify_one();
+    let mut fresh = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            CallOutcome::Answered(_) => fresh += 1,
+            CallOutcome::Replayed { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+#[tokio::test]
+async fn two_held_copies_are_released_by_one_approval_and_run_once() {
+    let f = Arc::new(fixture("30s"));
+    let a = tokio::spawn({
+        let f = f.clone();
+        async move { f.call("charge_card", charge(10), Some("k")).await }
+    });
+    let b = tokio::spawn({
+        let f = f.clone();
+        async move { f.call("charge_card", charge(10), Some("k")).await }
+    });
+    // Wait for the proposal the held call made.
+    let mut changes = f.pipeline.book.subscribe();
+    let p = loop {
+        if let Some(p) = f.pending().pop() {
+            break p;
+        }
+        changes.recv().await.unwrap();
+    };
+    f.decide(&p, Verdict::Approve, Duration::from_secs(600))
+        .await;
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let fresh = [&a, &b]
+        .iter()
+        .filter(|o| matches!(o, CallOutcome::Answered(_)))
+        .count();
+    assert_eq!(fresh, 1, "{a:?} {b:?}");
+    assert!(matches!(a, CallOutcome::Replayed { .. }) || matches!(b, CallOutcome::Replayed { .. }));
+    assert_eq!(f.fake.runs("charge_card"), 1);
+    let p = f.store.inner.get_proposal(&p.id).unwrap().unwrap();
+    assert_eq!(p.state, ProposalState::Consumed);
+}
+
+#[tokio::test]
+async fn an_approval_that_expires_between_its_lookup_and_the_reservation_is_not_used() {
+    let f = Arc::new(fixture("0s"));
+    f.call("charge_card", charge(10), Some("k")).await;
+    let p = f.pending().remove(0);
+    f.decide(&p, Verdict::Approve, Duration::from_secs(60))
+        .await;
+    // 1 ms before expiry the gate finds the approval usable; by the time
+    // of the reservation the clock has passed its expiry.
+    f.clock.advance(Duration::from_millis(59_999));
+    let clock = f.clock.clone();
+    *f.store.on_list.lock().unwrap() = Some(Box::new(move || {
+        clock.advance(Duration::from_millis(2));
+    }));
+    let o = f.call("charge_card", charge(10), Some("k")).await;
+    assert_eq!(code(o), "approval_expired");
+    assert_eq!(f.fake.runs("charge_card"), 0);
+    let p = f.store.inner.get_proposal(&p.id).unwrap().unwrap();
+    assert_ne!(p.state, ProposalState::Consumed);
+    assert!(f.record("k").is_none(), "the key stays free");
+}
+
+#[tokio::test]
+async fn an_approval_used_just_before_its_expiry_runs_once() {
+    let f = fixture("0s");
+    f.call("charge_card", charge(10), Some("k")).await;
+    let p = f.pending().remove(0);
+    f.decide(&p, Verdict::Approve, Duration::from_secs(60))
+        .await;
+    f.clock.advance(Duration::from_millis(59_999));
+    let o = f.call("charge_card", charge(10), Some("k")).await;
+    assert_eq!(answered_n(&o), 1);
+    let again = f.call("charge_card", charge(10), Some("k2")).await;
+    assert_eq!(
+        code(again),
+        "approval_pending",
+        "single use: another key needs a new yes"
+    );
+    assert_eq!(f.fake.runs("charge_card"), 1);
+}
+
+// --------------------------------------------- the store fails at each step
+
+#[tokio::test]
+async fn a_store_failure_at_each_step_before_dispatch_fails_closed() {
+    for (op, tool, args) in [
+        (Fail::Get, "refund", json!({"id": 1})),
+        (Fail::Reserve, "refund", json!({"id": 1})),
+        (Fail::Dispatch, "refund", json!({"id": 1})),
+        (Fail::Proposals, "charge_card", charge(10)),
+    ] {
+        let f = fixture("0s");
+        f.fail(op);
+        let o = f.call(tool, args.clone(), Some("k")).await;
+        assert_eq!(code(o), "upstream_unavailable", "{op:?}");
+        assert_eq!(
+            f.fake.calls.lock().unwrap().len(),
+            0,
+            "{op:?}: nothing sent"
+        );
+        // Once the store is back, the same call runs (or asks for its yes).
+        f.fail(Fail::None);
+        let o = f.call(tool, args, Some("k")).await;
+        if tool == "refund" {
+            assert_eq!(answered_n(&o), 1, "{op:?}");
+        } else {
+            assert_eq!(code(o), "approval_pending", "{op:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_store_failure_after_the_answer_never_runs_the_call_again() {
+    let f = fixture("0s");
+    f.fail(Fail::Complete);
+    let o = f.call("refund", json!({"id": 1}), Some("k")).await;
+    // The server ran it: the client gets the answer.
+    assert_eq!(answered_n(&o), 1);
+    // The ledger could not record it complete: it stays dispatched, which
+    // no retry may run again.
+    assert_eq!(f.record("k").unwrap().state, State::Dispatched);
+    f.fail(Fail::None);
+    let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert_eq!(code(retry), "outcome_unknown");
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+// ------------------------------------------------------------- reads
+
+#[tokio::test]
+async fn unattended_reads_are_retried_never_recorded_never_replayed() {
+    let f = fixture("0s");
+    f.fake.next(Step::Lose);
+    let o = f.call("get_balance", json!({"id": 1}), None).await;
+    assert_eq!(answered_n(&o), 2, "retried after a lost answer");
+    let o = f.call("get_balance", json!({"id": 1}), None).await;
+    assert_eq!(answered_n(&o), 3, "a finished read is not replayed");
+    assert!(
+        f.store.inner.list(None).unwrap().is_empty(),
+        "no ledger record"
+    );
+}
