@@ -1,7 +1,7 @@
 //! The enforcement layer: the pipeline of DESIGN.md section 3 as one type,
 //! and the services it decides with. It does I/O only through traits (the
 //! store, the upstream, the clock) and the optional audit log, and runs
-//! without HTTP: `tests` below drive it with the memory store and an
+//! without HTTP: `tests/pipeline.rs` drives it with the memory store and an
 //! in-process upstream.
 //!
 //! - [`pipeline`]: [`pipeline::Pipeline::tool_call`], its stages, the
