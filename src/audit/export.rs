@@ -23,7 +23,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::log::AuditError;
+use super::segment::AuditError;
 use super::verify::each_line;
 use crate::core::time::parse_rfc3339;
 

@@ -33,6 +33,7 @@ use ed25519_dalek::SigningKey;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
+use super::segment::{io_err, segment_path, segments, AuditError};
 use super::{entry_hash, sign_checkpoint, ArgumentMode, CHECKPOINT, LOG_STARTED};
 use crate::core::approval::{format_public_key, KeyFile};
 
@@ -64,23 +65,6 @@ impl Settings {
             arguments: config.audit.arguments,
             redact: config.audit.redact.clone(),
         }
-    }
-}
-
-/// Why the audit log could not be opened.
-#[derive(Debug, thiserror::Error)]
-#[error("audit log `{path}`: {message}")]
-pub struct AuditError {
-    /// The file or dir.
-    pub path: PathBuf,
-    /// What went wrong and what to do.
-    pub message: String,
-}
-
-fn io_err(path: &Path) -> impl Fn(std::io::Error) -> AuditError + '_ {
-    move |e| AuditError {
-        path: path.to_owned(),
-        message: e.to_string(),
     }
 }
 
@@ -150,26 +134,6 @@ pub fn load_or_create_key(dir: &Path) -> Result<SigningKey, AuditError> {
         }
         Err(e) => Err(io_err(&path)(e)),
     }
-}
-
-/// The segment files of `dir`, in order.
-pub fn segments(dir: &Path) -> Result<Vec<PathBuf>, AuditError> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io_err(dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "jsonl")
-                && p.file_stem()
-                    .and_then(|s| s.to_str())
-                    .is_some_and(|s| s.len() == 6 && s.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .collect();
-    out.sort();
-    Ok(out)
-}
-
-fn segment_path(dir: &Path, n: u32) -> PathBuf {
-    dir.join(format!("{n:06}.jsonl"))
 }
 
 /// Where the chain stands when the log is opened.
@@ -483,7 +447,7 @@ impl AuditLog {
         let mut recovered = Vec::new();
         if !rows.is_empty() {
             let dir = self.dir.clone();
-            let tail = tokio::task::spawn_blocking(move || super::verify::tail(&dir, u64::MAX))
+            let tail = tokio::task::spawn_blocking(move || super::segment::tail(&dir, u64::MAX))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;

@@ -16,6 +16,7 @@
 
 pub mod export;
 pub mod log;
+pub mod segment;
 pub mod trail;
 pub mod verify;
 

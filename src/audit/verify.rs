@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ed25519_dalek::VerifyingKey;
 
-use super::log::{segments, AuditError};
+use super::segment::{segments, AuditError};
 use super::{Break, Verifier};
 use crate::core::approval::Reviewers;
 
@@ -161,44 +161,4 @@ pub fn verify_dir(
         brk,
         key_source,
     })
-}
-
-/// The entries in the last `bytes` of the log (for a live tail): complete
-/// lines of the newest segment, and of the one before when the newest is
-/// short.
-pub fn tail(
-    dir: &Path,
-    bytes: u64,
-) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, AuditError> {
-    use std::io::{Read, Seek, SeekFrom};
-    let segs = segments(dir)?;
-    let mut out = Vec::new();
-    let mut budget = bytes;
-    for seg in segs.iter().rev().take(2) {
-        let err = |e: std::io::Error| AuditError {
-            path: seg.clone(),
-            message: e.to_string(),
-        };
-        let mut f = std::fs::File::open(seg).map_err(err)?;
-        let len = f.metadata().map_err(err)?.len();
-        let from = len.saturating_sub(budget);
-        f.seek(SeekFrom::Start(from)).map_err(err)?;
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf).map_err(err)?;
-        let mut lines: Vec<&[u8]> = buf.split(|b| *b == b'\n').collect();
-        if from > 0 && !lines.is_empty() {
-            lines.remove(0); // a partial first line
-        }
-        let mut these: Vec<_> = lines
-            .into_iter()
-            .filter_map(|l| serde_json::from_slice(l).ok())
-            .collect();
-        these.append(&mut out);
-        out = these;
-        budget = budget.saturating_sub(len);
-        if budget == 0 {
-            break;
-        }
-    }
-    Ok(out)
 }

@@ -370,9 +370,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 anyhow::bail!("reconcile needs KEY, --tenant and --principal");
             };
             let verdict = if executed {
-                crate::cli::reconcile::Verdict::Executed { result }
+                crate::enforce::reconcile::Verdict::Executed { result }
             } else {
-                crate::cli::reconcile::Verdict::NotExecuted
+                crate::enforce::reconcile::Verdict::NotExecuted
             };
             let rec =
                 crate::cli::reconcile::reconcile(&config, &tenant, &principal, &key, verdict, note)

@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use super::flight::{ApprovalCode, ApprovalNote, Outcome};
-use super::pipeline::CallOutcome;
+use super::outcome::CallOutcome;
 use super::upstream::UpstreamError;
 use crate::core::ledger::Answer;
 use crate::wire::era::{Era, HeaderProblem, HANDSHAKE_VERSIONS, MODERN_VERSIONS};

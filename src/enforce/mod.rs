@@ -4,19 +4,23 @@
 //! without HTTP: `tests/pipeline.rs` drives it with the memory store and an
 //! in-process upstream.
 //!
-//! - [`pipeline`]: [`pipeline::Pipeline::tool_call`], its stages, the
-//!   [`pipeline::CallOutcome`] and the sealed [`pipeline::Permit`].
+//! - [`pipeline`]: [`pipeline::Pipeline::tool_call`] and its stages.
+//! - [`outcome`]: [`outcome::CallOutcome`], how a call ended.
+//! - [`permit`]: the sealed [`permit::Permit`] and the traits through which
+//!   the pipeline reaches an upstream.
 //! - [`flight`]: the ledger as a service: lookup, lead, reserve, ticket,
 //!   and single-flight of identical calls.
 //! - [`book`]: proposals and approvals (create or join, find and
 //!   revalidate, decide, expire).
-//! - [`upstream`]: the trait an upstream implements for the pipeline, and
-//!   its errors.
+//! - [`upstream`]: how an upstream call fails.
+//! - [`reconcile`]: settling unknown outcomes.
 //! - [`answer`]: the one module that words outcomes for the wire.
 
 pub mod answer;
 pub mod book;
 pub mod flight;
+pub mod outcome;
+pub mod permit;
 pub mod pipeline;
+pub mod reconcile;
 pub mod upstream;
-

@@ -14,11 +14,13 @@
 //!    lookup and revalidation, with [`Pipeline::resource_version`] and its
 //!    probe) → [`Pipeline::reserve`] (atomic {reserve key, consume
 //!    approval}) → [`Pipeline::dispatch`] (durable `dispatched`, with the
-//!    audit entry) → [`permit`] → the upstream → [`Pipeline::record`].
+//!    audit entry) → [`issue`] (the permit) → the upstream →
+//!    [`Pipeline::record`].
 //!
-//! A `tools/call` reaches an upstream only as a [`Permit`], which the last
-//! stage alone constructs: it owns the canonical request and the ledger
-//! ticket, and [`ToolConn::call_tool`] takes it by value.
+//! A `tools/call` reaches an upstream only as a [`super::permit::Permit`],
+//! which the last stage ([`issue`]) alone constructs: it owns the canonical
+//! request and the ledger ticket, and [`ToolConn::call_tool`] takes it by
+//! value.
 //!
 //! Store, upstream and clock come in through traits ([`crate::store::Store`],
 //! [`Upstream`], [`Clock`]); the audit log is optional (commands other than
@@ -36,7 +38,9 @@ use super::flight::{
     follow, ApprovalCode, ApprovalNote, Idempotency, Lead, Lookup, Outcome, ReadLead, Reserve,
     Retention, Settled, Ticket, GATE_ROUNDS,
 };
-use super::upstream::{ToolConn, Upstream, UpstreamError};
+use super::outcome::CallOutcome;
+use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
+use super::upstream::UpstreamError;
 use crate::audit::log::AuditLog;
 use crate::audit::trail::Trail;
 use crate::core::annotations::{Annotations, Catalog};
@@ -76,144 +80,6 @@ pub struct CallCtx<'a, U> {
     pub events: Option<mpsc::Sender<Message>>,
     /// The upstream the call goes to.
     pub upstream: &'a U,
-}
-
-/// How a `tools/call` ended, before it is worded for the wire (that is
-/// [`super::answer`]'s job, and nobody else's).
-#[derive(Debug)]
-pub enum CallOutcome {
-    /// The server's answer to this call (the client's id restored).
-    Answered(Message),
-    /// The stored answer of an earlier call with the same key, given to a
-    /// retry or a duplicate (marked as a replay).
-    Replayed {
-        /// The answer.
-        answer: Answer,
-        /// The idempotency key as the client knows it.
-        key: String,
-        /// When it first arrived.
-        answered_at: String,
-    },
-    /// The answer of the identical read this call joined while in flight.
-    Joined(Answer),
-    /// Ended by the gateway without running (or, for `Unknown`, without
-    /// knowing whether it ran).
-    Refused {
-        /// Why.
-        why: Outcome,
-        /// The idempotency key as the client knows it.
-        key: String,
-        /// The tool called.
-        tool: String,
-    },
-    /// The upstream is refused fast while its circuit is open: nothing sent.
-    CircuitOpen {
-        /// The server.
-        server: String,
-    },
-    /// The ledger could not record the call: nothing sent.
-    LedgerUnavailable(StoreError),
-    /// The audit log could not record the dispatch: nothing sent.
-    AuditUnavailable,
-    /// The params failed the strict parse, or carry an unusable key (`-32602`).
-    Invalid(String),
-    /// The upstream failed; [`UpstreamError::dispatched`] says whether the
-    /// call may have run.
-    Failed(UpstreamError),
-}
-
-/// Leave to send one `tools/call` upstream. Only the pipeline's last stage
-/// ([`permit`]) constructs one, after every earlier stage passed: it owns
-/// the canonical request (the bytes that were hashed, checked and
-/// approved) and the ledger's hold on the key. No other value can carry a
-/// `tools/call` to an upstream, so code that skips a stage does not
-/// compile:
-///
-/// ```compile_fail
-/// use countersign::enforce::pipeline::Permit;
-/// use countersign::wire::jsonrpc::Message;
-/// // A permit cannot be made outside the pipeline: its fields are private.
-/// let permit = Permit { request: Message::notification("x", None) };
-/// ```
-///
-/// ```compile_fail
-/// // Nor is there a constructor to call.
-/// let permit = countersign::enforce::pipeline::Permit::new();
-/// ```
-#[derive(Debug)]
-pub struct Permit {
-    request: Message,
-    hold: Hold,
-}
-
-/// What a permit holds of the ledger: the ticket of a write whose key is
-/// durably `dispatched`, or the lead of a coalesced read.
-enum Hold {
-    Write(Box<Ticket>),
-    Read(Box<ReadLead>),
-}
-
-impl std::fmt::Debug for Hold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Hold::Write(_) => "Hold::Write",
-            Hold::Read(_) => "Hold::Read",
-        })
-    }
-}
-
-impl Permit {
-    /// The canonical request, for the transport to write.
-    pub fn request(&self) -> &Message {
-        &self.request
-    }
-
-    /// Spend the permit: the request to write, and the receipt to hand back
-    /// with the answer.
-    pub fn spend(self) -> (Message, Receipt) {
-        (self.request, Receipt { hold: self.hold })
-    }
-}
-
-/// What a spent permit leaves: handed back with the answer, so the
-/// pipeline records it on the ledger. Dropped instead (the call was
-/// cancelled mid-flight), a write's key becomes `unknown`.
-#[derive(Debug)]
-pub struct Receipt {
-    hold: Hold,
-}
-
-impl Receipt {
-    /// The upstream's answer (or failure) to the permitted call.
-    pub fn sent(self, answer: Result<Message, UpstreamError>) -> Sent {
-        Sent {
-            answer,
-            hold: self.hold,
-        }
-    }
-}
-
-/// A permitted call's answer, with the ledger hold it went out under.
-#[derive(Debug)]
-pub struct Sent {
-    answer: Result<Message, UpstreamError>,
-    hold: Hold,
-}
-
-/// The last stage: a permit for `request`. A write's ticket must be durably
-/// `dispatched`; otherwise the hold comes back and nothing is sent.
-fn permit(request: &Message, hold: Hold) -> Result<Permit, Hold> {
-    // INVARIANT: no write leaves without its durable `dispatched` record;
-    // a crash after the send then reads as `unknown`, never as free.
-    if let Hold::Write(t) = &hold {
-        if !t.is_dispatched() {
-            return Err(hold);
-        }
-    }
-    Ok(Permit {
-        request: request.clone(),
-        hold,
-    })
 }
 
 /// What one attempt ended with.
@@ -539,7 +405,7 @@ impl Pipeline {
             Ok(conn) => conn,
             Err(e) => return (Attempt::Retry(self.failed(c, e)), lead),
         };
-        let permit = match permit(c.request, Hold::Read(lead)) {
+        let permit = match issue(c.request, Hold::Read(lead)) {
             Ok(p) => p,
             Err(Hold::Read(lead)) => {
                 let refusal = refused(c, Outcome::NotDispatched);
@@ -930,7 +796,7 @@ impl Pipeline {
                 .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
             return Attempt::Done(ledger_unavailable(c, e));
         }
-        let permit = match permit(c.request, Hold::Write(ticket)) {
+        let permit = match issue(c.request, Hold::Write(ticket)) {
             Ok(p) => p,
             Err(Hold::Write(ticket)) => {
                 ticket.not_dispatched().await;

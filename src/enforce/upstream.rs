@@ -1,15 +1,10 @@
-//! The enforcement pipeline's view of an upstream server: a trait the
-//! upstream layer implements, and the errors it reports. The pipeline never
-//! sees a transport; a test drives it with an in-process upstream.
+//! How an upstream call fails, as the enforcement pipeline sees it: the
+//! transports report these, and [`UpstreamError::class`] tells retries and
+//! the breaker what each means.
 
-use std::future::Future;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
-use super::pipeline::{Permit, Sent};
 use crate::core::recovery::Failure;
-use crate::wire::jsonrpc::Message;
 
 /// Why an upstream call failed. [`UpstreamError::dispatched`] tells whether
 /// the request may have reached the server: that decides, for writes, between
@@ -90,28 +85,4 @@ impl UpstreamError {
     pub fn dispatched(&self) -> bool {
         self.class().possibly_executed()
     }
-}
-
-/// Where the pipeline sends a permitted `tools/call`: one server, reached
-/// through a client's session or the server's shared connection.
-pub trait Upstream: Send + Sync {
-    /// A connection that can carry one call.
-    type Conn: ToolConn;
-
-    /// A connection ready for a call, healed first if it was lost. Failing
-    /// here means nothing of the call was sent.
-    fn ready(&self) -> impl Future<Output = Result<Self::Conn, UpstreamError>> + Send;
-}
-
-/// A live connection that can carry a `tools/call`.
-pub trait ToolConn: Send + Sync {
-    /// Send the permit's canonical request and wait up to `timeout` for its
-    /// answer; server messages related to it go to `events`. The permit is
-    /// spent: what it held comes back in the [`Sent`].
-    fn call_tool(
-        &self,
-        permit: Permit,
-        events: Option<mpsc::Sender<Message>>,
-        timeout: Duration,
-    ) -> impl Future<Output = Sent> + Send;
 }

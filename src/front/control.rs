@@ -324,7 +324,7 @@ async fn decide(
 }
 
 async fn outcomes(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
-    match crate::cli::reconcile::list_unknown_in(gw.pipeline.flights.store().as_ref()) {
+    match crate::enforce::reconcile::list_unknown_in(gw.pipeline.flights.store().as_ref()) {
         Ok(all) => ok(json!({
             "outcomes": all
                 .into_iter()
@@ -364,8 +364,8 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
         );
     }
     let verdict = match b.resolution.as_str() {
-        "executed" => crate::cli::reconcile::Verdict::Executed { result: b.result },
-        "not_executed" => crate::cli::reconcile::Verdict::NotExecuted,
+        "executed" => crate::enforce::reconcile::Verdict::Executed { result: b.result },
+        "not_executed" => crate::enforce::reconcile::Verdict::NotExecuted,
         other => {
             return problem(
                 StatusCode::BAD_REQUEST,
@@ -379,7 +379,7 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
         reviewer.name,
         b.note.map(|n| format!(": {n}")).unwrap_or_default()
     ));
-    match crate::cli::reconcile::reconcile_in(
+    match crate::enforce::reconcile::reconcile_in(
         gw.pipeline.flights.store().as_ref(),
         gw.config.idempotency.retention,
         &b.tenant,
@@ -393,7 +393,7 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
         Ok(r) => {
             gw.pipeline.audit(
                 "reconciled",
-                crate::cli::reconcile::reconciled_fields(
+                crate::enforce::reconcile::reconciled_fields(
                     &b.tenant,
                     &b.principal,
                     &b.key,
@@ -403,10 +403,10 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
             );
             ok(json!({ "state": r.state, "note": r.note }))
         }
-        Err(e @ crate::cli::reconcile::ReconcileError::NotFound { .. }) => {
+        Err(e @ crate::enforce::reconcile::ReconcileError::NotFound { .. }) => {
             problem(StatusCode::NOT_FOUND, "not_found", e.to_string())
         }
-        Err(e @ crate::cli::reconcile::ReconcileError::NotUnknown(_)) => {
+        Err(e @ crate::enforce::reconcile::ReconcileError::NotUnknown(_)) => {
             problem(StatusCode::CONFLICT, "not_unknown", e.to_string())
         }
         Err(e) => problem(StatusCode::BAD_REQUEST, "refused", e.to_string()),
@@ -426,7 +426,7 @@ async fn audit_tail(
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
     let dir = gw.config.audit_dir();
     let tail =
-        tokio::task::spawn_blocking(move || crate::audit::verify::tail(&dir, 256 << 10)).await;
+        tokio::task::spawn_blocking(move || crate::audit::segment::tail(&dir, 256 << 10)).await;
     match tail {
         Ok(Ok(entries)) => {
             // Entries of other tenants are not shown; entries without a

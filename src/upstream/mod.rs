@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::core::config::ServerConfig;
-use crate::enforce::pipeline::{Permit, Sent};
+use crate::enforce::permit::{Permit, Sent};
 use crate::upstream::mux::Mux;
 use crate::wire::jsonrpc::{raw, Kind, Message};
 

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 
 use super::session::{Gateway, ModernUpstream, Session};
 use super::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
-use crate::enforce::pipeline::{Permit, Sent};
-use crate::enforce::upstream::{ToolConn, Upstream};
+use crate::enforce::permit::{Permit, Sent};
+use crate::enforce::permit::{ToolConn, Upstream};
 use crate::wire::jsonrpc::Message;
 
 /// Which connection serves a request.

@@ -1,0 +1,52 @@
+//! How a `tools/call` ended, as a value: what the pipeline returns and the
+//! answer module words.
+
+use super::flight::Outcome;
+use super::upstream::UpstreamError;
+use crate::core::ledger::Answer;
+use crate::store::StoreError;
+use crate::wire::jsonrpc::Message;
+
+/// How a `tools/call` ended, before it is worded for the wire (that is
+/// [`super::answer`]'s job, and nobody else's).
+#[derive(Debug)]
+pub enum CallOutcome {
+    /// The server's answer to this call (the client's id restored).
+    Answered(Message),
+    /// The stored answer of an earlier call with the same key, given to a
+    /// retry or a duplicate (marked as a replay).
+    Replayed {
+        /// The answer.
+        answer: Answer,
+        /// The idempotency key as the client knows it.
+        key: String,
+        /// When it first arrived.
+        answered_at: String,
+    },
+    /// The answer of the identical read this call joined while in flight.
+    Joined(Answer),
+    /// Ended by the gateway without running (or, for `Unknown`, without
+    /// knowing whether it ran).
+    Refused {
+        /// Why.
+        why: Outcome,
+        /// The idempotency key as the client knows it.
+        key: String,
+        /// The tool called.
+        tool: String,
+    },
+    /// The upstream is refused fast while its circuit is open: nothing sent.
+    CircuitOpen {
+        /// The server.
+        server: String,
+    },
+    /// The ledger could not record the call: nothing sent.
+    LedgerUnavailable(StoreError),
+    /// The audit log could not record the dispatch: nothing sent.
+    AuditUnavailable,
+    /// The params failed the strict parse, or carry an unusable key (`-32602`).
+    Invalid(String),
+    /// The upstream failed; [`UpstreamError::dispatched`] says whether the
+    /// call may have run.
+    Failed(UpstreamError),
+}
