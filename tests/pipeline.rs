@@ -200,7 +200,10 @@ struct Flaky {
 impl Flaky {
     fn failing(&self, op: Fail) -> Result<(), StoreError> {
         if *self.fail.lock().unwrap() == op {
-            return Err(StoreError(format!("injected failure: {op:?}")));
+            return Err(StoreError::Backend {
+                op: "injected failure",
+                reason: format!("{op:?}"),
+            });
         }
         Ok(())
     }

@@ -105,7 +105,7 @@ pub fn load_or_create_key(dir: &Path) -> Result<SigningKey, AuditError> {
             let kf = KeyFile::generate("gateway", rand::random());
             let key = kf.signing_key().map_err(|e| AuditError {
                 path: path.clone(),
-                message: e.0,
+                message: e.to_string(),
             })?;
             let text = format!(
                 "# countersign gateway audit key: signs checkpoints; keep it secret, back it up\n{}",

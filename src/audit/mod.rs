@@ -247,7 +247,7 @@ impl Verifier {
         }
         let key = match (&self.pubkey, &self.named_key) {
             (Some(k), _) => *k,
-            (None, Some(named)) => approval::parse_public_key(named).map_err(|e| e.0)?,
+            (None, Some(named)) => approval::parse_public_key(named).map_err(|e| e.to_string())?,
             (None, None) => {
                 return Err(
                     "no gateway public key to check the checkpoint with (pass --pubkey)".into(),
@@ -279,12 +279,12 @@ impl Verifier {
                 reviewer.key
             }
             None => approval::parse_public_key(d["public_key"].as_str().unwrap_or(""))
-                .map_err(|e| format!("the embedded reviewer key: {}", e.0))?,
+                .map_err(|e| format!("the embedded reviewer key: {e}"))?,
         };
         statement.verify(&key, sig).map_err(|e| {
             format!(
                 "the approval statement of reviewer `{}` does not verify: {}",
-                statement.reviewer, e.0
+                statement.reviewer, e
             )
         })
     }

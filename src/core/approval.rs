@@ -31,14 +31,57 @@ pub const SECRET_PREFIX: &str = "ed25519-secret:";
 /// The reviewers file in the policy folder.
 pub const REVIEWERS_FILE: &str = "reviewers.toml";
 
-/// Why something about an approval was refused. Messages follow the Cedar
-/// style: lowercase, user input in backticks, and what to do next.
+/// Why a statement, signature, key or authorization is not acceptable.
+/// Each message says what to do next.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ApprovalError(pub String);
-
-fn fail<T>(msg: impl Into<String>) -> Result<T, ApprovalError> {
-    Err(ApprovalError(msg.into()))
+pub enum ApprovalError {
+    /// The statement cannot be put in canonical form.
+    #[error("cannot canonicalize: {0}")]
+    Canonical(String),
+    /// The statement is of another type.
+    #[error("statement type `{0}` is not `{STATEMENT_TYPE}`")]
+    StatementType(String),
+    /// A bound field differs from the proposal's.
+    #[error("the statement's `{field}` ({got}) is not the proposal's ({want}): sign the proposal as the gateway shows it")]
+    Binding {
+        /// The field.
+        field: &'static str,
+        /// The statement's value.
+        got: String,
+        /// The proposal's value.
+        want: String,
+    },
+    /// The signature is not base64.
+    #[error("the signature is not base64: {0}")]
+    SignatureEncoding(String),
+    /// The signature has the wrong length.
+    #[error("the signature is not 64 bytes of ed25519")]
+    SignatureLength,
+    /// The signature does not verify.
+    #[error("the signature does not verify for this reviewer's key")]
+    BadSignature,
+    /// A public key that is not `ed25519:BASE64` of 32 bytes on the curve.
+    #[error("public key `{text}` {problem}")]
+    PublicKey {
+        /// The text given.
+        text: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A key file's `secret_key` is unusable.
+    #[error("`secret_key` {0}")]
+    SecretKey(String),
+    /// Not a key file.
+    #[error("not a countersign key file ({0}): make one with `countersign keygen --out FILE`")]
+    KeyFile(String),
+    /// A reviewer name outside the allowed alphabet.
+    #[error(
+        "reviewer name `{0}` may only use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
+    )]
+    ReviewerName(String),
+    /// A control API authorization that does not parse.
+    #[error("{0}")]
+    Authorization(String),
 }
 
 /// Where a proposal stands.
@@ -279,7 +322,7 @@ pub struct Statement {
 impl Statement {
     /// The bytes that are signed: RFC 8785 JCS of the statement.
     pub fn signing_bytes(&self) -> Result<Vec<u8>, ApprovalError> {
-        serde_jcs::to_vec(self).map_err(|e| ApprovalError(format!("cannot canonicalize: {e}")))
+        serde_jcs::to_vec(self).map_err(|e| ApprovalError::Canonical(e.to_string()))
     }
 
     /// Sign with a reviewer key; returns base64 of the signature.
@@ -298,12 +341,9 @@ impl Statement {
     /// requester, tenant or resource version never approves this one.
     pub fn check_binding(&self, p: &Binding<'_>) -> Result<(), ApprovalError> {
         if self.kind != STATEMENT_TYPE {
-            return fail(format!(
-                "statement type `{}` is not `{STATEMENT_TYPE}`",
-                self.kind
-            ));
+            return Err(ApprovalError::StatementType(self.kind.clone()));
         }
-        let pairs: [(&str, Option<&str>, Option<&str>); 7] = [
+        let pairs: [(&'static str, Option<&str>, Option<&str>); 7] = [
             ("proposal_id", Some(&self.proposal_id), Some(p.proposal_id)),
             ("server", Some(&self.server), Some(p.server)),
             ("tool", Some(&self.tool), Some(p.tool)),
@@ -318,11 +358,11 @@ impl Statement {
         ];
         for (field, got, want) in pairs {
             if got != want {
-                return fail(format!(
-                    "the statement's `{field}` ({}) is not the proposal's ({}): sign the proposal as the gateway shows it",
-                    got.unwrap_or("null"),
-                    want.unwrap_or("null")
-                ));
+                return Err(ApprovalError::Binding {
+                    field,
+                    got: got.unwrap_or("null").to_owned(),
+                    want: want.unwrap_or("null").to_owned(),
+                });
             }
         }
         Ok(())
@@ -340,30 +380,30 @@ fn verify_bytes(
 ) -> Result<(), ApprovalError> {
     let raw = b64()
         .decode(signature_b64.trim())
-        .map_err(|e| ApprovalError(format!("the signature is not base64: {e}")))?;
-    let sig = Signature::from_slice(&raw)
-        .map_err(|_| ApprovalError("the signature is not 64 bytes of ed25519".into()))?;
+        .map_err(|e| ApprovalError::SignatureEncoding(e.to_string()))?;
+    let sig = Signature::from_slice(&raw).map_err(|_| ApprovalError::SignatureLength)?;
     // `verify_strict` rejects weak keys and non-canonical encodings, so one
     // statement has exactly one valid signature per key.
     key.verify_strict(bytes, &sig)
-        .map_err(|_| ApprovalError("the signature does not verify for this reviewer's key".into()))
+        .map_err(|_| ApprovalError::BadSignature)
 }
 
 /// Parse `ed25519:BASE64` (32 bytes).
 pub fn parse_public_key(text: &str) -> Result<VerifyingKey, ApprovalError> {
+    let bad = |problem: String| ApprovalError::PublicKey {
+        text: text.to_owned(),
+        problem,
+    };
     let Some(body) = text.trim().strip_prefix(PUBLIC_PREFIX) else {
-        return fail(format!(
-            "public key `{text}` must start with `{PUBLIC_PREFIX}` (as `countersign keygen` prints it)"
-        ));
+        return Err(bad(format!(
+            "must start with `{PUBLIC_PREFIX}` (as `countersign keygen` prints it)"
+        )));
     };
     let raw = b64()
         .decode(body)
-        .map_err(|e| ApprovalError(format!("public key `{text}` is not base64: {e}")))?;
-    let bytes: [u8; 32] = raw
-        .try_into()
-        .map_err(|_| ApprovalError(format!("public key `{text}` is not 32 bytes")))?;
-    VerifyingKey::from_bytes(&bytes)
-        .map_err(|e| ApprovalError(format!("public key `{text}` is not an ed25519 point: {e}")))
+        .map_err(|e| bad(format!("is not base64: {e}")))?;
+    let bytes: [u8; 32] = raw.try_into().map_err(|_| bad("is not 32 bytes".into()))?;
+    VerifyingKey::from_bytes(&bytes).map_err(|e| bad(format!("is not an ed25519 point: {e}")))
 }
 
 /// `ed25519:BASE64` of a public key.
@@ -393,27 +433,23 @@ impl KeyFile {
     /// The signing key.
     pub fn signing_key(&self) -> Result<SigningKey, ApprovalError> {
         let Some(body) = self.secret_key.trim().strip_prefix(SECRET_PREFIX) else {
-            return fail(format!(
-                "`secret_key` must start with `{SECRET_PREFIX}`: is this a file from `countersign keygen`?"
-            ));
+            return Err(ApprovalError::SecretKey(format!(
+                "must start with `{SECRET_PREFIX}`: is this a file from `countersign keygen`?"
+            )));
         };
         let raw = b64()
             .decode(body)
-            .map_err(|e| ApprovalError(format!("`secret_key` is not base64: {e}")))?;
+            .map_err(|e| ApprovalError::SecretKey(format!("is not base64: {e}")))?;
         let seed: [u8; 32] = raw
             .try_into()
-            .map_err(|_| ApprovalError("`secret_key` is not 32 bytes".into()))?;
+            .map_err(|_| ApprovalError::SecretKey("is not 32 bytes".into()))?;
         Ok(SigningKey::from_bytes(&seed))
     }
 
     /// Parse a key file's text.
     pub fn parse(text: &str) -> Result<KeyFile, ApprovalError> {
-        let kf: KeyFile = toml::from_str(text).map_err(|e| {
-            ApprovalError(format!(
-                "not a countersign key file ({}): make one with `countersign keygen --out FILE`",
-                e.message()
-            ))
-        })?;
+        let kf: KeyFile =
+            toml::from_str(text).map_err(|e| ApprovalError::KeyFile(e.message().to_owned()))?;
         check_reviewer_name(&kf.name)?;
         kf.signing_key()?;
         Ok(kf)
@@ -428,9 +464,7 @@ pub fn check_reviewer_name(name: &str) -> Result<(), ApprovalError> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
     {
-        return fail(format!(
-            "reviewer name `{name}` may only use letters, digits, `-`, `_`, `.` and `@` (at most 64)"
-        ));
+        return Err(ApprovalError::ReviewerName(name.to_owned()));
     }
     Ok(())
 }
@@ -486,8 +520,8 @@ impl Reviewers {
             toml::from_str(text).map_err(|e| (e.span(), e.message().to_owned()))?;
         let mut by_name = BTreeMap::new();
         for r in file.reviewers {
-            check_reviewer_name(&r.name).map_err(|e| (None, e.0))?;
-            let key = parse_public_key(&r.public_key).map_err(|e| (None, e.0))?;
+            check_reviewer_name(&r.name).map_err(|e| (None, e.to_string()))?;
+            let key = parse_public_key(&r.public_key).map_err(|e| (None, e.to_string()))?;
             if r.tenants.is_empty() {
                 return Err((
                     None,
@@ -578,9 +612,9 @@ impl RequestAuth {
             .strip_prefix(AUTH_SCHEME)
             .and_then(|r| r.strip_prefix(' '))
         else {
-            return fail(format!(
+            return Err(ApprovalError::Authorization(format!(
                 "the control API wants `Authorization: {AUTH_SCHEME} reviewer=..,time=..,signature=..` (use the countersign CLI or TUI)"
-            ));
+            )));
         };
         let (mut reviewer, mut time, mut signature) = (None, None, None);
         for part in rest.split(',') {
@@ -588,7 +622,11 @@ impl RequestAuth {
                 Some(("reviewer", v)) => reviewer = Some(v.to_owned()),
                 Some(("time", v)) => time = Some(v.to_owned()),
                 Some(("signature", v)) => signature = Some(v.to_owned()),
-                _ => return fail(format!("unexpected authorization field `{part}`")),
+                _ => {
+                    return Err(ApprovalError::Authorization(format!(
+                        "unexpected authorization field `{part}`"
+                    )))
+                }
             }
         }
         match (reviewer, time, signature) {
@@ -597,7 +635,9 @@ impl RequestAuth {
                 time,
                 signature,
             }),
-            _ => fail("the authorization needs `reviewer`, `time` and `signature`"),
+            _ => Err(ApprovalError::Authorization(
+                "the authorization needs `reviewer`, `time` and `signature`".into(),
+            )),
         }
     }
 
@@ -806,14 +846,14 @@ mod tests {
         assert!(st
             .check_binding(&other.binding())
             .unwrap_err()
-            .0
+            .to_string()
             .contains("`tool`"));
         let mut other = p.clone();
         other.resource_version = None;
         assert!(st
             .check_binding(&other.binding())
             .unwrap_err()
-            .0
+            .to_string()
             .contains("`resource_version`"));
         let mut other = p.clone();
         other.requester = "agent-8".into();
@@ -843,14 +883,17 @@ mod tests {
         assert_eq!(parse_public_key(&public).unwrap(), key(7).verifying_key());
         assert!(parse_public_key("ssh-ed25519 AAAA")
             .unwrap_err()
-            .0
+            .to_string()
             .contains("must start with"));
         assert!(parse_public_key("ed25519:AAAA")
             .unwrap_err()
-            .0
+            .to_string()
             .contains("32 bytes"));
         assert!(KeyFile::parse("name = \"a b\"\nsecret_key = \"x\"").is_err());
-        assert!(KeyFile::parse("garbage").unwrap_err().0.contains("keygen"));
+        assert!(KeyFile::parse("garbage")
+            .unwrap_err()
+            .to_string()
+            .contains("keygen"));
     }
 
     #[test]

@@ -392,7 +392,7 @@ impl Book {
             reason: None,
         };
         if !self.write(p.clone(), None).await? {
-            return Err(StoreError(format!("proposal id `{}` collided", p.id)));
+            return Err(StoreError::Collision(p.id.clone()));
         }
         let mut extra = vec![
             ("idempotency_key", Value::from(ask.client_key)),
@@ -440,7 +440,7 @@ impl Book {
                 state: p.state.as_str(),
             });
         }
-        let refused = |e: ApprovalError| DecideError::Refused(e.0);
+        let refused = |e: ApprovalError| DecideError::Refused(e.to_string());
         statement.check_binding(&p.binding()).map_err(refused)?;
         if statement.reviewer != reviewer.name {
             return Err(DecideError::Refused(format!(

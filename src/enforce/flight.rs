@@ -428,10 +428,7 @@ impl Ticket {
             .transition_with(self.key.clone(), State::Reserved, next.clone(), outbox)
             .await?;
         if !moved {
-            return Err(StoreError(format!(
-                "key `{}` changed state before dispatch",
-                self.key
-            )));
+            return Err(StoreError::Raced(self.key.clone()));
         }
         self.record = next;
         self.dispatched = true;

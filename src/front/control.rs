@@ -97,7 +97,7 @@ fn authenticate(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| unauthorized("missing `Authorization`: sign requests with a reviewer key (countersign CLI or countersign-review)".into()))?;
-    let auth = RequestAuth::parse(value).map_err(|e| unauthorized(e.0))?;
+    let auth = RequestAuth::parse(value).map_err(|e| unauthorized(e.to_string()))?;
     let policies = gw.pipeline.policies();
     let reviewer = policies
         .reviewers()
@@ -122,7 +122,7 @@ fn authenticate(
     }
     let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
     auth.verify(&reviewer.key, method.as_str(), path, body)
-        .map_err(|e| unauthorized(e.0))?;
+        .map_err(|e| unauthorized(e.to_string()))?;
     Ok(reviewer)
 }
 

@@ -48,10 +48,63 @@ pub use redb_store::RedbStore;
 use crate::core::approval::{Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
 
-/// A storage failure. The relay fails closed on it: the call does not run.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("ledger store: {0}")]
-pub struct StoreError(pub String);
+/// A storage failure. The pipeline fails closed on it: the call does not
+/// run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not do what was asked (`op`: begin, read,
+    /// write, commit, scan...).
+    #[error("ledger store: {op}: {reason}")]
+    Backend {
+        /// The operation.
+        op: &'static str,
+        /// What the database said.
+        reason: String,
+    },
+    /// The ledger file could not be opened.
+    #[error("ledger store: cannot open `{path}`: {reason}")]
+    Open {
+        /// The file or its directory.
+        path: String,
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// A value could not be encoded for storage.
+    #[error("ledger store: cannot encode a {what}: {reason}")]
+    Encode {
+        /// `record` or `proposal`.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A stored value does not decode.
+    #[error(
+        "ledger store: a stored {what} does not decode ({reason}): the ledger file may be damaged"
+    )]
+    Corrupt {
+        /// `record` or `proposal`.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A transition the ledger does not allow.
+    #[error("ledger store: transition {from:?} → {to:?} is not allowed")]
+    Forbidden {
+        /// From.
+        from: State,
+        /// To.
+        to: State,
+    },
+    /// The record changed under a transition that expected another state.
+    #[error("ledger store: key `{0}` changed state before dispatch")]
+    Raced(String),
+    /// A new proposal id was already taken.
+    #[error("ledger store: proposal id `{0}` collided")]
+    Collision(String),
+    /// The writer thread is gone (the store is shutting down).
+    #[error("ledger store: the ledger writer stopped")]
+    WriterStopped,
+}
 
 /// A future returned by the store.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -185,9 +238,7 @@ fn check_transition(from: State, to: State) -> Result<(), StoreError> {
     if crate::core::ledger::allowed(from, to) {
         Ok(())
     } else {
-        Err(StoreError(format!(
-            "transition {from:?} → {to:?} is not allowed"
-        )))
+        Err(StoreError::Forbidden { from, to })
     }
 }
 

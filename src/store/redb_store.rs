@@ -87,14 +87,16 @@ enum Done {
 }
 
 fn encode_proposal(p: &Proposal) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(p).map_err(|e| StoreError(format!("cannot encode a proposal: {e}")))
+    serde_json::to_vec(p).map_err(|e| StoreError::Encode {
+        what: "proposal",
+        reason: e.to_string(),
+    })
 }
 
 fn decode_proposal(bytes: &[u8]) -> Result<Proposal, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        StoreError(format!(
-            "a stored proposal does not decode ({e}): the ledger file may be damaged"
-        ))
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        what: "proposal",
+        reason: e.to_string(),
     })
 }
 
@@ -117,19 +119,24 @@ impl Drop for RedbStore {
     }
 }
 
-fn err(context: &str) -> impl Fn(redb::Error) -> StoreError + '_ {
-    move |e| StoreError(format!("{context}: {e}"))
+fn err(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
+    move |e| StoreError::Backend {
+        op,
+        reason: e.to_string(),
+    }
 }
 
 fn encode(r: &Record) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(r).map_err(|e| StoreError(format!("cannot encode a record: {e}")))
+    serde_json::to_vec(r).map_err(|e| StoreError::Encode {
+        what: "record",
+        reason: e.to_string(),
+    })
 }
 
 fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        StoreError(format!(
-            "a stored record does not decode ({e}): the ledger file may be damaged"
-        ))
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        what: "record",
+        reason: e.to_string(),
     })
 }
 
@@ -138,14 +145,16 @@ impl RedbStore {
     /// when another process holds the file (a running gateway).
     pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError(format!("cannot create `{}`: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
+                path: dir.display().to_string(),
+                reason: e.to_string(),
+            })?;
         }
-        let db = Database::create(path).map_err(|e| {
-            StoreError(format!(
-                "cannot open `{}`: {e} (is a gateway running on this data_dir? stop it, or act through it)",
-                path.display()
-            ))
+        let db = Database::create(path).map_err(|e| StoreError::Open {
+            path: path.display().to_string(),
+            reason: format!(
+                "{e} (is a gateway running on this data_dir? stop it, or act through it)"
+            ),
         })?;
         let txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
         txn.open_table(LEDGER)
@@ -161,7 +170,10 @@ impl RedbStore {
         let writer = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || writer(&writer_db, &rx))
-            .map_err(|e| StoreError(format!("cannot start the ledger writer: {e}")))?;
+            .map_err(|e| StoreError::Backend {
+                op: "start the ledger writer",
+                reason: e.to_string(),
+            })?;
         Ok(RedbStore {
             db,
             queue: Some(queue),
@@ -195,9 +207,8 @@ impl RedbStore {
             None => Err(()),
         };
         Box::pin(async move {
-            sent.map_err(|_| StoreError("the ledger writer stopped".into()))?;
-            rx.await
-                .map_err(|_| StoreError("the ledger writer dropped a request".into()))?
+            sent.map_err(|_| StoreError::WriterStopped)?;
+            rx.await.map_err(|_| StoreError::WriterStopped)?
         })
     }
 }
