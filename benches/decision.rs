@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use countersign::core::annotations::Annotations;
-use countersign::core::decision::{Call, Policies};
+use countersign::core::decision::Call;
 use countersign::core::identity::Identity;
 
 fn time_per_call(label: &str, n: usize, mut f: impl FnMut()) {
@@ -46,8 +46,8 @@ fn main() {
     )
     .unwrap();
 
-    let small = Policies::load(&shipped).unwrap();
-    let large = Policies::load(big.path()).unwrap();
+    let small = countersign::cli::files::load_policies(&shipped).unwrap();
+    let large = countersign::cli::files::load_policies(big.path()).unwrap();
     println!(
         "shipped: {} policies; large: {} policies",
         small.len(),

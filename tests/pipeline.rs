@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use countersign::core::approval::{format_public_key, Proposal, ProposalState, Verdict};
 use countersign::core::config::Config;
-use countersign::core::decision::Policies;
 use countersign::core::identity::Identity;
 use countersign::core::ledger::{Record, State};
 use countersign::core::time::{rfc3339, Clock, ManualClock};
@@ -380,7 +379,7 @@ read_only = true
         policies = policies.display(),
     );
     let config = Config::parse(&text, &dir.path().join("countersign.toml")).unwrap();
-    let policies = Policies::load(&policies).unwrap();
+    let policies = countersign::cli::files::load_policies(&policies).unwrap();
     let store = Arc::new(Flaky {
         inner: MemoryStore::default(),
         fail: Mutex::new(Fail::None),

@@ -7,9 +7,11 @@
 //! - [`reconcile`]: settling unknown outcomes on a stopped gateway's ledger.
 //! - [`review`]: `keygen|pending|show|approve|deny` for reviewers.
 //! - [`client`]: the signed client of the control API (also the TUI's).
+//! - [`files`]: reading the configuration and the policy folder.
 
 pub mod check;
 pub mod client;
+pub mod files;
 pub mod policy;
 pub mod reconcile;
 pub mod review;
@@ -22,7 +24,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::core::config::Config;
 use crate::upstream::session::Gateway;
 
 /// Approval-binding policy enforcement point for MCP tool calls.
@@ -298,7 +299,7 @@ fn init_logging() {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { config } => {
-            let config = Config::load(&config)?;
+            let config = files::load_config(&config)?;
             crate::cli::serve::serve(config).await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -359,7 +360,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 print!("{}", crate::cli::review::reconcile(&c, &body).await?);
                 return Ok(ExitCode::SUCCESS);
             }
-            let config = Config::load(&config)?;
+            let config = files::load_config(&config)?;
             if list {
                 for (t, p, k, r) in crate::cli::reconcile::list_unknown(&config)? {
                     println!("{t}\t{p}\t{k}\t{}/{}\t{}", r.server, r.tool, r.digest);
@@ -388,7 +389,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 PolicyCommand::Check { dir } => crate::cli::policy::check(&dir),
                 PolicyCommand::Test { file, dir } => crate::cli::policy::test(&dir, &file)?,
                 PolicyCommand::Schema { server, config } => {
-                    let config = Config::load(&config)?;
+                    let config = files::load_config(&config)?;
                     anyhow::ensure!(
                         config.servers.contains_key(&server),
                         "unknown server `{server}`: configured servers are {}",
@@ -475,7 +476,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { config, json } => {
-            let config = Config::load(&config)?;
+            let config = files::load_config(&config)?;
             // `check` sends no tools/call: no ledger file, no policies needed.
             let gw = Gateway::new(
                 config,

@@ -12,7 +12,6 @@ use std::future::IntoFuture;
 use tokio::net::TcpListener;
 
 use crate::core::config::Config;
-use crate::core::decision::Policies;
 use crate::front::http::router;
 use crate::store::{RedbStore, Store};
 use crate::upstream::session::Gateway;
@@ -46,7 +45,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     let policy_dir = config.gateway.policies.clone();
-    let policies = Policies::load(&policy_dir).map_err(|errors| {
+    let policies = crate::cli::files::load_policies(&policy_dir).map_err(|errors| {
         anyhow::anyhow!(
             "the policies in `{}` do not load (fix them, or check with `countersign policy check --dir {}`):\n{}",
             policy_dir.display(),
@@ -173,7 +172,7 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
             continue;
         }
         seen = now;
-        match Policies::load(&dir) {
+        match crate::cli::files::load_policies(&dir) {
             Ok(p) => {
                 tracing::info!(policies = p.len(), "policies reloaded");
                 let mut f = serde_json::Map::new();

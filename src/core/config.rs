@@ -396,15 +396,6 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 }
 
 impl Config {
-    /// Read, parse and check a configuration file.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Config::parse(&text, path)
-    }
-
     /// Parse and check configuration text; `path` is used in messages and
     /// to resolve relative paths of stdio children.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {

@@ -1,6 +1,6 @@
 //! The policy decision point (DESIGN.md section 4), on Cedar.
 //!
-//! Pure apart from [`Policies::load`], which reads the policy folder: the
+//! Pure: the policy folder is read by the caller ([`PolicySources`]); the
 //! decision itself is a synchronous function of the policies, the identity,
 //! the tool's effective annotations and the canonical arguments.
 //!
@@ -189,47 +189,42 @@ fn located(file: &Path, text: &str, d: &dyn miette::Diagnostic, message: String)
     }
 }
 
+/// The text of a policy folder, as read from disk: the `*.cedar` files in
+/// name order, `schema.cedarschema` and `reviewers.toml` when present, and
+/// the files that could not be read. The reading is the caller's (an I/O
+/// layer's); [`Policies::from_sources`] only parses.
+#[derive(Debug, Clone, Default)]
+pub struct PolicySources {
+    /// The folder (for messages).
+    pub dir: PathBuf,
+    /// `*.cedar` files and their text.
+    pub policies: Vec<(PathBuf, String)>,
+    /// `schema.cedarschema`, if there is one.
+    pub schema: Option<String>,
+    /// `reviewers.toml`, if there is one (none: nothing can be approved).
+    pub reviewers: Option<String>,
+    /// Files that exist but could not be read: each refuses the whole set.
+    pub unreadable: Vec<PolicyError>,
+}
+
 impl Policies {
-    /// Read `*.cedar` and `schema.cedarschema` from `dir`, parse them, give
-    /// each policy the id `FILE/ID` (`@id("...")` or its position), and
-    /// validate against the schema when there is one. Any error refuses the
-    /// whole set: a policy set is used whole or not at all.
-    pub fn load(dir: &Path) -> Result<Policies, Vec<PolicyError>> {
-        let mut errors = Vec::new();
-        let entries = std::fs::read_dir(dir).map_err(|e| {
-            vec![PolicyError {
-                file: dir.to_owned(),
-                line: None,
-                column: None,
-                message: format!("cannot read the policy folder: {e}"),
-            }]
-        })?;
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
-            .collect();
-        files.sort();
+    /// Parse a policy folder's files (read by the caller: see
+    /// [`PolicySources`]), give each policy the id `FILE/ID` (`@id("...")`
+    /// or its position), and validate against the schema when there is one.
+    /// Any error refuses the whole set: a policy set is used whole or not
+    /// at all. Pure: no file is read here.
+    pub fn from_sources(src: &PolicySources) -> Result<Policies, Vec<PolicyError>> {
+        let dir = &src.dir;
+        let mut errors = src.unreadable.clone();
         let mut set = PolicySet::new();
         let mut origin = HashMap::new();
         let mut sources = HashMap::new();
-        for file in &files {
-            let text = match std::fs::read_to_string(file) {
-                Ok(t) => t,
-                Err(e) => {
-                    errors.push(PolicyError {
-                        file: file.clone(),
-                        line: None,
-                        column: None,
-                        message: e.to_string(),
-                    });
-                    continue;
-                }
-            };
-            let parsed = match PolicySet::from_str(&text) {
+        for (file, text) in &src.policies {
+            let parsed = match PolicySet::from_str(text) {
                 Ok(p) => p,
                 Err(e) => {
                     for d in e.iter() {
-                        errors.push(located(file, &text, d, d.to_string()));
+                        errors.push(located(file, text, d, d.to_string()));
                     }
                     continue;
                 }
@@ -254,36 +249,36 @@ impl Policies {
                 }
                 origin.insert(id, file.clone());
             }
-            sources.insert(file.clone(), text);
+            sources.insert(file.clone(), text.as_str());
         }
         let schema_path = dir.join(SCHEMA_FILE);
-        let schema = match std::fs::read_to_string(&schema_path) {
-            Ok(text) => match Schema::from_cedarschema_str(&text) {
+        let schema = match &src.schema {
+            Some(text) => match Schema::from_cedarschema_str(text) {
                 Ok((s, _warnings)) => Some(s),
                 Err(e) => {
-                    errors.push(located(&schema_path, &text, &e, e.to_string()));
+                    errors.push(located(&schema_path, text, &e, e.to_string()));
                     None
                 }
             },
-            Err(_) => None,
+            None => None,
         };
         if let Some(schema) = &schema {
             let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
             for e in result.validation_errors() {
                 let id = e.policy_id().to_string();
                 let file = origin.get(&id).cloned().unwrap_or_else(|| dir.to_owned());
-                let text = sources.get(&file).map(String::as_str).unwrap_or("");
+                let text = sources.get(&file).copied().unwrap_or("");
                 errors.push(located(&file, text, e, format!("policy `{id}`: {e}")));
             }
         }
         let reviewers_path = dir.join(crate::core::approval::REVIEWERS_FILE);
-        let reviewers = match std::fs::read_to_string(&reviewers_path) {
-            Ok(text) => match crate::core::approval::Reviewers::parse(&text) {
+        let reviewers = match &src.reviewers {
+            Some(text) => match crate::core::approval::Reviewers::parse(text) {
                 Ok(r) => r,
                 Err((span, message)) => {
                     let (line, column) = match span {
                         Some(s) => {
-                            let (l, c) = line_col(&text, s.start);
+                            let (l, c) = line_col(text, s.start);
                             (Some(l), Some(c))
                         }
                         None => (None, None),
@@ -298,16 +293,7 @@ impl Policies {
                 }
             },
             // No file: no reviewers, so nothing can be approved (fail closed).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
-            Err(e) => {
-                errors.push(PolicyError {
-                    file: reviewers_path.clone(),
-                    line: None,
-                    column: None,
-                    message: e.to_string(),
-                });
-                Default::default()
-            }
+            None => Default::default(),
         };
         if errors.is_empty() {
             let index = Index::build(&set);
@@ -737,16 +723,29 @@ mod tests {
     use serde_json::json;
 
     fn policies(text: &str, schema: Option<&str>) -> Result<Policies, Vec<PolicyError>> {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("p.cedar"), text).unwrap();
-        if let Some(s) = schema {
-            std::fs::write(dir.path().join(SCHEMA_FILE), s).unwrap();
-        }
-        Policies::load(dir.path())
+        Policies::from_sources(&PolicySources {
+            dir: PathBuf::from("policies"),
+            policies: vec![(PathBuf::from("policies/p.cedar"), text.to_owned())],
+            schema: schema.map(str::to_owned),
+            ..PolicySources::default()
+        })
     }
 
+    const SHIPPED_POLICIES: &str = include_str!("../../policies/default.cedar");
+    const SHIPPED_SCHEMA: &str = include_str!("../../policies/schema.cedarschema");
+
     fn shipped() -> Policies {
-        Policies::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap()
+        Policies::from_sources(&PolicySources {
+            dir: PathBuf::from("policies"),
+            policies: vec![(
+                PathBuf::from("policies/default.cedar"),
+                SHIPPED_POLICIES.to_owned(),
+            )],
+            schema: Some(SHIPPED_SCHEMA.to_owned()),
+            reviewers: Some(include_str!("../../policies/reviewers.toml").to_owned()),
+            ..PolicySources::default()
+        })
+        .unwrap()
     }
 
     fn agent() -> Identity {
@@ -931,10 +930,7 @@ mod tests {
 
     #[test]
     fn slicing_decides_like_the_whole_set() {
-        let mut text = std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies/default.cedar"),
-        )
-        .unwrap();
+        let mut text = SHIPPED_POLICIES.to_owned();
         for i in 0..50 {
             text.push_str(&format!(
                 "@id(\"other-{i}\") forbid (principal, action == Action::\"call\", resource == Tool::\"payments/other_{i}\");\n"
@@ -997,12 +993,7 @@ mod tests {
 
     #[test]
     fn validation_catches_an_attribute_typo() {
-        let schema = std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("policies")
-                .join(SCHEMA_FILE),
-        )
-        .unwrap();
+        let schema = SHIPPED_SCHEMA.to_owned();
         let ok = policies(
             "permit(principal, action == Action::\"call\", resource) when { resource.readOnly };",
             Some(&schema),

@@ -1,0 +1,73 @@
+//! Reading the operator's files: the configuration and the policy folder.
+//! The rules that parse them live in the core and read nothing themselves.
+
+use std::path::{Path, PathBuf};
+
+use crate::core::approval::REVIEWERS_FILE;
+use crate::core::config::{Config, ConfigError};
+use crate::core::decision::{Policies, PolicyError, PolicySources, SCHEMA_FILE};
+
+/// Read, parse and check a configuration file.
+pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    Config::parse(&text, path)
+}
+
+/// Read a policy folder: `*.cedar` in name order, `schema.cedarschema` and
+/// `reviewers.toml` when present. A file that exists but cannot be read is
+/// reported (and refuses the set), never skipped.
+pub fn read_policies(dir: &Path) -> Result<PolicySources, Vec<PolicyError>> {
+    let unreadable = |file: &Path, e: std::io::Error| PolicyError {
+        file: file.to_owned(),
+        line: None,
+        column: None,
+        message: e.to_string(),
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        vec![PolicyError {
+            file: dir.to_owned(),
+            line: None,
+            column: None,
+            message: format!("cannot read the policy folder: {e}"),
+        }]
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cedar"))
+        .collect();
+    files.sort();
+    let mut src = PolicySources {
+        dir: dir.to_owned(),
+        ..PolicySources::default()
+    };
+    for file in files {
+        match std::fs::read_to_string(&file) {
+            Ok(text) => src.policies.push((file, text)),
+            Err(e) => src.unreadable.push(unreadable(&file, e)),
+        }
+    }
+    // A missing schema means no validation; a missing reviewers file means
+    // no reviewers (nothing can be approved: fail closed).
+    let optional = |name: &str, src: &mut PolicySources| -> Option<String> {
+        let path = dir.join(name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                src.unreadable.push(unreadable(&path, e));
+                None
+            }
+        }
+    };
+    src.schema = optional(SCHEMA_FILE, &mut src);
+    src.reviewers = optional(REVIEWERS_FILE, &mut src);
+    Ok(src)
+}
+
+/// Read and parse a policy folder.
+pub fn load_policies(dir: &Path) -> Result<Policies, Vec<PolicyError>> {
+    Policies::from_sources(&read_policies(dir)?)
+}
