@@ -243,8 +243,7 @@ fn tail_of(last: Option<Map<String, Value>>, segment: u32, cut: u64) -> Tail {
     }
 }
 
-/// Entries in order: kind and fields.
-pub type Entries = Vec<(&'static str, Map<String, Value>)>;
+pub use super::Entries;
 
 type Queue = Arc<std::sync::Mutex<Entries>>;
 
@@ -267,7 +266,8 @@ pub struct Staged {
     pub id: u64,
     /// The entries as JSON, for the outbox row.
     pub text: String,
-    entries: Vec<(&'static str, Map<String, Value>)>,
+    /// The entries, tagged with their outbox place.
+    pub entries: Entries,
 }
 
 /// How often the writer drains the queue of buffered entries.
@@ -858,6 +858,28 @@ const IDLE_FLUSH: Duration = Duration::from_millis(100);
 #[cfg(test)]
 fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+impl super::AuditSink for AuditLog {
+    fn record_all(&self, entries: Entries) {
+        AuditLog::record_all(self, entries);
+    }
+
+    fn stage(&self, entries: Entries) -> Result<Staged, Entries> {
+        AuditLog::stage(self, entries)
+    }
+
+    fn record_staged(&self, staged: Staged) {
+        AuditLog::record_staged(self, staged);
+    }
+
+    fn unstage(&self, staged: Staged) {
+        AuditLog::unstage(self, staged);
+    }
+
+    fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Map<String, Value>) {
+        AuditLog::arguments_fields_jcs(self, arguments, jcs, fields);
+    }
 }
 
 #[cfg(test)]

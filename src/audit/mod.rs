@@ -70,6 +70,43 @@ pub fn value_digest(value: &Value) -> String {
 
 pub use crate::core::config::ArgumentMode;
 
+/// Entries in order: kind and fields.
+pub type Entries = Vec<(&'static str, Map<String, Value>)>;
+
+/// Where evidence goes: the enforcement pipeline, the approval book and a
+/// call's trail record through this trait. [`log::AuditLog`] is the
+/// implementation `serve` uses; a test may keep entries in memory.
+pub trait AuditSink: Send + Sync {
+    /// Hand entries to the writer (buffered, in order).
+    fn record_all(&self, entries: Entries);
+
+    /// One entry.
+    fn record(&self, kind: &'static str, fields: Map<String, Value>) {
+        self.record_all(vec![(kind, fields)]);
+    }
+
+    /// Stage entries that must be durable with a dispatch (committed in
+    /// the ledger's outbox in the same fsync). `Err` gives them back when
+    /// the sink cannot stage: then the caller must not dispatch.
+    fn stage(&self, entries: Entries) -> Result<log::Staged, Entries>;
+
+    /// Staged entries whose outbox row is committed.
+    fn record_staged(&self, staged: log::Staged);
+
+    /// Staged entries whose dispatch did not happen.
+    fn unstage(&self, staged: log::Staged);
+
+    /// The `arguments` fields of an entry, as `audit.arguments` says, from
+    /// the arguments and their JCS text.
+    fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Map<String, Value>);
+
+    /// [`AuditSink::arguments_fields_jcs`], canonicalizing the arguments.
+    fn arguments_fields(&self, arguments: &Value, fields: &mut Map<String, Value>) {
+        let jcs = crate::core::canonical::jcs(arguments);
+        self.arguments_fields_jcs(arguments, &jcs, fields);
+    }
+}
+
 /// The `arguments` fields of an entry: the recorded form (absent in digest
 /// mode) and, always, `arguments_digest`, so verification never needs the
 /// payload.

@@ -14,14 +14,15 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use crate::audit::log::AuditLog;
+use crate::audit::log::Staged;
+use crate::audit::{AuditSink, Entries};
 use crate::core::canonical::CanonicalCall;
 use crate::core::decision::Decision;
 use crate::core::identity::Identity;
 
 /// The audit trail of one call.
 pub struct Trail {
-    log: Option<(Arc<AuditLog>, Map<String, Value>)>,
+    log: Option<(Arc<dyn AuditSink>, Map<String, Value>)>,
     // A std mutex: held for a push or a drain, never across an await.
     pending: std::sync::Mutex<Vec<(&'static str, Map<String, Value>)>>,
 }
@@ -33,7 +34,7 @@ fn now() -> Value {
 impl Trail {
     /// The trail of `call` by `who` under `client_key`.
     pub fn new(
-        audit: Option<&Arc<AuditLog>>,
+        audit: Option<&Arc<dyn AuditSink>>,
         who: &Identity,
         server: &str,
         call: &CanonicalCall,
@@ -95,12 +96,7 @@ impl Trail {
     /// outbox (one fsync with the `dispatched` record). `None` without an
     /// audit log; `Some(Err(entries))` when the log has no outbox (then the
     /// caller makes them durable itself).
-    pub fn stage_dispatch(
-        &self,
-    ) -> Option<(
-        Arc<AuditLog>,
-        Result<crate::audit::log::Staged, crate::audit::log::Entries>,
-    )> {
+    pub fn stage_dispatch(&self) -> Option<(Arc<dyn AuditSink>, Result<Staged, Entries>)> {
         let (log, base) = self.log.as_ref()?;
         self.push("dispatched", base.clone());
         Some((log.clone(), log.stage(self.take())))

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use crate::audit::AuditSink;
 use crate::core::approval::{
     self, ApprovalError, Proposal, ProposalState, Reviewer, Reviewers, Revision, Risk,
     SignedDecision, Statement, Verdict,
@@ -97,7 +98,7 @@ pub struct Book {
     // tokio mutex: it is held across the store write.
     making: tokio::sync::Mutex<()>,
     events: broadcast::Sender<Event>,
-    audit: Option<Arc<crate::audit::log::AuditLog>>,
+    audit: Option<Arc<dyn AuditSink>>,
     /// Expiries are judged on this clock (tests move it by hand).
     clock: Arc<dyn Clock>,
 }
@@ -123,7 +124,7 @@ impl Book {
     pub fn new(
         store: Arc<dyn Store>,
         config: ApprovalsConfig,
-        audit: Option<Arc<crate::audit::log::AuditLog>>,
+        audit: Option<Arc<dyn AuditSink>>,
         clock: Arc<dyn Clock>,
     ) -> Book {
         let (events, _) = broadcast::channel(256);

@@ -41,8 +41,8 @@ use super::flight::{
 use super::outcome::CallOutcome;
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
 use super::upstream::UpstreamError;
-use crate::audit::log::AuditLog;
 use crate::audit::trail::Trail;
+use crate::audit::AuditSink;
 use crate::core::annotations::{Annotations, Catalog};
 use crate::core::approval::{ProposalState, Risk};
 use crate::core::canonical::{self, CanonicalCall};
@@ -127,7 +127,7 @@ pub struct Pipeline {
     /// Proposals and approvals (same store as the ledger).
     pub book: Arc<Book>,
     /// The audit log (`serve` only).
-    pub audit: Option<Arc<AuditLog>>,
+    pub audit: Option<Arc<dyn AuditSink>>,
     clock: Arc<dyn Clock>,
     /// One circuit breaker per configured server. A std mutex: held for a
     /// state change, never across an await.
@@ -142,7 +142,7 @@ impl Pipeline {
         config: Arc<Config>,
         store: Arc<dyn Store>,
         policies: Policies,
-        audit: Option<Arc<AuditLog>>,
+        audit: Option<Arc<dyn AuditSink>>,
         clock: Arc<dyn Clock>,
     ) -> Pipeline {
         let book = Arc::new(Book::new(

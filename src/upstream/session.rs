@@ -199,7 +199,7 @@ impl Gateway {
             config.clone(),
             store,
             policies,
-            audit,
+            audit.map(|a| a as Arc<dyn crate::audit::AuditSink>),
             Arc::new(SystemClock),
         );
         let identities = Identities::from_config(&config.identities);
