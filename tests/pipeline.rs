@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use countersign::audit::log::Staged;
+use countersign::audit::{AuditSink, Entries};
 use countersign::core::approval::{format_public_key, Proposal, ProposalState, Verdict};
 use countersign::core::config::Config;
 use countersign::core::identity::Identity;
@@ -913,6 +915,94 @@ async fn a_store_failure_after_the_answer_never_runs_the_call_again() {
     let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
     assert_eq!(code(retry), "outcome_unknown");
     assert_eq!(f.fake.runs("refund"), 1);
+}
+
+// ------------------------------------------------------------- audit
+
+/// Entries kept in memory; staged ones are marked.
+#[derive(Default)]
+struct MemorySink {
+    entries: Mutex<Vec<(String, bool)>>,
+    next: AtomicUsize,
+}
+
+impl AuditSink for MemorySink {
+    fn record_all(&self, entries: Entries) {
+        let mut all = self.entries.lock().unwrap();
+        all.extend(entries.into_iter().map(|(k, _)| (k.to_owned(), false)));
+    }
+    fn stage(&self, entries: Entries) -> Result<Staged, Entries> {
+        let kinds: Vec<String> = entries.iter().map(|(k, _)| (*k).to_owned()).collect();
+        self.entries
+            .lock()
+            .unwrap()
+            .extend(kinds.into_iter().map(|k| (k, true)));
+        Ok(Staged {
+            id: self.next.fetch_add(1, Ordering::SeqCst) as u64,
+            text: String::new(),
+            entries: Vec::new(),
+        })
+    }
+    fn record_staged(&self, _staged: Staged) {}
+    fn unstage(&self, _staged: Staged) {}
+    fn arguments_fields_jcs(
+        &self,
+        _a: &Value,
+        _jcs: &str,
+        _f: &mut serde_json::Map<String, Value>,
+    ) {
+    }
+}
+
+#[tokio::test]
+async fn the_dispatch_entry_is_staged_with_the_dispatch_before_the_server_sees_the_call() {
+    let f = fixture("0s");
+    let sink = Arc::new(MemorySink::default());
+    let pipeline = Pipeline::new(
+        f.pipeline.config.clone(),
+        f.store.clone(),
+        countersign::cli::files::load_policies(&f.pipeline.config.gateway.policies).unwrap(),
+        Some(sink.clone()),
+        f.clock.clone(),
+    );
+    let hold = Arc::new(Notify::new());
+    *f.fake.hold_calls.lock().unwrap() = Some(hold.clone());
+    let ctx = CallCtx {
+        caller: &f.caller,
+        server: "pay",
+        era: Era::Handshake,
+        events: None,
+        upstream: &f.fake,
+    };
+    let call = pipeline.tool_call(&ctx, request("refund", json!({"id": 1}), Some("k")));
+    let check = async {
+        f.fake.arrived.notified().await;
+        // The server has the call: everything up to `dispatched` is staged
+        // (durable with the ledger's `dispatched` record), in order.
+        let seen = sink.entries.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [
+                ("call_received".to_owned(), true),
+                ("decision".to_owned(), true),
+                ("dispatched".to_owned(), true),
+            ]
+        );
+        hold.notify_one();
+    };
+    let (o, ()) = tokio::join!(call, check);
+    assert_eq!(answered_n(&o), 1);
+    let kinds: Vec<String> = sink
+        .entries
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["call_received", "decision", "dispatched", "completed"]
+    );
 }
 
 // ------------------------------------------------------------- reads
