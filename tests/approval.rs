@@ -8,6 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::{code, countersign};
 use serde_json::{json, Value};
 
 /// Reviewers: alice (leads, acme), bob (globex only), and a reviewer named
@@ -23,18 +24,7 @@ fn policies_src() -> PathBuf {
 }
 
 async fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = tokio::process::Command::new(common::countersign_bin())
-        .args(args)
-        .env_remove("COUNTERSIGN_GATEWAY")
-        .env_remove("COUNTERSIGN_KEY")
-        .output()
-        .await
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run_cli_async(args).await
 }
 
 fn keygen(dir: &Path, name: &str, groups: &str, tenants: &str) -> String {
@@ -155,14 +145,6 @@ async fn call(c: &common::Client, id: i64, tool: &str, args: Value, key: &str) -
         "name": tool, "arguments": args, "_meta": {"dev.countersign/idempotency-key": key}}}),
     )
     .await
-}
-
-fn countersign(a: &common::Answer) -> Value {
-    a.last()["result"]["structuredContent"]["countersign"].clone()
-}
-
-fn code(a: &common::Answer) -> String {
-    countersign(a)["code"].as_str().unwrap_or("").to_owned()
 }
 
 fn proposal_id(a: &common::Answer) -> String {

@@ -7,48 +7,18 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::{json, Map, Value};
 
 fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(common::countersign_bin())
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run_cli(args)
 }
 
 fn audit_dir(gw: &common::Gateway) -> PathBuf {
-    gw.dir.path().join("data").join("audit")
+    gw.audit_dir()
 }
 
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    v.sort();
-    v
-}
-
-fn entries(dir: &Path) -> Vec<Map<String, Value>> {
-    segments(dir)
-        .iter()
-        .flat_map(|s| {
-            std::fs::read_to_string(s)
-                .unwrap()
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
+use common::{audit_entries as entries, audit_segments as segments};
 
 fn verify(dir: &Path, extra: &[&str]) -> (bool, String) {
     let mut args = vec!["audit", "verify", "--dir", dir.to_str().unwrap()];

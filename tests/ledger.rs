@@ -15,10 +15,6 @@ fn keyed(id: i64, tool: &str, args: Value, key: &str) -> Value {
         "name": tool, "arguments": args, "_meta": {"dev.countersign/idempotency-key": key}}})
 }
 
-fn code(a: &Answer) -> Value {
-    a.last()["result"]["structuredContent"]["countersign"]["code"].clone()
-}
-
 #[tokio::test]
 async fn five_identical_calls_one_execution_five_identical_answers() {
     let gw = Gateway::start();
@@ -288,7 +284,16 @@ async fn gateway_killed_mid_call_then_retry_is_unknown() {
         ))
         .await;
     assert_eq!(code(&retry), "outcome_unknown", "{retry:?}");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The retry's own account is in the audit log: the gateway is done
+    // with it, and it dispatched nothing.
+    wait_for_audit(&gw, "the retry's outcome_unknown entry", |entries| {
+        entries.iter().any(|e| {
+            e["kind"] == "outcome_unknown"
+                && e["idempotency_key"] == "crash-1"
+                && e["repeat"] == true
+        })
+    })
+    .await;
     assert_eq!(gw.executions("charge_card"), 1);
 }
 

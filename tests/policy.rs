@@ -4,25 +4,17 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use common::code;
 
-use common::countersign_bin;
+use std::path::PathBuf;
 
 fn policies_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")
 }
 
 fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(countersign_bin()).args(args).output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let (ok, out, err) = common::run_cli(args);
+    (ok, format!("{out}{err}"))
 }
 
 #[test]
@@ -118,10 +110,6 @@ fn gateway_with_default_policies() -> (common::Gateway, tempfile::TempDir) {
         ..Default::default()
     });
     (gw, pdir)
-}
-
-fn code(a: &common::Answer) -> serde_json::Value {
-    a.last()["result"]["structuredContent"]["countersign"]["code"].clone()
 }
 
 #[tokio::test]

@@ -9,11 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::{json, Value};
-
-fn code(a: &Answer) -> Value {
-    a.last()["result"]["structuredContent"]["countersign"]["code"].clone()
-}
+use serde_json::json;
 
 fn pids(gw: &Gateway, tool: &str) -> Vec<u64> {
     gw.records()
@@ -255,7 +251,10 @@ async fn a_timed_out_write_is_unknown_in_the_ledger_and_cancelled_upstream() {
         "outcome_unknown",
         "the ledger holds it as unknown"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually("the server records the cancellation", || {
+        std::fs::read_to_string(&record).is_ok_and(|t| t.contains("\"cancelled\""))
+    })
+    .await;
     let text = std::fs::read_to_string(&record).unwrap();
     assert_eq!(text.matches("\"executed\"").count(), 1);
     assert!(

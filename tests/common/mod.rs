@@ -17,6 +17,100 @@ pub const OTHER_TOKEN: &str = "tok-agent9";
 /// `agent-7` again, but in tenant `globex`.
 pub const GLOBEX_TOKEN: &str = "tok-agent7-globex";
 
+/// Run `countersign ARGS` (no gateway or key from the environment):
+/// (success, stdout, stderr).
+pub fn run_cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(countersign_bin())
+        .args(args)
+        .env_remove("COUNTERSIGN_GATEWAY")
+        .env_remove("COUNTERSIGN_KEY")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`run_cli`] without blocking the async runtime.
+pub async fn run_cli_async(args: &[&str]) -> (bool, String, String) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_cli(&args)
+    })
+    .await
+    .unwrap()
+}
+
+/// The segment files of an audit log directory, in order.
+pub fn audit_segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every entry of an audit log directory, in order.
+pub fn audit_entries(dir: &Path) -> Vec<serde_json::Map<String, Value>> {
+    audit_segments(dir)
+        .iter()
+        .flat_map(|s| {
+            std::fs::read_to_string(s)
+                .unwrap()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Wait (up to 10 s) until `pred` holds for the gateway's audit log,
+/// polling its files; panic with `what` otherwise.
+pub async fn wait_for_audit(
+    gw: &Gateway,
+    what: &str,
+    pred: impl Fn(&[serde_json::Map<String, Value>]) -> bool,
+) {
+    let dir = gw.audit_dir();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if dir.exists() && pred(&audit_entries(&dir)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not in the audit log within 10 s");
+}
+
+/// Wait (up to 10 s, polling) until `cond` holds; panic with `what`
+/// otherwise. For state another process changes (a file it writes, a
+/// process it ends).
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
+
+/// `structuredContent.countersign` of the answer's last message.
+pub fn countersign(a: &Answer) -> Value {
+    a.last()["result"]["structuredContent"]["countersign"].clone()
+}
+
+/// The `countersign` code the answer carries ("" when none).
+pub fn code(a: &Answer) -> String {
+    countersign(a)["code"].as_str().unwrap_or("").to_owned()
+}
+
 pub fn countersign_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_countersign"))
 }
@@ -362,6 +456,23 @@ call_timeout = "5s"
 
     /// How many times `tool` was executed.
     /// Run `countersign` with this gateway's config appended to `args`.
+    /// The audit log directory (the default under the data dir).
+    pub fn audit_dir(&self) -> PathBuf {
+        self.dir.path().join("data").join("audit")
+    }
+
+    /// Wait (up to 10 s) for a gateway log line containing `needle`.
+    pub async fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.log.lock().unwrap().iter().any(|l| l.contains(needle)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("no gateway log line with `{needle}` within 10 s");
+    }
+
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(countersign_bin())
             .args(args)
