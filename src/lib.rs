@@ -8,11 +8,11 @@
 //!
 //! | layer | modules | I/O |
 //! |---|---|---|
-//! | cli | [`cli`] (`serve`, `check`, `policy`, `reconcile`, `review`, `client`) | yes |
+//! | cli | [`cli`] (`serve`, `check`, `policy`, `reconcile`, `review`, `client`, `files`) | yes |
 //! | front ends | [`front`] (`http`, `mcp`, `control`, `bridge`) | yes |
-//! | upstream | [`upstream`] (`session`, `route`, `mux`, stdio and Streamable HTTP transports) | yes |
-//! | enforce | [`enforce`] (`pipeline`, `flight`, `book`, `upstream` trait, `answer`) | through traits |
-//! | store, audit | [`store`] (redb, memory), [`audit`] (`log`, `trail`, `verify`, `export`) | yes |
+//! | upstream | [`upstream`] (`session`, `route`, `mux`, `stdio`, `streamable_http`) | yes |
+//! | enforce | [`enforce`] (`pipeline`, `flight`, `book`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`) | through traits |
+//! | store, audit | [`store`] (`redb_store`, `memory`), [`audit`] (`log`, `segment`, `trail`, `verify`, `export`) | yes |
 //! | core | [`core`] (`canonical`, `ledger`, `decision`, `approval`, `recovery`, `annotations`, `identity`, `config`, `time`) | no |
 //! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`) | no |
 //!

@@ -18,22 +18,39 @@ use super::upstream::UpstreamError;
 use crate::wire::jsonrpc::Message;
 
 /// Leave to send one `tools/call` upstream. Only the pipeline's last stage
-/// ([`permit`]) constructs one, after every earlier stage passed: it owns
+/// ([`issue`]) constructs one, after every earlier stage passed: it owns
 /// the canonical request (the bytes that were hashed, checked and
 /// approved) and the ledger's hold on the key. No other value can carry a
 /// `tools/call` to an upstream, so code that skips a stage does not
-/// compile:
+/// compile.
+///
+/// Whoever receives a permit can pass it on:
+///
+/// ```
+/// use countersign::enforce::permit::Permit;
+/// fn pass_on(p: Permit) -> Permit {
+///     p
+/// }
+/// ```
+///
+/// but cannot take it apart and rebuild it around another request (its
+/// fields are private), nor make one from nothing:
 ///
 /// ```compile_fail
 /// use countersign::enforce::permit::Permit;
 /// use countersign::wire::jsonrpc::Message;
-/// // A permit cannot be made outside the pipeline: its fields are private.
-/// let permit = Permit { request: Message::notification("x", None) };
+/// fn forge(p: Permit, other: Message) -> Permit {
+///     let Permit { hold, .. } = p;
+///     Permit { request: other, hold }
+/// }
 /// ```
 ///
 /// ```compile_fail
-/// // Nor is there a constructor to call.
-/// let permit = countersign::enforce::permit::Permit::new();
+/// use countersign::enforce::permit::{issue, Permit};
+/// fn mint(request: &countersign::wire::jsonrpc::Message) -> Permit {
+///     // `issue` is private to the enforcement layer.
+///     issue(request, todo!()).unwrap()
+/// }
 /// ```
 #[derive(Debug)]
 pub struct Permit {

@@ -382,9 +382,8 @@ impl Pipeline {
         let outcome = loop {
             let (result, back) = self.read_once(c, lead).await;
             lead = back;
-            match self.next_attempt(c, result, &mut attempt).await {
-                Ok(done) => break done,
-                Err(()) => continue,
+            if let Some(done) = self.next_attempt(c, result, &mut attempt).await {
+                break done;
             }
         };
         lead.finish(shared(&outcome));
@@ -443,7 +442,7 @@ impl Pipeline {
         let mut attempt = 1;
         loop {
             let result = self.write_once(c).await;
-            if let Ok(done) = self.next_attempt(c, result, &mut attempt).await {
+            if let Some(done) = self.next_attempt(c, result, &mut attempt).await {
                 return done;
             }
         }
@@ -852,15 +851,14 @@ impl Pipeline {
         }
     }
 
-    /// After an attempt: the outcome to give (`Ok`), or `Err` after pausing
-    /// when a retry is due (`retry.*`: capped exponential backoff with
-    /// jitter).
+    /// After an attempt: the outcome to give, or `None` after pausing when a
+    /// retry is due (`retry.*`: capped exponential backoff with jitter).
     async fn next_attempt<U>(
         &self,
         c: &Call<'_, U>,
         result: Attempt,
         attempt: &mut u32,
-    ) -> Result<CallOutcome, ()> {
+    ) -> Option<CallOutcome> {
         let cfg = &self.config.retry;
         let backoff = Backoff {
             max_attempts: cfg.max_attempts,
@@ -868,14 +866,14 @@ impl Pipeline {
             max: cfg.max_delay,
         };
         match result {
-            Attempt::Done(o) => Ok(o),
-            Attempt::Retry(o) if *attempt >= backoff.max_attempts => Ok(o),
+            Attempt::Done(o) => Some(o),
+            Attempt::Retry(o) if *attempt >= backoff.max_attempts => Some(o),
             Attempt::Retry(_) => {
                 *attempt += 1;
                 let pause = backoff.delay(*attempt, rand::random::<f64>());
                 tracing::info!(server = %c.ctx.server, attempt = *attempt, ?pause, "retrying a call that is safe to retry");
                 tokio::time::sleep(pause).await;
-                Err(())
+                None
             }
         }
     }

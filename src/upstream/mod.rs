@@ -33,6 +33,45 @@ enum Transport {
 
 /// A client message relayed as it is: anything but a `tools/call` request,
 /// which reaches an upstream only as a [`Permit`].
+///
+/// ```
+/// use countersign::upstream::Passthrough;
+/// use countersign::wire::jsonrpc::{raw, Message};
+/// let list = Message::request(1.into(), "tools/list", None);
+/// assert!(Passthrough::new(list).is_ok());
+/// let call = Message::request(2.into(), "tools/call", Some(raw(&"{}".into())));
+/// assert!(Passthrough::new(call).is_err(), "a tools/call needs the pipeline's permit");
+/// ```
+///
+/// The general [`UpstreamConn::call`] takes a `Passthrough`, so a plain
+/// message does not compile there:
+///
+/// ```no_run
+/// use countersign::upstream::{Passthrough, UpstreamConn};
+/// use countersign::wire::jsonrpc::Message;
+/// async fn relay(conn: &UpstreamConn, msg: Message) {
+///     if let Ok(msg) = Passthrough::new(msg) {
+///         let _ = conn.call(msg, None, std::time::Duration::from_secs(1), &Vec::new()).await;
+///     }
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use countersign::upstream::UpstreamConn;
+/// use countersign::wire::jsonrpc::Message;
+/// async fn relay(conn: &UpstreamConn, msg: Message) {
+///     let _ = conn.call(msg, None, std::time::Duration::from_secs(1), &Vec::new()).await;
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use countersign::upstream::Passthrough;
+/// use countersign::wire::jsonrpc::Message;
+/// fn wrap(msg: Message) -> Passthrough {
+///     // The field is private: only `Passthrough::new` makes one.
+///     Passthrough(msg)
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Passthrough(Message);
 
