@@ -232,6 +232,18 @@ pub enum Rejection {
     NoAnswer,
     /// A 2026-07-28 request whose headers disagree with its body.
     Header(HeaderProblem),
+    /// A stdin line over the bridge's `--max-line-bytes`.
+    LineTooLong {
+        /// The limit.
+        limit: usize,
+    },
+    /// The bridge could not relay a batch to the gateway.
+    BatchNotRelayed(String),
+    /// The gateway answered the bridge with no JSON-RPC message.
+    NoMessage {
+        /// The HTTP status it answered with.
+        status: u16,
+    },
     /// A 2026-07-28 request to an upstream that speaks only the handshake
     /// era.
     LegacyUpstream {
@@ -303,6 +315,21 @@ impl Rejection {
             Rejection::Header(problem) => {
                 Message::error(id, code::HEADER_MISMATCH, &header_text(problem), None)
             }
+            Rejection::LineTooLong { limit } => invalid(&format!(
+                "line longer than {limit} bytes refused; nothing was sent"
+            )),
+            Rejection::BatchNotRelayed(e) => Message::error(
+                id,
+                code::INTERNAL_ERROR,
+                &format!("countersign gateway: {e}"),
+                None,
+            ),
+            Rejection::NoMessage { status } => Message::error(
+                id,
+                code::INTERNAL_ERROR,
+                &format!("countersign gateway answered HTTP {status} without a JSON-RPC message"),
+                None,
+            ),
             Rejection::LegacyUpstream { server, requested } => Message::error(
                 id,
                 code::UNSUPPORTED_PROTOCOL_VERSION,

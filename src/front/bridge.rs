@@ -25,11 +25,11 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::enforce::answer;
+use crate::enforce::answer::{self, Rejection};
 use crate::front::http::SCOPE_HEADER;
 use crate::wire::era::Era;
 use crate::wire::era::{declared_version, encode_header_value};
-use crate::wire::jsonrpc::{code, parse_body, Body, Kind, Message};
+use crate::wire::jsonrpc::{parse_body, Body, Kind, Message};
 use crate::wire::lines::{read_line, Line};
 use crate::wire::sse;
 
@@ -109,18 +109,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         match read_line(&mut stdin, &mut buf, opts.max_line).await? {
             Line::Eof => break,
             Line::TooLong => {
-                let msg = format!(
-                    "line longer than {} bytes refused; nothing was sent",
-                    opts.max_line
-                );
-                state
-                    .emit(&Message::error(
-                        Value::Null,
-                        code::INVALID_REQUEST,
-                        &msg,
-                        None,
-                    ))
-                    .await;
+                let refusal = Rejection::LineTooLong {
+                    limit: opts.max_line,
+                };
+                state.emit(&refusal.message(Value::Null)).await;
                 continue;
             }
             Line::Line => {}
@@ -132,9 +124,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             Ok(b) => b,
             Err(e) => {
                 // Answer and keep the pipe: one bad line must not end the session.
-                state
-                    .emit(&Message::error(Value::Null, e.code(), &e.to_string(), None))
-                    .await;
+                state.emit(&Rejection::Parse(e).message(Value::Null)).await;
                 continue;
             }
         };
@@ -242,13 +232,8 @@ impl State {
                 if let Err(Failure::Unreachable(e) | Failure::Broken(e)) =
                     self.post(bytes, None, None).await
                 {
-                    self.emit(&Message::error(
-                        Value::Null,
-                        code::INTERNAL_ERROR,
-                        &format!("countersign gateway: {e}"),
-                        None,
-                    ))
-                    .await;
+                    self.emit(&Rejection::BatchNotRelayed(e).message(Value::Null))
+                        .await;
                 }
             }
         }
@@ -426,11 +411,10 @@ impl State {
             }
             Err(_) => {
                 let id = msg.and_then(|m| m.id.clone()).unwrap_or(Value::Null);
-                let text = format!(
-                    "countersign gateway answered HTTP {status} without a JSON-RPC message"
-                );
-                self.emit(&Message::error(id, code::INTERNAL_ERROR, &text, None))
-                    .await;
+                let refusal = Rejection::NoMessage {
+                    status: status.as_u16(),
+                };
+                self.emit(&refusal.message(id)).await;
                 Ok(())
             }
         }

@@ -78,7 +78,10 @@ fn reject(rejection: Rejection, id: Value) -> Response {
         Rejection::UnknownServer { .. } | Rejection::NoSuchSession => StatusCode::NOT_FOUND,
         Rejection::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Rejection::StreamTaken => StatusCode::CONFLICT,
-        Rejection::NoAnswer => StatusCode::INTERNAL_SERVER_ERROR,
+        Rejection::NoAnswer | Rejection::BatchNotRelayed(_) | Rejection::NoMessage { .. } => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        Rejection::LineTooLong { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Rejection::Parse(_)
         | Rejection::SessionVersion(_)
         | Rejection::BatchVersion(_)
