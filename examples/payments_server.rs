@@ -26,7 +26,10 @@
 //! - `exit_before_execute`: exit without executing;
 //! - `error_before_execute`: answer JSON-RPC -32603 without executing;
 //! - `drop_session` (HTTP): execute, forget the session (later requests get
-//!   404), and break the connection mid-response.
+//!   404), and break the connection mid-response;
+//! - `cancelled_after_execute`: execute, then answer JSON-RPC -32800
+//!   "Request cancelled" (a server that ran the call and then saw the
+//!   client's cancellation).
 //!
 //! `times` (default 1) counts down; the entry is removed when it reaches 0.
 //!
@@ -118,6 +121,7 @@ enum Fault {
     ExitBefore,
     ErrorBefore,
     DropSession,
+    CancelledAfter,
 }
 
 /// What handling one request produced.
@@ -174,6 +178,7 @@ impl Server {
             "exit_before_execute" => Fault::ExitBefore,
             "error_before_execute" => Fault::ErrorBefore,
             "drop_session" => Fault::DropSession,
+            "cancelled_after_execute" => Fault::CancelledAfter,
             _ => Fault::None,
         }
     }
@@ -382,6 +387,9 @@ impl Server {
             Fault::Delay(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
             Fault::ExitAfter => std::process::exit(4),
             Fault::DropSession => return Some(Outcome::DropSession),
+            Fault::CancelledAfter => {
+                return Some(Outcome::Reply(error(id, -32800, "Request cancelled", None)))
+            }
             _ => {}
         }
         Some(Outcome::Reply(ok(id, result, modern)))

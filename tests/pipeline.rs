@@ -630,6 +630,25 @@ async fn unknown_a_retry_is_told_outcome_unknown_and_never_reruns() {
     assert_eq!(f.fake.runs("refund"), 1);
 }
 
+#[tokio::test]
+async fn a_write_answered_request_cancelled_after_dispatch_is_unknown_not_final() {
+    let f = fixture("0s");
+    f.fake.next(Step::Error(-32800));
+    let o = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert_eq!(code(o), "outcome_unknown");
+    assert_eq!(f.record("k").unwrap().state, State::Unknown);
+    let unknown = countersign::enforce::reconcile::list_unknown_in(&f.store.inner).unwrap();
+    assert_eq!(unknown.len(), 1);
+    assert_eq!(unknown[0].2, "k");
+    let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
+    assert_eq!(
+        code(retry),
+        "outcome_unknown",
+        "never replayed as cancelled"
+    );
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
 // ---------------------------------------------------- section 7: the codes
 
 #[tokio::test]

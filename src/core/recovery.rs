@@ -44,6 +44,9 @@ pub enum ResponseClass {
     /// `-32603` or `-32000..-32099`: a transient server error, worth a retry
     /// for read-only tools.
     Transient,
+    /// `-32800` (request cancelled): the server may have run the call before
+    /// it saw the cancellation, so for a write the outcome is unknown.
+    Cancelled,
 }
 
 /// Classify a server's answer.
@@ -51,6 +54,7 @@ pub fn classify_response(resp: &Message) -> ResponseClass {
     match resp.error_code() {
         Some(-32700 | -32600 | -32601 | -32602) => ResponseClass::Refused,
         Some(-32603) | Some(-32099..=-32000) => ResponseClass::Transient,
+        Some(-32800) => ResponseClass::Cancelled,
         _ => ResponseClass::Answer,
     }
 }

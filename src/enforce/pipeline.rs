@@ -425,7 +425,8 @@ impl Pipeline {
         let attempt = match sent.answer {
             Ok(resp) => {
                 self.breaker_record(c.ctx.server, true);
-                if classify_response(&resp) == ResponseClass::Transient {
+                let class = classify_response(&resp);
+                if matches!(class, ResponseClass::Transient | ResponseClass::Cancelled) {
                     Attempt::Retry(CallOutcome::Answered(resp))
                 } else {
                     Attempt::Done(CallOutcome::Answered(resp))
@@ -818,13 +819,26 @@ impl Pipeline {
         match sent.answer {
             Ok(resp) => {
                 self.breaker_record(c.ctx.server, true);
-                if classify_response(&resp) == ResponseClass::Refused {
+                let class = classify_response(&resp);
+                if class == ResponseClass::Refused {
                     // The server refused it unprocessed: provably not run.
                     ticket.not_dispatched().await;
                     c.trail.record(
                         "not_dispatched",
                         vec![("reason", json!("refused unprocessed by the server"))],
                     );
+                } else if class == ResponseClass::Cancelled {
+                    // A cancellation answer is not the call's answer: the
+                    // server may have run it first. Never final, never
+                    // replayed: unknown until an operator reconciles it.
+                    ticket.unknown().await;
+                    let reason = "the server answered that the request was cancelled";
+                    c.trail
+                        .record("outcome_unknown", vec![("reason", json!(reason))]);
+                    return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
+                        server: c.ctx.server.to_owned(),
+                        reason: reason.to_owned(),
+                    }));
                 } else if let Some(answer) = answer_of(&resp) {
                     ticket.complete(answer).await;
                     c.trail.record("completed", answered_fields(&resp));

@@ -29,7 +29,7 @@ use crate::enforce::answer::{self, Rejection};
 use crate::front::http::SCOPE_HEADER;
 use crate::wire::era::Era;
 use crate::wire::era::{declared_version, encode_header_value};
-use crate::wire::jsonrpc::{parse_body, Body, Kind, Message};
+use crate::wire::jsonrpc::{parse_body, parse_client_body, Body, Kind, Message};
 use crate::wire::lines::{read_line, Line};
 use crate::wire::sse;
 
@@ -120,7 +120,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         if buf.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let body = match parse_body(&buf) {
+        let body = match parse_client_body(&buf) {
             Ok(b) => b,
             Err(e) => {
                 // Answer and keep the pipe: one bad line must not end the session.

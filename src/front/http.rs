@@ -30,7 +30,7 @@ use crate::upstream::route::Target;
 use crate::upstream::session::{Gateway, ModernUpstream, Opened, Session};
 use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn};
 use crate::wire::era::{check_modern, declared_version, Era, ModernRequest, HANDSHAKE_VERSIONS};
-use crate::wire::jsonrpc::{parse_body, Body, Kind, Message};
+use crate::wire::jsonrpc::{parse_client_body, Body, Kind, Message};
 use crate::wire::sse;
 
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -187,7 +187,7 @@ async fn post_mcp(
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
         return reject(Rejection::TooLarge { limit }, Value::Null);
     };
-    let parsed = match parse_body(&bytes) {
+    let parsed = match parse_client_body(&bytes) {
         Ok(p) => p,
         Err(e) => return reject(Rejection::Parse(e), Value::Null),
     };

@@ -313,9 +313,53 @@ pub fn parse_body(bytes: &[u8]) -> Result<Body, ParseError> {
     }
 }
 
+/// [`parse_body`] for what a client sends: besides the JSON-RPC envelope,
+/// every id must be a string or an integer, as MCP requires. A `null` or
+/// fractional id is refused (`-32600`) before anything runs: an answer
+/// under `"id": null` could not be matched to its request, and `1.5` has no
+/// exact place among the gateway's ids.
+pub fn parse_client_body(bytes: &[u8]) -> Result<Body, ParseError> {
+    match parse_body(bytes)? {
+        Body::Single(m) => check_client_id(m).map(Body::Single),
+        Body::Batch(members) => Ok(Body::Batch(
+            members
+                .into_iter()
+                .map(|m| m.and_then(check_client_id))
+                .collect(),
+        )),
+    }
+}
+
+fn check_client_id(m: Message) -> Result<Message, ParseError> {
+    match &m.id {
+        Some(id) if !(id.is_string() || id.is_i64() || id.is_u64()) => Err(ParseError::Invalid(
+            format!("`id` must be a string or an integer, not `{id}`"),
+        )),
+        _ => Ok(m),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_ids_are_strings_or_integers() {
+        for bad in [r#"null"#, r#"1.5"#, r#"1e3"#] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{bad},"method":"tools/call"}}"#);
+            let e = parse_client_body(body.as_bytes()).err().expect(bad);
+            assert_eq!(e.code(), code::INVALID_REQUEST, "{bad}");
+        }
+        for good in [r#"7"#, r#""a""#, r#"-3"#, r#"18446744073709551615"#] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{good},"method":"tools/call"}}"#);
+            assert!(parse_client_body(body.as_bytes()).is_ok(), "{good}");
+        }
+        let batch = br#"[{"jsonrpc":"2.0","id":null,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"}]"#;
+        let Body::Batch(members) = parse_client_body(batch).unwrap() else {
+            panic!("a batch")
+        };
+        assert!(members[0].is_err() && members[1].is_ok());
+    }
 
     #[test]
     fn keeps_result_bytes_exactly() {

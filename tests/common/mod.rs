@@ -454,8 +454,6 @@ call_timeout = "5s"
             .collect()
     }
 
-    /// How many times `tool` was executed.
-    /// Run `countersign` with this gateway's config appended to `args`.
     /// The audit log directory (the default under the data dir).
     pub fn audit_dir(&self) -> PathBuf {
         self.dir.path().join("data").join("audit")
@@ -473,6 +471,7 @@ call_timeout = "5s"
         panic!("no gateway log line with `{needle}` within 10 s");
     }
 
+    /// Run `countersign` with this gateway's config appended to `args`.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(countersign_bin())
             .args(args)
@@ -482,6 +481,7 @@ call_timeout = "5s"
             .unwrap()
     }
 
+    /// How many times `tool` was executed.
     pub fn executions(&self, tool: &str) -> usize {
         self.records()
             .iter()
