@@ -347,7 +347,9 @@ mod tests {
     fn client_ids_are_strings_or_integers() {
         for bad in [r#"null"#, r#"1.5"#, r#"1e3"#] {
             let body = format!(r#"{{"jsonrpc":"2.0","id":{bad},"method":"tools/call"}}"#);
-            let e = parse_client_body(body.as_bytes()).err().expect(bad);
+            let Err(e) = parse_client_body(body.as_bytes()) else {
+                panic!("{bad} was accepted")
+            };
             assert_eq!(e.code(), code::INVALID_REQUEST, "{bad}");
         }
         for good in [r#"7"#, r#""a""#, r#"-3"#, r#"18446744073709551615"#] {
