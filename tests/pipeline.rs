@@ -761,6 +761,32 @@ async fn code_upstream_unavailable_and_the_circuit_opens() {
     assert_eq!(f.fake.unreachable.load(Ordering::SeqCst), left);
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_breaker_closes_after_a_trial_the_ledger_answered_and_calls_reach_the_upstream_again() {
+    let f = fixture("0s");
+    assert_eq!(
+        answered_n(&f.call("refund", json!({"id": 1}), Some("done")).await),
+        1
+    );
+    // Four failed attempts open the circuit (threshold 4): three of the
+    // first call, one of the second, whose next attempt is refused.
+    f.fake.unreachable.store(4, Ordering::SeqCst);
+    for n in 0..2 {
+        let o = f.call("refund", json!({"id": 10 + n}), None).await;
+        assert_eq!(code(o), "upstream_unavailable");
+    }
+    assert!(f.pipeline.circuit_open("pay"));
+    assert_eq!(f.pipeline.circuits()["pay"], "open");
+    // After the cooldown, the first call is one the ledger answers itself:
+    // a replay. It must not use up the breaker's one trial.
+    tokio::time::advance(Duration::from_secs(3601)).await;
+    let replay = f.call("refund", json!({"id": 1}), Some("done")).await;
+    assert!(matches!(replay, CallOutcome::Replayed { .. }), "{replay:?}");
+    let next = f.call("refund", json!({"id": 2}), Some("fresh")).await;
+    assert_eq!(answered_n(&next), 2, "the upstream receives calls again");
+    assert_eq!(f.pipeline.circuits()["pay"], "closed");
+}
+
 #[tokio::test]
 async fn malformed_params_are_invalid_params_and_malformed_requests_invalid_request() {
     let f = fixture("0s");

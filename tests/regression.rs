@@ -58,3 +58,52 @@ async fn a_write_answered_request_cancelled_over_http_is_unknown_and_listed_for_
     let listed = String::from_utf8_lossy(&out.stdout);
     assert!(listed.contains("cx-1"), "{listed}");
 }
+
+#[tokio::test]
+async fn every_breaker_change_is_logged_and_shown_by_healthz_and_check() {
+    let gw = Gateway::start_with(Options {
+        extra: "\n[retry]\nmax_attempts = 1\n\n[circuit]\nfailure_threshold = 1\ncooldown = \"1h\"\n\n[servers.broken]\ncommand = \"/nonexistent/server\"\n".into(),
+        ..Default::default()
+    });
+    // 2026-07-28: no handshake, so the call itself meets the dead upstream.
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"anything",
+        "arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}});
+    let a = answer(modern_post(&gw.url("broken"), &call).send().await.unwrap()).await;
+    assert_eq!(code(&a), "upstream_unavailable", "{a:?}");
+    gw.wait_for_log("circuit breaker").await;
+    let line = gw
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.contains("circuit breaker"))
+        .cloned()
+        .unwrap();
+    assert!(
+        line.contains("broken") && line.contains("closed") && line.contains("open"),
+        "{line}"
+    );
+    let body = reqwest::get(format!("{}/healthz", gw.base()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let health: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(health["circuits"]["broken"], "open", "{health}");
+    assert_eq!(health["circuits"]["payments"], "closed", "{health}");
+    // `check` asks the gateway at `gateway.listen`: name the port it got.
+    let config = std::fs::read_to_string(gw.config_path()).unwrap();
+    let addr = gw.base().trim_start_matches("http://").to_owned();
+    let config = config.replacen("\"127.0.0.1:0\"", &format!("\"{addr}\""), 1);
+    std::fs::write(gw.config_path(), config).unwrap();
+    let out = gw.cli(&["check", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let broken = report
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["server"] == "broken")
+        .unwrap();
+    assert_eq!(broken["circuit"], "open", "{report}");
+}

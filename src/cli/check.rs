@@ -31,6 +31,10 @@ pub struct Health {
     /// Each listed tool with its effective annotations (server hints, MCP
     /// defaults, operator overrides), as later stages will see them.
     pub tools: Vec<ToolHealth>,
+    /// The running gateway's circuit breaker for this server (`closed`,
+    /// `open`, `half-open`), when a gateway answers on `gateway.listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<String>,
 }
 
 /// One tool as `check` reports it.
@@ -130,13 +134,32 @@ pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
         .ok_or_else(|| "tools/list returned no tools".to_owned())
 }
 
-/// Check every configured upstream, one after another.
+/// Check every configured upstream, one after another, and add what the
+/// running gateway (if one answers on `gateway.listen`) says of its
+/// circuit breakers.
 pub async fn check_all(gw: &Gateway) -> Vec<Health> {
+    let circuits = running_circuits(gw).await;
     let mut out = Vec::new();
     for name in gw.config.servers.keys() {
-        out.push(check_one(gw, name).await);
+        let mut h = check_one(gw, name).await;
+        h.circuit = circuits
+            .as_ref()
+            .and_then(|c| c.get(name)?.as_str().map(str::to_owned));
+        out.push(h);
     }
     out
+}
+
+/// The `circuits` of the running gateway's `/healthz`, if one answers.
+async fn running_circuits(gw: &Gateway) -> Option<serde_json::Map<String, Value>> {
+    let url = format!("http://{}/healthz", gw.config.gateway.listen);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .ok()?;
+    let bytes = client.get(url).send().await.ok()?.bytes().await.ok()?;
+    let health: Value = serde_json::from_slice(&bytes).ok()?;
+    health.get("circuits")?.as_object().cloned()
 }
 
 async fn check_one(gw: &Gateway, server: &str) -> Health {
@@ -171,6 +194,7 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
                 server_info: listing.server_info,
                 error: None,
                 tools,
+                circuit: None,
             }
         }
         Err(e) => Health {
@@ -180,6 +204,7 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
             server_info: None,
             error: Some(e),
             tools: Vec::new(),
+            circuit: None,
         },
     }
 }

@@ -496,8 +496,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                             .map(|i| i.to_string())
                             .unwrap_or_default()
                     });
+                    let circuit = h
+                        .circuit
+                        .as_deref()
+                        .map(|c| format!("circuit {c}  "))
+                        .unwrap_or_default();
                     println!(
-                        "{:<20} {:<5} {:>9.1} ms  {}",
+                        "{:<20} {:<5} {:>9.1} ms  {circuit}{}",
                         h.server, state, h.latency_ms, detail
                     );
                 }

@@ -161,14 +161,55 @@ impl Breaker {
         };
     }
 
+    /// A trial that was admitted but never reached the upstream (the
+    /// ledger answered, a policy refused, the store failed): give the slot
+    /// back, so the next call can be the trial. Without this a breaker
+    /// stays half-open with its one trial out, refusing everything.
+    pub fn release(&mut self) {
+        if self.state == (BreakerState::HalfOpen { trial_out: true }) {
+            self.state = BreakerState::HalfOpen { trial_out: false };
+        }
+    }
+
     /// Whether calls are being refused.
     pub fn is_open(&self, now: Instant) -> bool {
         matches!(self.state, BreakerState::Open { until } if now < until)
+    }
+
+    /// `closed`, `open` or `half-open`, for logs and `/healthz`.
+    pub fn state_name(&self, now: Instant) -> &'static str {
+        match self.state {
+            BreakerState::Closed { .. } => "closed",
+            BreakerState::Open { until } if now < until => "open",
+            BreakerState::Open { .. } | BreakerState::HalfOpen { .. } => "half-open",
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_released_trial_lets_the_next_call_be_the_trial() {
+        let t0 = std::time::Instant::now();
+        let mut b = super::Breaker::new(1, std::time::Duration::from_secs(1));
+        b.failure(t0);
+        let later = t0 + std::time::Duration::from_secs(2);
+        assert_eq!(b.admit(later), super::Admission::Trial);
+        assert_eq!(
+            b.admit(later),
+            super::Admission::Refuse,
+            "one trial at a time"
+        );
+        b.release();
+        assert_eq!(
+            b.admit(later),
+            super::Admission::Trial,
+            "the slot came back"
+        );
+        b.success();
+        assert_eq!(b.state_name(later), "closed");
+    }
+
     use super::*;
     use crate::wire::jsonrpc::raw;
     use serde_json::{json, Value};

@@ -203,8 +203,20 @@ impl Pipeline {
         self.breakers.get(server).is_some_and(|b| {
             b.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .is_open(Instant::now())
+                .is_open(breaker_now())
         })
+    }
+
+    /// Each server's circuit breaker state: `closed`, `open` or `half-open`.
+    pub fn circuits(&self) -> std::collections::BTreeMap<String, &'static str> {
+        let now = breaker_now();
+        self.breakers
+            .iter()
+            .map(|(server, b)| {
+                let state = b.lock().unwrap_or_else(|p| p.into_inner()).state_name(now);
+                (server.clone(), state)
+            })
+            .collect()
     }
 
     /// Append an audit entry (buffered), when there is a log.
@@ -397,12 +409,12 @@ impl Pipeline {
         c: &Call<'_, U>,
         lead: Box<ReadLead>,
     ) -> (Attempt, Box<ReadLead>) {
-        if let Some(refusal) = self.circuit(c) {
-            return (Attempt::Done(refusal), lead);
-        }
+        let Some(admitted) = self.admit(c) else {
+            return (Attempt::Done(open_circuit(c)), lead);
+        };
         let conn = match c.ctx.upstream.ready().await {
             Ok(conn) => conn,
-            Err(e) => return (Attempt::Retry(self.failed(c, e)), lead),
+            Err(e) => return (Attempt::Retry(self.failed(c, e, admitted)), lead),
         };
         let permit = match issue(c.request, Hold::Read(lead)) {
             Ok(p) => p,
@@ -414,17 +426,22 @@ impl Pipeline {
         };
         let timeout = self.call_timeout(c.ctx.server);
         let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
-        self.read_answer(c, sent)
+        self.read_answer(c, sent, admitted)
     }
 
-    fn read_answer<U>(&self, c: &Call<'_, U>, sent: Sent) -> (Attempt, Box<ReadLead>) {
+    fn read_answer<U>(
+        &self,
+        c: &Call<'_, U>,
+        sent: Sent,
+        admitted: Admitted<'_>,
+    ) -> (Attempt, Box<ReadLead>) {
         let lead = match sent.hold {
             Hold::Read(lead) => lead,
             Hold::Write(_) => unreachable_hold(),
         };
         let attempt = match sent.answer {
             Ok(resp) => {
-                self.breaker_record(c.ctx.server, true);
+                admitted.record(true);
                 let class = classify_response(&resp);
                 if matches!(class, ResponseClass::Transient | ResponseClass::Cancelled) {
                     Attempt::Retry(CallOutcome::Answered(resp))
@@ -432,7 +449,7 @@ impl Pipeline {
                     Attempt::Done(CallOutcome::Answered(resp))
                 }
             }
-            Err(e) => Attempt::Retry(self.failed(c, e)),
+            Err(e) => Attempt::Retry(self.failed(c, e, admitted)),
         };
         (attempt, lead)
     }
@@ -753,13 +770,19 @@ impl Pipeline {
     /// Durable `dispatched` (with the audit entry that records it), the
     /// permit, the send, and the answer on the ledger.
     async fn dispatch<U: Upstream>(&self, c: &Call<'_, U>, mut ticket: Box<Ticket>) -> Attempt {
+        // The breaker's trial is taken here, right before the upstream, so
+        // that a call the ledger or the gate answered never uses it.
+        let Some(admitted) = self.admit(c) else {
+            ticket.not_dispatched().await;
+            return Attempt::Done(open_circuit(c));
+        };
         let conn = match c.ctx.upstream.ready().await {
             Ok(conn) => conn,
             Err(e) => {
                 ticket.not_dispatched().await;
                 c.trail
                     .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
-                return Attempt::Retry(self.failed(c, e));
+                return Attempt::Retry(self.failed(c, e, admitted));
             }
         };
         // The audit entry that records the dispatch (and the call's entries
@@ -806,19 +829,19 @@ impl Pipeline {
         };
         let timeout = self.call_timeout(c.ctx.server);
         let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
-        self.record(c, sent).await
+        self.record(c, sent, admitted).await
     }
 
     /// Record the answer: `complete`, `not_dispatched` (refused unprocessed
     /// or proven unsent), or `unknown` (sent, answer lost).
-    async fn record<U>(&self, c: &Call<'_, U>, sent: Sent) -> Attempt {
+    async fn record<U>(&self, c: &Call<'_, U>, sent: Sent, admitted: Admitted<'_>) -> Attempt {
         let ticket = match sent.hold {
             Hold::Write(t) => t,
             Hold::Read(_) => unreachable_hold(),
         };
         match sent.answer {
             Ok(resp) => {
-                self.breaker_record(c.ctx.server, true);
+                admitted.record(true);
                 let class = classify_response(&resp);
                 if class == ResponseClass::Refused {
                     // The server refused it unprocessed: provably not run.
@@ -853,14 +876,14 @@ impl Pipeline {
                 ticket.not_dispatched().await;
                 c.trail
                     .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
-                Attempt::Retry(self.failed(c, e))
+                Attempt::Retry(self.failed(c, e, admitted))
             }
             Err(e) => {
                 ticket.unknown().await;
                 tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {e}");
                 c.trail
                     .record("outcome_unknown", vec![("reason", json!(e.to_string()))]);
-                Attempt::Done(self.failed(c, e))
+                Attempt::Done(self.failed(c, e, admitted))
             }
         }
     }
@@ -892,38 +915,107 @@ impl Pipeline {
         }
     }
 
-    /// The breaker: `Some` refusal at once while the circuit is open
-    /// (nothing is reserved, nothing is sent).
+    /// The breaker's fast check, before anything is reserved: `Some`
+    /// refusal while the circuit is open. Takes no trial.
     fn circuit<U>(&self, c: &Call<'_, U>) -> Option<CallOutcome> {
         let breaker = self.breakers.get(c.ctx.server)?;
-        let admission = breaker
+        let open = breaker
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .admit(Instant::now());
-        (admission == Admission::Refuse).then(|| CallOutcome::CircuitOpen {
-            server: c.ctx.server.to_owned(),
+            .is_open(breaker_now());
+        open.then(|| open_circuit(c))
+    }
+
+    /// The breaker's admission, right before the upstream (`None`: the
+    /// circuit refuses). The trial of a half-open circuit is taken here and
+    /// only here.
+    fn admit<'b, U>(&'b self, c: &Call<'b, U>) -> Option<Admitted<'b>> {
+        let server = c.ctx.server;
+        let Some(breaker) = self.breakers.get(server) else {
+            return Some(Admitted {
+                server,
+                breaker: None,
+                trial: false,
+            });
+        };
+        let admission = change_breaker(server, breaker, |b| b.admit(breaker_now()));
+        (admission != Admission::Refuse).then_some(Admitted {
+            server,
+            breaker: Some(breaker),
+            trial: admission == Admission::Trial,
         })
     }
 
-    fn breaker_record(&self, server: &str, ok: bool) {
-        if let Some(b) = self.breakers.get(server) {
-            let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
-            if ok {
-                b.success();
-            } else {
-                b.failure(Instant::now());
-            }
-        }
-    }
-
     /// An upstream failure, counted by the breaker when it says the
-    /// upstream is unhealthy.
-    fn failed<U>(&self, c: &Call<'_, U>, e: UpstreamError) -> CallOutcome {
+    /// upstream is unhealthy (otherwise the admission is returned unused).
+    fn failed<U>(&self, c: &Call<'_, U>, e: UpstreamError, admitted: Admitted<'_>) -> CallOutcome {
         if e.class().unhealthy() {
-            self.breaker_record(c.ctx.server, false);
+            admitted.record(false);
         }
         tracing::warn!(server = %c.ctx.server, dispatched = e.dispatched(), "upstream call failed: {e}");
         CallOutcome::Failed(e)
+    }
+}
+
+/// The breakers' clock: tokio's, so that a test with a paused runtime can
+/// move a cooldown along without waiting for it.
+fn breaker_now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn open_circuit<U>(c: &Call<'_, U>) -> CallOutcome {
+    CallOutcome::CircuitOpen {
+        server: c.ctx.server.to_owned(),
+    }
+}
+
+/// Change a breaker, logging the change of state it makes (every one).
+fn change_breaker<T>(
+    server: &str,
+    breaker: &Mutex<Breaker>,
+    f: impl FnOnce(&mut Breaker) -> T,
+) -> T {
+    let now = breaker_now();
+    let mut b = breaker.lock().unwrap_or_else(|p| p.into_inner());
+    let before = b.state_name(now);
+    let out = f(&mut b);
+    let after = b.state_name(now);
+    if before != after {
+        tracing::warn!(server, from = before, to = after, "circuit breaker");
+    }
+    out
+}
+
+/// The breaker's leave for one attempt to reach the upstream. It records
+/// how the attempt went; dropped without a record (the attempt never
+/// reached the upstream, or failed in a way that says nothing of its
+/// health), a trial gives its slot back, so the breaker never stays
+/// half-open with a trial nobody will finish.
+struct Admitted<'a> {
+    server: &'a str,
+    breaker: Option<&'a Mutex<Breaker>>,
+    trial: bool,
+}
+
+impl Admitted<'_> {
+    fn record(mut self, ok: bool) {
+        if let Some(b) = self.breaker.take() {
+            change_breaker(self.server, b, |b| {
+                if ok {
+                    b.success();
+                } else {
+                    b.failure(breaker_now());
+                }
+            });
+        }
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let (true, Some(b)) = (self.trial, self.breaker) {
+            change_breaker(self.server, b, Breaker::release);
+        }
     }
 }
 

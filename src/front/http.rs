@@ -51,7 +51,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 }
 
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
-    let body = json!({ "status": "ok", "sessions": gw.session_count() });
+    let body = json!({
+        "status": "ok",
+        "sessions": gw.session_count(),
+        "circuits": gw.pipeline.circuits(),
+    });
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
