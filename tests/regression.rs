@@ -107,3 +107,105 @@ async fn every_breaker_change_is_logged_and_shown_by_healthz_and_check() {
         .unwrap();
     assert_eq!(broken["circuit"], "open", "{report}");
 }
+
+#[tokio::test]
+async fn an_answer_already_given_survives_a_kill_right_after_it() {
+    // A write is answered; the gateway is killed with SIGKILL 0 to 95 ms
+    // later (the chaos run's window) and restarted. The retry must get the
+    // answer the client was already given, never `outcome_unknown`.
+    let mut gw = Gateway::start();
+    for round in 0..20u64 {
+        let mut c = Client::new(&gw.url("payments"));
+        c.initialize().await;
+        let key = format!("kill-{round}");
+        let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund",
+            "arguments":{"charge":format!("ch_{round}")},"_meta":{"dev.countersign/idempotency-key":key}}});
+        let first = c.post(&call).await;
+        assert_eq!(first.last()["result"]["isError"], false, "{first:?}");
+        // The kill's moment after the answer is the test's input, not a wait.
+        tokio::time::sleep(std::time::Duration::from_millis(round * 5)).await;
+        gw.restart();
+        let mut c = Client::new(&gw.url("payments"));
+        c.initialize().await;
+        let retry = c.post(&call).await;
+        assert_eq!(
+            retry.last()["result"]["_meta"]["dev.countersign/replayed"]["key"],
+            key.as_str(),
+            "round {round} (killed {} ms after the answer): {retry:?}",
+            round * 5
+        );
+    }
+    assert_eq!(gw.executions("refund"), 20);
+}
+
+#[tokio::test]
+async fn a_client_value_cannot_forge_a_log_line() {
+    let gw = Gateway::start();
+    let c = listed(&gw, "payments").await;
+    // The idempotency key is the client's own text, and the log names it
+    // when the outcome is unknown.
+    let forged = "2026-01-01T00:00:00Z  WARN countersign::forged: all is well";
+    gw.fault("refund", "exit_after_execute", 0);
+    let key = format!("k-1\n{forged}\u{1b}[2J");
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund",
+        "arguments":{"charge":"ch_1"},"_meta":{"dev.countersign/idempotency-key":key}}});
+    assert_eq!(code(&c.post(&call).await), "outcome_unknown");
+    gw.wait_for_log("outcome unknown").await;
+    let log = gw.log.lock().unwrap().clone();
+    assert!(
+        !log.iter().any(|l| l.starts_with(forged)),
+        "a forged line: {log:#?}"
+    );
+    let line = log.iter().find(|l| l.contains("outcome unknown")).unwrap();
+    assert!(
+        line.contains("\\n2026-01-01T00:00:00Z"),
+        "escaped in place: {line}"
+    );
+    assert!(
+        !log.iter().any(|l| l.contains('\u{1b}')),
+        "no raw ESC: {log:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_name_with_control_characters_is_refused_and_runs_nothing() {
+    let gw = Gateway::start();
+    let c = listed(&gw, "payments").await;
+    for name in [
+        "refund\u{0}",
+        "refund\n2026-01-01T00:00:00Z WARN forged",
+        "re\u{1b}fund",
+    ] {
+        let a = c
+            .post(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":name,"arguments":{"charge":"ch_1"}}}))
+            .await;
+        assert_eq!(a.last()["error"]["code"], -32602, "{name:?}: {a:?}");
+        let message = a.last()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("control characters"), "{message}");
+    }
+    let long = "t".repeat(129);
+    let a = c
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":long}}))
+        .await;
+    assert_eq!(a.last()["error"]["code"], -32602, "{a:?}");
+    assert_eq!(gw.executions("refund"), 0);
+}
+
+#[tokio::test]
+async fn a_body_that_cannot_be_read_is_a_bad_request_not_too_large() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gateway::start();
+    let addr = gw.base().trim_start_matches("http://").to_owned();
+    // Malformed chunked encoding: a chunk size that is not hex.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let req = format!(
+        "POST /mcp/payments HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("could not be read"), "{text}");
+}

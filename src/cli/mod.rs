@@ -8,10 +8,12 @@
 //! - [`review`]: `keygen|pending|show|approve|deny` for reviewers.
 //! - [`client`]: the signed client of the control API (also the TUI's).
 //! - [`files`]: reading the configuration and the policy folder.
+//! - [`log`]: log lines that client values cannot forge.
 
 pub mod check;
 pub mod client;
 pub mod files;
+pub mod log;
 pub mod policy;
 pub mod reconcile;
 pub mod review;
@@ -266,7 +268,7 @@ enum PolicyCommand {
 /// Run the command line.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    log::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -284,16 +286,6 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs go to stderr, always: in stdio mode stdout is the protocol.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -73,6 +73,14 @@ pub enum CanonicalError {
         /// The limit.
         max: usize,
     },
+    /// A tool name the gateway does not accept.
+    #[error("tool name {shown} is refused: {rule}")]
+    ToolName {
+        /// The name, escaped (it may hold control characters).
+        shown: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
     /// Arguments larger than the limit.
     #[error("arguments are {size} bytes, more than limits.max_arguments_bytes ({max})")]
     TooLarge {
@@ -81,6 +89,43 @@ pub enum CanonicalError {
         /// The limit.
         max: usize,
     },
+}
+
+/// The longest tool name accepted, in characters (the MCP specification
+/// recommends 1 to 128).
+pub const MAX_TOOL_NAME: usize = 128;
+
+/// A tool name the gateway accepts: 1 to [`MAX_TOOL_NAME`] characters, none
+/// of them a control character (C0, DEL, C1) or an invisible formatting
+/// character (zero-width, bidirectional controls, BOM). The specification's
+/// recommended set (`A-Z a-z 0-9 _ - .`) is narrower; servers in the wild
+/// use more (`/`, `:`, letters beyond ASCII), so only what can break a log
+/// line, a policy entity or a reviewer's display is refused.
+pub fn check_tool_name(name: &str) -> Result<(), CanonicalError> {
+    let shown = || format!("{name:?}");
+    if name.chars().count() > MAX_TOOL_NAME {
+        return Err(CanonicalError::ToolName {
+            shown: format!("of {} characters", name.chars().count()),
+            rule: "a tool name has at most 128 characters",
+        });
+    }
+    let invisible = |c: char| matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}');
+    if name.chars().any(char::is_control) {
+        // A newline or ESC in a name could forge or recolour a log line,
+        // and a NUL breaks the policy entity built from it.
+        return Err(CanonicalError::ToolName {
+            shown: shown(),
+            rule: "a tool name has no control characters",
+        });
+    }
+    if name.chars().any(invisible) {
+        // What a reviewer reads must be what runs.
+        return Err(CanonicalError::ToolName {
+            shown: shown(),
+            rule: "a tool name has no invisible formatting characters (zero-width, bidirectional)",
+        });
+    }
+    Ok(())
 }
 
 /// Limits applied by [`canonicalize`].
@@ -181,6 +226,7 @@ pub fn canonicalize(
             ))
         }
     };
+    check_tool_name(&tool)?;
     let mut arguments = match params.remove("arguments") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(map)) => map,
@@ -799,6 +845,32 @@ mod tests {
         .unwrap();
         assert_ne!(a.digest, other_server.digest);
         let no_args = canon(r#"{"name":"ping_tool"}"#).unwrap();
+        // JSON escapes: NUL, a newline that would forge a log line, ESC, a
+        // right-to-left override.
+        for bad in [
+            r"x\u0000y",
+            r"x\n2026-01-01T00:00:00Z WARN forged",
+            r"x\u001b[31m",
+            r"a\u202eb",
+        ] {
+            let e = canon(&format!(r#"{{"name":"{bad}"}}"#)).unwrap_err();
+            assert!(matches!(e, CanonicalError::ToolName { .. }), "{bad}: {e}");
+            assert!(
+                !e.to_string().contains('\n'),
+                "the message escapes the name: {e}"
+            );
+        }
+        let long = "t".repeat(129);
+        assert!(canon(&format!(r#"{{"name":"{long}"}}"#)).is_err());
+        for good in [
+            "t",
+            "billing/charge",
+            "get-balance.v2",
+            "wetter_für_berlin",
+            &"t".repeat(128),
+        ] {
+            assert!(canon(&format!(r#"{{"name":"{good}"}}"#)).is_ok(), "{good}");
+        }
         assert_eq!(no_args.arguments_jcs, "{}");
     }
 

@@ -212,6 +212,9 @@ pub enum Rejection {
         /// The limit.
         limit: usize,
     },
+    /// The body could not be read (malformed chunking, shorter than its
+    /// `Content-Length`, the connection broke).
+    BodyUnreadable(String),
     /// Not a JSON-RPC message.
     Parse(ParseError),
     /// `Mcp-Session-Id` names no session of this caller.
@@ -271,6 +274,9 @@ impl Rejection {
             )),
             Rejection::TooLarge { limit } => invalid(&format!(
                 "request body larger than limits.max_body_bytes ({limit} bytes): send less, or raise the limit"
+            )),
+            Rejection::BodyUnreadable(reason) => invalid(&format!(
+                "the request body could not be read ({reason}): send a complete body"
             )),
             Rejection::Parse(e) => Message::error(id.clone(), e.code(), &e.to_string(), None),
             Rejection::NoSuchSession => invalid(

@@ -81,6 +81,7 @@ fn reject(rejection: Rejection, id: Value) -> Response {
         Rejection::Token => StatusCode::UNAUTHORIZED,
         Rejection::UnknownServer { .. } | Rejection::NoSuchSession => StatusCode::NOT_FOUND,
         Rejection::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Rejection::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
         Rejection::StreamTaken => StatusCode::CONFLICT,
         Rejection::NoAnswer | Rejection::BatchNotRelayed(_) | Rejection::NoMessage { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
@@ -188,8 +189,22 @@ async fn post_mcp(
         Err(r) => return r,
     };
     let limit = gw.config.limits.max_body_bytes;
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return reject(Rejection::TooLarge { limit }, Value::Null);
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let e = e.into_inner();
+            // Only the limit's own error means "too large"; a malformed
+            // chunked body or one shorter than its Content-Length is a bad
+            // request, and says so.
+            let too_large =
+                std::iter::successors(Some(&*e as &dyn std::error::Error), |e| e.source())
+                    .any(|e| e.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                return reject(Rejection::TooLarge { limit }, Value::Null);
+            }
+            tracing::warn!(%server, "request body could not be read: {e}");
+            return reject(Rejection::BodyUnreadable(e.to_string()), Value::Null);
+        }
     };
     let parsed = match parse_client_body(&bytes) {
         Ok(p) => p,

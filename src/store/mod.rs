@@ -13,11 +13,15 @@
 //! - [`Store::transition`] to `dispatched`: **durable** (fsync) before the
 //!   future resolves. The relay writes nothing upstream before that.
 //! - [`Store::transition`] out of `unknown` (reconciliation): durable.
-//! - Other transitions (`complete`, `not_dispatched`, `unknown`) and
+//! - [`Store::transition`] from `dispatched` to `complete` or
+//!   `not_dispatched`: **durable** before the future resolves, because the
+//!   client is told the answer (or "safe to retry") right after: a crash must
+//!   not turn what it was told into `unknown`. Concurrent calls share the
+//!   fsync (group commit).
+//! - Other transitions (`dispatched → unknown`, anything from `reserved`) and
 //!   reservations: atomic and visible at once, durable with the next durable
-//!   commit (redb: at most 100 ms later). If a crash drops one, the record is
-//!   still `dispatched`, which recovery turns into `unknown`: an answer may be
-//!   lost, never a call repeated.
+//!   commit (redb: at most 100 ms later). If a crash drops one, recovery
+//!   reaches the same state (`unknown`, or the key freed).
 //! - [`Store::recover`] (at startup): `reserved` → removed, `dispatched` →
 //!   `unknown`, durably.
 //!
@@ -230,7 +234,14 @@ fn proposal_durable(p: &Proposal) -> bool {
 
 /// Whether a transition to `to` from `from` must be on disk when it returns.
 fn needs_durability(from: State, to: State) -> bool {
-    to == State::Dispatched || from == State::Unknown
+    // `dispatched` before a byte goes upstream; an operator's reconciliation;
+    // and the end of a dispatched call that the client is about to be told
+    // (`complete` is replayed, `not_dispatched` says "safe to retry"): lost
+    // in a crash, either would come back as `unknown`, contradicting an
+    // answer already given.
+    to == State::Dispatched
+        || from == State::Unknown
+        || (from == State::Dispatched && matches!(to, State::Complete | State::NotDispatched))
 }
 
 /// Refuse transitions the ledger does not allow, whatever the backend.

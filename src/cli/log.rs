@@ -1,0 +1,90 @@
+//! Log output: one event, one line, whatever a client put in its fields.
+//!
+//! Values that come from clients (tool names, methods, ids, reasons) reach
+//! log lines. A newline in one would start a forged line of its own, and an
+//! ESC sequence would recolour or rewrite the operator's terminal. Every
+//! control character of an event is written escaped (`\n`, `\u{1b}`), except
+//! the newline that ends it; colours are off, so no ESC is ever ours.
+
+use std::io::{self, Write};
+
+use tracing_subscriber::fmt::MakeWriter;
+
+/// Start logging to stderr (never stdout: in stdio mode it is the
+/// protocol), filtered by `COUNTERSIGN_LOG` (default `info`).
+pub fn init() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(Escaping(io::stderr))
+        .init();
+}
+
+/// A [`MakeWriter`] whose writers escape control characters.
+#[derive(Clone, Copy)]
+pub struct Escaping<F>(pub F);
+
+impl<'a, F, W> MakeWriter<'a> for Escaping<F>
+where
+    F: Fn() -> W + 'static,
+    W: Write,
+{
+    type Writer = EscapingWriter<W>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EscapingWriter((self.0)())
+    }
+}
+
+/// Writes each buffer with its control characters escaped, keeping one
+/// final newline.
+pub struct EscapingWriter<W>(W);
+
+impl<W: Write> Write for EscapingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write_all(escape(buf).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The text of `buf` with every control character escaped, but a final
+/// newline kept (the formatter writes one event per buffer).
+pub fn escape(buf: &[u8]) -> String {
+    let text = String::from_utf8_lossy(buf);
+    let (body, end) = match text.strip_suffix('\n') {
+        Some(body) => (body, "\n"),
+        None => (text.as_ref(), ""),
+    };
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in body.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.push_str(end);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_client_value_cannot_start_a_line_or_send_escapes() {
+        let event = "2026-11-30T10:00:00Z  WARN upstream call failed method=x\n2026-01-01T00:00:00Z WARN countersign::forged\u{1b}[2J\u{0}\n";
+        let out = super::escape(event.as_bytes());
+        assert_eq!(out.matches('\n').count(), 1, "{out}");
+        assert!(out.ends_with('\n'));
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{0}'), "{out}");
+        assert!(
+            out.contains("\\n2026-01-01T00:00:00Z WARN countersign::forged\\u{1b}[2J\\u{0}"),
+            "{out}"
+        );
+    }
+}
