@@ -209,3 +209,34 @@ async fn a_body_that_cannot_be_read_is_a_bad_request_not_too_large() {
     assert!(text.starts_with("HTTP/1.1 400"), "{text}");
     assert!(text.contains("could not be read"), "{text}");
 }
+
+#[tokio::test]
+async fn a_header_that_trickles_in_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gateway::start_with(Options {
+        gateway: "header_read_timeout = \"1s\"\n".into(),
+        ..Default::default()
+    });
+    let addr = gw.base().trim_start_matches("http://").to_owned();
+    let s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    // One header byte every 200 ms: the header never completes.
+    let trickle = tokio::spawn(async move {
+        let header = format!("POST /mcp/payments HTTP/1.1\r\nHost: {addr}\r\nX-Slow: ");
+        wr.write_all(header.as_bytes()).await.unwrap();
+        loop {
+            if wr.write_all(b"a").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
+    let mut out = Vec::new();
+    let closed =
+        tokio::time::timeout(std::time::Duration::from_secs(15), rd.read_to_end(&mut out)).await;
+    trickle.abort();
+    assert!(
+        closed.is_ok(),
+        "the gateway kept a trickling connection open for 15 s"
+    );
+}

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
-use std::future::IntoFuture;
 use tokio::net::TcpListener;
 
 use crate::core::config::Config;
@@ -114,20 +112,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = tokio::spawn(
-        axum::serve(
-            listener,
-            // The peer address lets the control API refuse non-loopback peers.
-            router(Arc::clone(&gw)).into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async {
-            let _ = stop_rx.await;
-        })
-        .into_future(),
-    );
+    let server = tokio::spawn(accept(
+        listener,
+        router(Arc::clone(&gw)),
+        gw.config.gateway.header_read_timeout,
+        stop_rx,
+    ));
     shutdown_signal().await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(());
@@ -140,6 +130,57 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     audit.close();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Serve HTTP/1.1 connections until `stop` fires, then let the open ones
+/// finish (the caller bounds that with the shutdown grace).
+///
+/// A connection of its own per client, with a header read timeout: hyper
+/// closes a connection whose request header is not complete within
+/// `header_timeout`, so a client trickling bytes cannot hold it open.
+async fn accept(
+    listener: TcpListener,
+    app: axum::Router,
+    header_timeout: Duration,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors and the like: back off, go on.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let app = app.clone();
+        // The peer address lets the control API refuse non-loopback peers.
+        let service =
+            hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                tower::ServiceExt::oneshot(app.clone(), req)
+            });
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 /// What the policy folder looks like: its files with sizes and mtimes.

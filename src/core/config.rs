@@ -268,6 +268,11 @@ pub struct GatewayConfig {
     /// upstream shut down.
     #[serde(deserialize_with = "duration")]
     pub session_idle_timeout: Duration,
+    /// A client must send a request's whole header within this time, or
+    /// its connection is closed (a client that trickles a header in byte by
+    /// byte would otherwise hold a connection open forever).
+    #[serde(deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -279,6 +284,7 @@ impl Default for GatewayConfig {
             allowed_origins: Vec::new(),
             shutdown_grace: Duration::from_secs(2),
             session_idle_timeout: Duration::from_secs(30 * 60),
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -411,6 +417,12 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        if self.gateway.header_read_timeout.is_zero() {
+            return Err(
+                "gateway.header_read_timeout must be more than 0s (a header that never ends holds its connection)"
+                    .into(),
+            );
+        }
         for (name, server) in &self.servers {
             // Server names become URL path segments (`/mcp/{name}`) and Cedar
             // entity ids: keep them to a plain alphabet.
