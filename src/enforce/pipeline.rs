@@ -850,7 +850,7 @@ impl Pipeline {
                         "not_dispatched",
                         vec![("reason", json!("refused unprocessed by the server"))],
                     );
-                } else if false && class == ResponseClass::Cancelled {
+                } else if class == ResponseClass::Cancelled {
                     // A cancellation answer is not the call's answer: the
                     // server may have run it first. Never final, never
                     // replayed: unknown until an operator reconciles it.
