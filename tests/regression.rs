@@ -110,11 +110,11 @@ async fn every_breaker_change_is_logged_and_shown_by_healthz_and_check() {
 
 #[tokio::test]
 async fn an_answer_already_given_survives_a_kill_right_after_it() {
-    // A write is answered; the gateway is killed with SIGKILL 0 to 95 ms
-    // later (the chaos run's window) and restarted. The retry must get the
+    // A write is answered; the gateway is killed with SIGKILL 0 to 100 ms
+    // later (the chaos run's window), in 5 ms steps, and restarted. The retry must get the
     // answer the client was already given, never `outcome_unknown`.
     let mut gw = Gateway::start();
-    for round in 0..20u64 {
+    for round in 0..=20u64 {
         let mut c = Client::new(&gw.url("payments"));
         c.initialize().await;
         let key = format!("kill-{round}");
@@ -135,7 +135,7 @@ async fn an_answer_already_given_survives_a_kill_right_after_it() {
             round * 5
         );
     }
-    assert_eq!(gw.executions("refund"), 20);
+    assert_eq!(gw.executions("refund"), 21);
 }
 
 #[tokio::test]
