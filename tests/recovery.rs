@@ -19,14 +19,6 @@ fn pids(gw: &Gateway, tool: &str) -> Vec<u64> {
         .collect()
 }
 
-async fn listed(gw: &Gateway, server: &str) -> Client {
-    let mut c = Client::new(&gw.url(server));
-    c.initialize().await;
-    c.post(&json!({"jsonrpc":"2.0","id":0,"method":"tools/list"}))
-        .await;
-    c
-}
-
 #[tokio::test]
 async fn read_with_the_child_dying_mid_call_is_retried_on_a_respawned_child() {
     let gw = Gateway::start();

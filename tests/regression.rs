@@ -8,15 +8,6 @@ mod common;
 use common::*;
 use serde_json::json;
 
-/// A client whose `tools/list` told the gateway which tools read.
-async fn listed(gw: &Gateway, server: &str) -> Client {
-    let mut c = Client::new(&gw.url(server));
-    c.initialize().await;
-    c.post(&json!({"jsonrpc":"2.0","id":0,"method":"tools/list"}))
-        .await;
-    c
-}
-
 #[tokio::test]
 async fn a_null_or_fractional_request_id_is_refused_and_runs_nothing() {
     let gw = Gateway::start();

@@ -46,11 +46,8 @@ use crate::wire::jsonrpc::Message;
 /// ```
 ///
 /// ```compile_fail
-/// use countersign::enforce::permit::{issue, Permit};
-/// fn mint(request: &countersign::wire::jsonrpc::Message) -> Permit {
-///     // `issue` is private to the enforcement layer.
-///     issue(request, todo!()).unwrap()
-/// }
+/// // `issue`, the only maker of permits, is private to the enforcement layer.
+/// use countersign::enforce::permit::issue;
 /// ```
 #[derive(Debug)]
 pub struct Permit {

@@ -101,6 +101,16 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) {
     panic!("{what}: not within 10 s");
 }
 
+/// An initialized client of `server` whose `tools/list` told the gateway
+/// which tools only read.
+pub async fn listed(gw: &Gateway, server: &str) -> Client {
+    let mut c = Client::new(&gw.url(server));
+    c.initialize().await;
+    c.post(&json!({"jsonrpc":"2.0","id":0,"method":"tools/list"}))
+        .await;
+    c
+}
+
 /// `structuredContent.countersign` of the answer's last message.
 pub fn countersign(a: &Answer) -> Value {
     a.last()["result"]["structuredContent"]["countersign"].clone()
