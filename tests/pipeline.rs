@@ -66,6 +66,8 @@ struct Fake {
     arrived: Notify,
     /// The resource version `get_account` reports.
     version: Mutex<String>,
+    /// How many times the gateway listed the tools.
+    lists: AtomicUsize,
 }
 
 impl Fake {
@@ -121,6 +123,19 @@ impl Upstream for Up {
             });
         }
         Ok(FakeConn(self.0.clone()))
+    }
+
+    async fn list_tools(&self, _cursor: Option<String>) -> Result<Message, UpstreamError> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        let read = json!({"readOnlyHint": true});
+        let write = json!({"readOnlyHint": false, "destructiveHint": false});
+        let tools = json!({"tools": [
+            {"name": "get_balance", "annotations": read},
+            {"name": "get_account", "annotations": read},
+            {"name": "refund", "annotations": write},
+            {"name": "charge_card", "annotations": write},
+        ]});
+        Ok(Message::response(json!("list"), raw(&tools)))
     }
 }
 
@@ -371,10 +386,6 @@ cooldown = "1h"
 
 [servers.pay]
 command = "unused-the-upstream-is-in-process"
-[servers.pay.tools.get_account]
-read_only = true
-[servers.pay.tools.get_balance]
-read_only = true
 {extra_config}
 "#,
         data = dir.path().join("data").display(),
@@ -1015,7 +1026,14 @@ async fn the_dispatch_entry_is_staged_with_the_dispatch_before_the_server_sees_t
         f.fake.arrived.notified().await;
         // The server has the call: everything up to `dispatched` is staged
         // (durable with the ledger's `dispatched` record), in order.
-        let seen = sink.entries.lock().unwrap().clone();
+        let seen: Vec<(String, bool)> = sink
+            .entries
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k != "tools_changed")
+            .cloned()
+            .collect();
         assert_eq!(
             seen,
             [
@@ -1035,10 +1053,70 @@ async fn the_dispatch_entry_is_staged_with_the_dispatch_before_the_server_sees_t
         .iter()
         .map(|(k, _)| k.clone())
         .collect();
+    // The gateway's own tool list came first (the tools were new to it).
     assert_eq!(
         kinds,
-        ["call_received", "decision", "dispatched", "completed"]
+        [
+            "tools_changed",
+            "call_received",
+            "decision",
+            "dispatched",
+            "completed"
+        ]
     );
+}
+
+// ------------------------------------------------------------- catalog
+
+#[tokio::test]
+async fn the_gateway_lists_tools_itself_once_and_again_when_stale_or_a_tool_is_unknown() {
+    let f = fixture("0s");
+    // No client ever listed tools: the server's hints still classify the
+    // read (unattended, retried), learned by the gateway's own tools/list.
+    f.fake.next(Step::Lose);
+    let o = f.call("get_balance", json!({"id": 1}), None).await;
+    assert_eq!(answered_n(&o), 2, "a read, so retried after a lost answer");
+    assert_eq!(f.fake.lists.load(Ordering::SeqCst), 1);
+    f.call("get_balance", json!({"id": 2}), None).await;
+    assert_eq!(
+        f.fake.lists.load(Ordering::SeqCst),
+        1,
+        "fresh: not listed again"
+    );
+    // A tool the list lacks: listed again, but not more than once a second.
+    f.call("mystery", json!({}), Some("m-1")).await;
+    assert_eq!(
+        f.fake.lists.load(Ordering::SeqCst),
+        1,
+        "within the interval"
+    );
+    f.clock.advance(Duration::from_secs(1));
+    f.call("mystery", json!({}), Some("m-2")).await;
+    assert_eq!(f.fake.lists.load(Ordering::SeqCst), 2);
+    // The server said its list changed.
+    f.pipeline.catalog.mark_stale("pay");
+    f.call("get_balance", json!({"id": 3}), None).await;
+    assert_eq!(f.fake.lists.load(Ordering::SeqCst), 3);
+    // Older than catalog.max_age (5 minutes).
+    f.clock.advance(Duration::from_secs(301));
+    f.call("get_balance", json!({"id": 4}), None).await;
+    assert_eq!(f.fake.lists.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn concurrent_first_calls_share_one_tool_list_fetch() {
+    let f = Arc::new(fixture("0s"));
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            f.call("get_balance", json!({"id": n}), None).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(f.fake.lists.load(Ordering::SeqCst), 1);
 }
 
 // ------------------------------------------------------------- reads

@@ -82,6 +82,9 @@ impl Annotations {
 pub struct Catalog {
     overrides: HashMap<String, BTreeMap<String, ToolConfig>>,
     seen: RwLock<HashMap<String, HashMap<String, Annotations>>>,
+    /// When the gateway last fetched each server's whole list itself (unix
+    /// ms); absent when never, or when the server said its list changed.
+    fetched: RwLock<HashMap<String, i64>>,
 }
 
 impl Catalog {
@@ -90,6 +93,7 @@ impl Catalog {
         Catalog {
             overrides,
             seen: RwLock::default(),
+            fetched: RwLock::default(),
         }
     }
 
@@ -128,6 +132,33 @@ impl Catalog {
         }
         out.changed.sort();
         out
+    }
+
+    /// Whether `server` listed `tool`.
+    pub fn knows(&self, server: &str, tool: &str) -> bool {
+        self.seen
+            .read()
+            .is_ok_and(|s| s.get(server).is_some_and(|t| t.contains_key(tool)))
+    }
+
+    /// When the gateway last fetched `server`'s whole list (unix ms).
+    pub fn fetched_at(&self, server: &str) -> Option<i64> {
+        self.fetched.read().ok()?.get(server).copied()
+    }
+
+    /// The gateway fetched `server`'s whole list at `now_ms`.
+    pub fn mark_fetched(&self, server: &str, now_ms: i64) {
+        if let Ok(mut f) = self.fetched.write() {
+            f.insert(server.to_owned(), now_ms);
+        }
+    }
+
+    /// `server` said its list changed (`notifications/tools/list_changed`):
+    /// the next call fetches it again.
+    pub fn mark_stale(&self, server: &str) {
+        if let Ok(mut f) = self.fetched.write() {
+            f.remove(server);
+        }
     }
 
     /// Effective annotations of `server/tool`: server hints (or MCP defaults

@@ -65,6 +65,9 @@ pub struct Config {
     /// `[circuit]`: the per-upstream circuit breaker.
     #[serde(default)]
     pub circuit: CircuitConfig,
+    /// `[catalog]`: the gateway's own view of each upstream's tools.
+    #[serde(default)]
+    pub catalog: CatalogConfig,
     /// `[approvals]`: proposals, holding and the control API.
     #[serde(default)]
     pub approvals: ApprovalsConfig,
@@ -200,6 +203,30 @@ impl Default for RetryConfig {
             max_attempts: 3,
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(2),
+        }
+    }
+}
+
+/// `[catalog]`: how fresh the gateway keeps each upstream's tool list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CatalogConfig {
+    /// A call finding its server's list older than this fetches it again
+    /// first (one fetch at a time per server).
+    #[serde(deserialize_with = "duration")]
+    pub max_age: Duration,
+    /// A call naming a tool the list lacks fetches it again, but not more
+    /// often than this per server (a client naming random tools must not
+    /// turn every call into a `tools/list`).
+    #[serde(deserialize_with = "duration")]
+    pub unknown_tool_interval: Duration,
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        CatalogConfig {
+            max_age: Duration::from_secs(5 * 60),
+            unknown_tool_interval: Duration::from_secs(1),
         }
     }
 }

@@ -135,6 +135,13 @@ pub trait Upstream: Send + Sync {
     /// A connection ready for a call, healed first if it was lost. Failing
     /// here means nothing of the call was sent.
     fn ready(&self) -> impl Future<Output = Result<Self::Conn, UpstreamError>> + Send;
+
+    /// One page of the server's `tools/list` (the gateway's own request, for
+    /// its catalog): the response message.
+    fn list_tools(
+        &self,
+        cursor: Option<String>,
+    ) -> impl Future<Output = Result<Message, UpstreamError>> + Send;
 }
 
 /// A live connection that can carry a `tools/call`.

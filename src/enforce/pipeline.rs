@@ -51,7 +51,7 @@ use crate::core::decision::{self, Decision, Policies};
 use crate::core::identity::Identity;
 use crate::core::ledger::{self, Answer, Claim};
 use crate::core::recovery::{classify_response, Admission, Backoff, Breaker, ResponseClass};
-use crate::core::time::Clock;
+use crate::core::time::{ms, Clock};
 use crate::store::{Store, StoreError};
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{raw, Message};
@@ -81,6 +81,9 @@ pub struct CallCtx<'a, U> {
     /// The upstream the call goes to.
     pub upstream: &'a U,
 }
+
+/// The most `tools/list` pages one catalog fetch reads.
+const MAX_CATALOG_PAGES: usize = 100;
 
 /// What one attempt ended with.
 enum Attempt {
@@ -120,8 +123,9 @@ struct Call<'a, U> {
 pub struct Pipeline {
     /// The configuration in force.
     pub config: Arc<Config>,
-    /// Effective tool annotations.
-    pub catalog: Catalog,
+    /// Effective tool annotations (shared with the upstream connections,
+    /// which mark a server's list stale when it says it changed).
+    pub catalog: Arc<Catalog>,
     /// The idempotency ledger with in-process single-flight.
     pub flights: Arc<Idempotency>,
     /// Proposals and approvals (same store as the ledger).
@@ -134,6 +138,9 @@ pub struct Pipeline {
     breakers: HashMap<String, Mutex<Breaker>>,
     /// The policy set in force; swapped whole by a reload.
     policies: RwLock<Arc<Policies>>,
+    /// One catalog fetch at a time per server. A tokio mutex: held across
+    /// the `tools/list` requests.
+    fetching: HashMap<String, tokio::sync::Mutex<()>>,
 }
 
 impl Pipeline {
@@ -166,14 +173,20 @@ impl Pipeline {
                 (k.clone(), Mutex::new(b))
             })
             .collect();
-        let catalog = Catalog::new(
+        let catalog = Arc::new(Catalog::new(
             config
                 .servers
                 .iter()
                 .map(|(k, v)| (k.clone(), v.tools.clone()))
                 .collect(),
-        );
+        ));
+        let fetching = config
+            .servers
+            .keys()
+            .map(|k| (k.clone(), tokio::sync::Mutex::new(())))
+            .collect();
         Pipeline {
+            fetching,
             config,
             catalog,
             flights,
@@ -228,7 +241,8 @@ impl Pipeline {
 
     /// A `tools/list` result passed through: capture the tools' annotations
     /// (never altering the result), and audit what changed.
-    pub fn observe_tools_list(&self, server: &str, result: &str) {
+    /// Returns how many tools the result listed.
+    pub fn observe_tools_list(&self, server: &str, result: &str) -> usize {
         let captured = self.catalog.capture(server, result);
         if !captured.changed.is_empty() {
             let mut f = serde_json::Map::new();
@@ -236,6 +250,7 @@ impl Pipeline {
             f.insert("tools".into(), json!(captured.changed));
             self.audit("tools_changed", f);
         }
+        captured.tools
     }
 
     /// The upstream `call_timeout` of `server`.
@@ -260,6 +275,7 @@ impl Pipeline {
             Ok(c) => c,
             Err(o) => return o,
         };
+        self.learn(ctx, &call.tool).await;
         // Read once: the same annotations classify the call and feed the
         // policies.
         let annotations = self.catalog.effective(ctx.server, &call.tool);
@@ -290,6 +306,65 @@ impl Pipeline {
             }
         }
         self.write(&c).await
+    }
+
+    /// Stage "know the tool": the gateway keeps each server's tool list
+    /// itself, so a call is classified by what the server declares whether
+    /// or not the client ever listed tools. The list is fetched (every page)
+    /// when the call names a tool it lacks (at most once per
+    /// `catalog.unknown_tool_interval`), when it is older than
+    /// `catalog.max_age`, and after the server said it changed. One fetch at
+    /// a time per server; the others wait for it. A fetch that fails leaves
+    /// the cautious defaults (write-capable).
+    async fn learn<U: Upstream>(&self, ctx: &CallCtx<'_, U>, tool: &str) {
+        let server = ctx.server;
+        let cfg = &self.config.catalog;
+        let due = |now: i64| match self.catalog.fetched_at(server) {
+            None => true,
+            Some(at) if now.saturating_sub(at) >= ms(cfg.max_age) => true,
+            Some(at) => {
+                !self.catalog.knows(server, tool)
+                    && now.saturating_sub(at) >= ms(cfg.unknown_tool_interval)
+            }
+        };
+        if !due(self.clock.now_ms()) {
+            return;
+        }
+        let Some(one) = self.fetching.get(server) else {
+            return;
+        };
+        let _one = one.lock().await;
+        // Another call may have fetched it while this one waited.
+        if !due(self.clock.now_ms()) {
+            return;
+        }
+        let started = Instant::now();
+        let mut cursor = None;
+        let mut tools = 0;
+        // A bound on pages: a server whose cursors never end cannot hold
+        // the call forever.
+        for _ in 0..MAX_CATALOG_PAGES {
+            let page = match ctx.upstream.list_tools(cursor.take()).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(server, "tool list not fetched: {e}");
+                    return;
+                }
+            };
+            let Some(result) = page.result.as_ref() else {
+                tracing::warn!(server, "tool list refused by the server");
+                return;
+            };
+            tools += self.observe_tools_list(server, result.get());
+            cursor = serde_json::from_str::<Value>(result.get())
+                .ok()
+                .and_then(|v| v.get("nextCursor")?.as_str().map(str::to_owned));
+            if cursor.is_none() {
+                break;
+            }
+        }
+        self.catalog.mark_fetched(server, self.clock.now_ms());
+        tracing::debug!(server, tools, elapsed = ?started.elapsed(), "tool list fetched");
     }
 
     /// Stage 1, strict parse and canonical form: the forwarded `params` are
@@ -693,6 +768,7 @@ impl Pipeline {
         c: &Call<'_, U>,
         probe: &VersionProbe,
     ) -> Result<String, String> {
+        self.learn(c.ctx, &probe.tool).await;
         // A probe that could write is not a probe: never run it.
         let annotations = self.catalog.effective(c.ctx.server, &probe.tool);
         if !annotations.read_only {

@@ -122,8 +122,9 @@ impl UpstreamConn {
         http: &HttpClient,
         max_line: usize,
         unsolicited: mpsc::Sender<Message>,
+        on_list_changed: crate::upstream::mux::ListChanged,
     ) -> Result<Arc<UpstreamConn>, UpstreamError> {
-        let mux = Arc::new(Mux::new(unsolicited));
+        let mux = Arc::new(Mux::new(unsolicited).on_list_changed(on_list_changed));
         let transport = match &cfg.url {
             Some(url) => Transport::Http(Box::new(streamable_http::Http::new(
                 server,

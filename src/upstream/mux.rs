@@ -55,6 +55,9 @@ pub struct Ticket {
     pub done: oneshot::Receiver<Result<Message, Lost>>,
 }
 
+/// What a connection calls when its server's tool list changed.
+pub type ListChanged = Box<dyn Fn() + Send + Sync>;
+
 /// Id mapping and routing for one upstream connection.
 pub struct Mux {
     next_id: AtomicU64,
@@ -63,6 +66,9 @@ pub struct Mux {
     inner: Mutex<Inner>,
     /// Server messages that belong to no request (GET stream or session buffer).
     unsolicited: mpsc::Sender<Message>,
+    /// Told when the server says its tool list changed (the message itself
+    /// still goes to the client).
+    on_list_changed: Option<ListChanged>,
 }
 
 impl Mux {
@@ -73,7 +79,14 @@ impl Mux {
             next_server_request: AtomicU64::new(1),
             inner: Mutex::new(Inner::default()),
             unsolicited,
+            on_list_changed: None,
         }
+    }
+
+    /// Also call `f` when the server sends `notifications/tools/list_changed`.
+    pub fn on_list_changed(mut self, f: ListChanged) -> Mux {
+        self.on_list_changed = Some(f);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -185,6 +198,11 @@ impl Mux {
                 self.route(msg, origin);
             }
             Kind::Notification => {
+                if msg.method() == "notifications/tools/list_changed" {
+                    if let Some(f) = &self.on_list_changed {
+                        f();
+                    }
+                }
                 if msg.method() == "notifications/cancelled" {
                     // The server cancels one of its own requests to the client:
                     // name it by the id the client knows.

@@ -13,7 +13,8 @@ use super::session::{Gateway, ModernUpstream, Session};
 use super::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
 use crate::enforce::permit::{Permit, Sent};
 use crate::enforce::permit::{ToolConn, Upstream};
-use crate::wire::jsonrpc::Message;
+use crate::wire::era::{modern_headers, META_PROTOCOL_VERSION, MODERN_VERSIONS};
+use crate::wire::jsonrpc::{raw, Message};
 
 /// Which connection serves a request.
 #[derive(Clone)]
@@ -72,6 +73,15 @@ impl Route<'_> {
     }
 }
 
+impl Route<'_> {
+    fn server(&self) -> &str {
+        match &self.target {
+            Target::Session(s) => &s.server,
+            Target::Shared { server, .. } => server,
+        }
+    }
+}
+
 /// A connection bound to one request's extra headers.
 pub struct Bound {
     conn: Arc<UpstreamConn>,
@@ -88,10 +98,7 @@ impl Upstream for Route<'_> {
         let conn = self.conn().await.map_err(|e| match e {
             e if !e.dispatched() => e,
             e => UpstreamError::Connect {
-                server: match &self.target {
-                    Target::Session(s) => s.server.clone(),
-                    Target::Shared { server, .. } => server.clone(),
-                },
+                server: self.server().to_owned(),
                 reason: format!("the connection could not be (re)established: {e}"),
             },
         })?;
@@ -99,6 +106,40 @@ impl Upstream for Route<'_> {
             conn,
             extra: self.extra.clone(),
         })
+    }
+
+    async fn list_tools(&self, cursor: Option<String>) -> Result<Message, UpstreamError> {
+        self.list_page(cursor).await
+    }
+}
+
+impl Route<'_> {
+    /// The gateway's own `tools/list` request, in the route's era.
+    async fn list_page(&self, cursor: Option<String>) -> Result<Message, UpstreamError> {
+        let mut params = serde_json::Map::new();
+        if let Some(c) = cursor {
+            params.insert("cursor".into(), Value::from(c));
+        }
+        let extra = match &self.target {
+            Target::Session(_) => Vec::new(),
+            Target::Shared { .. } => {
+                let version = MODERN_VERSIONS[0];
+                params.insert(
+                    "_meta".into(),
+                    serde_json::json!({ META_PROTOCOL_VERSION: version }),
+                );
+                modern_headers("tools/list", None, version)
+            }
+        };
+        let id = Value::from(format!("countersign-catalog-{:x}", rand::random::<u64>()));
+        let request = Message::request(id, "tools/list", Some(raw(&Value::Object(params))));
+        let server = self.server();
+        let request = Passthrough::checked(server, request)?;
+        let timeout = self.gw.pipeline.call_timeout(server);
+        self.conn()
+            .await?
+            .call(request, None, timeout, &extra)
+            .await
     }
 }
 

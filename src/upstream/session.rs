@@ -233,12 +233,18 @@ impl Gateway {
                 server: server.into(),
                 reason: "not configured".into(),
             })?;
+        // The server's word that its tools changed makes the gateway fetch
+        // the list again before the next call.
+        let catalog = Arc::clone(&self.pipeline.catalog);
+        let name = server.to_owned();
+        let stale = Box::new(move || catalog.mark_stale(&name));
         UpstreamConn::connect(
             server,
             cfg,
             &self.http,
             self.config.limits.max_line_bytes,
             unsolicited,
+            stale,
         )
         .await
     }

@@ -1,0 +1,98 @@
+//! The gateway's own tool catalog: a client that never lists tools gets its
+//! calls classified by what the server declares, over stdio, HTTP and the
+//! 2026-07-28 era.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// Default policies (reads unattended, writes need approval) and a version
+/// probe for `charge_card` on both upstreams.
+fn gateway() -> (Gateway, tempfile::TempDir) {
+    let (pdir, _key) = default_policies_with_alice();
+    let probe = r#"version_probe = { tool = "get_account", arguments = { id = "/account" }, pointer = "/structuredContent/version" }"#;
+    let gw = Gateway::start_with(Options {
+        http_upstream: true,
+        policies: Some(pdir.path().to_owned()),
+        extra: format!(
+            "\n[servers.payments.tools.charge_card]\n{probe}\n\n[servers.phttp.tools.charge_card]\n{probe}\n"
+        ),
+        ..Default::default()
+    });
+    (gw, pdir)
+}
+
+/// How a test talks to one server without ever listing its tools.
+enum Route {
+    Session(Client),
+    Modern(String),
+}
+
+impl Route {
+    async fn session(gw: &Gateway, server: &str) -> Route {
+        let mut c = Client::new(&gw.url(server));
+        c.initialize().await;
+        Route::Session(c)
+    }
+
+    async fn call(&self, id: i64, tool: &str, args: Value) -> Answer {
+        match self {
+            Route::Session(c) => c.call(id, tool, args).await,
+            Route::Modern(url) => {
+                let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+                    "name":tool,"arguments":args,
+                    "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}});
+                answer(modern_post(url, &body).send().await.unwrap()).await
+            }
+        }
+    }
+}
+
+/// The four things a never-listing client must get right on one route.
+async fn reads_are_known_without_listing(gw: &Gateway, route: Route, lost_answer_fault: &str) {
+    let ran = |a: &Answer| a.last()["result"]["isError"] == false;
+    // A read runs unattended under the default policies (a write would be
+    // sent for approval).
+    let a = route.call(1, "get_balance", json!({"account":"a"})).await;
+    assert!(ran(&a), "{a:?}");
+    // A read whose answer is lost is retried, and the server ran it twice.
+    let before = gw.executions("get_balance");
+    gw.fault("get_balance", lost_answer_fault, 0);
+    let a = route.call(2, "get_balance", json!({"account":"a"})).await;
+    assert!(ran(&a), "{a:?}");
+    assert_eq!(gw.executions("get_balance"), before + 2);
+    // A transient error (-32603) on a read is retried.
+    gw.fault("get_balance", "error_before_execute", 0);
+    let a = route.call(3, "get_balance", json!({"account":"a"})).await;
+    assert!(ran(&a), "{a:?}");
+    // The version probe reads `get_account`, a read-only tool the client
+    // never listed: the write is held for approval, not refused as stale.
+    let a = route
+        .call(4, "charge_card", json!({"account":"acct_1","amount":5}))
+        .await;
+    assert_eq!(code(&a), "approval_pending", "{a:?}");
+    assert_eq!(gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn a_client_that_never_lists_tools_over_stdio() {
+    let (gw, _p) = gateway();
+    let route = Route::session(&gw, "payments").await;
+    reads_are_known_without_listing(&gw, route, "exit_after_execute").await;
+}
+
+#[tokio::test]
+async fn a_client_that_never_lists_tools_over_http() {
+    let (gw, _p) = gateway();
+    let route = Route::session(&gw, "phttp").await;
+    reads_are_known_without_listing(&gw, route, "drop_session").await;
+}
+
+#[tokio::test]
+async fn a_client_that_never_lists_tools_in_2026_07_28() {
+    let (gw, _p) = gateway();
+    let route = Route::Modern(gw.url("payments"));
+    reads_are_known_without_listing(&gw, route, "exit_after_execute").await;
+}
