@@ -39,6 +39,7 @@
 //! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` against the body), and
 //! each execution record carries the `Authorization` header the request came
 //! with. `--stubborn` ignores stdin EOF and SIGTERM (to test SIGKILL escalation).
+//! `--page-size N` pages `tools/list`, N tools a page (`nextCursor`).
 //! `get_account` reports the version in the faults file's
 //! `{"_versions": {"ACCOUNT": "VERSION"}}` (default `v1`).
 
@@ -71,6 +72,8 @@ struct Server {
     record_lock: Mutex<()>,
     charges: AtomicU64,
     stubborn: bool,
+    /// `--page-size N`: `tools/list` answers N tools a page, with cursors.
+    page_size: Option<usize>,
 }
 
 /// How a tool talks back to the client while it runs.
@@ -226,8 +229,24 @@ impl Server {
             }
             "ping" => json!({}),
             "tools/list" => {
-                let tools: Value = serde_json::from_str(TOOLS).unwrap_or(json!([]));
-                let mut r = json!({"tools": tools});
+                let tools: Vec<Value> = serde_json::from_str(TOOLS).unwrap_or_default();
+                let mut r = match self.page_size {
+                    // The cursor is the index of the page's first tool.
+                    Some(n) => {
+                        let from: usize = params
+                            .get("cursor")
+                            .and_then(Value::as_str)
+                            .and_then(|c| c.parse().ok())
+                            .unwrap_or(0);
+                        let page: Vec<Value> = tools.iter().skip(from).take(n).cloned().collect();
+                        let mut r = json!({"tools": page});
+                        if from + n < tools.len() {
+                            r["nextCursor"] = json!((from + n).to_string());
+                        }
+                        r
+                    }
+                    None => json!({"tools": tools}),
+                };
                 if modern.is_some() {
                     r["ttlMs"] = json!(0);
                     r["cacheScope"] = json!("private");
@@ -706,6 +725,7 @@ async fn main() {
     let mut record = None;
     let mut faults = None;
     let mut stubborn = false;
+    let mut page_size = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -713,8 +733,9 @@ async fn main() {
             "--record" => record = args.next().map(PathBuf::from),
             "--faults" => faults = args.next().map(PathBuf::from),
             "--stubborn" => stubborn = true,
+            "--page-size" => page_size = args.next().and_then(|n| n.parse().ok()),
             other => {
-                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE] [--stubborn]");
+                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE] [--stubborn] [--page-size N]");
                 std::process::exit(2);
             }
         }
@@ -725,6 +746,7 @@ async fn main() {
         record_lock: Mutex::new(()),
         charges: AtomicU64::new(0),
         stubborn,
+        page_size,
     });
     if stubborn {
         // Ignore SIGTERM: registering a handler replaces the default action.

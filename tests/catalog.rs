@@ -96,3 +96,30 @@ async fn a_client_that_never_lists_tools_in_2026_07_28() {
     let route = Route::Modern(gw.url("payments"));
     reads_are_known_without_listing(&gw, route, "exit_after_execute").await;
 }
+
+#[tokio::test]
+async fn a_paged_tool_list_is_learned_whole() {
+    let (pdir, _key) = default_policies_with_alice();
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        extra: format!(
+            "\n[servers.paged]\ncommand = \"{}\"\nargs = [\"--page-size\", \"2\"]\n",
+            example_server_bin().display()
+        ),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("paged"));
+    c.initialize().await;
+    // `notify_later` is a read-only tool on the last page: known only if
+    // every page was read, and then it runs unattended.
+    let a = c.call(1, "notify_later", json!({"text":"hi"})).await;
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    // Without the later pages it would be a write, held for approval.
+    let listed = c
+        .post(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
+        .await;
+    assert!(
+        listed.last()["result"]["nextCursor"].is_string(),
+        "the server pages its list: {listed:?}"
+    );
+}
