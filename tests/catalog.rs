@@ -123,3 +123,45 @@ async fn a_paged_tool_list_is_learned_whole() {
         "the server pages its list: {listed:?}"
     );
 }
+
+#[tokio::test]
+async fn a_read_cache_answers_an_identical_read_and_is_refused_for_a_write() {
+    let gw = Gateway::start_with(Options {
+        extra: "\n[servers.payments.tools.get_balance]\ncache_ttl = \"1h\"\n\n[servers.payments.tools.refund]\ncache_ttl = \"1h\"\n".into(),
+        ..Default::default()
+    });
+    let c = listed(&gw, "payments").await;
+    let a = c.call(1, "get_balance", json!({"account":"a"})).await;
+    let b = c.call(2, "get_balance", json!({"account":"a"})).await;
+    assert_eq!(gw.executions("get_balance"), 1);
+    assert_eq!(b.last()["id"], 2);
+    assert_eq!(b.last()["result"]["content"], a.last()["result"]["content"]);
+    assert!(
+        b.last()["result"]["_meta"]["dev.countersign/cached"]["first_answered_at"].is_string(),
+        "{b:?}"
+    );
+    // refund may write: its cache_ttl is never used, and the log says so.
+    c.call(3, "refund", json!({"charge":"ch_1"})).await;
+    c.call(4, "refund", json!({"charge":"ch_2"})).await;
+    assert_eq!(gw.executions("refund"), 2);
+    gw.wait_for_log("cache_ttl ignored").await;
+    let out = gw.cli(&["check", "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tool = |name: &str| {
+        report[0]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(tool("get_balance")["cache"], "1h", "{report}");
+    assert!(
+        tool("refund")["cache"]
+            .as_str()
+            .unwrap()
+            .contains("ignored"),
+        "{report}"
+    );
+}

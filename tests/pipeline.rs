@@ -1119,6 +1119,44 @@ async fn concurrent_first_calls_share_one_tool_list_fetch() {
     assert_eq!(f.fake.lists.load(Ordering::SeqCst), 1);
 }
 
+#[tokio::test]
+async fn a_read_with_cache_ttl_runs_once_within_it_and_again_after_never_a_write() {
+    let f = fixture_with(
+        "0s",
+        "[servers.pay.tools.get_balance]\ncache_ttl = \"30s\"\n[servers.pay.tools.refund]\ncache_ttl = \"30s\"\n",
+    );
+    let first = f.call("get_balance", json!({"id": 1}), None).await;
+    assert_eq!(answered_n(&first), 1);
+    let second = f.call("get_balance", json!({"id": 1}), None).await;
+    let CallOutcome::Cached { answered_at, .. } = &second else {
+        panic!("{second:?}")
+    };
+    assert!(!answered_at.is_empty());
+    let m = answer::render(second, json!(9), Era::Handshake);
+    let v: Value = serde_json::from_str(m.result.unwrap().get()).unwrap();
+    assert_eq!(v["structuredContent"]["n"], 1, "the first answer: {v}");
+    assert!(
+        v["_meta"]["dev.countersign/cached"]["first_answered_at"].is_string(),
+        "{v}"
+    );
+    assert_eq!(f.fake.runs("get_balance"), 1);
+    // Other arguments are another read.
+    f.call("get_balance", json!({"id": 2}), None).await;
+    assert_eq!(f.fake.runs("get_balance"), 2);
+    // After the TTL the read runs again.
+    f.clock.advance(Duration::from_secs(31));
+    f.call("get_balance", json!({"id": 1}), None).await;
+    assert_eq!(f.fake.runs("get_balance"), 3);
+    // The server's list changed: the cache starts over.
+    f.pipeline.catalog.mark_stale("pay");
+    f.call("get_balance", json!({"id": 1}), None).await;
+    assert_eq!(f.fake.runs("get_balance"), 4);
+    // A write is never cached, whatever its configuration says.
+    f.call("refund", json!({"id": 1}), Some("r-1")).await;
+    f.call("refund", json!({"id": 1}), Some("r-2")).await;
+    assert_eq!(f.fake.runs("refund"), 2);
+}
+
 // ------------------------------------------------------------- reads
 
 #[tokio::test]

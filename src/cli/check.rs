@@ -50,6 +50,10 @@ pub struct ToolHealth {
     pub idempotent: bool,
     /// Effective `openWorld`.
     pub open_world: bool,
+    /// The configured `cache_ttl`, and whether it is used (only while the
+    /// tool is read-only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
 }
 
 /// What a fresh connection to an upstream says about itself.
@@ -178,7 +182,22 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
                     .filter_map(|t| t.get("name")?.as_str())
                 {
                     let a = gw.pipeline.catalog.effective(server, name);
+                    let cache = gw
+                        .config
+                        .servers
+                        .get(server)
+                        .and_then(|s| s.tools.get(name)?.cache_ttl)
+                        .map(|ttl| {
+                            let ttl = humantime::format_duration(ttl);
+                            if a.read_only {
+                                format!("{ttl}")
+                            } else {
+                                tracing::warn!(server, tool = name, "cache_ttl ignored: the tool may write, and writes are never cached");
+                                format!("{ttl}, ignored: the tool may write")
+                            }
+                        });
                     tools.push(ToolHealth {
+                        cache,
                         name: name.to_owned(),
                         read_only: a.read_only,
                         destructive: a.destructive,

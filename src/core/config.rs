@@ -378,6 +378,10 @@ pub struct ToolConfig {
     pub open_world: Option<bool>,
     /// Resource version probe (used by approvals, DESIGN.md section 6).
     pub version_probe: Option<VersionProbe>,
+    /// Answer an identical read (same principal and tenant) from memory for
+    /// this long. Used only while the tool is read-only; never for writes.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub cache_ttl: Option<Duration>,
 }
 
 /// A read-only tool whose result carries the version of what a call changes.
@@ -417,6 +421,10 @@ impl Default for Limits {
             max_arguments_bytes: 1 << 20,
         }
     }
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {

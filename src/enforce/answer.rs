@@ -45,6 +45,15 @@ pub fn render(outcome: CallOutcome, id: Value, era: Era) -> Message {
             key,
             answered_at,
         } => replay(id, &answer, &key, &answered_at),
+        CallOutcome::Cached {
+            answer,
+            answered_at,
+        } => marked(
+            id,
+            &answer,
+            "dev.countersign/cached",
+            json!({ "first_answered_at": answered_at }),
+        ),
         CallOutcome::Joined(answer) => match answer {
             Answer::Result(r) => Message::response(id, raw_or_null(&r)),
             Answer::Error(e) => error_message(id, &e),
@@ -85,6 +94,7 @@ pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
     Some(match outcome {
         CallOutcome::Answered(_)
         | CallOutcome::Replayed { .. }
+        | CallOutcome::Cached { .. }
         | CallOutcome::Joined(_)
         | CallOutcome::Invalid(_) => return None,
         CallOutcome::Refused { why, .. } => match why {
@@ -377,16 +387,23 @@ fn error_message(id: Value, raw_error: &str) -> Message {
 /// `_meta["dev.countersign/replayed"]` so the client can tell it from a
 /// fresh execution.
 fn replay(id: Value, answer: &Answer, key: &str, answered_at: &str) -> Message {
+    marked(
+        id,
+        answer,
+        "dev.countersign/replayed",
+        json!({ "key": key, "first_answered_at": answered_at }),
+    )
+}
+
+/// A stored answer under a new id, with `mark` in its result's `_meta`.
+fn marked(id: Value, answer: &Answer, mark: &str, value: Value) -> Message {
     match answer {
         Answer::Result(text) => {
             let mut result: Value = serde_json::from_str(text).unwrap_or(Value::Null);
             if let Some(obj) = result.as_object_mut() {
                 let meta = obj.entry("_meta").or_insert_with(|| json!({}));
                 if let Some(meta) = meta.as_object_mut() {
-                    meta.insert(
-                        "dev.countersign/replayed".into(),
-                        json!({ "key": key, "first_answered_at": answered_at }),
-                    );
+                    meta.insert(mark.into(), value);
                 }
             }
             Message::response(id, raw(&result))

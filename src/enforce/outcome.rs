@@ -25,6 +25,13 @@ pub enum CallOutcome {
     },
     /// The answer of the identical read this call joined while in flight.
     Joined(Answer),
+    /// An identical read's answer, from the read cache (`cache_ttl`).
+    Cached {
+        /// The answer.
+        answer: Answer,
+        /// When it first arrived (RFC 3339).
+        answered_at: String,
+    },
     /// Ended by the gateway without running (or, for `Unknown`, without
     /// knowing whether it ran).
     Refused {

@@ -51,7 +51,7 @@ use crate::core::decision::{self, Decision, Policies};
 use crate::core::identity::Identity;
 use crate::core::ledger::{self, Answer, Claim};
 use crate::core::recovery::{classify_response, Admission, Backoff, Breaker, ResponseClass};
-use crate::core::time::{ms, Clock};
+use crate::core::time::{ms, rfc3339, Clock};
 use crate::store::{Store, StoreError};
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{raw, Message};
@@ -141,6 +141,20 @@ pub struct Pipeline {
     /// One catalog fetch at a time per server. A tokio mutex: held across
     /// the `tools/list` requests.
     fetching: HashMap<String, tokio::sync::Mutex<()>>,
+    /// Answers of reads whose tool has a `cache_ttl`, per (server, tool),
+    /// by tenant, principal and call digest. A std mutex: held for a
+    /// lookup, an insert or a clear, never across an await.
+    read_cache: Mutex<HashMap<(String, String), HashMap<String, CachedRead>>>,
+    /// Tools whose `cache_ttl` was ignored because they may write (said
+    /// once each in the log).
+    cache_refused: Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+/// A cached read answer.
+struct CachedRead {
+    answer: Answer,
+    answered_at: String,
+    expires_ms: i64,
 }
 
 impl Pipeline {
@@ -186,6 +200,8 @@ impl Pipeline {
             .map(|k| (k.clone(), tokio::sync::Mutex::new(())))
             .collect();
         Pipeline {
+            read_cache: Mutex::default(),
+            cache_refused: Mutex::default(),
             fetching,
             config,
             catalog,
@@ -244,6 +260,8 @@ impl Pipeline {
     /// Returns how many tools the result listed.
     pub fn observe_tools_list(&self, server: &str, result: &str) -> usize {
         let captured = self.catalog.capture(server, result);
+        // A tool whose definition changed answers from scratch.
+        self.clear_cache(server, Some(&captured.changed));
         if !captured.changed.is_empty() {
             let mut f = serde_json::Map::new();
             f.insert("server".into(), json!(server));
@@ -364,7 +382,54 @@ impl Pipeline {
             }
         }
         self.catalog.mark_fetched(server, self.clock.now_ms());
+        // Fetched because the list was stale, changed or unknown: cached
+        // reads of this server start over.
+        self.clear_cache(server, None);
         tracing::debug!(server, tools, elapsed = ?started.elapsed(), "tool list fetched");
+    }
+
+    /// The `cache_ttl` configured for the call's tool.
+    fn cache_ttl<U>(&self, c: &Call<'_, U>) -> Option<Duration> {
+        self.config
+            .servers
+            .get(c.ctx.server)?
+            .tools
+            .get(&c.call.tool)?
+            .cache_ttl
+    }
+
+    fn cache_key<U>(c: &Call<'_, U>) -> String {
+        let who = &c.ctx.caller.identity;
+        ledger::storage_key(&who.tenant, &who.principal, &c.call.digest)
+    }
+
+    /// Forget cached reads of `server` (of the listed tools, or all).
+    fn clear_cache(&self, server: &str, tools: Option<&[String]>) {
+        let mut cache = self.read_cache.lock().unwrap_or_else(|p| p.into_inner());
+        match tools {
+            Some(tools) => {
+                for t in tools {
+                    cache.remove(&(server.to_owned(), t.clone()));
+                }
+            }
+            None => cache.retain(|(s, _), _| s != server),
+        }
+    }
+
+    /// A write-capable tool with a `cache_ttl`: never cached, and said so
+    /// once.
+    fn refuse_cache<U>(&self, c: &Call<'_, U>) {
+        if self.cache_ttl(c).is_none() {
+            return;
+        }
+        let first = self
+            .cache_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((c.ctx.server.to_owned(), c.call.tool.clone()));
+        if first {
+            tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, "cache_ttl ignored: the tool may write, and writes are never cached");
+        }
     }
 
     /// Stage 1, strict parse and canonical form: the forwarded `params` are
@@ -461,6 +526,53 @@ impl Pipeline {
     /// durable write; any failure may be retried (reading twice is
     /// harmless).
     async fn read<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
+        let ttl = self.cache_ttl(c);
+        let key = (c.ctx.server.to_owned(), c.call.tool.clone());
+        if ttl.is_some() {
+            let now = self.clock.now_ms();
+            let cache = self.read_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(hit) = cache
+                .get(&key)
+                .and_then(|t| t.get(&Self::cache_key(c)))
+                .filter(|hit| hit.expires_ms > now)
+            {
+                c.trail.record(
+                    "completed",
+                    vec![("is_error", json!(false)), ("cached", json!(true))],
+                );
+                return CallOutcome::Cached {
+                    answer: hit.answer.clone(),
+                    answered_at: hit.answered_at.clone(),
+                };
+            }
+        }
+        let outcome = self.read_fresh(c).await;
+        if let (Some(ttl), CallOutcome::Answered(m)) = (ttl, &outcome) {
+            // Only a successful result is kept: an error is asked again.
+            if let (Some(Answer::Result(text)), [(_, ok)]) =
+                (answer_of(m), answered_fields(m).as_slice())
+            {
+                if *ok == json!(false) {
+                    let now = self.clock.now_ms();
+                    let entry = CachedRead {
+                        answer: Answer::Result(text),
+                        answered_at: rfc3339(now),
+                        expires_ms: now.saturating_add(ms(ttl)),
+                    };
+                    self.read_cache
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(key)
+                        .or_default()
+                        .insert(Self::cache_key(c), entry);
+                }
+            }
+        }
+        outcome
+    }
+
+    /// A read that goes upstream.
+    async fn read_fresh<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
         let mut lead = match self.flights.coalesce_read(c.claim) {
             Ok(lead) => Box::new(lead),
             Err(rx) => return settled(c, follow(rx).await, false),
@@ -532,6 +644,9 @@ impl Pipeline {
     /// Stage 4, a call through the ledger, with retries only where a retry
     /// cannot run it twice (proven not dispatched).
     async fn write<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
+        if !c.annotations.read_only {
+            self.refuse_cache(c);
+        }
         let mut attempt = 1;
         loop {
             let result = self.write_once(c).await;
@@ -822,7 +937,8 @@ impl Pipeline {
                 ))
             }
         }
-        let CallOutcome::Answered(answer) = self.read(&pc).await else {
+        // Never from the read cache: the version must be the one now.
+        let CallOutcome::Answered(answer) = self.read_fresh(&pc).await else {
             return Err(failed());
         };
         let result: Value = answer
