@@ -122,6 +122,23 @@ async fn a_paged_tool_list_is_learned_whole() {
         listed.last()["result"]["nextCursor"].is_string(),
         "the server pages its list: {listed:?}"
     );
+    // `check` reads every page too.
+    let out = gw.cli(&["check", "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paged = report
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["server"] == "paged")
+        .unwrap();
+    let names: Vec<&str> = paged["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 9, "{names:?}");
+    assert!(names.contains(&"notify_later"), "{names:?}");
 }
 
 #[tokio::test]

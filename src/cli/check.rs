@@ -110,15 +110,31 @@ async fn initialize_and_list(gw: &Gateway, server: &str) -> Result<Listing, Stri
                 &Vec::new(),
             )
             .await;
-        let list = conn
-            .call(
-                pass(Message::request(json!(2), "tools/list", None))?,
-                None,
-                timeout,
-                &Vec::new(),
-            )
-            .await;
-        let tools = list.ok().and_then(|l| result_of(&l).get("tools").cloned());
+        // Every page: a tool on a later page is as real as one on the first.
+        let mut tools: Option<Vec<Value>> = None;
+        let mut cursor: Option<String> = None;
+        for page in 0..100 {
+            let params = cursor.take().map(|c| raw(&json!({ "cursor": c })));
+            let request = Message::request(json!(2 + page), "tools/list", params);
+            let Ok(answer) = conn.call(pass(request)?, None, timeout, &Vec::new()).await else {
+                break;
+            };
+            let result = result_of(&answer);
+            let Some(listed) = result.get("tools").and_then(Value::as_array) else {
+                break;
+            };
+            tools
+                .get_or_insert_with(Vec::new)
+                .extend(listed.iter().cloned());
+            cursor = result
+                .get("nextCursor")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            if cursor.is_none() {
+                break;
+            }
+        }
+        let tools = tools.map(Value::Array);
         Ok(Listing {
             init_ms,
             server_info,
