@@ -34,7 +34,10 @@
 //! `times` (default 1) counts down; the entry is removed when it reaches 0.
 //!
 //! `notify_later` answers, then sends `notifications/message` on the
-//! standalone stream (stdout, or the session's GET stream over HTTP).
+//! standalone stream (stdout, or the session's GET stream over HTTP); with
+//! `{"list_changed": true}` it sends `notifications/tools/list_changed`
+//! instead. The faults file's `{"_hints": {"TOOL": {...}}}` replaces a tool's
+//! annotations in `tools/list`.
 //! Over HTTP, 2026-07-28 requests are checked like a real modern server does
 //! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` against the body), and
 //! each execution record carries the `Authorization` header the request came
@@ -229,7 +232,23 @@ impl Server {
             }
             "ping" => json!({}),
             "tools/list" => {
-                let tools: Vec<Value> = serde_json::from_str(TOOLS).unwrap_or_default();
+                let mut tools: Vec<Value> = serde_json::from_str(TOOLS).unwrap_or_default();
+                // The faults file's `_hints` replaces tools' annotations, so
+                // tests can change a definition while the server runs.
+                if let Some(hints) = self
+                    .faults
+                    .as_ref()
+                    .and_then(|f| std::fs::read_to_string(f).ok())
+                    .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                    .and_then(|v| v.get("_hints").cloned())
+                {
+                    for tool in &mut tools {
+                        let name = tool["name"].as_str().unwrap_or("").to_owned();
+                        if let Some(h) = hints.get(&name) {
+                            tool["annotations"] = h.clone();
+                        }
+                    }
+                }
                 let mut r = match self.page_size {
                     // The cursor is the index of the page's first tool.
                     Some(n) => {
@@ -346,9 +365,15 @@ impl Server {
                 // it must travel on the standalone stream.
                 let standalone = out.standalone.clone();
                 let text = args["text"].as_str().unwrap_or("later").to_owned();
+                // `list_changed: true` announces a changed tool list instead.
+                let list_changed = args["list_changed"].as_bool() == Some(true);
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    let n = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":text}});
+                    let n = if list_changed {
+                        json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"})
+                    } else {
+                        json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":text}})
+                    };
                     let _ = standalone.send(n).await;
                 });
                 "will notify".to_owned()

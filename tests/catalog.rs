@@ -182,3 +182,40 @@ async fn a_read_cache_answers_an_identical_read_and_is_refused_for_a_write() {
         "{report}"
     );
 }
+
+#[tokio::test]
+async fn a_server_announcing_a_changed_list_is_listed_again_before_the_next_call() {
+    let (pdir, _key) = default_policies_with_alice();
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let ran = |a: &Answer| a.last()["result"]["isError"] == false;
+    let a = c.call(1, "get_balance", json!({"account":"a"})).await;
+    assert!(ran(&a), "a read runs unattended: {a:?}");
+    // The server's get_balance now says it may write.
+    std::fs::write(
+        gw.faults_path(),
+        json!({"_hints": {"get_balance": {"readOnlyHint": false}}}).to_string(),
+    )
+    .unwrap();
+    let a = c.call(2, "get_balance", json!({"account":"b"})).await;
+    assert!(
+        ran(&a),
+        "the gateway's list is fresh, so still a read: {a:?}"
+    );
+    // The server says so.
+    let a = c
+        .call(3, "notify_later", json!({"list_changed": true}))
+        .await;
+    assert!(ran(&a), "{a:?}");
+    gw.wait_for_log("tool list changed").await;
+    let a = c.call(4, "get_balance", json!({"account":"c"})).await;
+    assert_eq!(
+        code(&a),
+        "approval_pending",
+        "listed again: now a write, held for approval: {a:?}"
+    );
+}

@@ -237,7 +237,10 @@ impl Gateway {
         // the list again before the next call.
         let catalog = Arc::clone(&self.pipeline.catalog);
         let name = server.to_owned();
-        let stale = Box::new(move || catalog.mark_stale(&name));
+        let stale = Box::new(move || {
+            catalog.mark_stale(&name);
+            tracing::info!(server = %name, "the server's tool list changed: it is fetched again before the next call");
+        });
         UpstreamConn::connect(
             server,
             cfg,
