@@ -125,12 +125,7 @@ async fn a_paged_tool_list_is_learned_whole() {
     // `check` reads every page too.
     let out = gw.cli(&["check", "--json"]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let paged = report
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["server"] == "paged")
-        .unwrap();
+    let paged = report_server(&report, "paged");
     let names: Vec<&str> = paged["tools"]
         .as_array()
         .unwrap()
@@ -164,15 +159,7 @@ async fn a_read_cache_answers_an_identical_read_and_is_refused_for_a_write() {
     gw.wait_for_log("cache_ttl ignored").await;
     let out = gw.cli(&["check", "--json"]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tool = |name: &str| {
-        report[0]["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["name"] == name)
-            .unwrap()
-            .clone()
-    };
+    let tool = |name: &str| report_tool(&report, "payments", name);
     assert_eq!(tool("get_balance")["cache"], "1h", "{report}");
     assert!(
         tool("refund")["cache"]

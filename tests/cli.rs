@@ -52,18 +52,10 @@ fn check_reports_health_and_effective_annotations() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report[0]["server"], "payments");
     assert_eq!(report[0]["up"], true);
-    let tool = |name: &str| {
-        report[0]["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["name"] == name)
-            .unwrap()
-            .clone()
-    };
+    let tool = |name: &str| common::report_tool(&report, "payments", name);
     assert_eq!(tool("get_balance")["read_only"], true);
     assert_eq!(tool("close_account")["destructive"], true);
     assert_eq!(tool("charge_card")["read_only"], false);

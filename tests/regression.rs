@@ -90,12 +90,7 @@ async fn every_breaker_change_is_logged_and_shown_by_healthz_and_check() {
     std::fs::write(gw.config_path(), config).unwrap();
     let out = gw.cli(&["check", "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let broken = report
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["server"] == "broken")
-        .unwrap();
+    let broken = report_server(&report, "broken");
     assert_eq!(broken["circuit"], "open", "{report}");
 }
 

@@ -1,8 +1,8 @@
 //! Approvals (DESIGN.md section 6), the pure part: proposals, what an
 //! approval binds, the signed statement, reviewer keys and `reviewers.toml`,
 //! request signatures for the control API, and argument diffs for
-//! revisions. No I/O here; the service that holds calls and talks to the
-//! store is [`crate::front::control`].
+//! revisions. No I/O here; the service over the store is the approval book
+//! of the enforcement layer (`enforce::book`).
 //!
 //! Why signatures and not a shared reviewer token: an approval is evidence.
 //! The statement a reviewer signs names the exact call (digest), requester,

@@ -72,11 +72,6 @@ impl std::fmt::Debug for Hold {
 }
 
 impl Permit {
-    /// The canonical request, for the transport to write.
-    pub fn request(&self) -> &Message {
-        &self.request
-    }
-
     /// Spend the permit: the request to write, and the receipt to hand back
     /// with the answer.
     pub fn spend(self) -> (Message, Receipt) {

@@ -227,15 +227,6 @@ impl Pipeline {
         *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
     }
 
-    /// Whether `server`'s circuit is open now.
-    pub fn circuit_open(&self, server: &str) -> bool {
-        self.breakers.get(server).is_some_and(|b| {
-            b.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_open(breaker_now())
-        })
-    }
-
     /// Each server's circuit breaker state: `closed`, `open` or `half-open`.
     pub fn circuits(&self) -> std::collections::BTreeMap<String, &'static str> {
         let now = breaker_now();

@@ -90,11 +90,6 @@ impl Passthrough {
         Ok(Passthrough(msg))
     }
 
-    /// The message.
-    pub fn message(&self) -> &Message {
-        &self.0
-    }
-
     /// [`Passthrough::new`], a refusal worded as an upstream error of
     /// `server` (nothing was sent).
     pub fn checked(server: &str, msg: Message) -> Result<Passthrough, UpstreamError> {

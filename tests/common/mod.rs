@@ -111,6 +111,28 @@ pub async fn listed(gw: &Gateway, server: &str) -> Client {
     c
 }
 
+/// One server's entry in a `countersign check --json` report.
+pub fn report_server(report: &Value, server: &str) -> Value {
+    report
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["server"] == server)
+        .unwrap_or_else(|| panic!("no `{server}` in {report}"))
+        .clone()
+}
+
+/// One tool's entry under a server in a `countersign check --json` report.
+pub fn report_tool(report: &Value, server: &str, tool: &str) -> Value {
+    report_server(report, server)["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == tool)
+        .unwrap_or_else(|| panic!("no `{server}/{tool}` in {report}"))
+        .clone()
+}
+
 /// `structuredContent.countersign` of the answer's last message.
 pub fn countersign(a: &Answer) -> Value {
     a.last()["result"]["structuredContent"]["countersign"].clone()
