@@ -595,6 +595,24 @@ mod tests {
     }
 
     #[test]
+    fn header_read_timeout_and_catalog_and_cache_ttl_parse_and_a_zero_timeout_is_refused() {
+        let c = parse(
+            "[gateway]\nheader_read_timeout = \"3s\"\n[catalog]\nmax_age = \"1m\"\n\
+             [servers.s]\ncommand = \"x\"\n[servers.s.tools.t]\ncache_ttl = \"30s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.gateway.header_read_timeout, Duration::from_secs(3));
+        assert_eq!(c.catalog.max_age, Duration::from_secs(60));
+        assert_eq!(c.catalog.unknown_tool_interval, Duration::from_secs(1));
+        assert_eq!(
+            c.servers["s"].tools["t"].cache_ttl,
+            Some(Duration::from_secs(30))
+        );
+        let e = parse("[gateway]\nheader_read_timeout = \"0s\"\n").unwrap_err();
+        assert!(e.to_string().contains("header_read_timeout"), "{e}");
+    }
+
+    #[test]
     fn defaults_are_loopback() {
         let c = parse("").unwrap();
         assert!(c.gateway.listen.ip().is_loopback());
