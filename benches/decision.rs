@@ -70,6 +70,7 @@ fn main() {
             idempotent: false,
             open_world: true,
         },
+        definition_changed: false,
         arguments: &args,
         digest: "sha256:00",
         resource_version: None,

@@ -13,13 +13,13 @@
 //! | upstream | [`upstream`] (`session`, `route`, `mux`, `stdio`, `streamable_http`) | yes |
 //! | enforce | [`enforce`] (`pipeline`, `flight`, `book`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`) | through traits |
 //! | store, audit | [`store`] (`redb_store`, `memory`), [`audit`] (`log`, `segment`, `trail`, `verify`, `export`) | yes |
-//! | core | [`core`] (`canonical`, `ledger`, `decision`, `approval`, `recovery`, `annotations`, `identity`, `config`, `time`) | no |
+//! | core | [`core`] (`canonical`, `ledger`, `decision`, `approval`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
 //! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two
 //!   MCP wire eras and their headers, SSE and line framing.
 //! - [`core`]: the rules: canonical form and digest, ledger states,
-//!   Cedar decisions, approval statements, failure classes, annotations,
+//!   Cedar decisions, approval statements, failure classes, annotations, tool catalogs and pins,
 //!   identities, configuration, time.
 //! - [`store`]: durable ledger, proposal and outbox storage behind one trait.
 //! - [`audit`]: the hash-chained, signed audit log, a call's trail,

@@ -128,7 +128,7 @@ async fn a_real_run_verifies_and_every_tampering_is_caught_at_its_entry() {
         "replayed",
         "proposal_revised",
         "rejected",
-        "tools_changed",
+        "tools_learned",
         "checkpoint",
     ] {
         assert!(kinds.contains(&k), "no `{k}` entry in {kinds:?}");

@@ -35,7 +35,7 @@ fn shipped_policies_check_and_pass_their_cases() {
         dir.to_str().unwrap(),
     ]);
     assert!(ok, "{out}");
-    assert!(out.contains("5 passed, 0 failed"), "{out}");
+    assert!(out.contains("6 passed, 0 failed"), "{out}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::core::approval::REVIEWERS_FILE;
+use crate::core::catalog::{ToolLock, LOCK_FILE};
 use crate::core::config::{Config, ConfigError};
 use crate::core::decision::{Policies, PolicyError, PolicySources, SCHEMA_FILE};
 
@@ -70,4 +71,27 @@ pub fn read_policies(dir: &Path) -> Result<PolicySources, Vec<PolicyError>> {
 /// Read and parse a policy folder.
 pub fn load_policies(dir: &Path) -> Result<Policies, Vec<PolicyError>> {
     Policies::from_sources(&read_policies(dir)?)
+}
+
+/// Read `tools.lock` in the policy folder; none there is an empty lock
+/// (every tool is pinned on first use).
+pub fn load_tool_lock(dir: &Path) -> anyhow::Result<ToolLock> {
+    let path = dir.join(LOCK_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => ToolLock::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ToolLock::default()),
+        Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Write `tools.lock` in the policy folder (whole, through a temporary file
+/// renamed over it, so a reader never sees half a lock).
+pub fn save_tool_lock(dir: &Path, lock: &ToolLock) -> anyhow::Result<PathBuf> {
+    let path = dir.join(LOCK_FILE);
+    let tmp = dir.join(format!(".{LOCK_FILE}.tmp"));
+    std::fs::write(&tmp, lock.to_text())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path)
+        .map_err(|e| anyhow::anyhow!("cannot replace {}: {e}", path.display()))?;
+    Ok(path)
 }

@@ -18,6 +18,7 @@ pub mod policy;
 pub mod reconcile;
 pub mod review;
 pub mod serve;
+pub mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -165,6 +166,15 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Tool definitions against `policies/tools.lock`: list, diff, pin,
+    /// accept.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+        /// Configuration file (servers, and the policy folder holding the lock).
+        #[arg(long, short, global = true, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
     /// Initialize every configured upstream and report up/down with latency.
     Check {
         /// Configuration file.
@@ -232,6 +242,41 @@ struct ReviewerArgs {
         env = "COUNTERSIGN_GATEWAY"
     )]
     gateway: String,
+}
+
+#[derive(Subcommand)]
+enum ToolsCommand {
+    /// Each server's tools with their definition digest and how they stand
+    /// against the lock: pinned, changed, unpinned, vanished.
+    List {
+        /// Only this server.
+        #[arg(long)]
+        server: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What differs between the pinned definitions and what the servers
+    /// list now, field by field; exit 1 when anything differs.
+    Diff {
+        /// Only this tool (`SERVER/TOOL`).
+        tool: Option<String>,
+    },
+    /// Write the lock: pin every tool each server (or one) lists now.
+    Pin {
+        /// Only this server.
+        #[arg(long)]
+        server: Option<String>,
+    },
+    /// Accept one tool's definition as listed now (or its removal).
+    Accept {
+        /// `SERVER/TOOL`.
+        tool: String,
+        /// The digest you reviewed (`tools diff` shows it): refused if the
+        /// server lists another one by now.
+        #[arg(long)]
+        digest: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -467,6 +512,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{out}");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Tools { command, config } => {
+            let config = files::load_config(&config)?;
+            let gw = Gateway::new(
+                config,
+                std::sync::Arc::new(crate::store::MemoryStore::default()),
+                crate::core::decision::Policies::empty(),
+                None,
+            );
+            tools_command(&gw, command).await
+        }
         Command::Check { config, json } => {
             let config = files::load_config(&config)?;
             // `check` sends no tools/call: no ledger file, no policies needed.
@@ -505,6 +560,78 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+    }
+}
+
+async fn tools_command(gw: &Gateway, command: ToolsCommand) -> anyhow::Result<ExitCode> {
+    use crate::cli::tools;
+    let mut lock = tools::lock_of(gw)?;
+    match command {
+        ToolsCommand::List { server, json } => {
+            let listed = tools::fetch(gw, server.as_deref()).await?;
+            let states = tools::compare(&listed, &lock);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&states)?);
+            } else {
+                for s in &states {
+                    let digest = s.digest.as_deref().or(s.pinned.as_deref()).unwrap_or("");
+                    let standing = serde_json::to_value(s.standing)?;
+                    println!(
+                        "{:<32} {:<9} {digest}",
+                        format!("{}/{}", s.server, s.tool),
+                        standing.as_str().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ToolsCommand::Diff { tool } => {
+            let only = tool.as_deref().map(tools::split).transpose()?;
+            let listed = tools::fetch(gw, only.map(|o| o.0)).await?;
+            let mut differs = false;
+            for s in tools::compare(&listed, &lock) {
+                if only.is_some_and(|(_, t)| t != s.tool) {
+                    continue;
+                }
+                let name = format!("{}/{}", s.server, s.tool);
+                match s.standing {
+                    tools::Standing::Pinned | tools::Standing::Unpinned => continue,
+                    tools::Standing::Changed => println!(
+                        "{name}: pinned {} → listed {}\n{}",
+                        s.pinned.unwrap_or_default(),
+                        s.digest.unwrap_or_default(),
+                        tools::describe(&s.changes)
+                    ),
+                    tools::Standing::Vanished => {
+                        println!(
+                            "{name}: pinned {}, no longer listed",
+                            s.pinned.unwrap_or_default()
+                        );
+                    }
+                }
+                differs = true;
+            }
+            Ok(if differs {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        ToolsCommand::Pin { server } => {
+            let listed = tools::fetch(gw, server.as_deref()).await?;
+            let n = tools::pin(&mut lock, &listed);
+            let path = tools::save(gw, &lock)?;
+            println!("pinned {n} tools in {}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        ToolsCommand::Accept { tool, digest } => {
+            let (server, name) = tools::split(&tool)?;
+            let listed = tools::fetch(gw, Some(server)).await?;
+            let said = tools::accept(&mut lock, &listed, server, name, digest.as_deref())?;
+            let path = tools::save(gw, &lock)?;
+            println!("{said} in {}", path.display());
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

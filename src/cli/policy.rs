@@ -58,6 +58,9 @@ struct Case {
     tool: String,
     #[serde(default)]
     annotations: AnnotationCase,
+    /// The tool's definition differs from its pin.
+    #[serde(default)]
+    definition_changed: bool,
     #[serde(default)]
     arguments: Option<Value>,
     expect: Expect,
@@ -121,6 +124,7 @@ pub fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
             server: &c.server,
             tool: &c.tool,
             annotations,
+            definition_changed: c.definition_changed,
             arguments: &arguments,
             digest: &digest,
             resource_version: None,

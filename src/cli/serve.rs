@@ -71,7 +71,25 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             "audit entries recovered from the ledger's outbox"
         );
     }
+    let lock = crate::cli::files::load_tool_lock(&policy_dir)?;
     let gw = Gateway::new(config, store, policies, Some(audit.clone()));
+    gw.pipeline.catalog.set_lock(lock);
+    let pins = gw
+        .pipeline
+        .load_pins()
+        .map_err(|e| anyhow::anyhow!("tool pins: {e}"))?;
+    tracing::info!(
+        first_use = pins,
+        locked = gw
+            .pipeline
+            .catalog
+            .lock()
+            .servers
+            .values()
+            .map(std::collections::BTreeMap::len)
+            .sum::<usize>(),
+        "tool pins loaded"
+    );
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (gateway.listen): is another process using it?")
@@ -213,6 +231,23 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
             continue;
         }
         seen = now;
+        // tools.lock is judged on its own: a bad lock keeps the previous
+        // pins, whatever the policies do.
+        match crate::cli::files::load_tool_lock(&dir) {
+            Ok(lock) if lock != *gw.pipeline.catalog.lock() => {
+                tracing::info!("tools.lock reloaded");
+                gw.pipeline.catalog.set_lock(lock);
+                gw.pipeline
+                    .audit("tools_lock_reloaded", serde_json::Map::new());
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!("tools.lock reload refused, previous pins stay in force: {e}");
+                let mut f = serde_json::Map::new();
+                f.insert("errors".into(), vec![e.to_string()].into());
+                gw.pipeline.audit("policy_reload_refused", f);
+            }
+        }
         match crate::cli::files::load_policies(&dir) {
             Ok(p) => {
                 tracing::info!(policies = p.len(), "policies reloaded");

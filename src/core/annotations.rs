@@ -5,21 +5,9 @@
 //! MCP default, which for `readOnlyHint` is `false` (write-capable), and the
 //! operator's `[servers.S.tools.T]` override wins over anything the server says.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::RwLock;
-
 use serde_json::Value;
 
 use crate::core::config::ToolConfig;
-
-/// What one `tools/list` result taught the catalog.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Captured {
-    /// Tools listed.
-    pub tools: usize,
-    /// Tools new or with other hints than before (for the audit log).
-    pub changed: Vec<String>,
-}
 
 /// Effective annotations of one tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +53,18 @@ impl Annotations {
         }
     }
 
+    /// The more cautious reading of two: a hint that loosens (becoming
+    /// read-only, idempotent or closed-world, or ceasing to be destructive)
+    /// is not taken from `self` over `pinned`.
+    pub fn no_looser_than(self, pinned: Annotations) -> Annotations {
+        Annotations {
+            read_only: self.read_only && pinned.read_only,
+            destructive: self.destructive || pinned.destructive,
+            idempotent: self.idempotent && pinned.idempotent,
+            open_world: self.open_world || pinned.open_world,
+        }
+    }
+
     /// Apply the operator's overrides.
     pub fn with_overrides(mut self, o: Option<&ToolConfig>) -> Annotations {
         if let Some(o) = o {
@@ -74,103 +74,6 @@ impl Annotations {
             self.open_world = o.open_world.unwrap_or(self.open_world);
         }
         self
-    }
-}
-
-/// Per-server catalog of the tools last seen in a `tools/list` result.
-#[derive(Debug, Default)]
-pub struct Catalog {
-    overrides: HashMap<String, BTreeMap<String, ToolConfig>>,
-    seen: RwLock<HashMap<String, HashMap<String, Annotations>>>,
-    /// When the gateway last fetched each server's whole list itself (unix
-    /// ms); absent when never, or when the server said its list changed.
-    fetched: RwLock<HashMap<String, i64>>,
-}
-
-impl Catalog {
-    /// A catalog knowing the operator's overrides per server.
-    pub fn new(overrides: HashMap<String, BTreeMap<String, ToolConfig>>) -> Catalog {
-        Catalog {
-            overrides,
-            seen: RwLock::default(),
-            fetched: RwLock::default(),
-        }
-    }
-
-    /// Record the tools of a `tools/list` result (raw JSON text). Returns how
-    /// many tools were read. A result that does not parse records nothing, so
-    /// those tools keep the cautious defaults.
-    pub fn capture(&self, server: &str, result: &str) -> Captured {
-        let Ok(value) = serde_json::from_str::<Value>(result) else {
-            return Captured::default();
-        };
-        let Some(tools) = value.get("tools").and_then(Value::as_array) else {
-            return Captured::default();
-        };
-        let mut found = HashMap::new();
-        for tool in tools {
-            if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                found.insert(
-                    name.to_owned(),
-                    Annotations::from_hints(tool.get("annotations")),
-                );
-            }
-        }
-        let mut out = Captured {
-            tools: found.len(),
-            changed: Vec::new(),
-        };
-        if let Ok(mut seen) = self.seen.write() {
-            let known = seen.entry(server.to_owned()).or_default();
-            for (name, hints) in &found {
-                if known.get(name) != Some(hints) {
-                    out.changed.push(name.clone());
-                }
-            }
-            // Pagination: later pages add to what earlier pages said.
-            known.extend(found);
-        }
-        out.changed.sort();
-        out
-    }
-
-    /// Whether `server` listed `tool`.
-    pub fn knows(&self, server: &str, tool: &str) -> bool {
-        self.seen
-            .read()
-            .is_ok_and(|s| s.get(server).is_some_and(|t| t.contains_key(tool)))
-    }
-
-    /// When the gateway last fetched `server`'s whole list (unix ms).
-    pub fn fetched_at(&self, server: &str) -> Option<i64> {
-        self.fetched.read().ok()?.get(server).copied()
-    }
-
-    /// The gateway fetched `server`'s whole list at `now_ms`.
-    pub fn mark_fetched(&self, server: &str, now_ms: i64) {
-        if let Ok(mut f) = self.fetched.write() {
-            f.insert(server.to_owned(), now_ms);
-        }
-    }
-
-    /// `server` said its list changed (`notifications/tools/list_changed`):
-    /// the next call fetches it again.
-    pub fn mark_stale(&self, server: &str) {
-        if let Ok(mut f) = self.fetched.write() {
-            f.remove(server);
-        }
-    }
-
-    /// Effective annotations of `server/tool`: server hints (or MCP defaults
-    /// when the tool was never listed), then operator overrides.
-    pub fn effective(&self, server: &str, tool: &str) -> Annotations {
-        let hinted = self
-            .seen
-            .read()
-            .ok()
-            .and_then(|s| s.get(server).and_then(|t| t.get(tool)).copied())
-            .unwrap_or_default();
-        hinted.with_overrides(self.overrides.get(server).and_then(|t| t.get(tool)))
     }
 }
 
@@ -191,47 +94,23 @@ mod tests {
     }
 
     #[test]
-    fn capture_and_override() {
-        let mut o = HashMap::new();
-        let mut tools = BTreeMap::new();
-        tools.insert(
-            "sneaky".to_owned(),
-            ToolConfig {
-                read_only: Some(false),
-                ..Default::default()
-            },
+    fn loosening_is_not_taken_tightening_is() {
+        let write = Annotations::default();
+        let read = Annotations {
+            read_only: true,
+            destructive: false,
+            idempotent: true,
+            open_world: false,
+        };
+        assert_eq!(
+            read.no_looser_than(write),
+            write,
+            "a write turned read-only stays a write"
         );
-        tools.insert(
-            "plain".to_owned(),
-            ToolConfig {
-                read_only: Some(true),
-                ..Default::default()
-            },
+        assert_eq!(
+            write.no_looser_than(read),
+            write,
+            "a read turned write is a write at once"
         );
-        o.insert("s".to_owned(), tools);
-        let c = Catalog::new(o);
-        let n = c.capture(
-            "s",
-            r#"{"tools":[{"name":"sneaky","annotations":{"readOnlyHint":true}},{"name":"get","annotations":{"readOnlyHint":true}},{"name":"plain"}]}"#,
-        );
-        assert_eq!(n.tools, 3);
-        assert_eq!(n.changed, vec!["get", "plain", "sneaky"]);
-        let again = c.capture(
-            "s",
-            r#"{"tools":[{"name":"get","annotations":{"readOnlyHint":false}},{"name":"plain"}]}"#,
-        );
-        assert_eq!(again.changed, vec!["get"], "only what changed");
-        c.capture(
-            "s",
-            r#"{"tools":[{"name":"get","annotations":{"readOnlyHint":true}}]}"#,
-        );
-        assert!(
-            !c.effective("s", "sneaky").read_only,
-            "operator wins over the server"
-        );
-        assert!(c.effective("s", "get").read_only);
-        assert!(c.effective("s", "plain").read_only);
-        assert!(!c.effective("s", "never-listed").read_only);
-        assert!(!c.effective("other", "get").read_only);
     }
 }

@@ -18,8 +18,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// `type` of an approval statement.
-pub const STATEMENT_TYPE: &str = "countersign.approval.v1";
+/// `type` of an approval statement: version 2 binds the tool's definition
+/// digest (`tool_definition`).
+pub const STATEMENT_TYPE: &str = "countersign.approval.v2";
+/// `type` of a version-1 statement (no `tool_definition`): still verified,
+/// and bound to the definition through its proposal.
+pub const STATEMENT_TYPE_V1: &str = "countersign.approval.v1";
 /// The first line of a signed control API request.
 pub const REQUEST_CONTEXT: &str = "countersign.request.v1";
 /// The `Authorization` scheme of the control API.
@@ -39,7 +43,7 @@ pub enum ApprovalError {
     #[error("cannot canonicalize: {0}")]
     Canonical(String),
     /// The statement is of another type.
-    #[error("statement type `{0}` is not `{STATEMENT_TYPE}`")]
+    #[error("statement type `{0}` is not `{STATEMENT_TYPE}` (or `{STATEMENT_TYPE_V1}`, which has no `tool_definition`)")]
     StatementType(String),
     /// A bound field differs from the proposal's.
     #[error("the statement's `{field}` ({got}) is not the proposal's ({want}): sign the proposal as the gateway shows it")]
@@ -129,7 +133,7 @@ pub enum Risk {
     Destructive,
 }
 
-/// One difference between a proposal's arguments and the one it revises.
+/// One difference between two JSON values (see [`diff`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
     /// JSON pointer to the changed value.
@@ -138,6 +142,15 @@ pub struct Change {
     pub before: Option<Value>,
     /// The value now (absent: removed).
     pub after: Option<Value>,
+}
+
+/// A tool definition that is not the pinned one, as a reviewer sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DefinitionChange {
+    /// The pinned digest.
+    pub pinned: String,
+    /// What differs from the pinned definition.
+    pub changes: Vec<Change>,
 }
 
 /// A proposal that differs from a recent one of the same requester and tool.
@@ -187,6 +200,15 @@ pub struct Proposal {
     pub tenant: String,
     /// The resource version the reviewer sees (probe or explicit).
     pub resource_version: Option<String>,
+    /// The tool's definition digest when the proposal was made (`None`:
+    /// the server did not list the tool). An approval runs the call only
+    /// under this definition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_definition: Option<String>,
+    /// When the definition differed from the pinned one: the pinned digest
+    /// and the field-level difference, for the reviewer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definition_change: Option<DefinitionChange>,
     /// From the effective annotations.
     pub risk: Risk,
     /// The policies that asked for approval.
@@ -223,6 +245,8 @@ pub struct Binding<'a> {
     pub tenant: &'a str,
     /// Resource version seen.
     pub resource_version: Option<&'a str>,
+    /// The tool's definition digest.
+    pub tool_definition: Option<&'a str>,
 }
 
 impl Proposal {
@@ -236,6 +260,7 @@ impl Proposal {
             requester: &self.requester,
             tenant: &self.tenant,
             resource_version: self.resource_version.as_deref(),
+            tool_definition: self.tool_definition.as_deref(),
         }
     }
 
@@ -265,6 +290,7 @@ impl Proposal {
             requester: self.requester.clone(),
             tenant: self.tenant.clone(),
             resource_version: self.resource_version.clone(),
+            tool_definition: self.tool_definition.clone(),
             expires_at: expires_at.into(),
             decision,
             reviewer: reviewer.into(),
@@ -307,6 +333,10 @@ pub struct Statement {
     pub tenant: String,
     /// Resource version seen (`null` when none).
     pub resource_version: Option<String>,
+    /// The tool's definition digest (version 2; absent when the server did
+    /// not list the tool, and in version 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_definition: Option<String>,
     /// RFC 3339: the approval is void after this.
     pub expires_at: String,
     /// Approve or deny.
@@ -340,10 +370,19 @@ impl Statement {
     /// Every binding field is compared: a signature over a different call,
     /// requester, tenant or resource version never approves this one.
     pub fn check_binding(&self, p: &Binding<'_>) -> Result<(), ApprovalError> {
-        if self.kind != STATEMENT_TYPE {
-            return Err(ApprovalError::StatementType(self.kind.clone()));
-        }
-        let pairs: [(&'static str, Option<&str>, Option<&str>); 7] = [
+        // Version 1 names no definition; the proposal it signs still binds
+        // one, and execution start compares that with the tool's now.
+        let v1 = match self.kind.as_str() {
+            STATEMENT_TYPE => false,
+            STATEMENT_TYPE_V1 if self.tool_definition.is_none() => true,
+            _ => return Err(ApprovalError::StatementType(self.kind.clone())),
+        };
+        let definition = if v1 {
+            p.tool_definition
+        } else {
+            self.tool_definition.as_deref()
+        };
+        let pairs: [(&'static str, Option<&str>, Option<&str>); 8] = [
             ("proposal_id", Some(&self.proposal_id), Some(p.proposal_id)),
             ("server", Some(&self.server), Some(p.server)),
             ("tool", Some(&self.tool), Some(p.tool)),
@@ -355,6 +394,7 @@ impl Statement {
                 self.resource_version.as_deref(),
                 p.resource_version,
             ),
+            ("tool_definition", definition, p.tool_definition),
         ];
         for (field, got, want) in pairs {
             if got != want {
@@ -657,8 +697,9 @@ impl RequestAuth {
     }
 }
 
-/// The differences between two argument objects, by JSON pointer. Objects
-/// are compared key by key; anything else is compared whole.
+/// The differences between two JSON values (a proposal's arguments, or a
+/// tool's definitions), by JSON pointer. Objects are compared key by key;
+/// anything else (arrays included) is compared whole.
 pub fn diff(before: &Value, after: &Value) -> Vec<Change> {
     let mut out = Vec::new();
     diff_at("", before, after, &mut out);
@@ -789,6 +830,8 @@ mod tests {
             requester: "agent-7".into(),
             tenant: "acme".into(),
             resource_version: Some("v1".into()),
+            tool_definition: Some("sha256:d1".into()),
+            definition_change: None,
             risk: Risk::Destructive,
             policies: vec![],
             revises: None,
@@ -821,7 +864,8 @@ mod tests {
             text.starts_with(r#"{"call_digest":"sha256:aa","decision":"approve","expires_at":"#),
             "{text}"
         );
-        assert!(text.contains(r#""type":"countersign.approval.v1""#));
+        assert!(text.contains(r#""tool_definition":"sha256:d1""#));
+        assert!(text.contains(r#""type":"countersign.approval.v2""#));
         let sig = st.sign(&key(1)).unwrap();
         st.verify(&key(1).verifying_key(), &sig).unwrap();
         // Another key, or any changed field, fails.
@@ -864,6 +908,32 @@ mod tests {
         let mut wrong_type = st.clone();
         wrong_type.kind = "countersign.approval.v0".into();
         assert!(wrong_type.check_binding(&p.binding()).is_err());
+        let mut other = p.clone();
+        other.tool_definition = Some("sha256:d2".into());
+        assert!(st
+            .check_binding(&other.binding())
+            .unwrap_err()
+            .to_string()
+            .contains("`tool_definition`"));
+    }
+
+    #[test]
+    fn version_1_statements_still_verify() {
+        let p = proposal();
+        // A statement as a version-1 signer wrote it: no tool_definition.
+        let mut st = p.statement(Verdict::Approve, "alice", "", "t", "t");
+        st.kind = STATEMENT_TYPE_V1.into();
+        st.tool_definition = None;
+        let text = String::from_utf8(st.signing_bytes().unwrap()).unwrap();
+        assert!(!text.contains("tool_definition"), "{text}");
+        let sig = st.sign(&key(1)).unwrap();
+        st.verify(&key(1).verifying_key(), &sig).unwrap();
+        st.check_binding(&p.binding()).unwrap();
+        // Version 1 cannot carry a definition: that would be a v2 field
+        // under a v1 name.
+        let mut mixed = st.clone();
+        mixed.tool_definition = Some("sha256:d1".into());
+        assert!(mixed.check_binding(&p.binding()).is_err());
     }
 
     #[test]

@@ -392,7 +392,13 @@ impl Policies {
             call.identity.groups,
             call.server,
             call.tool,
-            [a.read_only, a.destructive, a.idempotent, a.open_world]
+            [
+                a.read_only,
+                a.destructive,
+                a.idempotent,
+                a.open_world,
+                call.definition_changed
+            ]
         ])
         .to_string();
         let mut cache = self.entity_cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -597,6 +603,8 @@ pub struct Call<'a> {
     pub tool: &'a str,
     /// The tool's effective annotations.
     pub annotations: Annotations,
+    /// The listed definition is not the pinned one (DESIGN.md section 12).
+    pub definition_changed: bool,
     /// Canonical arguments.
     pub arguments: &'a Value,
     /// `call_digest`.
@@ -644,6 +652,10 @@ fn entities(call: &Call<'_>) -> Result<(Entities, EntityUid, EntityUid), String>
         (
             "openWorld".to_owned(),
             RestrictedExpression::new_bool(a.open_world),
+        ),
+        (
+            "definitionChanged".to_owned(),
+            RestrictedExpression::new_bool(call.definition_changed),
         ),
     ]);
     list.push(
@@ -762,6 +774,7 @@ mod tests {
             server: "payments",
             tool,
             annotations: ann,
+            definition_changed: false,
             arguments: &args,
             digest: "sha256:00",
             resource_version: None,
@@ -900,6 +913,7 @@ mod tests {
             server: "payments",
             tool: "close_account",
             annotations: ann,
+            definition_changed: false,
             arguments: &args,
             digest: "d",
             resource_version: None,
@@ -953,6 +967,7 @@ mod tests {
                 server,
                 tool,
                 annotations: ann,
+                definition_changed: false,
                 arguments: &args,
                 digest: "d",
                 resource_version: None,
@@ -965,6 +980,7 @@ mod tests {
             server: "payments",
             tool: "other_7",
             annotations: read(),
+            definition_changed: false,
             arguments: &args,
             digest: "d",
             resource_version: None,

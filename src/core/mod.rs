@@ -13,6 +13,8 @@
 //!   circuit breaker.
 //! - [`annotations`]: effective tool annotations (server hints, MCP
 //!   defaults, operator overrides).
+//! - [`catalog`]: each server's tool definitions, their digests, pins
+//!   (`tools.lock` and first use), changes and field-level diffs.
 //! - [`identity`]: bearer tokens (stored as SHA-256) → principal, tenant,
 //!   groups.
 //! - [`config`]: `countersign.toml`, strict parsing with line-numbered
@@ -22,6 +24,7 @@
 pub mod annotations;
 pub mod approval;
 pub mod canonical;
+pub mod catalog;
 pub mod config;
 pub mod decision;
 pub mod identity;

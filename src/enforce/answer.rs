@@ -34,6 +34,8 @@ pub mod codes {
     pub const APPROVAL_EXPIRED: &str = "approval_expired";
     /// The resource changed since the reviewer saw it.
     pub const STALE_RESOURCE_VERSION: &str = "stale_resource_version";
+    /// A pinned tool the server no longer lists.
+    pub const TOOL_UNAVAILABLE: &str = "tool_unavailable";
 }
 
 /// The answer to a `tools/call` request with JSON-RPC id `id`.
@@ -59,6 +61,17 @@ pub fn render(outcome: CallOutcome, id: Value, era: Era) -> Message {
             Answer::Error(e) => error_message(id, &e),
         },
         CallOutcome::Refused { why, key, tool } => refusal(id, why, &key, &tool, era),
+        CallOutcome::ToolUnavailable { server, tool } => tool_error(
+            id,
+            codes::TOOL_UNAVAILABLE,
+            &format!(
+                "The call did not run: server `{server}` no longer lists tool `{tool}`. \
+                 List tools again and use one the server offers; an operator can accept the change \
+                 with `countersign tools pin`."
+            ),
+            json!({ "server": server, "tool": tool }),
+            era,
+        ),
         CallOutcome::CircuitOpen { server } => tool_error(
             id,
             codes::UPSTREAM_UNAVAILABLE,
@@ -105,6 +118,7 @@ pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
             Outcome::Remap => codes::REMAP_REJECTED,
             Outcome::NotDispatched => codes::UPSTREAM_UNAVAILABLE,
         },
+        CallOutcome::ToolUnavailable { .. } => codes::TOOL_UNAVAILABLE,
         CallOutcome::CircuitOpen { .. }
         | CallOutcome::LedgerUnavailable(_)
         | CallOutcome::AuditUnavailable => codes::UPSTREAM_UNAVAILABLE,

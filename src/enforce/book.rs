@@ -11,8 +11,8 @@ use tokio::sync::broadcast;
 
 use crate::audit::AuditSink;
 use crate::core::approval::{
-    self, ApprovalError, Proposal, ProposalState, Reviewer, Reviewers, Revision, Risk,
-    SignedDecision, Statement, Verdict,
+    self, ApprovalError, DefinitionChange, Proposal, ProposalState, Reviewer, Reviewers, Revision,
+    Risk, SignedDecision, Statement, Verdict,
 };
 use crate::core::config::ApprovalsConfig;
 use crate::core::identity::Identity;
@@ -43,6 +43,10 @@ pub struct Ask<'a> {
     pub digest: &'a str,
     /// The resource version now (probe or explicit), if any.
     pub resource_version: Option<&'a str>,
+    /// The tool's definition digest now (`None`: not listed).
+    pub tool_definition: Option<&'a str>,
+    /// How the definition differs from the pinned one, when it does.
+    pub definition_change: Option<DefinitionChange>,
     /// Risk from the effective annotations.
     pub risk: Risk,
     /// The policies that asked for approval.
@@ -115,6 +119,10 @@ fn proposal_fields(p: &Proposal) -> serde_json::Map<String, Value> {
     f.insert(
         "resource_version".into(),
         p.resource_version.clone().map_or(Value::Null, Value::from),
+    );
+    f.insert(
+        "tool_definition".into(),
+        p.tool_definition.clone().map_or(Value::Null, Value::from),
     );
     f
 }
@@ -297,6 +305,18 @@ impl Book {
                         Some(reason),
                     )));
                 }
+                if p.tool_definition.as_deref() != ask.tool_definition {
+                    // A yes given for one definition of a tool never runs it
+                    // under another: the server may have changed what the
+                    // tool does since the reviewer looked.
+                    let reason = format!(
+                        "the tool's definition changed from `{}` to `{}` after the approval",
+                        p.tool_definition.as_deref().unwrap_or("none"),
+                        ask.tool_definition.unwrap_or("none")
+                    );
+                    self.invalidate(&p, &reason).await?;
+                    return self.create(ask, &mine, now).await.map(Found::Wait);
+                }
                 if !reviewer_still_valid(&p, reviewers) {
                     self.invalidate(
                         &p,
@@ -312,7 +332,10 @@ impl Book {
             ProposalState::Consumed if p.consumed_by.as_deref() == Some(ask.key) => {
                 Ok(Found::Usable(p))
             }
-            ProposalState::Pending if p.resource_version.as_deref() == ask.resource_version => {
+            ProposalState::Pending
+                if p.resource_version.as_deref() == ask.resource_version
+                    && p.tool_definition.as_deref() == ask.tool_definition =>
+            {
                 let mut joined = p.clone();
                 joined.joined = joined.joined.saturating_add(1);
                 joined.updated_ms = now;
@@ -327,7 +350,10 @@ impl Book {
                 }
             }
             ProposalState::Pending => {
-                self.invalidate(&p, "superseded: the resource version changed while pending")
+                self.invalidate(
+                    &p,
+                    "superseded: the resource version or the tool's definition changed while pending",
+                )
                     .await?;
                 self.create(ask, &mine, now).await.map(Found::Wait)
             }
@@ -383,6 +409,8 @@ impl Book {
             requester: ask.identity.principal.clone(),
             tenant: ask.identity.tenant.clone(),
             resource_version: ask.resource_version.map(str::to_owned),
+            tool_definition: ask.tool_definition.map(str::to_owned),
+            definition_change: ask.definition_change.clone(),
             risk: ask.risk,
             policies: ask.policies.to_vec(),
             revises,

@@ -42,6 +42,13 @@ pub enum CallOutcome {
         /// The tool called.
         tool: String,
     },
+    /// The tool was pinned, and the server no longer lists it: nothing sent.
+    ToolUnavailable {
+        /// The server.
+        server: String,
+        /// The tool.
+        tool: String,
+    },
     /// The upstream is refused fast while its circuit is open: nothing sent.
     CircuitOpen {
         /// The server.

@@ -43,9 +43,10 @@ use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
 use super::upstream::UpstreamError;
 use crate::audit::trail::Trail;
 use crate::audit::AuditSink;
-use crate::core::annotations::{Annotations, Catalog};
+use crate::core::annotations::Annotations;
 use crate::core::approval::{ProposalState, Risk};
 use crate::core::canonical::{self, CanonicalCall};
+use crate::core::catalog::{Captured, Catalog, Definition, ToolView};
 use crate::core::config::{Config, VersionProbe};
 use crate::core::decision::{self, Decision, Policies};
 use crate::core::identity::Identity;
@@ -116,6 +117,8 @@ struct Call<'a, U> {
     call: &'a CanonicalCall,
     claim: &'a Claim,
     annotations: Annotations,
+    /// The tool as the catalog had it when the call arrived.
+    tool: ToolView,
     trail: &'a Trail,
 }
 
@@ -133,6 +136,8 @@ pub struct Pipeline {
     /// The audit log (`serve` only).
     pub audit: Option<Arc<dyn AuditSink>>,
     clock: Arc<dyn Clock>,
+    /// Where first-use pins are recorded.
+    store: Arc<dyn Store>,
     /// One circuit breaker per configured server. A std mutex: held for a
     /// state change, never across an await.
     breakers: HashMap<String, Mutex<Breaker>>,
@@ -173,7 +178,7 @@ impl Pipeline {
             clock.clone(),
         ));
         let flights = Idempotency::new(
-            store,
+            store.clone(),
             Retention {
                 explicit: config.idempotency.retention,
                 derived: config.idempotency.derived_ttl,
@@ -203,6 +208,7 @@ impl Pipeline {
             read_cache: Mutex::default(),
             cache_refused: Mutex::default(),
             fetching,
+            store,
             config,
             catalog,
             flights,
@@ -246,20 +252,68 @@ impl Pipeline {
         }
     }
 
-    /// A `tools/list` result passed through: capture the tools' annotations
-    /// (never altering the result), and audit what changed.
-    /// Returns how many tools the result listed.
+    /// Pins recorded on first use by earlier runs, from the store (at
+    /// start, before serving). Returns how many.
+    pub fn load_pins(&self) -> Result<usize, StoreError> {
+        let mut pins = Vec::new();
+        for text in self.store.first_use_pins()? {
+            let pin: FirstUse = serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
+                what: "tool pin",
+                reason: e.to_string(),
+            })?;
+            pins.push((pin.server, pin.pin));
+        }
+        let n = pins.len();
+        self.catalog.load_first_use(pins);
+        Ok(n)
+    }
+
+    /// A `tools/list` page relayed to a client: learn from it (never
+    /// altering it). Returns how many tools it listed.
     pub fn observe_tools_list(&self, server: &str, result: &str) -> usize {
         let captured = self.catalog.capture(server, result);
-        // A tool whose definition changed answers from scratch.
-        self.clear_cache(server, Some(&captured.changed));
-        if !captured.changed.is_empty() {
-            let mut f = serde_json::Map::new();
-            f.insert("server".into(), json!(server));
-            f.insert("tools".into(), json!(captured.changed));
-            self.audit("tools_changed", f);
+        self.noted(server, &captured);
+        if !captured.learned.is_empty() {
+            // Relayed pages are not awaited on: the pin is in force in
+            // memory already, and recorded in the store shortly.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let store = self.store.clone();
+                let server = server.to_owned();
+                rt.spawn(async move { record_first_use(&*store, &server, captured.learned).await });
+            }
         }
         captured.tools
+    }
+
+    /// Say what a listing changed: cached reads of those tools go, and the
+    /// audit log and the log record it.
+    fn noted(&self, server: &str, captured: &Captured) {
+        self.clear_cache(server, Some(&captured.touched()));
+        if !captured.learned.is_empty() {
+            let tools: Vec<Value> = captured
+                .learned
+                .iter()
+                .map(|d| json!({"tool": d.name(), "digest": d.digest}))
+                .collect();
+            let mut f = serde_json::Map::new();
+            f.insert("server".into(), json!(server));
+            f.insert("tools".into(), Value::Array(tools));
+            self.audit("tools_learned", f);
+        }
+        if !captured.changed.is_empty() || !captured.vanished.is_empty() {
+            for ch in &captured.changed {
+                let fields: Vec<&str> = ch.diff.iter().map(|d| d.pointer.as_str()).collect();
+                tracing::warn!(server, tool = %ch.tool, before = %ch.before, after = %ch.after, changed = %fields.join(" "), "tool definition changed: calls need approval until `countersign tools accept {server}/{}`", ch.tool);
+            }
+            for t in &captured.vanished {
+                tracing::warn!(server, tool = %t, "tool no longer listed by the server");
+            }
+            let mut f = serde_json::Map::new();
+            f.insert("server".into(), json!(server));
+            f.insert("changes".into(), json!(captured.changed));
+            f.insert("vanished".into(), json!(captured.vanished));
+            self.audit("tools_changed", f);
+        }
     }
 
     /// The upstream `call_timeout` of `server`.
@@ -285,9 +339,10 @@ impl Pipeline {
             Err(o) => return o,
         };
         self.learn(ctx, &call.tool).await;
-        // Read once: the same annotations classify the call and feed the
+        // Read once: the same view classifies the call and feeds the
         // policies.
-        let annotations = self.catalog.effective(ctx.server, &call.tool);
+        let tool = self.catalog.view(ctx.server, &call.tool);
+        let annotations = tool.annotations;
         let trail = Trail::new(
             self.audit.as_ref(),
             &ctx.caller.identity,
@@ -302,8 +357,19 @@ impl Pipeline {
             call: &call,
             claim: &claim,
             annotations,
+            tool,
             trail: &trail,
         };
+        if c.tool.unavailable {
+            // A pinned tool the server no longer lists: whatever now answers
+            // to that name is not what was reviewed.
+            c.trail
+                .record("rejected", vec![("reason", json!("tool_unavailable"))]);
+            return CallOutcome::ToolUnavailable {
+                server: ctx.server.to_owned(),
+                tool: call.tool.clone(),
+            };
+        }
         if annotations.read_only && !explicit {
             match self.decide(&c) {
                 Decision::Allow { .. } => return self.read(&c).await,
@@ -349,7 +415,7 @@ impl Pipeline {
         }
         let started = Instant::now();
         let mut cursor = None;
-        let mut tools = 0;
+        let mut tools = Vec::new();
         // A bound on pages: a server whose cursors never end cannot hold
         // the call forever.
         for _ in 0..MAX_CATALOG_PAGES {
@@ -364,7 +430,7 @@ impl Pipeline {
                 tracing::warn!(server, "tool list refused by the server");
                 return;
             };
-            tools += self.observe_tools_list(server, result.get());
+            tools.extend(crate::core::catalog::page_tools(result.get()));
             cursor = serde_json::from_str::<Value>(result.get())
                 .ok()
                 .and_then(|v| v.get("nextCursor")?.as_str().map(str::to_owned));
@@ -372,6 +438,25 @@ impl Pipeline {
                 break;
             }
         }
+        if cursor.is_some() {
+            // Not every page was read: nothing may be taken as gone.
+            tracing::warn!(
+                server,
+                pages = MAX_CATALOG_PAGES,
+                "tool list has more pages than countersign reads"
+            );
+            let captured = self
+                .catalog
+                .capture(server, &json!({ "tools": tools }).to_string());
+            self.noted(server, &captured);
+            record_first_use(&*self.store, server, captured.learned).await;
+        } else {
+            let captured = self.catalog.replace(server, &tools);
+            self.noted(server, &captured);
+            // Awaited: a pin must be on disk before calls are judged by it.
+            record_first_use(&*self.store, server, captured.learned).await;
+        }
+        let tools = tools.len();
         self.catalog.mark_fetched(server, self.clock.now_ms());
         // Fetched because the list was stale, changed or unknown: cached
         // reads of this server start over.
@@ -493,6 +578,7 @@ impl Pipeline {
             server,
             tool: &c.call.tool,
             annotations: c.annotations,
+            definition_changed: c.tool.changed,
             arguments: &c.call.arguments,
             digest: &c.call.digest,
             resource_version: explicit_version(c.call),
@@ -741,6 +827,13 @@ impl Pipeline {
         let mut waiting = None;
         let mut progress = 0u64;
         loop {
+            // The tool as the server lists it now: a definition that
+            // changed while the call waited is not the one approved.
+            self.learn(c.ctx, &c.call.tool).await;
+            let tool = self.catalog.view(c.ctx.server, &c.call.tool);
+            if tool.unavailable {
+                return Gate::Refuse(Outcome::NotDispatched);
+            }
             // Revalidation right before execution: the policies in force now.
             let policies = match self.decide(c) {
                 Decision::Allow { .. } => return Gate::Pass,
@@ -775,6 +868,8 @@ impl Pipeline {
                 arguments: &c.call.arguments,
                 digest: &c.call.digest,
                 resource_version: version.as_deref(),
+                tool_definition: tool.digest.as_deref(),
+                definition_change: self.catalog.change_of(c.ctx.server, &c.call.tool),
                 risk: risk(c.annotations),
                 policies: &policies,
                 key: &c.claim.key,
@@ -876,7 +971,8 @@ impl Pipeline {
     ) -> Result<String, String> {
         self.learn(c.ctx, &probe.tool).await;
         // A probe that could write is not a probe: never run it.
-        let annotations = self.catalog.effective(c.ctx.server, &probe.tool);
+        let tool = self.catalog.view(c.ctx.server, &probe.tool);
+        let annotations = tool.annotations;
         if !annotations.read_only {
             return Err(format!(
                 "version probe `{}` is not a read-only tool (list tools first, or set read_only = true for it in the config)",
@@ -917,6 +1013,7 @@ impl Pipeline {
             call: &call,
             claim: &claim,
             annotations,
+            tool,
             trail: &trail,
         };
         match self.decide(&pc) {
@@ -1347,6 +1444,32 @@ fn completed_fields(outcome: &CallOutcome) -> Vec<(&'static str, Value)> {
                 f.push(("code", json!(code)));
             }
             f
+        }
+    }
+}
+
+/// A first-use pin as stored.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FirstUse {
+    server: String,
+    pin: Definition,
+}
+
+/// Record first-use pins in the store. A failure is logged: the pin holds in
+/// memory for this run, and the next run pins on first use again.
+async fn record_first_use(store: &dyn Store, server: &str, learned: Vec<Definition>) {
+    for pin in learned {
+        let key = json!([server, pin.name()]).to_string();
+        let tool = pin.name().to_owned();
+        let value = FirstUse {
+            server: server.to_owned(),
+            pin,
+        };
+        let Ok(text) = serde_json::to_string(&value) else {
+            continue;
+        };
+        if let Err(e) = store.pin_first_use(key, text).await {
+            tracing::error!(server, %tool, "first-use pin not recorded: {e}");
         }
     }
 }

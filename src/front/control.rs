@@ -285,11 +285,13 @@ async fn decide(
             tenant: p.tenant.clone(),
             groups,
         };
+        let tool = gw.pipeline.catalog.view(&p.server, &p.tool);
         let call = crate::core::decision::Call {
             identity: &identity,
             server: &p.server,
             tool: &p.tool,
-            annotations: gw.pipeline.catalog.effective(&p.server, &p.tool),
+            annotations: tool.annotations,
+            definition_changed: tool.changed,
             arguments: &p.arguments,
             digest: &p.call_digest,
             resource_version: p.resource_version.as_deref(),

@@ -16,6 +16,7 @@ pub struct MemoryStore {
     map: Mutex<BTreeMap<String, Record>>,
     proposals: Mutex<BTreeMap<String, Proposal>>,
     outbox: Mutex<BTreeMap<u64, String>>,
+    pins: Mutex<BTreeMap<String, String>>,
 }
 
 impl MemoryStore {
@@ -29,6 +30,18 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn pin_first_use(&self, key: String, value: String) -> StoreFuture<'_, bool> {
+        let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        let wrote = !pins.contains_key(&key);
+        pins.entry(key).or_insert(value);
+        Box::pin(std::future::ready(Ok(wrote)))
+    }
+
+    fn first_use_pins(&self) -> Result<Vec<String>, StoreError> {
+        let pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(pins.values().cloned().collect())
+    }
+
     fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
         Ok(self.lock().get(key).cloned())
     }

@@ -169,6 +169,14 @@ pub trait Store: Send + Sync {
         expect: Option<ProposalState>,
     ) -> StoreFuture<'_, bool>;
 
+    /// Record a tool definition pinned on first use (DESIGN.md section 12)
+    /// under `key`, unless one is recorded there already: the first one
+    /// stays. Durable before it returns. Returns whether it wrote.
+    fn pin_first_use(&self, key: String, value: String) -> StoreFuture<'_, bool>;
+
+    /// Every pin recorded on first use.
+    fn first_use_pins(&self) -> Result<Vec<String>, StoreError>;
+
     /// A proposal by id.
     fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError>;
 
@@ -385,6 +393,8 @@ mod tests {
             requester: "r".into(),
             tenant: "acme".into(),
             resource_version: None,
+            tool_definition: None,
+            definition_change: None,
             risk: crate::core::approval::Risk::Write,
             policies: vec![],
             revises: None,
@@ -552,6 +562,41 @@ mod tests {
         conformance(&MemoryStore::default()).await;
         approval_conformance(&MemoryStore::default()).await;
         outbox_conformance(&MemoryStore::default()).await;
+        pin_conformance(&MemoryStore::default()).await;
+    }
+
+    async fn pin_conformance(store: &dyn Store) {
+        assert!(store.first_use_pins().unwrap().is_empty());
+        assert!(store
+            .pin_first_use("a".into(), "first".into())
+            .await
+            .unwrap());
+        assert!(
+            !store
+                .pin_first_use("a".into(), "second".into())
+                .await
+                .unwrap(),
+            "the first pin stays"
+        );
+        assert!(store
+            .pin_first_use("b".into(), "other".into())
+            .await
+            .unwrap());
+        let mut all = store.first_use_pins().unwrap();
+        all.sort();
+        assert_eq!(all, ["first", "other"]);
+    }
+
+    #[tokio::test]
+    async fn redb_pins_conform_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            pin_conformance(&store).await;
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.first_use_pins().unwrap().len(), 2);
     }
 
     #[tokio::test]

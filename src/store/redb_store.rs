@@ -28,6 +28,8 @@ const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
 const PROPOSALS: TableDefinition<&str, &[u8]> = TableDefinition::new("proposals");
 /// Audit entries committed with a dispatch (see [`Store::transition_with`]).
 const OUTBOX: TableDefinition<u64, &str> = TableDefinition::new("audit_outbox");
+/// Tool definitions pinned on first use (see [`Store::pin_first_use`]).
+const PINS: TableDefinition<&str, &str> = TableDefinition::new("tool_pins");
 
 /// Most operations folded into one write transaction.
 const MAX_BATCH: usize = 256;
@@ -64,6 +66,11 @@ enum Op {
         now_ms: i64,
         reply: oneshot::Sender<Result<usize, StoreError>>,
     },
+    Pin {
+        key: String,
+        value: String,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
 }
 
 impl Op {
@@ -71,6 +78,9 @@ impl Op {
         match self {
             Op::Transition { from, to, .. } => needs_durability(*from, to.state),
             Op::PutProposal { proposal, .. } => proposal_durable(proposal),
+            // A pin is what later definitions are judged against: losing it
+            // to a crash would let the next run trust a changed tool.
+            Op::Pin { .. } => true,
             Op::Reserve { .. }
             | Op::Gc { .. }
             | Op::GcProposals { .. }
@@ -162,6 +172,8 @@ impl RedbStore {
         txn.open_table(PROPOSALS)
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(OUTBOX)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(PINS)
             .map_err(|e| err("create table")(e.into()))?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         let db = Arc::new(db);
@@ -258,7 +270,10 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                             | Op::OutboxClear { reply, .. },
                             Done::Gc(r),
                         ) => drop(reply.send(r)),
-                        (Op::PutProposal { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
+                        (
+                            Op::PutProposal { reply, .. } | Op::Pin { reply, .. },
+                            Done::Transition(r),
+                        ) => drop(reply.send(r)),
                         _ => {}
                     }
                 }
@@ -273,7 +288,9 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                         Op::Gc { reply, .. }
                         | Op::GcProposals { reply, .. }
                         | Op::OutboxClear { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::PutProposal { reply, .. } => drop(reply.send(Err(e.clone()))),
+                        Op::PutProposal { reply, .. } | Op::Pin { reply, .. } => {
+                            drop(reply.send(Err(e.clone())));
+                        }
                     }
                 }
             }
@@ -325,6 +342,9 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
         let mut outbox = txn
             .open_table(OUTBOX)
             .map_err(|e| err("open table")(e.into()))?;
+        let mut pins = txn
+            .open_table(PINS)
+            .map_err(|e| err("open table")(e.into()))?;
         for op in batch {
             done.push(match op {
                 Op::Reserve {
@@ -365,6 +385,7 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                 Op::GcProposals { before_ms, .. } => {
                     Done::Gc(gc_proposals(&mut proposals, *before_ms))
                 }
+                Op::Pin { key, value, .. } => Done::Transition(pin_first(&mut pins, key, value)),
             });
         }
     }
@@ -373,6 +394,19 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
 }
 
 type Table<'t> = redb::Table<'t, &'static str, &'static [u8]>;
+
+fn pin_first(
+    pins: &mut redb::Table<'_, &'static str, &'static str>,
+    key: &str,
+    value: &str,
+) -> Result<bool, StoreError> {
+    if pins.get(key).map_err(|e| err("read")(e.into()))?.is_some() {
+        return Ok(false);
+    }
+    pins.insert(key, value)
+        .map_err(|e| err("write")(e.into()))?;
+    Ok(true)
+}
 
 fn read(
     table: &impl ReadableTable<&'static str, &'static [u8]>,
@@ -537,6 +571,23 @@ impl Store for RedbStore {
             expect,
             reply,
         })
+    }
+
+    fn pin_first_use(&self, key: String, value: String) -> StoreFuture<'_, bool> {
+        self.submit(|reply| Op::Pin { key, value, reply })
+    }
+
+    fn first_use_pins(&self) -> Result<Vec<String>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| err("begin")(e.into()))?;
+        let table = txn
+            .open_table(PINS)
+            .map_err(|e| err("open table")(e.into()))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+            let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
+            out.push(v.value().to_owned());
+        }
+        Ok(out)
     }
 
     fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
