@@ -13,7 +13,7 @@
 //! | upstream | [`upstream`] (`session`, `route`, `mux`, `stdio`, `streamable_http`) | yes |
 //! | enforce | [`enforce`] (`pipeline`, `flight`, `book`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`) | through traits |
 //! | store, audit | [`store`] (`redb_store`, `memory`), [`audit`] (`log`, `segment`, `trail`, `verify`, `export`) | yes |
-//! | core | [`core`] (`canonical`, `ledger`, `decision`, `approval`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
+//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
 //! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two

@@ -258,7 +258,7 @@ fn policy_schema_types_arguments_from_a_live_tools_list() {
     assert!(ok, "{out}");
     assert!(out.contains("amount?: decimal,"), "{out}");
     assert!(out.contains("account?: String,"), "{out}");
-    assert!(out.contains("steps?: decimal,"), "{out}");
+    assert!(out.contains("steps?: Long,"), "{out}");
     assert!(
         out.contains("//   charge_card(account, amount, currency)"),
         "{out}"
@@ -291,4 +291,51 @@ fn policy_schema_types_arguments_from_a_live_tools_list() {
     let (ok, out) = run(&["policy", "check", "--dir", tmp.path().to_str().unwrap()]);
     assert!(!ok, "{out}");
     assert!(out.contains("typo.cedar:2:"), "{out}");
+}
+
+#[test]
+fn a_schema_typing_amount_long_decides_charges_and_names_a_mismatch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let schema = std::fs::read_to_string(policies_dir().join("schema.cedarschema"))
+        .unwrap()
+        .replace("amount?: decimal,", "amount?: Long,");
+    assert!(schema.contains("amount?: Long,"));
+    std::fs::write(tmp.path().join("schema.cedarschema"), schema).unwrap();
+    std::fs::write(
+        tmp.path().join("mine.cedar"),
+        r#"@id("writes-need-approval")
+permit (principal, action == Action::"call", resource) when { context.approved };
+@id("ceiling")
+forbid (principal, action == Action::"call", resource)
+when { context.arguments has amount && context.arguments.amount > 1000 };
+"#,
+    )
+    .unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let (ok, out) = run(&["policy", "check", "--dir", dir]);
+    assert!(ok, "validator-clean: {out}");
+    let case = |name: &str, amount: &str, expect: &str| {
+        format!(
+            "[[case]]\nname = \"{name}\"\nprincipal = \"agent-7\"\ntenant = \"acme\"\nserver = \"payments\"\ntool = \"charge_card\"\narguments = {{ account = \"a\", amount = {amount} }}\nexpect = \"{expect}\"\n"
+        )
+    };
+    let cases = [
+        case("a charge as a Long", "120", "approval"),
+        case("above the ceiling", "5000", "deny"),
+        case("a string where a Long is declared", "\"120\"", "deny"),
+    ]
+    .join("\n");
+    let file = tmp.path().join("cases.toml");
+    std::fs::write(&file, cases).unwrap();
+    let (ok, out) = run(&["policy", "test", file.to_str().unwrap(), "--dir", dir]);
+    assert!(ok, "{out}");
+    assert!(out.contains("3 passed, 0 failed"), "{out}");
+    let mismatch = out
+        .lines()
+        .find(|l| l.contains("a string where a Long"))
+        .unwrap();
+    assert!(
+        mismatch.contains("`/amount` is declared Long"),
+        "the reason names the field: {mismatch}"
+    );
 }

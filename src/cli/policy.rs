@@ -226,7 +226,10 @@ fn cedar_type(schema: &Value, depth: usize) -> Option<String> {
     }
     match schema.get("type")?.as_str()? {
         "string" => Some("String".into()),
-        "number" | "integer" => Some("decimal".into()),
+        // The gateway builds the context with these types: an integer
+        // field is a Long, any other number a decimal.
+        "integer" => Some("Long".into()),
+        "number" => Some("decimal".into()),
         "boolean" => Some("Bool".into()),
         "array" => Some(format!(
             "Set<{}>",

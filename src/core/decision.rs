@@ -10,22 +10,9 @@
 //! error denies (Cedar skips an erroring policy, which for a `forbid` would
 //! fail open), and so does an argument that cannot be mapped.
 //!
-//! # Arguments as Cedar values
-//!
-//! Cedar has no floats and no nulls, and its integers are i64. The mapping is
-//! deterministic per value:
-//! - `null` → omitted (an object field is absent: test it with `has`; a null
-//!   array member is dropped);
-//! - booleans and strings → `Bool`, `String`;
-//! - numbers → `decimal` when exactly representable (at most 4 fractional
-//!   digits, magnitude below 922337203685477.5808), otherwise a `String` of
-//!   the number's JCS text (`"100000000000000000000"`, `"1e-7"`). Integers are decimals too, so one field has one
-//!   type whatever the value: policies compare amounts with `decimal`
-//!   methods (`context.arguments.amount.greaterThan(decimal("1000.0"))`); an
-//!   out-of-range number becomes a string, which such a comparison rejects
-//!   (an evaluation error, so the call is denied);
-//! - arrays → `Set` (order and duplicates are not kept; mixed types allowed);
-//! - objects → records; keys need not be identifiers (`arguments["a-b"]`).
+//! Arguments become Cedar values as [`crate::core::arguments`] says: typed
+//! by the policy schema where it declares them, and a value that does not
+//! fit its declared type denies the call with the field named.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -38,6 +25,7 @@ use cedar_policy::{
 use serde_json::Value;
 
 use crate::core::annotations::Annotations;
+use crate::core::arguments::{declared, map_value, typed_value, ArgType};
 use crate::core::identity::Identity;
 
 /// What the policies say about a call.
@@ -102,6 +90,26 @@ pub struct Policies {
     /// `reviewers.toml`: who may decide proposals, loaded and reloaded with
     /// the policies (both live in the policy repository).
     reviewers: crate::core::approval::Reviewers,
+    /// The declared type of `context.arguments`, per action.
+    arguments: ArgumentTypes,
+}
+
+/// The argument types a schema declares for the two actions.
+#[derive(Debug, Clone, Default)]
+struct ArgumentTypes {
+    call: Option<ArgType>,
+    approve: Option<ArgType>,
+}
+
+/// The `arguments` of a context: typed where the schema declares a type.
+fn context_arguments(
+    ty: Option<&ArgType>,
+    v: &Value,
+) -> Result<Option<RestrictedExpression>, String> {
+    match ty {
+        Some(t) => typed_value(v, t, ""),
+        None => map_value(v, ""),
+    }
 }
 
 type CachedEntities = std::sync::Arc<(Entities, EntityUid, EntityUid)>;
@@ -295,6 +303,24 @@ impl Policies {
             // No file: no reviewers, so nothing can be approved (fail closed).
             None => Default::default(),
         };
+        // The argument types the schema declares, per action (section 12).
+        let mut types = |action: &str| match src.schema.as_deref().map(|t| declared(t, action)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                errors.push(PolicyError {
+                    file: schema_path.clone(),
+                    line: None,
+                    column: None,
+                    message: format!("argument types of `{action}`: {e}"),
+                });
+                None
+            }
+            None => None,
+        };
+        let arguments = ArgumentTypes {
+            call: types("call"),
+            approve: types("approve"),
+        };
         if errors.is_empty() {
             let index = Index::build(&set);
             Ok(Policies {
@@ -305,6 +331,7 @@ impl Policies {
                 slices: Default::default(),
                 entity_cache: Default::default(),
                 reviewers,
+                arguments,
             })
         } else {
             Err(errors)
@@ -321,6 +348,7 @@ impl Policies {
             slices: Default::default(),
             entity_cache: Default::default(),
             reviewers: Default::default(),
+            arguments: ArgumentTypes::default(),
         }
     }
 
@@ -449,7 +477,9 @@ impl Policies {
             ))
         };
         let (entities, principal, resource) = build().map_err(|e| deny(vec![e]))?;
-        let arguments = match map_value(call.arguments, "").map_err(|e| deny(vec![e]))? {
+        let arguments = match context_arguments(self.arguments.approve.as_ref(), call.arguments)
+            .map_err(|e| deny(vec![e]))?
+        {
             Some(a) => a,
             None => RestrictedExpression::new_record([]).map_err(|e| deny(vec![e.to_string()]))?,
         };
@@ -496,7 +526,7 @@ impl Policies {
     }
 
     fn decide_against(&self, set: &PolicySet, call: &Call<'_>) -> Decision {
-        let arguments = match map_value(call.arguments, "") {
+        let arguments = match context_arguments(self.arguments.call.as_ref(), call.arguments) {
             Ok(Some(a)) => a,
             Ok(None) => RestrictedExpression::new_record([])
                 .unwrap_or_else(|_| RestrictedExpression::new_bool(false)),
@@ -663,70 +693,6 @@ fn entities(call: &Call<'_>) -> Result<(Entities, EntityUid, EntityUid), String>
     );
     let entities = Entities::from_entities(list, None).map_err(|e| e.to_string())?;
     Ok((entities, principal, tool))
-}
-
-/// Largest magnitude of a Cedar decimal (i64 / 10^4).
-const DECIMAL_LIMIT: f64 = 922_337_203_685_477.0;
-
-/// The Cedar text of a decimal, when `literal` is one exactly.
-fn as_decimal(literal: &str) -> Option<String> {
-    if literal.contains(['e', 'E']) {
-        return None;
-    }
-    let (int, frac) = literal.split_once('.').unwrap_or((literal, ""));
-    let frac = frac.trim_end_matches('0');
-    if frac.len() > 4 {
-        return None;
-    }
-    let magnitude: f64 = int.trim_start_matches('-').parse().ok()?;
-    if magnitude >= DECIMAL_LIMIT {
-        return None;
-    }
-    Some(format!(
-        "{int}.{}",
-        if frac.is_empty() { "0" } else { frac }
-    ))
-}
-
-/// Map a JSON value to a Cedar value (see the module docs). `None` means
-/// "omit" (a null).
-pub fn map_value(v: &Value, path: &str) -> Result<Option<RestrictedExpression>, String> {
-    Ok(Some(match v {
-        Value::Null => return Ok(None),
-        Value::Bool(b) => RestrictedExpression::new_bool(*b),
-        Value::String(s) => RestrictedExpression::new_string(s.clone()),
-        Value::Number(_) => {
-            // The JCS text: the spelling the server receives.
-            let text = crate::core::canonical::jcs(v);
-            match as_decimal(&text) {
-                Some(d) => RestrictedExpression::new_decimal(d),
-                None => RestrictedExpression::new_string(text),
-            }
-        }
-        Value::Array(items) => {
-            let mut out = Vec::with_capacity(items.len());
-            for (i, item) in items.iter().enumerate() {
-                if let Some(x) = map_value(item, &format!("{path}/{i}"))? {
-                    out.push(x);
-                }
-            }
-            RestrictedExpression::new_set(out)
-        }
-        Value::Object(map) => {
-            let mut fields = Vec::with_capacity(map.len());
-            for (k, item) in map {
-                if let Some(x) = map_value(item, &format!("{path}/{k}"))? {
-                    fields.push((k.clone(), x));
-                }
-            }
-            RestrictedExpression::new_record(fields).map_err(|e| {
-                format!(
-                    "arguments at `{}` cannot be given to policies: {e}",
-                    if path.is_empty() { "/" } else { path }
-                )
-            })?
-        }
-    }))
 }
 
 #[cfg(test)]
@@ -898,9 +864,6 @@ mod tests {
         .unwrap();
         let d = decide(&p, "t", read(), args);
         assert!(matches!(d, Decision::Allow { .. }), "{d:?}");
-        assert_eq!(as_decimal("-12.5000"), Some("-12.5".into()));
-        assert_eq!(as_decimal("1.23456"), None);
-        assert_eq!(as_decimal("922337203685478"), None);
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`ledger`]: idempotency keys, ledger states and what a retry gets.
 //! - [`decision`]: Cedar policies, argument mapping and the two-phase
 //!   decision.
+//! - [`arguments`]: tool arguments as Cedar values, typed by the policy
+//!   schema where it declares them.
 //! - [`approval`]: proposals, the signed approval statement, reviewer keys
 //!   and `reviewers.toml`, request signatures, consumption.
 //! - [`recovery`]: failure classes, response classes, retry backoff and the
@@ -23,6 +25,7 @@
 
 pub mod annotations;
 pub mod approval;
+pub mod arguments;
 pub mod canonical;
 pub mod catalog;
 pub mod config;

@@ -1,0 +1,357 @@
+//! Tool arguments as Cedar values (DESIGN.md sections 4 and 12).
+//!
+//! # Typed by the policy schema
+//!
+//! When the policy folder has a schema, the `arguments` record of the
+//! `call` (and `approve`) context is built with the types it declares:
+//! a field declared `Long` is a Long, `decimal` a decimal, `String` a
+//! string, `Bool` a boolean, `Set<T>` a set of T, a record a record. A value
+//! that does not fit its declared type is not guessed at: the decision is a
+//! deny whose reason names the field (`/amount is declared Long; the call
+//! has 12.5`). Fields the schema does not declare, and any value where no
+//! schema is given, follow the untyped mapping below.
+//!
+//! # Untyped mapping
+//!
+//! Cedar has no floats and no nulls, and its integers are i64. The mapping is
+//! deterministic per value:
+//! - `null` → omitted (an object field is absent: test it with `has`; a null
+//!   array member is dropped);
+//! - booleans and strings → `Bool`, `String`;
+//! - numbers → `decimal` when exactly representable (at most 4 fractional
+//!   digits, magnitude below 922337203685477.5808), otherwise a `String` of
+//!   the number's JCS text (`"100000000000000000000"`, `"1e-7"`). Integers
+//!   are decimals too, so one field has one type whatever the value:
+//!   policies compare amounts with `decimal` methods
+//!   (`context.arguments.amount.greaterThan(decimal("1000.0"))`); an
+//!   out-of-range number becomes a string, which such a comparison rejects
+//!   (an evaluation error, so the call is denied);
+//! - arrays → `Set` (order and duplicates are not kept; mixed types allowed);
+//! - objects → records; keys need not be identifiers (`arguments["a-b"]`).
+
+use std::collections::BTreeMap;
+
+use cedar_policy::{RestrictedExpression, SchemaFragment};
+use serde_json::Value;
+
+/// A declared argument type, as far as the mapping needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgType {
+    /// `Long`.
+    Long,
+    /// `decimal`.
+    Decimal,
+    /// `String`.
+    String,
+    /// `Bool`.
+    Bool,
+    /// `Set<T>`.
+    Set(Box<ArgType>),
+    /// A record; undeclared fields are mapped untyped.
+    Record(BTreeMap<String, ArgType>),
+    /// Anything else (entities, other extension types): mapped untyped.
+    Untyped,
+}
+
+/// The declared type of `context.arguments` of `action` in a Cedar schema
+/// (text), when the schema declares one.
+pub fn declared(schema: &str, action: &str) -> Result<Option<ArgType>, String> {
+    let (fragment, _) = SchemaFragment::from_cedarschema_str(schema).map_err(|e| e.to_string())?;
+    let json = fragment.to_json_value().map_err(|e| e.to_string())?;
+    let Some(namespaces) = json.as_object() else {
+        return Ok(None);
+    };
+    for ns in namespaces.values() {
+        let common = ns.get("commonTypes").cloned().unwrap_or(Value::Null);
+        let Some(context) = ns
+            .get("actions")
+            .and_then(|a| a.get(action))
+            .and_then(|a| a.get("appliesTo"))
+            .and_then(|a| a.get("context"))
+        else {
+            continue;
+        };
+        let context = resolve(context, &common, 0);
+        let Some(arguments) = context.get("attributes").and_then(|a| a.get("arguments")) else {
+            return Ok(None);
+        };
+        return Ok(Some(to_type(arguments, &common, 0)));
+    }
+    Ok(None)
+}
+
+/// Common-type references resolved (a bounded number of hops: the schema
+/// parser refuses cycles, this bound only guards the walk).
+fn resolve<'a>(t: &'a Value, common: &'a Value, depth: usize) -> &'a Value {
+    if depth > 32 {
+        return t;
+    }
+    let name = match t.get("type").and_then(Value::as_str) {
+        Some("EntityOrCommon") => t.get("name").and_then(Value::as_str),
+        Some(
+            "String" | "Long" | "Boolean" | "Bool" | "Set" | "Record" | "Entity" | "Extension",
+        ) => None,
+        other => other,
+    };
+    match name.and_then(|n| common.get(n.rsplit("::").next().unwrap_or(n))) {
+        Some(found) => resolve(found, common, depth + 1),
+        None => t,
+    }
+}
+
+fn to_type(t: &Value, common: &Value, depth: usize) -> ArgType {
+    let t = resolve(t, common, depth);
+    // The Cedar-syntax parser leaves a bare name (`Long`, `decimal`) as
+    // "entity or common type"; one that is no common type is a built-in.
+    let name = t.get("name").and_then(Value::as_str).unwrap_or_default();
+    let named = match t.get("type").and_then(Value::as_str) {
+        Some("EntityOrCommon") => Some(name.trim_start_matches("__cedar::")),
+        _ => None,
+    };
+    match named {
+        Some("Long") => return ArgType::Long,
+        Some("String") => return ArgType::String,
+        Some("Bool" | "Boolean") => return ArgType::Bool,
+        Some("decimal") => return ArgType::Decimal,
+        Some(_) => return ArgType::Untyped,
+        None => {}
+    }
+    match t.get("type").and_then(Value::as_str) {
+        Some("Long") => ArgType::Long,
+        Some("String") => ArgType::String,
+        Some("Boolean" | "Bool") => ArgType::Bool,
+        Some("Extension") if t.get("name").and_then(Value::as_str) == Some("decimal") => {
+            ArgType::Decimal
+        }
+        Some("Set") if depth < 32 => match t.get("element") {
+            Some(e) => ArgType::Set(Box::new(to_type(e, common, depth + 1))),
+            None => ArgType::Untyped,
+        },
+        Some("Record") if depth < 32 => ArgType::Record(
+            t.get("attributes")
+                .and_then(Value::as_object)
+                .map(|attrs| {
+                    attrs
+                        .iter()
+                        .map(|(k, v)| (k.clone(), to_type(v, common, depth + 1)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        ),
+        _ => ArgType::Untyped,
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn here(path: &str) -> &str {
+    if path.is_empty() {
+        "/"
+    } else {
+        path
+    }
+}
+
+/// Map `v` as its declared type `ty` (see the module docs). `None` means
+/// "omit" (a null). An error names the field and what did not fit.
+pub fn typed_value(
+    v: &Value,
+    ty: &ArgType,
+    path: &str,
+) -> Result<Option<RestrictedExpression>, String> {
+    let mismatch = |declared: &str| {
+        format!(
+            "argument `{}` is declared {declared} in the policy schema; the call has {}",
+            here(path),
+            match v {
+                Value::Number(_) | Value::Bool(_) => crate::core::canonical::jcs(v),
+                other => kind(other).to_owned(),
+            }
+        )
+    };
+    Ok(Some(match (ty, v) {
+        (_, Value::Null) => return Ok(None),
+        (ArgType::Untyped, _) => return map_value(v, path),
+        (ArgType::Long, Value::Number(n)) => {
+            RestrictedExpression::new_long(n.as_i64().ok_or_else(|| mismatch("Long"))?)
+        }
+        (ArgType::Long, _) => return Err(mismatch("Long")),
+        (ArgType::Decimal, Value::Number(_)) => RestrictedExpression::new_decimal(
+            as_decimal(&crate::core::canonical::jcs(v)).ok_or_else(|| {
+                mismatch("decimal (at most 4 fractional digits, magnitude below 922337203685477)")
+            })?,
+        ),
+        (ArgType::Decimal, _) => return Err(mismatch("decimal")),
+        (ArgType::String, Value::String(s)) => RestrictedExpression::new_string(s.clone()),
+        (ArgType::String, _) => return Err(mismatch("String")),
+        (ArgType::Bool, Value::Bool(b)) => RestrictedExpression::new_bool(*b),
+        (ArgType::Bool, _) => return Err(mismatch("Bool")),
+        (ArgType::Set(element), Value::Array(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                if let Some(x) = typed_value(item, element, &format!("{path}/{i}"))? {
+                    out.push(x);
+                }
+            }
+            RestrictedExpression::new_set(out)
+        }
+        (ArgType::Set(_), _) => return Err(mismatch("a Set")),
+        (ArgType::Record(fields), Value::Object(map)) => {
+            let mut out = Vec::with_capacity(map.len());
+            for (k, item) in map {
+                let at = format!("{path}/{}", k.replace('~', "~0").replace('/', "~1"));
+                let x = match fields.get(k) {
+                    Some(t) => typed_value(item, t, &at)?,
+                    None => map_value(item, &at)?,
+                };
+                if let Some(x) = x {
+                    out.push((k.clone(), x));
+                }
+            }
+            RestrictedExpression::new_record(out).map_err(|e| {
+                format!(
+                    "arguments at `{}` cannot be given to policies: {e}",
+                    here(path)
+                )
+            })?
+        }
+        (ArgType::Record(_), _) => return Err(mismatch("a record")),
+    }))
+}
+
+/// Largest magnitude of a Cedar decimal (i64 / 10^4).
+const DECIMAL_LIMIT: f64 = 922_337_203_685_477.0;
+
+/// The Cedar text of a decimal, when `literal` is one exactly.
+fn as_decimal(literal: &str) -> Option<String> {
+    if literal.contains(['e', 'E']) {
+        return None;
+    }
+    let (int, frac) = literal.split_once('.').unwrap_or((literal, ""));
+    let frac = frac.trim_end_matches('0');
+    if frac.len() > 4 {
+        return None;
+    }
+    let magnitude: f64 = int.trim_start_matches('-').parse().ok()?;
+    if magnitude >= DECIMAL_LIMIT {
+        return None;
+    }
+    Some(format!(
+        "{int}.{}",
+        if frac.is_empty() { "0" } else { frac }
+    ))
+}
+
+/// Map a JSON value to a Cedar value (see the module docs). `None` means
+/// "omit" (a null).
+pub fn map_value(v: &Value, path: &str) -> Result<Option<RestrictedExpression>, String> {
+    Ok(Some(match v {
+        Value::Null => return Ok(None),
+        Value::Bool(b) => RestrictedExpression::new_bool(*b),
+        Value::String(s) => RestrictedExpression::new_string(s.clone()),
+        Value::Number(_) => {
+            // The JCS text: the spelling the server receives.
+            let text = crate::core::canonical::jcs(v);
+            match as_decimal(&text) {
+                Some(d) => RestrictedExpression::new_decimal(d),
+                None => RestrictedExpression::new_string(text),
+            }
+        }
+        Value::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                if let Some(x) = map_value(item, &format!("{path}/{i}"))? {
+                    out.push(x);
+                }
+            }
+            RestrictedExpression::new_set(out)
+        }
+        Value::Object(map) => {
+            let mut fields = Vec::with_capacity(map.len());
+            for (k, item) in map {
+                if let Some(x) = map_value(item, &format!("{path}/{k}"))? {
+                    fields.push((k.clone(), x));
+                }
+            }
+            RestrictedExpression::new_record(fields).map_err(|e| {
+                format!(
+                    "arguments at `{}` cannot be given to policies: {e}",
+                    if path.is_empty() { "/" } else { path }
+                )
+            })?
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SCHEMA: &str = r#"
+entity Principal;
+entity Tool;
+type Amounts = { amount?: Long, price?: decimal, tags?: Set<String>, nested?: { flag?: Bool } };
+action call appliesTo {
+  principal: [Principal],
+  resource: [Tool],
+  context: { arguments: Amounts, approved: Bool },
+};
+"#;
+
+    fn ty() -> ArgType {
+        declared(SCHEMA, "call").unwrap().expect("declared")
+    }
+
+    fn text(v: Value) -> Result<String, String> {
+        typed_value(&v, &ty(), "").map(|e| format!("{:?}", e.unwrap()))
+    }
+
+    #[test]
+    fn the_schema_types_each_declared_field() {
+        let ArgType::Record(fields) = ty() else {
+            panic!("not a record")
+        };
+        assert_eq!(fields["amount"], ArgType::Long);
+        assert_eq!(fields["price"], ArgType::Decimal);
+        assert_eq!(fields["tags"], ArgType::Set(Box::new(ArgType::String)));
+        assert!(matches!(fields["nested"], ArgType::Record(_)));
+        assert_eq!(declared(SCHEMA, "approve").unwrap(), None);
+    }
+
+    #[test]
+    fn values_that_fit_map_and_others_are_named() {
+        assert!(text(json!({"amount": 4200, "price": 12.5, "tags": ["a"], "other": 1.5})).is_ok());
+        let e = text(json!({"amount": "4200"})).unwrap_err();
+        assert!(
+            e.contains("`/amount` is declared Long") && e.contains("a string"),
+            "{e}"
+        );
+        let e = text(json!({"amount": 12.5})).unwrap_err();
+        assert!(e.contains("`/amount`") && e.contains("12.5"), "{e}");
+        let e = text(json!({"price": 0.00001})).unwrap_err();
+        assert!(e.contains("`/price` is declared decimal"), "{e}");
+        let e = text(json!({"tags": ["a", 1]})).unwrap_err();
+        assert!(e.contains("`/tags/1` is declared String"), "{e}");
+        let e = text(json!({"nested": {"flag": "yes"}})).unwrap_err();
+        assert!(e.contains("`/nested/flag` is declared Bool"), "{e}");
+        // A null is absent, whatever the type.
+        assert!(text(json!({"amount": null})).is_ok());
+    }
+
+    #[test]
+    fn decimals_are_exact_or_not_decimals() {
+        assert_eq!(as_decimal("-12.5000"), Some("-12.5".into()));
+        assert_eq!(as_decimal("1.23456"), None);
+        assert_eq!(as_decimal("922337203685478"), None);
+    }
+}
