@@ -37,7 +37,12 @@
 //! standalone stream (stdout, or the session's GET stream over HTTP); with
 //! `{"list_changed": true}` it sends `notifications/tools/list_changed`
 //! instead. The faults file's `{"_hints": {"TOOL": {...}}}` replaces a tool's
-//! annotations in `tools/list`.
+//! annotations in `tools/list`, and `{"_define": {"TOOL": {...}}}` changes its
+//! definition: each member given replaces the tool's (`description`,
+//! `inputSchema`, ...; `null` removes it), and `"TOOL": null` drops the tool
+//! from the list. `--definitions-at-start` reads `_define` once, when the
+//! process starts: children started at different times then list different
+//! definitions (a server whose tools differ per session).
 //! Over HTTP, 2026-07-28 requests are checked like a real modern server does
 //! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` against the body), and
 //! each execution record carries the `Authorization` header the request came
@@ -69,6 +74,32 @@ const MODERN: &str = "2026-07-28";
 
 const TOOLS: &str = r#"[{"name":"get_balance","description":"Read the balance of an account.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"get_account","description":"Read an account with its version.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"readOnlyHint":true,"openWorldHint":false}},{"name":"charge_card","description":"Charge a card.","inputSchema":{"type":"object","properties":{"account":{"type":"string"},"amount":{"type":"number"},"currency":{"type":"string"}},"required":["account","amount"]},"annotations":{"readOnlyHint":false,"destructiveHint":false,"idempotentHint":false,"openWorldHint":true}},{"name":"refund","description":"Refund a charge.","inputSchema":{"type":"object","properties":{"charge":{"type":"string"},"amount":{"type":"number"}},"required":["charge"]},"annotations":{"readOnlyHint":false,"destructiveHint":false}},{"name":"close_account","description":"Close an account for good.","inputSchema":{"type":"object","properties":{"account":{"type":"string"}},"required":["account"]},"annotations":{"destructiveHint":true}},{"name":"transfer","description":"Move money between accounts.","inputSchema":{"type":"object","properties":{"from":{"type":"string"},"to":{"type":"string"},"amount":{"type":"number"}}}},{"name":"slow_report","description":"A report that takes a while and reports progress.","inputSchema":{"type":"object","properties":{"steps":{"type":"integer"}}},"annotations":{"readOnlyHint":true}},{"name":"ask_model","description":"Ask the client's model a question (sampling).","inputSchema":{"type":"object","properties":{"question":{"type":"string"}}},"annotations":{"readOnlyHint":true}},{"name":"notify_later","description":"Answer, then send a log message on the standalone stream.","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}},"annotations":{"readOnlyHint":true}}]"#;
 
+/// Change the listed tools as `changes` says (`{"TOOL": {member: value}}`;
+/// a `null` member is removed, a `null` tool dropped).
+fn redefine(tools: &mut Vec<Value>, changes: &Value) {
+    tools.retain(|t| {
+        let name = t["name"].as_str().unwrap_or_default();
+        changes.get(name) != Some(&Value::Null)
+    });
+    for tool in tools.iter_mut() {
+        let name = tool["name"].as_str().unwrap_or_default().to_owned();
+        let Some(Value::Object(members)) = changes.get(&name) else {
+            continue;
+        };
+        for (k, v) in members {
+            match (v, tool.as_object_mut()) {
+                (Value::Null, Some(t)) => {
+                    t.remove(k);
+                }
+                (v, Some(t)) => {
+                    t.insert(k.clone(), v.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 struct Server {
     record: Option<PathBuf>,
     faults: Option<PathBuf>,
@@ -77,6 +108,8 @@ struct Server {
     stubborn: bool,
     /// `--page-size N`: `tools/list` answers N tools a page, with cursors.
     page_size: Option<usize>,
+    /// `--definitions-at-start`: the `_define` read at start.
+    defined_at_start: Option<Value>,
 }
 
 /// How a tool talks back to the client while it runs.
@@ -138,6 +171,30 @@ enum Outcome {
 }
 
 impl Server {
+    /// The tools as listed now: the fixed set, changed by the faults file's
+    /// `_hints` and `_define` (or the `_define` read at start).
+    fn tools(&self) -> Vec<Value> {
+        let mut tools: Vec<Value> = serde_json::from_str(TOOLS).unwrap_or_default();
+        let faults = self
+            .faults
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .unwrap_or(Value::Null);
+        if let Some(Value::Object(hints)) = faults.get("_hints") {
+            let as_define: serde_json::Map<String, Value> = hints
+                .iter()
+                .map(|(k, h)| (k.clone(), json!({ "annotations": h })))
+                .collect();
+            redefine(&mut tools, &Value::Object(as_define));
+        }
+        match &self.defined_at_start {
+            Some(at_start) => redefine(&mut tools, at_start),
+            None => redefine(&mut tools, faults.get("_define").unwrap_or(&Value::Null)),
+        }
+        tools
+    }
+
     fn note(&self, entry: Value) {
         let Some(path) = &self.record else { return };
         let _guard = self.record_lock.lock();
@@ -232,23 +289,7 @@ impl Server {
             }
             "ping" => json!({}),
             "tools/list" => {
-                let mut tools: Vec<Value> = serde_json::from_str(TOOLS).unwrap_or_default();
-                // The faults file's `_hints` replaces tools' annotations, so
-                // tests can change a definition while the server runs.
-                if let Some(hints) = self
-                    .faults
-                    .as_ref()
-                    .and_then(|f| std::fs::read_to_string(f).ok())
-                    .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-                    .and_then(|v| v.get("_hints").cloned())
-                {
-                    for tool in &mut tools {
-                        let name = tool["name"].as_str().unwrap_or("").to_owned();
-                        if let Some(h) = hints.get(&name) {
-                            tool["annotations"] = h.clone();
-                        }
-                    }
-                }
+                let tools = self.tools();
                 let mut r = match self.page_size {
                     // The cursor is the index of the page's first tool.
                     Some(n) => {
@@ -751,6 +792,7 @@ async fn main() {
     let mut faults = None;
     let mut stubborn = false;
     let mut page_size = None;
+    let mut definitions_at_start = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -759,13 +801,23 @@ async fn main() {
             "--faults" => faults = args.next().map(PathBuf::from),
             "--stubborn" => stubborn = true,
             "--page-size" => page_size = args.next().and_then(|n| n.parse().ok()),
+            "--definitions-at-start" => definitions_at_start = true,
             other => {
-                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE] [--stubborn] [--page-size N]");
+                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE] [--stubborn] [--page-size N] [--definitions-at-start]");
                 std::process::exit(2);
             }
         }
     }
+    let defined_at_start = definitions_at_start.then(|| {
+        faults
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v.get("_define").cloned())
+            .unwrap_or(Value::Null)
+    });
     let server = Arc::new(Server {
+        defined_at_start,
         record,
         faults,
         record_lock: Mutex::new(()),

@@ -73,6 +73,9 @@ pub async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
     );
     for p in &list {
         let mut flags = Vec::new();
+        if p.get("definition_change").is_some_and(|d| !d.is_null()) {
+            flags.push("tool definition changed".to_owned());
+        }
         if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
             flags.push(format!("revises {r}"));
         }
@@ -97,6 +100,31 @@ pub async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// One line per change (`[{pointer, before, after}]`):
+/// `  /pointer   before -> after`.
+pub fn describe_changes(changes: &Value) -> String {
+    let show = |v: &Value| {
+        if v.is_null() {
+            "(absent)".to_owned()
+        } else {
+            v.to_string()
+        }
+    };
+    changes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|ch| {
+            format!(
+                "  {:<20} {} -> {}\n",
+                ch["pointer"].as_str().unwrap_or(""),
+                show(&ch["before"]),
+                show(&ch["after"])
+            )
+        })
+        .collect()
+}
+
 /// `countersign show ID`: the proposal in full (or JSON).
 pub async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String> {
     let p = c.proposal(id).await?;
@@ -104,7 +132,7 @@ pub async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String>
         return Ok(serde_json::to_string_pretty(&p)?);
     }
     let mut out = format!(
-        "{}\n\n{}.\n\nstate      {}\nrequester  {} (tenant {})\ntool       {}/{}\nrisk       {}\ndigest     {}\nversion    {}\ncreated    {}\n",
+        "{}\n\n{}.\n\nstate      {}\nrequester  {} (tenant {})\ntool       {}/{}\ndefinition {}\nrisk       {}\ndigest     {}\nversion    {}\ncreated    {}\n",
         p["id"].as_str().unwrap_or(""),
         p["summary"].as_str().unwrap_or(""),
         p["state"].as_str().unwrap_or(""),
@@ -112,6 +140,9 @@ pub async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String>
         p["tenant"].as_str().unwrap_or(""),
         p["server"].as_str().unwrap_or(""),
         p["tool"].as_str().unwrap_or(""),
+        p["tool_definition"]
+            .as_str()
+            .unwrap_or("(not listed by the server)"),
         p["risk"].as_str().unwrap_or(""),
         p["call_digest"].as_str().unwrap_or(""),
         p["resource_version"].as_str().unwrap_or("(none)"),
@@ -127,26 +158,19 @@ pub async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String>
             out.push_str(&format!("  {k:<20} {v}\n"));
         }
     }
+    if let Some(d) = p.get("definition_change").filter(|d| !d.is_null()) {
+        out.push_str(&format!(
+            "\nthe tool's definition is not the pinned one ({}); what changed:\n{}",
+            d["pinned"].as_str().unwrap_or(""),
+            describe_changes(&d["changes"])
+        ));
+    }
     if let Some(rev) = p.get("revises").filter(|r| !r.is_null()) {
         out.push_str(&format!(
-            "\nrevises {}\n",
-            rev["proposal_id"].as_str().unwrap_or("")
+            "\nrevises {}\n{}",
+            rev["proposal_id"].as_str().unwrap_or(""),
+            describe_changes(&rev["changes"])
         ));
-        for ch in rev["changes"].as_array().into_iter().flatten() {
-            let show = |v: &Value| {
-                if v.is_null() {
-                    "(absent)".to_owned()
-                } else {
-                    v.to_string()
-                }
-            };
-            out.push_str(&format!(
-                "  {:<20} {} -> {}\n",
-                ch["pointer"].as_str().unwrap_or(""),
-                show(&ch["before"]),
-                show(&ch["after"])
-            ));
-        }
     }
     if let Some(d) = p.get("decision").filter(|d| !d.is_null()) {
         out.push_str(&format!(

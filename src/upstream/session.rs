@@ -304,6 +304,18 @@ impl Gateway {
                     .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
                 *lock(&session.protocol_version) = version;
                 *lock(&session.init_params) = params;
+                // A stdio server runs one child per session, and a child may
+                // list other tools than the one the catalog was fetched
+                // from: its first call lists them again (DESIGN.md section
+                // 12; the latest listing is what calls are judged by).
+                if self
+                    .config
+                    .servers
+                    .get(server)
+                    .is_some_and(|c| c.command.is_some())
+                {
+                    self.pipeline.catalog.mark_stale(server);
+                }
                 tracing::info!(server, session = %session.id, principal = %session.identity.principal, "session opened");
                 Opened::Session(session, resp)
             }

@@ -159,6 +159,9 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
         if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
             flags.push(format!("revises {r}"));
         }
+        if p.get("definition_change").is_some_and(|d| !d.is_null()) {
+            flags.push("tool changed".into());
+        }
         if app.possible_duplicate(p).is_some() {
             flags.push("dup?".into());
         }
@@ -260,6 +263,24 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
             p["resource_version"].as_str().unwrap_or("none")
         )),
     ]));
+    lines.push(Line::from(format!(
+        "tool definition {}",
+        p["tool_definition"]
+            .as_str()
+            .unwrap_or("(not listed by the server)")
+    )));
+    if let Some(d) = p.get("definition_change").filter(|d| !d.is_null()) {
+        lines.push(Line::from(Span::styled(
+            format!(
+                "the tool's definition is not the pinned one ({})",
+                s(d, "pinned")
+            ),
+            Style::default()
+                .fg(Color::Yellow)
+                .add_modifier(Modifier::UNDERLINED),
+        )));
+        change_lines(&d["changes"], &mut lines);
+    }
     let asked: Vec<&str> = p["policies"]
         .as_array()
         .into_iter()
@@ -294,21 +315,7 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
                 .fg(Color::Yellow)
                 .add_modifier(Modifier::UNDERLINED),
         )));
-        for c in r["changes"].as_array().into_iter().flatten() {
-            let show = |v: &Value| {
-                if v.is_null() {
-                    "(absent)".to_owned()
-                } else {
-                    v.to_string()
-                }
-            };
-            lines.push(Line::from(format!(
-                "  {:<20} {} → {}",
-                s(c, "pointer"),
-                show(&c["before"]),
-                show(&c["after"])
-            )));
-        }
+        change_lines(&r["changes"], &mut lines);
     }
     f.render_widget(
         Paragraph::new(lines)
@@ -316,6 +323,25 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
             .wrap(Wrap { trim: false }),
         area,
     );
+}
+
+/// One line per change (`[{pointer, before, after}]`).
+fn change_lines(changes: &Value, lines: &mut Vec<Line<'_>>) {
+    for c in changes.as_array().into_iter().flatten() {
+        let show = |v: &Value| {
+            if v.is_null() {
+                "(absent)".to_owned()
+            } else {
+                v.to_string()
+            }
+        };
+        lines.push(Line::from(format!(
+            "  {:<20} {} → {}",
+            s(c, "pointer"),
+            show(&c["before"]),
+            show(&c["after"])
+        )));
+    }
 }
 
 fn outcomes(app: &App, f: &mut Frame, area: Rect) {
@@ -524,6 +550,27 @@ mod tests {
         insta::assert_snapshot!(render(&a, 80, 24));
         a.event(key(KeyCode::Char('v')));
         insta::assert_snapshot!("detail_raw", render(&a, 80, 24));
+    }
+
+    #[test]
+    fn detail_view_with_definition_change() {
+        let mut a = app();
+        let mut changed = proposal("p-4", "pending", 990_000, 120);
+        changed["tool_definition"] = json!("sha256:2b2b");
+        changed["definition_change"] = json!({"pinned": "sha256:1a1a", "changes": [
+            {"pointer": "/description", "before": "Charge a card.", "after": "Charge a card twice."}]});
+        a.event(Input::Net(Net::Proposal(changed)));
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Enter));
+        let screen = render(&a, 100, 30);
+        assert!(screen.contains("sha256:2b2b"), "{screen}");
+        assert!(
+            screen.contains("not the pinned one (sha256:1a1a)"),
+            "{screen}"
+        );
+        assert!(screen.contains("/description"), "{screen}");
+        insta::assert_snapshot!(screen);
     }
 
     #[test]
