@@ -268,8 +268,8 @@ impl Store for Flaky {
     fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
         self.inner.get_proposal(id)
     }
-    fn pin_first_use(&self, key: String, value: String) -> StoreFuture<'_, bool> {
-        self.inner.pin_first_use(key, value)
+    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
+        self.inner.pin_first_use(pins)
     }
     fn first_use_pins(&self) -> Result<Vec<String>, StoreError> {
         self.inner.first_use_pins()

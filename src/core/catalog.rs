@@ -409,30 +409,30 @@ impl Catalog {
         write(&self.fetched).remove(server);
     }
 
-    /// How calls of `server/tool` are judged now.
+    /// How calls of `server/tool` are judged now. On every call's path:
+    /// nothing is cloned but the digest.
     pub fn view(&self, server: &str, tool: &str) -> ToolView {
         let overrides = self.overrides.get(server).and_then(|t| t.get(tool));
-        let (listed, complete) = {
-            let l = read(&self.listed);
-            let s = l.get(server);
-            (
-                s.and_then(|s| s.tools.get(tool).cloned()),
-                s.is_some_and(|s| s.complete),
-            )
-        };
-        let pin = self.pin(server, tool);
-        match listed {
+        // Lock order (as in `take`): listed, lock, first use.
+        let listed = read(&self.listed);
+        let on_server = listed.get(server);
+        let lock = read(&self.lock);
+        let first_use = read(&self.first_use);
+        let pin = lock
+            .get(server, tool)
+            .or_else(|| first_use.get(server)?.get(tool));
+        match on_server.and_then(|s| s.tools.get(tool)) {
             Some(def) => {
-                let changed = pin.as_ref().is_some_and(|(p, _)| p.digest != def.digest);
+                let changed = pin.is_some_and(|p| p.digest != def.digest);
                 let mut hints = def.hints();
-                if let (true, Some((p, _))) = (changed, &pin) {
+                if let (true, Some(p)) = (changed, pin) {
                     // Never believe a loosening hint before the operator
                     // accepted it: it is how a write would skip approval.
                     hints = hints.no_looser_than(p.hints());
                 }
                 ToolView {
                     annotations: hints.with_overrides(overrides),
-                    digest: Some(def.digest),
+                    digest: Some(def.digest.clone()),
                     changed,
                     unavailable: false,
                 }
@@ -441,7 +441,7 @@ impl Catalog {
                 annotations: Annotations::default().with_overrides(overrides),
                 digest: None,
                 changed: false,
-                unavailable: complete && pin.is_some(),
+                unavailable: on_server.is_some_and(|s| s.complete) && pin.is_some(),
             },
         }
     }

@@ -1455,21 +1455,26 @@ struct FirstUse {
     pin: Definition,
 }
 
-/// Record first-use pins in the store. A failure is logged: the pin holds in
-/// memory for this run, and the next run pins on first use again.
+/// Record first-use pins in the store, in one durable commit. A failure is
+/// logged: the pins hold in memory for this run, and the next run pins on
+/// first use again.
 async fn record_first_use(store: &dyn Store, server: &str, learned: Vec<Definition>) {
-    for pin in learned {
-        let key = json!([server, pin.name()]).to_string();
-        let tool = pin.name().to_owned();
-        let value = FirstUse {
-            server: server.to_owned(),
-            pin,
-        };
-        let Ok(text) = serde_json::to_string(&value) else {
-            continue;
-        };
-        if let Err(e) = store.pin_first_use(key, text).await {
-            tracing::error!(server, %tool, "first-use pin not recorded: {e}");
-        }
+    if learned.is_empty() {
+        return;
+    }
+    let pins: Vec<(String, String)> = learned
+        .into_iter()
+        .filter_map(|pin| {
+            let key = json!([server, pin.name()]).to_string();
+            let value = FirstUse {
+                server: server.to_owned(),
+                pin,
+            };
+            Some((key, serde_json::to_string(&value).ok()?))
+        })
+        .collect();
+    let n = pins.len();
+    if let Err(e) = store.pin_first_use(pins).await {
+        tracing::error!(server, tools = n, "first-use pins not recorded: {e}");
     }
 }

@@ -30,10 +30,15 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn pin_first_use(&self, key: String, value: String) -> StoreFuture<'_, bool> {
+    fn pin_first_use(&self, new: Vec<(String, String)>) -> StoreFuture<'_, usize> {
         let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
-        let wrote = !pins.contains_key(&key);
-        pins.entry(key).or_insert(value);
+        let mut wrote = 0;
+        for (key, value) in new {
+            if !pins.contains_key(&key) {
+                pins.insert(key, value);
+                wrote += 1;
+            }
+        }
         Box::pin(std::future::ready(Ok(wrote)))
     }
 

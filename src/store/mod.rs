@@ -169,10 +169,11 @@ pub trait Store: Send + Sync {
         expect: Option<ProposalState>,
     ) -> StoreFuture<'_, bool>;
 
-    /// Record a tool definition pinned on first use (DESIGN.md section 12)
-    /// under `key`, unless one is recorded there already: the first one
-    /// stays. Durable before it returns. Returns whether it wrote.
-    fn pin_first_use(&self, key: String, value: String) -> StoreFuture<'_, bool>;
+    /// Record tool definitions pinned on first use (DESIGN.md section 12),
+    /// each `(key, value)` unless one is recorded under its key already:
+    /// the first one stays. One durable commit for all, before it returns.
+    /// Returns how many it wrote.
+    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize>;
 
     /// Every pin recorded on first use.
     fn first_use_pins(&self) -> Result<Vec<String>, StoreError>;
@@ -567,21 +568,20 @@ mod tests {
 
     async fn pin_conformance(store: &dyn Store) {
         assert!(store.first_use_pins().unwrap().is_empty());
-        assert!(store
-            .pin_first_use("a".into(), "first".into())
-            .await
-            .unwrap());
-        assert!(
-            !store
-                .pin_first_use("a".into(), "second".into())
+        let pin = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        assert_eq!(
+            store.pin_first_use(vec![pin("a", "first")]).await.unwrap(),
+            1
+        );
+        assert_eq!(
+            store
+                .pin_first_use(vec![pin("a", "second"), pin("b", "other")])
                 .await
                 .unwrap(),
+            1,
             "the first pin stays"
         );
-        assert!(store
-            .pin_first_use("b".into(), "other".into())
-            .await
-            .unwrap());
+        assert_eq!(store.pin_first_use(Vec::new()).await.unwrap(), 0);
         let mut all = store.first_use_pins().unwrap();
         all.sort();
         assert_eq!(all, ["first", "other"]);

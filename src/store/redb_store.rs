@@ -67,9 +67,8 @@ enum Op {
         reply: oneshot::Sender<Result<usize, StoreError>>,
     },
     Pin {
-        key: String,
-        value: String,
-        reply: oneshot::Sender<Result<bool, StoreError>>,
+        pins: Vec<(String, String)>,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
     },
 }
 
@@ -270,10 +269,8 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                             | Op::OutboxClear { reply, .. },
                             Done::Gc(r),
                         ) => drop(reply.send(r)),
-                        (
-                            Op::PutProposal { reply, .. } | Op::Pin { reply, .. },
-                            Done::Transition(r),
-                        ) => drop(reply.send(r)),
+                        (Op::PutProposal { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
+                        (Op::Pin { reply, .. }, Done::Gc(r)) => drop(reply.send(r)),
                         _ => {}
                     }
                 }
@@ -288,9 +285,8 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                         Op::Gc { reply, .. }
                         | Op::GcProposals { reply, .. }
                         | Op::OutboxClear { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::PutProposal { reply, .. } | Op::Pin { reply, .. } => {
-                            drop(reply.send(Err(e.clone())));
-                        }
+                        Op::PutProposal { reply, .. } => drop(reply.send(Err(e.clone()))),
+                        Op::Pin { reply, .. } => drop(reply.send(Err(e.clone()))),
                     }
                 }
             }
@@ -385,7 +381,7 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                 Op::GcProposals { before_ms, .. } => {
                     Done::Gc(gc_proposals(&mut proposals, *before_ms))
                 }
-                Op::Pin { key, value, .. } => Done::Transition(pin_first(&mut pins, key, value)),
+                Op::Pin { pins: new, .. } => Done::Gc(pin_first(&mut pins, new)),
             });
         }
     }
@@ -397,15 +393,22 @@ type Table<'t> = redb::Table<'t, &'static str, &'static [u8]>;
 
 fn pin_first(
     pins: &mut redb::Table<'_, &'static str, &'static str>,
-    key: &str,
-    value: &str,
-) -> Result<bool, StoreError> {
-    if pins.get(key).map_err(|e| err("read")(e.into()))?.is_some() {
-        return Ok(false);
+    new: &[(String, String)],
+) -> Result<usize, StoreError> {
+    let mut wrote = 0;
+    for (key, value) in new {
+        if pins
+            .get(key.as_str())
+            .map_err(|e| err("read")(e.into()))?
+            .is_some()
+        {
+            continue;
+        }
+        pins.insert(key.as_str(), value.as_str())
+            .map_err(|e| err("write")(e.into()))?;
+        wrote += 1;
     }
-    pins.insert(key, value)
-        .map_err(|e| err("write")(e.into()))?;
-    Ok(true)
+    Ok(wrote)
 }
 
 fn read(
@@ -573,8 +576,11 @@ impl Store for RedbStore {
         })
     }
 
-    fn pin_first_use(&self, key: String, value: String) -> StoreFuture<'_, bool> {
-        self.submit(|reply| Op::Pin { key, value, reply })
+    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
+        if pins.is_empty() {
+            return Box::pin(std::future::ready(Ok(0)));
+        }
+        self.submit(|reply| Op::Pin { pins, reply })
     }
 
     fn first_use_pins(&self) -> Result<Vec<String>, StoreError> {
