@@ -34,8 +34,8 @@ impl Store for MemoryStore {
         let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
         let mut wrote = 0;
         for (key, value) in new {
-            if !pins.contains_key(&key) {
-                pins.insert(key, value);
+            if let std::collections::btree_map::Entry::Vacant(slot) = pins.entry(key) {
+                slot.insert(value);
                 wrote += 1;
             }
         }
