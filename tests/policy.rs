@@ -339,3 +339,24 @@ when { context.arguments has amount && context.arguments.amount > 1000 };
         "the reason names the field: {mismatch}"
     );
 }
+
+#[test]
+fn a_schema_that_does_not_declare_definition_changed_still_validates_and_decides() {
+    let tmp = tempfile::tempdir().unwrap();
+    let schema = std::fs::read_to_string(policies_dir().join("schema.cedarschema")).unwrap();
+    let older = schema.replace("  definitionChanged?: Bool,\n", "");
+    assert_ne!(older, schema, "the shipped schema declares it");
+    std::fs::write(tmp.path().join("schema.cedarschema"), older).unwrap();
+    std::fs::copy(
+        policies_dir().join("default.cedar"),
+        tmp.path().join("default.cedar"),
+    )
+    .unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let (ok, out) = run(&["policy", "check", "--dir", dir]);
+    assert!(ok, "{out}");
+    let cases = policies_dir().join("tests.toml");
+    let (ok, out) = run(&["policy", "test", cases.to_str().unwrap(), "--dir", dir]);
+    assert!(ok, "{out}");
+    assert!(out.contains("6 passed, 0 failed"), "{out}");
+}

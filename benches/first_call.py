@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""What the gateway's own tool list adds to a session's first call.
+
+Starts a fresh gateway (release build) in front of the example payments server
+over stdio, RUNS times, everything pinned to one CPU. In each run it opens two
+sessions one after the other and times three `get_balance` calls in each: the
+first call of the first session waits for the gateway's own `tools/list`
+(and the first-use pins' one durable commit); the first call of the second
+session lists its own new child's tools again; the later calls list nothing.
+
+    cargo build --release --examples
+    python3 benches/first_call.py [--bin target/release/countersign] [--runs 15] [--cpu 0]
+
+Prints the median of each call position over the runs, in microseconds.
+Standard library only.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKEN = "bench-token"
+
+
+def post(url, body, session=None):
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "Authorization": "Bearer " + TOKEN,
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+    if session:
+        headers["Mcp-Session-Id"] = session
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(req) as resp:
+        return resp.headers.get("Mcp-Session-Id"), resp.read()
+
+
+def session(url):
+    sid, _ = post(url, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "first-call-bench", "version": "1"}}})
+    post(url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    times = []
+    for n in range(3):
+        body = {"jsonrpc": "2.0", "id": n + 1, "method": "tools/call",
+                "params": {"name": "get_balance", "arguments": {"account": "a%d" % n}}}
+        start = time.perf_counter()
+        _, answer = post(url, body, sid)
+        times.append((time.perf_counter() - start) * 1e6)
+        if b'"isError":true' in answer.replace(b" ", b""):
+            raise SystemExit("the call was refused: %s" % answer[:300])
+    return times
+
+
+def run_once(binary, example, cpu):
+    import hashlib
+    with tempfile.TemporaryDirectory() as d:
+        pol = os.path.join(d, "policies")
+        os.makedirs(pol)
+        with open(os.path.join(ROOT, "policies", "schema.cedarschema")) as f:
+            schema = f.read()
+        with open(os.path.join(pol, "schema.cedarschema"), "w") as f:
+            f.write(schema)
+        with open(os.path.join(pol, "allow.cedar"), "w") as f:
+            f.write('permit (principal, action == Action::"call", resource);\n')
+        config = os.path.join(d, "countersign.toml")
+        with open(config, "w") as f:
+            f.write("""
+[gateway]
+listen = "127.0.0.1:0"
+data_dir = "%s"
+policies = "%s"
+
+[[identities]]
+token_sha256 = "%s"
+principal = "bench"
+tenant = "bench"
+
+[servers.payments]
+command = "%s"
+""" % (os.path.join(d, "data"), pol, hashlib.sha256(TOKEN.encode()).hexdigest(), example))
+        env = dict(os.environ, COUNTERSIGN_LOG="warn")
+        gw = subprocess.Popen(["taskset", "-c", str(cpu), binary, "serve", "--config", config],
+                              stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            addr = None
+            for line in gw.stderr:
+                if "listening on" in line:
+                    addr = line.strip().rsplit(" ", 1)[-1]
+                    break
+            if not addr:
+                raise SystemExit("the gateway did not start")
+            url = "http://%s/mcp/payments" % addr
+            return session(url) + session(url)
+        finally:
+            gw.terminate()
+            gw.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/countersign"))
+    ap.add_argument("--example", default=os.path.join(ROOT, "target/release/examples/payments_server"))
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--cpu", type=int, default=0)
+    a = ap.parse_args()
+    os.sched_setaffinity(0, {a.cpu})
+    runs = [run_once(a.bin, a.example, a.cpu) for _ in range(a.runs)]
+    names = ["session 1, call 1", "session 1, call 2", "session 1, call 3",
+             "session 2, call 1", "session 2, call 2", "session 2, call 3"]
+    for i, name in enumerate(names):
+        print("%-18s p50 %7.0f µs" % (name, statistics.median(r[i] for r in runs)))
+
+
+if __name__ == "__main__":
+    main()
