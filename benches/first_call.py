@@ -86,22 +86,32 @@ tenant = "bench"
 [servers.payments]
 command = "%s"
 """ % (os.path.join(d, "data"), pol, hashlib.sha256(TOKEN.encode()).hexdigest(), example))
-        env = dict(os.environ, COUNTERSIGN_LOG="warn")
-        gw = subprocess.Popen(["taskset", "-c", str(cpu), binary, "serve", "--config", config],
-                              stderr=subprocess.PIPE, env=env, text=True)
+        # Debug for the pipeline only: the log says each time the gateway
+        # fetched a tool list, which the report counts.
+        env = dict(os.environ, COUNTERSIGN_LOG="warn,countersign::enforce=debug")
+        log_path = os.path.join(d, "gateway.log")
+        with open(log_path, "w") as log:
+            gw = subprocess.Popen(["taskset", "-c", str(cpu), binary, "serve", "--config", config],
+                                  stderr=log, env=env)
         try:
             addr = None
-            for line in gw.stderr:
-                if "listening on" in line:
-                    addr = line.strip().rsplit(" ", 1)[-1]
+            for _ in range(500):
+                with open(log_path) as f:
+                    found = [l for l in f if "listening on" in l]
+                if found:
+                    addr = found[0].strip().rsplit(" ", 1)[-1]
                     break
+                time.sleep(0.01)
             if not addr:
                 raise SystemExit("the gateway did not start")
             url = "http://%s/mcp/payments" % addr
-            return session(url) + session(url)
+            times = session(url) + session(url)
         finally:
             gw.terminate()
             gw.wait()
+        with open(log_path) as f:
+            fetches = sum(1 for l in f if "tool list fetched" in l)
+        return times, fetches
 
 
 def main():
@@ -112,7 +122,9 @@ def main():
     ap.add_argument("--cpu", type=int, default=0)
     a = ap.parse_args()
     os.sched_setaffinity(0, {a.cpu})
-    runs = [run_once(a.bin, a.example, a.cpu) for _ in range(a.runs)]
+    results = [run_once(a.bin, a.example, a.cpu) for _ in range(a.runs)]
+    runs = [r[0] for r in results]
+    print("tool lists fetched by the gateway per run: %s" % sorted({r[1] for r in results}))
     names = ["session 1, call 1", "session 1, call 2", "session 1, call 3",
              "session 2, call 1", "session 2, call 2", "session 2, call 3"]
     for i, name in enumerate(names):
