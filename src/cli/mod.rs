@@ -437,12 +437,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                             .collect::<Vec<_>>()
                             .join(", ")
                     );
-                    let gw = Gateway::new(
-                        config,
-                        std::sync::Arc::new(crate::store::MemoryStore::default()),
-                        crate::core::decision::Policies::empty(),
-                        None,
-                    );
+                    let gw = offline(config);
                     let tools = crate::cli::check::list_tools(&gw, &server)
                         .await
                         .map_err(|e| anyhow::anyhow!(e))?;
@@ -513,24 +508,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Tools { command, config } => {
-            let config = files::load_config(&config)?;
-            let gw = Gateway::new(
-                config,
-                std::sync::Arc::new(crate::store::MemoryStore::default()),
-                crate::core::decision::Policies::empty(),
-                None,
-            );
+            let gw = offline(files::load_config(&config)?);
             tools_command(&gw, command).await
         }
         Command::Check { config, json } => {
-            let config = files::load_config(&config)?;
-            // `check` sends no tools/call: no ledger file, no policies needed.
-            let gw = Gateway::new(
-                config,
-                std::sync::Arc::new(crate::store::MemoryStore::default()),
-                crate::core::decision::Policies::empty(),
-                None,
-            );
+            let gw = offline(files::load_config(&config)?);
             let report = crate::cli::check::check_all(&gw).await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -562,6 +544,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+/// A gateway for commands that send no `tools/call` (`check`, `tools`,
+/// `policy schema`): no ledger file, no policies, no audit log.
+fn offline(config: crate::core::config::Config) -> std::sync::Arc<Gateway> {
+    Gateway::new(
+        config,
+        std::sync::Arc::new(crate::store::MemoryStore::default()),
+        crate::core::decision::Policies::empty(),
+        None,
+    )
 }
 
 async fn tools_command(gw: &Gateway, command: ToolsCommand) -> anyhow::Result<ExitCode> {
