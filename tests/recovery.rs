@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn pids(gw: &Gateway, tool: &str) -> Vec<u64> {
     gw.records()
@@ -253,4 +253,69 @@ async fn a_timed_out_write_is_unknown_in_the_ledger_and_cancelled_upstream() {
         text.contains("\"cancelled\""),
         "notifications/cancelled reached the server: {text}"
     );
+}
+
+/// An HTTP upstream stops, the breaker opens, the upstream comes back on the
+/// same port (knowing none of the old sessions). After the cooldown the first
+/// read heals the session and succeeds, and the server ran it once.
+#[tokio::test]
+async fn the_breaker_closes_after_an_http_upstream_restarts() {
+    let mut gw = Gateway::start_with(Options {
+        http_upstream: true,
+        extra: "\n[circuit]\nfailure_threshold = 3\ncooldown = \"1s\"\n".into(),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("phttp"));
+    c.initialize().await;
+    let ok = |a: &Answer| a.last()["result"]["isError"] == false;
+    assert!(ok(&c.call(1, "get_balance", json!({"account":"a"})).await));
+    let addr = gw.http_upstream.as_ref().unwrap().addr.clone();
+    drop(gw.http_upstream.take()); // the upstream stops
+    for id in 2..=4 {
+        let a = c.call(id, "get_balance", json!({"account":"a"})).await;
+        assert_eq!(code(&a), "upstream_unavailable", "{a:?}");
+    }
+    let a = c.call(5, "get_balance", json!({"account":"a"})).await;
+    assert_eq!(countersign(&a)["circuit"], "open", "{a:?}");
+    // A write refused by the open breaker ran nothing and keeps its key free.
+    let charge = json!({"jsonrpc":"2.0","id":50,"method":"tools/call","params":{
+        "name":"charge_card","arguments":{"account":"a","amount":5},
+        "_meta":{"dev.countersign/idempotency-key":"k-open"}}});
+    let a = c.post(&charge).await;
+    assert_eq!(countersign(&a)["circuit"], "open", "{a:?}");
+    let record = gw.dir.path().join("executions.jsonl");
+    gw.http_upstream = Some(HttpUpstream::start_at(&addr, &record, &gw.faults_path()));
+    let health = format!("{}/healthz", gw.base());
+    // After the cooldown the circuit lets one trial through.
+    let mut half_open = false;
+    for _ in 0..100 {
+        let h: Value =
+            serde_json::from_slice(&reqwest::get(&health).await.unwrap().bytes().await.unwrap())
+                .unwrap();
+        if h["circuits"]["phttp"] == "half-open" {
+            half_open = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(half_open, "the cooldown ended");
+    let before = gw.executions("get_balance");
+    let a = c.call(6, "get_balance", json!({"account":"a"})).await;
+    assert!(ok(&a), "the trial heals the session and runs: {a:?}");
+    assert_eq!(gw.executions("get_balance"), before + 1, "one trial");
+    assert!(
+        gw.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("lost its session")),
+        "the old session was refused (404) and healed, not counted as a failure"
+    );
+    let h: Value =
+        serde_json::from_slice(&reqwest::get(&health).await.unwrap().bytes().await.unwrap())
+            .unwrap();
+    assert_eq!(h["circuits"]["phttp"], "closed", "{h}");
+    let a = c.post(&charge).await;
+    assert!(ok(&a), "the key was free: {a:?}");
+    assert_eq!(gw.executions("charge_card"), 1);
 }

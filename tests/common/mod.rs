@@ -215,8 +215,14 @@ pub struct HttpUpstream {
 
 impl HttpUpstream {
     pub fn start(record: &Path, faults: &Path) -> HttpUpstream {
+        HttpUpstream::start_at("127.0.0.1:0", record, faults)
+    }
+
+    /// The example server over HTTP on `addr` (an upstream restarted on the
+    /// same port).
+    pub fn start_at(addr: &str, record: &Path, faults: &Path) -> HttpUpstream {
         let mut child = Command::new(example_server_bin())
-            .args(["--http", "127.0.0.1:0", "--record"])
+            .args(["--http", addr, "--record"])
             .arg(record)
             .arg("--faults")
             .arg(faults)
