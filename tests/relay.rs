@@ -703,3 +703,103 @@ async fn an_idle_session_is_closed_and_its_upstream_child_stopped() {
     })
     .await;
 }
+
+/// Upstream credentials read from the gateway's environment and from a file:
+/// the upstream gets them, the client's token never; no log line (at debug),
+/// no `check --json` and no audit entry holds them.
+#[tokio::test]
+async fn upstream_credentials_from_env_and_file_reach_the_upstream_and_nothing_else() {
+    const FROM_ENV: &str = "env-s3cret-7f3a9c";
+    const FROM_FILE: &str = "file-s3cret-91be02";
+    let secrets = tempfile::tempdir().unwrap();
+    let key_file = secrets.path().join("api-key");
+    std::fs::write(&key_file, format!("{FROM_FILE}\n")).unwrap();
+    let gw = Gateway::start_with(Options {
+        http_upstream: true,
+        extra: format!(
+            "headers = {{ Authorization = {{ env = \"PHTTP_TOKEN\", prefix = \"Bearer \" }}, \"X-Api-Key\" = {{ file = \"{}\" }} }}\n",
+            key_file.display()
+        ),
+        gateway_env: vec![
+            ("PHTTP_TOKEN".into(), FROM_ENV.into()),
+            ("COUNTERSIGN_LOG".into(), "debug".into()),
+        ],
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("phttp"));
+    c.initialize().await;
+    let a = c.call(1, "get_balance", json!({"account":"a"})).await;
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    let rec = gw
+        .records()
+        .into_iter()
+        .find(|r| r["event"] == "executed")
+        .unwrap();
+    assert_eq!(rec["authorization"], format!("Bearer {FROM_ENV}"));
+    assert_eq!(rec["x_api_key"], FROM_FILE, "trailing newline removed");
+    assert!(!rec.to_string().contains(TOKEN));
+    // check --json, with the same environment as the gateway.
+    let out = std::process::Command::new(countersign_bin())
+        .args(["check", "--json", "--config"])
+        .arg(gw.config_path())
+        .env("PHTTP_TOKEN", FROM_ENV)
+        .output()
+        .unwrap();
+    let report =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(report.contains("\"phttp\""), "{report}");
+    wait_for_audit(&gw, "the call's entries", |e| {
+        e.iter()
+            .any(|x| x["kind"] == "completed" && x["tool"] == "get_balance")
+    })
+    .await;
+    let audit: String = audit_segments(&gw.audit_dir())
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(audit.contains("get_balance"), "the audit log has the call");
+    let logs = gw.log.lock().unwrap().join("\n");
+    assert!(logs.contains("DEBUG"), "debug logging was on");
+    for (what, text) in [
+        ("check --json", &report),
+        ("audit log", &audit),
+        ("gateway log", &logs),
+    ] {
+        for secret in [FROM_ENV, FROM_FILE] {
+            assert!(!text.contains(secret), "{what} holds a credential");
+        }
+    }
+}
+
+#[test]
+fn serve_refuses_to_start_when_an_upstream_credential_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicies = \"{}\"\n\n[servers.gh]\nurl = \"http://127.0.0.1:9/mcp\"\nheaders = {{ Authorization = {{ env = \"COUNTERSIGN_TEST_NO_SUCH_VAR\", prefix = \"Bearer \" }} }}\n",
+            dir.path().join("data").display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = run_cli(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("header `Authorization` of server `gh`: environment variable `COUNTERSIGN_TEST_NO_SUCH_VAR` is not set"),
+        "{err}"
+    );
+    // A key the syntax does not know is named, with its line.
+    std::fs::write(
+        &config,
+        "[servers.gh]\nurl = \"http://127.0.0.1:9/mcp\"\nheaders = { Authorization = { evn = \"X\" } }\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run_cli(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains("unknown key `evn`") && err.contains("line 3"),
+        "{err}"
+    );
+}

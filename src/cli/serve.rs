@@ -29,6 +29,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     if !addr.ip().is_loopback() {
         tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");
     }
+    // Every upstream credential resolves now, or the gateway does not start.
+    crate::upstream::credentials::check_all(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     let grace = config.gateway.shutdown_grace;
     let ledger_path = config.gateway.data_dir.join("ledger.redb");
     let store = RedbStore::open(&ledger_path).map_err(|e| anyhow::anyhow!("{e}"))?;

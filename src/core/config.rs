@@ -340,23 +340,109 @@ pub struct ServerConfig {
     /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
-    /// Extra environment variables for the child.
+    /// Extra environment variables for the child (each a [`Credential`]:
+    /// written here, or read from the gateway's environment or a file).
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, Credential>,
     /// Working directory of the child.
     pub cwd: Option<PathBuf>,
     /// Streamable HTTP endpoint of an HTTP upstream.
     pub url: Option<String>,
     /// Static headers sent to an HTTP upstream (the gateway's own credentials
-    /// for it; the client's token is never forwarded).
+    /// for it; the client's token is never forwarded). Each a [`Credential`].
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, Credential>,
     /// How long one call may take upstream.
     #[serde(default = "default_call_timeout", deserialize_with = "duration")]
     pub call_timeout: Duration,
     /// Per-tool operator overrides.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// A value the gateway gives an upstream (a header, a child's environment
+/// variable), usually a credential: written in the config, or read when a
+/// connection is made from the gateway's environment or from a file, so that
+/// the secret itself stays out of the config file.
+///
+/// ```toml
+/// headers = { Authorization = { env = "GITHUB_TOKEN", prefix = "Bearer " } }
+/// headers = { "X-Api-Key" = { file = "/run/secrets/stripe" } }
+/// headers = { "X-Team" = "payments" }
+/// ```
+///
+/// Its `Debug` form never shows a value, so it cannot reach a log by way of
+/// a printed configuration.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// Written in the config.
+    Literal(String),
+    /// The gateway's environment variable `var`, after `prefix`.
+    Env {
+        /// The variable.
+        var: String,
+        /// Put before the value (`"Bearer "`).
+        prefix: String,
+    },
+    /// The contents of `path` (trailing newlines removed), after `prefix`.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Put before the value.
+        prefix: String,
+    },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Literal(_) => f.write_str("Credential::Literal(<redacted>)"),
+            Credential::Env { var, .. } => write!(f, "Credential::Env({var})"),
+            Credential::File { path, .. } => write!(f, "Credential::File({})", path.display()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Credential {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Table(BTreeMap<String, String>),
+        }
+        use serde::de::Error;
+        let table = match Raw::deserialize(d).map_err(|_| {
+            D::Error::custom(
+                "expected a string, or a table { env = \"VAR\" } or { file = \"PATH\" } with an optional prefix",
+            )
+        })? {
+            Raw::Text(t) => return Ok(Credential::Literal(t)),
+            Raw::Table(t) => t,
+        };
+        if let Some(k) = table
+            .keys()
+            .find(|k| !["env", "file", "prefix"].contains(&k.as_str()))
+        {
+            return Err(D::Error::custom(format!(
+                "unknown key `{k}` (expected `env` or `file`, and optionally `prefix`)"
+            )));
+        }
+        let prefix = table.get("prefix").cloned().unwrap_or_default();
+        match (table.get("env"), table.get("file")) {
+            (Some(var), None) if !var.is_empty() => Ok(Credential::Env {
+                var: var.clone(),
+                prefix,
+            }),
+            (None, Some(path)) if !path.is_empty() => Ok(Credential::File {
+                path: PathBuf::from(path),
+                prefix,
+            }),
+            _ => Err(D::Error::custom(
+                "give exactly one of `env` (a variable name) and `file` (a path)",
+            )),
+        }
+    }
 }
 
 fn default_call_timeout() -> Duration {

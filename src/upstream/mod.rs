@@ -4,6 +4,7 @@
 //! its [`Mux`]. Transports only move bytes; ids and routing live in the mux,
 //! so both transports behave the same towards clients.
 
+pub mod credentials;
 pub mod mux;
 pub mod route;
 pub mod session;

@@ -57,8 +57,14 @@ impl Stdio {
                 cmd.env(key, value);
             }
         }
+        for (name, value) in &cfg.env {
+            let what = format!("environment variable `{name}` of server `{server}`");
+            cmd.env(
+                name,
+                super::credentials::resolve(value, &what).map_err(spawn_err)?,
+            );
+        }
         cmd.args(&cfg.args)
-            .envs(&cfg.env)
             .stdin(StdStdio::piped())
             .stdout(StdStdio::piped())
             .stderr(StdStdio::piped())

@@ -148,7 +148,7 @@ impl Http {
     pub(super) fn new(
         server: &str,
         url: &str,
-        static_headers: &BTreeMap<String, String>,
+        static_headers: &BTreeMap<String, crate::core::config::Credential>,
         client: &super::HttpClient,
         max_event: usize,
     ) -> Result<Http, UpstreamError> {
@@ -180,14 +180,19 @@ impl Http {
             .map_err(|e| bad(format!("url `{url}`: {e}")))?;
         let mut headers = HeaderMap::new();
         for (k, v) in static_headers {
-            let (Ok(name), Ok(value)) = (
+            let what = format!("header `{k}` of server `{server}`");
+            let value = super::credentials::resolve(v, &what).map_err(bad)?;
+            // The value is not in the message: it is usually a credential.
+            let (Ok(name), Ok(mut value)) = (
                 HeaderName::try_from(k.as_str()),
-                HeaderValue::try_from(v.as_str()),
+                HeaderValue::try_from(value),
             ) else {
                 return Err(bad(format!(
-                    "header `{k}` in [servers.{server}.headers] is not a valid HTTP header"
+                    "header `{k}` in [servers.{server}.headers] is not a valid HTTP header name and value"
                 )));
             };
+            // Kept out of hyper's debug output.
+            value.set_sensitive(true);
             headers.insert(name, value);
         }
         Ok(Http {
