@@ -31,6 +31,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     // Every upstream credential resolves now, or the gateway does not start.
     crate::upstream::credentials::check_all(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::upstream::tls::check_all(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     let grace = config.gateway.shutdown_grace;
     let ledger_path = config.gateway.data_dir.join("ledger.redb");
     let store = RedbStore::open(&ledger_path).map_err(|e| anyhow::anyhow!("{e}"))?;

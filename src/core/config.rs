@@ -352,12 +352,46 @@ pub struct ServerConfig {
     /// for it; the client's token is never forwarded). Each a [`Credential`].
     #[serde(default)]
     pub headers: BTreeMap<String, Credential>,
+    /// TLS to an `https://` upstream (roots, private CA, client certificate).
+    pub tls: Option<UpstreamTls>,
     /// How long one call may take upstream.
     #[serde(default = "default_call_timeout", deserialize_with = "duration")]
     pub call_timeout: Duration,
     /// Per-tool operator overrides.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// `[servers.S.tls]`: how the gateway checks an `https://` upstream, and the
+/// certificate it shows it. Hostname verification and SNI are always on;
+/// there is no switch to turn verification off.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// PEM file of the CA certificate(s) that sign the upstream's
+    /// certificate (a private CA).
+    pub ca_file: Option<PathBuf>,
+    /// Which public roots to trust besides `ca_file`: `webpki` (Mozilla's,
+    /// built in), `system` (the host's store) or `none`. Default: `webpki`
+    /// without a `ca_file`, `none` with one.
+    pub roots: Option<TlsRoots>,
+    /// PEM certificate chain for mutual TLS.
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key for `client_cert` (keep it readable by the gateway's
+    /// user only).
+    pub client_key: Option<PathBuf>,
+}
+
+/// Public root certificates an upstream's certificate may chain to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsRoots {
+    /// Mozilla's roots, built into the binary.
+    Webpki,
+    /// The host's certificate store.
+    System,
+    /// None: only `ca_file`.
+    None,
 }
 
 /// A value the gateway gives an upstream (a header, a child's environment
@@ -568,21 +602,32 @@ impl Config {
                     ))
                 }
                 (None, Some(url)) => {
-                    if url.starts_with("https://") {
-                        // This build carries no TLS stack; refusing here beats a
-                        // connect error on the first call.
+                    let https = url.starts_with("https://");
+                    if !https && !url.starts_with("http://") {
                         return Err(format!(
-                            "[servers.{name}] url `{url}`: HTTPS upstreams are not supported by this build yet; \
-                             reach the server over http:// on a trusted network or through a local TLS proxy"
+                            "[servers.{name}] url `{url}` must start with https:// or http://"
                         ));
                     }
-                    if !url.starts_with("http://") {
+                    if !https && server.tls.is_some() {
                         return Err(format!(
-                            "[servers.{name}] url `{url}` must start with http://"
+                            "[servers.{name}] has a [tls] table but its url `{url}` is not https://"
                         ));
                     }
                 }
-                (Some(_), None) => {}
+                (Some(_), None) => {
+                    if server.tls.is_some() {
+                        return Err(format!(
+                            "[servers.{name}] is a stdio server: [tls] applies to https:// urls only"
+                        ));
+                    }
+                }
+            }
+            if let Some(tls) = &server.tls {
+                if tls.client_cert.is_some() != tls.client_key.is_some() {
+                    return Err(format!(
+                        "[servers.{name}.tls] needs both `client_cert` and `client_key`, or neither"
+                    ));
+                }
             }
             if server.call_timeout.is_zero() {
                 return Err(format!(
@@ -746,6 +791,43 @@ mod tests {
             .contains("needs `command`"));
         let both = parse("[servers.p]\ncommand=\"x\"\nurl=\"http://a\"\n").unwrap_err();
         assert!(both.to_string().contains("both"));
+    }
+
+    #[test]
+    fn tls_and_credentials_parse_and_misuse_is_named() {
+        let ok = parse(
+            "[servers.p]\nurl=\"https://a/mcp\"\nheaders = { Authorization = { env = \"T\", prefix = \"Bearer \" } }\n[servers.p.tls]\nca_file=\"/ca.pem\"\nroots=\"system\"\n",
+        )
+        .unwrap();
+        let p = &ok.servers["p"];
+        assert_eq!(p.tls.as_ref().unwrap().roots, Some(TlsRoots::System));
+        assert_eq!(
+            p.headers["Authorization"],
+            Credential::Env {
+                var: "T".into(),
+                prefix: "Bearer ".into()
+            }
+        );
+        let e = parse("[servers.p]\nurl=\"http://a\"\n[servers.p.tls]\nca_file=\"/ca.pem\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("is not https://"), "{e}");
+        let e = parse("[servers.p]\nurl=\"https://a\"\n[servers.p.tls]\nclient_cert=\"/c.pem\"\n")
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("both `client_cert` and `client_key`"),
+            "{e}"
+        );
+        let e =
+            parse("[servers.p]\nurl=\"https://a\"\n[servers.p.tls]\ninsecure=true\n").unwrap_err();
+        assert!(e.to_string().contains("insecure"), "no such switch: {e}");
+        let e = parse("[servers.p]\nurl=\"ftp://a\"\n").unwrap_err();
+        assert!(e.to_string().contains("https:// or http://"), "{e}");
+        let e = parse(
+            "[servers.p]\nurl=\"http://a\"\nheaders = { A = { env = \"X\", file = \"/f\" } }\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("exactly one of `env`"), "{e}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod route;
 pub mod session;
 mod stdio;
 mod streamable_http;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,6 +127,7 @@ impl UpstreamConn {
                 server,
                 url,
                 &cfg.headers,
+                cfg.tls.as_ref(),
                 http,
                 max_line,
             )?)),

@@ -31,6 +31,15 @@ use crate::wire::sse;
 struct Pool {
     authority: String,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    /// For an `https://` upstream: its TLS client and the name its
+    /// certificate must be valid for (also sent as SNI).
+    tls: Option<Tls>,
+}
+
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+    server: String,
 }
 
 /// Most idle connections kept per origin.
@@ -55,16 +64,19 @@ impl Pool {
             Err(_) => tokio::net::TcpStream::connect(&self.authority).await?,
         };
         stream.set_nodelay(true)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(std::io::Error::other)?;
-        let authority = self.authority.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%authority, "upstream connection ended: {e}");
+        match &self.tls {
+            None => handshake(stream, self.authority.clone()).await,
+            Some(tls) => {
+                let stream = tls
+                    .connector
+                    .connect(tls.name.clone(), stream)
+                    .await
+                    .map_err(|e| {
+                        std::io::Error::other(super::tls::handshake_error(&tls.server, &e))
+                    })?;
+                handshake(stream, self.authority.clone()).await
             }
-        });
-        Ok(sender)
+        }
     }
 
     fn checkin(&self, sender: SendRequest<Full<Bytes>>) {
@@ -76,6 +88,22 @@ impl Pool {
             idle.push(sender);
         }
     }
+}
+
+/// HTTP/1.1 over `io`, its connection task spawned.
+async fn handshake<T>(io: T, authority: String) -> std::io::Result<SendRequest<Full<Bytes>>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(%authority, "upstream connection ended: {e}");
+        }
+    });
+    Ok(sender)
 }
 
 /// Connection pools of all HTTP upstreams, shared by their sessions.
@@ -90,6 +118,7 @@ impl HttpClient {
         HttpClient::default()
     }
 
+    /// The pool of a plain `http://` origin (shared by every server there).
     fn pool(&self, authority: &str) -> Arc<Pool> {
         lock(&self.pools)
             .entry(authority.to_owned())
@@ -97,9 +126,39 @@ impl HttpClient {
                 Arc::new(Pool {
                     authority: authority.to_owned(),
                     idle: Mutex::new(Vec::new()),
+                    tls: None,
                 })
             })
             .clone()
+    }
+
+    /// The pool of `server`'s `https://` upstream: one per server, since
+    /// each has its own roots and client certificate. Its TLS configuration
+    /// is built when the pool is (the first connection).
+    fn tls_pool(
+        &self,
+        server: &str,
+        authority: &str,
+        host: &str,
+        tls: Option<&crate::core::config::UpstreamTls>,
+    ) -> Result<Arc<Pool>, String> {
+        let key = format!("https {server} {authority}");
+        if let Some(p) = lock(&self.pools).get(&key) {
+            return Ok(p.clone());
+        }
+        let config = super::tls::client_config(server, tls)?;
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("host `{host}` is not a valid TLS server name: {e}"))?;
+        let pool = Arc::new(Pool {
+            authority: authority.to_owned(),
+            idle: Mutex::new(Vec::new()),
+            tls: Some(Tls {
+                connector: tokio_rustls::TlsConnector::from(config),
+                name,
+                server: server.to_owned(),
+            }),
+        });
+        Ok(lock(&self.pools).entry(key).or_insert(pool).clone())
     }
 }
 
@@ -149,6 +208,7 @@ impl Http {
         server: &str,
         url: &str,
         static_headers: &BTreeMap<String, crate::core::config::Credential>,
+        tls: Option<&crate::core::config::UpstreamTls>,
         client: &super::HttpClient,
         max_event: usize,
     ) -> Result<Http, UpstreamError> {
@@ -159,18 +219,24 @@ impl Http {
         let uri: Uri = url
             .parse()
             .map_err(|e| bad(format!("url `{url}` is not valid: {e}")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(bad(format!(
-                "url `{url}`: only http:// upstreams are supported"
-            )));
-        }
-        let authority = uri
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => {
+                return Err(bad(format!(
+                    "url `{url}`: only https:// and http:// upstreams are supported"
+                )))
+            }
+        };
+        let parts = uri
             .authority()
             .ok_or_else(|| bad(format!("url `{url}` has no host")))?;
-        let authority = match authority.port_u16() {
-            Some(_) => authority.as_str().to_owned(),
-            None => format!("{}:80", authority.host()),
+        let authority = match parts.port_u16() {
+            Some(_) => parts.as_str().to_owned(),
+            None => format!("{}:{}", parts.host(), if https { 443 } else { 80 }),
         };
+        // `[::1]` in a url is the address `::1` for TLS.
+        let tls_host = parts.host().trim_start_matches('[').trim_end_matches(']');
         let path: Uri = uri
             .path_and_query()
             .map_or("/", |p| p.as_str())
@@ -199,7 +265,13 @@ impl Http {
             server: server.into(),
             path,
             host,
-            pool: client.pool(&authority),
+            pool: if https {
+                client
+                    .tls_pool(server, &authority, tls_host, tls)
+                    .map_err(bad)?
+            } else {
+                client.pool(&authority)
+            },
             headers,
             max_event,
             session: Mutex::new(None),

@@ -1,0 +1,159 @@
+//! TLS to `https://` upstreams (rustls, ring provider). Hostname
+//! verification and SNI are always on: there is no setting that turns
+//! certificate checks off, so a misconfigured upstream fails closed with a
+//! message that says what to set.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore};
+
+use crate::core::config::{TlsRoots, UpstreamTls};
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// PEM certificates of `path`, at least one.
+pub fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{what} `{}`: {e}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{what} `{}`: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{what} `{}` holds no PEM certificate",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The PEM private key of `path`.
+pub fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{what} `{}`: {e}", path.display()))
+}
+
+/// The client configuration for `server`'s upstream.
+pub fn client_config(server: &str, tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, String> {
+    let default = UpstreamTls::default();
+    let tls = tls.unwrap_or(&default);
+    let at = |field: &str| format!("[servers.{server}.tls] {field}");
+    let mut roots = RootCertStore::empty();
+    let which = tls.roots.unwrap_or(if tls.ca_file.is_some() {
+        TlsRoots::None
+    } else {
+        TlsRoots::Webpki
+    });
+    match which {
+        TlsRoots::Webpki => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        TlsRoots::System => {
+            let found = rustls_native_certs::load_native_certs();
+            for cert in found.certs {
+                // A certificate the store holds but rustls cannot parse is
+                // skipped, like the platform verifiers do.
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err(format!(
+                    "{}: the host's certificate store is empty or unreadable",
+                    at("roots = \"system\"")
+                ));
+            }
+        }
+        TlsRoots::None => {}
+    }
+    if let Some(ca) = &tls.ca_file {
+        for cert in certificates(ca, &at("ca_file"))? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{} `{}`: {e}", at("ca_file"), ca.display()))?;
+        }
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "{}: no root certificate to check the upstream with; set ca_file",
+            at("roots = \"none\"")
+        ));
+    }
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS for upstream `{server}`: {e}"))?
+        .with_root_certificates(roots);
+    let mut config = match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => builder
+            .with_client_auth_cert(
+                certificates(cert, &at("client_cert"))?,
+                private_key(key, &at("client_key"))?,
+            )
+            .map_err(|e| format!("{}: {e}", at("client_cert/client_key")))?,
+        _ => builder.with_no_client_auth(),
+    };
+    // HTTP/1.1 only, like the plain connections.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Build the TLS configuration of every `https://` upstream once (at
+/// start): an unreadable `ca_file` or client key stops `serve` with the
+/// reason, rather than failing the first call.
+pub fn check_all(config: &crate::core::config::Config) -> Result<(), String> {
+    for (name, s) in &config.servers {
+        if s.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
+            client_config(name, s.tls.as_ref())?;
+        }
+    }
+    Ok(())
+}
+
+/// A handshake failure, worded with what to do about it.
+pub fn handshake_error(server: &str, e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let hint = if text.contains("UnknownIssuer") {
+        format!(
+            " (the upstream's certificate is not signed by a trusted CA: set [servers.{server}.tls] ca_file to the CA that signed it)"
+        )
+    } else if text.contains("NotValidForName") || text.contains("not valid for name") {
+        " (the certificate is not valid for the host name in the url: use the name it was issued for)".to_owned()
+    } else if text.contains("Expired") || text.contains("NotValidYet") {
+        " (the certificate is outside its validity period)".to_owned()
+    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
+        format!(" (the upstream wants a client certificate: set [servers.{server}.tls] client_cert and client_key)")
+    } else {
+        String::new()
+    };
+    format!("TLS handshake failed: {text}{hint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_build_and_bad_files_are_named() {
+        assert!(client_config("s", None).is_ok(), "webpki roots by default");
+        let missing = UpstreamTls {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..UpstreamTls::default()
+        };
+        let e = client_config("s", Some(&missing)).unwrap_err();
+        assert!(
+            e.contains("[servers.s.tls] ca_file `/nonexistent/ca.pem`"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let e = client_config(
+            "s",
+            Some(&UpstreamTls {
+                ca_file: Some(empty),
+                ..UpstreamTls::default()
+            }),
+        )
+        .unwrap_err();
+        assert!(e.contains("holds no PEM certificate"), "{e}");
+    }
+}
