@@ -244,10 +244,20 @@ impl Book {
             .into_iter()
             .filter(|p| p.tenant == who.tenant && p.requester == who.principal)
             .collect();
+        // The newest proposal for this call. Within one millisecond (a
+        // proposal invalidated and its replacement made at once), one still in
+        // play wins over a void one, whatever their random ids say.
+        let live =
+            |p: &Proposal| !matches!(p.state, ProposalState::Invalidated | ProposalState::Expired);
         let latest = mine
             .iter()
             .filter(|p| p.same_call(&who.tenant, &who.principal, ask.server, ask.digest))
-            .max_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)))
+            .max_by(|a, b| {
+                a.created_ms
+                    .cmp(&b.created_ms)
+                    .then(live(a).cmp(&live(b)))
+                    .then(a.id.cmp(&b.id))
+            })
             .cloned();
         // Flooding: a requester with `approvals.max_pending` proposals
         // waiting gets no new one (reviewers' queues stay readable, the
