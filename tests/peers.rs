@@ -310,3 +310,54 @@ fn python_sdk_call_held_for_approval_gets_progress_then_its_result() {
     }
     assert_eq!(gw.executions("charge_card"), 2);
 }
+
+/// Runs the SDK client; (success, stdout and stderr).
+fn sdk_try(args: &[&str]) -> (bool, String) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/sdk_client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// The Python SDK over TLS to the gateway's listener; a certificate swapped
+/// on disk is served to the next connection without a restart.
+#[tokio::test]
+async fn python_sdk_over_the_tls_listener_and_a_swapped_certificate() {
+    let first = common::pki::Pki::new();
+    let (cert, key) = first.issue("listener", &["127.0.0.1"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::copy(&cert, &cert_path).unwrap();
+    std::fs::copy(&key, &key_path).unwrap();
+    let gw = Gateway::start_with(Options {
+        gateway: format!(
+            "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+            cert_path.display(),
+            key_path.display()
+        ),
+        ..Default::default()
+    });
+    let url = format!("https://{}/mcp/payments", gw.addr);
+    let ca1 = first.ca_file().display().to_string();
+    let seen = sdk(&["https", &url, TOKEN, "legacy", &ca1]);
+    assert_session(&seen, "2025-11-25", "https legacy");
+    // A new certificate from another CA, written over the old files.
+    let second = common::pki::Pki::new();
+    let (cert2, key2) = second.issue("listener", &["127.0.0.1"]);
+    std::fs::copy(&key2, &key_path).unwrap();
+    std::fs::copy(&cert2, &cert_path).unwrap();
+    gw.wait_for_log("listener certificate reloaded").await;
+    let ca2 = second.ca_file().display().to_string();
+    let seen = sdk(&["https", &url, TOKEN, "legacy", &ca2]);
+    assert_session(&seen, "2025-11-25", "after the swap");
+    let (ok, out) = sdk_try(&["https", &url, TOKEN, "legacy", &ca1]);
+    assert!(!ok, "the old certificate is no longer served: {out}");
+    assert!(out.contains("CERTIFICATE_VERIFY_FAILED"), "{out}");
+    assert_eq!(gw.executions("charge_card"), 2);
+}

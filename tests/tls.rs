@@ -6,50 +6,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+
 use std::sync::Arc;
 
+use common::pki::Pki;
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A CA, and files of certificates it signed.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        Pki { dir, ca }
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("ca.pem")
-    }
-
-    /// A certificate for `names`, signed by the CA: (cert file, key file).
-    fn issue(&self, label: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let cert = CertificateParams::new(names)
-            .unwrap()
-            .signed_by(&key, &self.ca)
-            .unwrap();
-        let (c, k) = (
-            self.dir.path().join(format!("{label}.pem")),
-            self.dir.path().join(format!("{label}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-}
 
 /// A TLS terminator in front of `upstream` (plain TCP), with `cert`; when
 /// `client_ca` is given, it requires a client certificate signed by it.

@@ -94,12 +94,27 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "tool pins loaded"
     );
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
+    // TLS on the listener, when configured: the pair must load now, and is
+    // taken again whenever the files change.
+    let (tls, tls_watcher) = match (&gw.config.gateway.tls_cert, &gw.config.gateway.tls_key) {
+        (Some(cert), Some(key)) => {
+            let certs = crate::front::tls::Reloading::open(cert, key)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let config = certs.server_config().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let watcher = tokio::spawn(certs.watch(Duration::from_millis(500)));
+            (Some(tokio_rustls::TlsAcceptor::from(config)), Some(watcher))
+        }
+        _ => (None, None),
+    };
     let listener = TcpListener::bind(addr).await.with_context(|| {
         format!("cannot listen on {addr} (gateway.listen): is another process using it?")
     })?;
     let local = listener.local_addr()?;
     // Tests and scripts wait for this exact line on stderr.
     eprintln!("countersign: listening on {local}");
+    if tls.is_some() {
+        tracing::info!(%local, "the listener speaks TLS (https://)");
+    }
     tracing::info!(servers = gw.config.servers.len(), "gateway ready");
 
     let sweeper = {
@@ -137,6 +152,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         listener,
         router(Arc::clone(&gw)),
         gw.config.gateway.header_read_timeout,
+        tls,
         stop_rx,
     ));
     shutdown_signal().await;
@@ -146,6 +162,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(grace, server).await;
     sweeper.abort();
     reloader.abort();
+    if let Some(w) = tls_watcher {
+        w.abort();
+    }
     gw.shutdown().await;
     // Last: the shutdown checkpoint signs everything recorded above.
     audit.close();
@@ -163,6 +182,7 @@ async fn accept(
     listener: TcpListener,
     app: axum::Router,
     header_timeout: Duration,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -193,9 +213,37 @@ async fn accept(
                     .insert(axum::extract::ConnectInfo(peer));
                 tower::ServiceExt::oneshot(app.clone(), req)
             });
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        let watcher = graceful.watcher();
+        let http = http.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let ended = match tls {
+                None => {
+                    watcher
+                        .watch(http.serve_connection(TokioIo::new(tcp), service))
+                        .await
+                }
+                Some(acceptor) => {
+                    // The handshake gets the header read timeout too: a
+                    // client that never finishes it holds no connection.
+                    let stream =
+                        match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, "TLS handshake failed: {e}");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    watcher
+                        .watch(http.serve_connection(TokioIo::new(stream), service))
+                        .await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
         });

@@ -300,6 +300,11 @@ pub struct GatewayConfig {
     /// byte would otherwise hold a connection open forever).
     #[serde(deserialize_with = "duration")]
     pub header_read_timeout: Duration,
+    /// PEM certificate chain for TLS on the listener (with `tls_key`); the
+    /// files are watched and a new pair is taken without a restart.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for GatewayConfig {
@@ -312,6 +317,8 @@ impl Default for GatewayConfig {
             shutdown_grace: Duration::from_secs(2),
             session_idle_timeout: Duration::from_secs(30 * 60),
             header_read_timeout: Duration::from_secs(10),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -572,6 +579,11 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        if self.gateway.tls_cert.is_some() != self.gateway.tls_key.is_some() {
+            return Err(
+                "gateway.tls_cert and gateway.tls_key go together: set both, or neither".into(),
+            );
+        }
         if self.gateway.header_read_timeout.is_zero() {
             return Err(
                 "gateway.header_read_timeout must be more than 0s (a header that never ends holds its connection)"
@@ -739,6 +751,10 @@ mod tests {
             c.servers["s"].tools["t"].cache_ttl,
             Some(Duration::from_secs(30))
         );
+        let e = parse("[gateway]\ntls_cert = \"/c.pem\"\n").unwrap_err();
+        assert!(e.to_string().contains("go together"), "{e}");
+        let t = parse("[gateway]\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n").unwrap();
+        assert_eq!(t.gateway.tls_key, Some(PathBuf::from("/k.pem")));
         let e = parse("[gateway]\nheader_read_timeout = \"0s\"\n").unwrap_err();
         assert!(e.to_string().contains("header_read_timeout"), "{e}");
     }

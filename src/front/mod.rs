@@ -7,8 +7,10 @@
 //!   `tools/call` goes to the enforcement pipeline, anything else is relayed.
 //! - [`control`]: the reviewer control API `/v1`.
 //! - [`bridge`]: `countersign stdio`, the bridge for stdio-only clients.
+//! - [`tls`]: TLS on the listener, with the certificate reloaded from disk.
 
 pub mod bridge;
 pub mod control;
 pub mod http;
 pub mod mcp;
+pub mod tls;

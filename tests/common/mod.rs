@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod pki;
+
 pub const TOKEN: &str = "tok-agent7";
 
 /// One policy that permits every call unattended.

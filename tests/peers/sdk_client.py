@@ -2,6 +2,8 @@
 
 Usage:
   sdk_client.py http URL TOKEN MODE
+  sdk_client.py https URL TOKEN MODE CA_FILE
+    (the gateway's listener speaks TLS; its certificate must chain to CA_FILE)
   sdk_client.py stdio COUNTERSIGN_BIN GATEWAY_URL SERVER TOKEN MODE
   sdk_client.py held URL TOKEN MODE KEY
     (one charge_card with a progress callback and idempotency key KEY: the
@@ -44,6 +46,20 @@ async def main() -> None:
     if kind == "http":
         url, token, mode = sys.argv[2:5]
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, mode=mode) as client:
+            out = await exercise(client)
+    elif kind == "https":
+        import ssl
+
+        import httpx2  # the SDK's HTTP client
+
+        url, token, mode, ca = sys.argv[2:7]
+        http = httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {token}"},
+            verify=ssl.create_default_context(cafile=ca),
+            timeout=httpx2.Timeout(30.0, read=300.0),
+        )
         transport = streamable_http_client(url, http_client=http)
         async with Client(transport, mode=mode) as client:
             out = await exercise(client)
