@@ -803,3 +803,114 @@ fn serve_refuses_to_start_when_an_upstream_credential_is_missing() {
         "{err}"
     );
 }
+
+/// Reads SSE frames from `resp` until `enough` says stop; returns the
+/// (id, data) of every event, priming events included.
+async fn sse_events(
+    resp: reqwest::Response,
+    enough: impl Fn(&[(Option<String>, String)]) -> bool,
+) -> Vec<(Option<String>, String)> {
+    let mut out = Vec::new();
+    let mut buf = String::new();
+    let mut resp = resp;
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let mut id = None;
+            let mut data = String::new();
+            for line in frame.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.to_owned());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                } else if line == "data:" {
+                    // empty data
+                }
+            }
+            out.push((id, data));
+            if enough(&out) {
+                return out;
+            }
+        }
+    }
+    out
+}
+
+/// A client whose SSE connection breaks mid-call resumes it with a GET and
+/// `Last-Event-ID`: it gets the events after its last one and the answer,
+/// and the call ran once.
+#[tokio::test]
+async fn a_broken_sse_stream_is_resumed_with_last_event_id() {
+    let gw = Gateway::start();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let body = json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{
+        "name":"slow_report","arguments":{"steps":20},"_meta":{"progressToken":"p"}}});
+    let resp = c
+        .request(reqwest::Method::POST)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    // The priming event (an id, empty data, retry), then two progress events;
+    // then the connection breaks.
+    let first = sse_events(resp, |e| e.len() >= 3).await;
+    assert_eq!(first[0].1, "", "priming event: {first:?}");
+    assert!(first[0].0.is_some(), "{first:?}");
+    let last_id = first[2].0.clone().expect("events carry ids");
+    let seen_progress: Vec<u64> = first[1..]
+        .iter()
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["params"]["progress"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seen_progress, [1, 2]);
+    let resumed = c
+        .request(reqwest::Method::GET)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", &last_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let rest = sse_events(resumed, |_| false).await;
+    let messages: Vec<Value> = rest
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    let progress: Vec<u64> = messages
+        .iter()
+        .filter_map(|m| m["params"]["progress"].as_u64())
+        .collect();
+    assert_eq!(
+        progress,
+        (3..=20).collect::<Vec<u64>>(),
+        "the rest, once each"
+    );
+    let answer = messages.last().unwrap();
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"],
+        "report done in 20 steps"
+    );
+    assert_eq!(gw.executions("slow_report"), 1);
+    // An id the session never sent is refused, precisely.
+    let bad = c
+        .request(reqwest::Method::GET)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "999-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.unwrap().contains("Last-Event-ID `999-1`"));
+}

@@ -255,6 +255,8 @@ pub enum Rejection {
     InitializeInBatch,
     /// A second standalone stream for one session.
     StreamTaken,
+    /// A GET's `Last-Event-ID` names no stream this session keeps.
+    LastEventId(String),
     /// The relay task ended without an answer (it panicked or was aborted).
     NoAnswer,
     /// A 2026-07-28 request whose headers disagree with its body.
@@ -323,6 +325,9 @@ impl Rejection {
             ),
             Rejection::InitializeInBatch => invalid("initialize cannot be part of a batch"),
             Rejection::StreamTaken => invalid("this session already has a standalone stream open"),
+            Rejection::LastEventId(id) => invalid(&format!(
+                "Last-Event-ID `{id}` names no stream this session keeps (ids are STREAM-SEQ, as the gateway sent them)"
+            )),
             Rejection::NoAnswer => Message::error(
                 id,
                 code::INTERNAL_ERROR,

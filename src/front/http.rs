@@ -18,7 +18,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use futures_util::stream;
+use futures_util::{stream, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -83,6 +83,7 @@ fn reject(rejection: Rejection, id: Value) -> Response {
         Rejection::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Rejection::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
         Rejection::StreamTaken => StatusCode::CONFLICT,
+        Rejection::LastEventId(_) => StatusCode::BAD_REQUEST,
         Rejection::NoAnswer | Rejection::BatchNotRelayed(_) | Rejection::NoMessage { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
         }
@@ -277,7 +278,10 @@ async fn in_session(
         Kind::Request if msg.method() == "initialize" => {
             reject(Rejection::AlreadyInitialized, msg.id.unwrap_or(Value::Null))
         }
-        Kind::Request => relay_request(gw, session_request(session), msg, sse).await,
+        Kind::Request => {
+            let stream = Resumable(session.clone());
+            relay_request(gw, session_request(session), msg, sse, Some(stream)).await
+        }
         Kind::Notification | Kind::Response => {
             forward(&session.conn(), &session.server, msg, &Vec::new()).await;
             StatusCode::ACCEPTED.into_response()
@@ -359,10 +363,23 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// A handshake-era session whose SSE streams are resumable (2025-11-25):
+/// events carry ids, are kept in the session, and a GET with
+/// `Last-Event-ID` replays the ones after it.
+struct Resumable(Arc<Session>);
+
 /// Relay one request. The answer is plain JSON when the upstream sends
 /// nothing before it; as soon as a related message (progress, a server
-/// request) comes first, the answer becomes an SSE stream.
-async fn relay_request(gw: &Arc<Gateway>, rc: RequestCtx, msg: Message, sse: bool) -> Response {
+/// request) comes first, the answer becomes an SSE stream. In a session the
+/// stream is resumable: a client whose connection breaks gets the rest,
+/// the answer included, with a GET and `Last-Event-ID`.
+async fn relay_request(
+    gw: &Arc<Gateway>,
+    rc: RequestCtx,
+    msg: Message,
+    sse: bool,
+    resumable: Option<Resumable>,
+) -> Response {
     let (tx, mut rx) = mpsc::channel::<Message>(64);
     let events = sse.then(|| tx.clone());
     let era = rc.era;
@@ -382,6 +399,36 @@ async fn relay_request(gw: &Arc<Gateway>, rc: RequestCtx, msg: Message, sse: boo
     if first.kind() == Kind::Response {
         return rpc(StatusCode::OK, &first);
     }
+    if let Some(Resumable(session)) = resumable {
+        let (number, priming) = lock_replay(&session).open();
+        // The stream outlives the connection: what the call sends after the
+        // client went away is kept for its resumption.
+        let pump = session.clone();
+        tokio::spawn(async move {
+            let mut next = Some(first);
+            loop {
+                let msg = match next.take() {
+                    Some(m) => m,
+                    None => match rx.recv().await {
+                        Some(m) => m,
+                        None => break,
+                    },
+                };
+                let last = msg.kind() == Kind::Response;
+                lock_replay(&pump).push(number, &msg.to_bytes());
+                pump.sse_sent.notify_waiters();
+                if last {
+                    break;
+                }
+            }
+            lock_replay(&pump).finish(number);
+            pump.sse_sent.notify_waiters();
+        });
+        return sse_response(HttpBody::from_stream(
+            stream::once(async move { Ok::<Bytes, Infallible>(priming) })
+                .chain(follow(session, number, 0)),
+        ));
+    }
     let frames = stream::unfold(
         (Some(first), rx, abort, false),
         |(next, mut rx, abort, done)| async move {
@@ -400,6 +447,49 @@ async fn relay_request(gw: &Arc<Gateway>, rc: RequestCtx, msg: Message, sse: boo
         },
     );
     sse_response(HttpBody::from_stream(frames))
+}
+
+fn lock_replay(session: &Session) -> std::sync::MutexGuard<'_, sse::Replay> {
+    session
+        .sse
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The kept events of `stream` after `after`, then the ones still to come,
+/// until the stream ends.
+fn follow(
+    session: Arc<Session>,
+    stream: u64,
+    after: u64,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
+    stream::unfold(
+        (session, after, std::collections::VecDeque::<Bytes>::new()),
+        move |(session, mut cursor, mut ready)| async move {
+            loop {
+                if let Some(frame) = ready.pop_front() {
+                    return Some((Ok(frame), (session, cursor, ready)));
+                }
+                // Registered before looking, so an event kept between the
+                // look and the wait is not missed.
+                let notified = session.sse_sent.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let got = lock_replay(&session).since(stream, cursor)?;
+                if got.gap {
+                    tracing::warn!(session = %session.id, stream, after = cursor, "SSE resumption: some events were no longer kept");
+                }
+                cursor = got.last;
+                ready.extend(got.events);
+                if ready.is_empty() {
+                    if got.done {
+                        return None;
+                    }
+                    notified.await;
+                }
+            }
+        },
+    )
 }
 
 fn sse_response(body: HttpBody) -> Response {
@@ -464,7 +554,7 @@ async fn modern(
                 },
                 extra,
             };
-            relay_request(gw, rc, msg, accepts_sse(headers)).await
+            relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }
         _ => {
             match conn {
@@ -488,14 +578,44 @@ async fn get_mcp(
         Ok(s) => s,
         Err(r) => return r,
     };
+    // Resumption of a broken stream (2025-11-25): `Last-Event-ID` names the
+    // stream and the last event the client got.
+    let resume = match header_str(&headers, "last-event-id") {
+        None => None,
+        Some(id) => match sse::parse_event_id(id) {
+            Some(at) => Some(at),
+            None => return reject(Rejection::LastEventId(id.to_owned()), Value::Null),
+        },
+    };
+    if let Some((stream, after)) = resume.filter(|(s, _)| *s != sse::STANDALONE) {
+        if lock_replay(&session).since(stream, after).is_none() {
+            return reject(
+                Rejection::LastEventId(format!("{stream}-{after}")),
+                Value::Null,
+            );
+        }
+        return sse_response(HttpBody::from_stream(follow(session, stream, after)));
+    }
     let Ok(receiver) = session.standalone.clone().try_lock_owned() else {
         return reject(Rejection::StreamTaken, Value::Null);
     };
-    let frames = stream::unfold(receiver, |mut rx| async move {
+    // The standalone stream: its kept events after the client's last one,
+    // or a priming event for a new listener; then what the server sends.
+    let first: Vec<Bytes> = match resume {
+        Some((_, after)) => lock_replay(&session)
+            .since(sse::STANDALONE, after)
+            .map(|r| r.events)
+            .unwrap_or_default(),
+        None => vec![lock_replay(&session).priming(sse::STANDALONE)],
+    };
+    let live = stream::unfold((receiver, session), |(mut rx, session)| async move {
         let msg = rx.recv().await?;
-        Some((Ok::<Bytes, Infallible>(sse::encode(&msg.to_bytes())), rx))
+        let frame = lock_replay(&session).push(sse::STANDALONE, &msg.to_bytes());
+        Some((Ok::<Bytes, Infallible>(frame), (rx, session)))
     });
-    sse_response(HttpBody::from_stream(frames))
+    sse_response(HttpBody::from_stream(
+        stream::iter(first.into_iter().map(Ok::<Bytes, Infallible>)).chain(live),
+    ))
 }
 
 async fn delete_mcp(

@@ -60,6 +60,11 @@ pub struct Session {
     /// Server messages for the standalone GET stream. A tokio mutex so that
     /// exactly one GET stream owns the receiver at a time.
     pub standalone: Arc<tokio::sync::Mutex<mpsc::Receiver<Message>>>,
+    /// Events of this session's SSE streams, kept for `Last-Event-ID`
+    /// resumption; `sse_sent` wakes the streams that follow them.
+    pub sse: Mutex<crate::wire::sse::Replay>,
+    /// Notified on every event kept in `sse`.
+    pub sse_sent: tokio::sync::Notify,
     last_used: Mutex<Instant>,
 }
 
@@ -352,6 +357,8 @@ impl Gateway {
             protocol_version: Mutex::new(None),
             init_params: Mutex::new(None),
             standalone: Arc::new(tokio::sync::Mutex::new(standalone)),
+            sse: Mutex::default(),
+            sse_sent: tokio::sync::Notify::new(),
             last_used: Mutex::new(Instant::now()),
         });
         lock(&self.sessions).insert(id, session.clone());

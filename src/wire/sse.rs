@@ -1,7 +1,11 @@
 //! Server-Sent Events, the framing of Streamable HTTP responses.
 //!
 //! [`Decoder`] turns a byte stream into events (used by the HTTP upstream and
-//! the stdio bridge); [`encode`] frames one JSON-RPC message.
+//! the stdio bridge); [`encode`] frames one JSON-RPC message; [`Replay`]
+//! keeps a session's events so that a client can resume a broken stream
+//! with `Last-Event-ID` (handshake era, 2025-11-25).
+
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::{Bytes, BytesMut};
 
@@ -57,7 +61,10 @@ impl Decoder {
             }
             let line = String::from_utf8_lossy(line);
             if line.is_empty() {
-                if self.has_data {
+                // An event with empty data is not dispatched (the SSE
+                // standard): a 2025-11-25 server's priming event only sets
+                // the last event id.
+                if self.has_data && !self.data.is_empty() {
                     out.push(Event {
                         event: self.event.take(),
                         data: std::mem::take(&mut self.data),
@@ -100,7 +107,17 @@ impl Decoder {
 
 /// Frame one JSON text as an SSE `message` event.
 pub fn encode(json: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(json.len() + 24);
+    encode_with_id(None, json)
+}
+
+/// Frame one JSON text as an SSE `message` event with an `id`.
+pub fn encode_with_id(id: Option<&str>, json: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(json.len() + 48);
+    if let Some(id) = id {
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(id.as_bytes());
+        out.push(b'\n');
+    }
     out.extend_from_slice(b"event: message\ndata: ");
     // Compact JSON has no raw newlines; if it ever did, each line needs its own `data:`.
     for (i, line) in json.split(|&b| b == b'\n').enumerate() {
@@ -111,6 +128,137 @@ pub fn encode(json: &[u8]) -> Bytes {
     }
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
+}
+
+/// How long a client waits before reconnecting a broken stream (the `retry`
+/// field of the priming event), in milliseconds.
+pub const RETRY_MS: u64 = 1000;
+
+/// Most events kept per stream for resumption.
+const KEEP_EVENTS: usize = 256;
+/// Most bytes of events kept per stream.
+const KEEP_BYTES: usize = 1 << 20;
+/// Most streams kept per session (finished ones are forgotten first).
+const KEEP_STREAMS: usize = 32;
+
+/// The standalone (GET) stream of a session.
+pub const STANDALONE: u64 = 0;
+
+/// The events of one session's SSE streams, kept (bounded) for resumption.
+/// An event id is `STREAM-SEQ`: unique in the session, and naming the stream
+/// it was sent on, so a resumption replays only that stream's events.
+#[derive(Debug, Default)]
+pub struct Replay {
+    streams: BTreeMap<u64, Kept>,
+    next: u64,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    events: VecDeque<(u64, Bytes)>,
+    bytes: usize,
+    next_seq: u64,
+    done: bool,
+}
+
+/// What a resumption gets: the events after the client's last one, and
+/// whether the stream has ended (no more will come).
+#[derive(Debug)]
+pub struct Resumed {
+    /// Events after the last one the client saw, in order.
+    pub events: Vec<Bytes>,
+    /// The sequence number of the last of them (or the client's).
+    pub last: u64,
+    /// The stream ended.
+    pub done: bool,
+    /// Events between the client's last one and `events` were no longer kept.
+    pub gap: bool,
+}
+
+/// `STREAM-SEQ`.
+pub fn parse_event_id(id: &str) -> Option<(u64, u64)> {
+    let (stream, seq) = id.trim().split_once('-')?;
+    Some((stream.parse().ok()?, seq.parse().ok()?))
+}
+
+impl Replay {
+    /// A new stream; returns its number and its priming event (an id and
+    /// empty data, with `retry`), which lets the client resume before any
+    /// message was sent.
+    pub fn open(&mut self) -> (u64, Bytes) {
+        self.next += 1;
+        let stream = self.next;
+        self.streams.insert(stream, Kept::default());
+        self.evict();
+        (stream, self.priming(stream))
+    }
+
+    /// The priming event of `stream` (the standalone stream is opened on
+    /// first use).
+    pub fn priming(&mut self, stream: u64) -> Bytes {
+        let kept = self.streams.entry(stream).or_default();
+        let id = format!("{stream}-{}", kept.next_seq);
+        Bytes::from(format!("id: {id}\nretry: {RETRY_MS}\ndata: \n\n"))
+    }
+
+    fn evict(&mut self) {
+        while self.streams.len() > KEEP_STREAMS {
+            let victim = self
+                .streams
+                .iter()
+                .filter(|(n, _)| **n != STANDALONE)
+                .min_by_key(|(n, k)| (!k.done, **n))
+                .map(|(n, _)| *n);
+            match victim {
+                Some(n) => {
+                    self.streams.remove(&n);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Frame `json` as the next event of `stream` and keep it.
+    pub fn push(&mut self, stream: u64, json: &[u8]) -> Bytes {
+        let kept = self.streams.entry(stream).or_default();
+        kept.next_seq += 1;
+        let frame = encode_with_id(Some(&format!("{stream}-{}", kept.next_seq)), json);
+        kept.bytes += frame.len();
+        kept.events.push_back((kept.next_seq, frame.clone()));
+        while kept.events.len() > KEEP_EVENTS || kept.bytes > KEEP_BYTES {
+            match kept.events.pop_front() {
+                Some((_, old)) => kept.bytes -= old.len(),
+                None => break,
+            }
+        }
+        frame
+    }
+
+    /// `stream` has sent its last event.
+    pub fn finish(&mut self, stream: u64) {
+        if let Some(k) = self.streams.get_mut(&stream) {
+            k.done = true;
+        }
+    }
+
+    /// The events of `stream` after `after`; `None` when the stream is not
+    /// (or no longer) known.
+    pub fn since(&self, stream: u64, after: u64) -> Option<Resumed> {
+        let kept = self.streams.get(&stream)?;
+        let events: Vec<(u64, Bytes)> = kept
+            .events
+            .iter()
+            .filter(|(seq, _)| *seq > after)
+            .cloned()
+            .collect();
+        let gap = events.first().is_some_and(|(seq, _)| *seq > after + 1);
+        Some(Resumed {
+            last: events.last().map_or(after, |(seq, _)| *seq),
+            events: events.into_iter().map(|(_, f)| f).collect(),
+            done: kept.done,
+            gap,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +285,61 @@ mod tests {
         assert!(d.feed(&[b'a'; 64]).is_err());
         let mut d = Decoder::new(16);
         assert!(d.feed(b"data: 0123456789abcdefghij\n").is_err());
+    }
+
+    #[test]
+    fn a_priming_event_is_not_dispatched() {
+        let mut d = Decoder::new(1024);
+        let ev = d
+            .feed(b"id: 1-0\nretry: 1000\ndata: \n\nid: 1-1\ndata: {}\n\n")
+            .unwrap();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].id.as_deref(), Some("1-1"));
+    }
+
+    #[test]
+    fn replay_resumes_one_stream_from_an_id() {
+        let mut r = Replay::default();
+        let (a, priming) = r.open();
+        assert!(String::from_utf8_lossy(&priming).contains(&format!("id: {a}-0\nretry: ")));
+        let (b, _) = r.open();
+        r.push(a, b"{\"n\":1}");
+        r.push(b, b"{\"other\":1}");
+        let second = r.push(a, b"{\"n\":2}");
+        assert!(String::from_utf8_lossy(&second).starts_with(&format!("id: {a}-2\n")));
+        let got = r.since(a, 1).unwrap();
+        assert_eq!(got.events, vec![second]);
+        assert!(!got.done && !got.gap);
+        r.finish(a);
+        assert!(r.since(a, 2).unwrap().done);
+        assert_eq!(
+            r.since(a, 0).unwrap().events.len(),
+            2,
+            "from the priming event"
+        );
+        assert!(r.since(99, 0).is_none());
+        assert_eq!(parse_event_id("3-14"), Some((3, 14)));
+        assert_eq!(parse_event_id("x"), None);
+    }
+
+    #[test]
+    fn replay_is_bounded() {
+        let mut r = Replay::default();
+        let (a, _) = r.open();
+        for _ in 0..(KEEP_EVENTS + 10) {
+            r.push(a, b"{}");
+        }
+        let got = r.since(a, 0).unwrap();
+        assert_eq!(got.events.len(), KEEP_EVENTS);
+        assert!(
+            got.gap,
+            "the oldest were dropped, and the resumption says so"
+        );
+        for _ in 0..KEEP_STREAMS + 5 {
+            let (s, _) = r.open();
+            r.finish(s);
+        }
+        assert!(r.streams.len() <= KEEP_STREAMS);
     }
 
     #[test]
