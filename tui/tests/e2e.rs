@@ -325,8 +325,10 @@ async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
 
     // History shows both decisions; q leaves and restores the terminal.
     tmux.keys(&["3"]);
-    let history = tmux.wait_for("denied");
-    assert!(history.contains("consumed"), "{history}");
+    // The history may first show what the TUI held (the approval before its
+    // consumption), then what it fetched: wait for the consumed state.
+    let history = tmux.wait_for("consumed");
+    assert!(history.contains("denied"), "{history}");
     tmux.keys(&["q"]);
 }
 
