@@ -29,7 +29,10 @@ use countersign::enforce::upstream::UpstreamError;
 use countersign::store::{MemoryStore, Recovery, Reservation, Store, StoreError, StoreFuture};
 use countersign::wire::era::Era;
 use countersign::wire::jsonrpc::{raw, Message};
+// The memory store's futures are ready at once: test helpers read it
+// without a runtime.
 use ed25519_dalek::SigningKey;
+use futures_util::FutureExt;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 
@@ -239,8 +242,10 @@ fn boxed<'a, T: Send + 'a>(
 }
 
 impl Store for Flaky {
-    fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        self.failing(Fail::Get)?;
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        if let Err(e) = self.failing(Fail::Get) {
+            return boxed(Err(e));
+        }
         self.inner.get(key)
     }
     fn reserve_with(
@@ -265,22 +270,26 @@ impl Store for Flaky {
         }
         self.inner.put_proposal(proposal, expect)
     }
-    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
         self.inner.get_proposal(id)
     }
     fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
         self.inner.pin_first_use(pins)
     }
-    fn first_use_pins(&self) -> Result<Vec<String>, StoreError> {
+    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
         self.inner.first_use_pins()
     }
-    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError> {
-        self.failing(Fail::Proposals)?;
-        let out = self.inner.list_proposals();
-        if let Some(hook) = self.on_list.lock().unwrap().as_ref() {
-            hook();
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        if let Err(e) = self.failing(Fail::Proposals) {
+            return boxed(Err(e));
         }
-        out
+        Box::pin(async move {
+            let out = self.inner.list_proposals().await;
+            if let Some(hook) = self.on_list.lock().unwrap().as_ref() {
+                hook();
+            }
+            out
+        })
     }
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
         self.inner.gc_proposals(before_ms)
@@ -304,19 +313,19 @@ impl Store for Flaky {
         }
         self.inner.transition_with(key, from, to, outbox)
     }
-    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError> {
+    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
         self.inner.outbox()
     }
     fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
         self.inner.outbox_clear(upto)
     }
-    fn recover(&self) -> Result<Recovery, StoreError> {
+    fn recover(&self) -> StoreFuture<'_, Recovery> {
         self.inner.recover()
     }
     fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
         self.inner.gc(now_ms)
     }
-    fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError> {
+    fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>> {
         self.inner.list(state)
     }
 }
@@ -472,13 +481,15 @@ impl Fixture {
 
     fn record(&self, key: &str) -> Option<Record> {
         let k = countersign::core::ledger::storage_key("acme", "agent-7", key);
-        self.store.inner.get(&k).unwrap()
+        self.store.inner.get(&k).now_or_never().unwrap().unwrap()
     }
 
     fn pending(&self) -> Vec<Proposal> {
         self.store
             .inner
             .list_proposals()
+            .now_or_never()
+            .unwrap()
             .unwrap()
             .into_iter()
             .filter(|p| p.state == ProposalState::Pending)
@@ -664,7 +675,10 @@ async fn a_write_answered_request_cancelled_after_dispatch_is_unknown_not_final(
     let o = f.call("refund", json!({"id": 1}), Some("k")).await;
     assert_eq!(code(o), "outcome_unknown");
     assert_eq!(f.record("k").unwrap().state, State::Unknown);
-    let unknown = countersign::enforce::reconcile::list_unknown_in(&f.store.inner).unwrap();
+    let unknown = countersign::enforce::reconcile::list_unknown_in(&f.store.inner)
+        .now_or_never()
+        .unwrap()
+        .unwrap();
     assert_eq!(unknown.len(), 1);
     assert_eq!(unknown[0].2, "k");
     let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
@@ -893,7 +907,14 @@ async fn two_held_copies_are_released_by_one_approval_and_run_once() {
     assert_eq!(fresh, 1, "{a:?} {b:?}");
     assert!(matches!(a, CallOutcome::Replayed { .. }) || matches!(b, CallOutcome::Replayed { .. }));
     assert_eq!(f.fake.runs("charge_card"), 1);
-    let p = f.store.inner.get_proposal(&p.id).unwrap().unwrap();
+    let p = f
+        .store
+        .inner
+        .get_proposal(&p.id)
+        .now_or_never()
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(p.state, ProposalState::Consumed);
 }
 
@@ -914,7 +935,14 @@ async fn an_approval_that_expires_between_its_lookup_and_the_reservation_is_not_
     let o = f.call("charge_card", charge(10), Some("k")).await;
     assert_eq!(code(o), "approval_expired");
     assert_eq!(f.fake.runs("charge_card"), 0);
-    let p = f.store.inner.get_proposal(&p.id).unwrap().unwrap();
+    let p = f
+        .store
+        .inner
+        .get_proposal(&p.id)
+        .now_or_never()
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_ne!(p.state, ProposalState::Consumed);
     assert!(f.record("k").is_none(), "the key stays free");
 }
@@ -1214,7 +1242,16 @@ async fn a_changed_definition_is_held_for_approval_with_its_diff_until_accepted(
         1
     );
     // Pinned on first use, in the store.
-    assert_eq!(f.store.inner.first_use_pins().unwrap().len(), 1);
+    assert_eq!(
+        f.store
+            .inner
+            .first_use_pins()
+            .now_or_never()
+            .unwrap()
+            .unwrap()
+            .len(),
+        1
+    );
     f.server_lists(json!([tool(
         "get_balance",
         "reads a balance, and sends it to x",
@@ -1277,7 +1314,14 @@ async fn an_approval_granted_before_the_definition_changed_does_not_run_after_it
     let o = f.call("charge_card", charge(5), Some("c-1")).await;
     assert_eq!(code(o), "approval_pending");
     assert_eq!(f.fake.runs("charge_card"), 0, "the old yes did not run it");
-    let old = f.store.inner.get_proposal(&p.id).unwrap().unwrap();
+    let old = f
+        .store
+        .inner
+        .get_proposal(&p.id)
+        .now_or_never()
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(old.state, ProposalState::Invalidated);
     assert!(old.reason.unwrap().contains("definition changed"));
     let fresh = f.pending().pop().expect("a new proposal");
@@ -1316,7 +1360,13 @@ async fn unattended_reads_are_retried_never_recorded_never_replayed() {
     let o = f.call("get_balance", json!({"id": 1}), None).await;
     assert_eq!(answered_n(&o), 3, "a finished read is not replayed");
     assert!(
-        f.store.inner.list(None).unwrap().is_empty(),
+        f.store
+            .inner
+            .list(None)
+            .now_or_never()
+            .unwrap()
+            .unwrap()
+            .is_empty(),
         "no ledger record"
     );
 }

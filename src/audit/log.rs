@@ -443,7 +443,7 @@ impl AuditLog {
         &self,
         store: Arc<dyn crate::store::Store>,
     ) -> Result<usize, String> {
-        let rows = store.outbox().map_err(|e| e.to_string())?;
+        let rows = store.outbox().await.map_err(|e| e.to_string())?;
         let mut recovered = Vec::new();
         if !rows.is_empty() {
             let dir = self.dir.clone();
@@ -992,7 +992,10 @@ mod tests {
             let log = AuditLog::open(settings(dir.path())).unwrap();
             assert_eq!(log.attach_outbox(store.clone()).await.unwrap(), 2);
         }
-        assert!(store.outbox().unwrap().is_empty(), "the rows are cleared");
+        assert!(
+            store.outbox().await.unwrap().is_empty(),
+            "the rows are cleared"
+        );
         let all: Vec<Map<String, Value>> = segments(dir.path())
             .unwrap()
             .iter()
@@ -1038,6 +1041,6 @@ mod tests {
             .unwrap();
         let log = AuditLog::open(settings(dir.path())).unwrap();
         assert_eq!(log.attach_outbox(store.clone()).await.unwrap(), 0);
-        assert!(store.outbox().unwrap().is_empty());
+        assert!(store.outbox().await.unwrap().is_empty());
     }
 }

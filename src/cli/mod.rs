@@ -399,7 +399,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let config = files::load_config(&config)?;
             if list {
-                for (t, p, k, r) in crate::cli::reconcile::list_unknown(&config)? {
+                for (t, p, k, r) in crate::cli::reconcile::list_unknown(&config).await? {
                     println!("{t}\t{p}\t{k}\t{}/{}\t{}", r.server, r.tool, r.digest);
                 }
                 return Ok(ExitCode::SUCCESS);

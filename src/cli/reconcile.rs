@@ -18,9 +18,9 @@ use crate::store::{RedbStore, Store};
 /// Open a stopped gateway's ledger. Holding the file lock proves no gateway
 /// runs on it, so calls left `dispatched` have unknown outcomes: recover
 /// first, as the gateway would on start.
-fn open(config: &Config) -> Result<RedbStore, ReconcileError> {
+async fn open(config: &Config) -> Result<RedbStore, ReconcileError> {
     let store = RedbStore::open(&ledger_path(&config.gateway.data_dir))?;
-    store.recover()?;
+    store.recover().await?;
     Ok(store)
 }
 
@@ -38,7 +38,7 @@ pub async fn reconcile(
     verdict: Verdict,
     note: Option<String>,
 ) -> Result<Record, ReconcileError> {
-    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(open(config)?);
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(open(config).await?);
     let audit_err = ReconcileError::Audit;
     // The gateway is stopped (we hold its ledger): this command appends to
     // its audit log itself, first taking over what a crash left in the
@@ -72,8 +72,8 @@ pub async fn reconcile(
 }
 
 /// The unknown records of a stopped gateway: (tenant, principal, key, record).
-pub fn list_unknown(
+pub async fn list_unknown(
     config: &Config,
 ) -> Result<Vec<(String, String, String, Record)>, ReconcileError> {
-    list_unknown_in(&open(config)?)
+    list_unknown_in(&open(config).await?).await
 }

@@ -37,7 +37,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let store = RedbStore::open(&ledger_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     // Before serving: what was reserved never went out; what was dispatched
     // when the last process died has an unknown outcome.
-    let recovery = store.recover().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let recovery = store.recover().await.map_err(|e| anyhow::anyhow!("{e}"))?;
     if recovery.unknown > 0 || recovery.freed > 0 {
         tracing::warn!(
             freed = recovery.freed,
@@ -80,6 +80,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let pins = gw
         .pipeline
         .load_pins()
+        .await
         .map_err(|e| anyhow::anyhow!("tool pins: {e}"))?;
     tracing::info!(
         first_use = pins,

@@ -177,20 +177,20 @@ impl Book {
 
     /// Publish a proposal changed outside the book (consumed by the store's
     /// reserve-and-consume transaction), so live views show it.
-    pub fn changed(&self, id: &str) {
-        if let Ok(Some(p)) = self.store.get_proposal(id) {
+    pub async fn changed(&self, id: &str) {
+        if let Ok(Some(p)) = self.store.get_proposal(id).await {
             self.publish("proposal_updated", &p);
         }
     }
 
     /// A proposal by id.
-    pub fn get(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
-        self.store.get_proposal(id)
+    pub async fn get(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
+        self.store.get_proposal(id).await
     }
 
     /// Every proposal, newest first.
-    pub fn list(&self) -> Result<Vec<Proposal>, StoreError> {
-        let mut all = self.store.list_proposals()?;
+    pub async fn list(&self) -> Result<Vec<Proposal>, StoreError> {
+        let mut all = self.store.list_proposals().await?;
         all.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(b.id.cmp(&a.id)));
         Ok(all)
     }
@@ -240,7 +240,8 @@ impl Book {
         let who = ask.identity;
         let mine: Vec<Proposal> = self
             .store
-            .list_proposals()?
+            .list_proposals()
+            .await?
             .into_iter()
             .filter(|p| p.tenant == who.tenant && p.requester == who.principal)
             .collect();
@@ -470,7 +471,8 @@ impl Book {
     ) -> Result<Proposal, DecideError> {
         let p = self
             .store
-            .get_proposal(id)?
+            .get_proposal(id)
+            .await?
             .filter(|p| reviewer.covers(&p.tenant))
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
         if p.state != ProposalState::Pending {
@@ -550,7 +552,8 @@ impl Book {
         {
             let state = self
                 .store
-                .get_proposal(id)?
+                .get_proposal(id)
+                .await?
                 .map_or("gone", |p| p.state.as_str());
             return Err(DecideError::NotPending {
                 id: id.to_owned(),
@@ -588,7 +591,7 @@ impl Book {
     pub async fn sweep(&self, retention: std::time::Duration) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
         let mut changed = 0;
-        for p in self.store.list_proposals()? {
+        for p in self.store.list_proposals().await? {
             let expired = match p.state {
                 ProposalState::Approved => p.expires_ms.is_none_or(|e| e <= now),
                 ProposalState::Pending => now - p.created_ms > ms(self.config.pending_ttl),

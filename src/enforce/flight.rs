@@ -199,12 +199,12 @@ impl Idempotency {
     /// Step "ledger lookup": what a call with this claim gets. A call that
     /// may run leads its key's flight from here on, so identical calls (same
     /// key) wait for it instead of racing it, while the pipeline decides.
-    pub fn lookup(self: &Arc<Self>, claim: Claim, now_ms: i64) -> Result<Lookup, StoreError> {
+    pub async fn lookup(self: &Arc<Self>, claim: Claim, now_ms: i64) -> Result<Lookup, StoreError> {
         let flight = match self.lead_or_follow(&claim) {
             Ok(f) => f,
             Err(other) => return Ok(other),
         };
-        let existing = match self.store.get(&claim.key) {
+        let existing = match self.store.get(&claim.key).await {
             Ok(e) => e,
             Err(e) => {
                 self.settle(
@@ -575,7 +575,7 @@ mod tests {
     impl Idempotency {
         async fn begin(self: &Arc<Self>, claim: Claim) -> Result<Begin, StoreError> {
             let now = crate::core::time::now_ms();
-            let found = match self.lookup(claim, now)? {
+            let found = match self.lookup(claim, now).await? {
                 Lookup::Lead(lead) => match lead.reserve(None, now).await? {
                     Reserve::Go(t) => return Ok(Begin::Go(t)),
                     Reserve::Lost(..) => unreachable!("no approval was asked for"),
@@ -640,7 +640,7 @@ mod tests {
         drop(t);
         tokio::task::yield_now().await;
         for _ in 0..50 {
-            if s.store().get("k").unwrap().unwrap().state == State::Unknown {
+            if s.store().get("k").await.unwrap().unwrap().state == State::Unknown {
                 break;
             }
             tokio::task::yield_now().await;
@@ -752,12 +752,12 @@ mod tests {
                                 }
                             }
                             tokio::task::yield_now().await;
-                            store.recover().unwrap();
+                            store.recover().await.unwrap();
                             s = Idempotency::new(store.clone(), retention);
                         }
                         Step::Reconcile { key } => {
                             let k = format!("k{key}");
-                            if let Some(mut r) = store.get(&k).unwrap().filter(|r| r.state == State::Unknown) {
+                            if let Some(mut r) = store.get(&k).await.unwrap().filter(|r| r.state == State::Unknown) {
                                 r.state = State::NotDispatched;
                                 assert!(store.transition(k.clone(), State::Unknown, r).await.unwrap());
                                 dispatches.remove(&k);

@@ -254,9 +254,9 @@ impl Pipeline {
 
     /// Pins recorded on first use by earlier runs, from the store (at
     /// start, before serving). Returns how many.
-    pub fn load_pins(&self) -> Result<usize, StoreError> {
+    pub async fn load_pins(&self) -> Result<usize, StoreError> {
         let mut pins = Vec::new();
-        for text in self.store.first_use_pins()? {
+        for text in self.store.first_use_pins().await? {
             let pin: FirstUse = serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
                 what: "tool pin",
                 reason: e.to_string(),
@@ -755,6 +755,7 @@ impl Pipeline {
         let found = self
             .flights
             .lookup(c.claim.clone(), self.clock.now_ms())
+            .await
             .map_err(|e| ledger_unavailable(c, e))?;
         match found {
             Lookup::Lead(lead) => Ok(lead),
@@ -789,7 +790,7 @@ impl Pipeline {
                 Err(e) => return Err(ledger_unavailable(c, e)),
                 Ok(Reserve::Go(ticket)) => {
                     if let Some(proposal) = proposal {
-                        self.book.changed(&proposal);
+                        self.book.changed(&proposal).await;
                         // With the reviewer's signed statement: the entry
                         // shows on its own which yes this execution used.
                         c.trail.record(

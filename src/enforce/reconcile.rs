@@ -88,7 +88,7 @@ pub async fn reconcile_in(
     note: Option<String>,
 ) -> Result<Record, ReconcileError> {
     let skey = storage_key(tenant, principal, key);
-    let Some(rec) = store.get(&skey)? else {
+    let Some(rec) = store.get(&skey).await? else {
         return Err(ReconcileError::NotFound {
             tenant: tenant.into(),
             principal: principal.into(),
@@ -135,11 +135,12 @@ pub async fn reconcile_in(
 }
 
 /// The unknown records of `store`: (tenant, principal, key, record).
-pub fn list_unknown_in(
+pub async fn list_unknown_in(
     store: &dyn Store,
 ) -> Result<Vec<(String, String, String, Record)>, ReconcileError> {
     Ok(store
-        .list(Some(State::Unknown))?
+        .list(Some(State::Unknown))
+        .await?
         .into_iter()
         .filter_map(|(k, r)| {
             let parts: Vec<String> = serde_json::from_str(&k).ok()?;

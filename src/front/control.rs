@@ -202,7 +202,7 @@ async fn list(
             }
         },
     };
-    match gw.pipeline.book.list() {
+    match gw.pipeline.book.list().await {
         Ok(all) => ok(json!({
             "proposals": all
                 .iter()
@@ -219,7 +219,7 @@ async fn show(
     Path(id): Path<String>,
     Signed { reviewer, .. }: Signed,
 ) -> Response {
-    match gw.pipeline.book.get(&id) {
+    match gw.pipeline.book.get(&id).await {
         // Another tenant's proposal is "not found": its existence is not
         // disclosed.
         Ok(Some(p)) if reviewer.covers(&p.tenant) => {
@@ -326,7 +326,7 @@ async fn decide(
 }
 
 async fn outcomes(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
-    match crate::enforce::reconcile::list_unknown_in(gw.pipeline.flights.store().as_ref()) {
+    match crate::enforce::reconcile::list_unknown_in(gw.pipeline.flights.store().as_ref()).await {
         Ok(all) => ok(json!({
             "outcomes": all
                 .into_iter()

@@ -4,9 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{
-    check_transition, proposal_final, Recovery, Reservation, Store, StoreError, StoreFuture,
-};
+use super::{check_transition, proposal_final, Recovery, Reservation, Store, StoreFuture};
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
 
@@ -42,13 +40,15 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(wrote)))
     }
 
-    fn first_use_pins(&self) -> Result<Vec<String>, StoreError> {
-        let pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(pins.values().cloned().collect())
+    fn first_use_pins<'a>(&'a self) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            let pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+            Ok(pins.values().cloned().collect())
+        })
     }
 
-    fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self.lock().get(key).cloned())
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move { Ok(self.lock().get(key).cloned()) })
     }
 
     fn reserve_with(
@@ -102,12 +102,12 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(ok) })
     }
 
-    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
-        Ok(self.proposals().get(id).cloned())
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        Box::pin(async move { Ok(self.proposals().get(id).cloned()) })
     }
 
-    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError> {
-        Ok(self.proposals().values().cloned().collect())
+    fn list_proposals<'a>(&'a self) -> StoreFuture<'a, Vec<Proposal>> {
+        Box::pin(async move { Ok(self.proposals().values().cloned().collect()) })
     }
 
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
@@ -144,14 +144,16 @@ impl Store for MemoryStore {
         Box::pin(async move { out })
     }
 
-    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError> {
-        Ok(self
-            .outbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect())
+    fn outbox<'a>(&'a self) -> StoreFuture<'a, Vec<(u64, String)>> {
+        Box::pin(async move {
+            Ok(self
+                .outbox
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect())
+        })
     }
 
     fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
@@ -162,21 +164,23 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(n) })
     }
 
-    fn recover(&self) -> Result<Recovery, StoreError> {
-        let mut map = self.lock();
-        let mut rec = Recovery::default();
-        map.retain(|_, r| match r.state {
-            State::Reserved => {
-                rec.freed += 1;
-                false
+    fn recover<'a>(&'a self) -> StoreFuture<'a, Recovery> {
+        Box::pin(async move {
+            let mut map = self.lock();
+            let mut rec = Recovery::default();
+            map.retain(|_, r| match r.state {
+                State::Reserved => {
+                    rec.freed += 1;
+                    false
+                }
+                _ => true,
+            });
+            for r in map.values_mut().filter(|r| r.state == State::Dispatched) {
+                r.state = State::Unknown;
+                rec.unknown += 1;
             }
-            _ => true,
-        });
-        for r in map.values_mut().filter(|r| r.state == State::Dispatched) {
-            r.state = State::Unknown;
-            rec.unknown += 1;
-        }
-        Ok(rec)
+            Ok(rec)
+        })
     }
 
     fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
@@ -187,12 +191,14 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(n) })
     }
 
-    fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError> {
-        Ok(self
-            .lock()
-            .iter()
-            .filter(|(_, r)| state.is_none_or(|s| r.state == s))
-            .map(|(k, r)| (k.clone(), r.clone()))
-            .collect())
+    fn list<'a>(&'a self, state: Option<State>) -> StoreFuture<'a, Vec<(String, Record)>> {
+        Box::pin(async move {
+            Ok(self
+                .lock()
+                .iter()
+                .filter(|(_, r)| state.is_none_or(|s| r.state == s))
+                .map(|(k, r)| (k.clone(), r.clone()))
+                .collect())
+        })
     }
 }

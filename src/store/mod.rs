@@ -6,6 +6,10 @@
 //! checked against; also for tests). The same conformance suite
 //! (`tests::conformance`) runs against both.
 //!
+//! Every method returns a future, reads included: a networked store (the
+//! PostgreSQL one for several gateways) answers them with a round trip, and
+//! the embedded stores answer at once.
+//!
 //! Durability contract (what is on disk when the future resolves):
 //! - [`Store::reserve`]: atomic, **not** necessarily durable. A reservation
 //!   lost in a crash means nothing was sent, and recovery would have freed
@@ -136,8 +140,9 @@ pub struct Recovery {
 
 /// Ledger storage. Keys are [`crate::core::ledger::storage_key`]s.
 pub trait Store: Send + Sync {
-    /// The record of `key`, if any (reads never fsync).
-    fn get(&self, key: &str) -> Result<Option<Record>, StoreError>;
+    /// The record of `key`, if any (reads never fsync). Reads are futures
+    /// too: a networked store answers them with a round trip.
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>>;
 
     /// Atomically claim `key` with `record` (state `reserved`) if no record
     /// binds it at `now_ms` (see [`Record::binds`]); otherwise return the
@@ -176,13 +181,13 @@ pub trait Store: Send + Sync {
     fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize>;
 
     /// Every pin recorded on first use.
-    fn first_use_pins(&self) -> Result<Vec<String>, StoreError>;
+    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>>;
 
     /// A proposal by id.
-    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError>;
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>>;
 
     /// Every stored proposal.
-    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError>;
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>>;
 
     /// Forget proposals in a final state (denied, consumed, expired,
     /// invalidated) last changed before `before_ms`.
@@ -210,7 +215,7 @@ pub trait Store: Send + Sync {
     ) -> StoreFuture<'_, bool>;
 
     /// The audit entries waiting in the outbox, by id.
-    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError>;
+    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>>;
 
     /// Forget outbox rows with ids up to `upto` (their entries are fsynced
     /// in the audit log). Not durable by itself. The request is made when
@@ -220,7 +225,7 @@ pub trait Store: Send + Sync {
 
     /// At startup, before serving: free `reserved` keys, mark `dispatched`
     /// ones `unknown`.
-    fn recover(&self) -> Result<Recovery, StoreError>;
+    fn recover(&self) -> StoreFuture<'_, Recovery>;
 
     /// Forget records that no longer bind their key at `now_ms` (expired
     /// `complete`, and `not_dispatched`). `unknown` records stay until
@@ -228,7 +233,7 @@ pub trait Store: Send + Sync {
     fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize>;
 
     /// All records, optionally only those in `state`.
-    fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError>;
+    fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>>;
 }
 
 /// Whether a proposal is in a final state that retention may forget.
@@ -286,7 +291,7 @@ mod tests {
     /// The conformance suite every store must pass.
     async fn conformance(store: &dyn Store) {
         let r = Record::reserve(&claim("d1"), 0, 1000);
-        assert_eq!(store.get("k").unwrap(), None);
+        assert_eq!(store.get("k").await.unwrap(), None);
         assert_eq!(
             store.reserve("k".into(), r.clone(), 0).await.unwrap(),
             Reservation::Reserved
@@ -316,7 +321,7 @@ mod tests {
             .transition("k".into(), State::Dispatched, done.clone())
             .await
             .unwrap());
-        assert_eq!(store.get("k").unwrap(), Some(done.clone()));
+        assert_eq!(store.get("k").await.unwrap(), Some(done.clone()));
         // Not allowed: a complete call is never dispatched again.
         assert!(store
             .transition("k".into(), State::Complete, dispatched)
@@ -330,7 +335,7 @@ mod tests {
                 .unwrap(),
             Reservation::Reserved
         );
-        assert_eq!(store.get("k").unwrap().unwrap().digest, "d2");
+        assert_eq!(store.get("k").await.unwrap().unwrap().digest, "d2");
         // not_dispatched frees the key at once.
         assert!(store
             .transition(
@@ -355,7 +360,7 @@ mod tests {
             )
             .await
             .unwrap());
-        let rec = store.recover().unwrap();
+        let rec = store.recover().await.unwrap();
         assert_eq!(
             rec,
             Recovery {
@@ -363,11 +368,11 @@ mod tests {
                 unknown: 1
             }
         );
-        assert_eq!(store.get("k").unwrap(), None);
-        assert_eq!(store.get("a").unwrap().unwrap().state, State::Unknown);
+        assert_eq!(store.get("k").await.unwrap(), None);
+        assert_eq!(store.get("a").await.unwrap().unwrap().state, State::Unknown);
         // Unknown survives gc, even far in the future.
         assert_eq!(store.gc(i64::MAX).await.unwrap(), 0);
-        assert_eq!(store.list(Some(State::Unknown)).unwrap().len(), 1);
+        assert_eq!(store.list(Some(State::Unknown)).await.unwrap().len(), 1);
         // Reconciliation.
         assert!(store
             .transition(
@@ -378,7 +383,7 @@ mod tests {
             .await
             .unwrap());
         assert_eq!(store.gc(0).await.unwrap(), 1);
-        assert!(store.list(None).unwrap().is_empty());
+        assert!(store.list(None).await.unwrap().is_empty());
     }
 
     fn proposal(id: &str, state: ProposalState, expires_ms: Option<i64>) -> Proposal {
@@ -425,7 +430,10 @@ mod tests {
             .put_proposal(approved.clone(), Some(ProposalState::Pending))
             .await
             .unwrap());
-        assert_eq!(store.get_proposal("p1").unwrap(), Some(approved.clone()));
+        assert_eq!(
+            store.get_proposal("p1").await.unwrap(),
+            Some(approved.clone())
+        );
 
         // Consumption needs a matching digest: nothing is written otherwise.
         let other = Record::reserve(&claim("d2"), 0, 1000);
@@ -436,7 +444,7 @@ mod tests {
                 .unwrap(),
             Reservation::Unapproved(ProposalState::Invalidated)
         );
-        assert_eq!(store.get("k1").unwrap(), None);
+        assert_eq!(store.get("k1").await.unwrap(), None);
         // Expired: refused, nothing written.
         let r = Record::reserve(&claim("d1"), 0, 1000);
         assert_eq!(
@@ -446,7 +454,7 @@ mod tests {
                 .unwrap(),
             Reservation::Unapproved(ProposalState::Expired)
         );
-        assert_eq!(store.get("k1").unwrap(), None);
+        assert_eq!(store.get("k1").await.unwrap(), None);
         // Reserve and consume together.
         assert_eq!(
             store
@@ -455,7 +463,7 @@ mod tests {
                 .unwrap(),
             Reservation::Reserved
         );
-        let consumed = store.get_proposal("p1").unwrap().unwrap();
+        let consumed = store.get_proposal("p1").await.unwrap().unwrap();
         assert_eq!(consumed.state, ProposalState::Consumed);
         assert_eq!(consumed.consumed_by.as_deref(), Some("k1"));
         // Another key cannot use it; the key that consumed it can again once
@@ -467,7 +475,7 @@ mod tests {
                 .unwrap(),
             Reservation::Unapproved(ProposalState::Consumed)
         );
-        assert_eq!(store.get("k2").unwrap(), None);
+        assert_eq!(store.get("k2").await.unwrap(), None);
         assert!(store
             .transition(
                 "k1".into(),
@@ -494,7 +502,7 @@ mod tests {
             Reservation::Bound(_)
         ));
         assert_eq!(
-            store.get_proposal("p2").unwrap().unwrap().state,
+            store.get_proposal("p2").await.unwrap().unwrap().state,
             ProposalState::Approved
         );
         assert_eq!(
@@ -508,6 +516,7 @@ mod tests {
         assert_eq!(store.gc_proposals(i64::MAX).await.unwrap(), 1);
         let left: Vec<String> = store
             .list_proposals()
+            .await
             .unwrap()
             .into_iter()
             .map(|p| p.id)
@@ -530,7 +539,7 @@ mod tests {
             )
             .await
             .unwrap());
-        assert!(store.outbox().unwrap().is_empty());
+        assert!(store.outbox().await.unwrap().is_empty());
         assert!(store
             .transition_with(
                 "o".into(),
@@ -551,11 +560,11 @@ mod tests {
             .await
             .unwrap());
         assert_eq!(
-            store.outbox().unwrap(),
+            store.outbox().await.unwrap(),
             vec![(2, "[2]".to_owned()), (5, "[5]".to_owned())]
         );
         assert_eq!(store.outbox_clear(4).await.unwrap(), 1);
-        assert_eq!(store.outbox().unwrap(), vec![(5, "[5]".to_owned())]);
+        assert_eq!(store.outbox().await.unwrap(), vec![(5, "[5]".to_owned())]);
     }
 
     #[tokio::test]
@@ -567,7 +576,7 @@ mod tests {
     }
 
     async fn pin_conformance(store: &dyn Store) {
-        assert!(store.first_use_pins().unwrap().is_empty());
+        assert!(store.first_use_pins().await.unwrap().is_empty());
         let pin = |k: &str, v: &str| (k.to_owned(), v.to_owned());
         assert_eq!(
             store.pin_first_use(vec![pin("a", "first")]).await.unwrap(),
@@ -582,7 +591,7 @@ mod tests {
             "the first pin stays"
         );
         assert_eq!(store.pin_first_use(Vec::new()).await.unwrap(), 0);
-        let mut all = store.first_use_pins().unwrap();
+        let mut all = store.first_use_pins().await.unwrap();
         all.sort();
         assert_eq!(all, ["first", "other"]);
     }
@@ -596,7 +605,7 @@ mod tests {
             pin_conformance(&store).await;
         }
         let store = RedbStore::open(&path).unwrap();
-        assert_eq!(store.first_use_pins().unwrap().len(), 2);
+        assert_eq!(store.first_use_pins().await.unwrap().len(), 2);
     }
 
     #[tokio::test]
@@ -608,7 +617,7 @@ mod tests {
             outbox_conformance(&store).await;
         }
         let store = RedbStore::open(&path).unwrap();
-        assert_eq!(store.outbox().unwrap(), vec![(5, "[5]".to_owned())]);
+        assert_eq!(store.outbox().await.unwrap(), vec![(5, "[5]".to_owned())]);
     }
 
     #[tokio::test]
@@ -621,7 +630,7 @@ mod tests {
         }
         let store = RedbStore::open(&path).unwrap();
         assert_eq!(
-            store.get_proposal("p2").unwrap().unwrap().state,
+            store.get_proposal("p2").await.unwrap().unwrap().state,
             ProposalState::Approved
         );
     }
@@ -651,7 +660,10 @@ mod tests {
                 .unwrap());
         }
         let store = RedbStore::open(&path).unwrap();
-        assert_eq!(store.get("k").unwrap().unwrap().state, State::Dispatched);
-        assert_eq!(store.recover().unwrap().unknown, 1);
+        assert_eq!(
+            store.get("k").await.unwrap().unwrap().state,
+            State::Dispatched
+        );
+        assert_eq!(store.recover().await.unwrap().unknown, 1);
     }
 }

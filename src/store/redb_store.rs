@@ -544,8 +544,8 @@ fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, Stor
 }
 
 impl Store for RedbStore {
-    fn get(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        read(&self.read_table()?, key)
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move { read(&self.read_table()?, key) })
     }
 
     fn reserve_with(
@@ -583,38 +583,44 @@ impl Store for RedbStore {
         self.submit(|reply| Op::Pin { pins, reply })
     }
 
-    fn first_use_pins(&self) -> Result<Vec<String>, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| err("begin")(e.into()))?;
-        let table = txn
-            .open_table(PINS)
-            .map_err(|e| err("open table")(e.into()))?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-            let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
-            out.push(v.value().to_owned());
-        }
-        Ok(out)
+    fn first_use_pins<'a>(&'a self) -> StoreFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            let txn = self.db.begin_read().map_err(|e| err("begin")(e.into()))?;
+            let table = txn
+                .open_table(PINS)
+                .map_err(|e| err("open table")(e.into()))?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                out.push(v.value().to_owned());
+            }
+            Ok(out)
+        })
     }
 
-    fn get_proposal(&self, id: &str) -> Result<Option<Proposal>, StoreError> {
-        match self
-            .read(PROPOSALS)?
-            .get(id)
-            .map_err(|e| err("read")(e.into()))?
-        {
-            Some(v) => decode_proposal(v.value()).map(Some),
-            None => Ok(None),
-        }
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        Box::pin(async move {
+            match self
+                .read(PROPOSALS)?
+                .get(id)
+                .map_err(|e| err("read")(e.into()))?
+            {
+                Some(v) => decode_proposal(v.value()).map(Some),
+                None => Ok(None),
+            }
+        })
     }
 
-    fn list_proposals(&self) -> Result<Vec<Proposal>, StoreError> {
-        let table = self.read(PROPOSALS)?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-            let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
-            out.push(decode_proposal(v.value())?);
-        }
-        Ok(out)
+    fn list_proposals<'a>(&'a self) -> StoreFuture<'a, Vec<Proposal>> {
+        Box::pin(async move {
+            let table = self.read(PROPOSALS)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                out.push(decode_proposal(v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
@@ -637,74 +643,80 @@ impl Store for RedbStore {
         })
     }
 
-    fn outbox(&self) -> Result<Vec<(u64, String)>, StoreError> {
-        let txn = self
-            .db
-            .begin_read()
-            .map_err(|e| err("begin read")(e.into()))?;
-        let table = txn
-            .open_table(OUTBOX)
-            .map_err(|e| err("open table")(e.into()))?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-            let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
-            out.push((k.value(), v.value().to_owned()));
-        }
-        Ok(out)
+    fn outbox<'a>(&'a self) -> StoreFuture<'a, Vec<(u64, String)>> {
+        Box::pin(async move {
+            let txn = self
+                .db
+                .begin_read()
+                .map_err(|e| err("begin read")(e.into()))?;
+            let table = txn
+                .open_table(OUTBOX)
+                .map_err(|e| err("open table")(e.into()))?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                out.push((k.value(), v.value().to_owned()));
+            }
+            Ok(out)
+        })
     }
 
     fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
         self.submit(|reply| Op::OutboxClear { upto, reply })
     }
 
-    fn recover(&self) -> Result<Recovery, StoreError> {
-        let txn = self.db.begin_write().map_err(|e| err("begin")(e.into()))?;
-        let mut rec = Recovery::default();
-        {
-            let mut table = txn
-                .open_table(LEDGER)
-                .map_err(|e| err("open table")(e.into()))?;
-            let mut changes = Vec::new();
-            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
-                let r = decode(v.value())?;
-                if matches!(r.state, State::Reserved | State::Dispatched) {
-                    changes.push((k.value().to_owned(), r));
+    fn recover<'a>(&'a self) -> StoreFuture<'a, Recovery> {
+        Box::pin(async move {
+            let txn = self.db.begin_write().map_err(|e| err("begin")(e.into()))?;
+            let mut rec = Recovery::default();
+            {
+                let mut table = txn
+                    .open_table(LEDGER)
+                    .map_err(|e| err("open table")(e.into()))?;
+                let mut changes = Vec::new();
+                for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                    let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                    let r = decode(v.value())?;
+                    if matches!(r.state, State::Reserved | State::Dispatched) {
+                        changes.push((k.value().to_owned(), r));
+                    }
+                }
+                for (k, mut r) in changes {
+                    if r.state == State::Reserved {
+                        table
+                            .remove(k.as_str())
+                            .map_err(|e| err("delete")(e.into()))?;
+                        rec.freed += 1;
+                    } else {
+                        r.state = State::Unknown;
+                        table
+                            .insert(k.as_str(), encode(&r)?.as_slice())
+                            .map_err(|e| err("write")(e.into()))?;
+                        rec.unknown += 1;
+                    }
                 }
             }
-            for (k, mut r) in changes {
-                if r.state == State::Reserved {
-                    table
-                        .remove(k.as_str())
-                        .map_err(|e| err("delete")(e.into()))?;
-                    rec.freed += 1;
-                } else {
-                    r.state = State::Unknown;
-                    table
-                        .insert(k.as_str(), encode(&r)?.as_slice())
-                        .map_err(|e| err("write")(e.into()))?;
-                    rec.unknown += 1;
-                }
-            }
-        }
-        txn.commit().map_err(|e| err("commit")(e.into()))?;
-        Ok(rec)
+            txn.commit().map_err(|e| err("commit")(e.into()))?;
+            Ok(rec)
+        })
     }
 
     fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
         self.submit(|reply| Op::Gc { now_ms, reply })
     }
 
-    fn list(&self, state: Option<State>) -> Result<Vec<(String, Record)>, StoreError> {
-        let table = self.read_table()?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-            let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
-            let r = decode(v.value())?;
-            if state.is_none_or(|s| r.state == s) {
-                out.push((k.value().to_owned(), r));
+    fn list<'a>(&'a self, state: Option<State>) -> StoreFuture<'a, Vec<(String, Record)>> {
+        Box::pin(async move {
+            let table = self.read_table()?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                let r = decode(v.value())?;
+                if state.is_none_or(|s| r.state == s) {
+                    out.push((k.value().to_owned(), r));
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 }
