@@ -74,6 +74,9 @@ pub struct Config {
     /// `[audit]`: the tamper-evident audit log.
     #[serde(default)]
     pub audit: AuditConfig,
+    /// `[store]`: where the ledger, proposals and outbox live.
+    #[serde(default)]
+    pub store: StoreConfig,
 }
 
 /// How arguments are recorded (`audit.arguments`).
@@ -269,6 +272,30 @@ impl Default for IdempotencyConfig {
         IdempotencyConfig {
             retention: Duration::from_secs(24 * 3600),
             derived_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `[store]`: without `url`, redb in `gateway.data_dir` (one gateway); with
+/// `url = "postgres://…"`, PostgreSQL, shared by several gateways.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `postgres://USER@HOST:PORT/DATABASE` (no password here).
+    pub url: Option<String>,
+    /// The database password, from the environment or a file (a
+    /// [`Credential`]); never written in the config itself.
+    pub password: Option<Credential>,
+    /// Connections in the pool.
+    pub pool_size: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            url: None,
+            password: None,
+            pool_size: 16,
         }
     }
 }
@@ -579,6 +606,29 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        if let Some(url) = &self.store.url {
+            if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+                return Err(format!("store.url `{url}` must start with postgres://"));
+            }
+            // A password in the url would sit in the config file and in logs.
+            let authority = url
+                .split("://")
+                .nth(1)
+                .and_then(|r| r.split('/').next())
+                .unwrap_or_default();
+            if authority.contains(':') && authority.contains('@') {
+                let userinfo = authority.split('@').next().unwrap_or_default();
+                if userinfo.contains(':') {
+                    return Err(
+                        "store.url holds a password: give it with store.password = { env = \"VAR\" } or { file = \"PATH\" }"
+                            .into(),
+                    );
+                }
+            }
+            if self.store.pool_size == 0 {
+                return Err("store.pool_size must be at least 1".into());
+            }
+        }
         if self.gateway.tls_cert.is_some() != self.gateway.tls_key.is_some() {
             return Err(
                 "gateway.tls_cert and gateway.tls_key go together: set both, or neither".into(),

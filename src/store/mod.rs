@@ -45,12 +45,14 @@
 //!   gateway restarting moves only its own `dispatched` rows to `unknown`.
 
 mod memory;
+pub mod postgres;
 mod redb_store;
 
 use std::future::Future;
 use std::pin::Pin;
 
 pub use memory::MemoryStore;
+pub use postgres::PgStore;
 pub use redb_store::RedbStore;
 
 use crate::core::approval::{Proposal, ProposalState};
@@ -594,6 +596,99 @@ mod tests {
         let mut all = store.first_use_pins().await.unwrap();
         all.sort();
         assert_eq!(all, ["first", "other"]);
+    }
+
+    /// A schema of its own in the local PostgreSQL (127.0.0.1:5432, trust
+    /// auth, database `test`), dropped when the guard goes.
+    struct PgSchema {
+        name: String,
+    }
+
+    impl PgSchema {
+        async fn new() -> (PgSchema, tokio_postgres::Config) {
+            let name = format!("cs_test_{:016x}", rand::random::<u64>());
+            let mut admin = tokio_postgres::Config::new();
+            admin
+                .host("127.0.0.1")
+                .port(5432)
+                .user("postgres")
+                .dbname("test");
+            let (client, conn) = admin
+                .connect(tokio_postgres::NoTls)
+                .await
+                .expect("PostgreSQL at 127.0.0.1:5432 (database test): `.ci/run` starts it");
+            tokio::spawn(conn);
+            client
+                .batch_execute(&format!("CREATE SCHEMA {name}"))
+                .await
+                .unwrap();
+            let mut config = admin.clone();
+            config.options(format!("-c search_path={name}"));
+            (PgSchema { name }, config)
+        }
+    }
+
+    impl Drop for PgSchema {
+        fn drop(&mut self) {
+            let name = self.name.clone();
+            // Synchronous: the test's runtime may be gone by now.
+            let _ = std::process::Command::new("psql")
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc"])
+                .arg(format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                .output();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_store_conforms() {
+        let (_schema, config) = PgSchema::new().await;
+        let (store, migrated) = PgStore::connect(config.clone(), 4, "gw-a").await.unwrap();
+        assert_eq!(migrated.from, 0);
+        assert_eq!(migrated.to, postgres::MIGRATIONS.len());
+        conformance(&store).await;
+        approval_conformance(&store).await;
+        outbox_conformance(&store).await;
+        pin_conformance(&store).await;
+        // Migrations are applied once: a second gateway finds them done.
+        let (_again, migrated) = PgStore::connect(config, 2, "gw-b").await.unwrap();
+        assert_eq!(migrated.from, migrated.to);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_refuses_a_newer_schema_and_recovers_only_its_own_rows() {
+        let (_schema, config) = PgSchema::new().await;
+        let (a, _) = PgStore::connect(config.clone(), 2, "gw-a").await.unwrap();
+        let (b, _) = PgStore::connect(config.clone(), 2, "gw-b").await.unwrap();
+        for (store, key) in [(&a, "ka"), (&b, "kb")] {
+            let r = Record::reserve(&claim("d"), 0, 1000);
+            store.reserve(key.into(), r.clone(), 0).await.unwrap();
+            assert!(store
+                .transition(
+                    key.into(),
+                    State::Reserved,
+                    with_state(r, State::Dispatched)
+                )
+                .await
+                .unwrap());
+        }
+        // Gateway A restarts: its own dispatched call is unknown, B's is B's.
+        assert_eq!(a.recover().await.unwrap().unknown, 1);
+        assert_eq!(a.get("ka").await.unwrap().unwrap().state, State::Unknown);
+        assert_eq!(a.get("kb").await.unwrap().unwrap().state, State::Dispatched);
+        // A schema from a newer countersign is refused, with the reason.
+        let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute("INSERT INTO countersign_migrations (version) VALUES (999)")
+            .await
+            .unwrap();
+        let Err(e) = PgStore::connect(config, 2, "gw-c").await else {
+            panic!("a newer schema must be refused");
+        };
+        assert!(
+            e.to_string().contains("newer than this countersign knows"),
+            "{e}"
+        );
     }
 
     #[tokio::test]

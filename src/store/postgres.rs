@@ -1,0 +1,602 @@
+//! The PostgreSQL store: the ledger, proposals, the audit outbox and the
+//! first-use pins in one database that several gateways share (DESIGN.md
+//! section 13).
+//!
+//! - Versioned migrations ([`MIGRATIONS`]) are applied at start under an
+//!   advisory lock, so gateways starting together apply each once; a
+//!   database whose schema is newer than this binary knows is refused.
+//! - A reservation is `INSERT … ON CONFLICT DO NOTHING`, then (for a key
+//!   that is taken) a row lock and the binding check; the approval is
+//!   consumed in the same transaction. A transition is `UPDATE … WHERE key =
+//!   $1 AND state = $2`: the row moves only from the state the caller saw.
+//! - Durability follows the store contract: a commit that must be on disk
+//!   (`dispatched`, a final answer, a reviewer's decision, a pin) uses
+//!   synchronous commit; the others `SET LOCAL synchronous_commit = off`
+//!   (atomic and visible at once, durable with the next WAL flush).
+//! - Rows carry the gateway that wrote them; `recover` and the outbox are
+//!   that gateway's own.
+
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use super::{
+    check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
+    Store, StoreError, StoreFuture,
+};
+use crate::core::approval::{self, Proposal, ProposalState};
+use crate::core::ledger::{Record, State};
+
+/// The schema, one step per version. Never edit a step that shipped: add one.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: the tables of one or several gateways.
+    "CREATE TABLE ledger (
+        key text PRIMARY KEY,
+        state text NOT NULL,
+        expires_ms bigint NOT NULL,
+        gateway text NOT NULL,
+        record text NOT NULL
+     );
+     CREATE INDEX ledger_state ON ledger (state);
+     CREATE TABLE proposals (
+        id text PRIMARY KEY,
+        state text NOT NULL,
+        updated_ms bigint NOT NULL,
+        proposal text NOT NULL
+     );
+     CREATE TABLE audit_outbox (
+        gateway text NOT NULL,
+        id bigint NOT NULL,
+        entries text NOT NULL,
+        PRIMARY KEY (gateway, id)
+     );
+     CREATE TABLE tool_pins (
+        key text PRIMARY KEY,
+        value text NOT NULL
+     );",
+];
+
+/// Any number: the advisory lock that serializes migrations.
+const MIGRATION_LOCK: i64 = 0x636f_756e_7465_7273;
+
+fn backend(op: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
+    move |e| StoreError::Backend {
+        op,
+        reason: e.to_string(),
+    }
+}
+
+fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    StoreError::Backend {
+        op: "connect",
+        reason: e.to_string(),
+    }
+}
+
+fn encode<T: serde::Serialize>(what: &'static str, v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Encode {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &'static str, text: &str) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+fn state_name(s: State) -> &'static str {
+    match s {
+        State::Reserved => "reserved",
+        State::Dispatched => "dispatched",
+        State::Complete => "complete",
+        State::NotDispatched => "not_dispatched",
+        State::Unknown => "unknown",
+    }
+}
+
+/// The ledger in PostgreSQL.
+pub struct PgStore {
+    pool: Pool,
+    gateway: Arc<str>,
+}
+
+/// How the schema of a database stands against this binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    /// The version before.
+    pub from: usize,
+    /// The version now.
+    pub to: usize,
+}
+
+impl PgStore {
+    /// Connect (a pool of `pool_size`), as gateway `gateway`, and bring the
+    /// schema up to date. `config` is the parsed connection string with the
+    /// password already set.
+    pub async fn connect(
+        config: tokio_postgres::Config,
+        pool_size: usize,
+        gateway: &str,
+    ) -> Result<(PgStore, Migrated), StoreError> {
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .build()
+            .map_err(|e| StoreError::Open {
+                path: "store.url".into(),
+                reason: e.to_string(),
+            })?;
+        let store = PgStore {
+            pool,
+            gateway: Arc::from(gateway),
+        };
+        let migrated = store.migrate().await?;
+        Ok((store, migrated))
+    }
+
+    /// Apply the migrations this binary knows and the database lacks.
+    /// Refuses a database whose schema is newer.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
+        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let txn = client.transaction().await.map_err(backend("begin"))?;
+        txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(backend("lock for migrations"))?;
+        txn.batch_execute(
+            "CREATE TABLE IF NOT EXISTS countersign_migrations (
+                version integer PRIMARY KEY,
+                applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .map_err(backend("create the migrations table"))?;
+        let row = txn
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM countersign_migrations",
+                &[],
+            )
+            .await
+            .map_err(backend("read the schema version"))?;
+        let from = usize::try_from(row.get::<_, i32>(0)).unwrap_or(0);
+        if from > MIGRATIONS.len() {
+            return Err(StoreError::Open {
+                path: "store.url".into(),
+                reason: format!(
+                    "the database schema is at version {from}, newer than this countersign knows ({}): upgrade countersign",
+                    MIGRATIONS.len()
+                ),
+            });
+        }
+        for (i, step) in MIGRATIONS.iter().enumerate().skip(from) {
+            txn.batch_execute(step)
+                .await
+                .map_err(backend("apply a migration"))?;
+            let version = i32::try_from(i + 1).unwrap_or(i32::MAX);
+            txn.execute(
+                "INSERT INTO countersign_migrations (version) VALUES ($1)",
+                &[&version],
+            )
+            .await
+            .map_err(backend("record a migration"))?;
+        }
+        txn.commit().await.map_err(backend("commit migrations"))?;
+        Ok(Migrated {
+            from,
+            to: MIGRATIONS.len(),
+        })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(pool_error)
+    }
+}
+
+/// `SET LOCAL synchronous_commit = off` for a commit that need not be on
+/// disk when it returns (the store contract says which).
+async fn relaxed(
+    txn: &deadpool_postgres::Transaction<'_>,
+    durable: bool,
+) -> Result<(), StoreError> {
+    if !durable {
+        txn.batch_execute("SET LOCAL synchronous_commit = off")
+            .await
+            .map_err(backend("relax the commit"))?;
+    }
+    Ok(())
+}
+
+impl Store for PgStore {
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt("SELECT record FROM ledger WHERE key = $1", &[&key])
+                .await
+                .map_err(backend("read"))?;
+            row.map(|r| decode("record", r.get::<_, &str>(0)))
+                .transpose()
+        })
+    }
+
+    fn reserve_with(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        approval: Option<String>,
+    ) -> StoreFuture<'_, Reservation> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            relaxed(&txn, false).await?;
+            let text = encode("record", &record)?;
+            let state = state_name(record.state);
+            let gateway: &str = &self.gateway;
+            // The key is free when no row holds it...
+            let inserted = txn
+                .execute(
+                    "INSERT INTO ledger (key, state, expires_ms, gateway, record)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING",
+                    &[&key, &state, &record.expires_ms, &gateway, &text],
+                )
+                .await
+                .map_err(backend("reserve"))?;
+            if inserted == 0 {
+                // ...or when the row that holds it no longer binds it.
+                let row = txn
+                    .query_one(
+                        "SELECT record FROM ledger WHERE key = $1 FOR UPDATE",
+                        &[&key],
+                    )
+                    .await
+                    .map_err(backend("reserve"))?;
+                let existing: Record = decode("record", row.get::<_, &str>(0))?;
+                if existing.binds(now_ms) {
+                    return Ok(Reservation::Bound(existing));
+                }
+                txn.execute(
+                    "UPDATE ledger SET state = $2, expires_ms = $3, gateway = $4, record = $5 WHERE key = $1",
+                    &[&key, &state, &record.expires_ms, &gateway, &text],
+                )
+                .await
+                .map_err(backend("reserve"))?;
+            }
+            if let Some(id) = approval {
+                let row = txn
+                    .query_opt(
+                        "SELECT proposal FROM proposals WHERE id = $1 FOR UPDATE",
+                        &[&id],
+                    )
+                    .await
+                    .map_err(backend("read a proposal"))?;
+                let Some(row) = row else {
+                    return Ok(Reservation::Unapproved(ProposalState::Invalidated));
+                };
+                let p: Proposal = decode("proposal", row.get::<_, &str>(0))?;
+                match approval::consume(&p, &key, &record.server, &record.digest, now_ms) {
+                    Err(state) => return Ok(Reservation::Unapproved(state)),
+                    Ok(None) => {}
+                    Ok(Some(next)) => {
+                        txn.execute(
+                            "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4 WHERE id = $1",
+                            &[&id, &next.state.as_str(), &next.updated_ms, &encode("proposal", &next)?],
+                        )
+                        .await
+                        .map_err(backend("consume an approval"))?;
+                    }
+                }
+            }
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(Reservation::Reserved)
+        })
+    }
+
+    fn put_proposal(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+    ) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            relaxed(&txn, proposal_durable(&proposal)).await?;
+            let text = encode("proposal", &proposal)?;
+            let state = proposal.state.as_str();
+            let n = match expect {
+                None => txn
+                    .execute(
+                        "INSERT INTO proposals (id, state, updated_ms, proposal) VALUES ($1, $2, $3, $4)
+                         ON CONFLICT (id) DO NOTHING",
+                        &[&proposal.id, &state, &proposal.updated_ms, &text],
+                    )
+                    .await
+                    .map_err(backend("write a proposal"))?,
+                Some(from) => txn
+                    .execute(
+                        "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4
+                         WHERE id = $1 AND state = $5",
+                        &[&proposal.id, &state, &proposal.updated_ms, &text, &from.as_str()],
+                    )
+                    .await
+                    .map_err(backend("write a proposal"))?,
+            };
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(n == 1)
+        })
+    }
+
+    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            if pins.is_empty() {
+                return Ok(0);
+            }
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            let mut wrote = 0;
+            for (key, value) in &pins {
+                wrote += txn
+                    .execute(
+                        "INSERT INTO tool_pins (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
+                        &[key, value],
+                    )
+                    .await
+                    .map_err(backend("pin"))?;
+            }
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(usize::try_from(wrote).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query("SELECT value FROM tool_pins", &[])
+                .await
+                .map_err(backend("read pins"))?;
+            Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+        })
+    }
+
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt("SELECT proposal FROM proposals WHERE id = $1", &[&id])
+                .await
+                .map_err(backend("read a proposal"))?;
+            row.map(|r| decode("proposal", r.get::<_, &str>(0)))
+                .transpose()
+        })
+    }
+
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query("SELECT proposal FROM proposals", &[])
+                .await
+                .map_err(backend("list proposals"))?;
+            rows.iter()
+                .map(|r| decode("proposal", r.get::<_, &str>(0)))
+                .collect()
+        })
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            // Which states are final is the store's rule (`proposal_final`),
+            // decided here on the decoded proposals, not in SQL.
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            relaxed(&txn, false).await?;
+            let rows = txn
+                .query(
+                    "SELECT id, proposal FROM proposals WHERE updated_ms < $1 FOR UPDATE",
+                    &[&before_ms],
+                )
+                .await
+                .map_err(backend("list proposals"))?;
+            let mut gone = 0;
+            for r in &rows {
+                let p: Proposal = decode("proposal", r.get::<_, &str>(1))?;
+                if proposal_final(&p) {
+                    gone += txn
+                        .execute(
+                            "DELETE FROM proposals WHERE id = $1",
+                            &[&r.get::<_, &str>(0)],
+                        )
+                        .await
+                        .map_err(backend("forget a proposal"))?;
+                }
+            }
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(usize::try_from(gone).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn transition_with(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            check_transition(from, to.state)?;
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            relaxed(&txn, needs_durability(from, to.state)).await?;
+            let gateway: &str = &self.gateway;
+            let moved = txn
+                .execute(
+                    "UPDATE ledger SET state = $3, expires_ms = $4, gateway = $5, record = $6
+                     WHERE key = $1 AND state = $2",
+                    &[
+                        &key,
+                        &state_name(from),
+                        &state_name(to.state),
+                        &to.expires_ms,
+                        &gateway,
+                        &encode("record", &to)?,
+                    ],
+                )
+                .await
+                .map_err(backend("transition"))?
+                == 1;
+            // INVARIANT: the outbox row commits with the move it records.
+            if let (true, Some((id, text))) = (moved, &outbox) {
+                let id = i64::try_from(*id).unwrap_or(i64::MAX);
+                txn.execute(
+                    "INSERT INTO audit_outbox (gateway, id, entries) VALUES ($1, $2, $3)",
+                    &[&gateway, &id, text],
+                )
+                .await
+                .map_err(backend("write the outbox"))?;
+            }
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(moved)
+        })
+    }
+
+    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let gateway: &str = &self.gateway;
+            let rows = client
+                .query(
+                    "SELECT id, entries FROM audit_outbox WHERE gateway = $1 ORDER BY id",
+                    &[&gateway],
+                )
+                .await
+                .map_err(backend("read the outbox"))?;
+            Ok(rows
+                .iter()
+                .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), r.get(1)))
+                .collect())
+        })
+    }
+
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        // The request is made now (the contract allows dropping the future):
+        // the work runs on its own task.
+        let pool = self.pool.clone();
+        let gateway = self.gateway.clone();
+        let done = tokio::spawn(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let upto = i64::try_from(upto).unwrap_or(i64::MAX);
+            let n = client
+                .execute(
+                    "DELETE FROM audit_outbox WHERE gateway = $1 AND id <= $2",
+                    &[&&*gateway, &upto],
+                )
+                .await
+                .map_err(backend("clear the outbox"))?;
+            Ok::<usize, StoreError>(usize::try_from(n).unwrap_or(usize::MAX))
+        });
+        Box::pin(async move {
+            done.await.map_err(|e| StoreError::Backend {
+                op: "clear the outbox",
+                reason: e.to_string(),
+            })?
+        })
+    }
+
+    fn recover(&self) -> StoreFuture<'_, Recovery> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            let gateway: &str = &self.gateway;
+            // This gateway's own rows only: another gateway's calls in
+            // flight are that gateway's to recover.
+            let freed = txn
+                .execute(
+                    "DELETE FROM ledger WHERE gateway = $1 AND state = 'reserved'",
+                    &[&gateway],
+                )
+                .await
+                .map_err(backend("recover"))?;
+            let rows = txn
+                .query(
+                    "SELECT key, record FROM ledger WHERE gateway = $1 AND state = 'dispatched' FOR UPDATE",
+                    &[&gateway],
+                )
+                .await
+                .map_err(backend("recover"))?;
+            for r in &rows {
+                let mut rec: Record = decode("record", r.get::<_, &str>(1))?;
+                rec.state = State::Unknown;
+                txn.execute(
+                    "UPDATE ledger SET state = 'unknown', record = $2 WHERE key = $1",
+                    &[&r.get::<_, &str>(0), &encode("record", &rec)?],
+                )
+                .await
+                .map_err(backend("recover"))?;
+            }
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(Recovery {
+                freed: usize::try_from(freed).unwrap_or(usize::MAX),
+                unknown: rows.len(),
+            })
+        })
+    }
+
+    fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            relaxed(&txn, false).await?;
+            // What no longer binds its key (`Record::binds`).
+            let n = txn
+                .execute(
+                    "DELETE FROM ledger WHERE state = 'not_dispatched'
+                        OR (state = 'complete' AND expires_ms <= $1)",
+                    &[&now_ms],
+                )
+                .await
+                .map_err(backend("forget records"))?;
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = match state {
+                Some(s) => {
+                    client
+                        .query(
+                            "SELECT key, record FROM ledger WHERE state = $1 ORDER BY key",
+                            &[&state_name(s)],
+                        )
+                        .await
+                }
+                None => {
+                    client
+                        .query("SELECT key, record FROM ledger ORDER BY key", &[])
+                        .await
+                }
+            }
+            .map_err(backend("list"))?;
+            rows.iter()
+                .map(|r| {
+                    Ok((
+                        r.get::<_, String>(0),
+                        decode("record", r.get::<_, &str>(1))?,
+                    ))
+                })
+                .collect()
+        })
+    }
+}
