@@ -18,6 +18,7 @@ pub mod policy;
 pub mod reconcile;
 pub mod review;
 pub mod serve;
+pub mod store;
 pub mod tools;
 
 use std::path::PathBuf;
@@ -175,6 +176,12 @@ enum Command {
         #[arg(long, short, global = true, default_value = "countersign.toml")]
         config: PathBuf,
     },
+    /// The ledger store: `migrate` brings a PostgreSQL schema up to date
+    /// (the gateway also does so when it starts).
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// Initialize every configured upstream and report up/down with latency.
     Check {
         /// Configuration file.
@@ -242,6 +249,17 @@ struct ReviewerArgs {
         env = "COUNTERSIGN_GATEWAY"
     )]
     gateway: String,
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Apply the migrations this countersign knows to the `[store] url`
+    /// database; refuses a schema newer than it knows.
+    Migrate {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -505,6 +523,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )
             .await?;
             print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Store {
+            command: StoreCommand::Migrate { config },
+        } => {
+            let config = files::load_config(&config)?;
+            println!("{}", crate::cli::store::migrate(&config).await?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Tools { command, config } => {

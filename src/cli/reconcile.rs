@@ -6,8 +6,6 @@
 //! settles it on the live store with the same rules
 //! ([`crate::enforce::reconcile`]).
 
-use std::path::Path;
-
 use crate::core::config::Config;
 use crate::core::ledger::Record;
 use crate::enforce::reconcile::{
@@ -19,14 +17,9 @@ use crate::store::{RedbStore, Store};
 /// runs on it, so calls left `dispatched` have unknown outcomes: recover
 /// first, as the gateway would on start.
 async fn open(config: &Config) -> Result<RedbStore, ReconcileError> {
-    let store = RedbStore::open(&ledger_path(&config.gateway.data_dir))?;
+    let store = RedbStore::open(&crate::cli::store::ledger_path(&config.gateway.data_dir))?;
     store.recover().await?;
     Ok(store)
-}
-
-/// Where the ledger of a data dir lives.
-pub fn ledger_path(data_dir: &Path) -> std::path::PathBuf {
-    data_dir.join("ledger.redb")
 }
 
 /// Settle one unknown record. The change is durable when this returns.

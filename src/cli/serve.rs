@@ -11,7 +11,6 @@ use tokio::net::TcpListener;
 
 use crate::core::config::Config;
 use crate::front::http::router;
-use crate::store::{RedbStore, Store};
 use crate::upstream::session::Gateway;
 
 /// How often idle sessions, ledger retention and approval expiry are swept
@@ -33,8 +32,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     crate::upstream::credentials::check_all(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     crate::upstream::tls::check_all(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     let grace = config.gateway.shutdown_grace;
-    let ledger_path = config.gateway.data_dir.join("ledger.redb");
-    let store = RedbStore::open(&ledger_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (store, opened) = crate::cli::store::open(&config).await?;
+    tracing::info!("ledger store: {opened}");
     // Before serving: what was reserved never went out; what was dispatched
     // when the last process died has an unknown outcome.
     let recovery = store.recover().await.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -62,7 +61,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("{e}"))?,
     );
     tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
-    let store: Arc<dyn Store> = Arc::new(store);
     // Entries a crash left in the ledger's outbox go into the log first.
     let recovered = audit
         .attach_outbox(store.clone())

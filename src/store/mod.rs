@@ -649,6 +649,21 @@ mod tests {
         approval_conformance(&store).await;
         outbox_conformance(&store).await;
         pin_conformance(&store).await;
+        // The audit writer clears the outbox from its own thread, outside any
+        // runtime, and drops the future: the request is made all the same.
+        assert!(!store.outbox().await.unwrap().is_empty());
+        std::thread::scope(|t| {
+            t.spawn(|| drop(store.outbox_clear(u64::MAX)));
+        });
+        let mut cleared = false;
+        for _ in 0..200 {
+            if store.outbox().await.unwrap().is_empty() {
+                cleared = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(cleared, "outbox_clear from a plain thread");
         // Migrations are applied once: a second gateway finds them done.
         let (_again, migrated) = PgStore::connect(config, 2, "gw-b").await.unwrap();
         assert_eq!(migrated.from, migrated.to);

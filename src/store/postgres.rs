@@ -102,6 +102,9 @@ fn state_name(s: State) -> &'static str {
 pub struct PgStore {
     pool: Pool,
     gateway: Arc<str>,
+    /// The runtime the store was opened on: `outbox_clear` is called from
+    /// the audit writer's own thread, outside any runtime.
+    runtime: tokio::runtime::Handle,
 }
 
 /// How the schema of a database stands against this binary.
@@ -139,6 +142,7 @@ impl PgStore {
         let store = PgStore {
             pool,
             gateway: Arc::from(gateway),
+            runtime: tokio::runtime::Handle::current(),
         };
         let migrated = store.migrate().await?;
         Ok((store, migrated))
@@ -492,7 +496,7 @@ impl Store for PgStore {
         // the work runs on its own task.
         let pool = self.pool.clone();
         let gateway = self.gateway.clone();
-        let done = tokio::spawn(async move {
+        let done = self.runtime.spawn(async move {
             let client = pool.get().await.map_err(pool_error)?;
             let upto = i64::try_from(upto).unwrap_or(i64::MAX);
             let n = client

@@ -1,0 +1,125 @@
+//! The gateway on PostgreSQL (`[store] url`): the local server at
+//! 127.0.0.1:5432 (trust auth, database `test`), one schema per test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use serde_json::json;
+
+/// A schema of its own, dropped at the end.
+struct Schema(String);
+
+fn psql(sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-Atqc",
+            sql,
+        ])
+        .output()
+        .expect("psql (PostgreSQL client): `.ci/run` installs it");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+impl Schema {
+    fn new() -> Schema {
+        let name = format!("cs_e2e_{:016x}", rand::random::<u64>());
+        psql(&format!("CREATE SCHEMA {name}"));
+        Schema(name)
+    }
+
+    /// `[store]` for the gateway: the schema through the connection options.
+    fn store_table(&self) -> String {
+        format!(
+            "\n[store]\nurl = \"postgres://postgres@127.0.0.1:5432/test?options=-c%20search_path%3D{}\"\npool_size = 4\n",
+            self.0
+        )
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc"])
+            .arg(format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0))
+            .output();
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_on_postgres_keeps_its_ledger_there_across_a_restart() {
+    let schema = Schema::new();
+    let mut gw = Gateway::start_with(Options {
+        extra: schema.store_table(),
+        ..Default::default()
+    });
+    gw.wait_for_log("PostgreSQL, schema migrated from version 0 to 1")
+        .await;
+    let charge = |id: i64| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"a","amount":5},
+            "_meta":{"dev.countersign/idempotency-key":"pg-k1"}}})
+    };
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let first = c.post(&charge(1)).await;
+    assert_eq!(first.last()["result"]["isError"], false, "{first:?}");
+    assert_eq!(
+        psql(&format!("SELECT state FROM {}.ledger", schema.0)),
+        "complete"
+    );
+    // The dispatch's audit entries went through the outbox in PostgreSQL,
+    // which the audit writer clears once its own file is fsynced.
+    wait_for_audit(&gw, "the dispatch entry", |e| {
+        e.iter().any(|x| x["kind"] == "dispatched")
+    })
+    .await;
+    eventually("the outbox cleared", || {
+        psql(&format!("SELECT count(*) FROM {}.audit_outbox", schema.0)) == "0"
+    })
+    .await;
+    gw.restart();
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let again = c.post(&charge(2)).await;
+    assert!(
+        again.last()["result"]["_meta"]["dev.countersign/replayed"].is_object(),
+        "the answer comes from the ledger in PostgreSQL: {again:?}"
+    );
+    assert_eq!(gw.executions("charge_card"), 1);
+    // `store migrate` finds the schema up to date.
+    let out = gw.cli(&["store", "migrate"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already at version 1"));
+}
+
+#[test]
+fn a_password_in_the_store_url_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[store]\nurl = \"postgres://app:s3cret@127.0.0.1/test\"\n",
+    )
+    .unwrap();
+    let (ok, out, err) = run_cli(&["store", "migrate", "--config", config.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("store.url holds a password"), "{err}");
+    assert!(
+        !err.contains("s3cret"),
+        "the password is not repeated: {err}"
+    );
+}
