@@ -65,10 +65,15 @@ pub async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, String)> {
         }
         Some(url) => {
             let id = gateway_id(&config.gateway.data_dir)?;
-            let (store, migrated) =
+            let (mut store, migrated) =
                 PgStore::connect(pg_config(config, url)?, config.store.pool_size, &id)
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let epoch = store
+                .start_lease(config.store.lease)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let id = format!("{id} (lease epoch {epoch})");
             let said = if migrated.from == migrated.to {
                 format!(
                     "PostgreSQL, schema version {}, as gateway {id}",

@@ -288,6 +288,11 @@ pub struct StoreConfig {
     pub password: Option<Credential>,
     /// Connections in the pool.
     pub pool_size: usize,
+    /// This gateway's lease in the database: renewed every third of it; a
+    /// gateway that could not renew it for this long dispatches nothing, and
+    /// other gateways settle its calls in flight as `unknown`.
+    #[serde(deserialize_with = "duration")]
+    pub lease: Duration,
 }
 
 impl Default for StoreConfig {
@@ -296,6 +301,7 @@ impl Default for StoreConfig {
             url: None,
             password: None,
             pool_size: 16,
+            lease: Duration::from_secs(10),
         }
     }
 }
@@ -624,6 +630,11 @@ impl Config {
                             .into(),
                     );
                 }
+            }
+            if self.store.lease < Duration::from_millis(300) {
+                return Err(
+                    "store.lease must be at least 300ms (it is renewed every third of it)".into(),
+                );
             }
             if self.store.pool_size == 0 {
                 return Err("store.pool_size must be at least 1".into());

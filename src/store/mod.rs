@@ -642,7 +642,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_store_conforms() {
         let (_schema, config) = PgSchema::new().await;
-        let (store, migrated) = PgStore::connect(config.clone(), 4, "gw-a").await.unwrap();
+        let (mut store, migrated) = PgStore::connect(config.clone(), 4, "gw-a").await.unwrap();
+        let lease = std::time::Duration::from_secs(10);
+        store.start_lease(lease).await.unwrap();
         assert_eq!(migrated.from, 0);
         assert_eq!(migrated.to, postgres::MIGRATIONS.len());
         conformance(&store).await;
@@ -672,8 +674,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_refuses_a_newer_schema_and_recovers_only_its_own_rows() {
         let (_schema, config) = PgSchema::new().await;
-        let (a, _) = PgStore::connect(config.clone(), 2, "gw-a").await.unwrap();
-        let (b, _) = PgStore::connect(config.clone(), 2, "gw-b").await.unwrap();
+        let lease = std::time::Duration::from_secs(10);
+        let (mut a, _) = PgStore::connect(config.clone(), 2, "gw-a").await.unwrap();
+        a.start_lease(lease).await.unwrap();
+        let (mut b, _) = PgStore::connect(config.clone(), 2, "gw-b").await.unwrap();
+        b.start_lease(lease).await.unwrap();
         for (store, key) in [(&a, "ka"), (&b, "kb")] {
             let r = Record::reserve(&claim("d"), 0, 1000);
             store.reserve(key.into(), r.clone(), 0).await.unwrap();
@@ -704,6 +709,54 @@ mod tests {
             e.to_string().contains("newer than this countersign knows"),
             "{e}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_whose_lease_lapsed_dispatches_nothing_and_its_calls_are_settled() {
+        let (_schema, config) = PgSchema::new().await;
+        let lease = std::time::Duration::from_secs(10);
+        let (mut a, _) = PgStore::connect(config.clone(), 2, "gw-a").await.unwrap();
+        a.start_lease(lease).await.unwrap();
+        let (mut b, _) = PgStore::connect(config.clone(), 2, "gw-b").await.unwrap();
+        b.start_lease(lease).await.unwrap();
+        let r = Record::reserve(&claim("d"), 0, 1000);
+        a.reserve("sent".into(), r.clone(), 0).await.unwrap();
+        assert!(a
+            .transition(
+                "sent".into(),
+                State::Reserved,
+                with_state(r.clone(), State::Dispatched)
+            )
+            .await
+            .unwrap());
+        a.reserve("held".into(), r.clone(), 0).await.unwrap();
+        // A is paused past its lease (as SIGSTOP would): its lease is over.
+        let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute("UPDATE gateways SET lease_until_ms = 0 WHERE id = 'gw-a'")
+            .await
+            .unwrap();
+        // A wakes up: its reservation cannot be dispatched.
+        assert!(
+            !a.transition(
+                "held".into(),
+                State::Reserved,
+                with_state(r.clone(), State::Dispatched)
+            )
+            .await
+            .unwrap(),
+            "no dispatch on a lapsed lease"
+        );
+        // B settles A's calls: the one sent is unknown, never free; the one
+        // only reserved was never sent, and its key is free.
+        b.gc(0).await.unwrap();
+        assert_eq!(b.get("sent").await.unwrap().unwrap().state, State::Unknown);
+        assert_eq!(b.get("held").await.unwrap(), None);
+        assert!(matches!(
+            b.reserve("held".into(), r, 0).await.unwrap(),
+            Reservation::Reserved
+        ));
     }
 
     #[tokio::test]

@@ -55,7 +55,17 @@ pub const MIGRATIONS: &[&str] = &[
         key text PRIMARY KEY,
         value text NOT NULL
      );",
+    // 2: gateway leases.
+    "CREATE TABLE gateways (
+        id text PRIMARY KEY,
+        epoch bigint NOT NULL,
+        lease_until_ms bigint NOT NULL
+     );",
 ];
+
+/// The database's clock in unix milliseconds: leases are judged on one
+/// clock, whatever the gateways' hosts think the time is.
+const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// Any number: the advisory lock that serializes migrations.
 const MIGRATION_LOCK: i64 = 0x636f_756e_7465_7273;
@@ -105,6 +115,83 @@ pub struct PgStore {
     /// The runtime the store was opened on: `outbox_clear` is called from
     /// the audit writer's own thread, outside any runtime.
     runtime: tokio::runtime::Handle,
+    /// This gateway's lease epoch (renewed by a task of its own; a new
+    /// epoch after a lapse).
+    epoch: Arc<std::sync::atomic::AtomicI64>,
+    /// How long a lease lasts without renewal.
+    lease_ms: i64,
+    renewal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(r) = self.renewal.take() {
+            r.abort();
+        }
+    }
+}
+
+/// Take (or take again) `gateway`'s lease: a new epoch, valid `lease_ms`.
+async fn register(pool: &Pool, gateway: &str, lease_ms: i64) -> Result<i64, StoreError> {
+    let client = pool.get().await.map_err(pool_error)?;
+    let row = client
+        .query_one(
+            &format!(
+                "INSERT INTO gateways (id, epoch, lease_until_ms) VALUES ($1, 1, {NOW_MS} + $2)
+                 ON CONFLICT (id) DO UPDATE
+                 SET epoch = gateways.epoch + 1, lease_until_ms = EXCLUDED.lease_until_ms
+                 RETURNING epoch"
+            ),
+            &[&gateway, &lease_ms],
+        )
+        .await
+        .map_err(backend("take the lease"))?;
+    Ok(row.get(0))
+}
+
+/// Renew the lease every third of its length. A lease found lapsed (the
+/// process was paused, or cut off from the database) is not renewed: it is
+/// taken again under a new epoch, and until then nothing is dispatched.
+async fn renew(
+    pool: Pool,
+    gateway: Arc<str>,
+    epoch: Arc<std::sync::atomic::AtomicI64>,
+    lease_ms: i64,
+) {
+    use std::sync::atomic::Ordering;
+    let every =
+        std::time::Duration::from_millis(u64::try_from(lease_ms / 3).unwrap_or(1000).max(10));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let current = epoch.load(Ordering::SeqCst);
+        let renewed = async {
+            let client = pool.get().await.map_err(pool_error)?;
+            client
+                .execute(
+                    &format!(
+                        "UPDATE gateways SET lease_until_ms = {NOW_MS} + $3
+                         WHERE id = $1 AND epoch = $2 AND lease_until_ms > {NOW_MS}"
+                    ),
+                    &[&&*gateway, &current, &lease_ms],
+                )
+                .await
+                .map_err(backend("renew the lease"))
+        }
+        .await;
+        match renewed {
+            Ok(1) => {}
+            Ok(_) => {
+                tracing::warn!(gateway = %gateway, "the gateway's lease lapsed: taking it again under a new epoch");
+                match register(&pool, &gateway, lease_ms).await {
+                    Ok(e) => epoch.store(e, Ordering::SeqCst),
+                    Err(e) => tracing::error!("lease not taken again: {e}"),
+                }
+            }
+            Err(e) => tracing::error!("lease not renewed (the database is unreachable?): {e}"),
+        }
+    }
 }
 
 /// How the schema of a database stands against this binary.
@@ -143,9 +230,31 @@ impl PgStore {
             pool,
             gateway: Arc::from(gateway),
             runtime: tokio::runtime::Handle::current(),
+            epoch: Arc::default(),
+            lease_ms: 0,
+            renewal: None,
         };
         let migrated = store.migrate().await?;
         Ok((store, migrated))
+    }
+
+    /// Take this gateway's lease (valid `lease` without renewal) and keep
+    /// renewing it. Until then the store dispatches nothing: `store
+    /// migrate` and the like never do.
+    pub async fn start_lease(&mut self, lease: std::time::Duration) -> Result<i64, StoreError> {
+        self.lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let epoch = register(&self.pool, &self.gateway, self.lease_ms).await?;
+        self.epoch.store(epoch, std::sync::atomic::Ordering::SeqCst);
+        if let Some(r) = self.renewal.take() {
+            r.abort();
+        }
+        self.renewal = Some(tokio::spawn(renew(
+            self.pool.clone(),
+            self.gateway.clone(),
+            self.epoch.clone(),
+            self.lease_ms,
+        )));
+        Ok(epoch)
     }
 
     /// Apply the migrations this binary knows and the database lacks.
@@ -442,19 +551,33 @@ impl Store for PgStore {
             let txn = client.transaction().await.map_err(backend("begin"))?;
             relaxed(&txn, needs_durability(from, to.state)).await?;
             let gateway: &str = &self.gateway;
+            let epoch = self.epoch.load(std::sync::atomic::Ordering::SeqCst);
+            // INVARIANT: a gateway whose lease lapsed (paused, cut off) does
+            // not dispatch: the lease is checked in the very statement that
+            // records `dispatched`, on the database's clock. Meanwhile
+            // another gateway may have settled its records.
+            let record = encode("record", &to)?;
+            let mut sql = "UPDATE ledger SET state = $3, expires_ms = $4, gateway = $5, record = $6
+                 WHERE key = $1 AND state = $2"
+                .to_owned();
+            let (from_name, to_name) = (state_name(from), state_name(to.state));
+            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+                &key,
+                &from_name,
+                &to_name,
+                &to.expires_ms,
+                &gateway,
+                &record,
+            ];
+            if to.state == State::Dispatched {
+                sql.push_str(&format!(
+                    " AND EXISTS (SELECT 1 FROM gateways g WHERE g.id = $5 AND g.epoch = $7
+                       AND g.lease_until_ms > {NOW_MS})"
+                ));
+                params.push(&epoch);
+            }
             let moved = txn
-                .execute(
-                    "UPDATE ledger SET state = $3, expires_ms = $4, gateway = $5, record = $6
-                     WHERE key = $1 AND state = $2",
-                    &[
-                        &key,
-                        &state_name(from),
-                        &state_name(to.state),
-                        &to.expires_ms,
-                        &gateway,
-                        &encode("record", &to)?,
-                    ],
-                )
+                .execute(sql.as_str(), &params)
                 .await
                 .map_err(backend("transition"))?
                 == 1;
@@ -560,6 +683,47 @@ impl Store for PgStore {
             let mut client = self.client().await?;
             let txn = client.transaction().await.map_err(backend("begin"))?;
             relaxed(&txn, false).await?;
+            // Calls of gateways whose lease lapsed more than a lease ago:
+            // what they reserved was never sent (their dispatch is refused
+            // now), and what they dispatched has an unknown outcome, never a
+            // free key.
+            let lapsed = format!("SELECT id FROM gateways WHERE lease_until_ms < {NOW_MS} - $1");
+            let freed = txn
+                .execute(
+                    &format!(
+                        "DELETE FROM ledger WHERE state = 'reserved' AND gateway IN ({lapsed})"
+                    ),
+                    &[&self.lease_ms],
+                )
+                .await
+                .map_err(backend("settle lapsed gateways"))?;
+            let rows = txn
+                .query(
+                    &format!(
+                        "SELECT key, record FROM ledger WHERE state = 'dispatched' AND gateway IN ({lapsed})
+                         FOR UPDATE SKIP LOCKED"
+                    ),
+                    &[&self.lease_ms],
+                )
+                .await
+                .map_err(backend("settle lapsed gateways"))?;
+            for r in &rows {
+                let mut rec: Record = decode("record", r.get::<_, &str>(1))?;
+                rec.state = State::Unknown;
+                txn.execute(
+                    "UPDATE ledger SET state = 'unknown', record = $2 WHERE key = $1 AND state = 'dispatched'",
+                    &[&r.get::<_, &str>(0), &encode("record", &rec)?],
+                )
+                .await
+                .map_err(backend("settle lapsed gateways"))?;
+            }
+            if freed > 0 || !rows.is_empty() {
+                tracing::warn!(
+                    freed,
+                    unknown = rows.len(),
+                    "calls of gateways whose lease lapsed settled"
+                );
+            }
             // What no longer binds its key (`Record::binds`).
             let n = txn
                 .execute(
