@@ -126,3 +126,56 @@ fn a_password_in_the_store_url_is_refused() {
         "the password is not repeated: {err}"
     );
 }
+
+/// Two gateways on one database: the proposal of a call held on A is listed
+/// by B, and a reviewer's yes given through B runs the call held on A at once
+/// (LISTEN/NOTIFY; the hold is far longer than the test takes), exactly once.
+#[tokio::test]
+async fn an_approval_through_gateway_b_runs_the_call_held_on_gateway_a() {
+    let schema = Schema::new();
+    let (pdir, key) = default_policies_with_alice();
+    let start = || {
+        Gateway::start_with(Options {
+            extra: schema.store_table(),
+            policies: Some(pdir.path().to_owned()),
+            approvals: "hold = \"60s\"\nprogress_interval = \"10s\"\n".into(),
+            ..Default::default()
+        })
+    };
+    let a = start();
+    let b = start();
+    let mut c = Client::new(&a.url("payments"));
+    c.initialize().await;
+    let held = tokio::spawn(async move {
+        c.post(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"acct_1","amount":12},
+            "_meta":{"dev.countersign/idempotency-key":"two-gw"}}}),
+        )
+        .await
+    });
+    // B lists the proposal A made.
+    let mut id = None;
+    for _ in 0..200 {
+        let (ok, out, _) = review_cli(&b, &key, &["pending", "--json"]);
+        if ok {
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if let Some(p) = v["proposals"].as_array().and_then(|p| p.first()) {
+                id = p["id"].as_str().map(str::to_owned);
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let id = id.expect("gateway B lists the proposal made on A");
+    let (ok, out, err) = review_cli(&b, &key, &["approve", &id]);
+    assert!(ok, "{out}{err}");
+    // Within half its hold: a call the notification did not wake would
+    // still be waiting here, and answer `approval_pending` at the end of it.
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(30), held)
+        .await
+        .expect("the held call on A was not woken by the decision made on B")
+        .unwrap();
+    assert_eq!(answer.last()["result"]["isError"], false, "{answer:?}");
+    assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
+}

@@ -72,6 +72,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             "audit entries recovered from the ledger's outbox"
         );
     }
+    // Changes another gateway made in a shared store (PostgreSQL): proposals
+    // it created or decided are shown here too, and wake calls held here.
+    let store_events = store.subscribe();
     let lock = crate::cli::files::load_tool_lock(&policy_dir)?;
     let gw = Gateway::new(config, store, policies, Some(audit.clone()));
     gw.pipeline.catalog.set_lock(lock);
@@ -93,6 +96,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "tool pins loaded"
     );
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
+    let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
     // TLS on the listener, when configured: the pair must load now, and is
     // taken again whenever the files change.
     let (tls, tls_watcher) = match (&gw.config.gateway.tls_cert, &gw.config.gateway.tls_key) {
@@ -161,6 +165,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(grace, server).await;
     sweeper.abort();
     reloader.abort();
+    if let Some(f) = follower {
+        f.abort();
+    }
     if let Some(w) = tls_watcher {
         w.abort();
     }
@@ -249,6 +256,26 @@ async fn accept(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Re-read and publish each proposal another process changed in the shared
+/// store: a decision made through another gateway wakes the call held here
+/// at once (no polling), and live reviewer views here show it.
+async fn follow_store(
+    gw: Arc<Gateway>,
+    mut events: tokio::sync::broadcast::Receiver<crate::store::StoreEvent>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match events.recv().await {
+            Ok(crate::store::StoreEvent::Proposal(id)) => gw.pipeline.book.changed(&id).await,
+            Ok(crate::store::StoreEvent::Ledger(_)) => {}
+            Err(RecvError::Lagged(n)) => {
+                tracing::warn!(missed = n, "store notifications fell behind: a call held here may wait for its hold to end");
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
 }
 
 /// What the policy folder looks like: its files with sizes and mtimes.

@@ -140,8 +140,25 @@ pub struct Recovery {
     pub unknown: usize,
 }
 
+/// A change another process (or this one) made in a shared store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreEvent {
+    /// A proposal changed (created, decided, consumed, expired).
+    Proposal(String),
+    /// A ledger record reached a state a waiter acts on (`complete`,
+    /// `not_dispatched`, `unknown`).
+    Ledger(String),
+}
+
 /// Ledger storage. Keys are [`crate::core::ledger::storage_key`]s.
 pub trait Store: Send + Sync {
+    /// Changes made through any process sharing this store, as they commit
+    /// (PostgreSQL: `LISTEN/NOTIFY`). `None` for a store no other process
+    /// can write (redb, memory): this process knows its own changes.
+    fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<StoreEvent>> {
+        None
+    }
+
     /// The record of `key`, if any (reads never fsync). Reads are futures
     /// too: a networked store answers them with a round trip.
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>>;

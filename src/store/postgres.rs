@@ -23,7 +23,7 @@ use tokio_postgres::NoTls;
 
 use super::{
     check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
-    Store, StoreError, StoreFuture,
+    Store, StoreError, StoreEvent, StoreFuture,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
@@ -121,6 +121,9 @@ pub struct PgStore {
     /// How long a lease lasts without renewal.
     lease_ms: i64,
     renewal: Option<tokio::task::JoinHandle<()>>,
+    /// What `LISTEN` hears, for [`Store::subscribe`].
+    events: tokio::sync::broadcast::Sender<StoreEvent>,
+    listener: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for PgStore {
@@ -128,6 +131,65 @@ impl Drop for PgStore {
         if let Some(r) = self.renewal.take() {
             r.abort();
         }
+        self.listener.abort();
+    }
+}
+
+/// The channels changes are announced on (`pg_notify`, delivered at commit).
+const PROPOSALS_CHANNEL: &str = "countersign_proposals";
+const LEDGER_CHANNEL: &str = "countersign_ledger";
+
+/// One connection that `LISTEN`s and forwards what it hears; reconnects
+/// when it is lost (what changed meanwhile is found by the waiters' own
+/// re-reads: a notification only wakes, it is never the record).
+async fn listen(
+    config: tokio_postgres::Config,
+    events: tokio::sync::broadcast::Sender<StoreEvent>,
+) {
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut conn)) => {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let driver = tokio::spawn(async move {
+                    let mut messages =
+                        futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+                    while let Some(m) = futures_util::StreamExt::next(&mut messages).await {
+                        match m {
+                            Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                                let event = if n.channel() == PROPOSALS_CHANNEL {
+                                    StoreEvent::Proposal(n.payload().to_owned())
+                                } else {
+                                    StoreEvent::Ledger(n.payload().to_owned())
+                                };
+                                if tx.send(event).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::warn!("store notifications: connection lost: {e}");
+                                return;
+                            }
+                        }
+                    }
+                });
+                let listening = client
+                    .batch_execute(&format!(
+                        "LISTEN {PROPOSALS_CHANNEL}; LISTEN {LEDGER_CHANNEL}"
+                    ))
+                    .await;
+                if let Err(e) = listening {
+                    tracing::warn!("store notifications: LISTEN failed: {e}");
+                } else {
+                    while let Some(e) = rx.recv().await {
+                        let _ = events.send(e);
+                    }
+                }
+                driver.abort();
+            }
+            Err(e) => tracing::warn!("store notifications: cannot connect: {e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
 
@@ -212,6 +274,7 @@ impl PgStore {
         pool_size: usize,
         gateway: &str,
     ) -> Result<(PgStore, Migrated), StoreError> {
+        let config_for_listen = config.clone();
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -226,6 +289,8 @@ impl PgStore {
                 path: "store.url".into(),
                 reason: e.to_string(),
             })?;
+        let (events, _) = tokio::sync::broadcast::channel(1024);
+        let listener = tokio::spawn(listen(config_for_listen, events.clone()));
         let store = PgStore {
             pool,
             gateway: Arc::from(gateway),
@@ -233,6 +298,8 @@ impl PgStore {
             epoch: Arc::default(),
             lease_ms: 0,
             renewal: None,
+            events,
+            listener,
         };
         let migrated = store.migrate().await?;
         Ok((store, migrated))
@@ -328,7 +395,23 @@ async fn relaxed(
     Ok(())
 }
 
+/// Announce a change; delivered to listeners when `txn` commits.
+async fn notify(
+    txn: &deadpool_postgres::Transaction<'_>,
+    channel: &str,
+    payload: &str,
+) -> Result<(), StoreError> {
+    txn.execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
+        .await
+        .map_err(backend("notify"))?;
+    Ok(())
+}
+
 impl Store for PgStore {
+    fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<StoreEvent>> {
+        Some(self.events.subscribe())
+    }
+
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             let client = self.client().await?;
@@ -406,6 +489,7 @@ impl Store for PgStore {
                         )
                         .await
                         .map_err(backend("consume an approval"))?;
+                        notify(&txn, PROPOSALS_CHANNEL, &id).await?;
                     }
                 }
             }
@@ -443,6 +527,9 @@ impl Store for PgStore {
                     .await
                     .map_err(backend("write a proposal"))?,
             };
+            if n == 1 {
+                notify(&txn, PROPOSALS_CHANNEL, &proposal.id).await?;
+            }
             txn.commit().await.map_err(backend("commit"))?;
             Ok(n == 1)
         })
@@ -581,6 +668,14 @@ impl Store for PgStore {
                 .await
                 .map_err(backend("transition"))?
                 == 1;
+            if moved
+                && matches!(
+                    to.state,
+                    State::Complete | State::NotDispatched | State::Unknown
+                )
+            {
+                notify(&txn, LEDGER_CHANNEL, &key).await?;
+            }
             // INVARIANT: the outbox row commits with the move it records.
             if let (true, Some((id, text))) = (moved, &outbox) {
                 let id = i64::try_from(*id).unwrap_or(i64::MAX);
