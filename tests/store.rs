@@ -179,3 +179,50 @@ async fn an_approval_through_gateway_b_runs_the_call_held_on_gateway_a() {
     assert_eq!(answer.last()["result"]["isError"], false, "{answer:?}");
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }
+
+/// Duplicates of one keyed charge split across two gateways on one database:
+/// the server runs it once, and every duplicate gets the same answer (those
+/// that reach the gateway not running it wait for its record to settle,
+/// woken by LISTEN/NOTIFY).
+#[tokio::test]
+async fn duplicates_across_two_gateways_run_once_and_share_the_answer() {
+    let schema = Schema::new();
+    let start = || {
+        Gateway::start_with(Options {
+            extra: schema.store_table(),
+            ..Default::default()
+        })
+    };
+    let (a, b) = (start(), start());
+    // Whichever gateway reserves the key, its server holds the call a while.
+    a.fault("charge_card", "delay", 400);
+    b.fault("charge_card", "delay", 400);
+    let mut clients = Vec::new();
+    for gw in [&a, &b] {
+        let mut c = Client::new(&gw.url("payments"));
+        c.initialize().await;
+        clients.push(std::sync::Arc::new(c));
+    }
+    let mut calls = Vec::new();
+    for n in 0..20 {
+        let c = clients[n % 2].clone();
+        calls.push(tokio::spawn(async move {
+            let a = c
+                .post(
+                    &json!({"jsonrpc":"2.0","id":n,"method":"tools/call","params":{
+                    "name":"charge_card","arguments":{"account":"acct_9","amount":3},
+                    "_meta":{"dev.countersign/idempotency-key":"dup-across"}}}),
+                )
+                .await;
+            a.last()["result"].clone()
+        }));
+    }
+    let mut texts = std::collections::BTreeSet::new();
+    for call in calls {
+        let result = call.await.unwrap();
+        assert_eq!(result["isError"], false, "{result}");
+        texts.insert(result["content"].to_string());
+    }
+    assert_eq!(texts.len(), 1, "one answer for all: {texts:?}");
+    assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
+}

@@ -35,6 +35,9 @@ pub enum Settled {
     /// The leader's call ended without an answer to share (not dispatched,
     /// outcome unknown, or refused); followers get the same verdict.
     Verdict(Outcome),
+    /// Another process sharing the store leads the key: followers wait for
+    /// its record, as the leader here does.
+    Elsewhere,
 }
 
 /// Why an approval-gated call did not run (DESIGN.md section 7 codes).
@@ -107,6 +110,9 @@ pub enum Lookup {
     Follow(watch::Receiver<Option<Settled>>),
     /// Refused or unknown, without dispatch.
     Stop(Outcome),
+    /// In flight in another process sharing the store (reserved or
+    /// dispatched, with no leader here): wait for its record to settle.
+    Elsewhere,
 }
 
 /// What [`Lead::reserve`] did.
@@ -249,10 +255,17 @@ impl Idempotency {
             },
             (Verdict::Remap, _) => Lookup::Stop(Outcome::Remap),
             (Verdict::Drift, _) => Lookup::Stop(Outcome::Drift),
-            // A record in flight with no leader in this process (another
-            // process, or a crash not yet recovered), an unknown outcome, or
-            // a complete record without its answer (damaged): never run
-            // again.
+            // A record in flight with no leader in this process: another
+            // process sharing the store leads it (the caller may wait for it
+            // to settle), or a crash not yet recovered. Never run again.
+            (_, Some(r))
+                if matches!(r.state, State::Reserved | State::Dispatched)
+                    && self.store.subscribe().is_some() =>
+            {
+                Lookup::Elsewhere
+            }
+            // An unknown outcome, or a complete record without its answer
+            // (damaged): never run again.
             _ => Lookup::Stop(Outcome::Unknown),
         };
         let settled = match &found {
@@ -264,6 +277,7 @@ impl Idempotency {
                 answered_at: answered_at.clone(),
             },
             Lookup::Stop(o) => Settled::Verdict(o.clone()),
+            Lookup::Elsewhere => Settled::Elsewhere,
             Lookup::Lead(_) | Lookup::Follow(_) => Settled::Verdict(Outcome::Unknown),
         };
         self.settle(&claim.key, flight, settled);
@@ -587,6 +601,7 @@ mod tests {
                 Lookup::Replay { answer, .. } => Begin::Replay { answer },
                 Lookup::Follow(rx) => Begin::Follow(rx),
                 Lookup::Stop(o) => Begin::Stop(o),
+                Lookup::Elsewhere => Begin::Stop(Outcome::Unknown),
                 Lookup::Lead(_) => unreachable!("a lookup after a reservation leads nothing"),
             })
         }

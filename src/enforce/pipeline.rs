@@ -94,6 +94,15 @@ enum Attempt {
     Retry(CallOutcome),
 }
 
+/// Why a write attempt does not go on to dispatch.
+enum Stop {
+    /// It ended here, with this outcome.
+    Done(CallOutcome),
+    /// Another process sharing the store leads the key: wait for its record
+    /// to settle, then look again.
+    Elsewhere,
+}
+
 /// What the approval gate chose, as a value.
 enum Gate {
     /// The policies allow the call unattended.
@@ -738,29 +747,86 @@ impl Pipeline {
         if let Some(refusal) = self.circuit(c) {
             return Attempt::Done(refusal);
         }
-        let lead = match self.lookup(c).await {
-            Ok(lead) => lead,
-            Err(done) => return Attempt::Done(done),
+        // How long an identical call waits for another gateway's flight:
+        // the call's own upstream timeout, and a margin for the answer to be
+        // recorded. Then `outcome_unknown`, as for any record that does not
+        // settle.
+        let deadline = Instant::now() + self.call_timeout(c.ctx.server) + Duration::from_secs(5);
+        loop {
+            // Subscribed before the read, so a settlement between the read
+            // and the wait is not missed.
+            let changes = self.flights.store().subscribe();
+            let lead = match self.lookup(c).await {
+                Ok(lead) => lead,
+                Err(Stop::Done(done)) => return Attempt::Done(done),
+                Err(Stop::Elsewhere) => match self.wait_elsewhere(c, changes, deadline).await {
+                    Ok(()) => continue,
+                    Err(done) => return Attempt::Done(done),
+                },
+            };
+            let ticket = match self.reserve(c, lead).await {
+                Ok(t) => t,
+                Err(Stop::Done(done)) => return Attempt::Done(done),
+                Err(Stop::Elsewhere) => match self.wait_elsewhere(c, changes, deadline).await {
+                    Ok(()) => continue,
+                    Err(done) => return Attempt::Done(done),
+                },
+            };
+            return self.dispatch(c, ticket).await;
+        }
+    }
+
+    /// Wait for a record another process leads (sharing the store) to
+    /// settle: woken by its own settlement (LISTEN/NOTIFY), never by polling;
+    /// a lagged receiver just looks again. At the deadline, or without a
+    /// way to hear, the call ends `outcome_unknown`.
+    async fn wait_elsewhere<U>(
+        &self,
+        c: &Call<'_, U>,
+        changes: Option<tokio::sync::broadcast::Receiver<crate::store::StoreEvent>>,
+        deadline: Instant,
+    ) -> Result<(), CallOutcome> {
+        let Some(mut rx) = changes else {
+            return Err(refused(c, Outcome::Unknown));
         };
-        let ticket = match self.reserve(c, lead).await {
-            Ok(t) => t,
-            Err(done) => return Attempt::Done(done),
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(refused(c, Outcome::Unknown));
+        }
+        let key = c.claim.key.clone();
+        let settled_there = async {
+            loop {
+                match rx.recv().await {
+                    Ok(crate::store::StoreEvent::Ledger(k)) if k == key => return,
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
         };
-        self.dispatch(c, ticket).await
+        tokio::time::timeout(left, settled_there)
+            .await
+            .map_err(|_| refused(c, Outcome::Unknown))
     }
 
     /// Ledger lookup: replay, wait for the identical call in flight, refuse
     /// a conflict or a repeat of an unknown outcome, or lead the key.
-    async fn lookup<U>(&self, c: &Call<'_, U>) -> Result<Lead, CallOutcome> {
+    async fn lookup<U>(&self, c: &Call<'_, U>) -> Result<Lead, Stop> {
         let found = self
             .flights
             .lookup(c.claim.clone(), self.clock.now_ms())
             .await
-            .map_err(|e| ledger_unavailable(c, e))?;
+            .map_err(|e| Stop::Done(ledger_unavailable(c, e)))?;
         match found {
             Lookup::Lead(lead) => Ok(lead),
-            Lookup::Follow(rx) => Err(settled(c, follow(rx).await, true)),
-            other => Err(concluded(c, other)),
+            Lookup::Follow(rx) => match follow(rx).await {
+                Settled::Elsewhere => Err(Stop::Elsewhere),
+                s => Err(Stop::Done(settled(c, s, true))),
+            },
+            Lookup::Elsewhere => Err(Stop::Elsewhere),
+            other => Err(Stop::Done(concluded(c, other))),
         }
     }
 
@@ -772,7 +838,7 @@ impl Pipeline {
         &self,
         c: &Call<'_, U>,
         mut lead: Lead,
-    ) -> Result<Box<Ticket>, CallOutcome> {
+    ) -> Result<Box<Ticket>, Stop> {
         let mut lost = None;
         for _ in 0..GATE_ROUNDS {
             let (proposal, approval) = match self.gate(c, lost).await {
@@ -780,14 +846,14 @@ impl Pipeline {
                 Gate::Consume { proposal, approval } => (Some(proposal), approval),
                 Gate::Refuse(why) => {
                     lead.refuse(why.clone());
-                    return Err(refused(c, why));
+                    return Err(Stop::Done(refused(c, why)));
                 }
             };
             // Judged at the time of the reservation: the gate may have
             // held the call for minutes.
             let now = self.clock.now_ms();
             match lead.reserve(proposal.clone(), now).await {
-                Err(e) => return Err(ledger_unavailable(c, e)),
+                Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
                 Ok(Reserve::Go(ticket)) => {
                     if let Some(proposal) = proposal {
                         self.book.changed(&proposal).await;
@@ -805,12 +871,14 @@ impl Pipeline {
                     lead = back;
                     lost = Some(state);
                 }
-                Ok(Reserve::Bound(found)) => return Err(concluded(c, found)),
+                // Another gateway reserved the key first: wait for it.
+                Ok(Reserve::Bound(Lookup::Elsewhere)) => return Err(Stop::Elsewhere),
+                Ok(Reserve::Bound(found)) => return Err(Stop::Done(concluded(c, found))),
             }
         }
         // The approval kept slipping away: fail closed.
         lead.refuse(Outcome::NotDispatched);
-        Err(refused(c, Outcome::NotDispatched))
+        Err(Stop::Done(refused(c, Outcome::NotDispatched)))
     }
 
     /// The gate: the policy decision in force now, and for a call that
@@ -1369,7 +1437,7 @@ fn concluded<U>(c: &Call<'_, U>, found: Lookup) -> CallOutcome {
         }
         Lookup::Stop(why) => refused(c, why),
         // Not produced once the key is bound; fail closed all the same.
-        Lookup::Lead(_) | Lookup::Follow(_) => refused(c, Outcome::Unknown),
+        Lookup::Lead(_) | Lookup::Follow(_) | Lookup::Elsewhere => refused(c, Outcome::Unknown),
     }
 }
 
@@ -1388,6 +1456,13 @@ fn settled<U>(c: &Call<'_, U>, s: Settled, write: bool) -> CallOutcome {
         Settled::Answered { answer, .. } => CallOutcome::Joined(answer),
         Settled::Verdict(why) => CallOutcome::Refused {
             why,
+            key: c.claim.client_key.clone(),
+            tool: c.call.tool.clone(),
+        },
+        // Only a write's follower waits for another process; anything else
+        // that meets one never runs it again.
+        Settled::Elsewhere => CallOutcome::Refused {
+            why: Outcome::Unknown,
             key: c.claim.client_key.clone(),
             tool: c.call.tool.clone(),
         },
