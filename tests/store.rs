@@ -71,6 +71,17 @@ async fn a_gateway_on_postgres_keeps_its_ledger_there_across_a_restart() {
         "PostgreSQL, schema migrated from version 0 to {version}"
     ))
     .await;
+    // /healthz says the store answers.
+    let health: serde_json::Value = serde_json::from_slice(
+        &reqwest::get(format!("{}/healthz", gw.base()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(health["store"], "ok", "{health}");
     let charge = |id: i64| {
         json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
             "name":"charge_card","arguments":{"account":"a","amount":5},

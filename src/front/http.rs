@@ -51,13 +51,24 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 }
 
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
+    // Without its store the gateway runs nothing that writes: say so (503),
+    // so that a load balancer sends calls to another gateway.
+    let store = gw.pipeline.flights.store().health().await;
     let body = json!({
-        "status": "ok",
+        "status": if store.is_ok() { "ok" } else { "degraded" },
+        "store": match &store {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => format!("unreachable: {e}"),
+        },
         "sessions": gw.session_count(),
         "circuits": gw.pipeline.circuits(),
     });
     (
-        StatusCode::OK,
+        if store.is_ok() {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
     )

@@ -159,6 +159,12 @@ pub trait Store: Send + Sync {
         None
     }
 
+    /// Whether the store answers now (for `/healthz`); the embedded stores
+    /// always do.
+    fn health(&self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// The record of `key`, if any (reads never fsync). Reads are futures
     /// too: a networked store answers them with a round trip.
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>>;

@@ -412,6 +412,25 @@ impl Store for PgStore {
         Some(self.events.subscribe())
     }
 
+    fn health(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let ask = async {
+                let client = self.client().await?;
+                client
+                    .execute("SELECT 1", &[])
+                    .await
+                    .map_err(backend("health check"))
+            };
+            match tokio::time::timeout(std::time::Duration::from_secs(2), ask).await {
+                Ok(r) => r.map(|_| ()),
+                Err(_) => Err(StoreError::Backend {
+                    op: "health check",
+                    reason: "no answer within 2s".into(),
+                }),
+            }
+        })
+    }
+
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             let client = self.client().await?;
