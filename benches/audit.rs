@@ -80,6 +80,7 @@ fn main() {
         segment_bytes: 64 << 20,
         arguments: ArgumentMode::Full,
         redact: vec![],
+        gateway: Some("gw-bench".into()),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -237,3 +237,83 @@ async fn duplicates_across_two_gateways_run_once_and_share_the_answer() {
     assert_eq!(texts.len(), 1, "one answer for all: {texts:?}");
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }
+
+/// Two gateways keep their own audit logs; every entry names its gateway;
+/// `audit verify` checks both, and finds a tampered entry in either;
+/// `audit export` merges them in time order.
+#[tokio::test]
+async fn audit_logs_of_two_gateways_verify_and_export_as_one() {
+    let schema = Schema::new();
+    let start = || {
+        Gateway::start_with(Options {
+            extra: schema.store_table(),
+            ..Default::default()
+        })
+    };
+    let (a, b) = (start(), start());
+    for (n, gw) in [&a, &b].into_iter().enumerate() {
+        let mut c = Client::new(&gw.url("payments"));
+        c.initialize().await;
+        let r = c
+            .post(
+                &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+                "name":"charge_card","arguments":{"account":"a","amount":1},
+                "_meta":{"dev.countersign/idempotency-key": format!("audit-{n}")}}}),
+            )
+            .await;
+        assert_eq!(r.last()["result"]["isError"], false, "{r:?}");
+        wait_for_audit(gw, "the completed entry", |e| {
+            e.iter().any(|x| x["kind"] == "completed")
+        })
+        .await;
+    }
+    let dirs = [a.audit_dir(), b.audit_dir()];
+    let ids: Vec<String> = dirs
+        .iter()
+        .map(|d| audit_entries(d)[0]["gateway"].as_str().unwrap().to_owned())
+        .collect();
+    assert_ne!(ids[0], ids[1], "each gateway names itself");
+    for d in &dirs {
+        assert!(audit_entries(d).iter().all(|e| e["gateway"].is_string()));
+    }
+    let args = |cmd: &str| {
+        let mut v: Vec<String> = vec!["audit".into(), cmd.into()];
+        for d in &dirs {
+            v.push("--dir".into());
+            v.push(d.display().to_string());
+        }
+        v
+    };
+    let run = |v: Vec<String>| {
+        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+        run_cli(&refs)
+    };
+    let (ok, out, err) = run(args("export"));
+    assert!(ok, "{err}");
+    let merged: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: std::collections::BTreeSet<&str> = merged
+        .iter()
+        .filter_map(|e| e["gateway"].as_str())
+        .collect();
+    assert_eq!(names.len(), 2, "both logs in one export");
+    let times: Vec<i64> = merged
+        .iter()
+        .map(|e| countersign::core::time::parse_rfc3339(e["time"].as_str().unwrap()).unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "in time order");
+    let (ok, out, err) = run(args("verify"));
+    assert!(ok, "{out}{err}");
+    // A tampered entry in B's log is found (B stopped first: its log is
+    // closed with a checkpoint).
+    let mut b = b;
+    b.terminate();
+    let seg = audit_segments(&dirs[1])[0].clone();
+    let text = std::fs::read_to_string(&seg).unwrap();
+    std::fs::write(&seg, text.replacen("\"amount\":1", "\"amount\":9", 1)).unwrap();
+    let (ok, out, _) = run(args("verify"));
+    assert!(!ok, "{out}");
+    assert!(out.contains(&dirs[1].display().to_string()), "{out}");
+}

@@ -19,7 +19,7 @@
 //! | `unmapped` | the whole entry |
 
 use std::io::Write;
-use std::path::Path;
+use std::path::PathBuf;
 
 use serde_json::{json, Map, Value};
 
@@ -134,15 +134,44 @@ pub fn ocsf(e: &Map<String, Value>) -> Value {
     event
 }
 
-/// Stream the entries with `time` in `[since, until]` to `out`; returns how
-/// many were written. Memory stays constant: one line at a time.
+/// One line of a log: the line, where it is (`segment:line`), its time in
+/// unix ms.
+type Line = (Vec<u8>, String, Option<i64>);
+
+/// One log's lines, read on a thread of its own into a bounded channel (so
+/// several logs merge in constant memory).
+type Lines = std::sync::mpsc::Receiver<Line>;
+
+fn read_log(dir: PathBuf) -> (Lines, std::thread::JoinHandle<Result<(), AuditError>>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(256);
+    let reader = std::thread::spawn(move || {
+        each_line(&dir, |line, place| {
+            let time = serde_json::from_slice::<Map<String, Value>>(line)
+                .ok()
+                .and_then(|e| {
+                    e.get("time")
+                        .and_then(Value::as_str)
+                        .and_then(parse_rfc3339)
+                });
+            // A closed receiver means the export stopped: stop reading.
+            tx.send((line.to_vec(), place.to_owned(), time)).is_ok()
+        })
+        .map(|_| ())
+    });
+    (rx, reader)
+}
+
+/// Stream the entries with `time` in `[since, until]` of the logs in `dirs`
+/// to `out`, merged in time order (each log's own order kept); returns how
+/// many were written. Memory stays constant: a few lines per log.
 pub fn export(
-    dir: &Path,
+    dirs: &[PathBuf],
     format: Format,
     since: Option<i64>,
     until: Option<i64>,
     out: &mut dyn Write,
 ) -> Result<u64, AuditError> {
+    let first = dirs.first().cloned().unwrap_or_default();
     let mut written = 0u64;
     let mut err: Option<String> = None;
     enum Sink<'a> {
@@ -153,19 +182,33 @@ pub fn export(
         Format::Csv => {
             let mut w = csv::Writer::from_writer(out);
             w.write_record(CSV_COLUMNS).map_err(|e| AuditError {
-                path: dir.to_owned(),
+                path: first.clone(),
                 message: e.to_string(),
             })?;
             Sink::Csv(Box::new(w))
         }
         _ => Sink::Plain(out),
     };
-    each_line(dir, |line, place| {
-        let Ok(e) = serde_json::from_slice::<Map<String, Value>>(line) else {
+    let mut logs: Vec<_> = dirs.iter().map(|d| read_log(d.clone())).collect();
+    let mut heads: Vec<Option<Line>> = logs.iter().map(|(rx, _)| rx.recv().ok()).collect();
+    // The earliest head next; ties (and entries without a time) by log order.
+    while let Some(i) = heads
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| h.as_ref().map(|(_, _, t)| (t.unwrap_or(i64::MIN), i)))
+        .min()
+        .map(|(_, i)| i)
+    {
+        let Some((line, place, _)) = heads[i].take() else {
+            break;
+        };
+        heads[i] = logs[i].0.recv().ok();
+        let Ok(e) = serde_json::from_slice::<Map<String, Value>>(&line) else {
             err = Some(format!(
-                "{place} is not a JSON entry: run `countersign audit verify`"
+                "{}: {place} is not a JSON entry: run `countersign audit verify`",
+                dirs[i].display()
             ));
-            return false;
+            break;
         };
         let t = e
             .get("time")
@@ -174,7 +217,7 @@ pub fn export(
         if since.is_some_and(|s| t.is_none_or(|t| t < s))
             || until.is_some_and(|u| t.is_none_or(|t| t > u))
         {
-            return true;
+            continue;
         }
         let result = match (&mut sink, format) {
             (Sink::Csv(w), _) => w
@@ -184,21 +227,38 @@ pub fn export(
                 writeln!(out, "{}", ocsf(&e)).map_err(|e| e.to_string())
             }
             (Sink::Plain(out), _) => out
-                .write_all(line)
+                .write_all(&line)
                 .and_then(|()| out.write_all(b"\n"))
                 .map_err(|e| e.to_string()),
         };
         match result {
-            Ok(()) => {
-                written += 1;
-                true
-            }
+            Ok(()) => written += 1,
             Err(e) => {
                 err = Some(e);
-                false
+                break;
             }
         }
-    })?;
+    }
+    // Readers stop when their channel closes.
+    drop(heads);
+    let readers: Vec<_> = logs
+        .drain(..)
+        .map(|(rx, r)| {
+            drop(rx);
+            r
+        })
+        .collect();
+    for (r, dir) in readers.into_iter().zip(dirs) {
+        match r.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                err.get_or_insert(e.to_string());
+            }
+            Err(_) => {
+                err.get_or_insert(format!("{}: the reader stopped", dir.display()));
+            }
+        }
+    }
     let flushed = match &mut sink {
         Sink::Csv(w) => w.flush(),
         Sink::Plain(out) => out.flush(),
@@ -208,7 +268,7 @@ pub fn export(
     }
     match err {
         Some(message) => Err(AuditError {
-            path: dir.to_owned(),
+            path: first,
             message,
         }),
         None => Ok(written),

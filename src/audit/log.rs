@@ -52,6 +52,9 @@ pub struct Settings {
     pub arguments: ArgumentMode,
     /// JSON pointers redacted in `redact` mode.
     pub redact: Vec<String>,
+    /// The gateway id every entry carries (several gateways share one
+    /// store; each keeps its own log and key).
+    pub gateway: Option<String>,
 }
 
 impl Settings {
@@ -64,7 +67,14 @@ impl Settings {
             segment_bytes: config.audit.segment_bytes,
             arguments: config.audit.arguments,
             redact: config.audit.redact.clone(),
+            gateway: None,
         }
+    }
+
+    /// Entries carry `gateway`.
+    pub fn with_gateway(mut self, gateway: String) -> Settings {
+        self.gateway = Some(gateway);
+        self
     }
 }
 
@@ -589,15 +599,18 @@ fn now() -> String {
 
 impl Writer {
     fn append(&mut self, kind: &str, fields: Map<String, Value>) -> std::io::Result<()> {
-        let mut e = Map::with_capacity(fields.len() + 5);
+        let mut e = Map::with_capacity(fields.len() + 6);
         e.insert("seq".into(), json!(self.seq + 1));
         e.insert("kind".into(), json!(kind));
+        if let Some(g) = &self.settings.gateway {
+            e.insert("gateway".into(), json!(g));
+        }
         let mut stamped = false;
         for (k, v) in fields {
             // The chain fields are the writer's alone; `time` may come with
             // the entry (stamped when the event happened).
             match k.as_str() {
-                "seq" | "kind" | "prev" | "hash" => {}
+                "seq" | "kind" | "prev" | "hash" | "gateway" => {}
                 "time" => {
                     stamped = v.is_string();
                     e.insert(k, v);
@@ -894,6 +907,7 @@ mod tests {
             segment_bytes: 1500,
             arguments: ArgumentMode::Full,
             redact: vec![],
+            gateway: Some("gw-test".into()),
         }
     }
 

@@ -198,9 +198,10 @@ enum AuditCommand {
     /// Check the hash chain, every checkpoint signature and every embedded
     /// reviewer signature; print a summary and the first break; exit 1 on any.
     Verify {
-        /// The audit dir (`gateway.data_dir/audit`).
+        /// The audit dir (`gateway.data_dir/audit`); repeat it for the logs
+        /// of several gateways (each is checked on its own).
         #[arg(long, default_value = ".countersign/audit")]
-        dir: PathBuf,
+        dir: Vec<PathBuf>,
         /// `policies/reviewers.toml`: check reviewer statements against it
         /// (default: against the key embedded with each statement).
         #[arg(long)]
@@ -212,9 +213,10 @@ enum AuditCommand {
     },
     /// Stream entries as JSON Lines, CSV or OCSF.
     Export {
-        /// The audit dir.
+        /// The audit dir; repeat it to merge the logs of several gateways
+        /// in time order.
         #[arg(long, default_value = ".countersign/audit")]
-        dir: PathBuf,
+        dir: Vec<PathBuf>,
         /// Output format.
         #[arg(long, value_enum, default_value = "jsonl")]
         format: crate::audit::export::Format,
@@ -691,9 +693,20 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
                         .map_err(|(_, m)| anyhow::anyhow!("--reviewers `{}`: {m}", f.display()))
                 })
                 .transpose()?;
-            let report = audit::verify::verify_dir(&dir, pubkey, reviewers)?;
-            print!("{}", report.render());
-            Ok(if report.brk.is_some() {
+            anyhow::ensure!(
+                pubkey.is_none() || dir.len() == 1,
+                "--pubkey pins one log's key: verify each gateway's log with its own key, one --dir at a time"
+            );
+            let mut broken = false;
+            for d in &dir {
+                let report = audit::verify::verify_dir(d, pubkey, reviewers.clone())?;
+                if dir.len() > 1 {
+                    println!("{}:", d.display());
+                }
+                print!("{}", report.render());
+                broken |= report.brk.is_some();
+            }
+            Ok(if broken {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS

@@ -37,8 +37,12 @@ pub async fn reconcile(
     // its audit log itself, first taking over what a crash left in the
     // ledger's outbox (so the log keeps dispatch before reconciliation), and
     // closes it with a signed checkpoint.
-    let audit = crate::audit::log::AuditLog::open(crate::audit::log::Settings::from_config(config))
+    let gateway = crate::cli::store::gateway_id(&config.gateway.data_dir)
         .map_err(|e| audit_err(e.to_string()))?;
+    let audit = crate::audit::log::AuditLog::open(
+        crate::audit::log::Settings::from_config(config).with_gateway(gateway),
+    )
+    .map_err(|e| audit_err(e.to_string()))?;
     audit
         .attach_outbox(store.clone())
         .await

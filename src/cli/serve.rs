@@ -57,8 +57,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // The audit log before anything can happen that it must record.
     let audit_dir = config.audit_dir();
     let audit = Arc::new(
-        crate::audit::log::AuditLog::open(crate::audit::log::Settings::from_config(&config))
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        crate::audit::log::AuditLog::open(
+            crate::audit::log::Settings::from_config(&config)
+                .with_gateway(crate::cli::store::gateway_id(&config.gateway.data_dir)?),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?,
     );
     tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
     // Entries a crash left in the ledger's outbox go into the log first.
