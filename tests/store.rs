@@ -317,3 +317,89 @@ async fn audit_logs_of_two_gateways_verify_and_export_as_one() {
     assert!(!ok, "{out}");
     assert!(out.contains(&dirs[1].display().to_string()), "{out}");
 }
+
+/// Gateway A is killed (SIGKILL) after `dispatched`, the server executing:
+/// the retry on B answers `outcome_unknown` (A's lease lapses, B settles its
+/// record as unknown, never free), the count stays 1, and a reviewer
+/// reconciles it through B.
+#[tokio::test]
+async fn a_gateway_killed_after_dispatch_leaves_an_unknown_that_another_reconciles() {
+    let schema = Schema::new();
+    let (pdir, key) = default_policies_with_alice();
+    // Charges run unattended here: the test is about the ledger.
+    std::fs::write(pdir.path().join("default.cedar"), ALLOW_ALL).unwrap();
+    let start = || {
+        Gateway::start_with(Options {
+            extra: format!("{}lease = \"1s\"\n", schema.store_table()),
+            policies: Some(pdir.path().to_owned()),
+            // The sweep that settles a lapsed gateway's calls runs every second.
+            gateway: "session_idle_timeout = \"2s\"\n".into(),
+            ..Default::default()
+        })
+    };
+    let (mut a, b) = (start(), start());
+    a.fault("charge_card", "delay", 30_000);
+    let body = |id: i64| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"acct_k","amount":4},
+            "_meta":{"dev.countersign/idempotency-key":"killed-k",
+                     "io.modelcontextprotocol/protocolVersion":"2026-07-28"}}})
+    };
+    let url_a = a.url("payments");
+    let in_flight = tokio::spawn(async move { modern_post(&url_a, &body(1)).send().await });
+    eventually("the server runs the call", || {
+        a.executions("charge_card") == 1
+    })
+    .await;
+    a.kill();
+    let _ = in_flight.await;
+    let retry = answer(
+        modern_post(&b.url("payments"), &body(2))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code(&retry), "outcome_unknown", "{retry:?}");
+    assert_eq!(b.executions("charge_card"), 0, "B never ran it");
+    eventually("A's record settled as unknown", || {
+        psql(&format!(
+            "SELECT state FROM {}.ledger WHERE key LIKE '%killed-k%'",
+            schema.0
+        )) == "unknown"
+    })
+    .await;
+    // Through B's control API, signed with the reviewer's key.
+    let out = std::process::Command::new(countersign_bin())
+        .args([
+            "reconcile",
+            "killed-k",
+            "--tenant",
+            "acme",
+            "--principal",
+            "agent-7",
+            "--executed",
+            "--note",
+            "seen in the PSP",
+            "--reviewer-key",
+        ])
+        .arg(&key)
+        .args(["--gateway", &b.base()])
+        .output()
+        .unwrap();
+    let (ok, out, err) = (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(ok, "{out}{err}");
+    let replayed = answer(
+        modern_post(&b.url("payments"), &body(3))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(replayed.text.contains("seen in the PSP"), "{replayed:?}");
+    assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
+}
