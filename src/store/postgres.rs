@@ -802,15 +802,20 @@ impl Store for PgStore {
             // now), and what they dispatched has an unknown outcome, never a
             // free key.
             let lapsed = format!("SELECT id FROM gateways WHERE lease_until_ms < {NOW_MS} - $1");
-            let freed = txn
-                .execute(
+            let freed_keys = txn
+                .query(
                     &format!(
-                        "DELETE FROM ledger WHERE state = 'reserved' AND gateway IN ({lapsed})"
+                        "DELETE FROM ledger WHERE state = 'reserved' AND gateway IN ({lapsed}) RETURNING key"
                     ),
                     &[&self.lease_ms],
                 )
                 .await
                 .map_err(backend("settle lapsed gateways"))?;
+            for r in &freed_keys {
+                // Calls waiting on the key look again: it is free.
+                notify(&txn, LEDGER_CHANNEL, r.get::<_, &str>(0)).await?;
+            }
+            let freed = freed_keys.len();
             let rows = txn
                 .query(
                     &format!(
@@ -830,6 +835,8 @@ impl Store for PgStore {
                 )
                 .await
                 .map_err(backend("settle lapsed gateways"))?;
+                // Calls waiting on it (on any gateway) look again now.
+                notify(&txn, LEDGER_CHANNEL, r.get::<_, &str>(0)).await?;
             }
             if freed > 0 || !rows.is_empty() {
                 tracing::warn!(
