@@ -36,22 +36,30 @@ fn everything_js() -> PathBuf {
     p
 }
 
-fn sdk(args: &[&str]) -> Value {
+/// Runs the SDK client: (success, stdout, stderr).
+fn sdk_run(args: &[&str]) -> (bool, String, String) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/sdk_client.py");
     let out = Command::new(python())
         .arg(script)
         .args(args)
         .output()
         .unwrap();
-    assert!(
+    (
         out.status.success(),
-        "python SDK client failed:\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs the SDK client, which must succeed; its last line of output.
+fn sdk(args: &[&str]) -> Value {
+    let (ok, out, err) = sdk_run(args);
+    assert!(
+        ok,
+        "python SDK client failed:\nstdout: {out}\nstderr: {err}"
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("bad output ({e}): {text}"))
+    serde_json::from_str(out.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("bad output ({e}): {out}"))
 }
 
 fn assert_session(seen: &Value, version: &str, what: &str) {
@@ -311,20 +319,6 @@ fn python_sdk_call_held_for_approval_gets_progress_then_its_result() {
     assert_eq!(gw.executions("charge_card"), 2);
 }
 
-/// Runs the SDK client; (success, stdout and stderr).
-fn sdk_try(args: &[&str]) -> (bool, String) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/sdk_client.py");
-    let out = Command::new(python())
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-    )
-}
-
 /// The Python SDK over TLS to the gateway's listener; a certificate swapped
 /// on disk is served to the next connection without a restart.
 #[tokio::test]
@@ -356,7 +350,8 @@ async fn python_sdk_over_the_tls_listener_and_a_swapped_certificate() {
     let ca2 = second.ca_file().display().to_string();
     let seen = sdk(&["https", &url, TOKEN, "legacy", &ca2]);
     assert_session(&seen, "2025-11-25", "after the swap");
-    let (ok, out) = sdk_try(&["https", &url, TOKEN, "legacy", &ca1]);
+    let (ok, out, err) = sdk_run(&["https", &url, TOKEN, "legacy", &ca1]);
+    let out = out + &err;
     assert!(!ok, "the old certificate is no longer served: {out}");
     assert!(out.contains("CERTIFICATE_VERIFY_FAILED"), "{out}");
     assert_eq!(gw.executions("charge_card"), 2);

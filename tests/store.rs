@@ -50,6 +50,14 @@ impl Schema {
     }
 }
 
+/// A gateway on `schema`, with `opts` besides.
+fn on(schema: &Schema, opts: Options) -> Gateway {
+    Gateway::start_with(Options {
+        extra: format!("{}{}", schema.store_table(), opts.extra),
+        ..opts
+    })
+}
+
 impl Drop for Schema {
     fn drop(&mut self) {
         let _ = Command::new("psql")
@@ -62,10 +70,7 @@ impl Drop for Schema {
 #[tokio::test]
 async fn a_gateway_on_postgres_keeps_its_ledger_there_across_a_restart() {
     let schema = Schema::new();
-    let mut gw = Gateway::start_with(Options {
-        extra: schema.store_table(),
-        ..Default::default()
-    });
+    let mut gw = on(&schema, Options::default());
     let version = countersign::store::postgres::MIGRATIONS.len();
     gw.wait_for_log(&format!(
         "PostgreSQL, schema migrated from version 0 to {version}"
@@ -146,15 +151,16 @@ async fn an_approval_through_gateway_b_runs_the_call_held_on_gateway_a() {
     let schema = Schema::new();
     let (pdir, key) = default_policies_with_alice();
     let start = || {
-        Gateway::start_with(Options {
-            extra: schema.store_table(),
-            policies: Some(pdir.path().to_owned()),
-            approvals: "hold = \"60s\"\nprogress_interval = \"10s\"\n".into(),
-            ..Default::default()
-        })
+        on(
+            &schema,
+            Options {
+                policies: Some(pdir.path().to_owned()),
+                approvals: "hold = \"60s\"\nprogress_interval = \"10s\"\n".into(),
+                ..Default::default()
+            },
+        )
     };
-    let a = start();
-    let b = start();
+    let (a, b) = (start(), start());
     let mut c = Client::new(&a.url("payments"));
     c.initialize().await;
     let held = tokio::spawn(async move {
@@ -198,13 +204,10 @@ async fn an_approval_through_gateway_b_runs_the_call_held_on_gateway_a() {
 #[tokio::test]
 async fn duplicates_across_two_gateways_run_once_and_share_the_answer() {
     let schema = Schema::new();
-    let start = || {
-        Gateway::start_with(Options {
-            extra: schema.store_table(),
-            ..Default::default()
-        })
-    };
-    let (a, b) = (start(), start());
+    let (a, b) = (
+        on(&schema, Options::default()),
+        on(&schema, Options::default()),
+    );
     // Whichever gateway reserves the key, its server holds the call a while.
     a.fault("charge_card", "delay", 400);
     b.fault("charge_card", "delay", 400);
@@ -244,13 +247,10 @@ async fn duplicates_across_two_gateways_run_once_and_share_the_answer() {
 #[tokio::test]
 async fn audit_logs_of_two_gateways_verify_and_export_as_one() {
     let schema = Schema::new();
-    let start = || {
-        Gateway::start_with(Options {
-            extra: schema.store_table(),
-            ..Default::default()
-        })
-    };
-    let (a, b) = (start(), start());
+    let (a, b) = (
+        on(&schema, Options::default()),
+        on(&schema, Options::default()),
+    );
     for (n, gw) in [&a, &b].into_iter().enumerate() {
         let mut c = Client::new(&gw.url("payments"));
         c.initialize().await;
@@ -329,13 +329,16 @@ async fn a_gateway_killed_after_dispatch_leaves_an_unknown_that_another_reconcil
     // Charges run unattended here: the test is about the ledger.
     std::fs::write(pdir.path().join("default.cedar"), ALLOW_ALL).unwrap();
     let start = || {
-        Gateway::start_with(Options {
-            extra: format!("{}lease = \"1s\"\n", schema.store_table()),
-            policies: Some(pdir.path().to_owned()),
-            // The sweep that settles a lapsed gateway's calls runs every second.
-            gateway: "session_idle_timeout = \"2s\"\n".into(),
-            ..Default::default()
-        })
+        on(
+            &schema,
+            Options {
+                extra: "lease = \"1s\"\n".into(),
+                policies: Some(pdir.path().to_owned()),
+                // The sweep that settles a lapsed gateway's calls runs every second.
+                gateway: "session_idle_timeout = \"2s\"\n".into(),
+                ..Default::default()
+            },
+        )
     };
     let (mut a, b) = (start(), start());
     a.fault("charge_card", "delay", 30_000);
