@@ -406,3 +406,20 @@ async fn a_gateway_killed_after_dispatch_leaves_an_unknown_that_another_reconcil
     assert!(replayed.text.contains("seen in the PSP"), "{replayed:?}");
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }
+
+#[test]
+fn offline_reconcile_refuses_a_shared_ledger_and_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\ndata_dir = \"{}\"\n[store]\nurl = \"postgres://postgres@127.0.0.1:5432/test\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = run_cli(&["reconcile", "--list", "--config", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("reconcile through one of them"), "{err}");
+}

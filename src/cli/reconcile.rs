@@ -17,6 +17,16 @@ use crate::store::{RedbStore, Store};
 /// runs on it, so calls left `dispatched` have unknown outcomes: recover
 /// first, as the gateway would on start.
 async fn open(config: &Config) -> Result<RedbStore, ReconcileError> {
+    // A shared ledger has no "stopped gateway" to stand in for: other
+    // gateways may run on it. Reconcile through one of them.
+    if config.store.url.is_some() {
+        return Err(ReconcileError::Store(crate::store::StoreError::Open {
+            path: "store.url".into(),
+            reason: "the ledger is in PostgreSQL, shared by running gateways: reconcile through one of them \
+                     (--reviewer-key FILE --gateway URL)"
+                .into(),
+        }));
+    }
     let store = RedbStore::open(&crate::cli::store::ledger_path(&config.gateway.data_dir))?;
     store.recover().await?;
     Ok(store)
