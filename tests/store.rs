@@ -87,6 +87,17 @@ async fn a_gateway_on_postgres_keeps_its_ledger_there_across_a_restart() {
     )
     .unwrap();
     assert_eq!(health["store"], "ok", "{health}");
+    // `check` asks the gateway at `gateway.listen`: name the port it got.
+    let config = std::fs::read_to_string(gw.config_path()).unwrap();
+    let addr = gw.base().trim_start_matches("http://").to_owned();
+    std::fs::write(
+        gw.config_path(),
+        config.replacen("\"127.0.0.1:0\"", &format!("\"{addr}\""), 1),
+    )
+    .unwrap();
+    let out = gw.cli(&["check"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("store ok"), "check reports the store: {text}");
     let charge = |id: i64| {
         json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
             "name":"charge_card","arguments":{"account":"a","amount":5},

@@ -544,6 +544,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
+                // The running gateway's own store, when one answers.
+                if let Some(store) = crate::cli::check::running_health(&gw)
+                    .await
+                    .and_then(|h| h.get("store")?.as_str().map(str::to_owned))
+                {
+                    println!("{:<20} store {store}", "(gateway)");
+                }
                 for h in &report {
                     let state = if h.up { "up" } else { "down" };
                     let detail = h.error.clone().unwrap_or_else(|| {
