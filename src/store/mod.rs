@@ -771,13 +771,52 @@ mod tests {
             .unwrap(),
             "no dispatch on a lapsed lease"
         );
+        // A takes its lease again (a new epoch), as it does when it finds
+        // the lapse: what it reserved before still cannot be dispatched.
+        a.start_lease(lease).await.unwrap();
+        assert!(
+            !a.transition(
+                "held".into(),
+                State::Reserved,
+                with_state(r.clone(), State::Dispatched)
+            )
+            .await
+            .unwrap(),
+            "a reservation from before the lapse is never dispatched"
+        );
+        assert!(a
+            .transition(
+                "held".into(),
+                State::Reserved,
+                with_state(r.clone(), State::NotDispatched)
+            )
+            .await
+            .unwrap());
+        a.reserve("held".into(), r.clone(), 0).await.unwrap();
+        assert!(
+            a.transition(
+                "held".into(),
+                State::Reserved,
+                with_state(r.clone(), State::Dispatched)
+            )
+            .await
+            .unwrap(),
+            "reserved again under the new lease, it runs"
+        );
+        // The lease lapses again (A paused once more).
+        client
+            .batch_execute("UPDATE gateways SET lease_until_ms = 0 WHERE id = 'gw-a'")
+            .await
+            .unwrap();
+        a.reserve("held2".into(), r.clone(), 0).await.unwrap();
         // B settles A's calls: the one sent is unknown, never free; the one
         // only reserved was never sent, and its key is free.
         b.gc(0).await.unwrap();
         assert_eq!(b.get("sent").await.unwrap().unwrap().state, State::Unknown);
-        assert_eq!(b.get("held").await.unwrap(), None);
+        assert_eq!(b.get("held").await.unwrap().unwrap().state, State::Unknown);
+        assert_eq!(b.get("held2").await.unwrap(), None);
         assert!(matches!(
-            b.reserve("held".into(), r, 0).await.unwrap(),
+            b.reserve("held2".into(), r, 0).await.unwrap(),
             Reservation::Reserved
         ));
     }

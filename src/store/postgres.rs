@@ -61,6 +61,8 @@ pub const MIGRATIONS: &[&str] = &[
         epoch bigint NOT NULL,
         lease_until_ms bigint NOT NULL
      );",
+    // 3: the lease epoch a key was reserved under.
+    "ALTER TABLE ledger ADD COLUMN epoch bigint NOT NULL DEFAULT 0;",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -457,12 +459,13 @@ impl Store for PgStore {
             let text = encode("record", &record)?;
             let state = state_name(record.state);
             let gateway: &str = &self.gateway;
+            let epoch = self.epoch.load(std::sync::atomic::Ordering::SeqCst);
             // The key is free when no row holds it...
             let inserted = txn
                 .execute(
-                    "INSERT INTO ledger (key, state, expires_ms, gateway, record)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING",
-                    &[&key, &state, &record.expires_ms, &gateway, &text],
+                    "INSERT INTO ledger (key, state, expires_ms, gateway, record, epoch)
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING",
+                    &[&key, &state, &record.expires_ms, &gateway, &text, &epoch],
                 )
                 .await
                 .map_err(backend("reserve"))?;
@@ -480,8 +483,9 @@ impl Store for PgStore {
                     return Ok(Reservation::Bound(existing));
                 }
                 txn.execute(
-                    "UPDATE ledger SET state = $2, expires_ms = $3, gateway = $4, record = $5 WHERE key = $1",
-                    &[&key, &state, &record.expires_ms, &gateway, &text],
+                    "UPDATE ledger SET state = $2, expires_ms = $3, gateway = $4, record = $5, epoch = $6
+                     WHERE key = $1",
+                    &[&key, &state, &record.expires_ms, &gateway, &text, &epoch],
                 )
                 .await
                 .map_err(backend("reserve"))?;
@@ -676,8 +680,12 @@ impl Store for PgStore {
                 &record,
             ];
             if to.state == State::Dispatched {
+                // Reserved under this very lease, and the lease still valid:
+                // a reservation made before a lapse (the process paused, then
+                // took a new epoch) is not dispatched; it ends
+                // `not_dispatched`, and a retry reserves again.
                 sql.push_str(&format!(
-                    " AND EXISTS (SELECT 1 FROM gateways g WHERE g.id = $5 AND g.epoch = $7
+                    " AND epoch = $7 AND EXISTS (SELECT 1 FROM gateways g WHERE g.id = $5 AND g.epoch = $7
                        AND g.lease_until_ms > {NOW_MS})"
                 ));
                 params.push(&epoch);
