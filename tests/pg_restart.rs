@@ -11,23 +11,6 @@ use std::process::Command;
 use common::*;
 use serde_json::{json, Value};
 
-fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-Atqc",
-            sql,
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 /// The local cluster on port 5432: (version, name).
 fn cluster() -> (String, String) {
     let out = Command::new("pg_lsclusters")

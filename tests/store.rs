@@ -12,28 +12,6 @@ use serde_json::json;
 /// A schema of its own, dropped at the end.
 struct Schema(String);
 
-fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-Atqc",
-            sql,
-        ])
-        .output()
-        .expect("psql (PostgreSQL client): `.ci/run` installs it");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 impl Schema {
     fn new() -> Schema {
         let name = format!("cs_e2e_{:016x}", rand::random::<u64>());

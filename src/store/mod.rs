@@ -621,6 +621,38 @@ mod tests {
         assert_eq!(all, ["first", "other"]);
     }
 
+    const LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Reserved → dispatched in `store`; whether it moved.
+    async fn dispatch(store: &dyn Store, key: &str, r: &Record) -> bool {
+        store
+            .transition(
+                key.into(),
+                State::Reserved,
+                with_state(r.clone(), State::Dispatched),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Gateway `id` on `config`, holding its lease.
+    async fn leased(config: &tokio_postgres::Config, id: &str) -> PgStore {
+        let (mut store, _) = PgStore::connect(config.clone(), 2, id).await.unwrap();
+        store.start_lease(LEASE).await.unwrap();
+        store
+    }
+
+    /// Gateway `id` was paused past its lease.
+    async fn lapse(client: &tokio_postgres::Client, id: &str) {
+        client
+            .execute(
+                "UPDATE gateways SET lease_until_ms = 0 WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+    }
+
     /// A schema of its own in the local PostgreSQL (127.0.0.1:5432, trust
     /// auth, database `test`), dropped when the guard goes.
     struct PgSchema {
@@ -697,22 +729,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_refuses_a_newer_schema_and_recovers_only_its_own_rows() {
         let (_schema, config) = PgSchema::new().await;
-        let lease = std::time::Duration::from_secs(10);
-        let (mut a, _) = PgStore::connect(config.clone(), 2, "gw-a").await.unwrap();
-        a.start_lease(lease).await.unwrap();
-        let (mut b, _) = PgStore::connect(config.clone(), 2, "gw-b").await.unwrap();
-        b.start_lease(lease).await.unwrap();
+        let a = leased(&config, "gw-a").await;
+        let b = leased(&config, "gw-b").await;
         for (store, key) in [(&a, "ka"), (&b, "kb")] {
             let r = Record::reserve(&claim("d"), 0, 1000);
             store.reserve(key.into(), r.clone(), 0).await.unwrap();
-            assert!(store
-                .transition(
-                    key.into(),
-                    State::Reserved,
-                    with_state(r, State::Dispatched)
-                )
-                .await
-                .unwrap());
+            assert!(dispatch(store, key, &r).await);
         }
         // Gateway A restarts: its own dispatched call is unknown, B's is B's.
         assert_eq!(a.recover().await.unwrap().unknown, 1);
@@ -737,51 +759,26 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_gateway_whose_lease_lapsed_dispatches_nothing_and_its_calls_are_settled() {
         let (_schema, config) = PgSchema::new().await;
-        let lease = std::time::Duration::from_secs(10);
-        let (mut a, _) = PgStore::connect(config.clone(), 2, "gw-a").await.unwrap();
-        a.start_lease(lease).await.unwrap();
-        let (mut b, _) = PgStore::connect(config.clone(), 2, "gw-b").await.unwrap();
-        b.start_lease(lease).await.unwrap();
+        let mut a = leased(&config, "gw-a").await;
+        let b = leased(&config, "gw-b").await;
         let r = Record::reserve(&claim("d"), 0, 1000);
         a.reserve("sent".into(), r.clone(), 0).await.unwrap();
-        assert!(a
-            .transition(
-                "sent".into(),
-                State::Reserved,
-                with_state(r.clone(), State::Dispatched)
-            )
-            .await
-            .unwrap());
+        assert!(dispatch(&a, "sent", &r).await);
         a.reserve("held".into(), r.clone(), 0).await.unwrap();
         // A is paused past its lease (as SIGSTOP would): its lease is over.
         let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
-        client
-            .batch_execute("UPDATE gateways SET lease_until_ms = 0 WHERE id = 'gw-a'")
-            .await
-            .unwrap();
+        lapse(&client, "gw-a").await;
         // A wakes up: its reservation cannot be dispatched.
         assert!(
-            !a.transition(
-                "held".into(),
-                State::Reserved,
-                with_state(r.clone(), State::Dispatched)
-            )
-            .await
-            .unwrap(),
+            !dispatch(&a, "held", &r).await,
             "no dispatch on a lapsed lease"
         );
         // A takes its lease again (a new epoch), as it does when it finds
         // the lapse: what it reserved before still cannot be dispatched.
-        a.start_lease(lease).await.unwrap();
+        a.start_lease(LEASE).await.unwrap();
         assert!(
-            !a.transition(
-                "held".into(),
-                State::Reserved,
-                with_state(r.clone(), State::Dispatched)
-            )
-            .await
-            .unwrap(),
+            !dispatch(&a, "held", &r).await,
             "a reservation from before the lapse is never dispatched"
         );
         assert!(a
@@ -794,20 +791,11 @@ mod tests {
             .unwrap());
         a.reserve("held".into(), r.clone(), 0).await.unwrap();
         assert!(
-            a.transition(
-                "held".into(),
-                State::Reserved,
-                with_state(r.clone(), State::Dispatched)
-            )
-            .await
-            .unwrap(),
+            dispatch(&a, "held", &r).await,
             "reserved again under the new lease, it runs"
         );
         // The lease lapses again (A paused once more).
-        client
-            .batch_execute("UPDATE gateways SET lease_until_ms = 0 WHERE id = 'gw-a'")
-            .await
-            .unwrap();
+        lapse(&client, "gw-a").await;
         a.reserve("held2".into(), r.clone(), 0).await.unwrap();
         // B settles A's calls: the one sent is unknown, never free; the one
         // only reserved was never sent, and its key is free.

@@ -11,6 +11,30 @@ use serde_json::{json, Value};
 
 pub mod pki;
 
+/// Run SQL in the local PostgreSQL (127.0.0.1:5432, database `test`, as
+/// postgres), which must succeed; its output, trimmed.
+pub fn psql(sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-Atqc",
+            sql,
+        ])
+        .output()
+        .expect("psql (PostgreSQL client): `.ci/run` installs it");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 pub const TOKEN: &str = "tok-agent7";
 
 /// One policy that permits every call unattended.
