@@ -207,7 +207,7 @@ async fn duplicates_across_two_gateways_run_once_and_share_the_answer() {
         clients.push(std::sync::Arc::new(c));
     }
     let mut calls = Vec::new();
-    for n in 0..20 {
+    for n in 0..50 {
         let c = clients[n % 2].clone();
         calls.push(tokio::spawn(async move {
             let a = c
@@ -221,12 +221,15 @@ async fn duplicates_across_two_gateways_run_once_and_share_the_answer() {
         }));
     }
     let mut texts = std::collections::BTreeSet::new();
+    let mut answered = 0;
     for call in calls {
         let result = call.await.unwrap();
         assert_eq!(result["isError"], false, "{result}");
         texts.insert(result["content"].to_string());
+        answered += 1;
     }
-    assert_eq!(texts.len(), 1, "one answer for all: {texts:?}");
+    assert_eq!(answered, 50);
+    assert_eq!(texts.len(), 1, "one answer for all 50: {texts:?}");
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }
 
@@ -411,4 +414,131 @@ fn offline_reconcile_refuses_a_shared_ledger_and_says_what_to_do() {
     let (ok, _, err) = run_cli(&["reconcile", "--list", "--config", config.to_str().unwrap()]);
     assert!(!ok);
     assert!(err.contains("reconcile through one of them"), "{err}");
+}
+
+/// A gateway paused (SIGSTOP) between its reservation and its dispatch
+/// until its lease lapsed cannot dispatch when it resumes (SIGCONT): the
+/// statement that records `dispatched` checks the lease and the epoch the
+/// key was reserved under. The call ends not dispatched, and a retry runs
+/// it once.
+///
+/// To pause the gateway exactly there, the test holds a lock on the ledger
+/// that every insert waits for (reads do not): the gateway's reservation
+/// waits on it, the gateway is stopped, the lease lapses on the database's
+/// clock, and the lock is let go, so the reservation commits while the
+/// gateway is still stopped.
+#[tokio::test]
+async fn a_gateway_paused_past_its_lease_dispatches_nothing_after_it_resumes() {
+    let schema = Schema::new();
+    let start = || {
+        on(
+            &schema,
+            Options {
+                extra: "lease = \"1s\"\n".into(),
+                ..Default::default()
+            },
+        )
+    };
+    let (a, b) = (start(), start());
+    let id_a = std::fs::read_to_string(a.dir.path().join("data/gateway-id")).unwrap();
+    let id_a = id_a.trim().to_owned();
+    let (db, conn) = "host=127.0.0.1 port=5432 user=postgres dbname=test"
+        .parse::<tokio_postgres::Config>()
+        .unwrap()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let ours: i32 = db
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    db.batch_execute(&format!(
+        "BEGIN; LOCK TABLE {}.ledger IN SHARE MODE",
+        schema.0
+    ))
+    .await
+    .unwrap();
+    let body = |id: i64| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"acct_p","amount":6},
+            "_meta":{"dev.countersign/idempotency-key":"paused-k",
+                     "io.modelcontextprotocol/protocolVersion":"2026-07-28"}}})
+    };
+    let url_a = a.url("payments");
+    let held =
+        tokio::spawn(
+            async move { answer(modern_post(&url_a, &body(1)).send().await.unwrap()).await },
+        );
+    // Inserts into the ledger that wait for this test's lock (other tests'
+    // gateways run on other schemas, and their waits are not ours).
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE {ours} = ANY(pg_blocking_pids(pid))
+         AND query LIKE 'INSERT INTO ledger%'"
+    );
+    eventually("A's reservation waits on the lock", || {
+        psql(&waiting) == "1"
+    })
+    .await;
+    a.signal("STOP");
+    eventually("A's lease lapsed, on the database's clock", || {
+        psql(&format!(
+            "SELECT count(*) FROM {}.gateways WHERE id = '{id_a}'
+             AND lease_until_ms < (extract(epoch from clock_timestamp()) * 1000)::bigint",
+            schema.0
+        )) == "1"
+    })
+    .await;
+    db.batch_execute("COMMIT").await.unwrap();
+    eventually("the reservation committed while A is stopped", || {
+        psql(&waiting) == "0"
+    })
+    .await;
+    a.signal("CONT");
+    let first = held.await.unwrap();
+    assert_eq!(code(&first), "upstream_unavailable", "{first:?}");
+    assert!(first.text.contains("did not run"), "{first:?}");
+    assert_eq!(a.executions("charge_card"), 0, "A dispatched nothing");
+    // The key was never dispatched: not_dispatched (or freed by B's sweep).
+    let state = psql(&format!(
+        "SELECT state FROM {}.ledger WHERE key LIKE '%paused-k%'",
+        schema.0
+    ));
+    assert!(
+        state.is_empty() || state == "not_dispatched",
+        "never dispatched: {state:?}"
+    );
+    wait_for_audit(&a, "A's not_dispatched entry", |e| {
+        e.iter().any(|x| {
+            x["kind"] == "not_dispatched"
+                && x["reason"]
+                    .to_string()
+                    .contains("changed state before dispatch")
+        })
+    })
+    .await;
+    // A took its lease again, under a new epoch.
+    a.wait_for_log("taking it again under a new epoch").await;
+    // A retry through B runs it once; through A it is then replayed.
+    let retry = answer(
+        modern_post(&b.url("payments"), &body(2))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(retry.last()["result"]["isError"], false, "{retry:?}");
+    let again = answer(
+        modern_post(&a.url("payments"), &body(3))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        again.last()["result"]["_meta"]["dev.countersign/replayed"].is_object(),
+        "{again:?}"
+    );
+    assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }

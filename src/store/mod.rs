@@ -1,10 +1,12 @@
 //! Durable storage of the idempotency ledger.
 //!
 //! One trait, [`Store`], with what each call guarantees when it returns, and
-//! two implementations: [`RedbStore`] (embedded, the default, under
-//! `gateway.data_dir`) and [`MemoryStore`] (the reference the redb store is
-//! checked against; also for tests). The same conformance suite
-//! (`tests::conformance`) runs against both.
+//! three implementations: [`RedbStore`] (embedded, the default, under
+//! `gateway.data_dir`), [`PgStore`] (PostgreSQL, shared by several
+//! gateways) and [`MemoryStore`] (the reference the others are checked
+//! against; also for tests). The same conformance suite
+//! (`tests::conformance`) runs against all three, PostgreSQL on a real
+//! server.
 //!
 //! Every method returns a future, reads included: a networked store (the
 //! PostgreSQL one for several gateways) answers them with a round trip, and
@@ -29,20 +31,13 @@
 //! - [`Store::recover`] (at startup): `reserved` → removed, `dispatched` →
 //!   `unknown`, durably.
 //!
-//! Mapping onto PostgreSQL (several gateways sharing one ledger), one row per
-//! key in `ledger(key text primary key, state text, digest text, record jsonb,
-//! expires_at timestamptz)`:
-//! - `reserve`: `INSERT ... ON CONFLICT (key) DO UPDATE SET ... WHERE
-//!   ledger.state = 'not_dispatched' OR (ledger.state = 'complete' AND
-//!   ledger.expires_at <= now()) RETURNING *`; no row returned means the key
-//!   is bound, then `SELECT` it.
-//! - `transition`: `UPDATE ledger SET state = $to, record = $rec WHERE key =
-//!   $key AND state = $from`; one row updated is `true`. Synchronous commit
-//!   gives the durability `dispatched` needs.
-//! - Waiters in other gateways: `NOTIFY ledger, key` after `complete`,
-//!   `unknown` or `not_dispatched`; waiters `LISTEN` and re-read.
-//! - `recover` becomes per-gateway: rows carry the owning gateway id, and a
-//!   gateway restarting moves only its own `dispatched` rows to `unknown`.
+//! On PostgreSQL ([`PgStore`], several gateways sharing one ledger) the same
+//! contract holds across processes: one row per key, a reservation is an
+//! `INSERT ... ON CONFLICT DO NOTHING`, a transition an `UPDATE ... WHERE
+//! state = $from`, the durable commits are synchronous, the hot writes of
+//! concurrent calls share one statement and one commit, and rows carry the
+//! gateway that wrote them (a gateway's `recover` is of its own rows). See
+//! the module for the lease that fences a paused gateway.
 
 mod memory;
 pub mod postgres;
@@ -807,6 +802,87 @@ mod tests {
             b.reserve("held2".into(), r, 0).await.unwrap(),
             Reservation::Reserved
         ));
+    }
+
+    /// Grouped writes under load: two gateways reserve the same 64 keys at
+    /// once, in opposite orders (so their batches take row locks both
+    /// ways); each key is reserved exactly once. The winners dispatch with
+    /// an outbox row each and complete, all at once: every move lands, an
+    /// outbox row for each dispatch and none for a write that did not move.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_grouped_writes_keep_every_key_once_across_gateways() {
+        let (_schema, config) = PgSchema::new().await;
+        let a = std::sync::Arc::new(leased(&config, "gw-a").await);
+        let b = std::sync::Arc::new(leased(&config, "gw-b").await);
+        let keys: Vec<String> = (0..64).map(|i| format!("k{i:02}")).collect();
+        let r = Record::reserve(&claim("d"), 0, 1000);
+        let mut tasks = Vec::new();
+        for (store, order) in [(a.clone(), false), (b.clone(), true)] {
+            let mut keys = keys.clone();
+            if order {
+                keys.reverse();
+            }
+            for key in keys {
+                let (store, r) = (store.clone(), r.clone());
+                tasks.push(tokio::spawn(async move {
+                    let got = store.reserve(key.clone(), r, 0).await.unwrap();
+                    (key, order, got)
+                }));
+            }
+        }
+        let mut won: std::collections::BTreeMap<String, bool> = Default::default();
+        for t in tasks {
+            let (key, by_b, got) = t.await.unwrap();
+            match got {
+                Reservation::Reserved => {
+                    assert!(
+                        won.insert(key.clone(), by_b).is_none(),
+                        "{key} reserved twice"
+                    );
+                }
+                Reservation::Bound(_) => {}
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        assert_eq!(won.len(), 64, "every key reserved by one gateway");
+        // Dispatch (with an outbox row) and complete every winner at once,
+        // plus a dispatch of each key by the gateway that lost it: those
+        // must not move, and leave no outbox row.
+        let mut tasks = Vec::new();
+        for (i, (key, by_b)) in won.iter().enumerate() {
+            for mine in [true, false] {
+                let store = if *by_b == mine { b.clone() } else { a.clone() };
+                let (key, r) = (key.clone(), r.clone());
+                let id = u64::try_from(i).unwrap() * 2 + u64::from(mine);
+                tasks.push(tokio::spawn(async move {
+                    let moved = store
+                        .transition_with(
+                            key.clone(),
+                            State::Reserved,
+                            with_state(r.clone(), State::Dispatched),
+                            Some((id, format!("[{id}]"))),
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(moved, mine, "{key}: only its own gateway dispatches it");
+                    if moved {
+                        let mut done = with_state(r, State::Complete);
+                        done.answer = Some(Answer::Result("{}".into()));
+                        assert!(store
+                            .transition(key, State::Dispatched, done)
+                            .await
+                            .unwrap());
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let complete = a.list(Some(State::Complete)).await.unwrap();
+        assert_eq!(complete.len(), 64);
+        let outbox = a.outbox().await.unwrap().len() + b.outbox().await.unwrap().len();
+        assert_eq!(outbox, 64, "one outbox row per dispatch that moved");
     }
 
     #[tokio::test]

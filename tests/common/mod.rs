@@ -481,6 +481,21 @@ call_timeout = "5s"
         }
     }
 
+    /// The gateway process's id (to pause it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the gateway runs").id()
+    }
+
+    /// Send `signal` (`STOP`, `CONT`, ...) to the gateway process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal}");
+    }
+
     /// Stop with SIGTERM and wait for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().unwrap();

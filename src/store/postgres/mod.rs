@@ -15,11 +15,20 @@
 //!   (atomic and visible at once, durable with the next WAL flush).
 //! - Rows carry the gateway that wrote them; `recover` and the outbox are
 //!   that gateway's own.
+//! - The hot writes of concurrent calls (a reservation without an approval,
+//!   and every ledger transition) are grouped ([`group`]): one multi-row
+//!   statement and one commit for what is queued at once, so concurrent
+//!   `dispatched` and answer commits share one WAL flush.
 
+mod group;
+
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
+
+use group::{Durability, Group};
 
 use super::{
     check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
@@ -119,14 +128,24 @@ pub struct PgStore {
     runtime: tokio::runtime::Handle,
     /// This gateway's lease epoch (renewed by a task of its own; a new
     /// epoch after a lapse).
-    epoch: Arc<std::sync::atomic::AtomicI64>,
+    epoch: Arc<AtomicI64>,
     /// How long a lease lasts without renewal.
     lease_ms: i64,
     renewal: Option<tokio::task::JoinHandle<()>>,
     /// What `LISTEN` hears, for [`Store::subscribe`].
     events: tokio::sync::broadcast::Sender<StoreEvent>,
     listener: tokio::task::JoinHandle<()>,
+    /// Grouped reservations (not durable by themselves: the contract).
+    reserves: Group<group::Reserve>,
+    /// Grouped transitions the contract needs on disk when they return.
+    flushed: Group<group::Transition>,
+    /// Grouped transitions that may reach the disk with the next flush.
+    relaxed: Group<group::Transition>,
 }
+
+/// Writers per grouped kind: while one writer's batch is in flight (a WAL
+/// flush, for the durable ones), the next gathers behind it.
+const WRITERS: usize = 2;
 
 impl Drop for PgStore {
     fn drop(&mut self) {
@@ -216,13 +235,7 @@ async fn register(pool: &Pool, gateway: &str, lease_ms: i64) -> Result<i64, Stor
 /// Renew the lease every third of its length. A lease found lapsed (the
 /// process was paused, or cut off from the database) is not renewed: it is
 /// taken again under a new epoch, and until then nothing is dispatched.
-async fn renew(
-    pool: Pool,
-    gateway: Arc<str>,
-    epoch: Arc<std::sync::atomic::AtomicI64>,
-    lease_ms: i64,
-) {
-    use std::sync::atomic::Ordering;
+async fn renew(pool: Pool, gateway: Arc<str>, epoch: Arc<AtomicI64>, lease_ms: i64) {
     let every =
         std::time::Duration::from_millis(u64::try_from(lease_ms / 3).unwrap_or(1000).max(10));
     let mut tick = tokio::time::interval(every);
@@ -277,6 +290,30 @@ impl PgStore {
         gateway: &str,
     ) -> Result<(PgStore, Migrated), StoreError> {
         let config_for_listen = config.clone();
+        let gateway: Arc<str> = Arc::from(gateway);
+        let epoch: Arc<AtomicI64> = Arc::default();
+        let writer = group::Writer {
+            gateway: gateway.clone(),
+            epoch: epoch.clone(),
+        };
+        let reserves = Group::start(
+            group::Reserve(writer.clone()),
+            config.clone(),
+            WRITERS,
+            Durability::Relaxed,
+        );
+        let flushed = Group::start(
+            group::Transition(writer.clone()),
+            config.clone(),
+            WRITERS,
+            Durability::Flushed,
+        );
+        let relaxed = Group::start(
+            group::Transition(writer),
+            config.clone(),
+            1,
+            Durability::Relaxed,
+        );
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -295,13 +332,16 @@ impl PgStore {
         let listener = tokio::spawn(listen(config_for_listen, events.clone()));
         let store = PgStore {
             pool,
-            gateway: Arc::from(gateway),
+            gateway,
             runtime: tokio::runtime::Handle::current(),
-            epoch: Arc::default(),
+            epoch,
             lease_ms: 0,
             renewal: None,
             events,
             listener,
+            reserves,
+            flushed,
+            relaxed,
         };
         let migrated = store.migrate().await?;
         Ok((store, migrated))
@@ -313,7 +353,7 @@ impl PgStore {
     pub async fn start_lease(&mut self, lease: std::time::Duration) -> Result<i64, StoreError> {
         self.lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let epoch = register(&self.pool, &self.gateway, self.lease_ms).await?;
-        self.epoch.store(epoch, std::sync::atomic::Ordering::SeqCst);
+        self.epoch.store(epoch, Ordering::SeqCst);
         if let Some(r) = self.renewal.take() {
             r.abort();
         }
@@ -381,6 +421,83 @@ impl PgStore {
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_error)
     }
+
+    /// A reservation in a transaction of its own: a key some row holds
+    /// (free again if that row no longer binds it), and the approval
+    /// consumed with it.
+    async fn reserve_alone(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        approval: Option<String>,
+    ) -> Result<Reservation, StoreError> {
+        let mut client = self.client().await?;
+        let txn = client.transaction().await.map_err(backend("begin"))?;
+        relaxed(&txn, false).await?;
+        let text = encode("record", &record)?;
+        let state = state_name(record.state);
+        let gateway: &str = &self.gateway;
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        // The key is free when no row holds it...
+        let inserted = txn
+            .execute(
+                "INSERT INTO ledger (key, state, expires_ms, gateway, record, epoch)
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING",
+                &[&key, &state, &record.expires_ms, &gateway, &text, &epoch],
+            )
+            .await
+            .map_err(backend("reserve"))?;
+        if inserted == 0 {
+            // ...or when the row that holds it no longer binds it.
+            let row = txn
+                .query_one(
+                    "SELECT record FROM ledger WHERE key = $1 FOR UPDATE",
+                    &[&key],
+                )
+                .await
+                .map_err(backend("reserve"))?;
+            let existing: Record = decode("record", row.get::<_, &str>(0))?;
+            if existing.binds(now_ms) {
+                return Ok(Reservation::Bound(existing));
+            }
+            txn.execute(
+                "UPDATE ledger SET state = $2, expires_ms = $3, gateway = $4, record = $5, epoch = $6
+                 WHERE key = $1",
+                &[&key, &state, &record.expires_ms, &gateway, &text, &epoch],
+            )
+            .await
+            .map_err(backend("reserve"))?;
+        }
+        if let Some(id) = approval {
+            let row = txn
+                .query_opt(
+                    "SELECT proposal FROM proposals WHERE id = $1 FOR UPDATE",
+                    &[&id],
+                )
+                .await
+                .map_err(backend("read a proposal"))?;
+            let Some(row) = row else {
+                return Ok(Reservation::Unapproved(ProposalState::Invalidated));
+            };
+            let p: Proposal = decode("proposal", row.get::<_, &str>(0))?;
+            match approval::consume(&p, &key, &record.server, &record.digest, now_ms) {
+                Err(state) => return Ok(Reservation::Unapproved(state)),
+                Ok(None) => {}
+                Ok(Some(next)) => {
+                    txn.execute(
+                        "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4 WHERE id = $1",
+                        &[&id, &next.state.as_str(), &next.updated_ms, &encode("proposal", &next)?],
+                    )
+                    .await
+                    .map_err(backend("consume an approval"))?;
+                    notify(&txn, PROPOSALS_CHANNEL, &id).await?;
+                }
+            }
+        }
+        txn.commit().await.map_err(backend("commit"))?;
+        Ok(Reservation::Reserved)
+    }
 }
 
 /// `SET LOCAL synchronous_commit = off` for a commit that need not be on
@@ -436,8 +553,14 @@ impl Store for PgStore {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             let client = self.client().await?;
+            // Prepared once per pooled connection: the lookup of every
+            // keyed call is one round trip, not a parse and then a read.
+            let statement = client
+                .prepare_cached("SELECT record FROM ledger WHERE key = $1")
+                .await
+                .map_err(backend("read"))?;
             let row = client
-                .query_opt("SELECT record FROM ledger WHERE key = $1", &[&key])
+                .query_opt(&statement, &[&key])
                 .await
                 .map_err(backend("read"))?;
             row.map(|r| decode("record", r.get::<_, &str>(0)))
@@ -453,71 +576,21 @@ impl Store for PgStore {
         approval: Option<String>,
     ) -> StoreFuture<'_, Reservation> {
         Box::pin(async move {
-            let mut client = self.client().await?;
-            let txn = client.transaction().await.map_err(backend("begin"))?;
-            relaxed(&txn, false).await?;
-            let text = encode("record", &record)?;
-            let state = state_name(record.state);
-            let gateway: &str = &self.gateway;
-            let epoch = self.epoch.load(std::sync::atomic::Ordering::SeqCst);
-            // The key is free when no row holds it...
-            let inserted = txn
-                .execute(
-                    "INSERT INTO ledger (key, state, expires_ms, gateway, record, epoch)
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING",
-                    &[&key, &state, &record.expires_ms, &gateway, &text, &epoch],
-                )
-                .await
-                .map_err(backend("reserve"))?;
-            if inserted == 0 {
-                // ...or when the row that holds it no longer binds it.
-                let row = txn
-                    .query_one(
-                        "SELECT record FROM ledger WHERE key = $1 FOR UPDATE",
-                        &[&key],
-                    )
-                    .await
-                    .map_err(backend("reserve"))?;
-                let existing: Record = decode("record", row.get::<_, &str>(0))?;
-                if existing.binds(now_ms) {
-                    return Ok(Reservation::Bound(existing));
-                }
-                txn.execute(
-                    "UPDATE ledger SET state = $2, expires_ms = $3, gateway = $4, record = $5, epoch = $6
-                     WHERE key = $1",
-                    &[&key, &state, &record.expires_ms, &gateway, &text, &epoch],
-                )
-                .await
-                .map_err(backend("reserve"))?;
-            }
-            if let Some(id) = approval {
-                let row = txn
-                    .query_opt(
-                        "SELECT proposal FROM proposals WHERE id = $1 FOR UPDATE",
-                        &[&id],
-                    )
-                    .await
-                    .map_err(backend("read a proposal"))?;
-                let Some(row) = row else {
-                    return Ok(Reservation::Unapproved(ProposalState::Invalidated));
+            // A free key, the common case, is claimed in a grouped insert;
+            // a taken key, or an approval to consume with it, takes a
+            // transaction of its own.
+            if approval.is_none() {
+                let op = group::ReserveOp {
+                    key: key.clone(),
+                    state: state_name(record.state),
+                    expires_ms: record.expires_ms,
+                    record: encode("record", &record)?,
                 };
-                let p: Proposal = decode("proposal", row.get::<_, &str>(0))?;
-                match approval::consume(&p, &key, &record.server, &record.digest, now_ms) {
-                    Err(state) => return Ok(Reservation::Unapproved(state)),
-                    Ok(None) => {}
-                    Ok(Some(next)) => {
-                        txn.execute(
-                            "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4 WHERE id = $1",
-                            &[&id, &next.state.as_str(), &next.updated_ms, &encode("proposal", &next)?],
-                        )
-                        .await
-                        .map_err(backend("consume an approval"))?;
-                        notify(&txn, PROPOSALS_CHANNEL, &id).await?;
-                    }
+                if self.reserves.write(op).await? {
+                    return Ok(Reservation::Reserved);
                 }
             }
-            txn.commit().await.map_err(backend("commit"))?;
-            Ok(Reservation::Reserved)
+            self.reserve_alone(key, record, now_ms, approval).await
         })
     }
 
@@ -657,64 +730,22 @@ impl Store for PgStore {
     ) -> StoreFuture<'_, bool> {
         Box::pin(async move {
             check_transition(from, to.state)?;
-            let mut client = self.client().await?;
-            let txn = client.transaction().await.map_err(backend("begin"))?;
-            relaxed(&txn, needs_durability(from, to.state)).await?;
-            let gateway: &str = &self.gateway;
-            let epoch = self.epoch.load(std::sync::atomic::Ordering::SeqCst);
-            // INVARIANT: a gateway whose lease lapsed (paused, cut off) does
-            // not dispatch: the lease is checked in the very statement that
-            // records `dispatched`, on the database's clock. Meanwhile
-            // another gateway may have settled its records.
-            let record = encode("record", &to)?;
-            let mut sql = "UPDATE ledger SET state = $3, expires_ms = $4, gateway = $5, record = $6
-                 WHERE key = $1 AND state = $2"
-                .to_owned();
-            let (from_name, to_name) = (state_name(from), state_name(to.state));
-            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
-                &key,
-                &from_name,
-                &to_name,
-                &to.expires_ms,
-                &gateway,
-                &record,
-            ];
-            if to.state == State::Dispatched {
-                // Reserved under this very lease, and the lease still valid:
-                // a reservation made before a lapse (the process paused, then
-                // took a new epoch) is not dispatched; it ends
-                // `not_dispatched`, and a retry reserves again.
-                sql.push_str(&format!(
-                    " AND epoch = $7 AND EXISTS (SELECT 1 FROM gateways g WHERE g.id = $5 AND g.epoch = $7
-                       AND g.lease_until_ms > {NOW_MS})"
-                ));
-                params.push(&epoch);
+            // The lease and epoch check of a move to `dispatched`, the
+            // outbox row and the notification are in the grouped statement
+            // (`group::Transition`).
+            let op = group::TransitionOp {
+                key,
+                from: state_name(from),
+                to: state_name(to.state),
+                expires_ms: to.expires_ms,
+                record: encode("record", &to)?,
+                outbox: outbox.map(|(id, text)| (i64::try_from(id).unwrap_or(i64::MAX), text)),
+            };
+            if needs_durability(from, to.state) {
+                self.flushed.write(op).await
+            } else {
+                self.relaxed.write(op).await
             }
-            let moved = txn
-                .execute(sql.as_str(), &params)
-                .await
-                .map_err(backend("transition"))?
-                == 1;
-            if moved
-                && matches!(
-                    to.state,
-                    State::Complete | State::NotDispatched | State::Unknown
-                )
-            {
-                notify(&txn, LEDGER_CHANNEL, &key).await?;
-            }
-            // INVARIANT: the outbox row commits with the move it records.
-            if let (true, Some((id, text))) = (moved, &outbox) {
-                let id = i64::try_from(*id).unwrap_or(i64::MAX);
-                txn.execute(
-                    "INSERT INTO audit_outbox (gateway, id, entries) VALUES ($1, $2, $3)",
-                    &[&gateway, &id, text],
-                )
-                .await
-                .map_err(backend("write the outbox"))?;
-            }
-            txn.commit().await.map_err(backend("commit"))?;
-            Ok(moved)
         })
     }
 

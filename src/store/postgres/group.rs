@@ -1,0 +1,445 @@
+//! Group commit on PostgreSQL: the hot writes of concurrent calls (the
+//! reservations, and the `dispatched` and answer transitions) share one
+//! statement and one commit instead of a transaction each.
+//!
+//! A write is queued and answered through a oneshot channel. A few writer
+//! tasks, each on a connection of its own, take what is queued (up to
+//! [`MAX_BATCH`], at most one write per key) and run it as a single
+//! multi-row statement over arrays (`unnest`). A single statement is its own
+//! transaction: every write of the batch commits together or none does, and
+//! the commit answers only once the server has done it (synchronously
+//! flushed to the WAL on a durable writer's connection). While one writer's
+//! batch is in flight the next one gathers, so the batch size follows the
+//! load: one write alone goes out at once, and many share one WAL flush.
+//!
+//! Fail closed: a batch that errors answers every write in it with the
+//! error (nothing of it committed), and its writer reconnects for the next
+//! batch. A batch the server aborts as a deadlock or a serialization
+//! failure (two gateways' batches taking row locks in another order) is run
+//! again, since nothing of it was kept.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls, Statement};
+
+use super::backend;
+use crate::store::StoreError;
+
+/// The most writes one statement carries.
+pub const MAX_BATCH: usize = 256;
+
+/// How often a batch aborted by a deadlock or a serialization failure is run
+/// again before its writes get the error.
+const RETRIES: usize = 3;
+
+/// One kind of grouped write: its statement and how a batch runs it.
+pub trait Kind: Send + Sync + 'static {
+    /// One write.
+    type Op: Send + Sync + 'static;
+    /// What one write learns.
+    type Out: Send + 'static;
+    /// What the statement is called in errors.
+    const WHAT: &'static str;
+    /// The statement, prepared once per connection.
+    const SQL: &'static str;
+    /// The key a write touches: two writes of one key never share a batch.
+    fn key(op: &Self::Op) -> &str;
+    /// Run `ops` as one statement; one answer per op, in order.
+    fn run<'a>(
+        &'a self,
+        client: &'a Client,
+        statement: &'a Statement,
+        ops: &'a [Self::Op],
+    ) -> BoxFuture<'a, Result<Vec<Self::Out>, tokio_postgres::Error>>;
+}
+
+type Reply<K> = oneshot::Sender<Result<<K as Kind>::Out, StoreError>>;
+type Job<K> = (<K as Kind>::Op, Reply<K>);
+
+/// A queue of writes of kind `K` and the writers that commit them.
+pub struct Group<K: Kind> {
+    queue: mpsc::UnboundedSender<Job<K>>,
+    writers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl<K: Kind> Drop for Group<K> {
+    fn drop(&mut self) {
+        for w in &self.writers {
+            w.abort();
+        }
+    }
+}
+
+impl<K: Kind> Group<K> {
+    /// `writers` tasks, each with its own connection made from `config`
+    /// and set up for `durability`.
+    pub fn start(
+        kind: K,
+        config: tokio_postgres::Config,
+        writers: usize,
+        durability: Durability,
+    ) -> Group<K> {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let rx = Arc::new(Mutex::new(rx));
+        let kind = Arc::new(kind);
+        let writers = (0..writers.max(1))
+            .map(|_| tokio::spawn(writer(kind.clone(), config.clone(), durability, rx.clone())))
+            .collect();
+        Group { queue, writers }
+    }
+
+    /// Queue `op`; resolves when its batch committed (or failed).
+    pub async fn write(&self, op: K::Op) -> Result<K::Out, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.queue
+            .send((op, tx))
+            .map_err(|_| StoreError::WriterStopped)?;
+        rx.await.map_err(|_| StoreError::WriterStopped)?
+    }
+}
+
+/// What a writer's commit promises when it answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Flushed to the WAL (the server's `synchronous_commit`, raised to
+    /// `on` where the server's default is `off`: the store contract needs
+    /// the flush, whatever the default).
+    Flushed,
+    /// Atomic and visible at once, durable with the next WAL flush
+    /// (`synchronous_commit = off` on the writer's connection).
+    Relaxed,
+}
+
+impl Durability {
+    fn session(self) -> &'static str {
+        match self {
+            Durability::Flushed => {
+                "SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit')
+                   WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)"
+            }
+            Durability::Relaxed => "SET synchronous_commit = off",
+        }
+    }
+}
+
+/// The connection a writer holds, with the statement prepared on it.
+struct Conn {
+    client: Client,
+    statement: Statement,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+async fn connect<K: Kind>(
+    config: &tokio_postgres::Config,
+    durability: Durability,
+) -> Result<Conn, StoreError> {
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(backend("connect a writer"))?;
+    let driver = tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!("store writer: connection lost: {e}");
+        }
+    });
+    client
+        .batch_execute(durability.session())
+        .await
+        .map_err(backend("set up a writer"))?;
+    let statement = client
+        .prepare(K::SQL)
+        .await
+        .map_err(backend("prepare a grouped write"))?;
+    Ok(Conn {
+        client,
+        statement,
+        driver,
+    })
+}
+
+/// Take the next batch: wait for one write, then whatever else is queued,
+/// up to [`MAX_BATCH`] and one write per key (a second write of a key waits
+/// in `carry` for the next batch). `None` when the queue is closed.
+async fn gather<K: Kind>(
+    rx: &Mutex<mpsc::UnboundedReceiver<Job<K>>>,
+    carry: &mut Option<Job<K>>,
+) -> Option<Vec<Job<K>>> {
+    let mut batch = Vec::new();
+    let mut keys = HashSet::new();
+    let mut rx = rx.lock().await;
+    let first = match carry.take() {
+        Some(job) => job,
+        None => rx.recv().await?,
+    };
+    keys.insert(K::key(&first.0).to_owned());
+    batch.push(first);
+    while batch.len() < MAX_BATCH {
+        let Ok(job) = rx.try_recv() else { break };
+        if !keys.insert(K::key(&job.0).to_owned()) {
+            *carry = Some(job);
+            break;
+        }
+        batch.push(job);
+    }
+    Some(batch)
+}
+
+async fn writer<K: Kind>(
+    kind: Arc<K>,
+    config: tokio_postgres::Config,
+    durability: Durability,
+    rx: Arc<Mutex<mpsc::UnboundedReceiver<Job<K>>>>,
+) {
+    let mut conn: Option<Conn> = None;
+    let mut carry = None;
+    while let Some(batch) = gather::<K>(&rx, &mut carry).await {
+        let (ops, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        let result = run(&*kind, &config, durability, &mut conn, &ops).await;
+        match result {
+            Ok(outs) => {
+                for (reply, out) in replies.into_iter().zip(outs) {
+                    let _ = reply.send(Ok(out));
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Run one batch on the writer's connection (made first if there is none,
+/// or again once it closed), again after a deadlock or serialization
+/// failure.
+async fn run<K: Kind>(
+    kind: &K,
+    config: &tokio_postgres::Config,
+    durability: Durability,
+    conn: &mut Option<Conn>,
+    ops: &[K::Op],
+) -> Result<Vec<K::Out>, StoreError> {
+    let mut tries = 0;
+    loop {
+        if conn.as_ref().is_none_or(|c| c.client.is_closed()) {
+            *conn = Some(connect::<K>(config, durability).await?);
+        }
+        let Some(c) = conn.as_ref() else {
+            return Err(StoreError::WriterStopped);
+        };
+        match kind.run(&c.client, &c.statement, ops).await {
+            Ok(outs) if outs.len() == ops.len() => return Ok(outs),
+            Ok(outs) => {
+                return Err(StoreError::Backend {
+                    op: K::WHAT,
+                    reason: format!("{} answers for {} writes", outs.len(), ops.len()),
+                })
+            }
+            Err(e) => {
+                let retry = matches!(
+                    e.code(),
+                    Some(&SqlState::T_R_DEADLOCK_DETECTED | &SqlState::T_R_SERIALIZATION_FAILURE)
+                );
+                if retry && tries < RETRIES {
+                    tries += 1;
+                    tracing::debug!("store writer: {} run again after: {e}", K::WHAT);
+                    continue;
+                }
+                return Err(backend(K::WHAT)(e));
+            }
+        }
+    }
+}
+
+/// Who writes: the gateway's id and its current lease epoch.
+#[derive(Clone)]
+pub struct Writer {
+    /// The gateway id rows are written under.
+    pub gateway: Arc<str>,
+    /// The lease epoch, read when a batch runs.
+    pub epoch: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Writer {
+    fn epoch(&self) -> i64 {
+        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A reservation without an approval to consume: insert the row if no row
+/// holds the key. A key that is taken is left to the caller, which checks
+/// in a transaction of its own whether the row still binds it.
+pub struct Reserve(pub Writer);
+
+/// One reservation.
+pub struct ReserveOp {
+    /// The storage key.
+    pub key: String,
+    /// The record's state (`reserved`).
+    pub state: &'static str,
+    /// When the record stops binding the key.
+    pub expires_ms: i64,
+    /// The record as JSON.
+    pub record: String,
+}
+
+impl Kind for Reserve {
+    type Op = ReserveOp;
+    /// Whether the row was inserted.
+    type Out = bool;
+    const WHAT: &'static str = "reserve";
+    // Rows are inserted in key order, so two gateways' batches wait for
+    // each other's keys in one order and never deadlock on them.
+    const SQL: &'static str = "INSERT INTO ledger (key, state, expires_ms, gateway, record, epoch)
+         SELECT b.key, b.state, b.expires_ms, $1, b.record, $2
+         FROM unnest($3::text[], $4::text[], $5::bigint[], $6::text[]) AS b(key, state, expires_ms, record)
+         ORDER BY b.key
+         ON CONFLICT (key) DO NOTHING
+         RETURNING key";
+
+    fn key(op: &ReserveOp) -> &str {
+        &op.key
+    }
+
+    fn run<'a>(
+        &'a self,
+        client: &'a Client,
+        statement: &'a Statement,
+        ops: &'a [ReserveOp],
+    ) -> BoxFuture<'a, Result<Vec<bool>, tokio_postgres::Error>> {
+        Box::pin(async move {
+            let keys: Vec<&str> = ops.iter().map(|o| o.key.as_str()).collect();
+            let states: Vec<&str> = ops.iter().map(|o| o.state).collect();
+            let expires: Vec<i64> = ops.iter().map(|o| o.expires_ms).collect();
+            let records: Vec<&str> = ops.iter().map(|o| o.record.as_str()).collect();
+            let gateway: &str = &self.0.gateway;
+            let rows = client
+                .query(
+                    statement,
+                    &[
+                        &gateway,
+                        &self.0.epoch(),
+                        &keys,
+                        &states,
+                        &expires,
+                        &records,
+                    ],
+                )
+                .await?;
+            let inserted: HashSet<&str> = rows.iter().map(|r| r.get::<_, &str>(0)).collect();
+            Ok(keys.iter().map(|k| inserted.contains(k)).collect())
+        })
+    }
+}
+
+/// A ledger transition (compare-and-set on the state), with the audit
+/// outbox row that commits with it, and the notification that wakes
+/// waiters on other gateways when the record settles.
+pub struct Transition(pub Writer);
+
+/// One transition.
+pub struct TransitionOp {
+    /// The storage key.
+    pub key: String,
+    /// The state the row must be in.
+    pub from: &'static str,
+    /// The state it moves to.
+    pub to: &'static str,
+    /// The new record's expiry.
+    pub expires_ms: i64,
+    /// The new record as JSON.
+    pub record: String,
+    /// An audit outbox row (id, entries) to store with the move.
+    pub outbox: Option<(i64, String)>,
+}
+
+impl Kind for Transition {
+    type Op = TransitionOp;
+    /// Whether the row moved.
+    type Out = bool;
+    const WHAT: &'static str = "transition";
+    // INVARIANT: a gateway whose lease lapsed (paused, cut off) does not
+    // dispatch: a move to `dispatched` requires, in this very statement and
+    // on the database's clock, that the key was reserved by this gateway
+    // under its current epoch (epochs count per gateway, so both are
+    // checked) and that the lease is still valid. A
+    // reservation made before a lapse is never dispatched (it ends
+    // `not_dispatched`, and a retry reserves again); meanwhile another
+    // gateway may have settled the lapsed gateway's records.
+    // INVARIANT: the outbox row commits with the move it records, and only
+    // with it.
+    const SQL: &'static str = "WITH b AS (
+            SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::text[])
+              AS b(key, from_state, to_state, expires_ms, record, outbox_id, outbox)
+         ), moved AS (
+            UPDATE ledger l
+            SET state = b.to_state, expires_ms = b.expires_ms, gateway = $1, record = b.record
+            FROM b
+            WHERE l.key = b.key AND l.state = b.from_state
+              AND (b.to_state <> 'dispatched' OR (l.gateway = $1 AND l.epoch = $2 AND EXISTS (
+                SELECT 1 FROM gateways g WHERE g.id = $1 AND g.epoch = $2
+                  AND g.lease_until_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint)))
+            RETURNING l.key, b.to_state, b.outbox_id, b.outbox
+         ), kept AS (
+            INSERT INTO audit_outbox (gateway, id, entries)
+            SELECT $1, m.outbox_id, m.outbox FROM moved m WHERE m.outbox_id IS NOT NULL
+         )
+         SELECT m.key, CASE WHEN m.to_state IN ('complete', 'not_dispatched', 'unknown')
+           THEN pg_notify('countersign_ledger', m.key)::text END
+         FROM moved m";
+
+    fn key(op: &TransitionOp) -> &str {
+        &op.key
+    }
+
+    fn run<'a>(
+        &'a self,
+        client: &'a Client,
+        statement: &'a Statement,
+        ops: &'a [TransitionOp],
+    ) -> BoxFuture<'a, Result<Vec<bool>, tokio_postgres::Error>> {
+        Box::pin(async move {
+            let keys: Vec<&str> = ops.iter().map(|o| o.key.as_str()).collect();
+            let from: Vec<&str> = ops.iter().map(|o| o.from).collect();
+            let to: Vec<&str> = ops.iter().map(|o| o.to).collect();
+            let expires: Vec<i64> = ops.iter().map(|o| o.expires_ms).collect();
+            let records: Vec<&str> = ops.iter().map(|o| o.record.as_str()).collect();
+            let outbox_ids: Vec<Option<i64>> =
+                ops.iter().map(|o| o.outbox.as_ref().map(|x| x.0)).collect();
+            let outboxes: Vec<Option<&str>> = ops
+                .iter()
+                .map(|o| o.outbox.as_ref().map(|x| x.1.as_str()))
+                .collect();
+            let gateway: &str = &self.0.gateway;
+            let rows = client
+                .query(
+                    statement,
+                    &[
+                        &gateway,
+                        &self.0.epoch(),
+                        &keys,
+                        &from,
+                        &to,
+                        &expires,
+                        &records,
+                        &outbox_ids,
+                        &outboxes,
+                    ],
+                )
+                .await?;
+            let moved: HashSet<&str> = rows.iter().map(|r| r.get::<_, &str>(0)).collect();
+            Ok(keys.iter().map(|k| moved.contains(k)).collect())
+        })
+    }
+}
