@@ -115,13 +115,21 @@ pub enum Durability {
 }
 
 impl Durability {
+    /// How a writer's session is set up. Besides the commit's durability:
+    /// a writer lives as long as the gateway, and a plan cached while the
+    /// ledger was empty (a hash join over a scan of the whole table) would
+    /// stay in use as the table grows; each batch is planned for the
+    /// table as it is.
     fn session(self) -> &'static str {
         match self {
             Durability::Flushed => {
-                "SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit')
+                "SET plan_cache_mode = force_custom_plan;
+                 SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit')
                    WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)"
             }
-            Durability::Relaxed => "SET synchronous_commit = off",
+            Durability::Relaxed => {
+                "SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off"
+            }
         }
     }
 }
