@@ -542,3 +542,94 @@ async fn a_gateway_paused_past_its_lease_dispatches_nothing_after_it_resumes() {
     );
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }
+
+/// The certificate the local PostgreSQL serves, self-signed for
+/// `localhost` (`.ci/setup-postgres` makes sure TLS is on with one).
+fn server_cert() -> String {
+    psql("SHOW ssl_cert_file")
+}
+
+/// `[store]` over TLS to `localhost` with `tls` as `[store.tls]`.
+fn tls_store(schema: &Schema, app: &str, tls: &str) -> String {
+    format!(
+        "\n[store]\nurl = \"postgres://postgres@localhost:5432/test?sslmode=require&application_name={app}&options=-c%20search_path%3D{}\"\npool_size = 2\n{tls}",
+        schema.0
+    )
+}
+
+/// With `sslmode=require` every connection of the gateway (pool, writers,
+/// listener) is TLS, the server's certificate checked against
+/// `[store.tls] ca_file`, and calls run as on plain TCP.
+#[tokio::test]
+async fn a_gateway_reaches_postgres_over_verified_tls() {
+    let schema = Schema::new();
+    let app = format!("cs-tls-{:08x}", rand::random::<u32>());
+    let gw = Gateway::start_with(Options {
+        extra: tls_store(
+            &schema,
+            &app,
+            &format!("[store.tls]\nca_file = \"{}\"\n", server_cert()),
+        ),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let a = c
+        .post(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"acct_t","amount":2},
+            "_meta":{"dev.countersign/idempotency-key":"tls-k"}}}),
+        )
+        .await;
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    let conns = psql(&format!(
+        "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a
+         JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{app}'"
+    ));
+    let (tls, all) = conns.split_once('|').unwrap();
+    let all: usize = all.parse().unwrap();
+    assert!(
+        all >= 4,
+        "the pool, the writers that wrote and the listener: {conns}"
+    );
+    assert_eq!(tls, all.to_string(), "every connection is TLS: {conns}");
+}
+
+/// A certificate the gateway cannot check stops it before it serves, with
+/// what to set; `sslmode=prefer` (which would fall back to plain TCP) is
+/// refused.
+#[test]
+fn an_unchecked_database_certificate_or_sslmode_prefer_is_refused() {
+    let schema = Schema::new();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    let data = dir.path().join("data");
+    let write = |store: String| {
+        std::fs::write(
+            &config,
+            format!("[gateway]\ndata_dir = \"{}\"\n{store}", data.display()),
+        )
+        .unwrap();
+    };
+    // Mozilla's roots do not include the server's self-signed certificate.
+    write(tls_store(&schema, "cs-untrusted", ""));
+    let (ok, out, err) = run_cli(&["store", "migrate", "--config", config.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("set [store.tls] ca_file"), "{err}");
+    write(tls_store(&schema, "cs-prefer", "").replace("sslmode=require", "sslmode=prefer"));
+    let (ok, out, err) = run_cli(&["store", "migrate", "--config", config.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("sslmode=prefer falls back to plain TCP"),
+        "{err}"
+    );
+    // Trusted, the same url migrates.
+    write(tls_store(
+        &schema,
+        "cs-trusted",
+        &format!("[store.tls]\nca_file = \"{}\"\n", server_cert()),
+    ));
+    let (ok, out, err) = run_cli(&["store", "migrate", "--config", config.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("schema migrated from version 0"), "{out}");
+}

@@ -38,8 +38,20 @@ pub fn gateway_id(data_dir: &Path) -> anyhow::Result<String> {
     }
 }
 
-/// The PostgreSQL connection settings of `[store]`, the password resolved.
-fn pg_config(config: &Config, url: &str) -> anyhow::Result<tokio_postgres::Config> {
+/// The PostgreSQL connection settings of `[store]`, the password resolved,
+/// and the TLS client configuration when the url asks for TLS.
+///
+/// `sslmode=require` (or libpq's `verify-full` and `verify-ca`) is TLS with
+/// the certificate checked against `[store.tls]` and the host name always
+/// verified (stricter than libpq's `require` and `verify-ca`). Without
+/// `sslmode`, or with `disable`, the connection is plain TCP. `prefer` is
+/// refused: it falls back to plain TCP, which anyone on the path can read
+/// and change, without saying so.
+fn pg_config(
+    config: &Config,
+    url: &str,
+) -> anyhow::Result<(tokio_postgres::Config, Option<Arc<rustls::ClientConfig>>)> {
+    let (url, mode) = sslmode(url)?;
     let mut pg: tokio_postgres::Config = url
         .parse()
         .map_err(|e| anyhow::anyhow!("store.url is not a PostgreSQL connection url: {e}"))?;
@@ -51,7 +63,81 @@ fn pg_config(config: &Config, url: &str) -> anyhow::Result<tokio_postgres::Confi
     if pg.get_application_name().is_none() {
         pg.application_name("countersign");
     }
-    Ok(pg)
+    let tls = if mode == Some("require") {
+        pg.ssl_mode(tokio_postgres::config::SslMode::Require);
+        Some(
+            crate::upstream::tls::store_config(config.store.tls.as_ref())
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        )
+    } else {
+        pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        if config.store.tls.is_some() {
+            anyhow::bail!(
+                "[store.tls] is set but store.url does not ask for TLS: add sslmode=require to the url"
+            );
+        }
+        None
+    };
+    Ok((pg, tls))
+}
+
+/// The url with libpq's `verify-full`/`verify-ca` read as `require` (which
+/// verifies fully here), and the `sslmode` it names. `prefer` and `allow`
+/// are refused.
+fn sslmode(url: &str) -> anyhow::Result<(String, Option<&'static str>)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), None));
+    };
+    let mut mode = None;
+    let mut params = Vec::new();
+    for param in query.split('&') {
+        match param.strip_prefix("sslmode=") {
+            None => params.push(param.to_owned()),
+            Some("disable") => mode = Some("disable"),
+            Some("require" | "verify-full" | "verify-ca") => mode = Some("require"),
+            Some(other @ ("prefer" | "allow")) => anyhow::bail!(
+                "store.url: sslmode={other} falls back to plain TCP without saying so: use sslmode=require (TLS, certificate and host name checked), or sslmode=disable on a trusted network"
+            ),
+            Some(other) => anyhow::bail!(
+                "store.url: sslmode=`{other}` is not known: use require or disable"
+            ),
+        }
+    }
+    let url = if params.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", params.join("&"))
+    };
+    Ok((url, mode))
+}
+
+/// A store error, with what to set when it is a TLS handshake failure.
+fn worded(e: &crate::store::StoreError) -> String {
+    let text = e.to_string();
+    let hint = if text.contains("UnknownIssuer") {
+        " (the database's certificate is not signed by a trusted CA: set [store.tls] ca_file to the CA that signed it)"
+    } else if text.contains("NotValidForName") {
+        " (the database's certificate is not valid for the host name in store.url: use the name it was issued for)"
+    } else if text.contains("server does not support TLS") {
+        " (the database does not offer TLS: turn on `ssl` in its configuration)"
+    } else {
+        ""
+    };
+    format!("{text}{hint}")
+}
+
+/// Whether every host of `pg` is this machine (loopback or a Unix socket).
+fn local(pg: &tokio_postgres::Config) -> bool {
+    pg.get_hosts().iter().all(|h| match h {
+        tokio_postgres::config::Host::Tcp(name) => {
+            name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => true,
+    })
 }
 
 /// Open the configured store (migrating PostgreSQL when its schema is
@@ -65,10 +151,13 @@ pub async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, String)> {
         }
         Some(url) => {
             let id = gateway_id(&config.gateway.data_dir)?;
-            let (mut store, migrated) =
-                PgStore::connect(pg_config(config, url)?, config.store.pool_size, &id)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (pg, tls) = pg_config(config, url)?;
+            if tls.is_none() && !local(&pg) {
+                tracing::warn!("the connection to PostgreSQL is plain TCP to another host: add sslmode=require to store.url");
+            }
+            let (mut store, migrated) = PgStore::connect(pg, tls, config.store.pool_size, &id)
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", worded(&e)))?;
             let epoch = store
                 .start_lease(config.store.lease)
                 .await
@@ -97,9 +186,10 @@ pub async fn migrate(config: &Config) -> anyhow::Result<String> {
             anyhow::anyhow!("no [store] url in the config: redb needs no migration")
         })?;
     let id = gateway_id(&config.gateway.data_dir)?;
-    let (_, migrated) = PgStore::connect(pg_config(config, url)?, 1, &id)
+    let (pg, tls) = pg_config(config, url)?;
+    let (_, migrated) = PgStore::connect(pg, tls, 1, &id)
         .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|e| anyhow::anyhow!("{}", worded(&e)))?;
     Ok(if migrated.from == migrated.to {
         format!("schema already at version {}", migrated.to)
     } else {
@@ -108,4 +198,28 @@ pub async fn migrate(config: &Config) -> anyhow::Result<String> {
             migrated.from, migrated.to
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sslmode;
+
+    #[test]
+    fn sslmode_is_read_from_the_url_and_prefer_is_refused() {
+        let (url, mode) =
+            sslmode("postgres://u@h/db?options=-c%20x%3Dy&sslmode=verify-full").unwrap();
+        assert_eq!(url, "postgres://u@h/db?options=-c%20x%3Dy");
+        assert_eq!(mode, Some("require"));
+        assert_eq!(sslmode("postgres://u@h/db").unwrap().1, None);
+        assert_eq!(
+            sslmode("postgres://u@h/db?sslmode=disable").unwrap(),
+            ("postgres://u@h/db".to_owned(), Some("disable"))
+        );
+        for bad in ["prefer", "allow"] {
+            let e = sslmode(&format!("postgres://u@h/db?sslmode={bad}")).unwrap_err();
+            assert!(e.to_string().contains("falls back to plain TCP"), "{e}");
+        }
+        let e = sslmode("postgres://u@h/db?sslmode=maybe").unwrap_err();
+        assert!(e.to_string().contains("`maybe` is not known"), "{e}");
+    }
 }

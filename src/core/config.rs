@@ -293,6 +293,9 @@ pub struct StoreConfig {
     /// other gateways settle its calls in flight as `unknown`.
     #[serde(deserialize_with = "duration")]
     pub lease: Duration,
+    /// `[store.tls]`: how the database's certificate is checked (and the
+    /// client certificate shown) when `url` says `sslmode=require`.
+    pub tls: Option<UpstreamTls>,
 }
 
 impl Default for StoreConfig {
@@ -302,6 +305,7 @@ impl Default for StoreConfig {
             password: None,
             pool_size: 16,
             lease: Duration::from_secs(10),
+            tls: None,
         }
     }
 }

@@ -632,7 +632,7 @@ mod tests {
 
     /// Gateway `id` on `config`, holding its lease.
     async fn leased(config: &tokio_postgres::Config, id: &str) -> PgStore {
-        let (mut store, _) = PgStore::connect(config.clone(), 2, id).await.unwrap();
+        let (mut store, _) = PgStore::connect(config.clone(), None, 2, id).await.unwrap();
         store.start_lease(LEASE).await.unwrap();
         store
     }
@@ -692,7 +692,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_store_conforms() {
         let (_schema, config) = PgSchema::new().await;
-        let (mut store, migrated) = PgStore::connect(config.clone(), 4, "gw-a").await.unwrap();
+        let (mut store, migrated) = PgStore::connect(config.clone(), None, 4, "gw-a")
+            .await
+            .unwrap();
         let lease = std::time::Duration::from_secs(10);
         store.start_lease(lease).await.unwrap();
         assert_eq!(migrated.from, 0);
@@ -717,7 +719,7 @@ mod tests {
         }
         assert!(cleared, "outbox_clear from a plain thread");
         // Migrations are applied once: a second gateway finds them done.
-        let (_again, migrated) = PgStore::connect(config, 2, "gw-b").await.unwrap();
+        let (_again, migrated) = PgStore::connect(config, None, 2, "gw-b").await.unwrap();
         assert_eq!(migrated.from, migrated.to);
     }
 
@@ -742,7 +744,7 @@ mod tests {
             .batch_execute("INSERT INTO countersign_migrations (version) VALUES (999)")
             .await
             .unwrap();
-        let Err(e) = PgStore::connect(config, 2, "gw-c").await else {
+        let Err(e) = PgStore::connect(config, None, 2, "gw-c").await else {
             panic!("a newer schema must be refused");
         };
         assert!(

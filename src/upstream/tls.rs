@@ -39,8 +39,31 @@ pub fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, St
 /// The client configuration for `server`'s upstream.
 pub fn client_config(server: &str, tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, String> {
     let default = UpstreamTls::default();
-    let tls = tls.unwrap_or(&default);
-    let at = |field: &str| format!("[servers.{server}.tls] {field}");
+    let mut config = config_at(
+        &format!("[servers.{server}.tls]"),
+        &format!("upstream `{server}`"),
+        tls.unwrap_or(&default),
+    )?;
+    // HTTP/1.1 only, like the plain connections.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The client configuration for the PostgreSQL store (`[store.tls]`):
+/// the same roots, CA file and client certificate settings as an upstream.
+pub fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, String> {
+    let default = UpstreamTls::default();
+    Ok(Arc::new(config_at(
+        "[store.tls]",
+        "the store",
+        tls.unwrap_or(&default),
+    )?))
+}
+
+/// A client configuration from `tls`; `table` names its settings in
+/// errors, `peer` what it connects to.
+fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig, String> {
+    let at = |field: &str| format!("{table} {field}");
     let mut roots = RootCertStore::empty();
     let which = tls.roots.unwrap_or(if tls.ca_file.is_some() {
         TlsRoots::None
@@ -74,26 +97,23 @@ pub fn client_config(server: &str, tls: Option<&UpstreamTls>) -> Result<Arc<Clie
     }
     if roots.is_empty() {
         return Err(format!(
-            "{}: no root certificate to check the upstream with; set ca_file",
+            "{}: no root certificate to check {peer} with; set ca_file",
             at("roots = \"none\"")
         ));
     }
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS for upstream `{server}`: {e}"))?
+        .map_err(|e| format!("TLS for {peer}: {e}"))?
         .with_root_certificates(roots);
-    let mut config = match (&tls.client_cert, &tls.client_key) {
+    match (&tls.client_cert, &tls.client_key) {
         (Some(cert), Some(key)) => builder
             .with_client_auth_cert(
                 certificates(cert, &at("client_cert"))?,
                 private_key(key, &at("client_key"))?,
             )
-            .map_err(|e| format!("{}: {e}", at("client_cert/client_key")))?,
-        _ => builder.with_no_client_auth(),
-    };
-    // HTTP/1.1 only, like the plain connections.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+            .map_err(|e| format!("{}: {e}", at("client_cert/client_key"))),
+        _ => Ok(builder.with_no_client_auth()),
+    }
 }
 
 /// Build the TLS configuration of every `https://` upstream once (at

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::backend;
 use crate::store::StoreError;
@@ -80,6 +81,7 @@ impl<K: Kind> Group<K> {
     pub fn start(
         kind: K,
         config: tokio_postgres::Config,
+        tls: MakeRustlsConnect,
         writers: usize,
         durability: Durability,
     ) -> Group<K> {
@@ -87,7 +89,14 @@ impl<K: Kind> Group<K> {
         let rx = Arc::new(Mutex::new(rx));
         let kind = Arc::new(kind);
         let writers = (0..writers.max(1))
-            .map(|_| tokio::spawn(writer(kind.clone(), config.clone(), durability, rx.clone())))
+            .map(|_| {
+                tokio::spawn(writer(
+                    kind.clone(),
+                    (config.clone(), tls.clone()),
+                    durability,
+                    rx.clone(),
+                ))
+            })
             .collect();
         Group { queue, writers }
     }
@@ -147,12 +156,13 @@ impl Drop for Conn {
     }
 }
 
-async fn connect<K: Kind>(
-    config: &tokio_postgres::Config,
-    durability: Durability,
-) -> Result<Conn, StoreError> {
-    let (client, connection) = config
-        .connect(NoTls)
+/// Where a writer connects: the settings and the TLS connector.
+type Target = (tokio_postgres::Config, MakeRustlsConnect);
+
+async fn connect<K: Kind>(target: &Target, durability: Durability) -> Result<Conn, StoreError> {
+    let (client, connection) = target
+        .0
+        .connect(target.1.clone())
         .await
         .map_err(backend("connect a writer"))?;
     let driver = tokio::spawn(async move {
@@ -204,7 +214,7 @@ async fn gather<K: Kind>(
 
 async fn writer<K: Kind>(
     kind: Arc<K>,
-    config: tokio_postgres::Config,
+    target: Target,
     durability: Durability,
     rx: Arc<Mutex<mpsc::UnboundedReceiver<Job<K>>>>,
 ) {
@@ -212,7 +222,7 @@ async fn writer<K: Kind>(
     let mut carry = None;
     while let Some(batch) = gather::<K>(&rx, &mut carry).await {
         let (ops, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-        let result = run(&*kind, &config, durability, &mut conn, &ops).await;
+        let result = run(&*kind, &target, durability, &mut conn, &ops).await;
         match result {
             Ok(outs) => {
                 for (reply, out) in replies.into_iter().zip(outs) {
@@ -233,7 +243,7 @@ async fn writer<K: Kind>(
 /// failure.
 async fn run<K: Kind>(
     kind: &K,
-    config: &tokio_postgres::Config,
+    target: &Target,
     durability: Durability,
     conn: &mut Option<Conn>,
     ops: &[K::Op],
@@ -241,7 +251,7 @@ async fn run<K: Kind>(
     let mut tries = 0;
     loop {
         if conn.as_ref().is_none_or(|c| c.client.is_closed()) {
-            *conn = Some(connect::<K>(config, durability).await?);
+            *conn = Some(connect::<K>(target, durability).await?);
         }
         let Some(c) = conn.as_ref() else {
             return Err(StoreError::WriterStopped);

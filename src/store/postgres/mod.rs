@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use group::{Durability, Group};
 
@@ -84,15 +84,31 @@ const MIGRATION_LOCK: i64 = 0x636f_756e_7465_7273;
 fn backend(op: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |e| StoreError::Backend {
         op,
-        reason: e.to_string(),
+        reason: chain(&e),
     }
 }
 
 fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     StoreError::Backend {
         op: "connect",
-        reason: e.to_string(),
+        reason: chain(&e),
     }
+}
+
+/// An error with its causes: tokio-postgres says "error performing TLS
+/// handshake" and keeps the reason (an unknown issuer, say) in its source.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 fn encode<T: serde::Serialize>(what: &'static str, v: &T) -> Result<String, StoreError> {
@@ -165,10 +181,11 @@ const LEDGER_CHANNEL: &str = "countersign_ledger";
 /// re-reads: a notification only wakes, it is never the record).
 async fn listen(
     config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     events: tokio::sync::broadcast::Sender<StoreEvent>,
 ) {
     loop {
-        match config.connect(NoTls).await {
+        match config.connect(tls.clone()).await {
             Ok((client, mut conn)) => {
                 let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
                 let driver = tokio::spawn(async move {
@@ -208,10 +225,24 @@ async fn listen(
                 }
                 driver.abort();
             }
-            Err(e) => tracing::warn!("store notifications: cannot connect: {e}"),
+            Err(e) => tracing::warn!("store notifications: cannot connect: {}", chain(&e)),
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
+}
+
+/// The TLS settings of a plain connection (never used: TLS is disabled
+/// on it), for the one connector type every connection shares.
+fn unused_tls() -> Result<rustls::ClientConfig, StoreError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Open {
+            path: "store.url".into(),
+            reason: e.to_string(),
+        })?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth())
 }
 
 /// Take (or take again) `gateway`'s lease: a new epoch, valid `lease_ms`.
@@ -283,12 +314,28 @@ pub struct Migrated {
 impl PgStore {
     /// Connect (a pool of `pool_size`), as gateway `gateway`, and bring the
     /// schema up to date. `config` is the parsed connection string with the
-    /// password already set.
+    /// password already set; `tls` checks the server when `config` requires
+    /// TLS (`None`: plain TCP, and a `config` that requires TLS is refused).
     pub async fn connect(
-        config: tokio_postgres::Config,
+        mut config: tokio_postgres::Config,
+        tls: Option<Arc<rustls::ClientConfig>>,
         pool_size: usize,
         gateway: &str,
     ) -> Result<(PgStore, Migrated), StoreError> {
+        let tls = match tls {
+            Some(c) => MakeRustlsConnect::new((*c).clone()),
+            None => {
+                if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+                    return Err(StoreError::Open {
+                        path: "store.url".into(),
+                        reason: "the url requires TLS but no TLS settings were given".into(),
+                    });
+                }
+                // Plain TCP: never offer TLS that nothing would check.
+                config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                MakeRustlsConnect::new(unused_tls()?)
+            }
+        };
         let config_for_listen = config.clone();
         let gateway: Arc<str> = Arc::from(gateway);
         let epoch: Arc<AtomicI64> = Arc::default();
@@ -299,24 +346,27 @@ impl PgStore {
         let reserves = Group::start(
             group::Reserve(writer.clone()),
             config.clone(),
+            tls.clone(),
             WRITERS,
             Durability::Relaxed,
         );
         let flushed = Group::start(
             group::Transition(writer.clone()),
             config.clone(),
+            tls.clone(),
             WRITERS,
             Durability::Flushed,
         );
         let relaxed = Group::start(
             group::Transition(writer),
             config.clone(),
+            tls.clone(),
             1,
             Durability::Relaxed,
         );
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -329,7 +379,7 @@ impl PgStore {
                 reason: e.to_string(),
             })?;
         let (events, _) = tokio::sync::broadcast::channel(1024);
-        let listener = tokio::spawn(listen(config_for_listen, events.clone()));
+        let listener = tokio::spawn(listen(config_for_listen, tls, events.clone()));
         let store = PgStore {
             pool,
             gateway,
