@@ -45,6 +45,15 @@ impl Drop for Schema {
     }
 }
 
+/// A keyed `charge_card` in the stateless era (2026-07-28): no session, so
+/// it can go to either gateway.
+fn stateless_charge(id: i64, account: &str, amount: i64, key: &str) -> serde_json::Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+        "name":"charge_card","arguments":{"account":account,"amount":amount},
+        "_meta":{"dev.countersign/idempotency-key":key,
+                 "io.modelcontextprotocol/protocolVersion":"2026-07-28"}}})
+}
+
 #[tokio::test]
 async fn a_gateway_on_postgres_keeps_its_ledger_there_across_a_restart() {
     let schema = Schema::new();
@@ -334,12 +343,7 @@ async fn a_gateway_killed_after_dispatch_leaves_an_unknown_that_another_reconcil
     };
     let (mut a, b) = (start(), start());
     a.fault("charge_card", "delay", 30_000);
-    let body = |id: i64| {
-        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
-            "name":"charge_card","arguments":{"account":"acct_k","amount":4},
-            "_meta":{"dev.countersign/idempotency-key":"killed-k",
-                     "io.modelcontextprotocol/protocolVersion":"2026-07-28"}}})
-    };
+    let body = |id: i64| stateless_charge(id, "acct_k", 4, "killed-k");
     let url_a = a.url("payments");
     let in_flight = tokio::spawn(async move { modern_post(&url_a, &body(1)).send().await });
     eventually("the server runs the call", || {
@@ -460,12 +464,7 @@ async fn a_gateway_paused_past_its_lease_dispatches_nothing_after_it_resumes() {
     ))
     .await
     .unwrap();
-    let body = |id: i64| {
-        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
-            "name":"charge_card","arguments":{"account":"acct_p","amount":6},
-            "_meta":{"dev.countersign/idempotency-key":"paused-k",
-                     "io.modelcontextprotocol/protocolVersion":"2026-07-28"}}})
-    };
+    let body = |id: i64| stateless_charge(id, "acct_p", 6, "paused-k");
     let url_a = a.url("payments");
     let held =
         tokio::spawn(
