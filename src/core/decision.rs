@@ -83,7 +83,15 @@ pub struct Policies {
     /// The policies that can apply to `Action::"call"` on a tool, by scope.
     index: Index,
     /// Per-tool slices built from the index on first use.
-    slices: std::sync::Mutex<HashMap<String, std::sync::Arc<PolicySet>>>,
+    slices: std::sync::Mutex<HashMap<String, std::sync::Arc<Slice>>>,
+    /// Decisions of slices that read nothing of a call's own context, per
+    /// (identity, tool, annotations): the same inputs give the same
+    /// decision, so Cedar is asked once. Exact: the key holds everything
+    /// the entities are built from, and a policy reload makes a new
+    /// `Policies` (a new, empty cache).
+    decision_cache: std::sync::Mutex<HashMap<String, Decision>>,
+    /// How many times Cedar was asked (for tests and benches).
+    evaluations: std::sync::atomic::AtomicU64,
     /// Entities per (identity, tool, annotations): building them (with
     /// Cedar's transitive closure) was a third of a decision's time.
     entity_cache: std::sync::Mutex<HashMap<String, CachedEntities>>,
@@ -113,6 +121,61 @@ fn context_arguments(
 }
 
 type CachedEntities = std::sync::Arc<(Entities, EntityUid, EntityUid)>;
+
+/// The policies that can apply to one tool.
+#[derive(Debug)]
+struct Slice {
+    set: PolicySet,
+    /// Whether a policy may read what differs from call to call of one
+    /// identity and tool (the arguments, the call digest, the resource
+    /// version, or the context as a whole). `context.approved` (both
+    /// values are asked by every decision) and `context.tenant` (the
+    /// identity's) do not.
+    reads_call_context: bool,
+}
+
+/// Whether a policy's text reads a call's own context: any `context` that
+/// is not `context.approved` or `context.tenant`. Conservative: a
+/// `context` in a string or an annotation counts too, and only costs the
+/// cache.
+fn reads_call_context_in(text: &str) -> bool {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices("context").any(|(i, word)| {
+        let after = &text[i + word.len()..];
+        if text[..i].chars().next_back().is_some_and(ident)
+            || after.chars().next().is_some_and(ident)
+        {
+            // Part of another name (`contextual`), not the context.
+            return false;
+        }
+        !["approved", "tenant"].iter().any(|a| {
+            after
+                .strip_prefix('.')
+                .and_then(|x| x.strip_prefix(a))
+                .is_some_and(|x| !x.chars().next().is_some_and(ident))
+        })
+    })
+}
+
+/// What a call's entities are built from (`entities`), as a cache key.
+fn entity_key(call: &Call<'_>) -> String {
+    let a = call.annotations;
+    serde_json::json!([
+        call.identity.principal,
+        call.identity.tenant,
+        call.identity.groups,
+        call.server,
+        call.tool,
+        [
+            a.read_only,
+            a.destructive,
+            a.idempotent,
+            a.open_world,
+            call.definition_changed
+        ]
+    ])
+    .to_string()
+}
 
 /// Most cached entity sets before the cache starts over.
 const ENTITY_CACHE_MAX: usize = 4096;
@@ -329,6 +392,8 @@ impl Policies {
                 origin,
                 index,
                 slices: Default::default(),
+                decision_cache: Default::default(),
+                evaluations: Default::default(),
                 entity_cache: Default::default(),
                 reviewers,
                 arguments,
@@ -346,6 +411,8 @@ impl Policies {
             origin: HashMap::new(),
             index: Index::default(),
             slices: Default::default(),
+            decision_cache: Default::default(),
+            evaluations: Default::default(),
             entity_cache: Default::default(),
             reviewers: Default::default(),
             arguments: ArgumentTypes::default(),
@@ -380,11 +447,46 @@ impl Policies {
     /// Decide a call (section 4's two phases).
     pub fn decide(&self, call: &Call<'_>) -> Decision {
         let slice = self.slice(call.server, call.tool);
-        self.decide_against(&slice, call)
+        if slice.reads_call_context {
+            return self.decide_against(&slice.set, call);
+        }
+        // A value that does not fit the schema's argument types denies,
+        // whatever the policies read: checked on every call.
+        if let Err(e) = context_arguments(self.arguments.call.as_ref(), call.arguments) {
+            return Decision::Deny {
+                policies: Vec::new(),
+                errors: vec![e],
+            };
+        }
+        let key = entity_key(call);
+        if let Some(d) = self
+            .decision_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return d.clone();
+        }
+        let decision = self.decide_against(&slice.set, call);
+        let mut cache = self
+            .decision_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= ENTITY_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, decision.clone());
+        decision
+    }
+
+    /// How many times Cedar was asked to authorize a call so far (a
+    /// decision asks once or twice: unattended, then approved).
+    pub fn evaluations(&self) -> u64 {
+        self.evaluations.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The policies that can apply to a call of `server/tool`.
-    fn slice(&self, server: &str, tool: &str) -> std::sync::Arc<PolicySet> {
+    fn slice(&self, server: &str, tool: &str) -> std::sync::Arc<Slice> {
         let tool_uid = uid("Tool", &format!("{server}/{tool}"))
             .map(|u| u.to_string())
             .unwrap_or_default();
@@ -402,33 +504,23 @@ impl Policies {
             .iter()
             .chain(self.index.by_server.get(&server_uid).into_iter().flatten())
             .chain(self.index.by_tool.get(&tool_uid).into_iter().flatten());
+        let mut reads_call_context = false;
         for p in parts {
+            reads_call_context |= reads_call_context_in(&p.to_string());
             // Ids are unique in the full set, so adding cannot collide.
             let _ = set.add(p.clone());
         }
-        let set = std::sync::Arc::new(set);
+        let slice = std::sync::Arc::new(Slice {
+            set,
+            reads_call_context,
+        });
         // One slice per tool ever called.
-        slices.insert(tool_uid, set.clone());
-        set
+        slices.insert(tool_uid, slice.clone());
+        slice
     }
 
     fn entities_for(&self, call: &Call<'_>) -> Result<CachedEntities, String> {
-        let a = call.annotations;
-        let key = serde_json::json!([
-            call.identity.principal,
-            call.identity.tenant,
-            call.identity.groups,
-            call.server,
-            call.tool,
-            [
-                a.read_only,
-                a.destructive,
-                a.idempotent,
-                a.open_world,
-                call.definition_changed
-            ]
-        ])
-        .to_string();
+        let key = entity_key(call);
         let mut cache = self.entity_cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = cache.get(&key) {
             return Ok(e.clone());
@@ -584,6 +676,8 @@ impl Policies {
                 None,
             )
             .map_err(|e| vec![e.to_string()])?;
+            self.evaluations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let response = Authorizer::new().is_authorized(&request, set, entities);
             let errors: Vec<String> = response
                 .diagnostics()
@@ -763,6 +857,111 @@ mod tests {
             idempotent: false,
             open_world: true,
         }
+    }
+
+    #[test]
+    fn which_policies_read_a_calls_own_context() {
+        for (text, reads) in [
+            ("when { context.approved }", false),
+            (
+                "when { context.tenant == \"acme\" && !context.approved }",
+                false,
+            ),
+            ("when { context.arguments.amount > 3 }", true),
+            ("when { context has resourceVersion }", true),
+            ("when { context.callDigest == \"x\" }", true),
+            ("when { context.approvedBy == \"x\" }", true),
+            ("when { context == {} }", true),
+            ("when { resource.contextual }", false),
+            ("when { resource.readOnly }", false),
+        ] {
+            assert_eq!(reads_call_context_in(text), reads, "{text}");
+        }
+    }
+
+    /// A slice that reads nothing of a call's own context is decided by
+    /// Cedar once per (identity, tool, annotations); every input of the
+    /// entities changes the key; a slice that reads the arguments is asked
+    /// every time; and a value that does not fit the schema still denies.
+    #[test]
+    fn decisions_are_cached_exactly_where_nothing_per_call_is_read() {
+        let p = shipped();
+        let first = decide(&p, "get_balance", read(), json!({"account": "a"}));
+        let asked = p.evaluations();
+        assert!(asked >= 1);
+        let again = decide(&p, "get_balance", read(), json!({"account": "b"}));
+        assert_eq!(again, first);
+        assert_eq!(p.evaluations(), asked, "the same inputs: from the cache");
+        // Another annotation set (the tool became a write): decided anew.
+        let as_write = decide(&p, "get_balance", write(), json!({"account": "a"}));
+        assert!(
+            matches!(as_write, Decision::Approval { .. }),
+            "{as_write:?}"
+        );
+        assert!(p.evaluations() > asked);
+        // Another identity: decided anew.
+        let asked = p.evaluations();
+        let other = Identity {
+            groups: vec![],
+            ..agent()
+        };
+        let args = json!({"account": "a"});
+        drop(p.decide(&Call {
+            identity: &other,
+            server: "payments",
+            tool: "get_balance",
+            annotations: read(),
+            definition_changed: false,
+            arguments: &args,
+            digest: "sha256:00",
+            resource_version: None,
+        }));
+        assert!(p.evaluations() > asked, "another identity is another key");
+        // A changed definition: decided anew (it needs approval now).
+        let asked = p.evaluations();
+        let changed = p.decide(&Call {
+            identity: &agent(),
+            server: "payments",
+            tool: "get_balance",
+            annotations: read(),
+            definition_changed: true,
+            arguments: &args,
+            digest: "sha256:00",
+            resource_version: None,
+        });
+        assert!(matches!(changed, Decision::Approval { .. }), "{changed:?}");
+        assert!(p.evaluations() > asked);
+        // charge_card's slice reads the arguments (the ceiling): asked
+        // every time, and the amount decides.
+        let small = decide(
+            &p,
+            "charge_card",
+            write(),
+            json!({"account": "a", "amount": 5}),
+        );
+        let asked = p.evaluations();
+        let big = decide(
+            &p,
+            "charge_card",
+            write(),
+            json!({"account": "a", "amount": 5000}),
+        );
+        assert!(p.evaluations() > asked);
+        assert!(matches!(small, Decision::Approval { .. }), "{small:?}");
+        assert!(matches!(big, Decision::Deny { .. }), "{big:?}");
+    }
+
+    #[test]
+    fn a_cached_slice_still_refuses_arguments_that_do_not_fit_the_schema() {
+        // The shipped schema types `account` as a String.
+        let p = shipped();
+        let ok = decide(&p, "get_balance", read(), json!({"account": "a"}));
+        assert!(matches!(ok, Decision::Allow { .. }), "{ok:?}");
+        let bad = decide(&p, "get_balance", read(), json!({"account": 7}));
+        assert!(
+            matches!(bad, Decision::Deny { ref errors, .. } if errors.iter().any(|e| e.contains("/account"))),
+            "a number is not a String, cache or not: {bad:?}"
+        );
     }
 
     #[test]
@@ -952,7 +1151,7 @@ mod tests {
             matches!(p.decide(&call), Decision::Deny { ref policies, .. } if policies == &vec!["p/other-7".to_string()])
         );
         assert!(
-            p.slice("payments", "get_balance").policies().count() < 10,
+            p.slice("payments", "get_balance").set.policies().count() < 10,
             "a slice holds only what can apply"
         );
     }
