@@ -196,6 +196,8 @@ async fn a_real_run_verifies_and_every_tampering_is_caught_at_its_entry() {
     });
     let (ok, out) = verify(t.path(), &pinned);
     assert!(!ok && out.contains("BROKEN at seq 5"), "{out}");
+    // ...and names the segment file and the line it is on.
+    assert!(out.contains(".jsonl:5)"), "{out}");
 
     // Delete entry 7.
     let t = tampered(&dir, |lines| {

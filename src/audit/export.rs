@@ -154,7 +154,7 @@ fn read_log(dir: PathBuf) -> (Lines, std::thread::JoinHandle<Result<(), AuditErr
                         .and_then(parse_rfc3339)
                 });
             // A closed receiver means the export stopped: stop reading.
-            tx.send((line.to_vec(), place.to_owned(), time)).is_ok()
+            tx.send((line.to_vec(), place.to_string(), time)).is_ok()
         })
         .map(|_| ())
     });

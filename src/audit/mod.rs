@@ -204,10 +204,14 @@ impl Verifier {
     }
 
     /// Check one line (without its newline).
-    pub fn feed(&mut self, line: &[u8], place: &str) -> Result<Map<String, Value>, Break> {
+    pub fn feed(
+        &mut self,
+        line: &[u8],
+        place: &dyn std::fmt::Display,
+    ) -> Result<Map<String, Value>, Break> {
         let brk = |reason: String| Break {
             seq: self.next_seq,
-            place: place.to_owned(),
+            place: place.to_string(),
             reason,
         };
         let mut entry: Map<String, Value> = serde_json::from_slice(line).map_err(|e| {

@@ -78,12 +78,28 @@ impl Report {
     }
 }
 
+/// Where a line of a log is: its segment file and line number. Worded
+/// only when it is needed (a break, an export), not for every line.
+#[derive(Debug, Clone, Copy)]
+pub struct Place<'a> {
+    /// The segment's file name.
+    pub segment: &'a str,
+    /// The line, from 1.
+    pub line: usize,
+}
+
+impl std::fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.segment, self.line)
+    }
+}
+
 /// Call `f` with each complete line of the log, in order, with its place.
 /// A partial final line (no newline at the end of the last segment) is
 /// returned as torn bytes; a partial line anywhere else is an error.
 pub fn each_line(
     dir: &Path,
-    mut f: impl FnMut(&[u8], &str) -> bool,
+    mut f: impl FnMut(&[u8], &Place<'_>) -> bool,
 ) -> Result<(usize, u64), AuditError> {
     let segs = segments(dir)?;
     let n = segs.len();
@@ -95,6 +111,10 @@ pub fn each_line(
         let mut reader = BufReader::with_capacity(1 << 16, file);
         let mut line = Vec::with_capacity(512);
         let mut number = 0usize;
+        let name = seg
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         loop {
             line.clear();
             let got = reader
@@ -107,22 +127,22 @@ pub fn each_line(
                 break;
             }
             number += 1;
-            let name = seg
-                .file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let place = Place {
+                segment: &name,
+                line: number,
+            };
             if line.last() != Some(&b'\n') {
                 if i + 1 == n {
                     return Ok((n, got as u64));
                 }
                 // A torn line in an older segment: hand it over as is, the
                 // verifier reports it.
-                if !f(&line, &format!("{name}:{number}")) {
+                if !f(&line, &place) {
                     return Ok((n, 0));
                 }
                 continue;
             }
-            if !f(&line[..line.len() - 1], &format!("{name}:{number}")) {
+            if !f(&line[..line.len() - 1], &place) {
                 return Ok((n, 0));
             }
         }
