@@ -45,6 +45,11 @@ impl Drop for Schema {
     }
 }
 
+/// POST one stateless-era message to `url`.
+async fn post_stateless(url: &str, body: &serde_json::Value) -> Answer {
+    answer(modern_post(url, body).send().await.unwrap()).await
+}
+
 /// A keyed `charge_card` in the stateless era (2026-07-28): no session, so
 /// it can go to either gateway.
 fn stateless_charge(id: i64, account: &str, amount: i64, key: &str) -> serde_json::Value {
@@ -352,13 +357,7 @@ async fn a_gateway_killed_after_dispatch_leaves_an_unknown_that_another_reconcil
     .await;
     a.kill();
     let _ = in_flight.await;
-    let retry = answer(
-        modern_post(&b.url("payments"), &body(2))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let retry = post_stateless(&b.url("payments"), &body(2)).await;
     assert_eq!(code(&retry), "outcome_unknown", "{retry:?}");
     assert_eq!(b.executions("charge_card"), 0, "B never ran it");
     eventually("A's record settled as unknown", || {
@@ -392,13 +391,7 @@ async fn a_gateway_killed_after_dispatch_leaves_an_unknown_that_another_reconcil
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
     assert!(ok, "{out}{err}");
-    let replayed = answer(
-        modern_post(&b.url("payments"), &body(3))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let replayed = post_stateless(&b.url("payments"), &body(3)).await;
     assert!(replayed.text.contains("seen in the PSP"), "{replayed:?}");
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }
@@ -466,10 +459,7 @@ async fn a_gateway_paused_past_its_lease_dispatches_nothing_after_it_resumes() {
     .unwrap();
     let body = |id: i64| stateless_charge(id, "acct_p", 6, "paused-k");
     let url_a = a.url("payments");
-    let held =
-        tokio::spawn(
-            async move { answer(modern_post(&url_a, &body(1)).send().await.unwrap()).await },
-        );
+    let held = tokio::spawn(async move { post_stateless(&url_a, &body(1)).await });
     // Inserts into the ledger that wait for this test's lock (other tests'
     // gateways run on other schemas, and their waits are not ours).
     let waiting = format!(
@@ -520,21 +510,9 @@ async fn a_gateway_paused_past_its_lease_dispatches_nothing_after_it_resumes() {
     // A took its lease again, under a new epoch.
     a.wait_for_log("taking it again under a new epoch").await;
     // A retry through B runs it once; through A it is then replayed.
-    let retry = answer(
-        modern_post(&b.url("payments"), &body(2))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let retry = post_stateless(&b.url("payments"), &body(2)).await;
     assert_eq!(retry.last()["result"]["isError"], false, "{retry:?}");
-    let again = answer(
-        modern_post(&a.url("payments"), &body(3))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let again = post_stateless(&a.url("payments"), &body(3)).await;
     assert!(
         again.last()["result"]["_meta"]["dev.countersign/replayed"].is_object(),
         "{again:?}"
