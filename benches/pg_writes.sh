@@ -8,53 +8,20 @@
 #
 #   cargo build --release && ../shared/perf/gateway-ab.sh   # builds mcp-stub and mcp-load once
 #   benches/pg_writes.sh [C] [N]                            # C clients (64), N calls in all (20000)
-set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${COUNTERSIGN_BIN:-$ROOT/target/release/countersign}
-PERF=${PERF_TARGET_DIR:-$HOME/.cache/countersign-perf-target}/release
 C=${1:-64}; N=${2:-20000}
-[ -x "$BIN" ] && [ -x "$PERF/mcp-stub" ] && [ -x "$PERF/mcp-load" ] || { echo "see the header" >&2; exit 1; }
-WORK=$(mktemp -d)
+source "$(dirname "$0")/lib.sh"
 SCHEMA="cs_bench_$$"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  psql -h 127.0.0.1 -U postgres -d test -qc "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap 'bench_cleanup; psql -h 127.0.0.1 -U postgres -d test -qc "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true' EXIT
 psql -h 127.0.0.1 -U postgres -d test -qc "CREATE SCHEMA $SCHEMA" >/dev/null
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-mkdir -p "$WORK/policies"
-cp "$ROOT/policies/schema.cedarschema" "$WORK/policies/"
-printf '@id("allow-all")\npermit (principal, action, resource);\n' > "$WORK/policies/all.cedar"
-TOKEN=perf-token-1
-SHA=$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)
+allow_all "$WORK/policies"
 GPORTS=()
 for g in a b; do
   SPORT=$(port); GPORT=$(port); GPORTS+=("$GPORT")
-  taskset -c 0 "$PERF/mcp-stub" --port "$SPORT" --quiet >/dev/null & PIDS+=($!)
-  cat > "$WORK/$g.toml" <<T
-[gateway]
-listen = "127.0.0.1:$GPORT"
-data_dir = "$WORK/data-$g"
-policies = "$WORK/policies"
-
+  stub "$SPORT"
+  gateway "$g" "$GPORT" "$WORK/policies" "$SPORT" "" "
 [store]
-url = "postgres://postgres@127.0.0.1:5432/test?options=-c%20search_path%3D$SCHEMA"
-pool_size = 32
-
-[servers.stub]
-url = "http://127.0.0.1:$SPORT/mcp"
-
-[[identities]]
-token_sha256 = "$SHA"
-principal = "agent-1"
-tenant = "perf"
-groups = ["agents"]
-T
-  taskset -c 0 "$BIN" serve --config "$WORK/$g.toml" >"$WORK/$g.log" 2>&1 & PIDS+=($!)
-  for _ in $(seq 100); do grep -qs 'listening on' "$WORK/$g.log" && break; sleep 0.1; done
+url = \"postgres://postgres@127.0.0.1:5432/test?options=-c%20search_path%3D$SCHEMA\"
+pool_size = 32"
 done
 HALF_C=$((C / 2)); HALF_N=$((N / 2))
 for i in 0 1; do

@@ -9,50 +9,16 @@
 #
 #   cargo build --release && ../shared/perf/gateway-ab.sh   # builds mcp-stub and mcp-load once
 #   benches/table.sh [SCALE]      SCALE multiplies the calls per cell (default 1: 2,000 to 16,000)
-set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${COUNTERSIGN_BIN:-$ROOT/target/release/countersign}
-PERF=${PERF_TARGET_DIR:-$HOME/.cache/countersign-perf-target}/release
 SCALE=${1:-1}
-[ -x "$BIN" ] && [ -x "$PERF/mcp-stub" ] && [ -x "$PERF/mcp-load" ] || { echo "see the header" >&2; exit 1; }
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+source "$(dirname "$0")/lib.sh"
 SPORT=$(port)
-taskset -c 0 "$PERF/mcp-stub" --port "$SPORT" --quiet >/dev/null & PIDS+=($!)
-TOKEN=perf-token-1
-SHA=$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)
+stub "$SPORT"
 declare -A GPORT
-for g in allow shipped; do
-  GPORT[$g]=$(port)
-  mkdir -p "$WORK/$g"
-  if [ "$g" = allow ]; then
-    mkdir -p "$WORK/$g/policies"
-    cp "$ROOT/policies/schema.cedarschema" "$WORK/$g/policies/"
-    printf '@id("allow-all")\npermit (principal, action, resource);\n' > "$WORK/$g/policies/all.cedar"
-  else
-    cp -r "$ROOT/policies" "$WORK/$g/policies"
-  fi
-  cat > "$WORK/$g/countersign.toml" <<T
-[gateway]
-listen = "127.0.0.1:${GPORT[$g]}"
-data_dir = "$WORK/$g/data"
-policies = "$WORK/$g/policies"
-
-[servers.stub]
-url = "http://127.0.0.1:$SPORT/mcp"
-
-[[identities]]
-token_sha256 = "$SHA"
-principal = "agent-1"
-tenant = "perf"
-groups = ["agents"]
-T
-  taskset -c 0 "$BIN" serve --config "$WORK/$g/countersign.toml" >"$WORK/$g/gateway.log" 2>&1 & PIDS+=($!)
-  for _ in $(seq 100); do grep -qs 'listening on' "$WORK/$g/gateway.log" && break; sleep 0.1; done
-done
+GPORT[allow]=$(port); GPORT[shipped]=$(port)
+allow_all "$WORK/allow-policies"
+cp -r "$ROOT/policies" "$WORK/shipped-policies"
+gateway allow "${GPORT[allow]}" "$WORK/allow-policies" "$SPORT"
+gateway shipped "${GPORT[shipped]}" "$WORK/shipped-policies" "$SPORT"
 # cell URL TOOL C N: "p50 µs / p99 µs / calls/s"
 cell() {
   local extra=()

@@ -10,50 +10,18 @@
 #
 # curl's own time per call is in both medians; the difference is what TLS
 # adds (record encryption on a warm connection; the handshake is paid once).
-set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${COUNTERSIGN_BIN:-$ROOT/target/release/countersign}
-STUB=${MCP_STUB:-$HOME/.cache/countersign-perf-target/release/mcp-stub}
 PER=${1:-200}
 BATCHES=${2:-10}
-[ -x "$BIN" ] && [ -x "$STUB" ] || { echo "needs $BIN and $STUB (see the header)" >&2; exit 1; }
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+source "$(dirname "$0")/lib.sh"
 SPORT=$(port)
-taskset -c 0 "$STUB" --port "$SPORT" --quiet >/dev/null & PIDS+=($!)
+stub "$SPORT"
 # A self-signed certificate for 127.0.0.1 (the client pins it as its CA).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=bench \
   -addext subjectAltName=IP:127.0.0.1 -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
-mkdir -p "$WORK/policies"
-cp "$ROOT/policies/schema.cedarschema" "$WORK/policies/"
-printf '@id("allow-all")\npermit (principal, action, resource);\n' > "$WORK/policies/all.cedar"
-TOKEN=bench-token
-SHA=$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)
-start() { # NAME PORT EXTRA
-  cat > "$WORK/$1.toml" <<T
-[gateway]
-listen = "127.0.0.1:$2"
-data_dir = "$WORK/data-$1"
-policies = "$WORK/policies"
-$3
-
-[servers.stub]
-url = "http://127.0.0.1:$SPORT/mcp"
-
-[[identities]]
-token_sha256 = "$SHA"
-principal = "bench"
-tenant = "bench"
-T
-  taskset -c 0 "$BIN" serve --config "$WORK/$1.toml" >"$WORK/$1.log" 2>&1 & PIDS+=($!)
-  for _ in $(seq 100); do grep -qs 'listening on' "$WORK/$1.log" && break; sleep 0.05; done
-}
+allow_all "$WORK/policies"
 PPORT=$(port); TPORT=$(port)
-start plain "$PPORT" ""
-start tls "$TPORT" "tls_cert = \"$WORK/cert.pem\"
+gateway plain "$PPORT" "$WORK/policies" "$SPORT"
+gateway tls "$TPORT" "$WORK/policies" "$SPORT" "tls_cert = \"$WORK/cert.pem\"
 tls_key = \"$WORK/key.pem\""
 CURL=(taskset -c 0 curl -s --cacert "$WORK/cert.pem" -H "Authorization: Bearer $TOKEN"
   -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream')
