@@ -19,13 +19,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOKEN = "bench-token"
+from benchlib import ROOT, TOKEN, start_gateway
 
 
 def post(url, body, session=None):
@@ -60,57 +58,20 @@ def session(url):
 
 
 def run_once(binary, example, cpu):
-    import hashlib
     with tempfile.TemporaryDirectory() as d:
-        pol = os.path.join(d, "policies")
-        os.makedirs(pol)
-        with open(os.path.join(ROOT, "policies", "schema.cedarschema")) as f:
-            schema = f.read()
-        with open(os.path.join(pol, "schema.cedarschema"), "w") as f:
-            f.write(schema)
-        with open(os.path.join(pol, "allow.cedar"), "w") as f:
-            f.write('permit (principal, action == Action::"call", resource);\n')
-        config = os.path.join(d, "countersign.toml")
-        with open(config, "w") as f:
-            f.write("""
-[gateway]
-listen = "127.0.0.1:0"
-data_dir = "%s"
-policies = "%s"
-
-[[identities]]
-token_sha256 = "%s"
-principal = "bench"
-tenant = "bench"
-
-[servers.payments]
-command = "%s"
-""" % (os.path.join(d, "data"), pol, hashlib.sha256(TOKEN.encode()).hexdigest(), example))
         # Debug for the pipeline only: the log says each time the gateway
         # fetched a tool list, which the report counts.
         env = dict(os.environ, COUNTERSIGN_LOG="warn,countersign::enforce=debug")
-        log_path = os.path.join(d, "gateway.log")
-        with open(log_path, "w") as log:
-            gw = subprocess.Popen(["taskset", "-c", str(cpu), binary, "serve", "--config", config],
-                                  stderr=log, env=env)
+        gw, addr, log_path = start_gateway(
+            binary, d, '[servers.payments]\ncommand = "%s"\n' % example, cpu=cpu, env=env)
         try:
-            addr = None
-            for _ in range(500):
-                with open(log_path) as f:
-                    found = [l for l in f if "listening on" in l]
-                if found:
-                    addr = found[0].strip().rsplit(" ", 1)[-1]
-                    break
-                time.sleep(0.01)
-            if not addr:
-                raise SystemExit("the gateway did not start")
             url = "http://%s/mcp/payments" % addr
             times = session(url) + session(url)
         finally:
             gw.terminate()
             gw.wait()
         with open(log_path) as f:
-            fetches = sum(1 for l in f if "tool list fetched" in l)
+            fetches = sum(1 for line in f if "tool list fetched" in line)
         return times, fetches
 
 

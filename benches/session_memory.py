@@ -15,7 +15,6 @@ Standard library only.
 """
 
 import argparse
-import hashlib
 import http.client
 import json
 import os
@@ -23,9 +22,9 @@ import subprocess
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import ROOT, TOKEN, start_gateway
+
 PERF = os.path.join(os.environ.get("PERF_TARGET_DIR", os.path.expanduser("~/.cache/countersign-perf-target")), "release")
-TOKEN = "bench-token"
 
 
 def free_port():
@@ -83,45 +82,14 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/countersign"))
     ap.add_argument("--sessions", type=int, default=1000)
     a = ap.parse_args()
-    stub_port, gw_port = free_port(), free_port()
+    stub_port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        pol = os.path.join(d, "policies")
-        os.makedirs(pol)
-        with open(os.path.join(ROOT, "policies", "schema.cedarschema")) as f:
-            schema = f.read()
-        with open(os.path.join(pol, "schema.cedarschema"), "w") as f:
-            f.write(schema)
-        with open(os.path.join(pol, "allow.cedar"), "w") as f:
-            f.write('permit (principal, action, resource);\n')
-        config = os.path.join(d, "countersign.toml")
-        with open(config, "w") as f:
-            f.write("""
-[gateway]
-listen = "127.0.0.1:%d"
-data_dir = "%s"
-policies = "%s"
-
-[[identities]]
-token_sha256 = "%s"
-principal = "bench"
-tenant = "bench"
-
-[servers.stub]
-url = "http://127.0.0.1:%d/mcp"
-""" % (gw_port, os.path.join(d, "data"), pol, hashlib.sha256(TOKEN.encode()).hexdigest(), stub_port))
         stub = subprocess.Popen([os.path.join(PERF, "mcp-stub"), "--port", str(stub_port), "--quiet"],
                                 stdout=subprocess.DEVNULL)
-        log_path = os.path.join(d, "gateway.log")
-        with open(log_path, "w") as log:
-            gw = subprocess.Popen([a.bin, "serve", "--config", config], stderr=log)
+        gw = None
         try:
-            for _ in range(500):
-                with open(log_path) as f:
-                    if any("listening on" in line for line in f):
-                        break
-                time.sleep(0.01)
-            else:
-                raise SystemExit("the gateway did not start")
+            gw, addr, _ = start_gateway(a.bin, d, '[servers.stub]\nurl = "http://127.0.0.1:%d/mcp"\n' % stub_port)
+            gw_port = int(addr.rsplit(":", 1)[1])
             conn = Conn(gw_port)
             path = "/mcp/stub"
             # One session first, so what every gateway allocates once (the
@@ -142,8 +110,9 @@ url = "http://127.0.0.1:%d/mcp"
             if held != a.sessions:
                 raise SystemExit("not every session was held")
         finally:
-            gw.terminate()
-            gw.wait()
+            if gw:
+                gw.terminate()
+                gw.wait()
             stub.terminate()
             stub.wait()
 
