@@ -15,7 +15,12 @@ PERF=${PERF_TARGET_DIR:-$HOME/.cache/countersign-perf-target}/release
 }
 WORK=$(mktemp -d)
 PIDS=()
-bench_cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+# BENCH_LOGS=DIR keeps the gateways' logs there.
+bench_cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS" && cp "$WORK"/*.log "$BENCH_LOGS"/ 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
 trap bench_cleanup EXIT
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 TOKEN=perf-token-1

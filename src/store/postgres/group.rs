@@ -222,6 +222,7 @@ async fn writer<K: Kind>(
     let mut carry = None;
     while let Some(batch) = gather::<K>(&rx, &mut carry).await {
         let (ops, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        tracing::trace!(kind = K::WHAT, writes = ops.len(), "grouped write");
         let result = run(&*kind, &target, durability, &mut conn, &ops).await;
         match result {
             Ok(outs) => {
