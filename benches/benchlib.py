@@ -10,6 +10,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "bench-token"
 
 
+def mcp_headers(session=None):
+    """The headers of a client's POST to /mcp, with `TOKEN`."""
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "Authorization": "Bearer " + TOKEN,
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+    if session:
+        headers["Mcp-Session-Id"] = session
+    return headers
+
+
 def allow_all_policies(d):
     """A policy folder under `d` with the project's schema and one permit."""
     pol = os.path.join(d, "policies")

@@ -23,18 +23,11 @@ import tempfile
 import time
 import urllib.request
 
-from benchlib import ROOT, TOKEN, start_gateway
+from benchlib import ROOT, mcp_headers, start_gateway
 
 
 def post(url, body, session=None):
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "Authorization": "Bearer " + TOKEN,
-        "MCP-Protocol-Version": "2025-11-25",
-    }
-    if session:
-        headers["Mcp-Session-Id"] = session
+    headers = mcp_headers(session)
     req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(req) as resp:
         return resp.headers.get("Mcp-Session-Id"), resp.read()

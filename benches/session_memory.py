@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import ROOT, TOKEN, start_gateway
+from benchlib import ROOT, mcp_headers, start_gateway
 
 PERF = os.path.join(os.environ.get("PERF_TARGET_DIR", os.path.expanduser("~/.cache/countersign-perf-target")), "release")
 
@@ -43,14 +43,7 @@ class Conn:
         self.c = http.client.HTTPConnection("127.0.0.1", port)
 
     def post(self, path, body, session=None):
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-            "Authorization": "Bearer " + TOKEN,
-            "MCP-Protocol-Version": "2025-11-25",
-        }
-        if session:
-            headers["Mcp-Session-Id"] = session
+        headers = mcp_headers(session)
         self.c.request("POST", path, json.dumps(body), headers)
         r = self.c.getresponse()
         data = r.read()

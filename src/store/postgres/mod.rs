@@ -564,6 +564,29 @@ async fn relaxed(
     Ok(())
 }
 
+/// Turn `dispatched` rows (key, record; locked by the caller) into
+/// `unknown`: sent, the answer lost. Calls waiting on them, on any gateway,
+/// look again when `txn` commits.
+async fn mark_unknown(
+    txn: &deadpool_postgres::Transaction<'_>,
+    rows: &[tokio_postgres::Row],
+    op: &'static str,
+) -> Result<(), StoreError> {
+    for r in rows {
+        let key: &str = r.get(0);
+        let mut rec: Record = decode("record", r.get::<_, &str>(1))?;
+        rec.state = State::Unknown;
+        txn.execute(
+            "UPDATE ledger SET state = 'unknown', record = $2 WHERE key = $1 AND state = 'dispatched'",
+            &[&key, &encode("record", &rec)?],
+        )
+        .await
+        .map_err(backend(op))?;
+        notify(txn, LEDGER_CHANNEL, key).await?;
+    }
+    Ok(())
+}
+
 /// Announce a change; delivered to listeners when `txn` commits.
 async fn notify(
     txn: &deadpool_postgres::Transaction<'_>,
@@ -863,16 +886,7 @@ impl Store for PgStore {
                 )
                 .await
                 .map_err(backend("recover"))?;
-            for r in &rows {
-                let mut rec: Record = decode("record", r.get::<_, &str>(1))?;
-                rec.state = State::Unknown;
-                txn.execute(
-                    "UPDATE ledger SET state = 'unknown', record = $2 WHERE key = $1",
-                    &[&r.get::<_, &str>(0), &encode("record", &rec)?],
-                )
-                .await
-                .map_err(backend("recover"))?;
-            }
+            mark_unknown(&txn, &rows, "recover").await?;
             txn.commit().await.map_err(backend("commit"))?;
             Ok(Recovery {
                 freed: usize::try_from(freed).unwrap_or(usize::MAX),
@@ -915,18 +929,7 @@ impl Store for PgStore {
                 )
                 .await
                 .map_err(backend("settle lapsed gateways"))?;
-            for r in &rows {
-                let mut rec: Record = decode("record", r.get::<_, &str>(1))?;
-                rec.state = State::Unknown;
-                txn.execute(
-                    "UPDATE ledger SET state = 'unknown', record = $2 WHERE key = $1 AND state = 'dispatched'",
-                    &[&r.get::<_, &str>(0), &encode("record", &rec)?],
-                )
-                .await
-                .map_err(backend("settle lapsed gateways"))?;
-                // Calls waiting on it (on any gateway) look again now.
-                notify(&txn, LEDGER_CHANNEL, r.get::<_, &str>(0)).await?;
-            }
+            mark_unknown(&txn, &rows, "settle lapsed gateways").await?;
             if freed > 0 || !rows.is_empty() {
                 tracing::warn!(
                     freed,
