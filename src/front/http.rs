@@ -368,6 +368,60 @@ fn session_request(session: &Arc<Session>) -> RequestCtx {
 /// response stream is the cancellation).
 struct AbortOnDrop(tokio::task::AbortHandle);
 
+/// A call polled inline by the request's handler. Dropped before it ends,
+/// it is cancelled, or, when `outlives` (the handshake era), its rest is
+/// spawned so that it still runs to the end.
+struct Inline {
+    fut: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    outlives: bool,
+}
+
+impl Inline {
+    fn new(fut: impl std::future::Future<Output = ()> + Send + 'static, outlives: bool) -> Inline {
+        use futures_util::FutureExt;
+        // A panic ends the call, not the client's connection: its sender is
+        // dropped, and the handler answers that no answer came.
+        let fut = std::panic::AssertUnwindSafe(fut).catch_unwind().map(|_| ());
+        Inline {
+            fut: Some(Box::pin(fut)),
+            outlives,
+        }
+    }
+
+    /// Run the rest in a task of its own.
+    fn detach(mut self) -> tokio::task::JoinHandle<()> {
+        match self.fut.take() {
+            Some(fut) => tokio::spawn(fut),
+            None => tokio::spawn(async {}),
+        }
+    }
+}
+
+impl std::future::Future for Inline {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let Some(fut) = self.fut.as_mut() else {
+            return std::task::Poll::Ready(());
+        };
+        let done = fut.as_mut().poll(cx);
+        if done.is_ready() {
+            self.fut = None;
+        }
+        done
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        if let (Some(fut), true) = (self.fut.take(), self.outlives) {
+            tokio::spawn(fut);
+        }
+    }
+}
+
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
@@ -395,21 +449,33 @@ async fn relay_request(
     let events = sse.then(|| tx.clone());
     let era = rc.era;
     let gw = gw.clone();
-    let work = async move { mcp::answer(&gw, &rc, msg, events).await };
-    // Spawned: in the handshake era a client that disconnects does not cancel
-    // the call (it may resume through the session), so the call must outlive
-    // this handler.
-    let task = tokio::spawn(async move {
-        let final_answer = work.await;
-        let _ = tx.send(final_answer).await;
-    });
-    let abort = (era == Era::Modern).then(|| AbortOnDrop(task.abort_handle()));
-    let Some(first) = rx.recv().await else {
+    // Run here, in the connection's own task, until the first message: a
+    // plain answer then costs no task of its own and no wake-up of another
+    // worker thread. In the handshake era a client that disconnects does not
+    // cancel the call (it may resume through the session), so dropping this
+    // handler moves the rest of the call into a task of its own.
+    let mut call = Inline::new(
+        async move {
+            let final_answer = mcp::answer(&gw, &rc, msg, events).await;
+            let _ = tx.send(final_answer).await;
+        },
+        era != Era::Modern,
+    );
+    let first = tokio::select! {
+        biased;
+        m = rx.recv() => m,
+        () = &mut call => rx.recv().await,
+    };
+    let Some(first) = first else {
         return reject(Rejection::NoAnswer, Value::Null);
     };
     if first.kind() == Kind::Response {
         return rpc(StatusCode::OK, &first);
     }
+    // A stream: the rest of the call runs in its own task. In 2026-07-28 a
+    // client that goes away cancels it.
+    let task = call.detach();
+    let abort = (era == Era::Modern).then(|| AbortOnDrop(task.abort_handle()));
     if let Some(Resumable(session)) = resumable {
         let (number, priming) = lock_replay(&session).open();
         // The stream outlives the connection: what the call sends after the
