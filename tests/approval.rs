@@ -52,6 +52,8 @@ impl Review {
         reviewers.push_str(&keygen(&keys, "alice", "[\"leads\"]", "[\"acme\"]"));
         reviewers.push_str(&keygen(&keys, "bob", "[]", "[\"globex\"]"));
         reviewers.push_str(&keygen(&keys, "agent-7", "[\"leads\"]", "[\"acme\"]"));
+        // carol reviews acme but is in no group.
+        reviewers.push_str(&keygen(&keys, "carol", "[]", "[\"acme\"]"));
         // mallory has a key but is not registered.
         let _ = keygen(&keys, "mallory", "[]", "[\"acme\"]");
         std::fs::write(pdir.path().join("reviewers.toml"), reviewers).unwrap();
@@ -401,7 +403,9 @@ async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
     // A reviewer approving their own call.
     let (ok, _, err) = r.cli("agent-7", &["approve", &id]).await;
     assert!(
-        !ok && err.contains("do not let reviewer `agent-7` approve"),
+        !ok && err.contains("reviewer `agent-7` may not approve this call: forbidden by policy")
+            && err.contains("no-self-approval")
+            && err.contains("nobody approves their own call"),
         "{err}"
     );
     // An unregistered reviewer.
@@ -580,6 +584,89 @@ async fn a_denied_call_answers_approval_denied_with_the_reason() {
     assert_eq!(code(&a), "approval_denied");
     assert!(a.text.contains("wrong account"), "{a:?}");
     assert_eq!(r.gw.executions(CHARGE), 0);
+}
+
+#[tokio::test]
+async fn a_refused_approval_names_the_group_that_is_missing() {
+    let r = Review::start("hold = \"0s\"", "");
+    let c = r.client(common::TOKEN).await;
+    let id = proposal_id(
+        &call(
+            &c,
+            1,
+            "close_account",
+            json!({"account": "acct-1"}),
+            "k-close",
+        )
+        .await,
+    );
+    // carol is in no group; the shipped policies let only `leads` approve a
+    // destructive tool, and the refusal says so rather than blaming
+    // self-approval.
+    let (ok, _, err) = r.cli("carol", &["approve", &id]).await;
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("no policy lets reviewer `carol` (no groups) approve `payments/close_account` (destructive)")
+            && err.contains("name group leads"),
+        "{err}"
+    );
+    assert!(!err.contains("self-approval"), "{err}");
+    // A lead approves it.
+    r.approve("alice", &id).await;
+    assert!(ran(&call(
+        &c,
+        2,
+        "close_account",
+        json!({"account": "acct-1"}),
+        "k-close"
+    )
+    .await));
+    assert_eq!(r.gw.executions("close_account"), 1);
+}
+
+#[tokio::test]
+async fn keygen_makes_a_missing_folder_and_takes_groups() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("new/.countersign/dana.key");
+    let (ok, out, err) = cli(&["keygen", "--name", "dana", "--out", key.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    let folder = key.parent().unwrap();
+    assert_eq!(
+        std::fs::metadata(folder).unwrap().permissions().mode() & 0o777,
+        0o700,
+        "a folder for private keys is its owner's alone"
+    );
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // Without --groups the entry says what the shipped policies need.
+    assert!(
+        out.contains("groups = []") && out.contains("--groups leads"),
+        "{out}"
+    );
+    let key2 = dir.path().join("new/.countersign/erin.key");
+    let (ok, out, err) = cli(&[
+        "keygen",
+        "--name",
+        "erin",
+        "--groups",
+        "leads",
+        "--tenants",
+        "acme,globex",
+        "--out",
+        key2.to_str().unwrap(),
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("groups = [\"leads\"]") && out.contains("tenants = [\"acme\", \"globex\"]"),
+        "{out}"
+    );
+    // The entry parses as a reviewers file.
+    let parsed: toml::Value = toml::from_str(&out).unwrap();
+    assert_eq!(parsed["reviewers"][0]["name"].as_str(), Some("erin"));
 }
 
 #[tokio::test]

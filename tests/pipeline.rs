@@ -515,7 +515,7 @@ impl Fixture {
             .clone();
         self.pipeline
             .book
-            .decide(&p.id, statement, &signature, &bob, |_| true)
+            .decide(&p.id, statement, &signature, &bob, |_| Ok(()))
             .await
             .unwrap();
     }

@@ -19,7 +19,8 @@
 //! | `unmapped` | the whole entry |
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
@@ -161,6 +162,79 @@ fn read_log(dir: PathBuf) -> (Lines, std::thread::JoinHandle<Result<(), AuditErr
     (rx, reader)
 }
 
+/// Why an export stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// A log could not be read or holds a line that is not an entry.
+    #[error(transparent)]
+    Log(#[from] AuditError),
+    /// The output could not be written. A reader that went away (`| head`)
+    /// is `BrokenPipe`: the export is cut short, and the log is fine.
+    #[error("cannot write the export: {0}")]
+    Output(std::io::Error),
+}
+
+impl ExportError {
+    /// The reader of the output went away (`| head`): not a failure of the log.
+    pub fn is_closed_output(&self) -> bool {
+        matches!(self, ExportError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// Where entries go, in one format.
+enum Sink<'a> {
+    Csv(Box<csv::Writer<&'a mut dyn Write>>),
+    Plain(&'a mut dyn Write, Format),
+}
+
+fn csv_io(e: csv::Error) -> std::io::Error {
+    match e.into_kind() {
+        csv::ErrorKind::Io(e) => e,
+        other => std::io::Error::other(format!("{other:?}")),
+    }
+}
+
+impl<'a> Sink<'a> {
+    fn new(format: Format, out: &'a mut dyn Write) -> std::io::Result<Sink<'a>> {
+        Ok(match format {
+            Format::Csv => {
+                let mut w = csv::Writer::from_writer(out);
+                w.write_record(CSV_COLUMNS).map_err(csv_io)?;
+                Sink::Csv(Box::new(w))
+            }
+            _ => Sink::Plain(out, format),
+        })
+    }
+
+    /// One entry: its line as written, and parsed.
+    fn entry(&mut self, line: &[u8], e: &Map<String, Value>) -> std::io::Result<()> {
+        match self {
+            Sink::Csv(w) => w
+                .write_record(CSV_COLUMNS.iter().map(|c| text(e, c)))
+                .map_err(csv_io),
+            Sink::Plain(out, Format::Ocsf) => writeln!(out, "{}", ocsf(e)),
+            Sink::Plain(out, _) => out.write_all(line).and_then(|()| out.write_all(b"\n")),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Csv(w) => w.flush(),
+            Sink::Plain(out, _) => out.flush(),
+        }
+    }
+}
+
+/// Whether an entry's `time` is in `[since, until]`.
+fn in_window(e: &Map<String, Value>, since: Option<i64>, until: Option<i64>) -> bool {
+    let t = e
+        .get("time")
+        .and_then(Value::as_str)
+        .and_then(parse_rfc3339);
+    !(since.is_some_and(|s| t.is_none_or(|t| t < s))
+        || until.is_some_and(|u| t.is_none_or(|t| t > u)))
+}
+
 /// Stream the entries with `time` in `[since, until]` of the logs in `dirs`
 /// to `out`, merged in time order (each log's own order kept); returns how
 /// many were written. Memory stays constant: a few lines per log.
@@ -170,25 +244,10 @@ pub fn export(
     since: Option<i64>,
     until: Option<i64>,
     out: &mut dyn Write,
-) -> Result<u64, AuditError> {
-    let first = dirs.first().cloned().unwrap_or_default();
+) -> Result<u64, ExportError> {
     let mut written = 0u64;
-    let mut err: Option<String> = None;
-    enum Sink<'a> {
-        Csv(Box<csv::Writer<&'a mut dyn Write>>),
-        Plain(&'a mut dyn Write),
-    }
-    let mut sink = match format {
-        Format::Csv => {
-            let mut w = csv::Writer::from_writer(out);
-            w.write_record(CSV_COLUMNS).map_err(|e| AuditError {
-                path: first.clone(),
-                message: e.to_string(),
-            })?;
-            Sink::Csv(Box::new(w))
-        }
-        _ => Sink::Plain(out),
-    };
+    let mut err: Option<ExportError> = None;
+    let mut sink = Sink::new(format, out).map_err(ExportError::Output)?;
     let mut logs: Vec<_> = dirs.iter().map(|d| read_log(d.clone())).collect();
     let mut heads: Vec<Option<Line>> = logs.iter().map(|(rx, _)| rx.recv().ok()).collect();
     // The earliest head next; ties (and entries without a time) by log order.
@@ -204,37 +263,16 @@ pub fn export(
         };
         heads[i] = logs[i].0.recv().ok();
         let Ok(e) = serde_json::from_slice::<Map<String, Value>>(&line) else {
-            err = Some(format!(
-                "{}: {place} is not a JSON entry: run `countersign audit verify`",
-                dirs[i].display()
-            ));
+            err = Some(not_an_entry(&dirs[i], &place));
             break;
         };
-        let t = e
-            .get("time")
-            .and_then(Value::as_str)
-            .and_then(parse_rfc3339);
-        if since.is_some_and(|s| t.is_none_or(|t| t < s))
-            || until.is_some_and(|u| t.is_none_or(|t| t > u))
-        {
+        if !in_window(&e, since, until) {
             continue;
         }
-        let result = match (&mut sink, format) {
-            (Sink::Csv(w), _) => w
-                .write_record(CSV_COLUMNS.iter().map(|c| text(&e, c)))
-                .map_err(|e| e.to_string()),
-            (Sink::Plain(out), Format::Ocsf) => {
-                writeln!(out, "{}", ocsf(&e)).map_err(|e| e.to_string())
-            }
-            (Sink::Plain(out), _) => out
-                .write_all(&line)
-                .and_then(|()| out.write_all(b"\n"))
-                .map_err(|e| e.to_string()),
-        };
-        match result {
+        match sink.entry(&line, &e) {
             Ok(()) => written += 1,
             Err(e) => {
-                err = Some(e);
+                err = Some(ExportError::Output(e));
                 break;
             }
         }
@@ -252,25 +290,116 @@ pub fn export(
         match r.join() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                err.get_or_insert(e.to_string());
+                err.get_or_insert(ExportError::Log(e));
             }
             Err(_) => {
-                err.get_or_insert(format!("{}: the reader stopped", dir.display()));
+                err.get_or_insert(ExportError::Log(AuditError {
+                    path: dir.clone(),
+                    message: "the reader stopped".into(),
+                }));
             }
         }
     }
-    let flushed = match &mut sink {
-        Sink::Csv(w) => w.flush(),
-        Sink::Plain(out) => out.flush(),
-    };
-    if let Err(e) = flushed {
-        err.get_or_insert(e.to_string());
+    if let Err(e) = sink.flush() {
+        err.get_or_insert(ExportError::Output(e));
     }
     match err {
-        Some(message) => Err(AuditError {
-            path: first,
-            message,
-        }),
+        Some(e) => Err(e),
         None => Ok(written),
     }
+}
+
+fn not_an_entry(dir: &Path, place: &str) -> ExportError {
+    ExportError::Log(AuditError {
+        path: dir.to_owned(),
+        message: format!("{place} is not a JSON entry: run `countersign audit verify`"),
+    })
+}
+
+/// How often `follow` looks for new entries.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+/// Stream the entries of the log in `dir` at or after `since`, then keep
+/// streaming new ones as the gateway writes them (across segments), as
+/// `tail -f` does, until `stop` is set or the output goes away. Only whole
+/// lines are written: a line the gateway is still writing waits for its
+/// newline. Each entry is flushed at once, for log shippers.
+pub fn follow(
+    dir: &Path,
+    format: Format,
+    since: Option<i64>,
+    out: &mut dyn Write,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<u64, ExportError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut sink = Sink::new(format, out).map_err(ExportError::Output)?;
+    sink.flush().map_err(ExportError::Output)?;
+    let mut written = 0u64;
+    // The segment being read, how far, and its line count (for messages).
+    let mut current: Option<(PathBuf, u64, usize)> = None;
+    let mut pending: Vec<u8> = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let segs = super::segment::segments(dir)?;
+        let (seg, mut offset, mut number) = match current.take() {
+            Some(c) => c,
+            None => match segs.first() {
+                Some(first) => (first.clone(), 0, 0),
+                None => {
+                    std::thread::sleep(FOLLOW_POLL);
+                    continue;
+                }
+            },
+        };
+        let io = |e: std::io::Error| AuditError {
+            path: seg.clone(),
+            message: e.to_string(),
+        };
+        let mut file = std::fs::File::open(&seg).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let mut got = false;
+        if len > offset {
+            file.seek(SeekFrom::Start(offset)).map_err(io)?;
+            let mut chunk = Vec::with_capacity((len - offset) as usize);
+            (&mut file)
+                .take(len - offset)
+                .read_to_end(&mut chunk)
+                .map_err(io)?;
+            offset += chunk.len() as u64;
+            pending.extend_from_slice(&chunk);
+            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                let line = &line[..line.len() - 1];
+                number += 1;
+                got = true;
+                let name = seg.file_name().map(|s| s.to_string_lossy().into_owned());
+                let place = format!("{} line {number}", name.unwrap_or_default());
+                let e = serde_json::from_slice::<Map<String, Value>>(line)
+                    .map_err(|_| not_an_entry(dir, &place))?;
+                if !in_window(&e, since, None) {
+                    continue;
+                }
+                sink.entry(line, &e).map_err(ExportError::Output)?;
+                written += 1;
+            }
+            if got {
+                sink.flush().map_err(ExportError::Output)?;
+            }
+        }
+        // A newer segment and nothing left here: the writer rotated. (A
+        // torn line at the end of an older segment is left to `verify`.)
+        let next = segs.iter().find(|s| **s > seg).cloned();
+        match next {
+            Some(next) if !got && len == offset => {
+                pending.clear();
+                current = Some((next, 0, 0));
+            }
+            _ => {
+                current = Some((seg, offset, number));
+                if !got {
+                    std::thread::sleep(FOLLOW_POLL);
+                }
+            }
+        }
+    }
+    Ok(written)
 }

@@ -98,6 +98,44 @@ fn intern(kind: &str) -> &'static str {
         .unwrap_or_else(|| Box::leak(kind.to_owned().into_boxed_str()))
 }
 
+/// The lock file in the audit dir, locked by the process that writes the log.
+pub const WRITER_LOCK: &str = "writer.lock";
+
+/// Lock the log for this writer. Two writers would interleave two chains in
+/// one file and break it, so a second one (another gateway started on the
+/// same data dir) is refused. The lock goes with the process, so a crash
+/// leaves nothing to clean up.
+fn take_writer_lock(dir: &Path) -> Result<File, AuditError> {
+    let path = dir.join(WRITER_LOCK);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(AuditError {
+            path: dir.to_owned(),
+            message: "another process writes this audit log (is a gateway already running on this data dir?): \
+                      one writer per log"
+                .into(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(io_err(&path)(e)),
+    }
+}
+
+/// Whether a process holds the log's writer lock now (a running gateway).
+pub fn writer_running(dir: &Path) -> bool {
+    let Ok(file) = File::open(dir.join(WRITER_LOCK)) else {
+        return false;
+    };
+    matches!(
+        file.try_lock_shared(),
+        Err(std::fs::TryLockError::WouldBlock)
+    )
+}
+
 /// The key file name in the audit dir.
 pub const KEY_FILE: &str = "gateway.key";
 
@@ -324,6 +362,7 @@ impl AuditLog {
     /// Open (or create) the log, recover its tail, write `log_started`.
     pub fn open(s: Settings) -> Result<AuditLog, AuditError> {
         std::fs::create_dir_all(&s.dir).map_err(io_err(&s.dir))?;
+        let writer_lock = take_writer_lock(&s.dir)?;
         let key = load_or_create_key(&s.dir)?;
         let public_key = format_public_key(&key.verifying_key());
         let tail = recover(&s.dir)?;
@@ -359,6 +398,7 @@ impl AuditLog {
             head: tail.head,
             since_checkpoint: 0,
             settings: s.clone(),
+            _writer_lock: writer_lock,
         };
         if tail.cut > 0 || !tail.clean {
             tracing::warn!(
@@ -575,6 +615,8 @@ impl Drop for AuditLog {
 }
 
 struct Writer {
+    /// Held as long as the writer runs: one writer per log.
+    _writer_lock: File,
     queue: Queue,
     sleeping: Arc<std::sync::atomic::AtomicBool>,
     outbox: Arc<OutboxState>,
@@ -909,6 +951,22 @@ mod tests {
             redact: vec![],
             gateway: Some("gw-test".into()),
         }
+    }
+
+    #[tokio::test]
+    async fn a_second_writer_of_one_log_is_refused_and_the_lock_goes_with_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = AuditLog::open(settings(dir.path())).unwrap();
+        assert!(writer_running(dir.path()));
+        let second = AuditLog::open(settings(dir.path()));
+        let err = second.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err.contains("another process writes this audit log"),
+            "{err}"
+        );
+        drop(first);
+        assert!(!writer_running(dir.path()));
+        AuditLog::open(settings(dir.path())).unwrap();
     }
 
     #[tokio::test]

@@ -31,6 +31,8 @@ pub struct Report {
     pub brk: Option<Break>,
     /// Where the gateway key came from.
     pub key_source: String,
+    /// A gateway was writing the log while it was read.
+    pub running: bool,
 }
 
 impl Report {
@@ -53,11 +55,20 @@ impl Report {
             return out;
         }
         let tail = self.unsigned_tail();
-        if self.torn_bytes > 0 || !self.ended_clean {
+        if self.running {
+            // Not truncation: the writer signs the tail at its next
+            // checkpoint, and an entry it is writing now may be partial.
+            out.push_str(&format!(
+                "live: a gateway is writing this log; the {tail} entries after its last checkpoint (seq {}) \
+                 are signed at the next checkpoint (audit.checkpoint_every, audit.checkpoint_interval) or at \
+                 shutdown\n",
+                self.last_checkpoint.unwrap_or(0)
+            ));
+        } else if self.torn_bytes > 0 || !self.ended_clean {
             out.push_str(&format!(
                 "truncation: the log ends {tail} entries after its last checkpoint (seq {}) without a \
-                 clean-shutdown checkpoint{}: the gateway is still running or stopped abruptly; a crash \
-                 loses at most this unsigned tail, so this is not corruption\n",
+                 clean-shutdown checkpoint{}: the gateway stopped abruptly; a crash loses at most this \
+                 unsigned tail, so this is not corruption\n",
                 self.last_checkpoint.unwrap_or(0),
                 if self.torn_bytes > 0 {
                     format!(
@@ -161,6 +172,7 @@ pub fn verify_dir(
     } else {
         "as named by the log itself (pass --pubkey to pin it)".to_owned()
     };
+    let running = super::log::writer_running(dir);
     let mut v = Verifier::new(pubkey, reviewers);
     let mut brk = None;
     let (segments, torn_bytes) = each_line(dir, |line, place| match v.feed(line, place) {
@@ -180,5 +192,6 @@ pub fn verify_dir(
         torn_bytes,
         brk,
         key_source,
+        running,
     })
 }

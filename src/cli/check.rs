@@ -56,6 +56,25 @@ pub struct ToolHealth {
     pub cache: Option<String>,
 }
 
+/// One tool of `check`'s text output: its name, what the gateway treats it
+/// as (read-only, or a write and whether destructive) and the other
+/// effective hints.
+pub fn tool_line(t: &ToolHealth) -> String {
+    let kind = match (t.read_only, t.destructive) {
+        (true, _) => "read-only",
+        (false, true) => "write, destructive",
+        (false, false) => "write",
+    };
+    let mut line = format!(
+        "{:<24} {kind}; idempotent {}, open world {}",
+        t.name, t.idempotent, t.open_world
+    );
+    if let Some(cache) = &t.cache {
+        line.push_str(&format!("; cache {cache}"));
+    }
+    line
+}
+
 /// What a fresh connection to an upstream says about itself.
 struct Listing {
     /// `initialize` time.

@@ -10,9 +10,9 @@ use crate::core::decision::{Policies, PolicyError, PolicySources, SCHEMA_FILE};
 
 /// Read, parse and check a configuration file.
 pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     Config::parse(&text, path)
 }

@@ -125,6 +125,14 @@ enum Command {
         /// The reviewer's name (defaults to $USER).
         #[arg(long, env = "USER")]
         name: String,
+        /// Groups for the printed entry, comma-separated. The shipped
+        /// policies let only group `leads` approve destructive tools.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        /// Tenants whose calls the reviewer may decide, comma-separated
+        /// (default every tenant, `*`).
+        #[arg(long, value_delimiter = ',', default_value = "*")]
+        tenants: Vec<String>,
     },
     /// List proposals waiting for a decision.
     Pending {
@@ -229,6 +237,11 @@ enum AuditCommand {
         /// Write here instead of stdout.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Keep streaming new entries as the gateway writes them, as
+        /// `tail -f` does (one --dir; stops on Ctrl-C or when the reader
+        /// goes away).
+        #[arg(long, conflicts_with = "until")]
+        follow: bool,
     },
     /// Print the gateway's audit public key (made on the gateway's first start).
     Pubkey {
@@ -472,11 +485,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Audit { command } => audit(command),
-        Command::Keygen { out, name } => {
-            let entry = crate::cli::review::keygen(&out, &name)?;
+        Command::Keygen {
+            out,
+            name,
+            groups,
+            tenants,
+        } => {
+            let entry = crate::cli::review::keygen(&out, &name, &groups, &tenants)?;
             eprintln!(
-                "countersign: wrote the private key to {} (mode 0600); add this to policies/reviewers.toml \
-                 (set groups and tenants):",
+                "countersign: wrote the private key to {} (mode 0600); add this entry to the gateway's \
+                 reviewers file (approvals.reviewers, by default policies/reviewers.toml):",
                 out.display()
             );
             print!("{entry}");
@@ -568,6 +586,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         "{:<20} {:<5} {:>9.1} ms  {circuit}{}",
                         h.server, state, h.latency_ms, detail
                     );
+                    for t in &h.tools {
+                        println!("  {}", crate::cli::check::tool_line(t));
+                    }
                 }
             }
             let all_up = !report.is_empty() && report.iter().all(|h| h.up);
@@ -725,24 +746,38 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
             since,
             until,
             out,
+            follow,
         } => {
             let since = parse_time("--since", since)?;
             let until = parse_time("--until", until)?;
-            let n = match out {
-                Some(path) => {
-                    let file = std::fs::File::create(&path)
-                        .with_context(|| format!("cannot create `{}`", path.display()))?;
-                    let mut w = std::io::BufWriter::new(file);
-                    audit::export::export(&dir, format, since, until, &mut w)?
-                }
-                None => {
-                    let stdout = std::io::stdout();
-                    let mut w = std::io::BufWriter::new(stdout.lock());
-                    audit::export::export(&dir, format, since, until, &mut w)?
-                }
+            anyhow::ensure!(
+                !follow || dir.len() == 1,
+                "--follow streams one log: give one --dir (run one export per gateway)"
+            );
+            let mut sink: Box<dyn std::io::Write> = match out {
+                Some(path) => Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(&path)
+                        .with_context(|| format!("cannot create `{}`", path.display()))?,
+                )),
+                None => Box::new(std::io::BufWriter::new(std::io::stdout())),
             };
-            eprintln!("countersign: exported {n} entries");
-            Ok(ExitCode::SUCCESS)
+            let result = if follow {
+                // Runs until Ctrl-C ends the process (every entry is flushed
+                // as it is written) or the reader goes away.
+                let never = std::sync::atomic::AtomicBool::new(false);
+                audit::export::follow(&dir[0], format, since, &mut *sink, &never)
+            } else {
+                audit::export::export(&dir, format, since, until, &mut *sink)
+            };
+            match result {
+                Ok(n) => {
+                    eprintln!("countersign: exported {n} entries");
+                    Ok(ExitCode::SUCCESS)
+                }
+                // `| head` closed the pipe: the reader has what it wanted.
+                Err(e) if e.is_closed_output() => Ok(ExitCode::SUCCESS),
+                Err(e) => Err(e.into()),
+            }
         }
         AuditCommand::Pubkey { dir } => {
             let path = dir.join(audit::log::KEY_FILE);

@@ -15,7 +15,12 @@ use crate::core::approval::{format_public_key, KeyFile, Verdict};
 /// `countersign keygen --out FILE [--name NAME]`: a new reviewer key, written
 /// with mode 0600 (never over an existing file). Returns the lines to add to
 /// `policies/reviewers.toml`.
-pub fn keygen(out: &Path, name: &str) -> anyhow::Result<String> {
+pub fn keygen(
+    out: &Path,
+    name: &str,
+    groups: &[String],
+    tenants: &[String],
+) -> anyhow::Result<String> {
     crate::core::approval::check_reviewer_name(name)
         .map_err(|e| anyhow::anyhow!("{e} (set --name)"))?;
     let seed: [u8; 32] = rand::random();
@@ -25,6 +30,20 @@ pub fn keygen(out: &Path, name: &str) -> anyhow::Result<String> {
         "# countersign reviewer key for `{name}`: keep it secret, never commit it\n{}",
         toml::to_string(&kf)?
     );
+    // A missing folder (`~/.countersign` on a first run) is made, readable
+    // by its owner only: it holds private keys.
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            builder.mode(0o700);
+        }
+        builder
+            .create(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create the folder `{}`: {e}", dir.display()))?;
+    }
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -34,16 +53,32 @@ pub fn keygen(out: &Path, name: &str) -> anyhow::Result<String> {
         // secret is readable by others.
         opts.mode(0o600);
     }
-    let mut f = opts.open(out).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot create `{}`: {e} (keygen never overwrites a key; choose another --out)",
+    let mut f = opts.open(out).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => anyhow::anyhow!(
+            "`{}` already exists (keygen never overwrites a key; choose another --out)",
             out.display()
-        )
+        ),
+        _ => anyhow::anyhow!("cannot create `{}`: {e}", out.display()),
     })?;
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
+    let list = |items: &[String]| {
+        let quoted: Vec<String> = items
+            .iter()
+            .filter(|i| !i.is_empty())
+            .map(|i| toml::Value::String(i.clone()).to_string())
+            .collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    let hint = if groups.is_empty() {
+        "# no groups: the shipped policies let only group \"leads\" approve destructive tools (--groups leads)\n"
+    } else {
+        ""
+    };
     Ok(format!(
-        "[[reviewers]]\nname = \"{name}\"\npublic_key = \"{public}\"\ngroups = []\ntenants = [\"*\"]\n"
+        "[[reviewers]]\nname = \"{name}\"\npublic_key = \"{public}\"\n{hint}groups = {}\ntenants = {}\n",
+        list(groups),
+        list(tenants)
     ))
 }
 

@@ -11,16 +11,25 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+fn read_hint(e: &std::io::Error) -> &'static str {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        " (pass --config FILE; examples/countersign.toml is a start)"
+    } else {
+        ""
+    }
+}
+
 /// Why a configuration file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file `{path}`: {source}")]
+    /// The file could not be read. The I/O error is in the message only
+    /// (not a `source`), so a report of the error chain says it once.
+    #[error("cannot read config file `{path}`: {error}{}", read_hint(error))]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML or does not match the schema.
     #[error("invalid config file `{path}`:\n{message}")]

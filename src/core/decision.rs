@@ -50,6 +50,32 @@ pub enum Decision {
     },
 }
 
+impl std::fmt::Display for Decision {
+    /// For log lines: `allow by read-only`, `approval by writes-need-approval`,
+    /// `deny by charge-ceiling`, `deny: no policy permits it`,
+    /// `deny: <errors>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (word, policies) = match self {
+            Decision::Allow { policies } => ("allow", policies),
+            Decision::Approval { policies } => ("approval", policies),
+            Decision::Deny { policies, errors } => {
+                if !errors.is_empty() {
+                    return write!(f, "deny: {}", errors.join("; "));
+                }
+                ("deny", policies)
+            }
+        };
+        if policies.is_empty() {
+            match self {
+                Decision::Deny { .. } => write!(f, "deny: no policy permits it"),
+                _ => write!(f, "{word}"),
+            }
+        } else {
+            write!(f, "{word} by {}", policies.join(", "))
+        }
+    }
+}
+
 /// A problem in the policy folder, with its place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyError {
@@ -531,6 +557,25 @@ impl Policies {
         }
         cache.insert(key, built.clone());
         Ok(built)
+    }
+
+    /// The groups that policies about `Action::"approve"` name
+    /// (`Group::"leads"`), sorted: what a refused reviewer may be missing.
+    /// Textual, for the refusal's wording only; never for a decision.
+    pub fn approve_groups(&self) -> Vec<String> {
+        let mut groups = std::collections::BTreeSet::new();
+        for p in self.set.policies() {
+            let text = p.to_string();
+            if !text.contains("Action::\"approve\"") {
+                continue;
+            }
+            for part in text.split("Group::\"").skip(1) {
+                if let Some(name) = part.split('"').next().filter(|n| !n.is_empty()) {
+                    groups.insert(name.to_owned());
+                }
+            }
+        }
+        groups.into_iter().collect()
     }
 
     /// May `reviewer` (with `groups`) approve this call of `requester`?

@@ -85,8 +85,9 @@ pub enum DecideError {
     /// The statement or signature is not acceptable.
     #[error("{0}")]
     Refused(String),
-    /// The policies do not let this reviewer approve this call.
-    #[error("the policies do not let reviewer `{0}` approve this call (self-approval is forbidden by default)")]
+    /// The policies do not let this reviewer approve this call (the text
+    /// says why: the forbidding policies, or what no permit found).
+    #[error("{0}")]
     Forbidden(String),
     /// Storage failed.
     #[error(transparent)]
@@ -454,7 +455,7 @@ impl Book {
             }
             None => self.audit("proposal_created", &p, &extra),
         }
-        tracing::info!(proposal = %p.id, server = %p.server, tool = %p.tool, requester = %p.requester, tenant = %p.tenant, revises = ?p.revises.as_ref().map(|r| &r.proposal_id), "proposal created");
+        tracing::info!(proposal = %p.id, server = %p.server, tool = %p.tool, requester = %p.requester, tenant = %p.tenant, revises = %p.revises.as_ref().map_or("none", |r| r.proposal_id.as_str()), "proposal created");
         Ok(p)
     }
 
@@ -467,7 +468,7 @@ impl Book {
         statement: Statement,
         signature: &str,
         reviewer: &Reviewer,
-        may_approve: impl FnOnce(&Proposal) -> bool,
+        may_approve: impl FnOnce(&Proposal) -> Result<(), String>,
     ) -> Result<Proposal, DecideError> {
         let p = self
             .store
@@ -525,8 +526,8 @@ impl Book {
                         statement.expires_at
                     )));
                 }
-                if !may_approve(&p) {
-                    return Err(DecideError::Forbidden(reviewer.name.clone()));
+                if let Err(why) = may_approve(&p) {
+                    return Err(DecideError::Forbidden(why));
                 }
                 next.state = ProposalState::Approved;
                 next.expires_ms = Some(expires.min(issued.saturating_add(ms(self.config.ttl))));

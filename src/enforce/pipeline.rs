@@ -594,13 +594,13 @@ impl Pipeline {
         });
         match &decision {
             Decision::Allow { policies } => {
-                tracing::debug!(%server, tool = %c.call.tool, ?policies, "policy: allow");
+                tracing::debug!(%server, tool = %c.call.tool, policies = %policies.join(","), "policy: allow");
             }
             Decision::Approval { policies } => {
-                tracing::info!(%server, tool = %c.call.tool, ?policies, principal = %who.principal, "policy: approval required");
+                tracing::info!(%server, tool = %c.call.tool, policies = %policies.join(","), principal = %who.principal, "policy: approval required");
             }
-            Decision::Deny { policies, errors } => {
-                tracing::info!(%server, tool = %c.call.tool, ?policies, ?errors, principal = %who.principal, "policy: denied");
+            Decision::Deny { .. } => {
+                tracing::info!(%server, tool = %c.call.tool, principal = %who.principal, "policy: denied ({decision})");
             }
         }
         c.trail.decision(&decision);
@@ -856,6 +856,12 @@ impl Pipeline {
                 Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
                 Ok(Reserve::Go(ticket)) => {
                     if let Some(proposal) = proposal {
+                        let reviewer = approval
+                            .get("statement")
+                            .and_then(|s| s.get("reviewer"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("?");
+                        tracing::info!(server = %c.ctx.server, tool = %c.call.tool, %proposal, %reviewer, key = %c.claim.client_key, "approved: running the call (the approval is used up)");
                         self.book.changed(&proposal).await;
                         // With the reviewer's signed statement: the entry
                         // shows on its own which yes this execution used.
@@ -1213,6 +1219,7 @@ impl Pipeline {
                     }));
                 } else if let Some(answer) = answer_of(&resp) {
                     ticket.complete(answer).await;
+                    tracing::info!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "executed: the write ran and its answer is recorded");
                     c.trail.record("completed", answered_fields(&resp));
                 } else {
                     ticket.unknown().await;
@@ -1257,7 +1264,7 @@ impl Pipeline {
             Attempt::Retry(_) => {
                 *attempt += 1;
                 let pause = backoff.delay(*attempt, rand::random::<f64>());
-                tracing::info!(server = %c.ctx.server, attempt = *attempt, ?pause, "retrying a call that is safe to retry");
+                tracing::info!(server = %c.ctx.server, attempt = *attempt, pause = %humantime::format_duration(pause), "retrying a call that is safe to retry");
                 tokio::time::sleep(pause).await;
                 None
             }

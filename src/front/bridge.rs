@@ -312,15 +312,24 @@ impl State {
                 Ok(r) => r,
                 Err(e) if e.is_connect() => {
                     // Never reached the gateway: waiting and resending is safe.
+                    let why = root_cause(&e);
                     if tokio::time::Instant::now() >= deadline {
-                        return Err(Failure::Unreachable(e.to_string()));
+                        return Err(Failure::Unreachable(format!(
+                            "{}: {why}; gave up after --reconnect-for {}",
+                            self.opts.gateway,
+                            humantime::format_duration(self.opts.reconnect_for)
+                        )));
                     }
-                    tracing::warn!("gateway unreachable, retrying: {e}");
+                    tracing::warn!(
+                        "the gateway at {} is not reachable ({why}); retrying for up to {} (--reconnect-for)",
+                        self.opts.gateway,
+                        humantime::format_duration(self.opts.reconnect_for)
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                     continue;
                 }
-                Err(e) => return Err(Failure::Broken(e.to_string())),
+                Err(e) => return Err(Failure::Broken(root_cause(&e))),
             };
             let status = resp.status();
             let had_session = lock(&self.session).is_some();
@@ -524,4 +533,15 @@ impl State {
             old.abort();
         }
     }
+}
+
+/// The innermost cause of an error, which names what happened ("Connection
+/// refused (os error 111)") where reqwest's own text only says "error
+/// sending request for url".
+fn root_cause(e: &dyn std::error::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }

@@ -296,13 +296,12 @@ async fn decide(
             digest: &p.call_digest,
             resource_version: p.resource_version.as_deref(),
         };
-        match policies.may_approve(&reviewer.name, &reviewer.groups, &call) {
-            Ok(()) => true,
-            Err(d) => {
-                tracing::info!(proposal = %p.id, reviewer = %reviewer.name, decision = ?d, "approval refused by policy");
-                false
-            }
-        }
+        policies
+            .may_approve(&reviewer.name, &reviewer.groups, &call)
+            .map_err(|d| {
+                tracing::info!(proposal = %p.id, reviewer = %reviewer.name, decision = %d, "approval refused by policy");
+                approval_refusal(&reviewer.name, &reviewer.groups, p, &tool.annotations, &d, &policies)
+            })
     };
     match gw
         .pipeline
@@ -323,6 +322,72 @@ async fn decide(
             problem(status, code, e.to_string())
         }
     }
+}
+
+/// Why `reviewer` may not approve `p`, in words that name what is missing:
+/// the policies that forbid it, or, when no policy permits it, the
+/// reviewer's groups against the groups the approve policies name.
+fn approval_refusal(
+    reviewer: &str,
+    groups: &[String],
+    p: &Proposal,
+    annotations: &crate::core::annotations::Annotations,
+    d: &crate::core::decision::Decision,
+    policies: &crate::core::decision::Policies,
+) -> String {
+    let crate::core::decision::Decision::Deny {
+        policies: forbidding,
+        errors,
+    } = d
+    else {
+        return format!("the policies do not let reviewer `{reviewer}` approve this call");
+    };
+    if !errors.is_empty() {
+        return format!(
+            "the approve policies could not be evaluated for reviewer `{reviewer}` ({}): fix the policies",
+            errors.join("; ")
+        );
+    }
+    let own = if p.requester == reviewer {
+        " (the call is the reviewer's own: nobody approves their own call)"
+    } else {
+        ""
+    };
+    if !forbidding.is_empty() {
+        return format!(
+            "reviewer `{reviewer}` may not approve this call: forbidden by policy {}{own}",
+            forbidding.join(", ")
+        );
+    }
+    let has = if groups.is_empty() {
+        "no groups".to_owned()
+    } else {
+        format!("groups {}", groups.join(", "))
+    };
+    let risk = if annotations.destructive {
+        "destructive"
+    } else if annotations.read_only {
+        "read-only"
+    } else {
+        "a write"
+    };
+    let named: Vec<String> = policies
+        .approve_groups()
+        .into_iter()
+        .filter(|g| !groups.contains(g))
+        .collect();
+    let hint = if named.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; the approve policies name group {}: add it to `{reviewer}`'s groups in the reviewers file",
+            named.join(", ")
+        )
+    };
+    format!(
+        "no policy lets reviewer `{reviewer}` ({has}) approve `{}/{}` ({risk}){hint}{own}",
+        p.server, p.tool
+    )
 }
 
 async fn outcomes(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {

@@ -26,8 +26,18 @@ pub enum View {
 /// A prompt over the current view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Modal {
-    /// Approve this proposal? (y/n)
-    ConfirmApprove(String),
+    /// Approve this proposal, with an optional reason and how long the
+    /// approval stays usable (empty: the default TTL).
+    Approve {
+        /// The proposal.
+        id: String,
+        /// The reason being typed (optional; recorded with the approval).
+        reason: String,
+        /// The TTL being typed (`10m`, `1h`).
+        ttl: String,
+        /// Typing into the TTL (else the reason); Tab switches.
+        on_ttl: bool,
+    },
     /// Deny this proposal: the reason being typed.
     DenyReason(String, String),
     /// Reconcile outcome `index` as executed or not, with a note being typed.
@@ -88,7 +98,14 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Sign and submit an approval.
-    Approve(String),
+    Approve {
+        /// The proposal.
+        id: String,
+        /// The reviewer's reason (may be empty).
+        reason: String,
+        /// How long the approval stays usable.
+        ttl: std::time::Duration,
+    },
     /// Sign and submit a denial.
     Deny(String, String),
     /// Settle an unknown outcome.
@@ -108,6 +125,22 @@ pub enum Command {
     LoadOutcomes,
     /// Reload the audit tail.
     LoadAudit,
+}
+
+/// An approval's TTL when the reviewer types none (the CLI's default too).
+pub const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// The TTL typed in the approve prompt: empty means [`DEFAULT_TTL`].
+fn parse_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(DEFAULT_TTL);
+    }
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("the TTL must be longer than zero".into()),
+        Err(e) => Err(format!("TTL `{text}`: {e} (for example 10m or 1h)")),
+    }
 }
 
 /// The whole UI state.
@@ -320,7 +353,12 @@ impl App {
             KeyCode::Char('v') if self.view == View::Detail => self.raw = !self.raw,
             KeyCode::Char('a') => {
                 if let Some(id) = self.selected_pending() {
-                    self.modal = Some(Modal::ConfirmApprove(id));
+                    self.modal = Some(Modal::Approve {
+                        id,
+                        reason: String::new(),
+                        ttl: String::new(),
+                        on_ttl: false,
+                    });
                 }
             }
             KeyCode::Char('d') => {
@@ -357,17 +395,42 @@ impl App {
 
     fn modal_key(&mut self, modal: Modal, k: KeyEvent) -> Vec<Command> {
         match modal {
-            Modal::ConfirmApprove(id) => match k.code {
-                KeyCode::Char('y') | KeyCode::Enter => {
-                    self.status = Some((format!("approving {id}…"), false));
-                    vec![Command::Approve(id)]
+            Modal::Approve {
+                id,
+                mut reason,
+                mut ttl,
+                mut on_ttl,
+            } => {
+                match k.code {
+                    KeyCode::Esc => return Vec::new(),
+                    KeyCode::Enter => match parse_ttl(&ttl) {
+                        Ok(ttl) => {
+                            self.status = Some((format!("approving {id}…"), false));
+                            return vec![Command::Approve {
+                                id,
+                                reason: reason.trim().to_owned(),
+                                ttl,
+                            }];
+                        }
+                        Err(e) => self.status = Some((e, true)),
+                    },
+                    KeyCode::Tab | KeyCode::BackTab => on_ttl = !on_ttl,
+                    KeyCode::Backspace => {
+                        if on_ttl { &mut ttl } else { &mut reason }.pop();
+                    }
+                    KeyCode::Char(c) => {
+                        if on_ttl { &mut ttl } else { &mut reason }.push(c);
+                    }
+                    _ => {}
                 }
-                KeyCode::Char('n') | KeyCode::Esc => Vec::new(),
-                _ => {
-                    self.modal = Some(Modal::ConfirmApprove(id));
-                    Vec::new()
-                }
-            },
+                self.modal = Some(Modal::Approve {
+                    id,
+                    reason,
+                    ttl,
+                    on_ttl,
+                });
+                Vec::new()
+            }
             Modal::DenyReason(id, mut text) => match k.code {
                 KeyCode::Esc => Vec::new(),
                 KeyCode::Enter if !text.trim().is_empty() => {
@@ -493,19 +556,46 @@ pub mod tests {
     }
 
     #[test]
-    fn approve_asks_for_confirmation_and_deny_for_a_reason() {
+    fn approve_takes_a_reason_and_ttl_and_deny_needs_a_reason() {
         let mut a = app();
         assert!(a.event(key(KeyCode::Char('a'))).is_empty());
-        assert_eq!(a.modal, Some(Modal::ConfirmApprove("p-1".into())));
-        assert!(
-            a.event(key(KeyCode::Char('x'))).is_empty(),
-            "other keys keep asking"
-        );
+        assert!(matches!(&a.modal, Some(Modal::Approve { id, .. }) if id == "p-1"));
+        // A reason, then Tab to the TTL.
+        for c in "ticket 42".chars() {
+            assert!(a.event(key(KeyCode::Char(c))).is_empty(), "typing asks on");
+        }
+        a.event(key(KeyCode::Tab));
+        for c in "5x".chars() {
+            a.event(key(KeyCode::Char(c)));
+        }
+        // A TTL that does not parse keeps the prompt and says why.
+        assert!(a.event(key(KeyCode::Enter)).is_empty());
+        assert!(a
+            .status
+            .as_ref()
+            .is_some_and(|(t, err)| *err && t.contains("5x")));
+        assert!(a.modal.is_some());
+        a.event(key(KeyCode::Backspace));
+        a.event(key(KeyCode::Char('m')));
         assert_eq!(
-            a.event(key(KeyCode::Char('y'))),
-            vec![Command::Approve("p-1".into())]
+            a.event(key(KeyCode::Enter)),
+            vec![Command::Approve {
+                id: "p-1".into(),
+                reason: "ticket 42".into(),
+                ttl: std::time::Duration::from_secs(300),
+            }]
         );
         assert_eq!(a.modal, None);
+        // Nothing typed: no reason, the default TTL.
+        a.event(key(KeyCode::Char('a')));
+        assert_eq!(
+            a.event(key(KeyCode::Enter)),
+            vec![Command::Approve {
+                id: "p-1".into(),
+                reason: String::new(),
+                ttl: DEFAULT_TTL,
+            }]
+        );
 
         a.event(key(KeyCode::Down));
         a.event(key(KeyCode::Char('d')));

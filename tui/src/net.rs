@@ -91,12 +91,16 @@ async fn run(
     cmd: Command,
     tx: &mpsc::Sender<Net>,
 ) -> anyhow::Result<Option<String>> {
-    let ttl = Duration::from_secs(15 * 60);
+    // A denial's statement carries an expiry too; it means nothing there.
+    let ttl = crate::app::DEFAULT_TTL;
     match cmd {
-        Command::Approve(id) => {
-            let p = client.decide(&id, Verdict::Approve, "", ttl).await?;
+        Command::Approve { id, reason, ttl } => {
+            let p = client.decide(&id, Verdict::Approve, &reason, ttl).await?;
             tx.send(Net::Proposal(p)).await?;
-            Ok(Some(format!("approved {id}: it may run once")))
+            Ok(Some(format!(
+                "approved {id}: it may run once, within {}",
+                humantime::format_duration(ttl)
+            )))
         }
         Command::Deny(id, reason) => {
             let p = client.decide(&id, Verdict::Deny, &reason, ttl).await?;

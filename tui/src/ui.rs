@@ -97,6 +97,7 @@ pub fn draw(app: &App, f: &mut Frame) {
         f.render_widget(Paragraph::new(text.as_str()).style(style), status);
     }
     let keys = match (&app.modal, app.view) {
+        (Some(Modal::Approve { .. }), _) => "type · Tab reason / TTL · Enter approve · Esc cancel",
         (Some(_), _) => "type · Enter confirm · Esc cancel",
         (None, View::Pending) => {
             "↑↓ select · Enter detail · a approve · d deny · 1-4 views · q quit"
@@ -249,11 +250,17 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
         )),
         Line::from(""),
     ];
-    let expiry = match p["expires_ms"].as_i64() {
-        Some(e) => format!("approval expires in {}", short(e - app.now_ms)),
-        None => p["pending_expires_ms"].as_i64().map_or(String::new(), |e| {
-            format!("undecided, expires in {}", short(e - app.now_ms))
-        }),
+    // Only a standing approval or an undecided proposal has a countdown; a
+    // consumed approval can never be used again, whatever its expiry said.
+    let expiry = match (s(p, "state"), p["expires_ms"].as_i64()) {
+        ("approved", Some(e)) => format!("approval expires in {}", short(e - app.now_ms)),
+        ("pending", _) | ("", None) => {
+            p["pending_expires_ms"].as_i64().map_or(String::new(), |e| {
+                format!("undecided, expires in {}", short(e - app.now_ms))
+            })
+        }
+        ("consumed", _) => "approval used up (it ran once)".to_owned(),
+        (state, _) => state.to_owned(),
     };
     lines.push(Line::from(vec![
         Span::raw("risk "),
@@ -454,7 +461,13 @@ fn centered(area: Rect, width: u16, height: u16) -> Rect {
 }
 
 fn modal(app: &App, m: &Modal, f: &mut Frame) {
-    let area = centered(f.area(), 70, 9);
+    // The approve prompt has two fields and a line more of keys.
+    let height = if matches!(m, Modal::Approve { .. }) {
+        11
+    } else {
+        9
+    };
+    let area = centered(f.area(), 70, height);
     let summary = |id: &str| {
         app.proposals
             .get(id)
@@ -462,13 +475,26 @@ fn modal(app: &App, m: &Modal, f: &mut Frame) {
             .unwrap_or_default()
     };
     let (title, body) = match m {
-        Modal::ConfirmApprove(id) => (
-            format!(" approve {id}? "),
-            format!(
-                "{}\n\nSigned with your key; it may run once, until the approval expires.\n\n[y] approve   [n] cancel",
-                summary(id)
-            ),
-        ),
+        Modal::Approve {
+            id,
+            reason,
+            ttl,
+            on_ttl,
+        } => {
+            let (r_cursor, t_cursor) = if *on_ttl { ("", "▏") } else { ("▏", "") };
+            let ttl_shown = if ttl.is_empty() && !*on_ttl {
+                "15m (default)"
+            } else {
+                ttl.as_str()
+            };
+            (
+                format!(" approve {id} "),
+                format!(
+                    "{}\n\nReason (optional, recorded): {reason}{r_cursor}\nUsable for: {ttl_shown}{t_cursor}\n\nSigned with your key; it may run once.\n[Enter] approve   [Tab] reason / TTL   [Esc] cancel",
+                    summary(id)
+                ),
+            )
+        }
         Modal::DenyReason(id, text) => (
             format!(" deny {id} "),
             format!(
@@ -489,7 +515,11 @@ fn modal(app: &App, m: &Modal, f: &mut Frame) {
             (
                 format!(
                     " mark `{key}` {} ",
-                    if *executed { "executed" } else { "not executed" }
+                    if *executed {
+                        "executed"
+                    } else {
+                        "not executed"
+                    }
                 ),
                 format!(
                     "{}\n\nNote: {note}▏\n\n[Enter] confirm   [Esc] cancel",
@@ -550,6 +580,23 @@ mod tests {
         insta::assert_snapshot!(render(&a, 80, 24));
         a.event(key(KeyCode::Char('v')));
         insta::assert_snapshot!("detail_raw", render(&a, 80, 24));
+    }
+
+    #[test]
+    fn a_consumed_approval_shows_no_countdown() {
+        let mut a = app();
+        a.event(key(KeyCode::Enter));
+        let mut approved = proposal("p-1", "approved", 900_000, 120);
+        approved["expires_ms"] = json!(1_000_000 + 14 * 60_000);
+        a.event(Input::Net(Net::Proposal(approved.clone())));
+        let screen = render(&a, 100, 30);
+        assert!(screen.contains("approval expires in 14m"), "{screen}");
+        // The call ran: the same approval can never be used again.
+        approved["state"] = json!("consumed");
+        a.event(Input::Net(Net::Proposal(approved)));
+        let screen = render(&a, 100, 30);
+        assert!(screen.contains("approval used up"), "{screen}");
+        assert!(!screen.contains("expires in"), "{screen}");
     }
 
     #[test]

@@ -283,15 +283,34 @@ async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
     assert!(detail.contains("amount 120"), "{detail}");
     assert_eq!(executions(gw.dir.path()), 0, "nothing runs before the yes");
     tmux.keys(&["a"]);
-    tmux.wait_for("[y] approve");
-    tmux.keys(&["y"]);
-    tmux.wait_for("approved p-");
+    tmux.wait_for("Reason (optional");
+    tmux.run(&["send-keys", "-t", "review", "-l", "ticket 42"]);
+    tmux.keys(&["Tab"]);
+    tmux.run(&["send-keys", "-t", "review", "-l", "10m"]);
+    tmux.keys(&["Enter"]);
+    // The TTL typed is the one signed.
+    tmux.wait_for("within 10m");
     let answer = tokio::time::timeout(Duration::from_secs(20), held)
         .await
         .expect("the held call never completed")
         .unwrap();
     assert!(answer.contains("charged 120 to acct_42"), "{answer}");
     assert_eq!(executions(gw.dir.path()), 1);
+    // The reason typed is recorded with the approval.
+    let audit = std::fs::read_dir(gw.dir.path().join("data/audit"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
+                .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("approval_granted") && l.contains("ticket 42")),
+        "no approval_granted entry with the reason: {audit}"
+    );
 
     // A second write: denied with a reason typed in the terminal.
     tmux.keys(&["Escape", "1"]);

@@ -1,0 +1,259 @@
+//! What a new user meets in the first hour, tried as they would: the
+//! messages of the commands they type, logs read from a file, an export
+//! piped into `head`, a live export, and a gateway that is down.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+
+#[test]
+fn a_missing_config_file_is_named_once_with_what_to_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(common::countersign_bin())
+        .current_dir(dir.path())
+        .args(["check"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read config file `countersign.toml`"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("No such file or directory").count(),
+        1,
+        "the cause is said once: {err}"
+    );
+    assert!(err.contains("--config"), "{err}");
+}
+
+#[tokio::test]
+async fn check_prints_each_tools_effective_annotations() {
+    let gw = common::Gateway::start();
+    let (ok, out, err) =
+        common::run_cli_async(&["check", "--config", gw.config_path().to_str().unwrap()]).await;
+    assert!(ok, "{out}{err}");
+    let line = |tool: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{tool} ")))
+            .unwrap_or_else(|| panic!("no line for {tool}: {out}"))
+            .to_owned()
+    };
+    assert!(line("get_balance").contains("read-only"), "{out}");
+    assert!(
+        line("close_account").contains("write, destructive"),
+        "{out}"
+    );
+    // No annotations at all: the MCP defaults, the most cautious reading.
+    assert!(line("transfer").contains("write, destructive"), "{out}");
+    assert!(line("charge_card").contains("write;"), "{out}");
+}
+
+#[tokio::test]
+async fn logs_written_to_a_file_carry_no_escape_codes() {
+    // The gateway's stderr is a pipe here, as in a desktop client's log file.
+    let mut gw = common::Gateway::start();
+    let c = common::listed(&gw, "payments").await;
+    c.call(2, "get_balance", json!({"account": "acct-1"})).await;
+    gw.wait_for_log("listening on").await;
+    gw.terminate();
+    let log = gw.log.lock().unwrap().join("\n");
+    assert!(log.contains("INFO"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "an ESC byte in a log read from a file: {log:?}"
+    );
+}
+
+/// Entries of a gateway's audit log after a few calls.
+async fn gateway_with_entries() -> common::Gateway {
+    let gw = common::Gateway::start();
+    let c = common::listed(&gw, "payments").await;
+    for i in 0..30 {
+        c.call(10 + i, "get_balance", json!({"account": "acct-1"}))
+            .await;
+    }
+    common::wait_for_audit(&gw, "30 completed reads", |e| {
+        e.iter().filter(|e| e["kind"] == "completed").count() >= 30
+    })
+    .await;
+    gw
+}
+
+#[tokio::test]
+async fn an_export_into_a_closed_pipe_is_not_an_error_about_the_log() {
+    let gw = gateway_with_entries().await;
+    let dir = gw.audit_dir();
+    let mut child = Command::new(common::countersign_bin())
+        .args(["audit", "export", "--dir", dir.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `| head -1`: read one line, then close the pipe.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.contains("\"seq\":1"), "{first}");
+    drop(stdout);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+    assert!(!err.contains("audit log"), "{err}");
+}
+
+#[tokio::test]
+async fn export_follow_streams_new_entries_as_they_are_written() {
+    let gw = common::Gateway::start();
+    let c = common::listed(&gw, "payments").await;
+    let dir = gw.audit_dir();
+    common::wait_for_audit(&gw, "the first entries", |e| !e.is_empty()).await;
+    let mut child = Command::new(common::countersign_bin())
+        .args([
+            "audit",
+            "export",
+            "--follow",
+            "--dir",
+            dir.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    // What was there first, then a call made after the export started.
+    c.call(2, "get_balance", json!({"account": "acct-follow"}))
+        .await;
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut seqs = Vec::new();
+        while let Some(e) = rx.recv().await {
+            seqs.push(e["seq"].as_u64().unwrap());
+            if e["kind"] == "completed" && e["tool"] == "get_balance" {
+                return seqs;
+            }
+        }
+        panic!("the export ended");
+    })
+    .await
+    .expect("the new call's entries never came out of --follow");
+    // In order, from the first entry, none twice.
+    assert_eq!(found.first(), Some(&1));
+    assert!(found.windows(2).all(|w| w[1] == w[0] + 1), "{found:?}");
+    // Still following: it has not exited.
+    assert!(child.try_wait().unwrap().is_none());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test]
+async fn verify_on_a_running_gateway_calls_its_tail_live_not_truncated() {
+    let mut gw = gateway_with_entries().await;
+    let dir = gw.audit_dir();
+    let out = Command::new(common::countersign_bin())
+        .args(["audit", "verify", "--dir", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("live: a gateway is writing this log"),
+        "{text}"
+    );
+    assert!(!text.contains("truncation"), "{text}");
+    // A second gateway on the same data dir is refused (its ledger and its
+    // audit log are this one's; the audit log's own lock is tested with
+    // the writer).
+    let config = gw.config_path();
+    let second = Command::new(common::countersign_bin())
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env("COUNTERSIGN_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("is a gateway") && err.contains("running on this data"),
+        "{err}"
+    );
+    // Stopped cleanly: neither live nor truncated.
+    gw.terminate();
+    let out = Command::new(common::countersign_bin())
+        .args(["audit", "verify", "--dir", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ends with a clean-shutdown checkpoint") && !text.contains("live:"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_bridge_says_connection_refused_and_how_long_it_retries() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(common::countersign_bin())
+        .args([
+            "stdio",
+            "--server",
+            "payments",
+            "--gateway",
+            &format!("http://127.0.0.1:{port}"),
+            "--reconnect-for",
+            "1s",
+        ])
+        .env("COUNTERSIGN_TOKEN", common::TOKEN)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
+        .await
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let answer = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("no answer from the bridge")
+        .unwrap()
+        .unwrap();
+    assert!(answer.contains("Connection refused"), "{answer}");
+    assert!(answer.contains("--reconnect-for 1s"), "{answer}");
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not reachable (Connection refused") && err.contains("(--reconnect-for)"),
+        "{err}"
+    );
+    assert!(!err.contains("error sending request for url"), "{err}");
+}
