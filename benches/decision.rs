@@ -48,8 +48,8 @@ fn main() {
     )
     .unwrap();
 
-    let small = countersign::cli::files::load_policies(&shipped).unwrap();
-    let large = countersign::cli::files::load_policies(big.path()).unwrap();
+    let small = countersign::cli::files::load_policies(&shipped, None).unwrap();
+    let large = countersign::cli::files::load_policies(big.path(), None).unwrap();
     println!(
         "shipped: {} policies; large: {} policies",
         small.len(),

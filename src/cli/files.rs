@@ -18,9 +18,13 @@ pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// Read a policy folder: `*.cedar` in name order, `schema.cedarschema` and
-/// `reviewers.toml` when present. A file that exists but cannot be read is
-/// reported (and refuses the set), never skipped.
-pub fn read_policies(dir: &Path) -> Result<PolicySources, Vec<PolicyError>> {
+/// `reviewers.toml` when present (or the reviewers file `reviewers` names
+/// instead, `approvals.reviewers`). A file that exists but cannot be read
+/// is reported (and refuses the set), never skipped.
+pub fn read_policies(
+    dir: &Path,
+    reviewers: Option<&Path>,
+) -> Result<PolicySources, Vec<PolicyError>> {
     let unreadable = |file: &Path, e: std::io::Error| PolicyError {
         file: file.to_owned(),
         line: None,
@@ -52,8 +56,7 @@ pub fn read_policies(dir: &Path) -> Result<PolicySources, Vec<PolicyError>> {
     }
     // A missing schema means no validation; a missing reviewers file means
     // no reviewers (nothing can be approved: fail closed).
-    let optional = |name: &str, src: &mut PolicySources| -> Option<String> {
-        let path = dir.join(name);
+    let optional = |path: PathBuf, src: &mut PolicySources| -> Option<String> {
         match std::fs::read_to_string(&path) {
             Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -63,14 +66,17 @@ pub fn read_policies(dir: &Path) -> Result<PolicySources, Vec<PolicyError>> {
             }
         }
     };
-    src.schema = optional(SCHEMA_FILE, &mut src);
-    src.reviewers = optional(REVIEWERS_FILE, &mut src);
+    src.schema = optional(dir.join(SCHEMA_FILE), &mut src);
+    let reviewers_path = reviewers.map_or_else(|| dir.join(REVIEWERS_FILE), Path::to_owned);
+    src.reviewers = optional(reviewers_path.clone(), &mut src);
+    src.reviewers_path = Some(reviewers_path);
     Ok(src)
 }
 
-/// Read and parse a policy folder.
-pub fn load_policies(dir: &Path) -> Result<Policies, Vec<PolicyError>> {
-    Policies::from_sources(&read_policies(dir)?)
+/// Read and parse a policy folder (with the reviewers of `reviewers`, when
+/// given, instead of the folder's `reviewers.toml`).
+pub fn load_policies(dir: &Path, reviewers: Option<&Path>) -> Result<Policies, Vec<PolicyError>> {
+    Policies::from_sources(&read_policies(dir, reviewers)?)
 }
 
 /// Read `tools.lock` in the policy folder; none there is an empty lock

@@ -14,7 +14,7 @@ use crate::core::identity::Identity;
 /// Parse and validate the folder; print every error Cedar-style
 /// (`file:line:column: message`). Returns whether it is clean.
 pub fn check(dir: &Path) -> bool {
-    match crate::cli::files::load_policies(dir) {
+    match crate::cli::files::load_policies(dir, None) {
         Ok(p) => {
             let how = if p.validated() {
                 "validated against schema.cedarschema"
@@ -86,7 +86,7 @@ enum Expect {
 /// Run the decision cases of `file` against the folder `dir`. Prints one
 /// line per case; returns whether all passed.
 pub fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
-    let policies = crate::cli::files::load_policies(dir).map_err(|errors| {
+    let policies = crate::cli::files::load_policies(dir, None).map_err(|errors| {
         anyhow::anyhow!(
             "the policies do not load:\n{}",
             errors

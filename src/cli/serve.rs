@@ -45,7 +45,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     let policy_dir = config.gateway.policies.clone();
-    let policies = crate::cli::files::load_policies(&policy_dir).map_err(|errors| {
+    let reviewers_file = config.approvals.reviewers.clone();
+    let policies = crate::cli::files::load_policies(&policy_dir, reviewers_file.as_deref()).map_err(|errors| {
         anyhow::anyhow!(
             "the policies in `{}` do not load (fix them, or check with `countersign policy check --dir {}`):\n{}",
             policy_dir.display(),
@@ -284,6 +285,7 @@ async fn follow_store(
 /// What the policy folder looks like: its files with sizes and mtimes.
 fn fingerprint(
     dir: &std::path::Path,
+    reviewers: Option<&std::path::Path>,
 ) -> Vec<(std::path::PathBuf, u64, Option<std::time::SystemTime>)> {
     let mut out: Vec<_> = std::fs::read_dir(dir)
         .into_iter()
@@ -294,6 +296,14 @@ fn fingerprint(
             Some((e.path(), meta.len(), meta.modified().ok()))
         })
         .collect();
+    if let Some(path) = reviewers {
+        let meta = std::fs::metadata(path).ok();
+        out.push((
+            path.to_owned(),
+            meta.as_ref().map_or(0, |m| m.len()),
+            meta.and_then(|m| m.modified().ok()),
+        ));
+    }
     out.sort();
     out
 }
@@ -302,11 +312,12 @@ fn fingerprint(
 /// fails to parse or validate is not used: the previous one stays in force
 /// and the errors are logged with file and line.
 async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
-    let mut seen = fingerprint(&dir);
+    let reviewers = gw.config.approvals.reviewers.clone();
+    let mut seen = fingerprint(&dir, reviewers.as_deref());
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
-        let now = fingerprint(&dir);
+        let now = fingerprint(&dir, reviewers.as_deref());
         if now == seen {
             continue;
         }
@@ -328,7 +339,7 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
                 gw.pipeline.audit("policy_reload_refused", f);
             }
         }
-        match crate::cli::files::load_policies(&dir) {
+        match crate::cli::files::load_policies(&dir, reviewers.as_deref()) {
             Ok(p) => {
                 tracing::info!(policies = p.len(), "policies reloaded");
                 let mut f = serde_json::Map::new();

@@ -177,6 +177,11 @@ pub struct ApprovalsConfig {
     /// would make a new one is refused (flooding reviewers is a denial of
     /// service).
     pub max_pending: usize,
+    /// The reviewers file, when it is not `reviewers.toml` in the policy
+    /// folder: for example under the data dir, out of git, on a machine
+    /// where the policies are a checkout. Hot-reloaded with the policies; a
+    /// missing file means no reviewers (nothing can be approved).
+    pub reviewers: Option<PathBuf>,
 }
 
 impl Default for ApprovalsConfig {
@@ -190,6 +195,7 @@ impl Default for ApprovalsConfig {
             remote_control: false,
             clock_skew: Duration::from_secs(120),
             max_pending: 20,
+            reviewers: None,
         }
     }
 }
@@ -855,6 +861,12 @@ mod tests {
         assert!(err.to_string().contains("not a JSON pointer"), "{err}");
         let c = parse("[approvals]\nhold = \"0s\"\nremote_control = true\n").unwrap();
         assert!(c.approvals.hold.is_zero() && c.approvals.remote_control);
+        assert_eq!(c.approvals.reviewers, None);
+        let c = parse("[approvals]\nreviewers = \".countersign/reviewers.toml\"\n").unwrap();
+        assert_eq!(
+            c.approvals.reviewers.as_deref(),
+            Some(std::path::Path::new(".countersign/reviewers.toml"))
+        );
     }
 
     #[test]

@@ -300,6 +300,9 @@ pub struct PolicySources {
     pub schema: Option<String>,
     /// `reviewers.toml`, if there is one (none: nothing can be approved).
     pub reviewers: Option<String>,
+    /// Where the reviewers were read from (for messages): `reviewers.toml`
+    /// in the folder, or `approvals.reviewers`.
+    pub reviewers_path: Option<PathBuf>,
     /// Files that exist but could not be read: each refuses the whole set.
     pub unreadable: Vec<PolicyError>,
 }
@@ -368,7 +371,10 @@ impl Policies {
                 errors.push(located(&file, text, e, format!("policy `{id}`: {e}")));
             }
         }
-        let reviewers_path = dir.join(crate::core::approval::REVIEWERS_FILE);
+        let reviewers_path = src
+            .reviewers_path
+            .clone()
+            .unwrap_or_else(|| dir.join(crate::core::approval::REVIEWERS_FILE));
         let reviewers = match &src.reviewers {
             Some(text) => match crate::core::approval::Reviewers::parse(text) {
                 Ok(r) => r,
