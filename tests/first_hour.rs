@@ -1,6 +1,7 @@
 //! What a new user meets in the first hour, tried as they would: the
 //! messages of the commands they type, logs read from a file, an export
 //! piped into `head`, a live export, and a gateway that is down.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

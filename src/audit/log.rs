@@ -920,6 +920,10 @@ impl super::AuditSink for AuditLog {
         AuditLog::record_all(self, entries);
     }
 
+    fn lag(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     fn stage(&self, entries: Entries) -> Result<Staged, Entries> {
         AuditLog::stage(self, entries)
     }

@@ -100,6 +100,12 @@ pub trait AuditSink: Send + Sync {
     /// the arguments and their JCS text.
     fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Map<String, Value>);
 
+    /// Entries handed to the writer and not yet appended to the log file
+    /// (the audit lag, for `/metrics`).
+    fn lag(&self) -> usize {
+        0
+    }
+
     /// [`AuditSink::arguments_fields_jcs`], canonicalizing the arguments.
     fn arguments_fields(&self, arguments: &Value, fields: &mut Map<String, Value>) {
         let jcs = crate::core::canonical::jcs(arguments);

@@ -86,6 +86,20 @@ pub struct Config {
     /// `[store]`: where the ledger, proposals and outbox live.
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[metrics]`: `/metrics` for Prometheus.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: `/metrics` on the gateway's listener, for a scraper that
+/// presents its own bearer token (not an agent's: the metrics name servers
+/// and tools, and an agent has no business reading them).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// SHA-256 (hex) of the scraper's bearer token. Without it `/metrics`
+    /// answers 404.
+    pub token_sha256: Option<String>,
 }
 
 /// How arguments are recorded (`audit.arguments`).
@@ -725,6 +739,23 @@ impl Config {
                 return Err(format!(
                     "[servers.{name}] call_timeout must be more than zero"
                 ));
+            }
+        }
+        if let Some(t) = &self.metrics.token_sha256 {
+            if t.len() != 64 || !t.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(
+                    "metrics.token_sha256 must be 64 hex digits; compute it with `printf %s \"$TOKEN\" | sha256sum`"
+                        .into(),
+                );
+            }
+            if self
+                .identities
+                .iter()
+                .any(|i| i.token_sha256.eq_ignore_ascii_case(t))
+            {
+                return Err(
+                    "metrics.token_sha256 is also an identity's token: give the scraper a token of its own".into(),
+                );
             }
         }
         for (i, id) in self.identities.iter().enumerate() {

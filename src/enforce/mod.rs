@@ -15,10 +15,12 @@
 //! - [`upstream`]: how an upstream call fails.
 //! - [`reconcile`]: settling unknown outcomes.
 //! - [`answer`]: the one module that words outcomes for the wire.
+//! - [`metrics`]: the Prometheus metrics the pipeline keeps.
 
 pub mod answer;
 pub mod book;
 pub mod flight;
+pub mod metrics;
 pub mod outcome;
 pub mod permit;
 pub mod pipeline;

@@ -162,6 +162,8 @@ pub struct Pipeline {
     /// Tools whose `cache_ttl` was ignored because they may write (said
     /// once each in the log).
     cache_refused: Mutex<std::collections::HashSet<(String, String)>>,
+    /// Calls, decision and ledger latency (`/metrics`).
+    pub metrics: super::metrics::Metrics,
 }
 
 /// A cached read answer.
@@ -214,6 +216,7 @@ impl Pipeline {
             .map(|k| (k.clone(), tokio::sync::Mutex::new(())))
             .collect();
         Pipeline {
+            metrics: super::metrics::Metrics::new(),
             read_cache: Mutex::default(),
             cache_refused: Mutex::default(),
             fetching,
@@ -333,7 +336,8 @@ impl Pipeline {
             .map_or(Duration::from_secs(30), |c| c.call_timeout)
     }
 
-    /// Run one `tools/call` request through every stage.
+    /// Run one `tools/call` request through every stage, and count how it
+    /// ended.
     pub async fn tool_call<U: Upstream>(
         &self,
         ctx: &CallCtx<'_, U>,
@@ -341,9 +345,33 @@ impl Pipeline {
     ) -> CallOutcome {
         let (request, call) = match self.parse(ctx.server, request) {
             Ok(c) => c,
-            Err(o) => return o,
+            Err(o) => {
+                self.metrics
+                    .call(ctx.server, super::metrics::UNLISTED_TOOL, &o);
+                return o;
+            }
         };
-        let (claim, explicit) = match self.claim(ctx.caller, ctx.server, &call) {
+        let mut listed = false;
+        let outcome = self.stages(ctx, request, &call, &mut listed).await;
+        // Only names the server lists become label values: a client
+        // inventing tool names cannot grow the metrics without bound.
+        let tool = if listed {
+            call.tool.as_str()
+        } else {
+            super::metrics::UNLISTED_TOOL
+        };
+        self.metrics.call(ctx.server, tool, &outcome);
+        outcome
+    }
+
+    async fn stages<U: Upstream>(
+        &self,
+        ctx: &CallCtx<'_, U>,
+        request: Message,
+        call: &CanonicalCall,
+        listed: &mut bool,
+    ) -> CallOutcome {
+        let (claim, explicit) = match self.claim(ctx.caller, ctx.server, call) {
             Ok(c) => c,
             Err(o) => return o,
         };
@@ -351,19 +379,20 @@ impl Pipeline {
         // Read once: the same view classifies the call and feeds the
         // policies.
         let tool = self.catalog.view(ctx.server, &call.tool);
+        *listed = tool.digest.is_some();
         let annotations = tool.annotations;
         let trail = Trail::new(
             self.audit.as_ref(),
             &ctx.caller.identity,
             ctx.server,
-            &call,
+            call,
             &claim.client_key,
         );
-        trail.received(&call, explicit, annotations.read_only);
+        trail.received(call, explicit, annotations.read_only);
         let c = Call {
             ctx,
             request: &request,
-            call: &call,
+            call,
             claim: &claim,
             annotations,
             tool,
@@ -582,6 +611,7 @@ impl Pipeline {
     fn decide<U>(&self, c: &Call<'_, U>) -> Decision {
         let server = c.ctx.server;
         let who = &c.ctx.caller.identity;
+        let started = Instant::now();
         let decision = self.policies().decide(&decision::Call {
             identity: who,
             server,
@@ -592,6 +622,7 @@ impl Pipeline {
             digest: &c.call.digest,
             resource_version: explicit_version(c.call),
         });
+        self.metrics.decision(started.elapsed());
         match &decision {
             Decision::Allow { policies } => {
                 tracing::debug!(%server, tool = %c.call.tool, policies = %policies.join(","), "policy: allow");
@@ -814,11 +845,13 @@ impl Pipeline {
     /// Ledger lookup: replay, wait for the identical call in flight, refuse
     /// a conflict or a repeat of an unknown outcome, or lead the key.
     async fn lookup<U>(&self, c: &Call<'_, U>) -> Result<Lead, Stop> {
+        let started = Instant::now();
         let found = self
             .flights
             .lookup(c.claim.clone(), self.clock.now_ms())
-            .await
-            .map_err(|e| Stop::Done(ledger_unavailable(c, e)))?;
+            .await;
+        self.metrics.store("lookup", started.elapsed());
+        let found = found.map_err(|e| Stop::Done(ledger_unavailable(c, e)))?;
         match found {
             Lookup::Lead(lead) => Ok(lead),
             Lookup::Follow(rx) => match follow(rx).await {
@@ -852,7 +885,10 @@ impl Pipeline {
             // Judged at the time of the reservation: the gate may have
             // held the call for minutes.
             let now = self.clock.now_ms();
-            match lead.reserve(proposal.clone(), now).await {
+            let started = Instant::now();
+            let reserved = lead.reserve(proposal.clone(), now).await;
+            self.metrics.store("reserve", started.elapsed());
+            match reserved {
                 Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
                 Ok(Reserve::Go(ticket)) => {
                     if let Some(proposal) = proposal {
@@ -1145,6 +1181,7 @@ impl Pipeline {
         // ledger's outbox with the `dispatched` record, one fsync for both.
         // The audit writer appends it to the log and clears the row once
         // its own file is fsynced; startup repairs a crash in between.
+        let started = Instant::now();
         let durable = match c.trail.stage_dispatch() {
             None => ticket.dispatch().await,
             Some((log, Ok(staged))) => {
@@ -1165,6 +1202,7 @@ impl Pipeline {
                 return Attempt::Done(CallOutcome::AuditUnavailable);
             }
         };
+        self.metrics.store("dispatched", started.elapsed());
         if let Err(e) = durable {
             // Nothing was sent: free the key now, before answering, so a
             // retry finds it free (not a reservation without a leader,
@@ -1218,7 +1256,9 @@ impl Pipeline {
                         reason: reason.to_owned(),
                     }));
                 } else if let Some(answer) = answer_of(&resp) {
+                    let started = Instant::now();
                     ticket.complete(answer).await;
+                    self.metrics.store("complete", started.elapsed());
                     tracing::info!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "executed: the write ran and its answer is recorded");
                     c.trail.record("completed", answered_fields(&resp));
                 } else {

@@ -20,6 +20,7 @@ use axum::routing::get;
 use axum::Router;
 use futures_util::{stream, StreamExt};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::mcp::{self, RequestCtx};
@@ -42,6 +43,7 @@ pub const SCOPE_HEADER: &str = "countersign-session-scope";
 pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route(
             "/mcp/{server}",
             get(get_mcp).post(post_mcp).delete(delete_mcp),
@@ -71,6 +73,71 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
         },
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
+    )
+        .into_response()
+}
+
+/// `/metrics` for a scraper with the metrics token (`[metrics]`); 404 when
+/// none is configured, 401 for any other token. The gauges are read now.
+async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let Some(expected) = gw.config.metrics.token_sha256.as_deref() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no [metrics] token_sha256 is configured\n",
+        )
+            .into_response();
+    };
+    // Compared as digests, as identities are: the token itself is never kept.
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| hex::encode(Sha256::digest(t.as_bytes())));
+    if presented.is_none_or(|p| !p.eq_ignore_ascii_case(expected)) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "the metrics token is required\n",
+        )
+            .into_response();
+    }
+    let store = gw.pipeline.flights.store();
+    let pending = match store.list_proposals().await {
+        Ok(all) => all
+            .iter()
+            .filter(|p| p.state == crate::core::approval::ProposalState::Pending)
+            .count(),
+        Err(e) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the store does not answer: {e}\n"),
+            )
+                .into_response()
+        }
+    };
+    let unknown = match crate::enforce::reconcile::list_unknown_in(store.as_ref()).await {
+        Ok(all) => all.len(),
+        Err(e) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the store does not answer: {e}\n"),
+            )
+                .into_response()
+        }
+    };
+    let now = crate::enforce::metrics::Sampled {
+        pending: pending as i64,
+        unknown: unknown as i64,
+        circuits: gw.pipeline.circuits().into_iter().collect(),
+        audit_lag: gw.pipeline.audit.as_ref().map_or(0, |a| a.lag()) as i64,
+    };
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        gw.pipeline.metrics.render(&now),
     )
         .into_response()
 }

@@ -186,7 +186,7 @@ pub fn example_server_bin() -> PathBuf {
     path
 }
 
-fn sha(token: &str) -> String {
+pub fn sha(token: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }

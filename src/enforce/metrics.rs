@@ -1,0 +1,190 @@
+//! Prometheus metrics of the enforcement layer (DESIGN.md section 16),
+//! kept with `prometheus-client` and written in the OpenMetrics text format
+//! (which Prometheus scrapes).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `countersign_tool_calls_total` | counter | `server`, `tool`, `outcome` |
+//! | `countersign_decision_duration_seconds` | histogram | |
+//! | `countersign_store_duration_seconds` | histogram | `op` (`lookup`, `reserve`, `dispatched`, `complete`) |
+//! | `countersign_pending_proposals` | gauge | |
+//! | `countersign_unknown_outcomes` | gauge | |
+//! | `countersign_circuit_state` | gauge (1 for the current state) | `server`, `state` |
+//! | `countersign_audit_lag_entries` | gauge | |
+//!
+//! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
+//! `cached`, `invalid_params`, or the code the agent got (`approval_pending`,
+//! `policy_denied`, `outcome_unknown`, `upstream_unavailable`, ...). The
+//! gauges are read when scraped.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::outcome::CallOutcome;
+
+type CallLabels = [(&'static str, String); 3];
+type OpLabels = [(&'static str, &'static str); 1];
+type CircuitLabels = [(&'static str, String); 2];
+
+/// The label of a tool the server does not list: client-chosen names never
+/// become label values, so a client cannot grow the metrics without bound.
+pub const UNLISTED_TOOL: &str = "(unlisted)";
+
+fn latency() -> Histogram {
+    // 10 µs to about 5 s.
+    Histogram::new(exponential_buckets(0.000_01, 2.5, 15))
+}
+
+/// The registry and its metrics.
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+    decision: Histogram,
+    store: Family<OpLabels, Histogram, fn() -> Histogram>,
+    pending: Gauge,
+    unknown: Gauge,
+    circuit: Family<CircuitLabels, Gauge>,
+    audit_lag: Gauge,
+}
+
+/// What the scrape reads at the time of the scrape.
+pub struct Sampled {
+    /// Proposals waiting for a decision.
+    pub pending: i64,
+    /// `unknown` outcomes waiting to be reconciled.
+    pub unknown: i64,
+    /// Each upstream's circuit breaker: `closed`, `open` or `half-open`.
+    pub circuits: Vec<(String, &'static str)>,
+    /// Audit entries handed to the writer and not yet in the log file.
+    pub audit_lag: i64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Every metric, registered.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("countersign");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "tools/call requests by server, tool and how they ended",
+            calls.clone(),
+        );
+        let decision = latency();
+        // The unit is in the name, without a `# UNIT` line: some parsers
+        // refuse units on histograms.
+        registry.register(
+            "decision_duration_seconds",
+            "Time to decide a call against the policies",
+            decision.clone(),
+        );
+        let store = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        registry.register(
+            "store_duration_seconds",
+            "Time of the ledger operations on a call's path",
+            store.clone(),
+        );
+        let pending = Gauge::default();
+        registry.register(
+            "pending_proposals",
+            "Proposals waiting for a reviewer",
+            pending.clone(),
+        );
+        let unknown = Gauge::default();
+        registry.register(
+            "unknown_outcomes",
+            "Calls sent whose answer was lost, waiting to be reconciled",
+            unknown.clone(),
+        );
+        let circuit = Family::<CircuitLabels, Gauge>::default();
+        registry.register(
+            "circuit_state",
+            "Each upstream's circuit breaker: 1 for its current state",
+            circuit.clone(),
+        );
+        let audit_lag = Gauge::default();
+        registry.register(
+            "audit_lag_entries",
+            "Audit entries handed to the writer and not yet written to the log file",
+            audit_lag.clone(),
+        );
+        Metrics {
+            registry,
+            calls,
+            decision,
+            store,
+            pending,
+            unknown,
+            circuit,
+            audit_lag,
+        }
+    }
+
+    /// A call ended. `tool` must be a name the server lists, or
+    /// [`UNLISTED_TOOL`].
+    pub fn call(&self, server: &str, tool: &str, outcome: &CallOutcome) {
+        self.calls
+            .get_or_create(&[
+                ("server", server.to_owned()),
+                ("tool", tool.to_owned()),
+                ("outcome", outcome_label(outcome).to_owned()),
+            ])
+            .inc();
+    }
+
+    /// A decision took `d`.
+    pub fn decision(&self, d: Duration) {
+        self.decision.observe(d.as_secs_f64());
+    }
+
+    /// A ledger operation took `d`.
+    pub fn store(&self, op: &'static str, d: Duration) {
+        self.store
+            .get_or_create(&[("op", op)])
+            .observe(d.as_secs_f64());
+    }
+
+    /// The exposition, with the gauges set from `now`.
+    pub fn render(&self, now: &Sampled) -> String {
+        self.pending.set(now.pending);
+        self.unknown.set(now.unknown);
+        self.audit_lag.set(now.audit_lag);
+        for (server, state) in &now.circuits {
+            for s in ["closed", "open", "half-open"] {
+                self.circuit
+                    .get_or_create(&[("server", server.clone()), ("state", s.to_owned())])
+                    .set(i64::from(s == *state));
+            }
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The `outcome` label of a call: the code the agent got when countersign
+/// answered it itself (the same one the audit trail records).
+pub fn outcome_label(outcome: &CallOutcome) -> &'static str {
+    if let Some(code) = super::answer::code_of(outcome) {
+        return code;
+    }
+    match outcome {
+        CallOutcome::Replayed { .. } => "replayed",
+        CallOutcome::Joined(_) => "joined",
+        CallOutcome::Cached { .. } => "cached",
+        CallOutcome::Invalid(_) => "invalid_params",
+        _ => "ok",
+    }
+}
