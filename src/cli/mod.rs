@@ -12,6 +12,7 @@
 
 pub mod check;
 pub mod client;
+pub mod demo;
 pub mod files;
 pub mod log;
 pub mod policy;
@@ -40,6 +41,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show the guarantees in two minutes: the example payments server
+    /// behind a gateway in a temporary folder, and a scripted agent.
+    Demo {
+        /// Leave the gateway running and print what to try next.
+        #[arg(long)]
+        keep: bool,
+        /// The example payments server (default: examples/payments_server
+        /// next to this binary, as `cargo build --release --examples` makes it).
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        /// Put the demo's files here instead of a new temporary folder (kept).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// After the narration, print one JSON object of what was shown.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the gateway.
     Serve {
         /// Configuration file.
@@ -368,6 +386,21 @@ pub fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Demo {
+            keep,
+            server_bin,
+            dir,
+            json,
+        } => {
+            crate::cli::demo::run(crate::cli::demo::Options {
+                keep,
+                server_bin,
+                dir,
+                json,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Serve { config } => {
             let config = files::load_config(&config)?;
             crate::cli::serve::serve(config).await?;
