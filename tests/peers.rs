@@ -391,6 +391,16 @@ fn assert_example_client(gw: &Gateway, seen: &Value, which: &str) {
     assert_eq!(gw.executions("charge_card"), 1, "{which}");
 }
 
+/// The JSON an example client printed last, once it succeeded.
+fn example_seen(out: &std::process::Output) -> Value {
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
 #[test]
 fn the_python_example_client_sends_the_token_and_charges_once() {
     let gw = Gateway::start();
@@ -407,12 +417,7 @@ fn the_python_example_client_sends_the_token_and_charges_once() {
         .env("COUNTERSIGN_TOKEN", TOKEN)
         .output()
         .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}{stderr}");
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let seen = example_seen(&out);
     assert_example_client(&gw, &seen, "python");
     // Without the token the gateway refuses it.
     let out = Command::new(python())
@@ -454,11 +459,6 @@ fn the_typescript_example_client_sends_the_token_and_charges_once() {
         .env("COUNTERSIGN_TOKEN", TOKEN)
         .output()
         .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}{stderr}");
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let seen = example_seen(&out);
     assert_example_client(&gw, &seen, "typescript");
 }

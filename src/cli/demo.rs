@@ -461,6 +461,21 @@ fn text(result: &Value) -> String {
         .to_owned()
 }
 
+fn proposal_id(result: &Value) -> String {
+    result["structuredContent"]["countersign"]["proposal_id"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// The demo reviewer approves `proposal` (signed with its key, 10 minutes).
+async fn approve(reviewer: &crate::cli::client::Client, proposal: &str) -> anyhow::Result<()> {
+    reviewer
+        .decide(proposal, Verdict::Approve, "demo", Duration::from_secs(600))
+        .await?;
+    Ok(())
+}
+
 fn replayed(result: &Value) -> bool {
     result["_meta"]["dev.countersign/replayed"].is_object()
 }
@@ -482,24 +497,14 @@ async fn script(setup: &Setup, shown: &mut Shown) -> anyhow::Result<()> {
     if code(&held) != "approval_pending" {
         bail!("expected the charge to wait for approval, got {held}");
     }
-    let proposal = held["structuredContent"]["countersign"]["proposal_id"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned();
+    let proposal = proposal_id(&held);
     say(&format!(
         "   The agent asks to charge EUR 42 to acct_42 (idempotency key demo-charge-1). The shipped \
          policies hold every write: the answer is approval_pending, proposal {proposal}. Nothing ran \
          ({} executions in the server's record).",
         setup.executions("charge_card")
     ));
-    reviewer
-        .decide(
-            &proposal,
-            Verdict::Approve,
-            "demo",
-            Duration::from_secs(600),
-        )
-        .await?;
+    approve(&reviewer, &proposal).await?;
     say(&format!(
         "   `{REVIEWER}` approves it: an ed25519 signature over the call's digest, the requester, the \
          tenant, the tool's definition and an expiry. (This reviewer's key was made for this demo only, \
@@ -553,18 +558,7 @@ async fn script(setup: &Setup, shown: &mut Shown) -> anyhow::Result<()> {
         "When the outcome is unknown, the answer says so, and nothing is sent again.",
     );
     let second = agent.charge(7.0, "demo-charge-2").await?;
-    let second_id = second["structuredContent"]["countersign"]["proposal_id"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned();
-    reviewer
-        .decide(
-            &second_id,
-            Verdict::Approve,
-            "demo",
-            Duration::from_secs(600),
-        )
-        .await?;
+    approve(&reviewer, &proposal_id(&second)).await?;
     // The server charges, then dies before it answers.
     std::fs::write(
         &setup.faults,
