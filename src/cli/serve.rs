@@ -159,6 +159,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         listener,
         router(Arc::clone(&gw)),
         gw.config.gateway.header_read_timeout,
+        gw.config.limits.max_connections,
         tls,
         stop_rx,
     ));
@@ -192,9 +193,13 @@ async fn accept(
     listener: TcpListener,
     app: axum::Router,
     header_timeout: Duration,
+    max_connections: usize,
     tls: Option<tokio_rustls::TlsAcceptor>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
+    // One permit per open connection: thousands of idle clients cannot use
+    // up the process's descriptors and starve the rest.
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     use hyper_util::rt::{TokioIo, TokioTimer};
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -215,6 +220,11 @@ async fn accept(
             _ = &mut stop => break,
         };
         let _ = tcp.set_nodelay(true);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, max_connections, "connection refused: limits.max_connections reached");
+            tokio::spawn(refuse_connection(tcp));
+            continue;
+        };
         let app = app.clone();
         // The peer address lets the control API refuse non-loopback peers.
         let service =
@@ -227,6 +237,7 @@ async fn accept(
         let http = http.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let ended = match tls {
                 None => {
                     watcher
@@ -260,6 +271,21 @@ async fn accept(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Over `limits.max_connections`: a plain 503 that says why, then close
+/// (bounded: a peer that does not read gets nothing more).
+async fn refuse_connection(mut tcp: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body =
+        "too many connections: the gateway's limits.max_connections is reached; retry later\n";
+    let text = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(text.as_bytes())).await;
+    let _ = tcp.shutdown().await;
 }
 
 /// Re-read and publish each proposal another process changed in the shared

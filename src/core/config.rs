@@ -603,6 +603,18 @@ pub struct Limits {
     pub max_depth: usize,
     /// Largest `tools/call` arguments, in bytes.
     pub max_arguments_bytes: usize,
+    /// Most client connections open at once; one more is answered 503 and
+    /// closed (idle clients cannot exhaust descriptors).
+    pub max_connections: usize,
+    /// Most handshake-era sessions one identity may hold; one more
+    /// `initialize` is refused (429) until one closes or idles out.
+    pub max_sessions_per_identity: usize,
+    /// Requests per second one identity may send to `/mcp`, with bursts of
+    /// twice that; beyond it a request gets 429 with `Retry-After` and
+    /// nothing is sent upstream. 0: no limit (the default: the right rate
+    /// depends on the agents, and a gateway-wide load test drives one
+    /// identity at thousands per second).
+    pub requests_per_second: u32,
 }
 
 impl Default for Limits {
@@ -612,6 +624,9 @@ impl Default for Limits {
             max_line_bytes: 16 << 20,
             max_depth: 64,
             max_arguments_bytes: 1 << 20,
+            max_connections: 1024,
+            max_sessions_per_identity: 256,
+            requests_per_second: 0,
         }
     }
 }
@@ -782,6 +797,12 @@ impl Config {
         if self.limits.max_body_bytes < 1024 || self.limits.max_line_bytes < 1024 {
             return Err(
                 "limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into(),
+            );
+        }
+        if self.limits.max_connections == 0 || self.limits.max_sessions_per_identity == 0 {
+            return Err(
+                "limits.max_connections and limits.max_sessions_per_identity must be at least 1"
+                    .into(),
             );
         }
         let au = &self.audit;

@@ -273,6 +273,19 @@ pub enum Rejection {
         /// The HTTP status it answered with.
         status: u16,
     },
+    /// The identity sent more than `limits.requests_per_second`.
+    RateLimited {
+        /// The limit.
+        per_second: u32,
+        /// When a request would be let through again.
+        retry_after: std::time::Duration,
+    },
+    /// The identity already holds `limits.max_sessions_per_identity`
+    /// sessions.
+    TooManySessions {
+        /// The limit.
+        limit: usize,
+    },
     /// A 2026-07-28 request to an upstream that speaks only the handshake
     /// era.
     LegacyUpstream {
@@ -291,6 +304,18 @@ impl Rejection {
             Rejection::Origin => invalid(
                 "origin not allowed: add it to gateway.allowed_origins if this browser origin is trusted",
             ),
+            Rejection::RateLimited {
+                per_second,
+                retry_after,
+            } => invalid(&format!(
+                "too many requests: this identity may send {per_second} per second (limits.requests_per_second); \
+                 nothing was sent; retry after {} ms",
+                retry_after.as_millis().max(1)
+            )),
+            Rejection::TooManySessions { limit } => invalid(&format!(
+                "too many sessions: this identity already holds {limit} (limits.max_sessions_per_identity); \
+                 close one (DELETE with its Mcp-Session-Id) or reuse it"
+            )),
             Rejection::Token => invalid(
                 "missing or unknown bearer token: send `Authorization: Bearer TOKEN` with a token listed in [[identities]]",
             ),

@@ -166,6 +166,9 @@ fn reject(rejection: Rejection, id: Value) -> Response {
             StatusCode::INTERNAL_SERVER_ERROR
         }
         Rejection::LineTooLong { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Rejection::RateLimited { .. } | Rejection::TooManySessions { .. } => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         Rejection::Parse(_)
         | Rejection::SessionVersion(_)
         | Rejection::BatchVersion(_)
@@ -176,6 +179,12 @@ fn reject(rejection: Rejection, id: Value) -> Response {
         | Rejection::LegacyUpstream { .. } => StatusCode::BAD_REQUEST,
     };
     let mut r = rpc(status, &rejection.message(id));
+    if let Rejection::RateLimited { retry_after, .. } = &rejection {
+        let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
     if status == StatusCode::UNAUTHORIZED {
         r.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -202,6 +211,17 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
     let Some(identity) = gw.identities.from_authorization(auth) else {
         return Err(reject(Rejection::Token, Value::Null));
     };
+    // Per identity, before anything is parsed or sent: one agent in a loop
+    // cannot take the gateway (or the upstreams behind it) from the others.
+    if let Err(retry_after) = gw.rate_check(&identity) {
+        return Err(reject(
+            Rejection::RateLimited {
+                per_second: gw.config.limits.requests_per_second,
+                retry_after,
+            },
+            Value::Null,
+        ));
+    }
     if !gw.config.servers.contains_key(server) {
         let known = gw.config.servers.keys().cloned().collect();
         return Err(reject(
@@ -333,6 +353,14 @@ async fn initialize(
     headers: &HeaderMap,
     msg: Message,
 ) -> Response {
+    // Checked before connecting: each session may hold an upstream child.
+    let limit = gw.config.limits.max_sessions_per_identity;
+    if gw.sessions_of(&identity) >= limit {
+        return reject(
+            Rejection::TooManySessions { limit },
+            msg.id.clone().unwrap_or(Value::Null),
+        );
+    }
     let scope = header_str(headers, SCOPE_HEADER).map(str::to_owned);
     match gw.open_session(server, identity, scope, msg).await {
         Opened::Session(session, resp) => {
@@ -789,7 +817,15 @@ fn named_session(
 ) -> Result<Arc<Session>, Response> {
     let identity = admit(gw, server, headers)?;
     let Some(sid) = header_str(headers, SESSION_HEADER) else {
-        return Err(StatusCode::METHOD_NOT_ALLOWED.into_response());
+        // 405 as the specification asks of a server without such a stream,
+        // with the reason in words.
+        return Err((
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(header::ALLOW, "POST")],
+            "no Mcp-Session-Id: a GET stream and a DELETE belong to a handshake-era session \
+             (initialize first); 2026-07-28 has no sessions\n",
+        )
+            .into_response());
     };
     gw.session(server, sid, &identity)
         .ok_or_else(|| reject(Rejection::NoSuchSession, Value::Null))

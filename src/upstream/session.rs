@@ -187,6 +187,8 @@ pub struct Gateway {
     /// upstream awaits, concurrent first requests must not spawn two shared
     /// children, and a slow server must not hold up the others.
     modern: HashMap<String, tokio::sync::Mutex<Option<ModernUpstream>>>,
+    /// `limits.requests_per_second` per (principal, tenant), when set.
+    rate: Option<governor::DefaultKeyedRateLimiter<(String, String)>>,
 }
 
 impl Gateway {
@@ -213,6 +215,10 @@ impl Gateway {
             .keys()
             .map(|k| (k.clone(), tokio::sync::Mutex::new(None)))
             .collect();
+        let rate = std::num::NonZeroU32::new(config.limits.requests_per_second).map(|per_second| {
+            let burst = per_second.saturating_mul(std::num::NonZeroU32::MIN.saturating_add(1));
+            governor::RateLimiter::keyed(governor::Quota::per_second(per_second).allow_burst(burst))
+        });
         Arc::new(Gateway {
             config,
             identities,
@@ -220,7 +226,34 @@ impl Gateway {
             http: HttpClient::new(),
             sessions: Mutex::new(HashMap::new()),
             modern,
+            rate,
         })
+    }
+
+    /// One request of `identity` against `limits.requests_per_second`:
+    /// `Err(wait)` when it is over, with how long until one would pass.
+    /// Keys are configured identities only, so the limiter's memory is
+    /// bounded by the config.
+    pub fn rate_check(&self, identity: &Identity) -> Result<(), std::time::Duration> {
+        let Some(rate) = &self.rate else {
+            return Ok(());
+        };
+        let key = (identity.principal.clone(), identity.tenant.clone());
+        rate.check_key(&key).map_err(|not_until| {
+            not_until.wait_time_from(governor::clock::Clock::now(
+                &governor::clock::DefaultClock::default(),
+            ))
+        })
+    }
+
+    /// How many handshake-era sessions `identity` holds now.
+    pub fn sessions_of(&self, identity: &Identity) -> usize {
+        lock(&self.sessions)
+            .values()
+            .filter(|s| {
+                s.identity.principal == identity.principal && s.identity.tenant == identity.tenant
+            })
+            .count()
     }
 
     /// Open an upstream connection to `server` whose server messages of no

@@ -299,6 +299,8 @@ pub struct Options {
     pub approvals: String,
     /// Extra lines for the `[gateway]` table.
     pub gateway: String,
+    /// Extra lines for the `[limits]` table.
+    pub limits: String,
 }
 
 impl Default for Options {
@@ -311,6 +313,7 @@ impl Default for Options {
             policies: None,
             approvals: "hold = \"0s\"\n".into(),
             gateway: String::new(),
+            limits: String::new(),
         }
     }
 }
@@ -377,6 +380,7 @@ tenant = "globex"
 [limits]
 max_body_bytes = 65536
 max_arguments_bytes = 32768
+{limits_extra}
 
 [servers.payments]
 command = "{bin}"
@@ -391,6 +395,7 @@ call_timeout = "5s"
             t3 = sha(GLOBEX_TOKEN),
             approvals = opts.approvals,
             gateway_extra = opts.gateway,
+            limits_extra = opts.limits,
             bin = example_server_bin().display(),
             record = record.display(),
             faults = faults.display(),
