@@ -205,7 +205,11 @@ impl Server {
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "{entry}");
+            // One write per line: children of several sessions append to one
+            // record, and `writeln!` writes a value in pieces, which
+            // interleave across processes (found by the chaos run). An
+            // O_APPEND write of a whole line lands whole.
+            let _ = f.write_all(format!("{entry}\n").as_bytes());
             let _ = f.sync_data();
         }
     }

@@ -1,0 +1,616 @@
+//! The chaos driver: agents issuing keyed writes through a real gateway
+//! while the gateway and its upstream are killed and faults are injected,
+//! then the at-most-once invariants checked from the example server's own
+//! execution record.
+//!
+//! ```text
+//! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
+//!       [--server BIN] [--work DIR] [--json]
+//! ```
+//!
+//! Each agent sends `charge_card` calls, one explicit idempotency key per
+//! call (its arguments unique to it), and retries each key with identical
+//! arguments until it gets a definitive answer: a result, or
+//! `outcome_unknown`. A connection error, a 5xx, `upstream_unavailable` and
+//! a lost session are retried (a new session when the gateway forgot the
+//! old one). Meanwhile, spread over the run, `--kills` times: the gateway
+//! is killed with SIGKILL and restarted on the same data; the stdio child
+//! is killed with SIGKILL; or a fault is injected into the server
+//! (`exit_after_execute`, `delay` past the call timeout, `delay` short).
+//!
+//! Checked at the end, from the server's record (`executions.jsonl`) and
+//! the gateway's ledger:
+//! - no key executed twice;
+//! - no answer acknowledged as a success without an execution;
+//! - no acknowledged answer that changed when the agent sent the key again;
+//! - every key answered `outcome_unknown` is listed by `reconcile --list`.
+//!
+//! Everything runs on loopback, bounded in calls and time (10 minutes).
+//! Prints a summary (one JSON object with `--json`) and exits 1 when an
+//! invariant is broken.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const TOKEN: &str = "chaos-agent-token";
+const DEADLINE: Duration = Duration::from_secs(600);
+
+struct Opts {
+    calls: usize,
+    kills: usize,
+    agents: usize,
+    seed: u64,
+    countersign: PathBuf,
+    server: PathBuf,
+    work: Option<PathBuf>,
+    json: bool,
+}
+
+fn opts() -> Result<Opts, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // target/<profile>/examples/chaos: the binaries are one level up, and
+    // the example server is beside this one.
+    let examples = exe.parent().map(Path::to_owned).unwrap_or_default();
+    let profile = examples.parent().map(Path::to_owned).unwrap_or_default();
+    let mut o = Opts {
+        calls: 500,
+        kills: 10,
+        agents: 8,
+        seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+        countersign: profile.join("countersign"),
+        server: examples.join("payments_server"),
+        work: None,
+        json: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--calls" => o.calls = value()?.parse().map_err(|e| format!("--calls: {e}"))?,
+            "--kills" => o.kills = value()?.parse().map_err(|e| format!("--kills: {e}"))?,
+            "--agents" => o.agents = value()?.parse().map_err(|e| format!("--agents: {e}"))?,
+            "--seed" => o.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--countersign" => o.countersign = value()?.into(),
+            "--server" => o.server = value()?.into(),
+            "--work" => o.work = Some(value()?.into()),
+            "--json" => o.json = true,
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}` (see the doc comment of examples/chaos.rs)"
+                ))
+            }
+        }
+    }
+    if o.agents == 0 || o.calls < o.agents {
+        return Err("--agents must be at least 1 and at most --calls".into());
+    }
+    for (what, p) in [("--countersign", &o.countersign), ("--server", &o.server)] {
+        if !p.is_file() {
+            return Err(format!(
+                "{what} `{}` is not there: cargo build --bins --examples",
+                p.display()
+            ));
+        }
+    }
+    Ok(o)
+}
+
+/// A small deterministic generator (xorshift64*), so a run can be repeated
+/// with its `--seed`.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0.max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+struct Setup {
+    dir: PathBuf,
+    config: PathBuf,
+    record: PathBuf,
+    faults: PathBuf,
+    url: String,
+    countersign: PathBuf,
+}
+
+impl Setup {
+    fn write(dir: &Path, o: &Opts) -> std::io::Result<Setup> {
+        let policies = dir.join("policies");
+        std::fs::create_dir_all(&policies)?;
+        std::fs::write(
+            policies.join("all.cedar"),
+            "@id(\"allow-all\")\npermit (principal, action, resource);\n",
+        )?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let record = dir.join("executions.jsonl");
+        let faults = dir.join("faults.json");
+        std::fs::write(&faults, "{}")?;
+        let sha = {
+            use std::fmt::Write;
+            let digest = <sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes());
+            digest.iter().fold(String::new(), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            })
+        };
+        let q = |p: &Path| format!("{:?}", p.display().to_string());
+        let config = format!(
+            "[gateway]\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {}\npolicies = {}\nshutdown_grace = \"300ms\"\n\n\
+             [[identities]]\ntoken_sha256 = \"{sha}\"\nprincipal = \"chaos\"\ntenant = \"chaos\"\n\n\
+             [approvals]\nhold = \"0s\"\n\n[retry]\nmax_attempts = 1\n\n[circuit]\nfailure_threshold = 1000\n\n\
+             [servers.payments]\ncommand = {}\nargs = [\"--record\", {}, \"--faults\", {}]\ncall_timeout = \"2s\"\n",
+            q(&dir.join("data")),
+            q(&policies),
+            q(&o.server),
+            q(&record),
+            q(&faults),
+        );
+        let config_path = dir.join("countersign.toml");
+        std::fs::write(&config_path, config)?;
+        Ok(Setup {
+            dir: dir.to_owned(),
+            config: config_path,
+            record,
+            faults,
+            url: format!("http://127.0.0.1:{port}/mcp/payments"),
+            countersign: o.countersign.clone(),
+        })
+    }
+
+    fn start_gateway(&self) -> Result<Child, String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("gateway.log"))
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(&self.countersign)
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start the gateway: {e}"))?;
+        let addr = self
+            .url
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or("")
+            .to_owned();
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(&addr).is_ok() {
+                return Ok(child);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Err("the gateway did not listen within 10 s (see gateway.log)".into())
+    }
+}
+
+/// What the agents saw, shared with the checks.
+#[derive(Default)]
+struct Seen {
+    /// Key → the first success text acknowledged for it.
+    acked: HashMap<String, String>,
+    /// Keys answered `outcome_unknown`.
+    unknown: HashSet<String>,
+    /// Acknowledged answers that changed on a later send.
+    changed: Vec<String>,
+    /// Sends in all (retries included).
+    sends: usize,
+}
+
+struct Agent {
+    http: reqwest::Client,
+    url: String,
+    session: Option<String>,
+}
+
+enum Sent {
+    /// A result: (is an error, text).
+    Answer(bool, String),
+    /// No definitive answer: send again.
+    Retry,
+}
+
+impl Agent {
+    async fn initialize(&mut self) -> bool {
+        self.session = None;
+        let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"chaos","version":"1"}}});
+        let Ok(resp) = self.post(&body).send().await else {
+            return false;
+        };
+        let sid = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if !resp.status().is_success() || sid.is_none() {
+            return false;
+        }
+        self.session = sid;
+        let _ = self
+            .post(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}))
+            .send()
+            .await;
+        true
+    }
+
+    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+        let mut r = self
+            .http
+            .post(&self.url)
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .timeout(Duration::from_secs(20))
+            .body(body.to_string());
+        if let Some(s) = &self.session {
+            r = r.header("mcp-session-id", s);
+        }
+        r
+    }
+
+    async fn send(&mut self, key: &str, args: &Value) -> Sent {
+        if self.session.is_none() && !self.initialize().await {
+            return Sent::Retry;
+        }
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"charge_card","arguments":args,"_meta":{"dev.countersign/idempotency-key":key}}});
+        let Ok(resp) = self.post(&body).send().await else {
+            return Sent::Retry;
+        };
+        if resp.status().as_u16() == 404 {
+            // The gateway restarted and forgot the session.
+            self.session = None;
+            return Sent::Retry;
+        }
+        if !resp.status().is_success() {
+            return Sent::Retry;
+        }
+        let sse = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let Ok(text) = resp.text().await else {
+            return Sent::Retry;
+        };
+        let data = if sse {
+            text.lines()
+                .rev()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim)
+                .find(|d| !d.is_empty())
+                .unwrap_or("")
+                .to_owned()
+        } else {
+            text
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+            return Sent::Retry;
+        };
+        let result = &v["result"];
+        if result.is_null() {
+            return Sent::Retry;
+        }
+        let code = result["structuredContent"]["countersign"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        let text = result["content"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        let is_error = result["isError"] == true;
+        if is_error && code != "outcome_unknown" {
+            // upstream_unavailable and the like: nothing ran; send again.
+            return Sent::Retry;
+        }
+        Sent::Answer(is_error, text)
+    }
+}
+
+async fn agent(
+    n: usize,
+    keys: Vec<usize>,
+    url: String,
+    seen: Arc<Mutex<Seen>>,
+    done: Arc<AtomicUsize>,
+) {
+    let mut a = Agent {
+        http: reqwest::Client::new(),
+        url,
+        session: None,
+    };
+    let started = Instant::now();
+    for k in keys {
+        let key = format!("chaos-{k}");
+        let args =
+            json!({"account": format!("acct-{n}"), "amount": k as u64 + 1, "currency": "EUR"});
+        let mut acked: Option<String> = None;
+        loop {
+            if started.elapsed() > DEADLINE {
+                return;
+            }
+            let sent = a.send(&key, &args).await;
+            seen.lock().map(|mut s| s.sends += 1).ok();
+            match sent {
+                Sent::Retry => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Sent::Answer(true, text) => {
+                    seen.lock()
+                        .map(|mut s| {
+                            if let Some(first) = &acked {
+                                s.changed.push(format!("{key}: `{first}` then `{text}`"));
+                            }
+                            s.unknown.insert(key.clone())
+                        })
+                        .ok();
+                    break;
+                }
+                Sent::Answer(false, text) => match &acked {
+                    // Sent again once it was acknowledged: it must be the
+                    // same answer, replayed.
+                    None => {
+                        acked = Some(text.clone());
+                        seen.lock()
+                            .map(|mut s| s.acked.insert(key.clone(), text))
+                            .ok();
+                    }
+                    Some(first) => {
+                        if *first != text {
+                            seen.lock()
+                                .map(|mut s| {
+                                    s.changed.push(format!("{key}: `{first}` then `{text}`"))
+                                })
+                                .ok();
+                        }
+                        break;
+                    }
+                },
+            }
+        }
+        done.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Kill the stdio children the gateway runs for this work folder.
+fn kill_children(setup: &Setup) {
+    let _ = Command::new("pkill")
+        .args(["-9", "-f"])
+        .arg(format!(
+            "payments_server --record {}",
+            setup.record.display()
+        ))
+        .status();
+}
+
+fn executions(record: &Path) -> Vec<Value> {
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "executed" && e["tool"] == "charge_card")
+        .collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let code = match run().await {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("chaos: {e}");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+async fn run() -> Result<bool, String> {
+    let o = opts()?;
+    let dir = match &o.work {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("countersign-chaos-{}", o.seed)),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let setup = Setup::write(&dir, &o).map_err(|e| e.to_string())?;
+    let mut gateway = setup.start_gateway()?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..o.agents {
+        let keys: Vec<usize> = (0..o.calls).filter(|k| k % o.agents == n).collect();
+        tasks.push(tokio::spawn(agent(
+            n,
+            keys,
+            setup.url.clone(),
+            seen.clone(),
+            done.clone(),
+        )));
+    }
+    // The chaos: spread over the calls, one action each time another
+    // calls/(kills+1) keys are done.
+    let mut rng = Rng(o.seed);
+    let mut counts: HashMap<&'static str, usize> = HashMap::new();
+    let started = Instant::now();
+    for i in 0..o.kills {
+        let at = (i + 1) * o.calls / (o.kills + 1);
+        while done.load(Ordering::SeqCst) < at && started.elapsed() < DEADLINE {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A little later than the threshold, at a random moment.
+        tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
+        let action = match rng.below(5) {
+            0 | 1 => "gateway_sigkill",
+            2 => "child_sigkill",
+            3 => "exit_after_execute",
+            _ => {
+                if rng.below(2) == 0 {
+                    "delay_past_timeout"
+                } else {
+                    "delay"
+                }
+            }
+        };
+        *counts.entry(action).or_default() += 1;
+        match action {
+            "gateway_sigkill" => {
+                let _ = gateway.kill();
+                let _ = gateway.wait();
+                gateway = setup.start_gateway()?;
+            }
+            "child_sigkill" => kill_children(&setup),
+            "exit_after_execute" => {
+                let _ = std::fs::write(
+                    &setup.faults,
+                    json!({"charge_card": {"fault": "exit_after_execute"}}).to_string(),
+                );
+            }
+            "delay_past_timeout" => {
+                let _ = std::fs::write(
+                    &setup.faults,
+                    json!({"charge_card": {"fault": "delay", "delay_ms": 2500}}).to_string(),
+                );
+            }
+            _ => {
+                let _ = std::fs::write(
+                    &setup.faults,
+                    json!({"charge_card": {"fault": "delay", "delay_ms": 300}}).to_string(),
+                );
+            }
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let finished = done.load(Ordering::SeqCst);
+    // Stopped cleanly, then the ledger read offline.
+    let _ = Command::new("kill").arg(gateway.id().to_string()).status();
+    let _ = gateway.wait();
+    let listed = Command::new(&setup.countersign)
+        .args(["reconcile", "--list", "--config"])
+        .arg(&setup.config)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let listed_text = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let listed_keys: HashSet<String> = listed_text
+        .lines()
+        .filter_map(|l| l.split('\t').nth(2).map(str::to_owned))
+        .collect();
+
+    let seen = seen.lock().map_err(|_| "poisoned")?;
+    let runs = executions(&setup.record);
+    let mut per_call: HashMap<(String, u64), usize> = HashMap::new();
+    for e in &runs {
+        let account = e["arguments"]["account"].as_str().unwrap_or("").to_owned();
+        let amount = e["arguments"]["amount"].as_u64().unwrap_or(0);
+        *per_call.entry((account, amount)).or_default() += 1;
+    }
+    let key_of = |k: usize| (format!("acct-{}", k % o.agents), k as u64 + 1);
+    let duplicates: Vec<String> = per_call
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|((a, m), n)| format!("{a} amount {m}: {n} executions"))
+        .collect();
+    let lost_acks: Vec<String> = seen
+        .acked
+        .keys()
+        .filter(|key| {
+            let k: usize = key
+                .trim_start_matches("chaos-")
+                .parse()
+                .unwrap_or(usize::MAX);
+            !per_call.contains_key(&key_of(k))
+        })
+        .cloned()
+        .collect();
+    let unlisted: Vec<String> = seen
+        .unknown
+        .iter()
+        .filter(|k| !listed_keys.contains(*k))
+        .cloned()
+        .collect();
+    let unknown_executed = seen
+        .unknown
+        .iter()
+        .filter(|key| {
+            let k: usize = key
+                .trim_start_matches("chaos-")
+                .parse()
+                .unwrap_or(usize::MAX);
+            per_call.contains_key(&key_of(k))
+        })
+        .count();
+    let ok = finished == o.calls
+        && duplicates.is_empty()
+        && lost_acks.is_empty()
+        && seen.changed.is_empty()
+        && unlisted.is_empty();
+    let summary = json!({
+        "ok": ok,
+        "seed": o.seed,
+        "calls": o.calls,
+        "definitive": finished,
+        "sends": seen.sends,
+        "kills": o.kills,
+        "actions": counts,
+        "executions": runs.len(),
+        "acknowledged": seen.acked.len(),
+        "outcome_unknown": seen.unknown.len(),
+        "outcome_unknown_that_ran": unknown_executed,
+        "listed_by_reconcile": listed_keys.len(),
+        "duplicates": duplicates,
+        "lost_acknowledged": lost_acks,
+        "changed_answers": seen.changed,
+        "unknown_not_listed": unlisted,
+        "seconds": started.elapsed().as_secs_f64(),
+        "work": setup.dir.display().to_string(),
+    });
+    if o.json {
+        println!("{summary}");
+    } else {
+        println!(
+            "{} calls ({} sends), {} chaos actions {:?}: {} executions, {} acknowledged, {} outcome_unknown ({} of them ran), \
+             {} duplicates, {} acknowledged without an execution, {} answers that changed, {} unknown keys not listed by reconcile: {}",
+            o.calls,
+            seen.sends,
+            o.kills,
+            counts,
+            runs.len(),
+            seen.acked.len(),
+            seen.unknown.len(),
+            unknown_executed,
+            duplicates.len(),
+            lost_acks.len(),
+            seen.changed.len(),
+            unlisted.len(),
+            if ok { "ok" } else { "BROKEN" }
+        );
+    }
+    Ok(ok)
+}

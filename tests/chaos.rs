@@ -1,0 +1,63 @@
+//! The short chaos run (`examples/chaos.rs`): 500 keyed writes from 8
+//! agents while the gateway is killed and restarted, its stdio child is
+//! killed and faults are injected, ten times in all; the at-most-once
+//! invariants checked from the example server's execution record.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn five_hundred_calls_ten_kills_no_duplicate_and_no_lost_answer() {
+    let chaos = common::example_server_bin().parent().unwrap().join("chaos");
+    assert!(
+        chaos.exists(),
+        "no {}: cargo build --examples",
+        chaos.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(&chaos)
+        .args([
+            "--calls", "500", "--kills", "10", "--agents", "8", "--json", "--seed", "20261201",
+        ])
+        .arg("--work")
+        .arg(dir.path())
+        .arg("--countersign")
+        .arg(common::countersign_bin())
+        .arg("--server")
+        .arg(common::example_server_bin())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("no summary ({e}):\n{stdout}\n{stderr}"));
+    assert_eq!(summary["definitive"], 500, "{summary}");
+    assert_eq!(summary["kills"], 10, "{summary}");
+    for broken in [
+        "duplicates",
+        "lost_acknowledged",
+        "changed_answers",
+        "unknown_not_listed",
+    ] {
+        assert_eq!(
+            summary[broken],
+            serde_json::json!([]),
+            "{broken}: {summary}"
+        );
+    }
+    // Every execution is an acknowledged call or an unknown one that ran.
+    assert_eq!(
+        summary["executions"].as_u64().unwrap(),
+        summary["acknowledged"].as_u64().unwrap()
+            + summary["outcome_unknown_that_ran"].as_u64().unwrap(),
+        "{summary}"
+    );
+    assert!(
+        summary["ok"] == true && out.status.success(),
+        "{summary}\n{stderr}"
+    );
+}
