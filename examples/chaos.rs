@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
-//!       [--server BIN] [--work DIR] [--json]
+//!       [--server BIN] [--work DIR] [--http] [--json]
 //! ```
 //!
 //! Each agent sends `charge_card` calls, one explicit idempotency key per
@@ -14,9 +14,12 @@
 //! `outcome_unknown`. A connection error, a 5xx, `upstream_unavailable` and
 //! a lost session are retried (a new session when the gateway forgot the
 //! old one). Meanwhile, spread over the run, `--kills` times: the gateway
-//! is killed with SIGKILL and restarted on the same data; the stdio child
-//! is killed with SIGKILL; or a fault is injected into the server
-//! (`exit_after_execute`, `delay` past the call timeout, `delay` short).
+//! is killed with SIGKILL and restarted on the same data; the upstream is
+//! killed with SIGKILL (the stdio children, or with `--http` the example
+//! server over HTTP, restarted on its port); or a fault is injected into the
+//! server (`exit_after_execute`, `delay` past the call timeout, `delay`
+//! short, and with `--http` `drop_session`: executed, then the session
+//! forgotten and the connection broken mid-answer).
 //!
 //! Checked at the end, from the server's record (`executions.jsonl`) and
 //! the gateway's ledger:
@@ -50,6 +53,7 @@ struct Opts {
     server: PathBuf,
     work: Option<PathBuf>,
     json: bool,
+    http: bool,
 }
 
 fn opts() -> Result<Opts, String> {
@@ -69,6 +73,7 @@ fn opts() -> Result<Opts, String> {
         server: examples.join("payments_server"),
         work: None,
         json: false,
+        http: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -82,6 +87,7 @@ fn opts() -> Result<Opts, String> {
             "--server" => o.server = value()?.into(),
             "--work" => o.work = Some(value()?.into()),
             "--json" => o.json = true,
+            "--http" => o.http = true,
             other => {
                 return Err(format!(
                     "unknown argument `{other}` (see the doc comment of examples/chaos.rs)"
@@ -129,6 +135,9 @@ struct Setup {
     faults: PathBuf,
     url: String,
     countersign: PathBuf,
+    server: PathBuf,
+    /// With `--http`: the example server's address.
+    upstream: Option<String>,
 }
 
 impl Setup {
@@ -154,16 +163,32 @@ impl Setup {
             })
         };
         let q = |p: &Path| format!("{:?}", p.display().to_string());
+        let upstream = if o.http {
+            Some(format!(
+                "127.0.0.1:{}",
+                std::net::TcpListener::bind("127.0.0.1:0")?
+                    .local_addr()?
+                    .port()
+            ))
+        } else {
+            None
+        };
+        let server_table = match &upstream {
+            Some(addr) => format!("url = \"http://{addr}/mcp\"\n"),
+            None => format!(
+                "command = {}\nargs = [\"--record\", {}, \"--faults\", {}]\n",
+                q(&o.server),
+                q(&record),
+                q(&faults)
+            ),
+        };
         let config = format!(
             "[gateway]\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {}\npolicies = {}\nshutdown_grace = \"300ms\"\n\n\
              [[identities]]\ntoken_sha256 = \"{sha}\"\nprincipal = \"chaos\"\ntenant = \"chaos\"\n\n\
              [approvals]\nhold = \"0s\"\n\n[retry]\nmax_attempts = 1\n\n[circuit]\nfailure_threshold = 1000\n\n\
-             [servers.payments]\ncommand = {}\nargs = [\"--record\", {}, \"--faults\", {}]\ncall_timeout = \"2s\"\n",
+             [servers.payments]\n{server_table}call_timeout = \"2s\"\n",
             q(&dir.join("data")),
             q(&policies),
-            q(&o.server),
-            q(&record),
-            q(&faults),
         );
         let config_path = dir.join("countersign.toml");
         std::fs::write(&config_path, config)?;
@@ -174,7 +199,33 @@ impl Setup {
             faults,
             url: format!("http://127.0.0.1:{port}/mcp/payments"),
             countersign: o.countersign.clone(),
+            server: o.server.clone(),
+            upstream,
         })
+    }
+
+    /// With `--http`: the example server over HTTP on its port.
+    fn start_upstream(&self) -> Result<Option<Child>, String> {
+        let Some(addr) = &self.upstream else {
+            return Ok(None);
+        };
+        let child = Command::new(&self.server)
+            .args(["--http", addr, "--record"])
+            .arg(&self.record)
+            .arg("--faults")
+            .arg(&self.faults)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start the example server: {e}"))?;
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Ok(Some(child));
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Err("the example server did not listen within 10 s".into())
     }
 
     fn start_gateway(&self) -> Result<Child, String> {
@@ -398,6 +449,17 @@ async fn agent(
     }
 }
 
+/// With `--http`: start the example server again when it exited (after
+/// `exit_after_execute`), as a supervisor would.
+fn revive(setup: &Setup, upstream: &mut Option<Child>) -> Result<(), String> {
+    if let Some(u) = upstream.as_mut() {
+        if u.try_wait().ok().flatten().is_some() {
+            *upstream = setup.start_upstream()?;
+        }
+    }
+    Ok(())
+}
+
 /// Kill the stdio children the gateway runs for this work folder.
 fn kill_children(setup: &Setup) {
     let _ = Command::new("pkill")
@@ -439,6 +501,7 @@ async fn run() -> Result<bool, String> {
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let setup = Setup::write(&dir, &o).map_err(|e| e.to_string())?;
+    let mut upstream = setup.start_upstream()?;
     let mut gateway = setup.start_gateway()?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let done = Arc::new(AtomicUsize::new(0));
@@ -461,14 +524,17 @@ async fn run() -> Result<bool, String> {
     for i in 0..o.kills {
         let at = (i + 1) * o.calls / (o.kills + 1);
         while done.load(Ordering::SeqCst) < at && started.elapsed() < DEADLINE {
+            revive(&setup, &mut upstream)?;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // A little later than the threshold, at a random moment.
         tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
-        let action = match rng.below(5) {
+        let action = match rng.below(if o.http { 6 } else { 5 }) {
             0 | 1 => "gateway_sigkill",
+            2 if o.http => "upstream_sigkill",
             2 => "child_sigkill",
             3 => "exit_after_execute",
+            5 => "drop_session",
             _ => {
                 if rng.below(2) == 0 {
                     "delay_past_timeout"
@@ -485,6 +551,19 @@ async fn run() -> Result<bool, String> {
                 gateway = setup.start_gateway()?;
             }
             "child_sigkill" => kill_children(&setup),
+            "upstream_sigkill" => {
+                if let Some(mut u) = upstream.take() {
+                    let _ = u.kill();
+                    let _ = u.wait();
+                }
+                upstream = setup.start_upstream()?;
+            }
+            "drop_session" => {
+                let _ = std::fs::write(
+                    &setup.faults,
+                    json!({"charge_card": {"fault": "drop_session"}}).to_string(),
+                );
+            }
             "exit_after_execute" => {
                 let _ = std::fs::write(
                     &setup.faults,
@@ -505,13 +584,18 @@ async fn run() -> Result<bool, String> {
             }
         }
     }
-    for t in tasks {
-        let _ = t.await;
+    while !tasks.iter().all(|t| t.is_finished()) {
+        revive(&setup, &mut upstream)?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let finished = done.load(Ordering::SeqCst);
     // Stopped cleanly, then the ledger read offline.
     let _ = Command::new("kill").arg(gateway.id().to_string()).status();
     let _ = gateway.wait();
+    if let Some(mut u) = upstream.take() {
+        let _ = u.kill();
+        let _ = u.wait();
+    }
     let listed = Command::new(&setup.countersign)
         .args(["reconcile", "--list", "--config"])
         .arg(&setup.config)

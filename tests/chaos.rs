@@ -1,7 +1,8 @@
-//! The short chaos run (`examples/chaos.rs`): 500 keyed writes from 8
-//! agents while the gateway is killed and restarted, its stdio child is
-//! killed and faults are injected, ten times in all; the at-most-once
-//! invariants checked from the example server's execution record.
+//! The short chaos runs (`examples/chaos.rs`): 500 keyed writes from 8
+//! agents while the gateway is killed and restarted, its upstream is killed
+//! (the stdio children, or the example server over HTTP) and faults are
+//! injected, ten times in all; the at-most-once invariants checked from the
+//! example server's execution record.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,8 +11,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-#[test]
-fn five_hundred_calls_ten_kills_no_duplicate_and_no_lost_answer() {
+fn chaos(extra: &[&str]) -> Value {
     let chaos = common::example_server_bin().parent().unwrap().join("chaos");
     assert!(
         chaos.exists(),
@@ -23,6 +23,7 @@ fn five_hundred_calls_ten_kills_no_duplicate_and_no_lost_answer() {
         .args([
             "--calls", "500", "--kills", "10", "--agents", "8", "--json", "--seed", "20261201",
         ])
+        .args(extra)
         .arg("--work")
         .arg(dir.path())
         .arg("--countersign")
@@ -59,5 +60,24 @@ fn five_hundred_calls_ten_kills_no_duplicate_and_no_lost_answer() {
     assert!(
         summary["ok"] == true && out.status.success(),
         "{summary}\n{stderr}"
+    );
+    summary
+}
+
+#[test]
+fn five_hundred_calls_ten_kills_no_duplicate_and_no_lost_answer() {
+    chaos(&[]);
+}
+
+#[test]
+fn the_same_over_an_http_upstream_killed_and_dropping_sessions() {
+    let summary = chaos(&["--http"]);
+    assert!(
+        summary["actions"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| k != "child_sigkill"),
+        "{summary}"
     );
 }
