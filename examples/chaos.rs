@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
-//!       [--server BIN] [--work DIR] [--http] [--json]
+//!       [--server BIN] [--work DIR] [--http] [--postgres URL] [--json]
 //! ```
 //!
 //! Each agent sends `charge_card` calls, one explicit idempotency key per
@@ -21,6 +21,11 @@
 //! short, and with `--http` `drop_session`: executed, then the session
 //! forgotten and the connection broken mid-answer).
 //!
+//! With `--postgres URL` two gateways share that database (in a schema of
+//! the run's own): agents start on either and send a key again through the
+//! other when they get no definitive answer, the kills hit either gateway,
+//! and the database is restarted too (`pg_ctlcluster ... restart`).
+//!
 //! Checked at the end, from the server's record (`executions.jsonl`) and
 //! the gateway's ledger:
 //! - no key executed twice;
@@ -28,7 +33,8 @@
 //! - no acknowledged answer that changed when the agent sent the key again;
 //! - every key answered `outcome_unknown` is listed by `reconcile --list`.
 //!
-//! Everything runs on loopback, bounded in calls and time (10 minutes).
+//! Everything runs on loopback, bounded in calls and time (10 minutes, or
+//! `--deadline-secs`).
 //! Prints a summary (one JSON object with `--json`) and exits 1 when an
 //! invariant is broken.
 
@@ -42,7 +48,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "chaos-agent-token";
-const DEADLINE: Duration = Duration::from_secs(600);
+/// How long a run may take before it is called broken (`--deadline-secs`).
+static DEADLINE_SECS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(600);
+
+fn deadline() -> Duration {
+    Duration::from_secs(DEADLINE_SECS.load(Ordering::SeqCst))
+}
 
 struct Opts {
     calls: usize,
@@ -54,6 +65,9 @@ struct Opts {
     work: Option<PathBuf>,
     json: bool,
     http: bool,
+    /// `--postgres URL`: two gateways on this database (a schema of the
+    /// run's own), instead of one on redb.
+    postgres: Option<String>,
 }
 
 fn opts() -> Result<Opts, String> {
@@ -74,6 +88,7 @@ fn opts() -> Result<Opts, String> {
         work: None,
         json: false,
         http: false,
+        postgres: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -88,6 +103,13 @@ fn opts() -> Result<Opts, String> {
             "--work" => o.work = Some(value()?.into()),
             "--json" => o.json = true,
             "--http" => o.http = true,
+            "--deadline-secs" => DEADLINE_SECS.store(
+                value()?
+                    .parse()
+                    .map_err(|e| format!("--deadline-secs: {e}"))?,
+                Ordering::SeqCst,
+            ),
+            "--postgres" => o.postgres = Some(value()?),
             other => {
                 return Err(format!(
                     "unknown argument `{other}` (see the doc comment of examples/chaos.rs)"
@@ -130,14 +152,17 @@ impl Rng {
 
 struct Setup {
     dir: PathBuf,
-    config: PathBuf,
+    /// One config per gateway (two on PostgreSQL).
+    configs: Vec<PathBuf>,
     record: PathBuf,
     faults: PathBuf,
-    url: String,
+    /// Each gateway's `/mcp/payments`.
+    urls: Vec<String>,
     countersign: PathBuf,
     server: PathBuf,
     /// With `--http`: the example server's address.
     upstream: Option<String>,
+    reviewer_key: PathBuf,
 }
 
 impl Setup {
@@ -148,9 +173,19 @@ impl Setup {
             policies.join("all.cedar"),
             "@id(\"allow-all\")\npermit (principal, action, resource);\n",
         )?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        // A reviewer, to list unknown outcomes through a running gateway
+        // (a PostgreSQL ledger is not read offline).
+        let reviewer_key = dir.join("chaos-reviewer.key");
+        if !reviewer_key.exists() {
+            let out = Command::new(&o.countersign)
+                .args(["keygen", "--name", "chaos-reviewer", "--out"])
+                .arg(&reviewer_key)
+                .output()?;
+            if !out.status.success() {
+                return Err(std::io::Error::other("keygen failed"));
+            }
+            std::fs::write(policies.join("reviewers.toml"), &out.stdout)?;
+        }
         let record = dir.join("executions.jsonl");
         let faults = dir.join("faults.json");
         std::fs::write(&faults, "{}")?;
@@ -182,25 +217,59 @@ impl Setup {
                 q(&faults)
             ),
         };
-        let config = format!(
-            "[gateway]\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {}\npolicies = {}\nshutdown_grace = \"300ms\"\n\n\
-             [[identities]]\ntoken_sha256 = \"{sha}\"\nprincipal = \"chaos\"\ntenant = \"chaos\"\n\n\
-             [approvals]\nhold = \"0s\"\n\n[retry]\nmax_attempts = 1\n\n[circuit]\nfailure_threshold = 1000\n\n\
-             [servers.payments]\n{server_table}call_timeout = \"2s\"\n",
-            q(&dir.join("data")),
-            q(&policies),
-        );
-        let config_path = dir.join("countersign.toml");
-        std::fs::write(&config_path, config)?;
+        let store = match &o.postgres {
+            None => String::new(),
+            Some(base) => {
+                // A schema of this run's own, made before the gateways
+                // start (they migrate it).
+                let schema = format!("chaos_{}", o.seed % 1_000_000_007);
+                let made = Command::new("psql")
+                    .args([base.as_str(), "-q", "-c"])
+                    .arg(format!(
+                        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+                    ))
+                    .status()?;
+                if !made.success() {
+                    return Err(std::io::Error::other(format!(
+                        "psql could not create schema {schema} in {base}"
+                    )));
+                }
+                let sep = if base.contains('?') { '&' } else { '?' };
+                format!(
+                    "[store]\nurl = \"{base}{sep}options=-c%20search_path%3D{schema}\"\nlease = \"2s\"\n\n"
+                )
+            }
+        };
+        let gateways = if o.postgres.is_some() { 2 } else { 1 };
+        let mut configs = Vec::new();
+        let mut urls = Vec::new();
+        for g in 0..gateways {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let config = format!(
+                "[gateway]\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {}\npolicies = {}\nshutdown_grace = \"300ms\"\n\n\
+                 [[identities]]\ntoken_sha256 = \"{sha}\"\nprincipal = \"chaos\"\ntenant = \"chaos\"\n\n\
+                 [approvals]\nhold = \"0s\"\n\n[retry]\nmax_attempts = 1\n\n[circuit]\nfailure_threshold = 1000\n\n\
+                 {store}[servers.payments]\n{server_table}call_timeout = \"2s\"\n",
+                q(&dir.join(format!("data-{g}"))),
+                q(&policies),
+            );
+            let path = dir.join(format!("countersign-{g}.toml"));
+            std::fs::write(&path, config)?;
+            configs.push(path);
+            urls.push(format!("http://127.0.0.1:{port}/mcp/payments"));
+        }
         Ok(Setup {
             dir: dir.to_owned(),
-            config: config_path,
+            configs,
             record,
             faults,
-            url: format!("http://127.0.0.1:{port}/mcp/payments"),
+            urls,
             countersign: o.countersign.clone(),
             server: o.server.clone(),
             upstream,
+            reviewer_key: dir.join("chaos-reviewer.key"),
         })
     }
 
@@ -228,34 +297,35 @@ impl Setup {
         Err("the example server did not listen within 10 s".into())
     }
 
-    fn start_gateway(&self) -> Result<Child, String> {
+    fn start_gateway(&self, g: usize) -> Result<Child, String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join("gateway.log"))
+            .open(self.dir.join(format!("gateway-{g}.log")))
             .map_err(|e| e.to_string())?;
         let child = Command::new(&self.countersign)
             .args(["serve", "--config"])
-            .arg(&self.config)
+            .arg(&self.configs[g])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("cannot start the gateway: {e}"))?;
-        let addr = self
-            .url
+            .map_err(|e| format!("cannot start gateway {g}: {e}"))?;
+        let addr = self.urls[g]
             .trim_start_matches("http://")
             .split('/')
             .next()
             .unwrap_or("")
             .to_owned();
-        for _ in 0..400 {
+        for _ in 0..800 {
             if std::net::TcpStream::connect(&addr).is_ok() {
                 return Ok(child);
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        Err("the gateway did not listen within 10 s (see gateway.log)".into())
+        Err(format!(
+            "gateway {g} did not listen within 20 s (see gateway-{g}.log)"
+        ))
     }
 }
 
@@ -274,7 +344,10 @@ struct Seen {
 
 struct Agent {
     http: reqwest::Client,
-    url: String,
+    /// The gateways; a send that gets no definitive answer is sent again
+    /// through the next one (its own session there).
+    urls: Vec<String>,
+    current: usize,
     session: Option<String>,
 }
 
@@ -312,7 +385,7 @@ impl Agent {
     fn post(&self, body: &Value) -> reqwest::RequestBuilder {
         let mut r = self
             .http
-            .post(&self.url)
+            .post(&self.urls[self.current])
             .bearer_auth(TOKEN)
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
@@ -387,13 +460,15 @@ impl Agent {
 async fn agent(
     n: usize,
     keys: Vec<usize>,
-    url: String,
+    urls: Vec<String>,
     seen: Arc<Mutex<Seen>>,
     done: Arc<AtomicUsize>,
 ) {
+    let current = n % urls.len();
     let mut a = Agent {
         http: reqwest::Client::new(),
-        url,
+        urls,
+        current,
         session: None,
     };
     let started = Instant::now();
@@ -403,13 +478,17 @@ async fn agent(
             json!({"account": format!("acct-{n}"), "amount": k as u64 + 1, "currency": "EUR"});
         let mut acked: Option<String> = None;
         loop {
-            if started.elapsed() > DEADLINE {
+            if started.elapsed() > deadline() {
                 return;
             }
             let sent = a.send(&key, &args).await;
             seen.lock().map(|mut s| s.sends += 1).ok();
             match sent {
                 Sent::Retry => {
+                    if a.urls.len() > 1 {
+                        a.current = (a.current + 1) % a.urls.len();
+                        a.session = None;
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Sent::Answer(true, text) => {
@@ -502,7 +581,10 @@ async fn run() -> Result<bool, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let setup = Setup::write(&dir, &o).map_err(|e| e.to_string())?;
     let mut upstream = setup.start_upstream()?;
-    let mut gateway = setup.start_gateway()?;
+    let mut gateways = Vec::new();
+    for g in 0..setup.urls.len() {
+        gateways.push(setup.start_gateway(g)?);
+    }
     let seen = Arc::new(Mutex::new(Seen::default()));
     let done = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -511,7 +593,7 @@ async fn run() -> Result<bool, String> {
         tasks.push(tokio::spawn(agent(
             n,
             keys,
-            setup.url.clone(),
+            setup.urls.clone(),
             seen.clone(),
             done.clone(),
         )));
@@ -523,32 +605,51 @@ async fn run() -> Result<bool, String> {
     let started = Instant::now();
     for i in 0..o.kills {
         let at = (i + 1) * o.calls / (o.kills + 1);
-        while done.load(Ordering::SeqCst) < at && started.elapsed() < DEADLINE {
+        while done.load(Ordering::SeqCst) < at && started.elapsed() < deadline() {
             revive(&setup, &mut upstream)?;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // A little later than the threshold, at a random moment.
         tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
-        let action = match rng.below(if o.http { 6 } else { 5 }) {
-            0 | 1 => "gateway_sigkill",
-            2 if o.http => "upstream_sigkill",
-            2 => "child_sigkill",
-            3 => "exit_after_execute",
-            5 => "drop_session",
-            _ => {
-                if rng.below(2) == 0 {
-                    "delay_past_timeout"
-                } else {
-                    "delay"
-                }
-            }
-        };
+        let mut choices = vec![
+            "gateway_sigkill",
+            "gateway_sigkill",
+            if o.http {
+                "upstream_sigkill"
+            } else {
+                "child_sigkill"
+            },
+            "exit_after_execute",
+            if rng.below(2) == 0 {
+                "delay_past_timeout"
+            } else {
+                "delay"
+            },
+        ];
+        if o.http {
+            choices.push("drop_session");
+        }
+        if o.postgres.is_some() {
+            choices.push("db_restart");
+        }
+        let action = choices[rng.below(choices.len() as u64) as usize];
         *counts.entry(action).or_default() += 1;
         match action {
             "gateway_sigkill" => {
-                let _ = gateway.kill();
-                let _ = gateway.wait();
-                gateway = setup.start_gateway()?;
+                // Either gateway, at random; the other keeps serving.
+                let g = rng.below(gateways.len() as u64) as usize;
+                let _ = gateways[g].kill();
+                let _ = gateways[g].wait();
+                gateways[g] = setup.start_gateway(g)?;
+            }
+            "db_restart" => {
+                let restarted = Command::new("sh")
+                    .args(["-c", "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart"])
+                    .status()
+                    .map_err(|e| format!("cannot restart PostgreSQL: {e}"))?;
+                if !restarted.success() {
+                    return Err("pg_ctlcluster restart failed".into());
+                }
             }
             "child_sigkill" => kill_children(&setup),
             "upstream_sigkill" => {
@@ -589,23 +690,60 @@ async fn run() -> Result<bool, String> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let finished = done.load(Ordering::SeqCst);
-    // Stopped cleanly, then the ledger read offline.
-    let _ = Command::new("kill").arg(gateway.id().to_string()).status();
-    let _ = gateway.wait();
-    if let Some(mut u) = upstream.take() {
-        let _ = u.kill();
-        let _ = u.wait();
+    let base0 = setup.urls[0].trim_end_matches("/mcp/payments").to_owned();
+    let list_pg = || -> Result<std::process::Output, String> {
+        Command::new(&setup.countersign)
+            .args(["reconcile", "--list", "--reviewer-key"])
+            .arg(&setup.reviewer_key)
+            .args(["--gateway", base0.as_str()])
+            .output()
+            .map_err(|e| e.to_string())
+    };
+    let keys_of = |out: &std::process::Output| -> HashSet<String> {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split('\t').nth(2).map(str::to_owned))
+            .collect()
+    };
+    let unknown_seen: HashSet<String> = seen.lock().map_err(|_| "poisoned")?.unknown.clone();
+    let listed = if o.postgres.is_some() {
+        // The shared ledger, through gateway 0 while it runs. A call whose
+        // end the database refused while it restarted is recorded by the
+        // gateway within seconds of the database's return: list again for
+        // up to 20 s until every unknown answer is there.
+        let mut out = list_pg()?;
+        let until = Instant::now() + Duration::from_secs(20);
+        while out.status.success()
+            && !unknown_seen.is_subset(&keys_of(&out))
+            && Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            out = list_pg()?;
+        }
+        out
+    } else {
+        for gw in &mut gateways {
+            let _ = Command::new("kill").arg(gw.id().to_string()).status();
+            let _ = gw.wait();
+        }
+        // Stopped cleanly, then the ledger read offline.
+        Command::new(&setup.countersign)
+            .args(["reconcile", "--list", "--config"])
+            .arg(&setup.configs[0])
+            .output()
+            .map_err(|e| e.to_string())?
+    };
+    if !listed.status.success() {
+        return Err(format!(
+            "reconcile --list failed: {}",
+            String::from_utf8_lossy(&listed.stderr)
+        ));
     }
-    let listed = Command::new(&setup.countersign)
-        .args(["reconcile", "--list", "--config"])
-        .arg(&setup.config)
-        .output()
-        .map_err(|e| e.to_string())?;
-    let listed_text = String::from_utf8_lossy(&listed.stdout).into_owned();
-    let listed_keys: HashSet<String> = listed_text
-        .lines()
-        .filter_map(|l| l.split('\t').nth(2).map(str::to_owned))
-        .collect();
+    for mut gw in gateways {
+        let _ = Command::new("kill").arg(gw.id().to_string()).status();
+        let _ = gw.wait();
+    }
+    let listed_keys = keys_of(&listed);
 
     let seen = seen.lock().map_err(|_| "poisoned")?;
     let runs = executions(&setup.record);
@@ -674,6 +812,7 @@ async fn run() -> Result<bool, String> {
         "unknown_not_listed": unlisted,
         "seconds": started.elapsed().as_secs_f64(),
         "work": setup.dir.display().to_string(),
+        "store": if o.postgres.is_some() { "postgres, two gateways" } else { "redb" },
     });
     if o.json {
         println!("{summary}");

@@ -2,7 +2,8 @@
 //! agents while the gateway is killed and restarted, its upstream is killed
 //! (the stdio children, or the example server over HTTP) and faults are
 //! injected, ten times in all; the at-most-once invariants checked from the
-//! example server's execution record.
+//! example server's execution record. On PostgreSQL, two gateways share the
+//! ledger, either is killed, and the database is restarted too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -21,7 +22,17 @@ fn chaos(extra: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(&chaos)
         .args([
-            "--calls", "500", "--kills", "10", "--agents", "8", "--json", "--seed", "20261201",
+            "--calls",
+            "500",
+            "--kills",
+            "10",
+            "--agents",
+            "8",
+            "--json",
+            "--seed",
+            "20261201",
+            "--deadline-secs",
+            "180",
         ])
         .args(extra)
         .arg("--work")
@@ -80,4 +91,10 @@ fn the_same_over_an_http_upstream_killed_and_dropping_sessions() {
             .all(|k| k != "child_sigkill"),
         "{summary}"
     );
+}
+
+#[test]
+fn the_same_on_postgresql_with_two_gateways_and_database_restarts() {
+    let summary = chaos(&["--postgres", "postgres://postgres@127.0.0.1:5432/test"]);
+    assert_eq!(summary["store"], "postgres, two gateways", "{summary}");
 }

@@ -450,7 +450,12 @@ impl Ticket {
     }
 
     /// The server answered: `complete`, and followers get the answer.
-    pub async fn complete(mut self, answer: Answer) -> String {
+    ///
+    /// `Err` when the store could not record it: the caller must not
+    /// acknowledge the answer as the call's, since a retry would then find
+    /// the record still `dispatched` (later `unknown`) and be told another
+    /// story than the first answer. Duplicates waiting here get `unknown`.
+    pub async fn complete(mut self, answer: Answer) -> Result<String, StoreError> {
         let answered_at = crate::core::time::now_rfc3339();
         let mut next = self.record.clone();
         next.state = State::Complete;
@@ -463,15 +468,17 @@ impl Ticket {
                 answered_at: answered_at.clone(),
             },
         )
-        .await;
-        answered_at
+        .await?;
+        Ok(answered_at)
     }
 
     /// Proven not sent (or refused unprocessed): the key is free again.
     pub async fn not_dispatched(mut self) {
         let mut next = self.record.clone();
         next.state = State::NotDispatched;
-        self.finish(next, Settled::Verdict(Outcome::NotDispatched))
+        // Left `reserved` on a failure: recovery frees it.
+        let _ = self
+            .finish(next, Settled::Verdict(Outcome::NotDispatched))
             .await;
     }
 
@@ -479,27 +486,65 @@ impl Ticket {
     pub async fn unknown(mut self) {
         let mut next = self.record.clone();
         next.state = State::Unknown;
-        self.finish(next, Settled::Verdict(Outcome::Unknown)).await;
+        // Left `dispatched` on a failure: recovery makes it `unknown`.
+        let _ = self.finish(next, Settled::Verdict(Outcome::Unknown)).await;
     }
 
-    async fn finish(&mut self, next: Record, settled: Settled) {
+    /// The store failed to record how a call ended: keep trying (every
+    /// 500 ms, for two minutes), so that the key does not stay held by a
+    /// call that is over while this gateway lives: a dispatched call
+    /// becomes `unknown` (listed by `reconcile --list`), an unsent one
+    /// frees its key. A restart's recovery (or, on PostgreSQL, the other
+    /// gateways once this one's lease lapses) does the same.
+    fn settle_later(&self) {
+        let (from, to) = if self.dispatched {
+            (State::Dispatched, State::Unknown)
+        } else {
+            (State::Reserved, State::NotDispatched)
+        };
+        let mut next = self.record.clone();
+        next.state = to;
+        retry_transition(self.svc.clone(), self.key.clone(), from, next);
+    }
+
+    async fn finish(&mut self, next: Record, settled: Settled) -> Result<(), StoreError> {
         let from = if self.dispatched {
             State::Dispatched
         } else {
             State::Reserved
         };
         // A store failure here leaves the record `dispatched`, which recovery
-        // turns into `unknown`: conservative, never a second execution.
-        if let Err(e) = self
+        // turns into `unknown`: conservative, never a second execution. The
+        // duplicates waiting here are told `unknown` too, as a retry will be.
+        let result = match self
             .svc
             .store
             .transition(self.key.clone(), from, next)
             .await
         {
-            tracing::error!(key = %self.key, "ledger transition failed: {e}");
-        }
+            Ok(true) => Ok(()),
+            // The compare-and-set found another state: what this gateway
+            // would say is not what the ledger says.
+            Ok(false) => Err(StoreError::SettledElsewhere(self.key.clone())),
+            Err(e) => Err(e),
+        };
+        let settled = match &result {
+            Ok(()) => settled,
+            Err(e) => {
+                tracing::error!(key = %self.key, "ledger transition failed: {e}");
+                if !matches!(e, StoreError::SettledElsewhere(_)) {
+                    self.settle_later();
+                }
+                if self.dispatched {
+                    Settled::Verdict(Outcome::Unknown)
+                } else {
+                    settled
+                }
+            }
+        };
         self.finished = true;
         self.svc.settle(&self.key, &self.flight, settled);
+        result
     }
 }
 
@@ -525,14 +570,29 @@ impl Drop for Ticket {
         let svc = self.svc.clone();
         let key = self.key.clone();
         svc.settle(&key, &self.flight, Settled::Verdict(outcome));
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(e) = svc.store.transition(key.clone(), from, next).await {
-                    tracing::error!(%key, "ledger transition after cancellation failed: {e}");
-                }
-            });
-        }
+        retry_transition(svc, key, from, next);
     }
+}
+
+/// Move `key` from `from` to `next` in a task of its own, trying again
+/// every 500 ms for two minutes while the store fails. Done when it moved,
+/// or when the record is in another state (settled by someone else).
+fn retry_transition(svc: Arc<Idempotency>, key: String, from: State, next: Record) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        for attempt in 0..240u32 {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            match svc.store.transition(key.clone(), from, next.clone()).await {
+                Ok(_) => return,
+                Err(e) => tracing::debug!(%key, "cannot record the call's end yet: {e}"),
+            }
+        }
+        tracing::error!(%key, "could not record the end of a call for two minutes; a restart's recovery will");
+    });
 }
 
 /// The leader of a coalesced read.
@@ -634,7 +694,9 @@ mod tests {
             panic!("remap")
         };
         t.dispatch().await.unwrap();
-        t.complete(Answer::Result("{\"ok\":1}".into())).await;
+        t.complete(Answer::Result("{\"ok\":1}".into()))
+            .await
+            .unwrap();
         let Settled::Answered { answer, .. } = follow(rx).await else {
             panic!("answer")
         };
@@ -744,7 +806,7 @@ mod tests {
                         Step::Complete { leader } => {
                             let (k, t, followers) = leaders.remove(leader as usize % leaders.len());
                             let answer = Answer::Result(format!("\"{k}-{}\"", answered.len()));
-                            t.complete(answer.clone()).await;
+                            t.complete(answer.clone()).await.unwrap();
                             answered.insert(k.clone(), answer.clone());
                             for rx in followers {
                                 let got = follow(rx).await;

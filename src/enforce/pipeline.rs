@@ -818,11 +818,11 @@ impl Pipeline {
         deadline: Instant,
     ) -> Result<(), CallOutcome> {
         let Some(mut rx) = changes else {
-            return Err(refused(c, Outcome::Unknown));
+            return Err(self.unsettled_elsewhere(c).await);
         };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(refused(c, Outcome::Unknown));
+            return Err(self.unsettled_elsewhere(c).await);
         }
         let key = c.claim.key.clone();
         let settled_there = async {
@@ -837,9 +837,24 @@ impl Pipeline {
                 }
             }
         };
-        tokio::time::timeout(left, settled_there)
-            .await
-            .map_err(|_| refused(c, Outcome::Unknown))
+        match tokio::time::timeout(left, settled_there).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.unsettled_elsewhere(c).await),
+        }
+    }
+
+    /// The answer for a key another gateway still holds at the end of the
+    /// wait. Still `reserved` there: nothing was sent, and saying
+    /// `outcome_unknown` would be a definitive answer the ledger contradicts
+    /// once the key is freed (found by the chaos run on PostgreSQL); the
+    /// agent is told to send it again. `dispatched` (or unreadable): unknown.
+    async fn unsettled_elsewhere<U>(&self, c: &Call<'_, U>) -> CallOutcome {
+        match self.flights.store().get(&c.claim.key).await {
+            Ok(Some(r)) if r.state == crate::core::ledger::State::Reserved => {
+                refused(c, Outcome::NotDispatched)
+            }
+            _ => refused(c, Outcome::Unknown),
+        }
     }
 
     /// Ledger lookup: replay, wait for the identical call in flight, refuse
@@ -1257,8 +1272,24 @@ impl Pipeline {
                     }));
                 } else if let Some(answer) = answer_of(&resp) {
                     let started = Instant::now();
-                    ticket.complete(answer).await;
+                    let recorded = ticket.complete(answer).await;
                     self.metrics.store("complete", started.elapsed());
+                    if let Err(e) = recorded {
+                        // The call ran, but its answer is not in the ledger:
+                        // acknowledging it now would let a retry be told
+                        // `outcome_unknown` after a success (found by the
+                        // chaos run, a database restart mid-answer). Say
+                        // unknown now, as every retry will.
+                        let reason = format!(
+                            "the server answered, but the gateway could not record the answer ({e}); the call ran"
+                        );
+                        c.trail
+                            .record("outcome_unknown", vec![("reason", json!(reason))]);
+                        return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
+                            server: c.ctx.server.to_owned(),
+                            reason,
+                        }));
+                    }
                     tracing::info!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "executed: the write ran and its answer is recorded");
                     c.trail.record("completed", answered_fields(&resp));
                 } else {

@@ -25,7 +25,7 @@ pub enum Verdict {
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     /// The ledger could not be opened or written.
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     /// No record under that key.
     #[error("no ledger record for key `{key}` of principal `{principal}` in tenant `{tenant}`: check the three values (`countersign reconcile --list` shows unknown records)")]

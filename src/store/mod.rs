@@ -103,6 +103,13 @@ pub enum StoreError {
     /// The record changed under a transition that expected another state.
     #[error("ledger store: key `{0}` changed state before dispatch")]
     Raced(String),
+    /// A transition found the record no longer in the state it left it in:
+    /// another gateway settled it (its lease lapsed, and the others made
+    /// the call `unknown`), or an operator reconciled it.
+    #[error(
+        "ledger store: key `{0}` was settled elsewhere before this gateway could record its answer"
+    )]
+    SettledElsewhere(String),
     /// A new proposal id was already taken.
     #[error("ledger store: proposal id `{0}` collided")]
     Collision(String),
