@@ -423,11 +423,7 @@ impl Agent {
             return Sent::Retry;
         };
         let data = if sse {
-            text.lines()
-                .rev()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(str::trim)
-                .find(|d| !d.is_empty())
+            countersign::wire::sse::last_data(&text)
                 .unwrap_or("")
                 .to_owned()
         } else {
@@ -753,41 +749,27 @@ async fn run() -> Result<bool, String> {
         let amount = e["arguments"]["amount"].as_u64().unwrap_or(0);
         *per_call.entry((account, amount)).or_default() += 1;
     }
-    let key_of = |k: usize| (format!("acct-{}", k % o.agents), k as u64 + 1);
+    // Whether the call under `key` (its arguments are its own) ran.
+    let ran = |key: &str| {
+        let k: usize = key
+            .trim_start_matches("chaos-")
+            .parse()
+            .unwrap_or(usize::MAX);
+        per_call.contains_key(&(format!("acct-{}", k % o.agents), k as u64 + 1))
+    };
     let duplicates: Vec<String> = per_call
         .iter()
         .filter(|(_, n)| **n > 1)
         .map(|((a, m), n)| format!("{a} amount {m}: {n} executions"))
         .collect();
-    let lost_acks: Vec<String> = seen
-        .acked
-        .keys()
-        .filter(|key| {
-            let k: usize = key
-                .trim_start_matches("chaos-")
-                .parse()
-                .unwrap_or(usize::MAX);
-            !per_call.contains_key(&key_of(k))
-        })
-        .cloned()
-        .collect();
+    let lost_acks: Vec<String> = seen.acked.keys().filter(|key| !ran(key)).cloned().collect();
     let unlisted: Vec<String> = seen
         .unknown
         .iter()
         .filter(|k| !listed_keys.contains(*k))
         .cloned()
         .collect();
-    let unknown_executed = seen
-        .unknown
-        .iter()
-        .filter(|key| {
-            let k: usize = key
-                .trim_start_matches("chaos-")
-                .parse()
-                .unwrap_or(usize::MAX);
-            per_call.contains_key(&key_of(k))
-        })
-        .count();
+    let unknown_executed = seen.unknown.iter().filter(|key| ran(key)).count();
     let ok = finished == o.calls
         && duplicates.is_empty()
         && lost_acks.is_empty()

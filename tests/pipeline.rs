@@ -1001,11 +1001,18 @@ async fn a_store_failure_after_the_answer_never_runs_the_call_again() {
     let f = fixture("0s");
     f.fail(Fail::Complete);
     let o = f.call("refund", json!({"id": 1}), Some("k")).await;
-    // The server ran it: the client gets the answer.
-    assert_eq!(answered_n(&o), 1);
-    // The ledger could not record it complete: it stays dispatched, which
-    // no retry may run again.
-    assert_eq!(f.record("k").unwrap().state, State::Dispatched);
+    // The server ran it, but the ledger could not record the answer: the
+    // client is told `outcome_unknown` (the call ran), not a success that a
+    // retry would then contradict.
+    assert_eq!(code(o), "outcome_unknown");
+    assert_eq!(f.fake.runs("refund"), 1);
+    // It stays dispatched (or becomes unknown once the store takes the
+    // transition again), which no retry may run again.
+    let state = f.record("k").unwrap().state;
+    assert!(
+        matches!(state, State::Dispatched | State::Unknown),
+        "{state:?}"
+    );
     f.fail(Fail::None);
     let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
     assert_eq!(code(retry), "outcome_unknown");

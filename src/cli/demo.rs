@@ -420,11 +420,7 @@ impl Agent {
         let text = resp.text().await?;
         let body = if sse {
             // The answer is the last `data:` event.
-            text.lines()
-                .rev()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(str::trim)
-                .find(|d| !d.is_empty())
+            crate::wire::sse::last_data(&text)
                 .unwrap_or("null")
                 .to_owned()
         } else {

@@ -105,6 +105,16 @@ impl Decoder {
     }
 }
 
+/// The payload of the last non-empty `data:` line of a whole SSE body: the
+/// answer, for a client that reads a request's stream to its end.
+pub fn last_data(text: &str) -> Option<&str> {
+    text.lines()
+        .rev()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| !d.is_empty())
+}
+
 /// Frame one JSON text as an SSE `message` event.
 pub fn encode(json: &[u8]) -> Bytes {
     encode_with_id(None, json)
