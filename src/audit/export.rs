@@ -403,3 +403,84 @@ pub fn follow(
     }
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::audit::log::{AuditLog, Settings};
+
+    /// An output the test can read while `follow` writes to it.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn seqs(&self) -> Vec<u64> {
+            String::from_utf8_lossy(&self.0.lock().unwrap())
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok()?["seq"].as_u64())
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn follow_streams_every_entry_once_across_segment_rotations() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings {
+            dir: dir.path().to_owned(),
+            checkpoint_every: 1000,
+            checkpoint_interval: std::time::Duration::from_secs(60),
+            // A few entries a segment: the log rotates while it is followed.
+            segment_bytes: 1500,
+            arguments: crate::audit::ArgumentMode::Full,
+            redact: vec![],
+            gateway: None,
+        };
+        let log = AuditLog::open(settings).unwrap();
+        let out = Shared::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let follower = {
+            let (mut out, stop, dir) = (out.clone(), stop.clone(), dir.path().to_owned());
+            std::thread::spawn(move || follow(&dir, Format::Jsonl, None, &mut out, &stop))
+        };
+        // Written while it follows, in bursts.
+        for i in 0..60 {
+            log.record(
+                "call_received",
+                json!({ "i": i }).as_object().unwrap().clone(),
+            );
+            if i % 10 == 9 {
+                log.record_durable("dispatched", Map::new()).await.unwrap();
+            }
+        }
+        // log_started, 60 entries and 6 durable ones.
+        let expected = 67;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while out.seqs().len() < expected && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::SeqCst);
+        let written = follower.join().unwrap().unwrap();
+        let segs = super::super::segment::segments(dir.path()).unwrap();
+        assert!(segs.len() > 3, "the log did not rotate: {segs:?}");
+        let seqs = out.seqs();
+        assert_eq!(
+            seqs,
+            (1..=expected as u64).collect::<Vec<_>>(),
+            "each entry once, in order"
+        );
+        assert_eq!(written, expected as u64);
+    }
+}
