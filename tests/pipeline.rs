@@ -345,6 +345,9 @@ permit (principal, action == Action::"approve", resource);
 @id("changed-tools-need-approval")
 forbid (principal, action == Action::"call", resource)
 when { resource has definitionChanged && resource.definitionChanged && !context.approved };
+@id("solo-confirms-writes")
+permit (principal in Group::"solo", action == Action::"confirm", resource)
+when { !resource.destructive };
 "#;
 
 /// Calls to `refund` run unattended (a write without approval).
@@ -469,6 +472,7 @@ impl Fixture {
             era: Era::Handshake,
             events: None,
             upstream: &self.fake,
+            asks: None,
         };
         self.pipeline
             .tool_call(&ctx, request(tool, args, key))
@@ -1075,6 +1079,7 @@ async fn the_dispatch_entry_is_staged_with_the_dispatch_before_the_server_sees_t
         era: Era::Handshake,
         events: None,
         upstream: &f.fake,
+        asks: None,
     };
     let call = pipeline.tool_call(&ctx, request("refund", json!({"id": 1}), Some("k")));
     let check = async {
@@ -1376,4 +1381,424 @@ async fn unattended_reads_are_retried_never_recorded_never_replayed() {
             .is_empty(),
         "no ledger record"
     );
+}
+
+// ------------------------------------------- section 14: approval in the client
+
+const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+
+impl Fixture {
+    /// The caller runs their own agent (group `solo`).
+    fn solo(mut self) -> Fixture {
+        self.caller = Caller {
+            identity: Arc::new(Identity {
+                principal: "agent-7".into(),
+                tenant: "acme".into(),
+                groups: vec!["solo".into()],
+            }),
+            scope: None,
+        };
+        self
+    }
+
+    /// A 2026-07-28 call; `elicits`: the client declares elicitation;
+    /// `reply`: the retry's `requestState` and `inputResponses`.
+    async fn modern(
+        &self,
+        tool: &str,
+        args: Value,
+        key: &str,
+        elicits: bool,
+        reply: Option<(&str, Value)>,
+    ) -> CallOutcome {
+        let caps = if elicits {
+            json!({"elicitation": {}})
+        } else {
+            json!({})
+        };
+        let mut params = json!({ "name": tool, "arguments": args,
+            "_meta": { "dev.countersign/idempotency-key": key, CAPS: caps } });
+        if let Some((state, response)) = reply {
+            params["requestState"] = json!(state);
+            if !response.is_null() {
+                params["inputResponses"] = json!({ "dev.countersign/confirm": response });
+            }
+        }
+        let ctx = CallCtx {
+            caller: &self.caller,
+            server: "pay",
+            era: Era::Modern,
+            events: None,
+            upstream: &self.fake,
+            asks: None,
+        };
+        self.pipeline
+            .tool_call(
+                &ctx,
+                Message::request(json!(2), "tools/call", Some(raw(&params))),
+            )
+            .await
+    }
+
+    fn proposal(&self, id: &str) -> Proposal {
+        self.store
+            .inner
+            .get_proposal(id)
+            .now_or_never()
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    }
+}
+
+fn yes() -> Value {
+    json!({"action": "accept", "content": {"approve": true, "reason": "mine"}})
+}
+
+/// The question of an `input_required` outcome: (proposal id, state), after
+/// checking the wire form the client gets.
+fn asked(o: CallOutcome) -> (String, String) {
+    let m = answer::render(o, json!(2), Era::Modern);
+    let r: Value = serde_json::from_str(m.result.as_ref().unwrap().get()).unwrap();
+    assert_eq!(r["resultType"], "input_required", "{r}");
+    let q = &r["inputRequests"]["dev.countersign/confirm"];
+    assert_eq!(q["method"], "elicitation/create", "{r}");
+    let message = q["params"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("pay/refund"),
+        "the plain sentence: {message}"
+    );
+    assert!(
+        message.contains(r#""charge":"ch-1"}"#),
+        "the canonical arguments: {message}"
+    );
+    assert_eq!(
+        q["params"]["requestedSchema"]["required"],
+        json!(["approve"])
+    );
+    let proposal = message
+        .split("proposal ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .to_owned();
+    (proposal, r["requestState"].as_str().unwrap().to_owned())
+}
+
+/// A `refund` that needs approval: with the unattended refund policy gone.
+fn confirm_fixture() -> Fixture {
+    let f = fixture("0s").solo();
+    let policies = f._dir.path().join("policies");
+    std::fs::write(policies.join("test.cedar"), POLICIES).unwrap();
+    f.pipeline
+        .set_policies(countersign::cli::files::load_policies(&policies, None).unwrap());
+    f
+}
+
+fn refund(amount: i64) -> Value {
+    json!({ "charge": "ch-1", "amount": amount })
+}
+
+#[tokio::test]
+async fn a_client_that_declares_elicitation_is_asked_and_its_yes_runs_the_call_once() {
+    let f = confirm_fixture();
+    let (id, state) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
+    assert_eq!(f.fake.runs("refund"), 0, "asking runs nothing");
+    let p = f.proposal(&id);
+    assert_eq!(p.state, ProposalState::Pending, "reviewers see it too");
+    assert_eq!(
+        p.asked_by.len(),
+        1,
+        "the asking gateway's key is on the proposal"
+    );
+    let o = f
+        .modern("refund", refund(5), "c-1", true, Some((&state, yes())))
+        .await;
+    assert_eq!(answered_n(&o), 1);
+    assert_eq!(f.fake.runs("refund"), 1);
+    let p = f.proposal(&id);
+    assert_eq!(p.state, ProposalState::Consumed);
+    let c = p.confirmation.expect("decided in the client");
+    assert_eq!(
+        (c.channel.as_str(), c.principal.as_str(), c.via.as_str()),
+        ("client", "agent-7", "input_required")
+    );
+    assert_eq!(c.reason, "mine");
+    // The upstream never saw the question or the answer.
+    let sent = f.fake.calls.lock().unwrap()[0].1.clone();
+    assert_eq!(sent, refund(5));
+}
+
+#[tokio::test]
+async fn a_decline_is_approval_denied_and_nothing_runs() {
+    let f = confirm_fixture();
+    let (id, state) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
+    let no = json!({"action": "decline"});
+    let o = f
+        .modern("refund", refund(5), "c-1", true, Some((&state, no)))
+        .await;
+    let m = answer::render(o, json!(2), Era::Modern);
+    let r: Value = serde_json::from_str(m.result.as_ref().unwrap().get()).unwrap();
+    assert_eq!(
+        r["structuredContent"]["countersign"]["code"],
+        "approval_denied"
+    );
+    assert_eq!(r["structuredContent"]["countersign"]["channel"], "client");
+    assert!(r["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("the person at the client declined"));
+    assert_eq!(f.fake.runs("refund"), 0);
+    assert_eq!(f.proposal(&id).state, ProposalState::Denied);
+}
+
+#[tokio::test]
+async fn an_altered_moved_replayed_or_expired_state_is_refused_and_runs_nothing() {
+    let f = confirm_fixture();
+    let (_, state) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
+    // One byte of the signed claims changed.
+    let mut bytes = state.clone().into_bytes();
+    let at = countersign::core::confirm::STATE_PREFIX.len() + 20;
+    bytes[at] = if bytes[at] == b'A' { b'B' } else { b'A' };
+    let altered = String::from_utf8(bytes).unwrap();
+    let o = f
+        .modern("refund", refund(5), "c-1", true, Some((&altered, yes())))
+        .await;
+    assert_eq!(code(o), "confirmation_invalid");
+    // The state of one call sent with another (other arguments, other key).
+    let o = f
+        .modern("refund", refund(6), "c-2", true, Some((&state, yes())))
+        .await;
+    assert_eq!(code(o), "confirmation_mismatch");
+    // Another principal presenting it.
+    let other = Fixture {
+        caller: Caller {
+            identity: Arc::new(Identity {
+                principal: "agent-9".into(),
+                tenant: "acme".into(),
+                groups: vec!["solo".into()],
+            }),
+            scope: None,
+        },
+        ..f
+    };
+    let o = other
+        .modern("refund", refund(5), "c-1", true, Some((&state, yes())))
+        .await;
+    assert_eq!(code(o), "confirmation_mismatch");
+    let f = other.solo();
+    assert_eq!(f.fake.runs("refund"), 0);
+    // Used once, then replayed.
+    let o = f
+        .modern("refund", refund(5), "c-1", true, Some((&state, yes())))
+        .await;
+    assert_eq!(answered_n(&o), 1);
+    let o = f
+        .modern("refund", refund(5), "c-1", true, Some((&state, yes())))
+        .await;
+    assert_eq!(code(o), "confirmation_used");
+    assert_eq!(f.fake.runs("refund"), 1);
+    // Past its expiry (approvals.client_ttl, 5 minutes by default).
+    let (_, late) = asked(f.modern("refund", refund(7), "c-3", true, None).await);
+    f.clock.advance(Duration::from_secs(301));
+    let o = f
+        .modern("refund", refund(7), "c-3", true, Some((&late, yes())))
+        .await;
+    assert_eq!(code(o), "confirmation_expired");
+    // Not a state at all, with an answer under the gateway's key.
+    let o = f
+        .modern(
+            "refund",
+            refund(7),
+            "c-3",
+            true,
+            Some(("countersign.1.nope", yes())),
+        )
+        .await;
+    assert_eq!(code(o), "confirmation_invalid");
+    assert_eq!(f.fake.runs("refund"), 1, "no refused state ran anything");
+}
+
+#[tokio::test]
+async fn a_dismissed_question_leaves_the_proposal_to_reviewers() {
+    let f = confirm_fixture();
+    let (id, state) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
+    let o = f
+        .modern(
+            "refund",
+            refund(5),
+            "c-1",
+            true,
+            Some((&state, json!({"action": "cancel"}))),
+        )
+        .await;
+    assert_eq!(code(o), "approval_pending");
+    let p = f.proposal(&id);
+    assert_eq!(p.state, ProposalState::Pending);
+    f.decide(&p, Verdict::Approve, Duration::from_secs(600))
+        .await;
+    let o = f.modern("refund", refund(5), "c-1", false, None).await;
+    assert_eq!(answered_n(&o), 1);
+}
+
+#[tokio::test]
+async fn destructive_tools_and_clients_without_elicitation_get_the_reviewer_path() {
+    let f = confirm_fixture();
+    // `transfer` is not listed: MCP's defaults make it destructive.
+    let o = f
+        .modern("transfer", json!({"to": "x"}), "t-1", true, None)
+        .await;
+    assert_eq!(code(o), "approval_pending");
+    let o = f.modern("refund", refund(5), "c-1", false, None).await;
+    assert_eq!(code(o), "approval_pending");
+    // Not in group solo: reviewers only, whatever the client declares.
+    let f = fixture("0s");
+    let policies = f._dir.path().join("policies");
+    std::fs::write(policies.join("test.cedar"), POLICIES).unwrap();
+    f.pipeline
+        .set_policies(countersign::cli::files::load_policies(&policies, None).unwrap());
+    let o = f.modern("refund", refund(5), "c-1", true, None).await;
+    assert_eq!(code(o), "approval_pending");
+}
+
+#[tokio::test]
+async fn the_first_answer_wins_exactly_once_and_the_other_is_too_late() {
+    // A reviewer first: the client's later "no" changes nothing.
+    let f = confirm_fixture();
+    let (id, state) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
+    f.decide(&f.proposal(&id), Verdict::Approve, Duration::from_secs(600))
+        .await;
+    let o = f
+        .modern(
+            "refund",
+            refund(5),
+            "c-1",
+            true,
+            Some((&state, json!({"action": "decline"}))),
+        )
+        .await;
+    assert_eq!(answered_n(&o), 1, "the reviewer's yes ran it");
+    assert!(f.proposal(&id).confirmation.is_none());
+    assert_eq!(f.fake.runs("refund"), 1);
+    // The client first: the reviewer is told it is too late.
+    let (id, state) = asked(f.modern("refund", refund(6), "c-2", true, None).await);
+    let pending = f.proposal(&id);
+    let o = f
+        .modern("refund", refund(6), "c-2", true, Some((&state, yes())))
+        .await;
+    assert_eq!(answered_n(&o), 2);
+    let now = f.clock.now_ms();
+    let statement = pending.statement(
+        Verdict::Approve,
+        "bob",
+        "ok",
+        &rfc3339(now),
+        &rfc3339(now + 60_000),
+    );
+    let signature = statement.sign(&f.reviewer).unwrap();
+    let bob = f
+        .pipeline
+        .policies()
+        .reviewers()
+        .get("bob")
+        .unwrap()
+        .clone();
+    let e = f
+        .pipeline
+        .book
+        .decide(&id, statement, &signature, &bob, |_| Ok(()))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("too late") && e.to_string().contains("the person at the client"),
+        "{e}"
+    );
+    assert_eq!(f.fake.runs("refund"), 2, "one execution per call");
+}
+
+#[tokio::test]
+async fn a_client_yes_is_void_once_the_policies_no_longer_permit_confirm() {
+    let f = confirm_fixture();
+    let (id, state) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
+    // The yes lands; then the operator withdraws `confirm` before it is used.
+    f.pipeline
+        .book
+        .confirm(
+            &id,
+            countersign::core::approval::Confirmation {
+                channel: "client".into(),
+                principal: "agent-7".into(),
+                decision: Verdict::Approve,
+                reason: String::new(),
+                at: rfc3339(f.clock.now_ms()),
+                via: "input_required".into(),
+                nonce: "n".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let policies = f._dir.path().join("policies");
+    std::fs::write(
+        policies.join("test.cedar"),
+        POLICIES.replace("Group::\"solo\"", "Group::\"nobody\""),
+    )
+    .unwrap();
+    f.pipeline
+        .set_policies(countersign::cli::files::load_policies(&policies, None).unwrap());
+    let o = f
+        .modern("refund", refund(5), "c-1", true, Some((&state, yes())))
+        .await;
+    assert_eq!(code(o), "approval_pending");
+    assert_eq!(f.fake.runs("refund"), 0);
+    assert_eq!(f.proposal(&id).state, ProposalState::Invalidated);
+}
+
+#[tokio::test]
+async fn a_session_client_is_asked_by_elicitation_and_its_answer_releases_the_held_call() {
+    let f = fixture("20s").solo();
+    let policies = f._dir.path().join("policies");
+    std::fs::write(policies.join("test.cedar"), POLICIES).unwrap();
+    f.pipeline
+        .set_policies(countersign::cli::files::load_policies(&policies, None).unwrap());
+    let asks = Arc::new(countersign::enforce::client::Asks::new(Some("2025-11-25")));
+    let (tx, mut rx) = mpsc::channel(8);
+    let caller = Caller {
+        scope: Some("s-1".into()),
+        ..f.caller.clone()
+    };
+    let ctx = CallCtx {
+        caller: &caller,
+        server: "pay",
+        era: Era::Handshake,
+        events: Some(tx),
+        upstream: &f.fake,
+        asks: Some(asks.clone()),
+    };
+    let call = f
+        .pipeline
+        .tool_call(&ctx, request("refund", refund(5), Some("h-1")));
+    let client = async {
+        let ask = rx
+            .recv()
+            .await
+            .expect("an elicitation/create on the call's stream");
+        assert_eq!(ask.method(), "elicitation/create");
+        let params = ask.params_value().unwrap();
+        assert_eq!(params["mode"], "form");
+        assert!(params["message"].as_str().unwrap().contains("pay/refund"));
+        assert!(
+            asks.take(Some(&json!("someone-else"))).is_none(),
+            "other ids go upstream"
+        );
+        let open = asks.take(ask.id.as_ref()).expect("the question is open");
+        let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
+        countersign::enforce::client::answered(&f.pipeline.book, &caller.identity, open, &response)
+            .await;
+        assert!(asks.take(ask.id.as_ref()).is_none(), "answered once");
+    };
+    let (o, ()) = tokio::join!(call, client);
+    assert_eq!(answered_n(&o), 1);
+    assert_eq!(f.fake.runs("refund"), 1);
 }

@@ -352,6 +352,9 @@ pub struct AuditLog {
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The gateway's public key (`ed25519:...`).
     pub public_key: String,
+    /// The gateway's key, which also signs the `requestState` of questions
+    /// to clients (a JSON payload of its own type: never a checkpoint).
+    key: SigningKey,
     /// How arguments are recorded.
     pub arguments: ArgumentMode,
     /// Pointers redacted.
@@ -359,6 +362,12 @@ pub struct AuditLog {
 }
 
 impl AuditLog {
+    /// The gateway's signing key (for the `requestState` of questions to
+    /// clients; see [`crate::core::confirm`]).
+    pub fn signing_key(&self) -> SigningKey {
+        self.key.clone()
+    }
+
     /// Open (or create) the log, recover its tail, write `log_started`.
     pub fn open(s: Settings) -> Result<AuditLog, AuditError> {
         std::fs::create_dir_all(&s.dir).map_err(io_err(&s.dir))?;
@@ -390,7 +399,7 @@ impl AuditLog {
             outbox_cleared: 0,
             outbox_since: None,
             dir: s.dir.clone(),
-            key,
+            key: key.clone(),
             file: BufWriter::with_capacity(1 << 16, file),
             segment: tail.segment,
             size,
@@ -422,6 +431,7 @@ impl AuditLog {
             tx: std::sync::Mutex::new(Some(tx)),
             thread: std::sync::Mutex::new(Some(thread)),
             public_key,
+            key,
             arguments: s.arguments,
             redact: s.redact,
         })

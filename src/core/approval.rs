@@ -225,6 +225,37 @@ pub struct Proposal {
     pub consumed_by: Option<String>,
     /// Why it was invalidated or expired.
     pub reason: Option<String>,
+    /// The answer of the person at the client (DESIGN.md section 14), when
+    /// they, not a reviewer, decided it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<Confirmation>,
+    /// Public keys (`ed25519:...`) of the gateways that put this proposal to
+    /// the client as a signed `requestState`: any gateway sharing the store
+    /// verifies the state against them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked_by: Vec<String>,
+}
+
+/// The person at the client answered a proposal (MCP elicitation, or a
+/// 2026-07-28 `input_required` retry). No reviewer key signs it: it is
+/// worth what the requester's authentication is worth, which is why the
+/// policies must permit `Action::"confirm"` for the call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confirmation {
+    /// Always `client`.
+    pub channel: String,
+    /// The authenticated principal who answered (the requester).
+    pub principal: String,
+    /// Yes or no.
+    pub decision: Verdict,
+    /// Their reason, if any.
+    pub reason: String,
+    /// RFC 3339: when the gateway received the answer.
+    pub at: String,
+    /// `elicitation/create` (handshake era) or `input_required` (2026-07-28).
+    pub via: String,
+    /// The question answered (elicitation request id or the state's nonce).
+    pub nonce: String,
 }
 
 /// What an approval is for (DESIGN.md section 6), less `expires_at`, which
@@ -840,6 +871,8 @@ mod tests {
             expires_ms: None,
             consumed_by: None,
             reason: None,
+            confirmation: None,
+            asked_by: Vec::new(),
         }
     }
 

@@ -197,6 +197,19 @@ pub struct Reserved {
     pub argument_key: Option<Value>,
     /// The rest of `_meta` (other vendors' keys), forwarded unchanged.
     pub other_meta: Map<String, Value>,
+    /// The answer to a question the gateway put to the client (2026-07-28
+    /// `requestState` and `inputResponses`), taken out of the params: the
+    /// upstream never saw the question.
+    pub reply: Option<Reply>,
+}
+
+/// A client's retry carrying the answer to the gateway's `input_required`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reply {
+    /// `params.requestState`, as sent.
+    pub state: Option<String>,
+    /// The gateway's entry of `params.inputResponses`, as sent.
+    pub response: Option<Value>,
 }
 
 /// Strictly parse `params` of a `tools/call` sent to `server` and build its
@@ -257,6 +270,7 @@ pub fn canonicalize(
             ))
         }
     }
+    reserved.reply = take_reply(&mut params)?;
     let arguments = Value::Object(arguments);
     let arguments_jcs = jcs(&arguments);
     let digest = digest_of(server, &tool, &arguments_jcs);
@@ -274,6 +288,50 @@ pub fn canonicalize(
         forward_params: Value::Object(forward),
         reserved,
     })
+}
+
+/// The gateway's own `requestState` / `inputResponses` entry, removed from
+/// `params`. Those of the upstream (its own multi-round-trip questions) stay
+/// and are forwarded.
+fn take_reply(params: &mut Map<String, Value>) -> Result<Option<Reply>, CanonicalError> {
+    let ours_state = match params.get("requestState") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) => s.starts_with(crate::core::confirm::STATE_PREFIX),
+        Some(_) => {
+            return Err(CanonicalError::Invalid(
+                "`params.requestState` must be a string".into(),
+            ))
+        }
+    };
+    let ours_response = match params.get("inputResponses") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(m)) => m.contains_key(crate::core::confirm::INPUT_KEY),
+        Some(_) => {
+            return Err(CanonicalError::Invalid(
+                "`params.inputResponses` must be an object".into(),
+            ))
+        }
+    };
+    if !ours_state && !ours_response {
+        return Ok(None);
+    }
+    let state = params
+        .remove("requestState")
+        .and_then(|v| v.as_str().map(str::to_owned));
+    let mut response = None;
+    if let Some(Value::Object(mut m)) = params.remove("inputResponses") {
+        response = m.remove(crate::core::confirm::INPUT_KEY);
+        if !m.is_empty() {
+            // Answers to the upstream's own questions cannot share a retry
+            // with the gateway's: the upstream never asked in this round.
+            return Err(CanonicalError::Invalid(
+                "`params.inputResponses` answers countersign's question together with others; \
+                 send only the answer countersign asked for"
+                    .into(),
+            ));
+        }
+    }
+    Ok(Some(Reply { state, response }))
 }
 
 /// RFC 8785 canonical text of a value.

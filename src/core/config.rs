@@ -196,6 +196,17 @@ pub struct ApprovalsConfig {
     /// where the policies are a checkout. Hot-reloaded with the policies; a
     /// missing file means no reviewers (nothing can be approved).
     pub reviewers: Option<PathBuf>,
+    /// Ask the person at the client (MCP elicitation, or a 2026-07-28
+    /// `input_required` result) when the policies permit
+    /// `Action::"confirm"` for the call and the client declared
+    /// elicitation. `false`: only reviewers approve, whatever the policies
+    /// say about `confirm`.
+    pub client: bool,
+    /// How long a question to the client stays answerable: the life of an
+    /// `elicitation/create` the gateway sent, and the expiry signed into a
+    /// `requestState`.
+    #[serde(deserialize_with = "duration")]
+    pub client_ttl: Duration,
 }
 
 impl Default for ApprovalsConfig {
@@ -210,6 +221,8 @@ impl Default for ApprovalsConfig {
             clock_skew: Duration::from_secs(120),
             max_pending: 20,
             reviewers: None,
+            client: true,
+            client_ttl: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -834,6 +847,11 @@ impl Config {
         }
         if a.max_pending == 0 {
             return Err("approvals.max_pending must be at least 1".into());
+        }
+        // A question that expires before a person can read it approves
+        // nothing; one that lives for hours is a long replay window.
+        if a.client_ttl < Duration::from_secs(10) || a.client_ttl > Duration::from_secs(3600) {
+            return Err("approvals.client_ttl must be between 10s and 1h: it is how long a question to the person at the client stays answerable".into());
         }
         if a.clock_skew < Duration::from_secs(1) || a.clock_skew > Duration::from_secs(600) {
             return Err("approvals.clock_skew must be between 1s and 10m: it bounds how long a captured control request can be replayed".into());

@@ -133,6 +133,7 @@ pub struct Policies {
 struct ArgumentTypes {
     call: Option<ArgType>,
     approve: Option<ArgType>,
+    confirm: Option<ArgType>,
 }
 
 /// The `arguments` of a context: typed where the schema declares a type.
@@ -415,6 +416,7 @@ impl Policies {
         let arguments = ArgumentTypes {
             call: types("call"),
             approve: types("approve"),
+            confirm: types("confirm"),
         };
         if errors.is_empty() {
             let index = Index::build(&set);
@@ -663,6 +665,47 @@ impl Policies {
         }
     }
 
+    /// May the requester answer this call's approval themselves, in the
+    /// client? (`Action::"confirm"`, DESIGN.md section 14: principal the
+    /// requester, resource the tool, context the call's, with `approved`
+    /// false.) `Ok` names the permitting policies. Default deny, errors deny.
+    pub fn may_confirm(&self, call: &Call<'_>) -> Result<Vec<String>, Decision> {
+        let deny = |errors: Vec<String>| Decision::Deny {
+            policies: Vec::new(),
+            errors,
+        };
+        let arguments = match context_arguments(self.arguments.confirm.as_ref(), call.arguments)
+            .map_err(|e| deny(vec![e]))?
+        {
+            Some(a) => a,
+            None => RestrictedExpression::new_record([]).map_err(|e| deny(vec![e.to_string()]))?,
+        };
+        let (entities, principal, resource) = entities(call).map_err(|e| deny(vec![e]))?;
+        let context = call_context(call, arguments, false).map_err(|e| deny(vec![e]))?;
+        let action =
+            EntityUid::from_str(r#"Action::"confirm""#).map_err(|e| deny(vec![e.to_string()]))?;
+        let request = Request::new(principal, action, resource, context, None)
+            .map_err(|e| deny(vec![e.to_string()]))?;
+        let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+        let errors: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(|e| e.to_string())
+            .collect();
+        let policies: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(ToString::to_string)
+            .collect();
+        // An erroring policy is skipped by Cedar; a skipped `forbid` would
+        // fail open, so any error denies.
+        if errors.is_empty() && response.decision() == CedarDecision::Allow {
+            Ok(policies)
+        } else {
+            Err(Decision::Deny { policies, errors })
+        }
+    }
+
     /// Decide against every policy, unsliced (for the benchmark and tests).
     pub fn decide_unsliced(&self, call: &Call<'_>) -> Decision {
         self.decide_against(&self.set, call)
@@ -697,28 +740,7 @@ impl Policies {
             };
         };
         let run = |approved: bool| -> Result<(bool, Vec<String>), Vec<String>> {
-            let mut pairs = vec![
-                ("arguments".to_owned(), arguments.clone()),
-                (
-                    "tenant".to_owned(),
-                    RestrictedExpression::new_string(call.identity.tenant.clone()),
-                ),
-                (
-                    "callDigest".to_owned(),
-                    RestrictedExpression::new_string(call.digest.to_owned()),
-                ),
-                (
-                    "approved".to_owned(),
-                    RestrictedExpression::new_bool(approved),
-                ),
-            ];
-            if let Some(v) = call.resource_version {
-                pairs.push((
-                    "resourceVersion".to_owned(),
-                    RestrictedExpression::new_string(v.to_owned()),
-                ));
-            }
-            let context = Context::from_pairs(pairs).map_err(|e| vec![e.to_string()])?;
+            let context = call_context(call, arguments.clone(), approved).map_err(|e| vec![e])?;
             let request = Request::new(
                 principal.clone(),
                 action.clone(),
@@ -786,6 +808,37 @@ pub struct Call<'a> {
     pub digest: &'a str,
     /// The resource version, when known.
     pub resource_version: Option<&'a str>,
+}
+
+/// The context of `Action::"call"` (and `confirm`): `{ arguments, tenant,
+/// callDigest, approved, resourceVersion? }`.
+fn call_context(
+    call: &Call<'_>,
+    arguments: RestrictedExpression,
+    approved: bool,
+) -> Result<Context, String> {
+    let mut pairs = vec![
+        ("arguments".to_owned(), arguments),
+        (
+            "tenant".to_owned(),
+            RestrictedExpression::new_string(call.identity.tenant.clone()),
+        ),
+        (
+            "callDigest".to_owned(),
+            RestrictedExpression::new_string(call.digest.to_owned()),
+        ),
+        (
+            "approved".to_owned(),
+            RestrictedExpression::new_bool(approved),
+        ),
+    ];
+    if let Some(v) = call.resource_version {
+        pairs.push((
+            "resourceVersion".to_owned(),
+            RestrictedExpression::new_string(v.to_owned()),
+        ));
+    }
+    Context::from_pairs(pairs).map_err(|e| e.to_string())
 }
 
 fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {

@@ -11,6 +11,8 @@
 //!   schema where it declares them.
 //! - [`approval`]: proposals, the signed approval statement, reviewer keys
 //!   and `reviewers.toml`, request signatures, consumption.
+//! - [`confirm`]: approval in the client: the question, the answer, and
+//!   the signed `requestState` of the 2026-07-28 era.
 //! - [`recovery`]: failure classes, response classes, retry backoff and the
 //!   circuit breaker.
 //! - [`annotations`]: effective tool annotations (server hints, MCP
@@ -29,6 +31,7 @@ pub mod arguments;
 pub mod canonical;
 pub mod catalog;
 pub mod config;
+pub mod confirm;
 pub mod decision;
 pub mod identity;
 pub mod ledger;

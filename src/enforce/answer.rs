@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::flight::{ApprovalCode, ApprovalNote, Outcome};
+use super::flight::{ApprovalCode, ApprovalNote, ConfirmCode, Outcome, Question};
 use super::outcome::CallOutcome;
 use super::upstream::UpstreamError;
 use crate::core::ledger::Answer;
@@ -36,6 +36,17 @@ pub mod codes {
     pub const STALE_RESOURCE_VERSION: &str = "stale_resource_version";
     /// A pinned tool the server no longer lists.
     pub const TOOL_UNAVAILABLE: &str = "tool_unavailable";
+    /// The gateway asks the person at the client (2026-07-28
+    /// `input_required`; audit and metrics only, never a tool error).
+    pub const INPUT_REQUIRED: &str = "input_required";
+    /// A `requestState` the gateway did not issue, or one altered.
+    pub const CONFIRMATION_INVALID: &str = "confirmation_invalid";
+    /// A `requestState` issued for another call, principal or key.
+    pub const CONFIRMATION_MISMATCH: &str = "confirmation_mismatch";
+    /// A `requestState` past its expiry.
+    pub const CONFIRMATION_EXPIRED: &str = "confirmation_expired";
+    /// A `requestState` whose answer was already used.
+    pub const CONFIRMATION_USED: &str = "confirmation_used";
 }
 
 /// The answer to a `tools/call` request with JSON-RPC id `id`.
@@ -117,6 +128,8 @@ pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
             Outcome::Drift => codes::DRIFT_REJECTED,
             Outcome::Remap => codes::REMAP_REJECTED,
             Outcome::NotDispatched => codes::UPSTREAM_UNAVAILABLE,
+            Outcome::Ask(_) => codes::INPUT_REQUIRED,
+            Outcome::Confirmation(r) => confirm_code(r.code),
         },
         CallOutcome::ToolUnavailable { .. } => codes::TOOL_UNAVAILABLE,
         CallOutcome::CircuitOpen { .. }
@@ -125,6 +138,34 @@ pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
         CallOutcome::Failed(e) if e.dispatched() => codes::OUTCOME_UNKNOWN,
         CallOutcome::Failed(_) => codes::UPSTREAM_UNAVAILABLE,
     })
+}
+
+fn confirm_code(code: ConfirmCode) -> &'static str {
+    match code {
+        ConfirmCode::Invalid => codes::CONFIRMATION_INVALID,
+        ConfirmCode::Mismatch => codes::CONFIRMATION_MISMATCH,
+        ConfirmCode::Expired => codes::CONFIRMATION_EXPIRED,
+        ConfirmCode::Used => codes::CONFIRMATION_USED,
+    }
+}
+
+/// 2026-07-28: the question to the person at the client, as an
+/// `input_required` result (SEP-2322): one `elicitation/create` under the
+/// gateway's key, and the signed state to send back with the answer.
+fn input_required(id: Value, q: &Question) -> Message {
+    let mut requests = serde_json::Map::new();
+    requests.insert(
+        crate::core::confirm::INPUT_KEY.to_owned(),
+        json!({ "method": "elicitation/create", "params": q.params }),
+    );
+    Message::response(
+        id,
+        raw(&json!({
+            "resultType": "input_required",
+            "inputRequests": requests,
+            "requestState": q.state,
+        })),
+    )
 }
 
 fn approval_code(code: ApprovalCode) -> &'static str {
@@ -509,6 +550,31 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Mess
             details,
             era,
         ),
+        Outcome::Ask(q) => input_required(id, &q),
+        Outcome::Confirmation(r) => {
+            let advice = match r.code {
+                ConfirmCode::Used => {
+                    "Send the call again without `requestState` to get its recorded answer; \
+                     a new call needs a new approval."
+                }
+                ConfirmCode::Expired => {
+                    "Send the call again without `requestState` to be asked again."
+                }
+                ConfirmCode::Invalid | ConfirmCode::Mismatch => {
+                    "Send the `requestState` back exactly as countersign gave it, with the call it was given for."
+                }
+            };
+            tool_error(
+                id,
+                confirm_code(r.code),
+                &format!(
+                    "Refused, nothing was run: the approval answer sent with this call to `{tool}` is not accepted: {}. {advice}",
+                    r.reason
+                ),
+                details,
+                era,
+            )
+        }
     }
 }
 
@@ -523,6 +589,9 @@ fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, era: E
     }
     if let Some(r) = &note.reason {
         details["reason"] = json!(r);
+    }
+    if note.by_client {
+        details["channel"] = json!("client");
     }
     let tool = if tool.is_empty() {
         "this tool".to_owned()
@@ -540,6 +609,11 @@ fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, era: E
              Nothing was run. Call again with exactly the same arguments later; once approved, it runs once. \
              Changing the arguments needs a new approval.",
             note.revises.as_deref().map(|r| format!(" (it revises proposal {r})")).unwrap_or_default()
+        ),
+        ApprovalCode::Denied if note.by_client => format!(
+            "Refused, nothing was run: the person at the client declined this call to {tool} (proposal {proposal}){}. \
+             Do not retry it.",
+            note.reason.as_deref().map(|r| format!(", saying: {r}")).unwrap_or_default()
         ),
         ApprovalCode::Denied => format!(
             "Refused, nothing was run: a reviewer denied this call to {tool} (proposal {proposal}){}. Do not retry it.",

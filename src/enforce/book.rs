@@ -11,8 +11,8 @@ use tokio::sync::broadcast;
 
 use crate::audit::AuditSink;
 use crate::core::approval::{
-    self, ApprovalError, DefinitionChange, Proposal, ProposalState, Reviewer, Reviewers, Revision,
-    Risk, SignedDecision, Statement, Verdict,
+    self, ApprovalError, Confirmation, DefinitionChange, Proposal, ProposalState, Reviewer,
+    Reviewers, Revision, Risk, SignedDecision, Statement, Verdict,
 };
 use crate::core::config::ApprovalsConfig;
 use crate::core::identity::Identity;
@@ -74,6 +74,17 @@ pub enum DecideError {
     /// Nothing by that id (or not visible to the reviewer).
     #[error("no proposal `{0}`: list them with `countersign pending`")]
     NotFound(String),
+    /// Someone else answered first: the person at the client, or a
+    /// reviewer (first answer wins, exactly once).
+    #[error("too late: proposal `{id}` was already {state} by {by}")]
+    TooLate {
+        /// Proposal.
+        id: String,
+        /// Its state.
+        state: &'static str,
+        /// Who answered it (`the person at the client (dev-1)`, `reviewer alice`).
+        by: String,
+    },
     /// Already decided, consumed, expired or invalidated.
     #[error("proposal `{id}` is {state}, not pending: nothing to decide")]
     NotPending {
@@ -156,6 +167,11 @@ impl Book {
             }
             a.record(kind, f);
         }
+    }
+
+    /// Now, on the book's clock (the one expiries are judged on).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     /// The settings.
@@ -285,6 +301,7 @@ impl Book {
                     "{waiting} of your proposals are already waiting for reviewers (approvals.max_pending); \
                      no new one was made"
                 )),
+                by_client: false,
             }));
         }
         let Some(p) = latest else {
@@ -370,8 +387,14 @@ impl Book {
                 self.create(ask, &mine, now).await.map(Found::Wait)
             }
             ProposalState::Denied => {
-                let reason = p.decision.as_ref().map(|d| d.statement.reason.clone());
-                Ok(Found::Refuse(note(ApprovalCode::Denied, &p, reason)))
+                let reason = match (&p.confirmation, &p.decision) {
+                    (Some(c), _) => Some(c.reason.clone()).filter(|r| !r.is_empty()),
+                    (None, Some(d)) => Some(d.statement.reason.clone()),
+                    (None, None) => None,
+                };
+                let mut n = note(ApprovalCode::Denied, &p, reason);
+                n.by_client = p.confirmation.is_some();
+                Ok(Found::Refuse(n))
             }
             // An approval that expired unused (found by the sweep): say so
             // once, with the fresh proposal that replaces it.
@@ -431,6 +454,8 @@ impl Book {
             expires_ms: None,
             consumed_by: None,
             reason: None,
+            confirmation: None,
+            asked_by: Vec::new(),
         };
         if !self.write(p.clone(), None).await? {
             return Err(StoreError::Collision(p.id.clone()));
@@ -477,10 +502,7 @@ impl Book {
             .filter(|p| reviewer.covers(&p.tenant))
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
         if p.state != ProposalState::Pending {
-            return Err(DecideError::NotPending {
-                id: id.to_owned(),
-                state: p.state.as_str(),
-            });
+            return Err(not_pending(&p));
         }
         let refused = |e: ApprovalError| DecideError::Refused(e.to_string());
         statement.check_binding(&p.binding()).map_err(refused)?;
@@ -551,14 +573,12 @@ impl Book {
             .write(next.clone(), Some(ProposalState::Pending))
             .await?
         {
-            let state = self
-                .store
-                .get_proposal(id)
-                .await?
-                .map_or("gone", |p| p.state.as_str());
-            return Err(DecideError::NotPending {
-                id: id.to_owned(),
-                state,
+            return Err(match self.store.get_proposal(id).await? {
+                Some(now) => not_pending(&now),
+                None => DecideError::NotPending {
+                    id: id.to_owned(),
+                    state: "gone",
+                },
             });
         }
         tracing::info!(proposal = %id, reviewer = %reviewer.name, state = next.state.as_str(), "proposal decided");
@@ -572,6 +592,7 @@ impl Book {
             },
             &next,
             &[
+                ("channel", Value::from("reviewer")),
                 ("reviewer", Value::from(reviewer.name.clone())),
                 (
                     "approval",
@@ -585,6 +606,106 @@ impl Book {
             ],
         );
         Ok(next)
+    }
+
+    /// Record that this gateway put `p` to the client as a `requestState`
+    /// signed with `key` (`ed25519:...`), so that any gateway sharing the
+    /// store can verify the state. Written once per key, while pending.
+    pub async fn asked_by(&self, p: &Proposal, key: &str) -> Result<bool, StoreError> {
+        if p.asked_by.iter().any(|k| k == key) {
+            return Ok(true);
+        }
+        let mut next = p.clone();
+        next.asked_by.push(key.to_owned());
+        next.updated_ms = self.clock.now_ms();
+        self.write(next, Some(ProposalState::Pending)).await
+    }
+
+    /// The answer of the person at the client (DESIGN.md section 14): the
+    /// first answer to a pending proposal wins, exactly once (compare and
+    /// set on `pending`, as a reviewer's decision). A yes is an approval
+    /// that expires after `approvals.ttl` and is consumed at execution start
+    /// like any other.
+    pub async fn confirm(&self, id: &str, c: Confirmation) -> Result<Proposal, DecideError> {
+        let p = self
+            .store
+            .get_proposal(id)
+            .await?
+            .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
+        if p.state != ProposalState::Pending {
+            return Err(not_pending(&p));
+        }
+        // Only the requester answers in the client: the question went to
+        // their session or their state, and the answer must come back the same way.
+        if c.principal != p.requester {
+            return Err(DecideError::Refused(format!(
+                "proposal `{id}` is `{}`'s call; `{}` cannot answer it",
+                p.requester, c.principal
+            )));
+        }
+        let now = self.clock.now_ms();
+        let mut next = p.clone();
+        next.updated_ms = now;
+        match c.decision {
+            Verdict::Approve => {
+                next.state = ProposalState::Approved;
+                next.expires_ms = Some(now.saturating_add(ms(self.config.ttl)));
+            }
+            Verdict::Deny => next.state = ProposalState::Denied,
+        }
+        next.confirmation = Some(c.clone());
+        if !self
+            .write(next.clone(), Some(ProposalState::Pending))
+            .await?
+        {
+            return Err(match self.store.get_proposal(id).await? {
+                Some(now) => not_pending(&now),
+                None => DecideError::NotPending {
+                    id: id.to_owned(),
+                    state: "gone",
+                },
+            });
+        }
+        tracing::info!(proposal = %id, principal = %c.principal, via = %c.via, state = next.state.as_str(), "proposal answered in the client");
+        self.audit(
+            if next.state == ProposalState::Approved {
+                "approval_granted"
+            } else {
+                "approval_denied"
+            },
+            &next,
+            &[
+                ("channel", Value::from("client")),
+                (
+                    "confirmation",
+                    serde_json::to_value(&c).unwrap_or(Value::Null),
+                ),
+                (
+                    "expires_at",
+                    next.expires_ms
+                        .map_or(Value::Null, |e| Value::from(rfc3339(e))),
+                ),
+            ],
+        );
+        Ok(next)
+    }
+
+    /// An answer from the client that came after another answer won:
+    /// recorded, never applied.
+    pub fn too_late(&self, p: &Proposal, c: &Confirmation, why: &str) {
+        tracing::warn!(proposal = %p.id, principal = %c.principal, "the client's answer came too late: {why}");
+        self.audit(
+            "confirmation_too_late",
+            p,
+            &[
+                ("channel", Value::from("client")),
+                (
+                    "confirmation",
+                    serde_json::to_value(c).unwrap_or(Value::Null),
+                ),
+                ("reason", Value::from(why)),
+            ],
+        );
     }
 
     /// Expire approvals past their expiry and proposals pending too long;
@@ -628,12 +749,44 @@ fn note(code: ApprovalCode, p: &Proposal, reason: Option<String>) -> ApprovalNot
         proposal_id: Some(p.id.clone()),
         revises: p.revises.as_ref().map(|r| r.proposal_id.clone()),
         reason,
+        by_client: false,
+    }
+}
+
+/// Who answered `p`, in words.
+pub fn answered_by(p: &Proposal) -> String {
+    match (&p.confirmation, &p.decision) {
+        (Some(c), _) => format!("the person at the client ({})", c.principal),
+        (None, Some(d)) => format!("reviewer {}", d.statement.reviewer),
+        (None, None) => "the gateway".into(),
+    }
+}
+
+/// The refusal for a proposal that is no longer pending: too late when
+/// someone answered it, else not pending.
+fn not_pending(p: &Proposal) -> DecideError {
+    if p.confirmation.is_some() || p.decision.is_some() {
+        DecideError::TooLate {
+            id: p.id.clone(),
+            state: p.state.as_str(),
+            by: answered_by(p),
+        }
+    } else {
+        DecideError::NotPending {
+            id: p.id.clone(),
+            state: p.state.as_str(),
+        }
     }
 }
 
 /// Revalidation: the reviewer who approved is still in `reviewers.toml`,
 /// with the key that signed. Removing a reviewer voids their unused yeses.
+/// A yes from the client is the requester's own: it stays valid (the
+/// `confirm` policy is asked again at execution start).
 fn reviewer_still_valid(p: &Proposal, reviewers: &Reviewers) -> bool {
+    if let Some(c) = &p.confirmation {
+        return c.principal == p.requester && c.decision == Verdict::Approve;
+    }
     let Some(d) = &p.decision else {
         return false;
     };

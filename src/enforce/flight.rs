@@ -64,6 +64,8 @@ pub struct ApprovalNote {
     pub revises: Option<String>,
     /// A reviewer's reason (denials) or the gateway's (stale versions).
     pub reason: Option<String>,
+    /// The person at the client decided (not a reviewer).
+    pub by_client: bool,
 }
 
 /// A non-answer outcome shared with followers.
@@ -81,6 +83,45 @@ pub enum Outcome {
     Denied,
     /// The call needs (or lost, or was refused) a human approval.
     Approval(ApprovalNote),
+    /// 2026-07-28: ask the person at the client (`input_required`). Nothing
+    /// ran; the key stays free.
+    Ask(Box<Question>),
+    /// The client's answer (its `requestState`) is refused. Nothing ran.
+    Confirmation(ConfirmRefusal),
+}
+
+/// A question to the person at the client, as a 2026-07-28 `input_required`
+/// result carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question {
+    /// The proposal it decides.
+    pub proposal_id: String,
+    /// `elicitation/create` params.
+    pub params: serde_json::Value,
+    /// The signed `requestState`.
+    pub state: String,
+}
+
+/// Why a client's answer is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmCode {
+    /// `confirmation_invalid`: not a state the gateway issued, or altered.
+    Invalid,
+    /// `confirmation_mismatch`: issued for another call, principal or key.
+    Mismatch,
+    /// `confirmation_expired`: past its expiry.
+    Expired,
+    /// `confirmation_used`: its question was already answered and used.
+    Used,
+}
+
+/// A refused answer: the code and the precise reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfirmRefusal {
+    /// The code.
+    pub code: ConfirmCode,
+    /// What exactly is wrong, for the agent and the log.
+    pub reason: String,
 }
 
 /// How many times the pipeline looks for an approval again when the one it

@@ -12,6 +12,8 @@
 //!   and single-flight of identical calls.
 //! - [`book`]: proposals and approvals (create or join, find and
 //!   revalidate, decide, expire).
+//! - [`client`]: approval in the client: elicitation in a session, and the
+//!   signed `requestState` of 2026-07-28.
 //! - [`upstream`]: how an upstream call fails.
 //! - [`reconcile`]: settling unknown outcomes.
 //! - [`answer`]: the one module that words outcomes for the wire.
@@ -19,6 +21,7 @@
 
 pub mod answer;
 pub mod book;
+pub mod client;
 pub mod flight;
 pub mod metrics;
 pub mod outcome;

@@ -35,8 +35,8 @@ use tokio::sync::mpsc;
 
 use super::book::{Ask, Book, Found};
 use super::flight::{
-    follow, ApprovalCode, ApprovalNote, Idempotency, Lead, Lookup, Outcome, ReadLead, Reserve,
-    Retention, Settled, Ticket, GATE_ROUNDS,
+    follow, ApprovalCode, ApprovalNote, Idempotency, Lead, Lookup, Outcome, Question, ReadLead,
+    Reserve, Retention, Settled, Ticket, GATE_ROUNDS,
 };
 use super::outcome::CallOutcome;
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
@@ -44,7 +44,7 @@ use super::upstream::UpstreamError;
 use crate::audit::trail::Trail;
 use crate::audit::AuditSink;
 use crate::core::annotations::Annotations;
-use crate::core::approval::{ProposalState, Risk};
+use crate::core::approval::{Proposal, ProposalState, Risk};
 use crate::core::canonical::{self, CanonicalCall};
 use crate::core::catalog::{Captured, Catalog, Definition, ToolView};
 use crate::core::config::{Config, VersionProbe};
@@ -81,6 +81,9 @@ pub struct CallCtx<'a, U> {
     pub events: Option<mpsc::Sender<Message>>,
     /// The upstream the call goes to.
     pub upstream: &'a U,
+    /// Handshake era: the session's open questions, when its client
+    /// declared elicitation (the person at the client can be asked).
+    pub asks: Option<Arc<super::client::Asks>>,
 }
 
 /// The most `tools/list` pages one catalog fetch reads.
@@ -164,6 +167,8 @@ pub struct Pipeline {
     cache_refused: Mutex<std::collections::HashSet<(String, String)>>,
     /// Calls, decision and ledger latency (`/metrics`).
     pub metrics: super::metrics::Metrics,
+    /// Signs the `requestState` of questions to the client.
+    asker: super::client::Asker,
 }
 
 /// A cached read answer.
@@ -229,7 +234,18 @@ impl Pipeline {
             clock,
             breakers,
             policies: RwLock::new(Arc::new(policies)),
+            // A key of its own until the gateway's is set: commands that
+            // run no gateway never ask a client.
+            asker: super::client::Asker::new(ed25519_dalek::SigningKey::from_bytes(
+                &rand::random::<[u8; 32]>(),
+            )),
         }
+    }
+
+    /// Sign questions to the client with the gateway's key (the audit
+    /// log's), so that the states it issues verify against its public key.
+    pub fn set_state_key(&mut self, key: ed25519_dalek::SigningKey) {
+        self.asker = super::client::Asker::new(key);
     }
 
     /// The policy set in force now.
@@ -408,6 +424,11 @@ impl Pipeline {
                 tool: call.tool.clone(),
             };
         }
+        if let Some(reply) = &call.reserved.reply {
+            if let Some(stop) = self.reply(&c, reply).await {
+                return stop;
+            }
+        }
         if annotations.read_only && !explicit {
             match self.decide(&c) {
                 Decision::Allow { .. } => return self.read(&c).await,
@@ -419,6 +440,85 @@ impl Pipeline {
             }
         }
         self.write(&c).await
+    }
+
+    /// Stage "the client's answer" (2026-07-28): a retry carrying the
+    /// `requestState` of a question the gateway asked. The state is checked
+    /// and the answer given to the book before the ledger is looked at, so
+    /// that a forged, moved, expired or used state is refused as such.
+    async fn reply<U>(&self, c: &Call<'_, U>, reply: &canonical::Reply) -> Option<CallOutcome> {
+        let subject = self.subject(c);
+        let replied = self
+            .asker
+            .reply(&self.book, &subject, reply, self.clock.now_ms())
+            .await;
+        match replied {
+            super::client::Replied::Continue => None,
+            super::client::Replied::Stop(why) => {
+                let detail = match &why {
+                    Outcome::Confirmation(r) => Some(r.reason.clone()),
+                    _ => None,
+                };
+                let outcome = CallOutcome::Refused {
+                    why,
+                    key: c.claim.client_key.clone(),
+                    tool: c.call.tool.clone(),
+                };
+                if let Some(detail) = detail {
+                    tracing::warn!(tool = %c.call.tool, principal = %c.ctx.caller.identity.principal, "client answer refused: {detail}");
+                    c.trail.record(
+                        "rejected",
+                        vec![
+                            ("reason", json!(super::answer::code_of(&outcome))),
+                            ("detail", json!(detail)),
+                        ],
+                    );
+                }
+                Some(outcome)
+            }
+            super::client::Replied::Invalid(text) => Some(CallOutcome::Invalid(text)),
+            super::client::Replied::Store(e) => Some(ledger_unavailable(c, e)),
+        }
+    }
+
+    fn subject<'b, U>(&self, c: &'b Call<'b, U>) -> super::client::Subject<'b> {
+        super::client::Subject {
+            identity: &c.ctx.caller.identity,
+            server: c.ctx.server,
+            tool: &c.call.tool,
+            digest: &c.call.digest,
+            tool_definition: c.tool.digest.as_deref(),
+            key: &c.claim.key,
+        }
+    }
+
+    /// May the person at the client answer this call's proposal? The
+    /// switch `approvals.client`, then `Action::"confirm"` in the policies
+    /// in force now.
+    fn may_confirm<U>(&self, c: &Call<'_, U>) -> bool {
+        if !self.config.approvals.client {
+            return false;
+        }
+        let allowed = self.policies().may_confirm(&decision::Call {
+            identity: &c.ctx.caller.identity,
+            server: c.ctx.server,
+            tool: &c.call.tool,
+            annotations: c.annotations,
+            definition_changed: c.tool.changed,
+            arguments: &c.call.arguments,
+            digest: &c.call.digest,
+            resource_version: explicit_version(c.call),
+        });
+        match allowed {
+            Ok(policies) => {
+                tracing::debug!(tool = %c.call.tool, policies = %policies.join(","), "the client may confirm");
+                true
+            }
+            Err(d) => {
+                tracing::debug!(tool = %c.call.tool, "the client may not confirm ({d})");
+                false
+            }
+        }
     }
 
     /// Stage "know the tool": the gateway keeps each server's tool list
@@ -907,11 +1007,18 @@ impl Pipeline {
                 Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
                 Ok(Reserve::Go(ticket)) => {
                     if let Some(proposal) = proposal {
-                        let reviewer = approval
-                            .get("statement")
-                            .and_then(|s| s.get("reviewer"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("?");
+                        let reviewer = match approval.get("confirmation") {
+                            Some(conf) => format!(
+                                "the person at the client ({})",
+                                conf.get("principal").and_then(Value::as_str).unwrap_or("?")
+                            ),
+                            None => approval
+                                .get("statement")
+                                .and_then(|s| s.get("reviewer"))
+                                .and_then(Value::as_str)
+                                .unwrap_or("?")
+                                .to_owned(),
+                        };
                         tracing::info!(server = %c.ctx.server, tool = %c.call.tool, %proposal, %reviewer, key = %c.claim.client_key, "approved: running the call (the approval is used up)");
                         self.book.changed(&proposal).await;
                         // With the reviewer's signed statement: the entry
@@ -952,6 +1059,8 @@ impl Pipeline {
         // pays for neither the subscription nor re-reading its params.
         let mut waiting = None;
         let mut progress = 0u64;
+        // The proposal last put to the client: asked once per proposal.
+        let mut asked: Option<String> = None;
         loop {
             // The tool as the server lists it now: a definition that
             // changed while the call waited is not the one approved.
@@ -984,6 +1093,7 @@ impl Pipeline {
                         proposal_id: None,
                         revises: None,
                         reason: Some(reason),
+                        by_client: false,
                     }));
                 }
             };
@@ -1006,8 +1116,24 @@ impl Pipeline {
             // follows its cause in the log.
             c.trail.flush();
             let proposal = match self.book.find(&ask, reviewers.reviewers()).await {
+                Ok(Found::Usable(p)) if p.confirmation.is_some() && !self.may_confirm(c) => {
+                    // A yes from the client counts only while the policies
+                    // in force let the requester confirm this call.
+                    if let Err(e) = self
+                        .book
+                        .invalidate(&p, "the policies no longer let the requester confirm this call in the client")
+                        .await
+                    {
+                        tracing::error!("approval book unavailable, refusing: {e}");
+                        return Gate::Refuse(Outcome::NotDispatched);
+                    }
+                    continue;
+                }
                 Ok(Found::Usable(p)) => {
-                    let approval = serde_json::to_value(&p.decision).unwrap_or(Value::Null);
+                    let approval = match &p.confirmation {
+                        Some(conf) => json!({ "channel": "client", "confirmation": conf }),
+                        None => serde_json::to_value(&p.decision).unwrap_or(Value::Null),
+                    };
                     return Gate::Consume {
                         proposal: p.id,
                         approval,
@@ -1020,6 +1146,12 @@ impl Pipeline {
                     return Gate::Refuse(Outcome::NotDispatched);
                 }
             };
+            if asked.as_deref() != Some(proposal.id.as_str()) {
+                asked = Some(proposal.id.clone());
+                if let Some(question) = self.ask_client(c, &proposal).await {
+                    return Gate::Refuse(Outcome::Ask(Box::new(question)));
+                }
+            }
             // Hold: wait for this proposal to be decided, sending progress.
             loop {
                 let left = hold_until.saturating_duration_since(Instant::now());
@@ -1055,6 +1187,76 @@ impl Pipeline {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Put `p` to the person at the client when the policies permit
+    /// `Action::"confirm"` and the client declared elicitation (DESIGN.md
+    /// section 14). Handshake era: an `elicitation/create` on the call's
+    /// response stream, and the call is held as for a reviewer (the answer
+    /// comes back through the book). 2026-07-28: the question to return as
+    /// `input_required`. A client that cannot be asked gets the reviewer
+    /// path, unchanged.
+    async fn ask_client<U>(&self, c: &Call<'_, U>, p: &Proposal) -> Option<Question> {
+        let now = self.clock.now_ms();
+        match c.ctx.era {
+            Era::Modern => {
+                let capabilities = c
+                    .call
+                    .reserved
+                    .other_meta
+                    .get("io.modelcontextprotocol/clientCapabilities");
+                if !crate::core::confirm::declares_elicitation(capabilities) || !self.may_confirm(c)
+                {
+                    return None;
+                }
+                match self
+                    .asker
+                    .question(&self.book, &self.subject(c), p, now)
+                    .await
+                {
+                    Ok(q) => {
+                        c.trail.record(
+                            "confirmation_asked",
+                            vec![
+                                ("proposal_id", json!(p.id)),
+                                ("via", json!("input_required")),
+                            ],
+                        );
+                        tracing::info!(proposal = %p.id, tool = %c.call.tool, "asking the person at the client (input_required)");
+                        Some(q)
+                    }
+                    Err(e) => {
+                        tracing::warn!(proposal = %p.id, "could not ask the client, the proposal waits for reviewers: {e}");
+                        None
+                    }
+                }
+            }
+            Era::Handshake => {
+                let (Some(asks), Some(events)) = (&c.ctx.asks, &c.ctx.events) else {
+                    return None;
+                };
+                if asks.asking(&p.id, now) || !self.may_confirm(c) {
+                    return None;
+                }
+                let expires = now.saturating_add(ms(self.config.approvals.client_ttl));
+                let id = asks.ask(&p.id, &c.ctx.caller.identity.principal, expires, now)?;
+                let request = super::client::elicitation(
+                    &id,
+                    &super::client::question_params(p, asks.with_mode),
+                );
+                if events.send(request).await.is_ok() {
+                    c.trail.record(
+                        "confirmation_asked",
+                        vec![
+                            ("proposal_id", json!(p.id)),
+                            ("via", json!("elicitation/create")),
+                        ],
+                    );
+                    tracing::info!(proposal = %p.id, tool = %c.call.tool, "asking the person at the client (elicitation/create)");
+                }
+                None
             }
         }
     }

@@ -314,6 +314,7 @@ async fn decide(
             let (status, code) = match &e {
                 DecideError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
                 DecideError::NotPending { .. } => (StatusCode::CONFLICT, "not_pending"),
+                DecideError::TooLate { .. } => (StatusCode::CONFLICT, "too_late"),
                 DecideError::Refused(_) => (StatusCode::BAD_REQUEST, "refused"),
                 DecideError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
                 DecideError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),

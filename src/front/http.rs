@@ -388,6 +388,24 @@ async fn in_session(
             let stream = Resumable(session.clone());
             relay_request(gw, session_request(session), msg, sse, Some(stream)).await
         }
+        // The answer to a question the gateway itself asked (approval in the
+        // client) stays here; every other response is the upstream's.
+        Kind::Response if session.asks.is_some() => {
+            let open = session.asks.as_ref().and_then(|a| a.take(msg.id.as_ref()));
+            match open {
+                Some(open) => {
+                    crate::enforce::client::answered(
+                        &gw.pipeline.book,
+                        &session.identity,
+                        open,
+                        &msg,
+                    )
+                    .await;
+                }
+                None => forward(&session.conn(), &session.server, msg, &Vec::new()).await,
+            }
+            StatusCode::ACCEPTED.into_response()
+        }
         Kind::Notification | Kind::Response => {
             forward(&session.conn(), &session.server, msg, &Vec::new()).await;
             StatusCode::ACCEPTED.into_response()
@@ -456,6 +474,7 @@ fn session_request(session: &Arc<Session>) -> RequestCtx {
         era: Era::Handshake,
         target: Target::Session(session.clone()),
         extra: Vec::new(),
+        asks: session.asks.clone(),
     }
 }
 
@@ -725,6 +744,7 @@ async fn modern(
                     meta,
                 },
                 extra,
+                asks: None,
             };
             relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }

@@ -29,6 +29,9 @@ pub struct RequestCtx {
     pub target: Target,
     /// 2026-07-28 metadata headers for the upstream request.
     pub extra: ExtraHeaders,
+    /// Handshake era: the session's open questions to its client, when the
+    /// client declared elicitation.
+    pub asks: Option<std::sync::Arc<crate::enforce::client::Asks>>,
 }
 
 /// The answer the client gets to request `msg`: the upstream's response, or
@@ -53,6 +56,7 @@ pub async fn answer(
             era: rc.era,
             events,
             upstream: &route,
+            asks: rc.asks.clone(),
         };
         let outcome = gw.pipeline.tool_call(&ctx, msg).await;
         return answer::render(outcome, id, rc.era);

@@ -436,6 +436,8 @@ mod tests {
             expires_ms,
             consumed_by: None,
             reason: None,
+            confirmation: None,
+            asked_by: Vec::new(),
         }
     }
 

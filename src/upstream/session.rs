@@ -65,6 +65,9 @@ pub struct Session {
     pub sse: Mutex<crate::wire::sse::Replay>,
     /// Notified on every event kept in `sse`.
     pub sse_sent: tokio::sync::Notify,
+    /// The gateway's open questions to this client (approval in the
+    /// client), when its `initialize` declared form elicitation.
+    pub asks: Option<Arc<crate::enforce::client::Asks>>,
     last_used: Mutex<Instant>,
 }
 
@@ -202,13 +205,17 @@ impl Gateway {
         audit: Option<Arc<crate::audit::log::AuditLog>>,
     ) -> Arc<Gateway> {
         let config = Arc::new(config);
-        let pipeline = Pipeline::new(
+        let state_key = audit.as_ref().map(|a| a.signing_key());
+        let mut pipeline = Pipeline::new(
             config.clone(),
             store,
             policies,
             audit.map(|a| a as Arc<dyn crate::audit::AuditSink>),
             Arc::new(SystemClock),
         );
+        if let Some(key) = state_key {
+            pipeline.set_state_key(key);
+        }
         let identities = Identities::from_config(&config.identities);
         let modern = config
             .servers
@@ -333,13 +340,29 @@ impl Gateway {
         };
         match sent {
             Ok(resp) if resp.error.is_none() => {
-                let session =
-                    self.add_session(server, identity, scope, conn, unsolicited, standalone);
                 let version = resp
                     .result
                     .as_ref()
                     .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
                     .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
+                // The client can be asked for approvals when it declared
+                // form elicitation (its own capability, not the upstream's).
+                let elicits = params
+                    .as_ref()
+                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                    .is_some_and(|p| {
+                        crate::core::confirm::declares_elicitation(p.get("capabilities"))
+                    });
+                let asks = elicits
+                    .then(|| Arc::new(crate::enforce::client::Asks::new(version.as_deref())));
+                let session = self.add_session(
+                    server,
+                    identity,
+                    scope,
+                    conn,
+                    (unsolicited, standalone),
+                    asks,
+                );
                 *lock(&session.protocol_version) = version;
                 *lock(&session.init_params) = params;
                 // A stdio server runs one child per session, and a child may
@@ -375,8 +398,8 @@ impl Gateway {
         identity: Arc<Identity>,
         scope: Option<String>,
         conn: Arc<UpstreamConn>,
-        unsolicited: mpsc::Sender<Message>,
-        standalone: mpsc::Receiver<Message>,
+        (unsolicited, standalone): (mpsc::Sender<Message>, mpsc::Receiver<Message>),
+        asks: Option<Arc<crate::enforce::client::Asks>>,
     ) -> Arc<Session> {
         let id = mint_session_id();
         let session = Arc::new(Session {
@@ -392,6 +415,7 @@ impl Gateway {
             standalone: Arc::new(tokio::sync::Mutex::new(standalone)),
             sse: Mutex::default(),
             sse_sent: tokio::sync::Notify::new(),
+            asks,
             last_used: Mutex::new(Instant::now()),
         });
         lock(&self.sessions).insert(id, session.clone());

@@ -387,16 +387,21 @@ fn outcomes(app: &App, f: &mut Frame, area: Rect) {
 
 fn history(app: &App, f: &mut Frame, area: Rect) {
     let rows = app.history().into_iter().map(|p| {
-        let by = p
-            .pointer("/decision/statement/reviewer")
-            .and_then(Value::as_str)
-            .unwrap_or("-");
+        // A reviewer, or the requester themselves in their client.
+        let by = match p.pointer("/confirmation/principal").and_then(Value::as_str) {
+            Some(who) => format!("{who} (client)"),
+            None => p
+                .pointer("/decision/statement/reviewer")
+                .and_then(Value::as_str)
+                .unwrap_or("-")
+                .to_owned(),
+        };
         Row::new(vec![
             s(p, "id").to_owned(),
             s(p, "state").to_owned(),
             s(p, "requester").to_owned(),
             format!("{}/{}", s(p, "server"), s(p, "tool")),
-            by.to_owned(),
+            by,
             short(app.now_ms - p["updated_ms"].as_i64().unwrap_or(app.now_ms)),
         ])
     });
