@@ -13,18 +13,11 @@ use common::*;
 use serde_json::{json, Value};
 
 fn cache() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(".ci")
-        .join("cache")
+    peers_cache()
 }
 
 fn python() -> PathBuf {
-    let p = cache().join("venv").join("bin").join("python");
-    assert!(
-        p.exists(),
-        "the Python mcp SDK is not installed: run `.ci/setup-peers` (then `cargo test` again)"
-    );
-    p
+    peer_python()
 }
 
 fn everything_js() -> PathBuf {
@@ -38,17 +31,7 @@ fn everything_js() -> PathBuf {
 
 /// Runs the SDK client: (success, stdout, stderr).
 fn sdk_run(args: &[&str]) -> (bool, String, String) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/sdk_client.py");
-    let out = Command::new(python())
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_peer_script("sdk_client.py", args)
 }
 
 /// Runs the SDK client, which must succeed; its last line of output.

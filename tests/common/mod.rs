@@ -11,6 +11,40 @@ use serde_json::{json, Value};
 
 pub mod pki;
 
+/// Where `.ci/setup-peers` installs the peers no one here wrote.
+pub fn peers_cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(".ci")
+        .join("cache")
+}
+
+/// The Python with the `mcp` SDK.
+pub fn peer_python() -> PathBuf {
+    let p = peers_cache().join("venv").join("bin").join("python");
+    assert!(
+        p.exists(),
+        "the Python mcp SDK is not installed: run `.ci/setup-peers` (then `cargo test` again)"
+    );
+    p
+}
+
+/// Run `tests/peers/SCRIPT` with the SDK's Python: (success, stdout, stderr).
+pub fn run_peer_script(script: &str, args: &[&str]) -> (bool, String, String) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/peers")
+        .join(script);
+    let out = Command::new(peer_python())
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Run SQL in the local PostgreSQL (127.0.0.1:5432, database `test`, as
 /// postgres), which must succeed; its output, trimmed.
 pub fn psql(sql: &str) -> String {
@@ -42,6 +76,9 @@ pub const ALLOW_ALL: &str = "@id(\"allow-all\")\npermit (principal, action, reso
 pub const OTHER_TOKEN: &str = "tok-agent9";
 /// `agent-7` again, but in tenant `globex`.
 pub const GLOBEX_TOKEN: &str = "tok-agent7-globex";
+/// `dev-1` of tenant `acme`, group `solo`: someone running their own agent,
+/// whom the shipped policies let confirm non-destructive calls in the client.
+pub const SOLO_TOKEN: &str = "tok-dev1-solo";
 
 /// Run `countersign ARGS` (no gateway or key from the environment):
 /// (success, stdout, stderr).
@@ -374,6 +411,12 @@ token_sha256 = "{t3}"
 principal = "agent-7"
 tenant = "globex"
 
+[[identities]]
+token_sha256 = "{t4}"
+principal = "dev-1"
+tenant = "acme"
+groups = ["solo"]
+
 [approvals]
 {approvals}
 
@@ -393,6 +436,7 @@ call_timeout = "5s"
             t1 = sha(TOKEN),
             t2 = sha(OTHER_TOKEN),
             t3 = sha(GLOBEX_TOKEN),
+            t4 = sha(SOLO_TOKEN),
             approvals = opts.approvals,
             gateway_extra = opts.gateway,
             limits_extra = opts.limits,
@@ -716,13 +760,18 @@ impl Client {
 /// A 2026-07-28 POST as a conforming client sends it: authenticated, with
 /// `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` mirroring the body.
 pub fn modern_post(url: &str, body: &Value) -> reqwest::RequestBuilder {
+    modern_post_as(url, body, TOKEN)
+}
+
+/// A 2026-07-28 POST of `body` with bearer `token`.
+pub fn modern_post_as(url: &str, body: &Value, token: &str) -> reqwest::RequestBuilder {
     let version = body
         .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
         .and_then(Value::as_str)
         .unwrap_or("2026-07-28");
     let mut req = reqwest::Client::new()
         .post(url)
-        .bearer_auth(TOKEN)
+        .bearer_auth(token)
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", version)
