@@ -182,6 +182,37 @@ fn the_person_at_the_client_approves_and_the_write_runs_once() {
     assert!(ok, "{out}{err}");
 }
 
+/// A desktop client behind the stdio bridge (`countersign stdio`) is asked
+/// too: the bridge relays the question and posts the answer back.
+#[test]
+fn a_client_behind_the_stdio_bridge_is_asked_and_its_yes_runs_the_call() {
+    let (gw, _p, _alice) = gateway();
+    let via = format!(
+        "stdio|{}|{}|payments",
+        countersign_bin().display(),
+        gw.base()
+    );
+    for (n, (mode, version)) in ERAS.iter().enumerate() {
+        let (ok, out, err) = run_peer_script(
+            "confirm_client.py",
+            &[
+                &via,
+                SOLO_TOKEN,
+                mode,
+                "charge_card",
+                &format!("bridge-{mode}"),
+                "accept",
+            ],
+        );
+        assert!(ok, "{out}{err}");
+        let seen: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(seen["protocol_version"], *version, "{seen}");
+        assert_eq!(seen["asked"].as_array().unwrap().len(), 1, "{seen}");
+        assert_eq!(seen["is_error"], false, "{seen}");
+        assert_eq!(gw.executions("charge_card"), n + 1);
+    }
+}
+
 #[test]
 fn a_decline_is_approval_denied_and_nothing_runs() {
     let (gw, _p, _alice) = gateway();

@@ -1170,6 +1170,42 @@ mod tests {
     }
 
     #[test]
+    fn only_solo_requesters_confirm_and_never_destructive_or_changed_tools() {
+        let p = shipped();
+        let args = json!({"account": "a", "amount": 5});
+        let solo = Identity {
+            principal: "dev-1".into(),
+            tenant: "acme".into(),
+            groups: vec!["solo".into()],
+        };
+        let agent = agent();
+        let call = |who, ann, changed| Call {
+            identity: who,
+            server: "payments",
+            tool: "charge_card",
+            annotations: ann,
+            definition_changed: changed,
+            arguments: &args,
+            digest: "d",
+            resource_version: None,
+        };
+        let destructive = Annotations {
+            destructive: true,
+            ..write()
+        };
+        let allowed = p.may_confirm(&call(&solo, write(), false)).unwrap();
+        assert_eq!(allowed, vec!["default/solo-confirms-writes".to_owned()]);
+        assert!(p.may_confirm(&call(&solo, destructive, false)).is_err());
+        assert!(p.may_confirm(&call(&solo, write(), true)).is_err());
+        assert!(p.may_confirm(&call(&agent, write(), false)).is_err());
+        // Confirming changes nothing about `approve`: nobody approves their
+        // own call as a reviewer.
+        assert!(p
+            .may_approve("dev-1", &["leads".into()], &call(&solo, write(), false))
+            .is_err());
+    }
+
+    #[test]
     fn reviewers_approve_leads_for_destructive_and_nobody_their_own() {
         let p = shipped();
         let args = json!({"account": "a"});

@@ -3,6 +3,10 @@
 Usage:
   confirm_client.py URL TOKEN MODE TOOL KEY ANSWER [GO_FILE]
 
+URL may also be `stdio|COUNTERSIGN_BIN|GATEWAY_URL|SERVER`: the SDK then
+spawns the stdio bridge (`countersign stdio`) with TOKEN, as a desktop
+client would.
+
 One `TOOL` call (fixed arguments of the example server's charge_card,
 refund or close_account) with idempotency key KEY, over Streamable HTTP, in the SDK's
 MODE ("legacy": the handshake era, where the gateway sends
@@ -25,6 +29,7 @@ import sys
 
 import mcp_types as types
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -51,8 +56,16 @@ async def main() -> None:
             return types.ElicitResult(action="accept", content={"approve": True, "reason": "my own agent"})
         return types.ElicitResult(action="decline")
 
-    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-    transport = streamable_http_client(url, http_client=http)
+    if url.startswith("stdio|"):
+        _, binary, gateway, server = url.split("|")
+        transport = StdioServerParameters(
+            command=binary,
+            args=["stdio", "--server", server, "--gateway", gateway],
+            env={**os.environ, "COUNTERSIGN_TOKEN": token, "COUNTERSIGN_LOG": "warn"},
+        )
+    else:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        transport = streamable_http_client(url, http_client=http)
     callback = None if answer == "none" else on_elicit
     async with Client(transport, mode=mode, elicitation_callback=callback) as client:
         result = await client.call_tool(
