@@ -37,19 +37,13 @@ fn client(
     answer: &str,
     go: Option<&Path>,
 ) -> Value {
-    let url = gw.url("payments");
-    let mut args = vec![url.as_str(), SOLO_TOKEN, mode, tool, key, answer];
-    let go = go.map(|p| p.display().to_string());
-    if let Some(go) = &go {
-        args.push(go);
-    }
-    let (ok, out, err) = run_peer_script("confirm_client.py", &args);
-    assert!(ok, "the SDK client failed:\nstdout: {out}\nstderr: {err}");
-    serde_json::from_str(out.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("bad output ({e}): {out}"))
+    client_in_background(gw, mode, tool, key, answer, go)
+        .join()
+        .unwrap()
 }
 
-/// The same, on a thread of its own (while the test plays the reviewer).
+/// One call by the SDK as `dev-1`, on a thread of its own (while the test
+/// plays the reviewer).
 fn client_in_background(
     gw: &Gateway,
     mode: &str,

@@ -644,7 +644,15 @@ impl Policies {
             EntityUid::from_str(r#"Action::"approve""#).map_err(|e| deny(vec![e.to_string()]))?;
         let request = Request::new(principal, action, resource, context, None)
             .map_err(|e| deny(vec![e.to_string()]))?;
-        let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+        self.authorize(&request, &entities).map(|_| ())
+    }
+
+    /// One authorization against the whole set: `Ok` with the permitting
+    /// policies, or the denial with its policies and errors. An erroring
+    /// policy is skipped by Cedar; a skipped `forbid` would fail open, so
+    /// any error denies.
+    fn authorize(&self, request: &Request, entities: &Entities) -> Result<Vec<String>, Decision> {
+        let response = Authorizer::new().is_authorized(request, &self.set, entities);
         let errors: Vec<String> = response
             .diagnostics()
             .errors()
@@ -655,11 +663,8 @@ impl Policies {
             .reason()
             .map(ToString::to_string)
             .collect();
-        if !errors.is_empty() {
-            return Err(Decision::Deny { policies, errors });
-        }
-        if response.decision() == CedarDecision::Allow {
-            Ok(())
+        if errors.is_empty() && response.decision() == CedarDecision::Allow {
+            Ok(policies)
         } else {
             Err(Decision::Deny { policies, errors })
         }
@@ -686,24 +691,7 @@ impl Policies {
             EntityUid::from_str(r#"Action::"confirm""#).map_err(|e| deny(vec![e.to_string()]))?;
         let request = Request::new(principal, action, resource, context, None)
             .map_err(|e| deny(vec![e.to_string()]))?;
-        let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
-        let errors: Vec<String> = response
-            .diagnostics()
-            .errors()
-            .map(|e| e.to_string())
-            .collect();
-        let policies: Vec<String> = response
-            .diagnostics()
-            .reason()
-            .map(ToString::to_string)
-            .collect();
-        // An erroring policy is skipped by Cedar; a skipped `forbid` would
-        // fail open, so any error denies.
-        if errors.is_empty() && response.decision() == CedarDecision::Allow {
-            Ok(policies)
-        } else {
-            Err(Decision::Deny { policies, errors })
-        }
+        self.authorize(&request, &entities)
     }
 
     /// Decide against every policy, unsliced (for the benchmark and tests).

@@ -569,27 +569,12 @@ impl Book {
             signature: signature.to_owned(),
             public_key: approval::format_public_key(&reviewer.key),
         });
-        if !self
-            .write(next.clone(), Some(ProposalState::Pending))
-            .await?
-        {
-            return Err(match self.store.get_proposal(id).await? {
-                Some(now) => not_pending(&now),
-                None => DecideError::NotPending {
-                    id: id.to_owned(),
-                    state: "gone",
-                },
-            });
-        }
+        self.settle(next.clone()).await?;
         tracing::info!(proposal = %id, reviewer = %reviewer.name, state = next.state.as_str(), "proposal decided");
         // The signed statement goes into the log whole: `audit verify`
         // checks it against reviewers.toml without trusting the gateway.
         self.audit(
-            if next.state == ProposalState::Approved {
-                "approval_granted"
-            } else {
-                "approval_denied"
-            },
+            decided_kind(&next),
             &next,
             &[
                 ("channel", Value::from("reviewer")),
@@ -606,6 +591,24 @@ impl Book {
             ],
         );
         Ok(next)
+    }
+
+    /// Write a decided proposal over its pending self; the first decision
+    /// wins, a later one is told who came first.
+    async fn settle(&self, next: Proposal) -> Result<(), DecideError> {
+        if self
+            .write(next.clone(), Some(ProposalState::Pending))
+            .await?
+        {
+            return Ok(());
+        }
+        Err(match self.store.get_proposal(&next.id).await? {
+            Some(now) => not_pending(&now),
+            None => DecideError::NotPending {
+                id: next.id,
+                state: "gone",
+            },
+        })
     }
 
     /// Record that this gateway put `p` to the client as a `requestState`
@@ -654,25 +657,10 @@ impl Book {
             Verdict::Deny => next.state = ProposalState::Denied,
         }
         next.confirmation = Some(c.clone());
-        if !self
-            .write(next.clone(), Some(ProposalState::Pending))
-            .await?
-        {
-            return Err(match self.store.get_proposal(id).await? {
-                Some(now) => not_pending(&now),
-                None => DecideError::NotPending {
-                    id: id.to_owned(),
-                    state: "gone",
-                },
-            });
-        }
+        self.settle(next.clone()).await?;
         tracing::info!(proposal = %id, principal = %c.principal, via = %c.via, state = next.state.as_str(), "proposal answered in the client");
         self.audit(
-            if next.state == ProposalState::Approved {
-                "approval_granted"
-            } else {
-                "approval_denied"
-            },
+            decided_kind(&next),
             &next,
             &[
                 ("channel", Value::from("client")),
@@ -750,6 +738,15 @@ fn note(code: ApprovalCode, p: &Proposal, reason: Option<String>) -> ApprovalNot
         revises: p.revises.as_ref().map(|r| r.proposal_id.clone()),
         reason,
         by_client: false,
+    }
+}
+
+/// The audit kind of a decision just made.
+fn decided_kind(p: &Proposal) -> &'static str {
+    if p.state == ProposalState::Approved {
+        "approval_granted"
+    } else {
+        "approval_denied"
     }
 }
 

@@ -499,16 +499,7 @@ impl Pipeline {
         if !self.config.approvals.client {
             return false;
         }
-        let allowed = self.policies().may_confirm(&decision::Call {
-            identity: &c.ctx.caller.identity,
-            server: c.ctx.server,
-            tool: &c.call.tool,
-            annotations: c.annotations,
-            definition_changed: c.tool.changed,
-            arguments: &c.call.arguments,
-            digest: &c.call.digest,
-            resource_version: explicit_version(c.call),
-        });
+        let allowed = self.policies().may_confirm(&facts(c));
         match allowed {
             Ok(policies) => {
                 tracing::debug!(tool = %c.call.tool, policies = %policies.join(","), "the client may confirm");
@@ -712,16 +703,7 @@ impl Pipeline {
         let server = c.ctx.server;
         let who = &c.ctx.caller.identity;
         let started = Instant::now();
-        let decision = self.policies().decide(&decision::Call {
-            identity: who,
-            server,
-            tool: &c.call.tool,
-            annotations: c.annotations,
-            definition_changed: c.tool.changed,
-            arguments: &c.call.arguments,
-            digest: &c.call.digest,
-            resource_version: explicit_version(c.call),
-        });
+        let decision = self.policies().decide(&facts(c));
         self.metrics.decision(started.elapsed());
         match &decision {
             Decision::Allow { policies } => {
@@ -1200,6 +1182,13 @@ impl Pipeline {
     /// path, unchanged.
     async fn ask_client<U>(&self, c: &Call<'_, U>, p: &Proposal) -> Option<Question> {
         let now = self.clock.now_ms();
+        let asked = |via: &str| {
+            c.trail.record(
+                "confirmation_asked",
+                vec![("proposal_id", json!(p.id)), ("via", json!(via))],
+            );
+            tracing::info!(proposal = %p.id, tool = %c.call.tool, via, "asking the person at the client");
+        };
         match c.ctx.era {
             Era::Modern => {
                 let capabilities = c
@@ -1217,14 +1206,7 @@ impl Pipeline {
                     .await
                 {
                     Ok(q) => {
-                        c.trail.record(
-                            "confirmation_asked",
-                            vec![
-                                ("proposal_id", json!(p.id)),
-                                ("via", json!("input_required")),
-                            ],
-                        );
-                        tracing::info!(proposal = %p.id, tool = %c.call.tool, "asking the person at the client (input_required)");
+                        asked("input_required");
                         Some(q)
                     }
                     Err(e) => {
@@ -1247,14 +1229,7 @@ impl Pipeline {
                     &super::client::question_params(p, asks.with_mode),
                 );
                 if events.send(request).await.is_ok() {
-                    c.trail.record(
-                        "confirmation_asked",
-                        vec![
-                            ("proposal_id", json!(p.id)),
-                            ("via", json!("elicitation/create")),
-                        ],
-                    );
-                    tracing::info!(proposal = %p.id, tool = %c.call.tool, "asking the person at the client (elicitation/create)");
+                    asked("elicitation/create");
                 }
                 None
             }
@@ -1657,6 +1632,21 @@ fn unreachable_hold() -> ! {
 
 /// `_meta["dev.countersign/resource-version"]`: a version the client binds
 /// explicitly (DESIGN.md section 6).
+/// The facts of a call the policies decide on (the tool as the catalog had
+/// it when the call arrived).
+fn facts<'b, U>(c: &'b Call<'b, U>) -> decision::Call<'b> {
+    decision::Call {
+        identity: &c.ctx.caller.identity,
+        server: c.ctx.server,
+        tool: &c.call.tool,
+        annotations: c.annotations,
+        definition_changed: c.tool.changed,
+        arguments: &c.call.arguments,
+        digest: &c.call.digest,
+        resource_version: explicit_version(c.call),
+    }
+}
+
 fn explicit_version(call: &CanonicalCall) -> Option<&str> {
     call.reserved
         .meta
