@@ -81,6 +81,7 @@ fn main() {
         arguments: ArgumentMode::Full,
         redact: vec![],
         gateway: Some("gw-bench".into()),
+        origin: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -447,6 +447,7 @@ mod tests {
             arguments: crate::audit::ArgumentMode::Full,
             redact: vec![],
             gateway: None,
+            origin: None,
         };
         let log = AuditLog::open(settings).unwrap();
         let out = Shared::default();

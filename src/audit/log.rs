@@ -34,7 +34,13 @@ use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
 use super::segment::{io_err, segment_path, segments, AuditError};
-use super::{entry_hash, sign_checkpoint, ArgumentMode, CHECKPOINT, LOG_STARTED};
+use super::merkle::Hash;
+use super::note::{self, Checkpoint, Note};
+use super::tree::TreeWriter;
+use super::{
+    entry_digest, hash_bytes, sign_checkpoint, ArgumentMode, CHECKPOINT, CHECKPOINT_FILE, COSIGNED,
+    LOG_STARTED,
+};
 use crate::core::approval::{format_public_key, KeyFile};
 
 /// `[audit]` settings the writer needs.
@@ -55,6 +61,9 @@ pub struct Settings {
     /// The gateway id every entry carries (several gateways share one
     /// store; each keeps its own log and key).
     pub gateway: Option<String>,
+    /// The checkpoints' origin line and key name (`audit.origin`; by
+    /// default `countersign/` and the gateway id).
+    pub origin: Option<String>,
 }
 
 impl Settings {
@@ -68,7 +77,18 @@ impl Settings {
             arguments: config.audit.arguments,
             redact: config.audit.redact.clone(),
             gateway: None,
+            origin: config.audit.origin.clone(),
         }
+    }
+
+    /// The origin of this log's checkpoints.
+    pub fn origin(&self) -> String {
+        self.origin.clone().unwrap_or_else(|| {
+            format!(
+                "countersign/{}",
+                self.gateway.as_deref().unwrap_or("local")
+            )
+        })
     }
 
     /// Entries carry `gateway`.
@@ -193,6 +213,105 @@ struct Tail {
     cut: u64,
     /// The last entry was a clean-shutdown checkpoint.
     clean: bool,
+}
+
+/// Write the latest signed note (atomically: a reader never sees half).
+fn write_latest(dir: &Path, note: &str) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+    std::fs::write(&tmp, note)?;
+    std::fs::rename(&tmp, dir.join(CHECKPOINT_FILE))
+}
+
+/// The last checkpoint this gateway signed, from its checkpoint file (which
+/// must carry the gateway's own signature).
+fn latest_signed(dir: &Path, key: &SigningKey) -> Result<Option<Checkpoint>, AuditError> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    let bad = |why: String| AuditError {
+        path: path.clone(),
+        message: why,
+    };
+    let n = Note::parse(&text).map_err(|e| bad(e.to_string()))?;
+    let cp = Checkpoint::parse(&n.text).map_err(|e| bad(e.to_string()))?;
+    n.verify(&cp.origin, &key.verifying_key())
+        .map_err(|e| bad(format!("{e} (not this gateway's checkpoint)")))?;
+    Ok(Some(cp))
+}
+
+/// The log, as it is now, must hold what checkpoint `cp` covered: at least
+/// its entries, with its root. Otherwise it was truncated or rewritten
+/// after the gateway signed; the gateway does not sign over that.
+fn check_extends(tree: &TreeWriter, cp: &Checkpoint, dir: &Path) -> Result<(), AuditError> {
+    let refuse = |why: String| AuditError {
+        path: dir.to_owned(),
+        message: format!(
+            "{why}: the log no longer holds what this gateway signed. Keep this directory as evidence, \
+             check it with `countersign audit verify --checkpoint {}/{CHECKPOINT_FILE}`, and start with a new audit.dir",
+            dir.display()
+        ),
+    };
+    if tree.size() < cp.size {
+        return Err(refuse(format!(
+            "the log has {} entries and checkpoint {} covered {}",
+            tree.size(),
+            cp.size,
+            cp.size
+        )));
+    }
+    let reader = tree.reader().map_err(io_err(dir))?;
+    let root = super::merkle::root(&reader, cp.size).map_err(io_err(dir))?;
+    if root != cp.root {
+        return Err(refuse(format!(
+            "the first {} entries no longer hash to the root checkpoint {} signed",
+            cp.size, cp.size
+        )));
+    }
+    Ok(())
+}
+
+/// The entry hashes of seq `from` on, read from the log's segments: the
+/// segment holding `from` is found by the first seq of each, so only the
+/// tail is read.
+fn tail_hashes(dir: &Path, from: u64) -> Result<Vec<Hash>, AuditError> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        seq: u64,
+        #[serde(borrow)]
+        hash: std::borrow::Cow<'a, str>,
+    }
+    let segs = segments(dir)?;
+    let mut start = 0;
+    for (i, seg) in segs.iter().enumerate() {
+        let f = File::open(seg).map_err(io_err(seg))?;
+        let mut first = Vec::new();
+        BufReader::new(f).read_until(b'\n', &mut first).map_err(io_err(seg))?;
+        match serde_json::from_slice::<Head<'_>>(&first) {
+            Ok(h) if h.seq <= from => start = i,
+            _ => break,
+        }
+    }
+    let mut out = Vec::new();
+    for seg in &segs[start.min(segs.len())..] {
+        let f = File::open(seg).map_err(io_err(seg))?;
+        for line in BufReader::new(f).split(b'\n') {
+            let line = line.map_err(io_err(seg))?;
+            let Ok(h) = serde_json::from_slice::<Head<'_>>(&line) else {
+                continue;
+            };
+            if h.seq >= from {
+                let hash = hash_bytes(&h.hash).ok_or_else(|| AuditError {
+                    path: seg.clone(),
+                    message: format!("entry {} has no usable `hash`", h.seq),
+                })?;
+                out.push(hash);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Find the end of the chain; cut a torn final line of the last segment.
@@ -355,6 +474,11 @@ pub struct AuditLog {
     /// The gateway's key, which also signs the `requestState` of questions
     /// to clients (a JSON payload of its own type: never a checkpoint).
     key: SigningKey,
+    /// The latest signed checkpoint note, as each is made (the witness
+    /// submitter follows it).
+    checkpoints: tokio::sync::watch::Receiver<Option<Arc<str>>>,
+    /// The checkpoints' origin.
+    pub origin: String,
     /// How arguments are recorded.
     pub arguments: ArgumentMode,
     /// Pointers redacted.
@@ -366,6 +490,16 @@ impl AuditLog {
     /// clients; see [`crate::core::confirm`]).
     pub fn signing_key(&self) -> SigningKey {
         self.key.clone()
+    }
+
+    /// Each checkpoint note as the writer signs it (the latest first).
+    pub fn checkpoints(&self) -> tokio::sync::watch::Receiver<Option<Arc<str>>> {
+        self.checkpoints.clone()
+    }
+
+    /// The audit dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Open (or create) the log, recover its tail, write `log_started`.
@@ -382,8 +516,20 @@ impl AuditLog {
             .open(&path)
             .map_err(io_err(&path))?;
         let size = file.metadata().map_err(io_err(&path))?.len();
+        // The tree, level with the log; then the promise of the last
+        // checkpoint signed: the log must still hold what it covered.
+        let tree = TreeWriter::open(&s.dir, tail.seq, hash_bytes(&tail.head), |from| {
+            tail_hashes(&s.dir, from)
+        })?;
+        let origin = s.origin();
+        let last_signed = latest_signed(&s.dir, &key)?;
+        if let Some(cp) = &last_signed {
+            check_extends(&tree, cp, &s.dir)?;
+        }
+        let (notes, checkpoints) = tokio::sync::watch::channel(None);
         let mut started = Map::new();
         started.insert("public_key".into(), json!(public_key));
+        started.insert("origin".into(), json!(origin));
         started.insert(
             "previous".into(),
             json!({ "seq": tail.seq, "clean_shutdown": tail.clean, "torn_bytes_cut": tail.cut }),
@@ -400,6 +546,10 @@ impl AuditLog {
             outbox_since: None,
             dir: s.dir.clone(),
             key: key.clone(),
+            tree,
+            origin: origin.clone(),
+            last_signed,
+            notes,
             file: BufWriter::with_capacity(1 << 16, file),
             segment: tail.segment,
             size,
@@ -432,6 +582,8 @@ impl AuditLog {
             thread: std::sync::Mutex::new(Some(thread)),
             public_key,
             key,
+            checkpoints,
+            origin,
             arguments: s.arguments,
             redact: s.redact,
         })
@@ -636,6 +788,14 @@ struct Writer {
     outbox_since: Option<Instant>,
     dir: PathBuf,
     key: SigningKey,
+    /// The Merkle tree over the entries (one leaf each).
+    tree: TreeWriter,
+    /// The checkpoints' origin.
+    origin: String,
+    /// The last checkpoint signed: the next must extend it.
+    last_signed: Option<Checkpoint>,
+    /// Each signed note, for the witness submitter.
+    notes: tokio::sync::watch::Sender<Option<Arc<str>>>,
     file: BufWriter<File>,
     segment: u32,
     size: u64,
@@ -676,19 +836,81 @@ impl Writer {
             e.insert("time".into(), json!(now()));
         }
         e.insert("prev".into(), json!(self.head));
-        let hash = entry_hash(&e);
+        let digest = entry_digest(&e);
+        let hash = format!("sha256:{}", hex::encode(digest));
         e.insert("hash".into(), json!(hash));
-        let mut line = serde_json::to_vec(&e)?;
+        // Written as its JCS: a verifier hashes the line's own bytes with
+        // `hash` cut out, instead of parsing and re-serializing each entry.
+        let mut line = Vec::with_capacity(512);
+        crate::core::canonical::jcs_object_into(&e, &mut line);
         line.push(b'\n');
         self.file.write_all(&line)?;
+        self.tree.push(&digest)?;
         self.size += line.len() as u64;
         self.seq += 1;
         self.head = hash;
         self.since_checkpoint += 1;
+        if kind == COSIGNED {
+            self.add_cosignatures(&e);
+        }
         Ok(())
     }
 
+    /// A witness's cosignatures go beside the checkpoint they cosign, in
+    /// the checkpoint file (a note with more signature lines), when it is
+    /// still the latest.
+    fn add_cosignatures(&mut self, e: &Map<String, Value>) {
+        let size = e.get("size").and_then(Value::as_u64);
+        let lines: Vec<&str> = e
+            .get("cosignatures")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let path = self.dir.join(CHECKPOINT_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let Ok(mut n) = Note::parse(&text) else {
+            return;
+        };
+        if Checkpoint::parse(&n.text).ok().map(|c| c.size) != size {
+            return;
+        }
+        for line in lines {
+            if let Ok(extra) = Note::parse(&format!("x\n\n{line}\n")) {
+                for sig in extra.sigs {
+                    if !n.sigs.contains(&sig) {
+                        n.sigs.push(sig);
+                    }
+                }
+            }
+        }
+        if let Err(e) = write_latest(&self.dir, &n.render()) {
+            tracing::error!("audit log: the cosigned checkpoint could not be written: {e}");
+        }
+    }
+
     fn checkpoint(&mut self, reason: &str) -> std::io::Result<()> {
+        // What the checkpoint covers is on disk before it is signed: a crash
+        // can then never take back a leaf that a signed checkpoint covers,
+        // and the gateway never signs two histories.
+        self.sync()?;
+        self.tree.flush()?;
+        let cp = Checkpoint {
+            origin: self.origin.clone(),
+            size: self.tree.size(),
+            root: self.tree.root(),
+        };
+        if let Some(last) = &self.last_signed {
+            if cp.size < last.size || (cp.size == last.size && cp.root != last.root) {
+                return Err(std::io::Error::other(format!(
+                    "refusing to sign checkpoint {} : it does not extend checkpoint {} signed before",
+                    cp.size, last.size
+                )));
+            }
+        }
+        let signed = note::sign(&cp, &self.key).render();
+        write_latest(&self.dir, &signed)?;
         let time = now();
         let mut f = Map::new();
         f.insert(
@@ -699,10 +921,14 @@ impl Writer {
             "signature".into(),
             json!(sign_checkpoint(&self.key, self.seq, &self.head, &time)),
         );
+        f.insert("note".into(), json!(signed));
         f.insert("reason".into(), json!(reason));
         self.append(CHECKPOINT, f)?;
         self.since_checkpoint = 0;
-        self.sync()
+        self.last_signed = Some(cp);
+        self.sync()?;
+        self.notes.send_replace(Some(Arc::from(signed)));
+        Ok(())
     }
 
     fn sync(&mut self) -> std::io::Result<()> {
@@ -964,6 +1190,7 @@ mod tests {
             arguments: ArgumentMode::Full,
             redact: vec![],
             gateway: Some("gw-test".into()),
+            origin: None,
         }
     }
 

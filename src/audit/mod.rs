@@ -16,8 +16,11 @@
 
 pub mod export;
 pub mod log;
+pub mod merkle;
+pub mod note;
 pub mod segment;
 pub mod trail;
+pub mod tree;
 pub mod verify;
 
 use base64::Engine;
@@ -31,9 +34,25 @@ use crate::core::approval::{self, Reviewers, Statement};
 pub const CHECKPOINT: &str = "checkpoint";
 /// The kind of the entry a gateway writes when it opens the log.
 pub const LOG_STARTED: &str = "log_started";
+/// The kind of the entry recording a witness's cosignature of a checkpoint.
+pub const COSIGNED: &str = "checkpoint_cosigned";
+/// The latest signed checkpoint note (with any cosignatures), in the audit dir.
+pub const CHECKPOINT_FILE: &str = "checkpoint";
 
 /// `sha256:` + hex SHA-256 of the JCS of `entry` without its `hash`.
 pub fn entry_hash(entry: &Map<String, Value>) -> String {
+    format!("sha256:{}", hex::encode(entry_digest(entry)))
+}
+
+/// The 32 bytes of an entry hash given as `sha256:HEX`.
+pub fn hash_bytes(hash: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hash.strip_prefix("sha256:")?, &mut out).ok()?;
+    Some(out)
+}
+
+/// SHA-256 of the JCS of `entry` without its `hash`.
+pub fn entry_digest(entry: &Map<String, Value>) -> [u8; 32] {
     let mut buf = Vec::with_capacity(1024);
     if entry.contains_key("hash") {
         let without: Map<String, Value> = entry
@@ -46,7 +65,7 @@ pub fn entry_hash(entry: &Map<String, Value>) -> String {
         // The writer hashes an entry before it has a `hash`: no copy.
         crate::core::canonical::jcs_object_into(entry, &mut buf);
     }
-    format!("sha256:{}", hex::encode(Sha256::digest(&buf)))
+    Sha256::digest(&buf).into()
 }
 
 /// What a checkpoint signs: the JCS of `{seq, head, time}`.
@@ -164,13 +183,27 @@ pub struct Break {
     pub reason: String,
 }
 
-/// The chain checker: feed it lines in order.
+/// The chain checker: feed it lines in order. Besides the chain it builds
+/// the Merkle tree (its right edge only, O(log n) memory), checks each
+/// checkpoint note against the root it computed, and the checkpoints held
+/// elsewhere that it was given.
 #[derive(Debug)]
 pub struct Verifier {
     pubkey: Option<VerifyingKey>,
     reviewers: Option<Reviewers>,
     next_seq: u64,
     prev: String,
+    tree: merkle::Frontier,
+    /// Checkpoints held elsewhere to check this log against, by size.
+    held: std::collections::BTreeMap<u64, Vec<note::Checkpoint>>,
+    /// What became of them.
+    pub held_results: Vec<String>,
+    /// Roots at the sizes of the log's own checkpoints.
+    roots: std::collections::BTreeMap<u64, merkle::Hash>,
+    /// Witnesses whose cosignatures are checked.
+    witnesses: Vec<note::Vkey>,
+    /// Cosignatures that verified.
+    pub cosignatures: u64,
     /// Entries checked.
     pub entries: u64,
     /// Checkpoints whose signature verified.
@@ -189,6 +222,86 @@ fn str_field<'a>(e: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
     e.get(k).and_then(Value::as_str)
 }
 
+/// What the verifier reads of every line without building it.
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    seq: Option<u64>,
+    #[serde(borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    prev: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    hash: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    approval: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The byte range of the top-level member `name` of a JSON object's text
+/// (its key, colon and value), or `None`. A linear scan that tracks depth
+/// and strings: a member of the same name deeper down (in `arguments`, say)
+/// is never taken for it.
+fn member_span(line: &[u8], name: &[u8]) -> Option<(usize, usize)> {
+    let (mut depth, mut i) = (0u32, 0usize);
+    let (mut expect_key, mut target, mut start) = (false, false, 0usize);
+    while i < line.len() {
+        match line[i] {
+            b'"' => {
+                let open = i;
+                i += 1;
+                while i < line.len() && line[i] != b'"' {
+                    if line[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                if depth == 1 && expect_key {
+                    target = line.get(open + 1..i) == Some(name);
+                    start = open;
+                    expect_key = false;
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                if depth == 1 {
+                    expect_key = true;
+                }
+            }
+            b'}' | b']' => {
+                if depth == 1 && target {
+                    return Some((start, i));
+                }
+                depth = depth.saturating_sub(1);
+            }
+            b',' if depth == 1 => {
+                if target {
+                    return Some((start, i));
+                }
+                expect_key = true;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// SHA-256 of a JCS entry line without its top-level `hash` member: the
+/// entry's hash when the line is the JCS the writer writes.
+fn digest_without_hash(line: &[u8]) -> Option<[u8; 32]> {
+    let (s, e) = member_span(line, b"hash")?;
+    let (cut_from, cut_to) = if s > 0 && line[s - 1] == b',' {
+        (s - 1, e)
+    } else if line.get(e) == Some(&b',') {
+        (s, e + 1)
+    } else {
+        (s, e)
+    };
+    let mut h = Sha256::new();
+    h.update(&line[..cut_from]);
+    h.update(&line[cut_to..]);
+    Some(h.finalize().into())
+}
+
 impl Verifier {
     /// A verifier; `pubkey` pins the gateway's key (else the key named in
     /// the log's `log_started` entries is used, and the report says so);
@@ -200,6 +313,12 @@ impl Verifier {
             reviewers,
             next_seq: 1,
             prev: String::new(),
+            tree: merkle::Frontier::default(),
+            held: Default::default(),
+            held_results: Vec::new(),
+            roots: Default::default(),
+            witnesses: Vec::new(),
+            cosignatures: 0,
             entries: 0,
             checkpoints: 0,
             statements: 0,
@@ -209,78 +328,193 @@ impl Verifier {
         }
     }
 
+    /// Also check the log against `checkpoint`, held elsewhere (its
+    /// signature was checked by the caller). Two of one size with
+    /// different roots are a fork, whatever the log says.
+    pub fn hold(&mut self, checkpoint: note::Checkpoint) -> Result<(), String> {
+        let same = self.held.entry(checkpoint.size).or_default();
+        if let Some(other) = same.iter().find(|c| c.root != checkpoint.root) {
+            return Err(format!(
+                "fork: two checkpoints of size {} with different roots ({} and {}), both signed by the gateway's key: \
+                 it signed two histories",
+                checkpoint.size,
+                base64::engine::general_purpose::STANDARD.encode(other.root),
+                base64::engine::general_purpose::STANDARD.encode(checkpoint.root)
+            ));
+        }
+        same.push(checkpoint);
+        Ok(())
+    }
+
+    /// Check cosignatures by `witness` wherever the log records them.
+    pub fn witness(&mut self, witness: note::Vkey) {
+        self.witnesses.push(witness);
+    }
+
+    /// The root of the entries fed so far.
+    pub fn root(&self) -> merkle::Hash {
+        self.tree.root()
+    }
+
+    /// After the last line: the held checkpoints beyond the log's end are
+    /// truncation, said precisely. `Err` names the first.
+    pub fn finish(&mut self) -> Result<(), String> {
+        let size = self.tree.size();
+        if let Some((&want, _)) = self.held.range(size + 1..).next() {
+            return Err(format!(
+                "truncated: a checkpoint held elsewhere covers {want} entries, and the log has {size}: \
+                 {} entries were removed from its end",
+                want - size
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_held(&mut self) -> Result<(), String> {
+        let size = self.tree.size();
+        if let Some(cps) = self.held.get(&size) {
+            let root = self.tree.root();
+            if cps.iter().any(|c| c.root != root) {
+                return Err(format!(
+                    "rewritten: the log's first {size} entries do not hash to the root of the checkpoint of size {size} \
+                     held elsewhere: the log's history before it is not the one the gateway signed"
+                ));
+            }
+            self.held_results
+                .push(format!("checkpoint {size} held elsewhere: the log holds it (root matches)"));
+        }
+        Ok(())
+    }
+
     /// Check one line (without its newline).
-    pub fn feed(
-        &mut self,
-        line: &[u8],
-        place: &dyn std::fmt::Display,
-    ) -> Result<Map<String, Value>, Break> {
+    pub fn feed(&mut self, line: &[u8], place: &dyn std::fmt::Display) -> Result<(), Break> {
+        let at = self.next_seq;
         let brk = |reason: String| Break {
-            seq: self.next_seq,
+            seq: at,
             place: place.to_string(),
             reason,
         };
-        let mut entry: Map<String, Value> = serde_json::from_slice(line).map_err(|e| {
+        let head: Head<'_> = serde_json::from_slice(line).map_err(|e| {
             brk(format!(
                 "not a JSON object ({e}): bytes were changed or lost"
             ))
         })?;
-        let seq = entry.get("seq").and_then(Value::as_u64);
-        if seq != Some(self.next_seq) {
+        if head.seq != Some(self.next_seq) {
             return Err(brk(format!(
                 "sequence number is {}, expected {}: an entry was removed, inserted or moved",
-                seq.map_or("missing".into(), |s| s.to_string()),
+                head.seq.map_or("missing".into(), |s| s.to_string()),
                 self.next_seq
             )));
         }
-        let prev = str_field(&entry, "prev").unwrap_or("");
-        if prev != self.prev {
+        if head.prev.as_deref().unwrap_or("") != self.prev {
             return Err(brk(format!(
                 "`prev` does not match the hash of entry {}: the chain is broken",
                 self.next_seq - 1
             )));
         }
-        // Hashed without its `hash` (taken out, then put back): no copy.
-        let stored = entry.remove("hash");
-        let hash = stored
-            .as_ref()
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        if hash != entry_hash(&entry) {
-            return Err(brk(
-                "the entry's content does not match its hash: it was edited".into(),
-            ));
+        let hash = head.hash.as_deref().unwrap_or("");
+        let stated = hash_bytes(hash);
+        // The line's own bytes first (the writer writes JCS); a line in
+        // another form (an older writer) is parsed and put in JCS.
+        let mut digest = digest_without_hash(line);
+        if stated.is_none() || digest != stated {
+            let mut entry: Map<String, Value> = serde_json::from_slice(line)
+                .map_err(|e| brk(format!("not a JSON object ({e})")))?;
+            entry.remove("hash");
+            digest = Some(entry_digest(&entry));
         }
-        if let Some(h) = stored {
-            entry.insert("hash".into(), h);
-        }
-        let kind = str_field(&entry, "kind").unwrap_or("");
-        if kind == LOG_STARTED && self.pubkey.is_none() {
-            if let Some(k) = str_field(&entry, "public_key") {
-                self.named_key = Some(k.to_owned());
+        let digest = match (digest, stated) {
+            (Some(d), Some(s)) if d == s => d,
+            _ => {
+                return Err(brk(
+                    "the entry's content does not match its hash: it was edited".into(),
+                ))
+            }
+        };
+        let kind = head.kind.as_deref().unwrap_or("");
+        let special = kind == LOG_STARTED || kind == CHECKPOINT || kind == COSIGNED || head.approval.is_some();
+        let mut clean = false;
+        if special {
+            let entry: Map<String, Value> = serde_json::from_slice(line)
+                .map_err(|e| brk(format!("not a JSON object ({e})")))?;
+            if kind == LOG_STARTED && self.pubkey.is_none() {
+                if let Some(k) = str_field(&entry, "public_key") {
+                    self.named_key = Some(k.to_owned());
+                }
+            }
+            if kind == CHECKPOINT {
+                self.check_checkpoint(&entry).map_err(brk)?;
+                self.checkpoints += 1;
+                self.last_checkpoint = Some(self.next_seq);
+                clean = str_field(&entry, "reason") == Some("shutdown");
+            }
+            if kind == COSIGNED {
+                self.check_cosigned(&entry).map_err(brk)?;
+            }
+            if let Some(approval) = entry
+                .get("approval")
+                .filter(|d| d.get("statement").is_some())
+            {
+                self.check_statement(approval).map_err(brk)?;
+                self.statements += 1;
             }
         }
-        if kind == CHECKPOINT {
-            self.check_checkpoint(&entry).map_err(brk)?;
-            self.checkpoints += 1;
-            self.last_checkpoint = Some(self.next_seq);
-        }
-        if let Some(approval) = entry
-            .get("approval")
-            .filter(|d| d.get("statement").is_some())
-        {
-            self.check_statement(approval).map_err(brk)?;
-            self.statements += 1;
-        }
-        self.ended_clean = kind == CHECKPOINT && str_field(&entry, "reason") == Some("shutdown");
-        self.prev = hash;
+        self.tree.push(merkle::leaf_hash(&digest));
+        self.check_held().map_err(brk)?;
+        self.ended_clean = clean;
+        self.prev = hash.to_owned();
         self.next_seq += 1;
         self.entries += 1;
-        Ok(entry)
+        Ok(())
     }
 
-    fn check_checkpoint(&self, e: &Map<String, Value>) -> Result<(), String> {
+    fn gateway_key(&self) -> Result<VerifyingKey, String> {
+        match (&self.pubkey, &self.named_key) {
+            (Some(k), _) => Ok(*k),
+            (None, Some(named)) => approval::parse_public_key(named).map_err(|e| e.to_string()),
+            (None, None) => Err("no gateway public key to check the checkpoint with (pass --pubkey)".into()),
+        }
+    }
+
+    /// A checkpoint entry's note (C2SP) must be signed by the gateway's key
+    /// and commit to the root of exactly the entries before it.
+    fn check_note(&mut self, text: &str) -> Result<(), String> {
+        let n = note::Note::parse(text).map_err(|e| format!("the checkpoint's note: {e}"))?;
+        let cp = note::Checkpoint::parse(&n.text).map_err(|e| format!("the checkpoint's note: {e}"))?;
+        n.verify(&cp.origin, &self.gateway_key()?)
+            .map_err(|e| e.to_string())?;
+        if cp.size != self.tree.size() || cp.root != self.tree.root() {
+            return Err(format!(
+                "the checkpoint's note covers {} entries with another root than the {} entries before it",
+                cp.size,
+                self.tree.size()
+            ));
+        }
+        self.roots.insert(cp.size, cp.root);
+        Ok(())
+    }
+
+    /// A recorded cosignature: of a checkpoint this log signed, and, for a
+    /// witness the verifier knows, valid.
+    fn check_cosigned(&mut self, e: &Map<String, Value>) -> Result<(), String> {
+        let text = str_field(e, "note").ok_or("a cosignature entry without `note`")?;
+        let n = note::Note::parse(text).map_err(|e| format!("the cosigned note: {e}"))?;
+        let cp = note::Checkpoint::parse(&n.text).map_err(|e| format!("the cosigned note: {e}"))?;
+        if self.roots.get(&cp.size) != Some(&cp.root) {
+            return Err(format!(
+                "a witness cosigned a checkpoint of size {} that is not one this log signed",
+                cp.size
+            ));
+        }
+        for w in &self.witnesses {
+            if n.cosigned_by(w).map_err(|e| e.to_string())?.is_some() {
+                self.cosignatures += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_checkpoint(&mut self, e: &Map<String, Value>) -> Result<(), String> {
         let cp = e
             .get("checkpoint")
             .ok_or("a checkpoint without `checkpoint`")?;
@@ -292,15 +526,7 @@ impl Verifier {
                 "the checkpoint covers seq {seq} / {head}, not the entry before it"
             ));
         }
-        let key = match (&self.pubkey, &self.named_key) {
-            (Some(k), _) => *k,
-            (None, Some(named)) => approval::parse_public_key(named).map_err(|e| e.to_string())?,
-            (None, None) => {
-                return Err(
-                    "no gateway public key to check the checkpoint with (pass --pubkey)".into(),
-                )
-            }
-        };
+        let key = self.gateway_key()?;
         let sig = str_field(e, "signature").unwrap_or("");
         let raw = base64::engine::general_purpose::STANDARD
             .decode(sig)
@@ -308,7 +534,12 @@ impl Verifier {
         let sig = Signature::from_slice(&raw)
             .map_err(|_| "the checkpoint signature is not 64 bytes".to_owned())?;
         key.verify_strict(&checkpoint_bytes(seq, head, time), &sig)
-            .map_err(|_| "the checkpoint signature does not verify with the gateway's key".into())
+            .map_err(|_| "the checkpoint signature does not verify with the gateway's key".to_owned())?;
+        // Checkpoints written before the Merkle tree have no note.
+        if let Some(text) = str_field(e, "note") {
+            self.check_note(text)?;
+        }
+        Ok(())
     }
 
     fn check_statement(&self, d: &Value) -> Result<(), String> {

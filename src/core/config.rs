@@ -134,6 +134,30 @@ pub struct AuditConfig {
     pub checkpoint_interval: Duration,
     /// A new segment file once the current one reaches this size.
     pub segment_bytes: u64,
+    /// The origin line of the log's checkpoints and the name of its key
+    /// (a schema-less URL is recommended; default `countersign/` and the
+    /// gateway id).
+    pub origin: Option<String>,
+    /// A witness that cosigns each checkpoint (C2SP tlog-witness).
+    pub witness: Option<WitnessConfig>,
+}
+
+/// `[audit.witness]`: where checkpoints are submitted, and the witness's
+/// cosignature key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WitnessConfig {
+    /// The submission prefix: `add-checkpoint` is posted below it.
+    pub url: String,
+    /// The witness's verifier key (`name+id+base64(0x04 || key)`).
+    pub key: String,
+    /// How long one submission may take.
+    #[serde(deserialize_with = "duration", default = "witness_timeout")]
+    pub timeout: Duration,
+}
+
+fn witness_timeout() -> Duration {
+    Duration::from_secs(10)
 }
 
 impl Default for AuditConfig {
@@ -145,6 +169,8 @@ impl Default for AuditConfig {
             checkpoint_every: 1000,
             checkpoint_interval: Duration::from_secs(60),
             segment_bytes: 64 << 20,
+            origin: None,
+            witness: None,
         }
     }
 }
@@ -832,6 +858,18 @@ impl Config {
             return Err(format!(
                 "audit.redact `{p}` is not a JSON pointer (it starts with `/`)"
             ));
+        }
+        if let Some(o) = &au.origin {
+            // C2SP signed-note key names: no spaces, no `+`.
+            if o.is_empty() || o.chars().any(|c| c.is_whitespace() || c == '+') {
+                return Err(format!("audit.origin `{o}` may not be empty or hold spaces or `+` (it names the checkpoints' key)"));
+            }
+        }
+        if let Some(w) = &au.witness {
+            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+                return Err(format!("audit.witness.url `{}` must be an http:// or https:// URL", w.url));
+            }
+            // The key itself is parsed when the gateway starts (`serve`).
         }
         if !au.redact.is_empty() && au.arguments != ArgumentMode::Redact {
             return Err("audit.redact is set but audit.arguments is not \"redact\": set arguments = \"redact\" (or drop the pointers)".into());
