@@ -33,9 +33,9 @@ use ed25519_dalek::SigningKey;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
-use super::segment::{io_err, segment_path, segments, AuditError};
 use super::merkle::Hash;
 use super::note::{self, Checkpoint, Note};
+use super::segment::{io_err, segment_path, segments, AuditError};
 use super::tree::TreeWriter;
 use super::{
     entry_digest, hash_bytes, sign_checkpoint, ArgumentMode, CHECKPOINT, CHECKPOINT_FILE, COSIGNED,
@@ -84,10 +84,7 @@ impl Settings {
     /// The origin of this log's checkpoints.
     pub fn origin(&self) -> String {
         self.origin.clone().unwrap_or_else(|| {
-            format!(
-                "countersign/{}",
-                self.gateway.as_deref().unwrap_or("local")
-            )
+            format!("countersign/{}", self.gateway.as_deref().unwrap_or("local"))
         })
     }
 
@@ -246,13 +243,15 @@ fn latest_signed(dir: &Path, key: &SigningKey) -> Result<Option<Checkpoint>, Aud
 /// its entries, with its root. Otherwise it was truncated or rewritten
 /// after the gateway signed; the gateway does not sign over that.
 fn check_extends(tree: &TreeWriter, cp: &Checkpoint, dir: &Path) -> Result<(), AuditError> {
-    let refuse = |why: String| AuditError {
+    let refuse = |why: String| {
+        AuditError {
         path: dir.to_owned(),
         message: format!(
             "{why}: the log no longer holds what this gateway signed. Keep this directory as evidence, \
              check it with `countersign audit verify --checkpoint {}/{CHECKPOINT_FILE}`, and start with a new audit.dir",
             dir.display()
         ),
+    }
     };
     if tree.size() < cp.size {
         return Err(refuse(format!(
@@ -288,7 +287,9 @@ fn tail_hashes(dir: &Path, from: u64) -> Result<Vec<Hash>, AuditError> {
     for (i, seg) in segs.iter().enumerate() {
         let f = File::open(seg).map_err(io_err(seg))?;
         let mut first = Vec::new();
-        BufReader::new(f).read_until(b'\n', &mut first).map_err(io_err(seg))?;
+        BufReader::new(f)
+            .read_until(b'\n', &mut first)
+            .map_err(io_err(seg))?;
         match serde_json::from_slice::<Head<'_>>(&first) {
             Ok(h) if h.seq <= from => start = i,
             _ => break,

@@ -103,7 +103,7 @@ fn split(n: u64) -> u64 {
 /// forms it: `lo` is aligned to the largest power of two below `hi - lo`).
 pub fn range_hash<S: Stored + ?Sized>(s: &S, lo: u64, hi: u64) -> std::io::Result<Hash> {
     let n = hi - lo;
-    if n.is_power_of_two() && lo % n == 0 {
+    if n.is_power_of_two() && lo.is_multiple_of(n) {
         let level = n.trailing_zeros() as u8;
         return s.stored(stored_index(level, lo >> level));
     }
@@ -128,19 +128,31 @@ pub enum ProofError {
     #[error("{0}")]
     Range(String),
     /// The proof does not lead to the root.
-    #[error("the proof does not lead to the root: the entry, the proof or the checkpoint was changed")]
+    #[error(
+        "the proof does not lead to the root: the entry, the proof or the checkpoint was changed"
+    )]
     Mismatch,
 }
 
 /// The inclusion proof of leaf `index` in the tree of `size` leaves
 /// (RFC 6962 section 2.1.1, `PATH(m, D[n])`), leaf to root.
-pub fn inclusion<S: Stored + ?Sized>(s: &S, index: u64, size: u64) -> Result<Vec<Hash>, std::io::Error> {
+pub fn inclusion<S: Stored + ?Sized>(
+    s: &S,
+    index: u64,
+    size: u64,
+) -> Result<Vec<Hash>, std::io::Error> {
     let mut out = Vec::new();
     path(s, index, 0, size, &mut out)?;
     Ok(out)
 }
 
-fn path<S: Stored + ?Sized>(s: &S, m: u64, lo: u64, hi: u64, out: &mut Vec<Hash>) -> std::io::Result<()> {
+fn path<S: Stored + ?Sized>(
+    s: &S,
+    m: u64,
+    lo: u64,
+    hi: u64,
+    out: &mut Vec<Hash>,
+) -> std::io::Result<()> {
     let n = hi - lo;
     if n <= 1 {
         return Ok(());
@@ -195,9 +207,17 @@ fn subproof<S: Stored + ?Sized>(
 
 /// Check an inclusion proof: leaf `leaf` at `index` in the tree of `size`
 /// leaves whose root is `root` (RFC 9162 section 2.1.3.2).
-pub fn check_inclusion(proof: &[Hash], index: u64, size: u64, leaf: &Hash, root: &Hash) -> Result<(), ProofError> {
+pub fn check_inclusion(
+    proof: &[Hash],
+    index: u64,
+    size: u64,
+    leaf: &Hash,
+    root: &Hash,
+) -> Result<(), ProofError> {
     if index >= size {
-        return Err(ProofError::Range(format!("leaf {index} is not in a tree of {size}")));
+        return Err(ProofError::Range(format!(
+            "leaf {index} is not in a tree of {size}"
+        )));
     }
     let (mut f, mut s) = (index, size - 1);
     let mut r = *leaf;
@@ -234,7 +254,9 @@ pub fn check_consistency(
     new_root: &Hash,
 ) -> Result<(), ProofError> {
     if old > new {
-        return Err(ProofError::Range(format!("old size {old} is beyond new size {new}")));
+        return Err(ProofError::Range(format!(
+            "old size {old} is beyond new size {new}"
+        )));
     }
     if old == new {
         return if proof.is_empty() && old_root == new_root {
@@ -244,7 +266,11 @@ pub fn check_consistency(
         };
     }
     if old == 0 {
-        return if proof.is_empty() { Ok(()) } else { Err(ProofError::Mismatch) };
+        return if proof.is_empty() {
+            Ok(())
+        } else {
+            Err(ProofError::Mismatch)
+        };
     }
     let mut path: Vec<Hash> = proof.to_vec();
     if old.is_power_of_two() {
@@ -378,7 +404,12 @@ mod tests {
             let leaf = leaf_hash(&i.to_be_bytes());
             leaves.push(leaf);
             stored.extend(f.push(leaf));
-            assert_eq!(stored.len() as u64, stored_count(i + 1), "count at {}", i + 1);
+            assert_eq!(
+                stored.len() as u64,
+                stored_count(i + 1),
+                "count at {}",
+                i + 1
+            );
         }
         (stored, leaves, f)
     }
@@ -388,7 +419,11 @@ mod tests {
         let (stored, leaves, f) = grow(70);
         assert_eq!(f.root(), mth(&leaves));
         for size in 0..=70u64 {
-            assert_eq!(root(&stored, size).unwrap(), mth(&leaves[..size as usize]), "size {size}");
+            assert_eq!(
+                root(&stored, size).unwrap(),
+                mth(&leaves[..size as usize]),
+                "size {size}"
+            );
             let loaded = Frontier::load(&stored, size).unwrap();
             assert_eq!(loaded.root(), mth(&leaves[..size as usize]));
             assert_eq!(size_for_count(stored_count(size)), size);
@@ -420,7 +455,8 @@ mod tests {
             for old in 0..=new {
                 let or = root(&stored, old).unwrap();
                 let p = consistency(&stored, old, new).unwrap();
-                check_consistency(&p, old, new, &or, &nr).unwrap_or_else(|e| panic!("{old}->{new}: {e}"));
+                check_consistency(&p, old, new, &or, &nr)
+                    .unwrap_or_else(|e| panic!("{old}->{new}: {e}"));
                 if old > 0 && old < new {
                     let forged = leaf_hash(b"another history");
                     assert!(check_consistency(&p, old, new, &forged, &nr).is_err());

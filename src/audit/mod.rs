@@ -18,6 +18,7 @@ pub mod export;
 pub mod log;
 pub mod merkle;
 pub mod note;
+pub mod proofs;
 pub mod segment;
 pub mod trail;
 pub mod tree;
@@ -195,7 +196,7 @@ pub struct Verifier {
     prev: String,
     tree: merkle::Frontier,
     /// Checkpoints held elsewhere to check this log against, by size.
-    held: std::collections::BTreeMap<u64, Vec<note::Checkpoint>>,
+    held: std::collections::BTreeMap<u64, Vec<Held>>,
     /// What became of them.
     pub held_results: Vec<String>,
     /// Roots at the sizes of the log's own checkpoints.
@@ -216,6 +217,14 @@ pub struct Verifier {
     pub ended_clean: bool,
     /// The public key the log names (in `log_started`), when none was pinned.
     pub named_key: Option<String>,
+}
+
+/// A checkpoint held elsewhere.
+#[derive(Debug)]
+struct Held {
+    label: String,
+    note: note::Note,
+    checkpoint: note::Checkpoint,
 }
 
 fn str_field<'a>(e: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
@@ -302,6 +311,30 @@ fn digest_without_hash(line: &[u8]) -> Option<[u8; 32]> {
     Some(h.finalize().into())
 }
 
+/// An entry line's hash, checked: the digest its content hashes to, which
+/// must be the `hash` it states. For one entry on its own (an export with
+/// proofs); the chain is not checked here.
+pub fn check_entry_line(line: &[u8]) -> Result<[u8; 32], String> {
+    let head: Head<'_> =
+        serde_json::from_slice(line).map_err(|e| format!("not a JSON object ({e})"))?;
+    let stated = head
+        .hash
+        .as_deref()
+        .and_then(hash_bytes)
+        .ok_or("the entry has no `hash` of the form sha256:HEX")?;
+    let mut digest = digest_without_hash(line);
+    if digest != Some(stated) {
+        let mut entry: Map<String, Value> =
+            serde_json::from_slice(line).map_err(|e| format!("not a JSON object ({e})"))?;
+        entry.remove("hash");
+        digest = Some(entry_digest(&entry));
+    }
+    match digest {
+        Some(d) if d == stated => Ok(d),
+        _ => Err("the entry's content does not match its hash: it was edited".into()),
+    }
+}
+
 impl Verifier {
     /// A verifier; `pubkey` pins the gateway's key (else the key named in
     /// the log's `log_started` entries is used, and the report says so);
@@ -328,21 +361,17 @@ impl Verifier {
         }
     }
 
-    /// Also check the log against `checkpoint`, held elsewhere (its
-    /// signature was checked by the caller). Two of one size with
-    /// different roots are a fork, whatever the log says.
-    pub fn hold(&mut self, checkpoint: note::Checkpoint) -> Result<(), String> {
-        let same = self.held.entry(checkpoint.size).or_default();
-        if let Some(other) = same.iter().find(|c| c.root != checkpoint.root) {
-            return Err(format!(
-                "fork: two checkpoints of size {} with different roots ({} and {}), both signed by the gateway's key: \
-                 it signed two histories",
-                checkpoint.size,
-                base64::engine::general_purpose::STANDARD.encode(other.root),
-                base64::engine::general_purpose::STANDARD.encode(checkpoint.root)
-            ));
-        }
-        same.push(checkpoint);
+    /// Also check the log against a checkpoint note held elsewhere (`label`
+    /// names it in messages). Its signature is checked with the gateway's
+    /// key when the log reaches its size (or ends before it).
+    pub fn hold(&mut self, label: &str, text: &str) -> Result<(), String> {
+        let n = note::Note::parse(text).map_err(|e| format!("{label}: {e}"))?;
+        let cp = note::Checkpoint::parse(&n.text).map_err(|e| format!("{label}: {e}"))?;
+        self.held.entry(cp.size).or_default().push(Held {
+            label: label.to_owned(),
+            note: n,
+            checkpoint: cp,
+        });
         Ok(())
     }
 
@@ -356,15 +385,22 @@ impl Verifier {
         self.tree.root()
     }
 
-    /// After the last line: the held checkpoints beyond the log's end are
+    /// After the last line: a held checkpoint beyond the log's end is
     /// truncation, said precisely. `Err` names the first.
     pub fn finish(&mut self) -> Result<(), String> {
         let size = self.tree.size();
-        if let Some((&want, _)) = self.held.range(size + 1..).next() {
+        let key = self.gateway_key();
+        if let Some(h) = self.held.range(size + 1..).flat_map(|(_, v)| v).next() {
+            let key = key?;
+            h.note
+                .verify(&h.checkpoint.origin, &key)
+                .map_err(|e| format!("{}: {e}", h.label))?;
             return Err(format!(
-                "truncated: a checkpoint held elsewhere covers {want} entries, and the log has {size}: \
+                "truncated: {} (signed by the gateway) covers {} entries, and the log has {size}: \
                  {} entries were removed from its end",
-                want - size
+                h.label,
+                h.checkpoint.size,
+                h.checkpoint.size - size
             ));
         }
         Ok(())
@@ -372,16 +408,41 @@ impl Verifier {
 
     fn check_held(&mut self) -> Result<(), String> {
         let size = self.tree.size();
-        if let Some(cps) = self.held.get(&size) {
-            let root = self.tree.root();
-            if cps.iter().any(|c| c.root != root) {
+        let Some(held) = self.held.get(&size) else {
+            return Ok(());
+        };
+        let key = self.gateway_key()?;
+        for h in held {
+            h.note
+                .verify(&h.checkpoint.origin, &key)
+                .map_err(|e| format!("{}: {e}", h.label))?;
+        }
+        // Two signed checkpoints of one size with different roots: the key
+        // signed two histories, whatever this log holds.
+        if let Some(pair) = held
+            .iter()
+            .flat_map(|a| held.iter().map(move |b| (a, b)))
+            .find(|(a, b)| a.checkpoint.root != b.checkpoint.root)
+        {
+            return Err(format!(
+                "fork: {} and {} are two checkpoints of size {size} with different roots, both signed by \
+                 the gateway's key: it signed two histories",
+                pair.0.label, pair.1.label
+            ));
+        }
+        let root = self.tree.root();
+        for h in held {
+            if h.checkpoint.root != root {
                 return Err(format!(
-                    "rewritten: the log's first {size} entries do not hash to the root of the checkpoint of size {size} \
-                     held elsewhere: the log's history before it is not the one the gateway signed"
+                    "rewritten: the log's first {size} entries do not hash to the root of {}: the history \
+                     before it is not the one the gateway signed",
+                    h.label
                 ));
             }
-            self.held_results
-                .push(format!("checkpoint {size} held elsewhere: the log holds it (root matches)"));
+            self.held_results.push(format!(
+                "{}: the log holds it (size {size}, root matches)",
+                h.label
+            ));
         }
         Ok(())
     }
@@ -432,7 +493,10 @@ impl Verifier {
             }
         };
         let kind = head.kind.as_deref().unwrap_or("");
-        let special = kind == LOG_STARTED || kind == CHECKPOINT || kind == COSIGNED || head.approval.is_some();
+        let special = kind == LOG_STARTED
+            || kind == CHECKPOINT
+            || kind == COSIGNED
+            || head.approval.is_some();
         let mut clean = false;
         if special {
             let entry: Map<String, Value> = serde_json::from_slice(line)
@@ -472,7 +536,9 @@ impl Verifier {
         match (&self.pubkey, &self.named_key) {
             (Some(k), _) => Ok(*k),
             (None, Some(named)) => approval::parse_public_key(named).map_err(|e| e.to_string()),
-            (None, None) => Err("no gateway public key to check the checkpoint with (pass --pubkey)".into()),
+            (None, None) => {
+                Err("no gateway public key to check the checkpoint with (pass --pubkey)".into())
+            }
         }
     }
 
@@ -480,7 +546,8 @@ impl Verifier {
     /// and commit to the root of exactly the entries before it.
     fn check_note(&mut self, text: &str) -> Result<(), String> {
         let n = note::Note::parse(text).map_err(|e| format!("the checkpoint's note: {e}"))?;
-        let cp = note::Checkpoint::parse(&n.text).map_err(|e| format!("the checkpoint's note: {e}"))?;
+        let cp =
+            note::Checkpoint::parse(&n.text).map_err(|e| format!("the checkpoint's note: {e}"))?;
         n.verify(&cp.origin, &self.gateway_key()?)
             .map_err(|e| e.to_string())?;
         if cp.size != self.tree.size() || cp.root != self.tree.root() {
@@ -534,7 +601,9 @@ impl Verifier {
         let sig = Signature::from_slice(&raw)
             .map_err(|_| "the checkpoint signature is not 64 bytes".to_owned())?;
         key.verify_strict(&checkpoint_bytes(seq, head, time), &sig)
-            .map_err(|_| "the checkpoint signature does not verify with the gateway's key".to_owned())?;
+            .map_err(|_| {
+                "the checkpoint signature does not verify with the gateway's key".to_owned()
+            })?;
         // Checkpoints written before the Merkle tree have no note.
         if let Some(text) = str_field(e, "note") {
             self.check_note(text)?;

@@ -69,7 +69,12 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The note text: three lines, each ending in a newline.
     pub fn body(&self) -> String {
-        format!("{}\n{}\n{}\n", self.origin, self.size, b64().encode(self.root))
+        format!(
+            "{}\n{}\n{}\n",
+            self.origin,
+            self.size,
+            b64().encode(self.root)
+        )
     }
 
     /// Parse a checkpoint body (extension lines are refused: the gateway
@@ -88,12 +93,21 @@ impl Checkpoint {
             return Err(bad("the origin line is empty"));
         }
         // No leading zeroes, plain decimal, as the spec asks.
-        if size.is_empty() || (size.len() > 1 && size.starts_with('0')) || !size.bytes().all(|b| b.is_ascii_digit()) {
+        if size.is_empty()
+            || (size.len() > 1 && size.starts_with('0'))
+            || !size.bytes().all(|b| b.is_ascii_digit())
+        {
             return Err(bad("the size line is not a decimal without leading zeroes"));
         }
-        let size: u64 = size.parse().map_err(|_| bad("the size does not fit in 64 bits"))?;
-        let raw = b64().decode(root).map_err(|_| bad("the root hash is not base64"))?;
-        let root: Hash = raw.try_into().map_err(|_| bad("the root hash is not 32 bytes"))?;
+        let size: u64 = size
+            .parse()
+            .map_err(|_| bad("the size does not fit in 64 bits"))?;
+        let raw = b64()
+            .decode(root)
+            .map_err(|_| bad("the root hash is not base64"))?;
+        let root: Hash = raw
+            .try_into()
+            .map_err(|_| bad("the root hash is not 32 bytes"))?;
         Ok(Checkpoint {
             origin: (*origin).to_owned(),
             size,
@@ -122,7 +136,11 @@ pub fn key_id(name: &str, kind: u8, key: &VerifyingKey) -> u32 {
 pub fn vkey(name: &str, key: &VerifyingKey) -> String {
     let mut raw = vec![ED25519];
     raw.extend_from_slice(key.as_bytes());
-    format!("{name}+{:08x}+{}", key_id(name, ED25519, key), b64().encode(raw))
+    format!(
+        "{name}+{:08x}+{}",
+        key_id(name, ED25519, key),
+        b64().encode(raw)
+    )
 }
 
 /// A parsed verifier key.
@@ -152,13 +170,20 @@ pub fn parse_vkey(text: &str) -> Result<Vkey, NoteError> {
         return Err(bad("the name holds a space or `+`"));
     }
     let id = u32::from_str_radix(id, 16).map_err(|_| bad("the id is not 8 hex digits"))?;
-    let raw = b64().decode(key).map_err(|_| bad("the key is not base64"))?;
+    let raw = b64()
+        .decode(key)
+        .map_err(|_| bad("the key is not base64"))?;
     let (&kind, rest) = raw.split_first().ok_or_else(|| bad("the key is empty"))?;
     if kind != ED25519 && kind != COSIGNATURE_V1 {
-        return Err(bad("only Ed25519 keys (type 0x01, or 0x04 for cosignatures) are supported"));
+        return Err(bad(
+            "only Ed25519 keys (type 0x01, or 0x04 for cosignatures) are supported",
+        ));
     }
-    let bytes: [u8; 32] = rest.try_into().map_err(|_| bad("the key is not 32 bytes"))?;
-    let key = VerifyingKey::from_bytes(&bytes).map_err(|_| bad("the key is not an Ed25519 point"))?;
+    let bytes: [u8; 32] = rest
+        .try_into()
+        .map_err(|_| bad("the key is not 32 bytes"))?;
+    let key =
+        VerifyingKey::from_bytes(&bytes).map_err(|_| bad("the key is not an Ed25519 point"))?;
     if key_id(name, kind, &key) != id {
         return Err(bad("the id does not match the name and key"));
     }
@@ -200,7 +225,9 @@ impl SigLine {
         if !valid_key_name(name) {
             return Err(bad("a signature's key name holds a space or `+`"));
         }
-        let raw = b64().decode(sig).map_err(|_| bad("a signature is not base64"))?;
+        let raw = b64()
+            .decode(sig)
+            .map_err(|_| bad("a signature is not base64"))?;
         if raw.len() < 5 {
             return Err(bad("a signature is shorter than its key id"));
         }
@@ -270,11 +297,18 @@ impl Note {
             .sigs
             .iter()
             .find(|s| s.name == name && s.id == id)
-            .ok_or_else(|| NoteError::Signature(format!("the note is not signed by `{name}` with the expected key (id {id:08x})")))?;
+            .ok_or_else(|| {
+                NoteError::Signature(format!(
+                    "the note is not signed by `{name}` with the expected key (id {id:08x})"
+                ))
+            })?;
         let sig = Signature::from_slice(&line.sig)
             .map_err(|_| NoteError::Signature("the log's signature is not 64 bytes".into()))?;
-        key.verify_strict(self.text.as_bytes(), &sig)
-            .map_err(|_| NoteError::Signature(format!("the signature of `{name}` does not verify: the checkpoint was altered")))
+        key.verify_strict(self.text.as_bytes(), &sig).map_err(|_| {
+            NoteError::Signature(format!(
+                "the signature of `{name}` does not verify: the checkpoint was altered"
+            ))
+        })
     }
 
     /// Check a witness's cosignature (tlog-cosignature/v1) with `witness`;
@@ -299,7 +333,12 @@ impl Note {
         witness
             .key
             .verify_strict(cosigned_message(&self.text, time).as_bytes(), &sig)
-            .map_err(|_| NoteError::Signature(format!("the cosignature of witness `{}` does not verify", witness.name)))?;
+            .map_err(|_| {
+                NoteError::Signature(format!(
+                    "the cosignature of witness `{}` does not verify",
+                    witness.name
+                ))
+            })?;
         Ok(Some(time))
     }
 }
@@ -339,7 +378,11 @@ pub fn sign(checkpoint: &Checkpoint, key: &SigningKey) -> Note {
 pub fn witness_vkey(name: &str, key: &VerifyingKey) -> String {
     let mut raw = vec![COSIGNATURE_V1];
     raw.extend_from_slice(key.as_bytes());
-    format!("{name}+{:08x}+{}", key_id(name, COSIGNATURE_V1, key), b64().encode(raw))
+    format!(
+        "{name}+{:08x}+{}",
+        key_id(name, COSIGNATURE_V1, key),
+        b64().encode(raw)
+    )
 }
 
 #[cfg(test)]
@@ -363,13 +406,19 @@ mod tests {
         assert!(text.contains("\n\n\u{2014} countersign/test "));
         let back = Note::parse(&text).unwrap();
         assert_eq!(back, note);
-        back.verify("countersign/test", &key.verifying_key()).unwrap();
+        back.verify("countersign/test", &key.verifying_key())
+            .unwrap();
         let other = SigningKey::from_bytes(&[2; 32]);
-        assert!(back.verify("countersign/test", &other.verifying_key()).is_err());
+        assert!(back
+            .verify("countersign/test", &other.verifying_key())
+            .is_err());
         assert_eq!(Checkpoint::parse(&back.text).unwrap(), cp());
         // One character of the text changed.
         let altered = text.replacen("42\n", "43\n", 1);
-        let e = Note::parse(&altered).unwrap().verify("countersign/test", &key.verifying_key()).unwrap_err();
+        let e = Note::parse(&altered)
+            .unwrap()
+            .verify("countersign/test", &key.verifying_key())
+            .unwrap_err();
         assert!(e.to_string().contains("altered"), "{e}");
     }
 
@@ -378,11 +427,17 @@ mod tests {
         let key = SigningKey::from_bytes(&[1; 32]).verifying_key();
         let v = vkey("countersign/test", &key);
         let parsed = parse_vkey(&v).unwrap();
-        assert_eq!((parsed.name.as_str(), parsed.kind, parsed.key), ("countersign/test", ED25519, key));
+        assert_eq!(
+            (parsed.name.as_str(), parsed.kind, parsed.key),
+            ("countersign/test", ED25519, key)
+        );
         let mut parts: Vec<&str> = v.split('+').collect();
         let bad_id = "00000000".to_owned();
         parts[1] = &bad_id;
-        assert!(parse_vkey(&parts.join("+")).unwrap_err().to_string().contains("does not match"));
+        assert!(parse_vkey(&parts.join("+"))
+            .unwrap_err()
+            .to_string()
+            .contains("does not match"));
         assert!(parse_vkey("nope").is_err());
     }
 
@@ -391,11 +446,21 @@ mod tests {
         let key = SigningKey::from_bytes(&[1; 32]);
         let witness = SigningKey::from_bytes(&[3; 32]);
         let mut note = sign(&cp(), &key);
-        note.sigs.push(cosign(&note.text, "witness.example/w1", &witness, 1_700_000_000));
-        let w = parse_vkey(&witness_vkey("witness.example/w1", &witness.verifying_key())).unwrap();
+        note.sigs.push(cosign(
+            &note.text,
+            "witness.example/w1",
+            &witness,
+            1_700_000_000,
+        ));
+        let w = parse_vkey(&witness_vkey(
+            "witness.example/w1",
+            &witness.verifying_key(),
+        ))
+        .unwrap();
         let back = Note::parse(&note.render()).unwrap();
         assert_eq!(back.cosigned_by(&w).unwrap(), Some(1_700_000_000));
-        back.verify("countersign/test", &key.verifying_key()).unwrap();
+        back.verify("countersign/test", &key.verifying_key())
+            .unwrap();
         let mut forged = back.clone();
         forged.sigs[1].sig[0] ^= 1;
         assert!(forged.cosigned_by(&w).is_err(), "another time");
@@ -404,7 +469,11 @@ mod tests {
             sigs: back.sigs.clone(),
         };
         assert!(other.cosigned_by(&w).is_err(), "another checkpoint");
-        let stranger = parse_vkey(&witness_vkey("witness.example/w2", &witness.verifying_key())).unwrap();
+        let stranger = parse_vkey(&witness_vkey(
+            "witness.example/w2",
+            &witness.verifying_key(),
+        ))
+        .unwrap();
         assert_eq!(back.cosigned_by(&stranger).unwrap(), None);
     }
 

@@ -42,7 +42,9 @@ impl TreeReader {
         let path = dir.join(TREE_FILE);
         let file = File::open(&path).map_err(|e| AuditError {
             path: path.clone(),
-            message: format!("{e} (the tree is made by a gateway of this version; start it once on this log)"),
+            message: format!(
+                "{e} (the tree is made by a gateway of this version; start it once on this log)"
+            ),
         })?;
         let len = file.metadata().map_err(io_err(&path))?.len();
         Ok(TreeReader {
@@ -120,7 +122,11 @@ impl TreeWriter {
                 });
             }
             if size + 1 < entries {
-                tracing::info!(from = size + 1, to = entries, "audit tree: adding the log's entries it lacks");
+                tracing::info!(
+                    from = size + 1,
+                    to = entries,
+                    "audit tree: adding the log's entries it lacks"
+                );
             }
             for h in &missing {
                 tree.push(h).map_err(io_err(&tree.path))?;
@@ -207,12 +213,18 @@ mod tests {
         f.write_all(&[1u8; 16]).unwrap();
         let t = TreeWriter::open(dir.path(), 11, Some(entries[10]), tail(11)).unwrap();
         assert_eq!(t.size(), 11);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), merkle::stored_count(11) * 32);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            merkle::stored_count(11) * 32
+        );
         let reader = TreeReader::open(dir.path()).unwrap();
         assert_eq!(reader.size, 11);
         // Another log's tree is made again.
         let other: Vec<Hash> = (100..111).map(h).collect();
-        let t = TreeWriter::open(dir.path(), 11, Some(other[10]), |from| Ok(other[(from - 1) as usize..].to_vec())).unwrap();
+        let t = TreeWriter::open(dir.path(), 11, Some(other[10]), |from| {
+            Ok(other[(from - 1) as usize..].to_vec())
+        })
+        .unwrap();
         let mut f = Frontier::default();
         for e in &other {
             f.push(merkle::leaf_hash(e));

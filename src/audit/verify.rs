@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
+use base64::Engine;
 use ed25519_dalek::VerifyingKey;
 
 use super::segment::{segments, AuditError};
@@ -33,6 +34,21 @@ pub struct Report {
     pub key_source: String,
     /// A gateway was writing the log while it was read.
     pub running: bool,
+    /// What became of each checkpoint held elsewhere.
+    pub held: Vec<String>,
+    /// Witness cosignatures that verified.
+    pub cosignatures: u64,
+    /// The tree's size and root at the end.
+    pub tree: (u64, String),
+}
+
+/// What a verification checks besides the log itself.
+#[derive(Debug, Default)]
+pub struct Also {
+    /// Checkpoint notes held elsewhere: (label, text).
+    pub checkpoints: Vec<(String, String)>,
+    /// Witnesses whose cosignatures the log records.
+    pub witnesses: Vec<super::note::Vkey>,
 }
 
 impl Report {
@@ -47,6 +63,20 @@ impl Report {
             "{} entries in {} segments; {} checkpoints and {} reviewer statements verified; gateway key: {}\n",
             self.entries, self.segments, self.checkpoints, self.statements, self.key_source
         );
+        out.push_str(&format!(
+            "merkle tree: {} entries, root {}{}\n",
+            self.tree.0,
+            self.tree.1,
+            if self.cosignatures > 0 {
+                format!("; {} witness cosignatures verified", self.cosignatures)
+            } else {
+                String::new()
+            }
+        ));
+        for h in &self.held {
+            out.push_str(h);
+            out.push('\n');
+        }
         if let Some(b) = &self.brk {
             out.push_str(&format!(
                 "BROKEN at seq {} ({}): {}\n",
@@ -167,6 +197,17 @@ pub fn verify_dir(
     pubkey: Option<VerifyingKey>,
     reviewers: Option<Reviewers>,
 ) -> Result<Report, AuditError> {
+    verify_dir_with(dir, pubkey, reviewers, Also::default())
+}
+
+/// Verify the log in `dir`, and against checkpoints held elsewhere and the
+/// cosignatures of known witnesses.
+pub fn verify_dir_with(
+    dir: &Path,
+    pubkey: Option<VerifyingKey>,
+    reviewers: Option<Reviewers>,
+    also: Also,
+) -> Result<Report, AuditError> {
     let key_source = if pubkey.is_some() {
         "pinned (--pubkey)".to_owned()
     } else {
@@ -175,13 +216,38 @@ pub fn verify_dir(
     let running = super::log::writer_running(dir);
     let mut v = Verifier::new(pubkey, reviewers);
     let mut brk = None;
-    let (segments, torn_bytes) = each_line(dir, |line, place| match v.feed(line, place) {
-        Ok(_) => true,
-        Err(b) => {
-            brk = Some(b);
-            false
+    for (label, text) in &also.checkpoints {
+        if let Err(reason) = v.hold(label, text) {
+            brk = Some(Break {
+                seq: 0,
+                place: label.clone(),
+                reason,
+            });
         }
-    })?;
+    }
+    for w in also.witnesses {
+        v.witness(w);
+    }
+    let (segments, torn_bytes) = if brk.is_some() {
+        (0, 0)
+    } else {
+        each_line(dir, |line, place| match v.feed(line, place) {
+            Ok(()) => true,
+            Err(b) => {
+                brk = Some(b);
+                false
+            }
+        })?
+    };
+    if brk.is_none() {
+        if let Err(reason) = v.finish() {
+            brk = Some(Break {
+                seq: v.entries + 1,
+                place: "end of the log".into(),
+                reason,
+            });
+        }
+    }
     Ok(Report {
         segments,
         entries: v.entries,
@@ -193,5 +259,11 @@ pub fn verify_dir(
         brk,
         key_source,
         running,
+        held: std::mem::take(&mut v.held_results),
+        cosignatures: v.cosignatures,
+        tree: (
+            v.entries,
+            base64::engine::general_purpose::STANDARD.encode(v.root()),
+        ),
     })
 }

@@ -21,6 +21,7 @@ pub mod review;
 pub mod serve;
 pub mod store;
 pub mod tools;
+pub mod transparency;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -236,6 +237,54 @@ enum AuditCommand {
         /// `audit pubkey` prints it); default: the key the log names.
         #[arg(long)]
         pubkey: Option<String>,
+        /// A signed checkpoint held elsewhere (a file, as `audit
+        /// checkpoint` prints it): the log must still hold it, so a
+        /// truncation or a rewrite before it is found. Repeatable; two of
+        /// one size with different roots are reported as a fork.
+        #[arg(long)]
+        checkpoint: Vec<PathBuf>,
+        /// A witness's verifier key (`name+id+base64`): the cosignatures
+        /// the log records from it are checked.
+        #[arg(long)]
+        witness: Vec<String>,
+    },
+    /// Print the latest signed checkpoint (a C2SP tlog-checkpoint signed
+    /// note, with any witness cosignatures).
+    Checkpoint {
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+    },
+    /// Print an inclusion proof of entry SEQ, or with --consistency a
+    /// consistency proof from an older tree size, against the latest
+    /// checkpoint (or --size), as JSON.
+    Prove {
+        /// The entry's seq (counted from 1).
+        #[arg(
+            required_unless_present = "consistency",
+            conflicts_with = "consistency"
+        )]
+        seq: Option<u64>,
+        /// Prove that the tree of this many entries is a prefix of the
+        /// newer one.
+        #[arg(long, value_name = "OLD_SIZE")]
+        consistency: Option<u64>,
+        /// The tree size to prove against (default: the latest checkpoint's).
+        #[arg(long)]
+        size: Option<u64>,
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+    },
+    /// Check an `audit export --with-proofs` file on its own: the
+    /// checkpoint's signature, and each entry's hash and inclusion proof.
+    CheckExport {
+        /// The export (`-` for standard input).
+        file: PathBuf,
+        /// The gateway's public key (`ed25519:...` or a file), or its
+        /// verifier key (`name+id+base64`, from `audit pubkey --vkey`).
+        #[arg(long)]
+        pubkey: String,
     },
     /// Stream entries as JSON Lines, CSV or OCSF.
     Export {
@@ -260,12 +309,22 @@ enum AuditCommand {
         /// goes away).
         #[arg(long, conflicts_with = "until")]
         follow: bool,
+        /// JSON Lines of `{entry, inclusion}`, after one line holding the
+        /// latest signed checkpoint: each entry can then be checked against
+        /// it without the rest of the log (`audit check-export`). One
+        /// --dir, jsonl only; entries after the checkpoint are left out.
+        #[arg(long, conflicts_with_all = ["follow", "since", "until"])]
+        with_proofs: bool,
     },
     /// Print the gateway's audit public key (made on the gateway's first start).
     Pubkey {
         /// The audit dir.
         #[arg(long, default_value = ".countersign/audit")]
         dir: PathBuf,
+        /// Print the checkpoints' verifier key instead (`origin+id+base64`,
+        /// the C2SP signed-note form witnesses and verifiers take).
+        #[arg(long)]
+        vkey: bool,
     },
 }
 
@@ -729,10 +788,24 @@ fn parse_time(flag: &str, text: Option<String>) -> anyhow::Result<Option<i64>> {
 fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
     use crate::audit;
     match command {
+        AuditCommand::Checkpoint { dir } => {
+            let (note, _) = audit::proofs::latest(&dir)?;
+            print!("{note}");
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Prove {
+            seq,
+            consistency,
+            size,
+            dir,
+        } => transparency::prove(&dir, seq, consistency, size),
+        AuditCommand::CheckExport { file, pubkey } => transparency::check_export(&file, &pubkey),
         AuditCommand::Verify {
             dir,
             reviewers,
             pubkey,
+            checkpoint,
+            witness,
         } => {
             let pubkey = pubkey
                 .map(|k| {
@@ -758,9 +831,29 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 pubkey.is_none() || dir.len() == 1,
                 "--pubkey pins one log's key: verify each gateway's log with its own key, one --dir at a time"
             );
+            anyhow::ensure!(
+                checkpoint.is_empty() || dir.len() == 1,
+                "--checkpoint is one log's: verify each gateway's log against its own checkpoints, one --dir at a time"
+            );
+            let checkpoints = checkpoint
+                .iter()
+                .map(|f| {
+                    std::fs::read_to_string(f)
+                        .with_context(|| format!("cannot read --checkpoint `{}`", f.display()))
+                        .map(|t| (f.display().to_string(), t))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let witnesses = witness
+                .iter()
+                .map(|w| audit::note::parse_vkey(w).map_err(|e| anyhow::anyhow!("--witness: {e}")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let mut broken = false;
             for d in &dir {
-                let report = audit::verify::verify_dir(d, pubkey, reviewers.clone())?;
+                let also = audit::verify::Also {
+                    checkpoints: checkpoints.clone(),
+                    witnesses: witnesses.clone(),
+                };
+                let report = audit::verify::verify_dir_with(d, pubkey, reviewers.clone(), also)?;
                 if dir.len() > 1 {
                     println!("{}:", d.display());
                 }
@@ -780,7 +873,15 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
             until,
             out,
             follow,
+            with_proofs,
         } => {
+            if with_proofs {
+                anyhow::ensure!(
+                    dir.len() == 1 && format == crate::audit::export::Format::Jsonl,
+                    "--with-proofs exports one log (one --dir) as JSON Lines"
+                );
+                return transparency::export_with_proofs(&dir[0], out.as_deref());
+            }
             let since = parse_time("--since", since)?;
             let until = parse_time("--until", until)?;
             anyhow::ensure!(
@@ -812,7 +913,11 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 Err(e) => Err(e.into()),
             }
         }
-        AuditCommand::Pubkey { dir } => {
+        AuditCommand::Pubkey { dir, vkey: true } => {
+            println!("{}", transparency::vkey(&dir)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Pubkey { dir, vkey: false } => {
             let path = dir.join(audit::log::KEY_FILE);
             let text = std::fs::read_to_string(&path).with_context(|| {
                 format!(

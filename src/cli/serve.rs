@@ -99,6 +99,17 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .sum::<usize>(),
         "tool pins loaded"
     );
+    // Each checkpoint to the witness, when one is configured.
+    if let Some(w) = gw.config.audit.witness.clone() {
+        let key = crate::audit::note::parse_vkey(&w.key)
+            .map_err(|e| anyhow::anyhow!("audit.witness.key: {e}"))?;
+        anyhow::ensure!(
+            key.kind == 0x04,
+            "audit.witness.key is a note key (type 0x01); a witness cosigns with a cosignature key (type 0x04)"
+        );
+        tracing::info!(url = %w.url, witness = %key.name, "checkpoints go to the witness");
+        tokio::spawn(crate::upstream::witness::run(audit.clone(), w, key));
+    }
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
     let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
     // TLS on the listener, when configured: the pair must load now, and is

@@ -154,6 +154,9 @@ pub struct WitnessConfig {
     /// How long one submission may take.
     #[serde(deserialize_with = "duration", default = "witness_timeout")]
     pub timeout: Duration,
+    /// For an `https://` url: the same keys as an upstream's `tls` table.
+    #[serde(default)]
+    pub tls: Option<UpstreamTls>,
 }
 
 fn witness_timeout() -> Duration {
@@ -867,7 +870,10 @@ impl Config {
         }
         if let Some(w) = &au.witness {
             if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
-                return Err(format!("audit.witness.url `{}` must be an http:// or https:// URL", w.url));
+                return Err(format!(
+                    "audit.witness.url `{}` must be an http:// or https:// URL",
+                    w.url
+                ));
             }
             // The key itself is parsed when the gateway starts (`serve`).
         }

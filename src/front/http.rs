@@ -44,6 +44,9 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/audit/checkpoint", get(audit_checkpoint))
+        .route("/audit/proof/inclusion", get(audit_inclusion))
+        .route("/audit/proof/consistency", get(audit_consistency))
         .route(
             "/mcp/{server}",
             get(get_mcp).post(post_mcp).delete(delete_mcp),
@@ -140,6 +143,84 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
         gw.pipeline.metrics.render(&now),
     )
         .into_response()
+}
+
+/// `GET /audit/checkpoint`: the latest signed checkpoint note, with any
+/// witness cosignatures. Read-only and unauthenticated, like a transparency
+/// log's: it holds a size and a root hash, nothing of any entry.
+async fn audit_checkpoint(State(gw): State<Arc<Gateway>>) -> Response {
+    let Some(dir) = gw.audit_dir.clone() else {
+        return (StatusCode::NOT_FOUND, "this gateway keeps no audit log\n").into_response();
+    };
+    match crate::audit::proofs::latest(&dir) {
+        Ok((note, _)) => (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            note,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct InclusionQuery {
+    seq: u64,
+    size: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct ConsistencyQuery {
+    old: u64,
+    size: Option<u64>,
+}
+
+/// A proof as JSON, computed off the async threads (it reads the tree file).
+async fn proof_response<T: serde::Serialize + Send + 'static>(
+    gw: &Gateway,
+    make: impl FnOnce(&std::path::Path) -> Result<T, crate::audit::proofs::ProveError> + Send + 'static,
+) -> Response {
+    let Some(dir) = gw.audit_dir.clone() else {
+        return (StatusCode::NOT_FOUND, "this gateway keeps no audit log\n").into_response();
+    };
+    match tokio::task::spawn_blocking(move || make(&dir)).await {
+        Ok(Ok(proof)) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_string(&proof).unwrap_or_default(),
+        )
+            .into_response(),
+        Ok(Err(crate::audit::proofs::ProveError::Range(why))) => {
+            (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response()
+        }
+        Ok(Err(e)) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// `GET /audit/proof/inclusion?seq=N[&size=M]`.
+async fn audit_inclusion(
+    State(gw): State<Arc<Gateway>>,
+    axum::extract::Query(q): axum::extract::Query<InclusionQuery>,
+) -> Response {
+    proof_response(&gw, move |dir| {
+        crate::audit::proofs::inclusion(dir, q.seq, q.size)
+    })
+    .await
+}
+
+/// `GET /audit/proof/consistency?old=N[&size=M]`.
+async fn audit_consistency(
+    State(gw): State<Arc<Gateway>>,
+    axum::extract::Query(q): axum::extract::Query<ConsistencyQuery>,
+) -> Response {
+    proof_response(&gw, move |dir| {
+        crate::audit::proofs::consistency(dir, q.old, q.size)
+    })
+    .await
 }
 
 fn rpc(status: StatusCode, msg: &Message) -> Response {

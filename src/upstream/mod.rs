@@ -11,6 +11,7 @@ pub mod session;
 mod stdio;
 mod streamable_http;
 pub mod tls;
+pub mod witness;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -192,6 +192,8 @@ pub struct Gateway {
     modern: HashMap<String, tokio::sync::Mutex<Option<ModernUpstream>>>,
     /// `limits.requests_per_second` per (principal, tenant), when set.
     rate: Option<governor::DefaultKeyedRateLimiter<(String, String)>>,
+    /// The audit dir (`serve`), for the read-only transparency endpoints.
+    pub audit_dir: Option<std::path::PathBuf>,
 }
 
 impl Gateway {
@@ -206,6 +208,7 @@ impl Gateway {
     ) -> Arc<Gateway> {
         let config = Arc::new(config);
         let state_key = audit.as_ref().map(|a| a.signing_key());
+        let audit_dir = audit.as_ref().map(|a| a.dir().to_owned());
         let mut pipeline = Pipeline::new(
             config.clone(),
             store,
@@ -234,6 +237,7 @@ impl Gateway {
             sessions: Mutex::new(HashMap::new()),
             modern,
             rate,
+            audit_dir,
         })
     }
 

@@ -51,7 +51,7 @@ struct Tls {
 const MAX_IDLE: usize = 32;
 
 /// Any byte stream a connection runs over (plain TCP or TLS).
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 /// hyper's side of a connection: reads and writes it, and must be polled

@@ -1,0 +1,221 @@
+//! The transparency commands of `countersign audit`: proofs, the
+//! checkpoints' verifier key, and exports whose entries can each be checked
+//! against a checkpoint without the rest of the log.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::audit::merkle::{self, Hash};
+use crate::audit::note::{self, Checkpoint, Note};
+use crate::audit::{proofs, tree::TreeReader, verify};
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+/// `audit prove SEQ` and `audit prove --consistency OLD`.
+pub fn prove(
+    dir: &Path,
+    seq: Option<u64>,
+    old: Option<u64>,
+    size: Option<u64>,
+) -> anyhow::Result<ExitCode> {
+    let out = match (seq, old) {
+        (_, Some(old)) => serde_json::to_value(proofs::consistency(dir, old, size)?)?,
+        (Some(seq), None) => serde_json::to_value(proofs::inclusion(dir, seq, size)?)?,
+        (None, None) => anyhow::bail!("give an entry's SEQ, or --consistency OLD_SIZE"),
+    };
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The gateway's signing key, read from its key file in the audit dir.
+fn gateway_key(dir: &Path) -> anyhow::Result<ed25519_dalek::SigningKey> {
+    let path = dir.join(crate::audit::log::KEY_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read `{}`: the gateway makes it on its first start (is --dir the audit dir?)",
+            path.display()
+        )
+    })?;
+    crate::core::approval::KeyFile::parse(&text)
+        .and_then(|k| k.signing_key())
+        .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))
+}
+
+/// `audit pubkey --vkey`: the checkpoints' verifier key.
+pub fn vkey(dir: &Path) -> anyhow::Result<String> {
+    let (_, cp) = proofs::latest(dir)?;
+    Ok(note::vkey(&cp.origin, &gateway_key(dir)?.verifying_key()))
+}
+
+/// `audit export --with-proofs`: the latest checkpoint, then each entry it
+/// covers with its inclusion proof against it.
+pub fn export_with_proofs(dir: &Path, out: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let (text, cp) = proofs::latest(dir)?;
+    let tree = TreeReader::open(dir)?;
+    anyhow::ensure!(
+        tree.size >= cp.size,
+        "the tree holds {} entries and the checkpoint covers {}: start the gateway once to bring it level",
+        tree.size,
+        cp.size
+    );
+    let mut sink: Box<dyn Write> = match out {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create `{}`", p.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+    };
+    writeln!(sink, "{}", json!({ "checkpoint": text }))?;
+    let mut failed: Option<anyhow::Error> = None;
+    let mut n = 0u64;
+    verify::each_line(dir, |line, place| {
+        let seq = serde_json::from_slice::<Value>(line)
+            .ok()
+            .and_then(|v| v.get("seq").and_then(Value::as_u64));
+        let Some(seq) = seq else {
+            failed = Some(anyhow::anyhow!("{place}: not an entry with a seq"));
+            return false;
+        };
+        if seq > cp.size {
+            return false;
+        }
+        let proof = match merkle::inclusion(&tree, seq - 1, cp.size) {
+            Ok(p) => p,
+            Err(e) => {
+                failed = Some(e.into());
+                return false;
+            }
+        };
+        let inclusion = json!({
+            "leaf_index": seq - 1,
+            "tree_size": cp.size,
+            "hashes": proof.iter().map(|h| b64().encode(h)).collect::<Vec<_>>(),
+        });
+        // The entry's own bytes, unchanged: its hash is over them.
+        let written = sink
+            .write_all(b"{\"entry\":")
+            .and_then(|()| sink.write_all(line))
+            .and_then(|()| writeln!(sink, ",\"inclusion\":{inclusion}}}"));
+        if let Err(e) = written {
+            failed = Some(e.into());
+            return false;
+        }
+        n += 1;
+        true
+    })?;
+    sink.flush()?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    eprintln!(
+        "countersign: exported {n} entries with inclusion proofs against checkpoint {}",
+        cp.size
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The key to check a checkpoint with: a vkey, or the gateway's public key
+/// (then the note's origin is the key name).
+fn checkpoint_key(text: &str) -> anyhow::Result<(Option<String>, ed25519_dalek::VerifyingKey)> {
+    let text = if text.starts_with(crate::core::approval::PUBLIC_PREFIX) || text.contains('+') {
+        text.to_owned()
+    } else {
+        std::fs::read_to_string(text)
+            .with_context(|| format!("cannot read --pubkey file `{text}`"))?
+    };
+    let text = text.trim();
+    if text.starts_with(crate::core::approval::PUBLIC_PREFIX) {
+        let key = crate::core::approval::parse_public_key(text)
+            .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))?;
+        return Ok((None, key));
+    }
+    let v = note::parse_vkey(text).map_err(|e| anyhow::anyhow!("--pubkey: {e}"))?;
+    Ok((Some(v.name), v.key))
+}
+
+/// `audit check-export FILE`: each entry of an export with proofs against
+/// the checkpoint at its top, on its own.
+pub fn check_export(file: &Path, pubkey: &str) -> anyhow::Result<ExitCode> {
+    let (name, key) = checkpoint_key(pubkey)?;
+    let input: Box<dyn BufRead> = if file == Path::new("-") {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(file)
+                .with_context(|| format!("cannot read `{}`", file.display()))?,
+        ))
+    };
+    let mut lines = input.lines();
+    let first = lines.next().transpose()?.context("the export is empty")?;
+    let head: Value = serde_json::from_str(&first).context("the first line is not JSON")?;
+    let text = head
+        .get("checkpoint")
+        .and_then(Value::as_str)
+        .context("the first line holds no `checkpoint`: not an export with proofs")?;
+    let n = Note::parse(text).map_err(|e| anyhow::anyhow!("the checkpoint: {e}"))?;
+    let cp = Checkpoint::parse(&n.text).map_err(|e| anyhow::anyhow!("the checkpoint: {e}"))?;
+    n.verify(name.as_deref().unwrap_or(&cp.origin), &key)
+        .map_err(|e| anyhow::anyhow!("the checkpoint: {e}"))?;
+    let mut checked = 0u64;
+    for (i, line) in lines.enumerate() {
+        let line = line?;
+        let at = i + 2;
+        let problem = |why: String| anyhow::anyhow!("line {at}: {why}");
+        #[derive(serde::Deserialize)]
+        struct Row<'a> {
+            #[serde(borrow)]
+            entry: &'a serde_json::value::RawValue,
+            inclusion: Inclusion,
+        }
+        #[derive(serde::Deserialize)]
+        struct Inclusion {
+            leaf_index: u64,
+            tree_size: u64,
+            hashes: Vec<String>,
+        }
+        let row: Row<'_> = serde_json::from_str(&line)
+            .map_err(|e| problem(format!("not an entry with a proof ({e})")))?;
+        let digest =
+            crate::audit::check_entry_line(row.entry.get().as_bytes()).map_err(&problem)?;
+        let seq = serde_json::from_str::<Value>(row.entry.get())
+            .ok()
+            .and_then(|v| v.get("seq").and_then(Value::as_u64));
+        if seq != Some(row.inclusion.leaf_index + 1) || row.inclusion.tree_size != cp.size {
+            return Err(problem(
+                "the proof is for another entry or another checkpoint".into(),
+            ));
+        }
+        let proof = row
+            .inclusion
+            .hashes
+            .iter()
+            .map(|h| {
+                b64()
+                    .decode(h)
+                    .ok()
+                    .and_then(|b| Hash::try_from(b).ok())
+                    .ok_or_else(|| problem("a proof hash is not 32 bytes of base64".into()))
+            })
+            .collect::<anyhow::Result<Vec<Hash>>>()?;
+        merkle::check_inclusion(
+            &proof,
+            row.inclusion.leaf_index,
+            cp.size,
+            &merkle::leaf_hash(&digest),
+            &cp.root,
+        )
+        .map_err(|e| problem(format!("entry {}: {e}", row.inclusion.leaf_index + 1)))?;
+        checked += 1;
+    }
+    println!(
+        "ok: {checked} entries, each included in checkpoint {} of {} (signature verified)",
+        cp.size, cp.origin
+    );
+    Ok(ExitCode::SUCCESS)
+}
