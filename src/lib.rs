@@ -8,12 +8,12 @@
 //!
 //! | layer | modules | I/O |
 //! |---|---|---|
-//! | cli | [`cli`] (`serve`, `check`, `policy`, `reconcile`, `review`, `client`, `files`) | yes |
+//! | cli | [`cli`] (`serve`, `check`, `policy`, `reconcile`, `review`, `client`, `files`, `transparency`) | yes |
 //! | front ends | [`front`] (`http`, `mcp`, `control`, `bridge`) | yes |
-//! | upstream | [`upstream`] (`session`, `route`, `mux`, `stdio`, `streamable_http`) | yes |
-//! | enforce | [`enforce`] (`pipeline`, `flight`, `book`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`) | through traits |
-//! | store, audit | [`store`] (`redb_store`, `memory`), [`audit`] (`log`, `segment`, `trail`, `verify`, `export`) | yes |
-//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
+//! | upstream | [`upstream`] (`session`, `route`, `mux`, `stdio`, `streamable_http`, `witness`) | yes |
+//! | enforce | [`enforce`] (`pipeline`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`) | through traits |
+//! | store, audit | [`store`] (`redb_store`, `memory`), [`audit`] (`log`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`) | yes |
+//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `confirm`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
 //! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two
@@ -22,8 +22,9 @@
 //!   Cedar decisions, approval statements, failure classes, annotations, tool catalogs and pins,
 //!   identities, configuration, time.
 //! - [`store`]: durable ledger, proposal and outbox storage behind one trait.
-//! - [`audit`]: the hash-chained, signed audit log, a call's trail,
-//!   verification and exports.
+//! - [`audit`]: the hash-chained audit log and its RFC 6962 Merkle tree,
+//!   C2SP signed checkpoints and proofs, a call's trail, verification and
+//!   exports.
 //! - [`enforce`]: the `tools/call` pipeline as one type, the ledger
 //!   service, the approval book, the sealed permit, and the one module that
 //!   words outcomes for the wire.

@@ -37,9 +37,10 @@ use super::merkle::Hash;
 use super::note::{self, Checkpoint, Note};
 use super::segment::{io_err, segment_path, segments, AuditError};
 use super::tree::TreeWriter;
+use sha2::Digest;
+
 use super::{
-    entry_digest, hash_bytes, sign_checkpoint, ArgumentMode, CHECKPOINT, CHECKPOINT_FILE, COSIGNED,
-    LOG_STARTED,
+    hash_bytes, sign_checkpoint, ArgumentMode, CHECKPOINT, CHECKPOINT_FILE, COSIGNED, LOG_STARTED,
 };
 use crate::core::approval::{format_public_key, KeyFile};
 
@@ -228,14 +229,19 @@ fn latest_signed(dir: &Path, key: &SigningKey) -> Result<Option<Checkpoint>, Aud
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(&path)(e)),
     };
-    let bad = |why: String| AuditError {
-        path: path.clone(),
-        message: why,
+    // The file is a copy (each note is also in its checkpoint entry) and is
+    // not fsynced: one a crash left unreadable is replaced by the next. One
+    // that reads well and carries another key's signature was put there.
+    let parsed = Note::parse(&text).and_then(|n| Checkpoint::parse(&n.text).map(|cp| (n, cp)));
+    let Ok((n, cp)) = parsed else {
+        tracing::warn!(path = %path.display(), "the latest checkpoint file is unreadable (a crash?); the next checkpoint replaces it");
+        return Ok(None);
     };
-    let n = Note::parse(&text).map_err(|e| bad(e.to_string()))?;
-    let cp = Checkpoint::parse(&n.text).map_err(|e| bad(e.to_string()))?;
     n.verify(&cp.origin, &key.verifying_key())
-        .map_err(|e| bad(format!("{e} (not this gateway's checkpoint)")))?;
+        .map_err(|e| AuditError {
+            path: path.clone(),
+            message: format!("{e}: not this gateway's checkpoint"),
+        })?;
     Ok(Some(cp))
 }
 
@@ -837,13 +843,17 @@ impl Writer {
             e.insert("time".into(), json!(now()));
         }
         e.insert("prev".into(), json!(self.head));
-        let digest = entry_digest(&e);
+        // The entry's JCS is hashed, then written with `hash` spliced in at
+        // its sorted place: the line is the JCS of the whole entry, so a
+        // verifier hashes the line's own bytes with `hash` cut out instead
+        // of parsing and re-serializing each entry.
+        let mut jcs = Vec::with_capacity(640);
+        let slot = crate::core::canonical::jcs_object_into_at(&e, &mut jcs, "hash");
+        let digest: Hash = sha2::Sha256::digest(&jcs).into();
         let hash = format!("sha256:{}", hex::encode(digest));
-        e.insert("hash".into(), json!(hash));
-        // Written as its JCS: a verifier hashes the line's own bytes with
-        // `hash` cut out, instead of parsing and re-serializing each entry.
-        let mut line = Vec::with_capacity(512);
-        crate::core::canonical::jcs_object_into(&e, &mut line);
+        let member = format!("\"hash\":\"{hash}\"");
+        let mut line = Vec::with_capacity(jcs.len() + member.len() + 2);
+        slot.splice(&jcs, member.as_bytes(), &mut line);
         line.push(b'\n');
         self.file.write_all(&line)?;
         self.tree.push(&digest)?;
@@ -852,6 +862,7 @@ impl Writer {
         self.head = hash;
         self.since_checkpoint += 1;
         if kind == COSIGNED {
+            e.insert("hash".into(), json!(self.head));
             self.add_cosignatures(&e);
         }
         Ok(())
@@ -927,7 +938,13 @@ impl Writer {
         self.append(CHECKPOINT, f)?;
         self.since_checkpoint = 0;
         self.last_signed = Some(cp);
-        self.sync()?;
+        // The checkpoint entry itself goes to disk with the next sync (a
+        // clean stop syncs it now): the note's promise rests on the entries
+        // it covers, which are on disk already, so a new note after a crash
+        // can only extend it.
+        if reason == "shutdown" {
+            self.sync()?;
+        }
         self.notes.send_replace(Some(Arc::from(signed)));
         Ok(())
     }
