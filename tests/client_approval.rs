@@ -441,3 +441,55 @@ async fn request_states_that_are_altered_moved_or_replayed_are_refused_on_the_wi
         assert!(reasons.contains(&code), "{code} audited: {reasons:?}");
     }
 }
+
+/// The same refusals with the Python SDK sending the state back by hand
+/// (its session API): altered by one byte, with another call, expired (a
+/// state the test signs with the gateway's own key, so only the expiry is
+/// wrong), then the genuine answer, then that answer again.
+#[test]
+fn the_python_sdk_sending_altered_moved_expired_and_used_states_is_refused() {
+    use std::io::{BufRead, Write};
+    let (gw, _p, _alice) = gateway();
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/state_client.py");
+    let mut child = std::process::Command::new(peer_python())
+        .arg(script)
+        .args([gw.url("payments").as_str(), SOLO_TOKEN])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let first: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        panic!("{e}: {line} {err}")
+    });
+    assert_eq!(first["protocol_version"], "2026-07-28");
+    let state = first["state"].as_str().unwrap();
+    let mut claims = countersign::core::confirm::open(state).unwrap().claims;
+    claims.expires_ms = countersign::core::time::now_ms() - 1_000;
+    let key = countersign::audit::log::load_or_create_key(&gw.audit_dir()).unwrap();
+    let expired = countersign::core::confirm::seal(&claims, &key);
+    writeln!(child.stdin.take().unwrap(), "{expired}").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{line}");
+    let results: Value = serde_json::from_str(&line).unwrap();
+    let r = results["results"].as_array().unwrap();
+    assert_eq!(r[0], "confirmation_invalid", "{r:?}");
+    assert_eq!(r[1], "confirmation_mismatch", "{r:?}");
+    assert_eq!(r[2], "confirmation_expired", "{r:?}");
+    assert!(
+        r[3].as_str()
+            .unwrap()
+            .starts_with("ran: charged 5 to acct_7"),
+        "{r:?}"
+    );
+    assert_eq!(r[4], "confirmation_used", "{r:?}");
+    assert_eq!(gw.executions("charge_card"), 1, "nothing refused ran");
+}
