@@ -269,6 +269,32 @@ async fn every_class_of_bad_input_gets_a_precise_error_and_runs_nothing() {
         send(h(&[]), p, br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card","arguments":"x"}}"#.to_vec()).await
     );
 
+    // Answers to the gateway's own question (approval in the client).
+    case!(
+        "a requestState that is not a string",
+        200,
+        "params.requestState` must be a string",
+        send(h(&[]), p, br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card","arguments":{},"requestState":7}}"#.to_vec()).await
+    );
+    case!(
+        "inputResponses that are not an object",
+        200,
+        "params.inputResponses` must be an object",
+        send(h(&[]), p, br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card","arguments":{},"inputResponses":[1]}}"#.to_vec()).await
+    );
+    case!(
+        "countersign's answer mixed with answers to the upstream's questions",
+        200,
+        "send only the answer countersign asked for",
+        send(h(&[]), p, br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card","arguments":{},"requestState":"countersign.1.x.y","inputResponses":{"dev.countersign/confirm":{"action":"accept"},"other":{}}}}"#.to_vec()).await
+    );
+    case!(
+        "a forged requestState of countersign's form",
+        200,
+        "confirmation_invalid",
+        send(h(&[]), p, br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card","arguments":{"account":"a","amount":1},"requestState":"countersign.1.e30.AAAA","inputResponses":{"dev.countersign/confirm":{"action":"accept","content":{"approve":true}}}}}"#.to_vec()).await
+    );
+
     // Numbers and strings.
     case!(
         "duplicate keys in the arguments",
