@@ -446,31 +446,19 @@ async fn a_verifier_without_a_shell_gets_the_checkpoint_and_proofs_over_http() {
     let vkey = cli_ok(&["audit", "pubkey", "--vkey", "--dir", &dir]);
     let (size, root) = their_checkpoint(&note, vkey.trim());
     let (theirs, leaves) = their_tree(&gw.audit_dir());
-    let p: Value = http
-        .get(format!(
-            "{}/audit/proof/inclusion?seq=3&size={size}",
-            gw.base()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = format!("{}{path}", gw.base());
+        async move {
+            serde_json::from_str::<Value>(
+                &http.get(url).send().await.unwrap().text().await.unwrap(),
+            )
+            .unwrap()
+        }
+    };
+    let p = get(format!("/audit/proof/inclusion?seq=3&size={size}")).await;
     check_record(&their_hashes(&p), size, root, 2, record_hash(&leaves[2])).unwrap();
-    let p: Value = http
-        .get(format!(
-            "{}/audit/proof/consistency?old=2&size={size}",
-            gw.base()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .map(|t| serde_json::from_str(&t).unwrap())
-        .unwrap();
+    let p = get(format!("/audit/proof/consistency?old=2&size={size}")).await;
     check_tree(
         &their_hashes(&p),
         size,
