@@ -610,3 +610,63 @@ fn an_unchecked_database_certificate_or_sslmode_prefer_is_refused() {
     assert!(ok, "{out}{err}");
     assert!(out.contains("schema migrated from version 0"), "{out}");
 }
+
+/// Approval in the client across gateways: a question asked by one gateway
+/// (its `requestState` signed with its own key) is answered through the
+/// other, which verifies the state against the key recorded on the shared
+/// proposal; the call runs once, and the state replayed through the first
+/// is used up.
+#[tokio::test]
+async fn a_client_answer_may_reach_another_gateway_on_the_same_database() {
+    let schema = Schema::new();
+    let (pdir, _alice) = default_policies_with_alice();
+    let opts = || Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    };
+    let a = on(&schema, opts());
+    let b = on(&schema, opts());
+    let call = |reply: Option<(&str, serde_json::Value)>| {
+        let mut body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"acct_7","amount":9},
+            "_meta":{"dev.countersign/idempotency-key":"pg-confirm",
+                     "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}}});
+        if let Some((state, answer)) = reply {
+            body["params"]["requestState"] = json!(state);
+            body["params"]["inputResponses"] = json!({"dev.countersign/confirm": answer});
+        }
+        body
+    };
+    let send = |gw: &Gateway, body: serde_json::Value| {
+        let url = gw.url("payments");
+        async move {
+            let r = answer(
+                modern_post_as(&url, &body, SOLO_TOKEN)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            r.last()["result"].clone()
+        }
+    };
+    let first = send(&a, call(None)).await;
+    assert_eq!(first["resultType"], "input_required", "{first}");
+    let state = first["requestState"].as_str().unwrap().to_owned();
+    let yes = json!({"action": "accept", "content": {"approve": true}});
+    let ran = send(&b, call(Some((&state, yes.clone())))).await;
+    assert!(
+        ran["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("charged 9 to acct_7"),
+        "{ran}"
+    );
+    let again = send(&a, call(Some((&state, yes)))).await;
+    assert_eq!(
+        again["structuredContent"]["countersign"]["code"], "confirmation_used",
+        "{again}"
+    );
+    assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
+}
