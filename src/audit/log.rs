@@ -525,13 +525,32 @@ impl AuditLog {
         let size = file.metadata().map_err(io_err(&path))?.len();
         // The tree, level with the log; then the promise of the last
         // checkpoint signed: the log must still hold what it covered.
-        let tree = TreeWriter::open(&s.dir, tail.seq, hash_bytes(&tail.head), |from| {
-            tail_hashes(&s.dir, from)
-        })?;
+        let tail_of_log = |from| tail_hashes(&s.dir, from);
+        let mut tree = TreeWriter::open(&s.dir, tail.seq, hash_bytes(&tail.head), tail_of_log)?;
         let origin = s.origin();
         let last_signed = latest_signed(&s.dir, &key)?;
         if let Some(cp) = &last_signed {
-            check_extends(&tree, cp, &s.dir)?;
+            // The tree is derived: one that disagrees with the last signed
+            // checkpoint is made again from the log, and only the log itself
+            // is judged against the checkpoint.
+            if check_extends(&tree, cp, &s.dir).is_err() {
+                tracing::warn!("the audit tree does not match the last signed checkpoint: making it again from the log");
+                drop(tree);
+                let path = s.dir.join(super::tree::TREE_FILE);
+                std::fs::remove_file(&path).map_err(io_err(&path))?;
+                tree = TreeWriter::open(&s.dir, tail.seq, hash_bytes(&tail.head), tail_of_log)?;
+                check_extends(&tree, cp, &s.dir)?;
+            }
+            // The leaves after it were never signed: checked against the
+            // log's tail (at most about `checkpoint_every` entries), mended
+            // if a damaged file holds others.
+            let after = tail_of_log(cp.size + 1)?;
+            if tree.mend_tail(cp.size, &after).map_err(io_err(&s.dir))? {
+                tracing::warn!(
+                    from = cp.size + 1,
+                    "the audit tree's tail did not match the log: mended from the log"
+                );
+            }
         }
         let (notes, checkpoints) = tokio::sync::watch::channel(None);
         let mut started = Map::new();
@@ -1257,6 +1276,50 @@ mod tests {
         assert!(report.brk.is_none(), "{report:?}");
         assert!(report.entries > 14, "{report:?}");
         assert!(report.ended_clean);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_tree_is_made_again_from_the_log_across_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = AuditLog::open(settings(dir.path())).unwrap();
+            for i in 0..30 {
+                log.record_durable(
+                    "call_received",
+                    json!({ "i": i }).as_object().unwrap().clone(),
+                )
+                .await
+                .unwrap();
+            }
+        }
+        assert!(segments(dir.path()).unwrap().len() > 2);
+        let root = |dir: &Path| {
+            let r = super::super::verify::verify_dir(dir, None, None).unwrap();
+            assert!(r.brk.is_none(), "{}", r.render());
+            r.tree
+        };
+        let good = root(dir.path());
+        // The first leaf of the tree file damaged: the last checkpoint no
+        // longer matches the tree, which is made again from the log.
+        let tree = dir.path().join(super::super::tree::TREE_FILE);
+        let f = OpenOptions::new().write(true).open(&tree).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0xee; 32], 0).unwrap();
+        drop(f);
+        {
+            let _log = AuditLog::open(settings(dir.path())).unwrap();
+        }
+        let reader = super::super::tree::TreeReader::open(dir.path()).unwrap();
+        let now = root(dir.path());
+        assert!(
+            now.0 > good.0,
+            "two more entries: log_started, the shutdown checkpoint"
+        );
+        let rebuilt = super::super::merkle::root(&reader, now.0).unwrap();
+        assert_eq!(
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, rebuilt),
+            now.1,
+            "the tree is the log's again"
+        );
     }
 
     #[test]

@@ -136,6 +136,33 @@ impl TreeWriter {
         Ok(tree)
     }
 
+    /// The leaves after the first `size` must be those of `entries` (the
+    /// log's hashes from seq `size + 1`): where they are not, the tree is cut
+    /// to `size` and they are appended again. Whether it mended anything.
+    pub fn mend_tail(&mut self, size: u64, entries: &[Hash]) -> std::io::Result<bool> {
+        self.out.flush()?;
+        let reader = self.reader()?;
+        let same = self.frontier.size() == size + entries.len() as u64
+            && entries.iter().enumerate().all(|(i, h)| {
+                reader.stored(merkle::stored_index(0, size + i as u64)).ok()
+                    == Some(merkle::leaf_hash(h))
+            });
+        if same {
+            return Ok(false);
+        }
+        self.out
+            .get_ref()
+            .set_len(merkle::stored_count(size) * 32)?;
+        use std::io::Seek;
+        self.out.seek(std::io::SeekFrom::End(0))?;
+        self.frontier = Frontier::load(&self.reader()?, size)?;
+        for h in entries {
+            self.push(h)?;
+        }
+        self.flush()?;
+        Ok(true)
+    }
+
     /// Append the leaf of an entry whose hash is `entry_hash`.
     pub fn push(&mut self, entry_hash: &Hash) -> std::io::Result<()> {
         for h in self.frontier.push(merkle::leaf_hash(entry_hash)) {
@@ -196,8 +223,15 @@ mod tests {
         t.flush().unwrap();
         let root10 = t.root();
         drop(t);
-        // The log has 12 entries now: the tree adds the two it lacks.
-        let t = TreeWriter::open(dir.path(), 12, Some(entries[11]), tail(12)).unwrap();
+        // The log has 12 entries now: the tree adds the two it lacks, and
+        // reads only those from the log (not the whole log again).
+        let asked = std::cell::Cell::new(0);
+        let t = TreeWriter::open(dir.path(), 12, Some(entries[11]), |from| {
+            asked.set(from);
+            tail(12)(from)
+        })
+        .unwrap();
+        assert_eq!(asked.get(), 11);
         assert_eq!(t.size(), 12);
         let r = t.reader().unwrap();
         assert_eq!(merkle::root(&r, 10).unwrap(), root10);
@@ -219,6 +253,23 @@ mod tests {
         );
         let reader = TreeReader::open(dir.path()).unwrap();
         assert_eq!(reader.size, 11);
+        // A damaged leaf after `size` 8 is mended from the log.
+        let mut t = TreeWriter::open(dir.path(), 11, Some(entries[10]), tail(11)).unwrap();
+        let good = t.root();
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0xee; 32], merkle::stored_index(0, 9) * 32)
+            .unwrap();
+        assert!(t.mend_tail(8, &entries[8..11]).unwrap());
+        assert_eq!(t.root(), good);
+        assert_eq!(
+            TreeReader::open(dir.path())
+                .unwrap()
+                .stored(merkle::stored_index(0, 9))
+                .unwrap(),
+            merkle::leaf_hash(&entries[9])
+        );
+        assert!(!t.mend_tail(8, &entries[8..11]).unwrap(), "nothing to mend");
+        drop(t);
         // Another log's tree is made again.
         let other: Vec<Hash> = (100..111).map(h).collect();
         let t = TreeWriter::open(dir.path(), 11, Some(other[10]), |from| {
