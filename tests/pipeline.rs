@@ -1802,3 +1802,30 @@ async fn a_session_client_is_asked_by_elicitation_and_its_answer_releases_the_he
     assert_eq!(answered_n(&o), 1);
     assert_eq!(f.fake.runs("refund"), 1);
 }
+
+#[tokio::test]
+async fn two_gateways_recording_their_keys_on_one_proposal_keep_both() {
+    let f = confirm_fixture();
+    let (id, _) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
+    // Both start from the same copy, as two gateways reading it at once.
+    let stale = f.proposal(&id);
+    assert!(f
+        .pipeline
+        .book
+        .asked_by(&stale, "ed25519:gateway-a")
+        .await
+        .unwrap());
+    assert!(f
+        .pipeline
+        .book
+        .asked_by(&stale, "ed25519:gateway-b")
+        .await
+        .unwrap());
+    let keys = f.proposal(&id).asked_by;
+    assert!(
+        keys.contains(&"ed25519:gateway-a".to_owned())
+            && keys.contains(&"ed25519:gateway-b".to_owned()),
+        "{keys:?}"
+    );
+    assert_eq!(keys.len(), 3, "this gateway's own key, and the two");
+}

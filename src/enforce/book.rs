@@ -618,10 +618,26 @@ impl Book {
         if p.asked_by.iter().any(|k| k == key) {
             return Ok(true);
         }
-        let mut next = p.clone();
-        next.asked_by.push(key.to_owned());
-        next.updated_ms = self.clock.now_ms();
-        self.write(next, Some(ProposalState::Pending)).await
+        // The store compares the state only: two gateways adding their keys
+        // at once could each write over the other's. So each reads the
+        // proposal again after writing, and writes again until its key is
+        // there (both converge: every write starts from a fresh read).
+        for _ in 0..8 {
+            let Some(fresh) = self.store.get_proposal(&p.id).await? else {
+                return Ok(false);
+            };
+            if fresh.state != ProposalState::Pending {
+                return Ok(false);
+            }
+            if fresh.asked_by.iter().any(|k| k == key) {
+                return Ok(true);
+            }
+            let mut next = fresh;
+            next.asked_by.push(key.to_owned());
+            next.updated_ms = self.clock.now_ms();
+            self.write(next, Some(ProposalState::Pending)).await?;
+        }
+        Ok(false)
     }
 
     /// The answer of the person at the client (DESIGN.md section 14): the
