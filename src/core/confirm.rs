@@ -24,6 +24,8 @@ pub const STATE_TYPE: &str = "countersign.request_state.v1";
 pub const INPUT_KEY: &str = "dev.countersign/confirm";
 /// The most bytes of a `requestState` the gateway reads.
 const MAX_STATE: usize = 4096;
+/// The most bytes of arguments a question shows.
+const MAX_SHOWN: usize = 4096;
 
 /// What a `requestState` binds. Unknown fields are refused: nothing rides
 /// along under the signature that the gateway does not check.
@@ -200,10 +202,31 @@ pub fn declares_elicitation(capabilities: Option<&Value>) -> bool {
 /// arguments of the gateway's canonical copy, and a form asking yes or no
 /// with an optional reason. `with_mode`: the peer knows elicitation modes
 /// (2025-11-25 and later).
-pub fn question(summary: &str, arguments_jcs: &str, proposal_id: &str, with_mode: bool) -> Value {
+pub fn question(
+    summary: &str,
+    arguments_jcs: &str,
+    digest: &str,
+    proposal_id: &str,
+    with_mode: bool,
+) -> Value {
+    // Very large arguments are cut for the eye; the yes binds their digest,
+    // which is named, so what is approved stays exact.
+    let shown = if arguments_jcs.len() > MAX_SHOWN {
+        let mut end = MAX_SHOWN;
+        while !arguments_jcs.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!(
+            "{}… ({} bytes in all; their digest is {digest})",
+            &arguments_jcs[..end],
+            arguments_jcs.len()
+        )
+    } else {
+        arguments_jcs.to_owned()
+    };
     let message = format!(
         "countersign asks you to approve a call your agent made. {summary}.\n\
-         The exact arguments that will be sent: {arguments_jcs}\n\
+         The exact arguments that will be sent: {shown}\n\
          Approve it to run it once (proposal {proposal_id}); decline to refuse it."
     );
     let mut params = json!({
@@ -375,6 +398,22 @@ mod tests {
         let mut other = claims();
         other.principal = "agent-9".into();
         assert_eq!(mismatch(&other, &want).map(|m| m.0), Some("principal"));
+    }
+
+    #[test]
+    fn large_arguments_are_cut_for_the_eye_and_their_digest_named() {
+        let big = format!("{{\"note\":\"{}\"}}", "é".repeat(5000));
+        let q = question("s", &big, "sha256:ab", "p-1", false);
+        let m = q["message"].as_str().unwrap();
+        assert!(
+            m.len() < 5000 && m.contains("bytes in all; their digest is sha256:ab"),
+            "{}",
+            m.len()
+        );
+        assert!(q.get("mode").is_none());
+        let small = question("s", "{}", "sha256:ab", "p-1", true);
+        assert!(small["message"].as_str().unwrap().contains("sent: {}\n"));
+        assert_eq!(small["mode"], "form");
     }
 
     #[test]

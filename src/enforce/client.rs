@@ -127,6 +127,7 @@ pub fn question_params(p: &Proposal, with_mode: bool) -> Value {
     confirm::question(
         &approval::summary(p),
         &crate::core::canonical::jcs(&p.arguments),
+        &p.call_digest,
         &p.id,
         with_mode,
     )
