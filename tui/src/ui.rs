@@ -413,7 +413,8 @@ fn history(app: &App, f: &mut Frame, area: Rect) {
             Constraint::Length(11),
             Constraint::Length(10),
             Constraint::Length(22),
-            Constraint::Length(8),
+            // A reviewer's name, or `NAME (client)`.
+            Constraint::Length(14),
             Constraint::Min(4),
         ],
         &["ID", "STATE", "REQUESTER", "TOOL", "BY", "AGO"],
@@ -636,6 +637,23 @@ mod tests {
             a.event(key(KeyCode::Char(c)));
         }
         insta::assert_snapshot!("deny_reason", render(&a, 80, 24));
+    }
+
+    #[test]
+    fn the_history_names_a_yes_given_in_the_client() {
+        let mut a = app();
+        let mut p = crate::app::tests::proposal("p-9", "consumed", 500_000, 30);
+        p["requester"] = json!("dev-1");
+        p["confirmation"] = json!({"channel": "client", "principal": "dev-1", "decision": "approve",
+            "reason": "", "at": "2026-11-30T10:00:00Z", "via": "input_required", "nonce": "n"});
+        a.event(Input::Net(Net::Snapshot(vec![p])));
+        a.event(key(KeyCode::Char('3')));
+        let screen = render(&a, 100, 24);
+        let row = screen
+            .lines()
+            .find(|l| l.contains("p-9"))
+            .unwrap_or_default();
+        assert!(row.contains("dev-1 (client)"), "{screen}");
     }
 
     #[test]
