@@ -1829,3 +1829,62 @@ async fn two_gateways_recording_their_keys_on_one_proposal_keep_both() {
     );
     assert_eq!(keys.len(), 3, "this gateway's own key, and the two");
 }
+
+#[tokio::test]
+async fn a_session_answer_after_the_hold_decides_for_the_next_call_and_one_after_its_expiry_does_not(
+) {
+    let f = fixture("0s").solo();
+    let policies = f._dir.path().join("policies");
+    std::fs::write(policies.join("test.cedar"), POLICIES).unwrap();
+    f.pipeline
+        .set_policies(countersign::cli::files::load_policies(&policies, None).unwrap());
+    let asks = Arc::new(countersign::enforce::client::Asks::new(Some("2025-11-25")));
+    let caller = Caller {
+        scope: Some("s-1".into()),
+        ..f.caller.clone()
+    };
+    // One call through the session (nothing holds it): its outcome, and
+    // what it sent on its stream.
+    let call = |args: Value, key: &'static str| {
+        let (f, caller, asks) = (&f, &caller, asks.clone());
+        async move {
+            let (tx, rx) = mpsc::channel(8);
+            let ctx = CallCtx {
+                caller,
+                server: "pay",
+                era: Era::Handshake,
+                events: Some(tx),
+                upstream: &f.fake,
+                asks: Some(asks),
+            };
+            (
+                f.pipeline
+                    .tool_call(&ctx, request("refund", args, Some(key)))
+                    .await,
+                rx,
+            )
+        }
+    };
+    // Nothing holds the call (`hold = 0s`): it answers pending, the question
+    // already on its stream.
+    let (o, mut rx) = call(refund(5), "h-1").await;
+    assert_eq!(code(o), "approval_pending");
+    let ask = rx.recv().await.expect("the question was sent");
+    let open = asks.take(ask.id.as_ref()).unwrap();
+    let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
+    countersign::enforce::client::answered(&f.pipeline.book, &caller.identity, open, &response)
+        .await;
+    let (o, _rx) = call(refund(5), "h-1").await;
+    assert_eq!(answered_n(&o), 1, "the yes ran the identical call");
+    // Another call, answered after the question expired: nothing decided.
+    let (o, mut rx) = call(refund(6), "h-2").await;
+    assert_eq!(code(o), "approval_pending");
+    let ask = rx.recv().await.unwrap();
+    let open = asks.take(ask.id.as_ref()).unwrap();
+    f.clock.advance(Duration::from_secs(301));
+    let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
+    countersign::enforce::client::answered(&f.pipeline.book, &caller.identity, open, &response)
+        .await;
+    assert_eq!(f.pending().len(), 1, "the late yes decided nothing");
+    assert_eq!(f.fake.runs("refund"), 1);
+}

@@ -907,13 +907,12 @@ impl Writer {
         if Checkpoint::parse(&n.text).ok().map(|c| c.size) != size {
             return;
         }
-        for line in lines {
-            if let Ok(extra) = Note::parse(&format!("x\n\n{line}\n")) {
-                for sig in extra.sigs {
-                    if !n.sigs.contains(&sig) {
-                        n.sigs.push(sig);
-                    }
-                }
+        for sig in lines
+            .into_iter()
+            .filter_map(|l| note::SigLine::parse(l).ok())
+        {
+            if !n.sigs.contains(&sig) {
+                n.sigs.push(sig);
             }
         }
         if let Err(e) = write_latest(&self.dir, &n.render()) {

@@ -322,15 +322,22 @@ pub fn check_entry_line(line: &[u8]) -> Result<[u8; 32], String> {
         .as_deref()
         .and_then(hash_bytes)
         .ok_or("the entry has no `hash` of the form sha256:HEX")?;
+    checked_digest(line, Some(stated))
+}
+
+/// The digest of an entry line, which must be `stated`: the line's own
+/// bytes with `hash` cut out first (the writer writes JCS), else (a line in
+/// another form, from an older writer) parsed and put in JCS.
+fn checked_digest(line: &[u8], stated: Option<[u8; 32]>) -> Result<[u8; 32], String> {
     let mut digest = digest_without_hash(line);
-    if digest != Some(stated) {
+    if stated.is_none() || digest != stated {
         let mut entry: Map<String, Value> =
             serde_json::from_slice(line).map_err(|e| format!("not a JSON object ({e})"))?;
         entry.remove("hash");
         digest = Some(entry_digest(&entry));
     }
-    match digest {
-        Some(d) if d == stated => Ok(d),
+    match (digest, stated) {
+        (Some(d), Some(s)) if d == s => Ok(d),
         _ => Err("the entry's content does not match its hash: it was edited".into()),
     }
 }
@@ -474,24 +481,7 @@ impl Verifier {
             )));
         }
         let hash = head.hash.as_deref().unwrap_or("");
-        let stated = hash_bytes(hash);
-        // The line's own bytes first (the writer writes JCS); a line in
-        // another form (an older writer) is parsed and put in JCS.
-        let mut digest = digest_without_hash(line);
-        if stated.is_none() || digest != stated {
-            let mut entry: Map<String, Value> = serde_json::from_slice(line)
-                .map_err(|e| brk(format!("not a JSON object ({e})")))?;
-            entry.remove("hash");
-            digest = Some(entry_digest(&entry));
-        }
-        let digest = match (digest, stated) {
-            (Some(d), Some(s)) if d == s => d,
-            _ => {
-                return Err(brk(
-                    "the entry's content does not match its hash: it was edited".into(),
-                ))
-            }
-        };
+        let digest = checked_digest(line, hash_bytes(hash)).map_err(brk)?;
         let kind = head.kind.as_deref().unwrap_or("");
         let special = kind == LOG_STARTED
             || kind == CHECKPOINT

@@ -214,7 +214,8 @@ impl SigLine {
         format!("\u{2014} {} {}\n", self.name, b64().encode(raw))
     }
 
-    fn parse(line: &str) -> Result<SigLine, NoteError> {
+    /// Parse one signature line (without its newline).
+    pub fn parse(line: &str) -> Result<SigLine, NoteError> {
         let bad = |why: &str| NoteError::Malformed(why.to_owned());
         let rest = line
             .strip_prefix("\u{2014} ")
@@ -348,18 +349,6 @@ pub fn cosigned_message(text: &str, time: u64) -> String {
     format!("cosignature/v1\ntime {time}\n{text}")
 }
 
-/// A witness's cosignature line over `text` (for tests and tools that act
-/// as a witness).
-pub fn cosign(text: &str, name: &str, key: &SigningKey, time: u64) -> SigLine {
-    let mut sig = time.to_be_bytes().to_vec();
-    sig.extend_from_slice(&key.sign(cosigned_message(text, time).as_bytes()).to_bytes());
-    SigLine {
-        name: name.to_owned(),
-        id: key_id(name, COSIGNATURE_V1, &key.verifying_key()),
-        sig,
-    }
-}
-
 /// The gateway's signed note for `checkpoint`, its key named by the origin.
 pub fn sign(checkpoint: &Checkpoint, key: &SigningKey) -> Note {
     let text = checkpoint.body();
@@ -388,6 +377,17 @@ pub fn witness_vkey(name: &str, key: &VerifyingKey) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A witness's cosignature line over `text`.
+    fn cosign(text: &str, name: &str, key: &SigningKey, time: u64) -> SigLine {
+        let mut sig = time.to_be_bytes().to_vec();
+        sig.extend_from_slice(&key.sign(cosigned_message(text, time).as_bytes()).to_bytes());
+        SigLine {
+            name: name.to_owned(),
+            id: key_id(name, COSIGNATURE_V1, &key.verifying_key()),
+            sig,
+        }
+    }
 
     fn cp() -> Checkpoint {
         Checkpoint {

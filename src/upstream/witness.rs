@@ -76,8 +76,12 @@ pub fn request_body(old: u64, proof: &[String], note: &str) -> String {
 pub fn cosignatures(note: &Note, answer: &str, witness: &Vkey) -> Result<Vec<String>, String> {
     let mut good = Vec::new();
     for line in answer.lines().filter(|l| !l.trim().is_empty()) {
-        let with = Note::parse(&format!("{}\n{line}\n", note.text))
+        let sig = crate::audit::note::SigLine::parse(line)
             .map_err(|e| format!("a cosignature line does not parse: {e}"))?;
+        let with = Note {
+            text: note.text.clone(),
+            sigs: vec![sig],
+        };
         if with
             .cosigned_by(witness)
             .map_err(|e| e.to_string())?
