@@ -95,12 +95,14 @@ fn python_sdk_through_stdio_bridge_both_eras() {
     assert_eq!(gw.executions("charge_card"), 2);
 }
 
-#[test]
-fn python_sdk_auto_falls_back_when_upstream_is_handshake_only() {
+/// The Python SDK in `mode` (auto, or a pinned version) calling `echo` on
+/// server-everything (handshake era only) through the gateway, configured
+/// with `extra`: (negotiated version, echo text).
+fn sdk_echo_everything(mode: &str, extra: &str) -> (String, String) {
     let js = everything_js();
     let gw = Gateway::start_with(Options {
         extra: format!(
-            "\n[servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\n",
+            "\n[servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\n{extra}",
             js.display()
         ),
         ..Default::default()
@@ -112,26 +114,44 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 async def main():
     http = create_mcp_http_client(headers={"Authorization": "Bearer " + sys.argv[2]})
-    async with Client(streamable_http_client(sys.argv[1], http_client=http), mode="auto") as c:
+    async with Client(streamable_http_client(sys.argv[1], http_client=http), mode=sys.argv[3]) as c:
+        await c.list_tools()
         r = await c.call_tool("echo", {"message": "hi"})
         print(json.dumps({"v": c.protocol_version, "text": r.content[0].text}))
 asyncio.run(main())
 "#;
     let out = Command::new(python())
-        .args(["-c", script, &gw.url("everything"), TOKEN])
+        .args(["-c", script, &gw.url("everything"), TOKEN, mode])
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{mode}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let seen: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
-    assert!(
-        seen["v"].as_str().unwrap().starts_with("2025-"),
-        "fell back to the handshake era: {seen}"
-    );
-    assert_eq!(seen["text"], "Echo: hi");
+    (
+        seen["v"].as_str().unwrap().to_owned(),
+        seen["text"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn python_sdk_pinned_to_2026_reaches_a_handshake_only_server_through_the_bridge() {
+    // server-everything speaks only the handshake era; the gateway holds a
+    // handshake-era session for the client and answers in 2026-07-28.
+    for mode in ["2026-07-28", "auto"] {
+        let (version, text) = sdk_echo_everything(mode, "");
+        assert_eq!(version, "2026-07-28", "{mode}");
+        assert_eq!(text, "Echo: hi", "{mode}");
+    }
+}
+
+#[test]
+fn python_sdk_auto_falls_back_when_the_bridge_is_off() {
+    let (version, text) = sdk_echo_everything("auto", "bridge_eras = false\n");
+    assert!(version.starts_with("2025-"), "fell back: {version}");
+    assert_eq!(text, "Echo: hi");
 }
 
 #[tokio::test]

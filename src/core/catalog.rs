@@ -388,6 +388,19 @@ impl Catalog {
             .is_some_and(|l| l.tools.contains_key(tool))
     }
 
+    /// Whether the listed `server/tool` declares an `outputSchema` (its
+    /// results' `structuredContent` must then conform to it).
+    pub fn declares_output_schema(&self, server: &str, tool: &str) -> bool {
+        read(&self.listed)
+            .get(server)
+            .and_then(|l| l.tools.get(tool))
+            .is_some_and(|d| {
+                d.definition
+                    .get("outputSchema")
+                    .is_some_and(|v| !v.is_null())
+            })
+    }
+
     /// The listed definition of `server/tool`.
     pub fn definition(&self, server: &str, tool: &str) -> Option<Definition> {
         read(&self.listed).get(server)?.tools.get(tool).cloned()

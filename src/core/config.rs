@@ -475,6 +475,16 @@ pub struct ServerConfig {
     /// Per-tool operator overrides.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// Serve 2026-07-28 clients of a server that speaks only the handshake
+    /// era through a handshake-era session the gateway holds for them
+    /// (default true). Off: such clients get the standard version error and
+    /// must initialize themselves.
+    #[serde(default = "yes")]
+    pub bridge_eras: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `[servers.S.tls]`: how the gateway checks an `https://` upstream, and the

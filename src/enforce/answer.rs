@@ -49,29 +49,55 @@ pub mod codes {
     pub const CONFIRMATION_USED: &str = "confirmation_used";
 }
 
+/// The `_meta` key that always carries countersign's decision object.
+pub const DECISION_META: &str = "dev.countersign/decision";
+
+/// How a `tools/call` answer must be shaped for the client that asks: its
+/// wire era, and whether the tool declares an `outputSchema` (then
+/// `structuredContent` must conform to it, and SDK clients throw on one that
+/// does not, so countersign's decision travels in `_meta` and the text only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// The asking client's era.
+    pub era: Era,
+    /// The tool declares an `outputSchema`.
+    pub output_schema: bool,
+}
+
+impl From<Era> for Shape {
+    fn from(era: Era) -> Shape {
+        Shape {
+            era,
+            output_schema: false,
+        }
+    }
+}
+
 /// The answer to a `tools/call` request with JSON-RPC id `id`.
-pub fn render(outcome: CallOutcome, id: Value, era: Era) -> Message {
+pub fn render(outcome: CallOutcome, id: Value, shape: impl Into<Shape>) -> Message {
+    let shape = shape.into();
+    let era = shape.era;
     match outcome {
         CallOutcome::Answered(m) => m,
         CallOutcome::Replayed {
             answer,
             key,
             answered_at,
-        } => replay(id, &answer, &key, &answered_at),
+        } => replay(id, &answer, &key, &answered_at, era),
         CallOutcome::Cached {
             answer,
             answered_at,
         } => marked(
             id,
             &answer,
-            "dev.countersign/cached",
-            json!({ "first_answered_at": answered_at }),
+            Some((
+                "dev.countersign/cached",
+                json!({ "first_answered_at": answered_at }),
+            )),
+            era,
         ),
-        CallOutcome::Joined(answer) => match answer {
-            Answer::Result(r) => Message::response(id, raw_or_null(&r)),
-            Answer::Error(e) => error_message(id, &e),
-        },
-        CallOutcome::Refused { why, key, tool } => refusal(id, why, &key, &tool, era),
+        CallOutcome::Joined(answer) => marked(id, &answer, None, era),
+        CallOutcome::Refused { why, key, tool } => refusal(id, why, &key, &tool, shape),
         CallOutcome::ToolUnavailable { server, tool } => tool_error(
             id,
             codes::TOOL_UNAVAILABLE,
@@ -81,7 +107,7 @@ pub fn render(outcome: CallOutcome, id: Value, era: Era) -> Message {
                  with `countersign tools pin`."
             ),
             json!({ "server": server, "tool": tool }),
-            era,
+            shape,
         ),
         CallOutcome::CircuitOpen { server } => tool_error(
             id,
@@ -91,24 +117,24 @@ pub fn render(outcome: CallOutcome, id: Value, era: Era) -> Message {
                  (circuit open). It is safe to try again later."
             ),
             json!({ "circuit": "open" }),
-            era,
+            shape,
         ),
         CallOutcome::LedgerUnavailable(_) => tool_error(
             id,
             codes::UPSTREAM_UNAVAILABLE,
             "The call did not run: countersign could not record it in its ledger. It is safe to try again later.",
             json!({}),
-            era,
+            shape,
         ),
         CallOutcome::AuditUnavailable => tool_error(
             id,
             codes::UPSTREAM_UNAVAILABLE,
             "The call did not run: countersign could not record it in its audit log. It is safe to try again later.",
             json!({}),
-            era,
+            shape,
         ),
         CallOutcome::Invalid(text) => Message::error(id, code::INVALID_PARAMS, &text, None),
-        CallOutcome::Failed(e) => upstream_failure(id, "tools/call", &e, era),
+        CallOutcome::Failed(e) => upstream_failure(id, "tools/call", &e, shape),
     }
 }
 
@@ -177,8 +203,11 @@ fn approval_code(code: ApprovalCode) -> &'static str {
     }
 }
 
-/// A `CallToolResult` that tells the agent what happened.
-fn tool_error(id: Value, code: &str, text: &str, details: Value, era: Era) -> Message {
+/// A `CallToolResult` that tells the agent what happened. The decision is
+/// always in `_meta["dev.countersign/decision"]`, and in
+/// `structuredContent.countersign` only for a tool without an
+/// `outputSchema` (DESIGN.md section 7).
+fn tool_error(id: Value, code: &str, text: &str, details: Value, shape: Shape) -> Message {
     let mut countersign = json!({ "code": code, "message": text });
     if let (Some(obj), Value::Object(extra)) = (countersign.as_object_mut(), details) {
         obj.extend(extra);
@@ -186,18 +215,102 @@ fn tool_error(id: Value, code: &str, text: &str, details: Value, era: Era) -> Me
     let mut result = json!({
         "content": [{ "type": "text", "text": text }],
         "isError": true,
-        "structuredContent": { "countersign": countersign },
     });
-    if era == Era::Modern {
-        result["resultType"] = json!("complete");
+    if !shape.output_schema {
+        result["structuredContent"] = json!({ "countersign": countersign.clone() });
+    }
+    result["_meta"] = json!({ DECISION_META: countersign });
+    in_era(&mut result, shape.era);
+    Message::response(id, raw(&result))
+}
+
+/// Methods whose 2026-07-28 results are cacheable: they carry `cacheScope`
+/// and `ttlMs`, and clients refuse them without.
+const CACHEABLE: [&str; 6] = [
+    "prompts/list",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "server/discover",
+    "tools/list",
+];
+
+/// The answer to `method` written in `era`, for a bridged session (the
+/// upstream speaks the other era). 2026-07-28 results get `resultType`,
+/// and cacheable ones `cacheScope: "private"` (the session is one
+/// principal's) and `ttlMs: 0` (the server said nothing of freshness);
+/// handshake-era results lose all three. Errors are the same in both eras.
+pub fn into_era(msg: &mut Message, era: Era, method: &str) {
+    let Some(result) = msg.result.as_ref() else {
+        return;
+    };
+    let Ok(mut value) = serde_json::from_str::<Value>(result.get()) else {
+        return;
+    };
+    in_era(&mut value, era);
+    if let Some(obj) = value.as_object_mut() {
+        match era {
+            Era::Modern if CACHEABLE.contains(&method) => {
+                obj.entry("cacheScope").or_insert_with(|| json!("private"));
+                obj.entry("ttlMs").or_insert_with(|| json!(0));
+            }
+            Era::Modern => {}
+            Era::Handshake => {
+                obj.remove("cacheScope");
+                obj.remove("ttlMs");
+            }
+        }
+    }
+    msg.result = Some(raw(&value));
+}
+
+/// The gateway's answer to a 2026-07-28 `server/discover` for a server it
+/// bridges: what the upstream's `initialize` said of itself, offered in
+/// 2026-07-28. Private to the caller's authorization context (the session
+/// is per principal), never cached.
+pub fn bridged_discover(id: Value, init: &Value) -> Message {
+    let mut result = json!({
+        "resultType": "complete",
+        "supportedVersions": MODERN_VERSIONS,
+        "capabilities": init.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+        "cacheScope": "private",
+        "ttlMs": 0,
+    });
+    for field in ["serverInfo", "instructions"] {
+        if let Some(v) = init.get(field) {
+            result[field] = v.clone();
+        }
     }
     Message::response(id, raw(&result))
+}
+
+/// A `tools/call` result written in `era`: 2026-07-28 results carry
+/// `resultType` (`complete` unless it says otherwise), handshake-era
+/// results carry none. A kept answer (replay, cached read, joined call) is
+/// stored once and goes through here for whichever client asks.
+fn in_era(result: &mut Value, era: Era) {
+    let Some(obj) = result.as_object_mut() else {
+        return;
+    };
+    match era {
+        Era::Modern => {
+            obj.entry("resultType").or_insert_with(|| json!("complete"));
+        }
+        Era::Handshake => {
+            obj.remove("resultType");
+        }
+    }
 }
 
 /// The answer to a request whose upstream call failed: an `isError` result
 /// for `tools/call` (the model reads it), a JSON-RPC `-32603` with the code
 /// in `data` for any other method.
-pub fn upstream_failure(id: Value, method: &str, err: &UpstreamError, era: Era) -> Message {
+pub fn upstream_failure(
+    id: Value,
+    method: &str,
+    err: &UpstreamError,
+    shape: impl Into<Shape>,
+) -> Message {
     let (code, text) = if err.dispatched() {
         (
             codes::OUTCOME_UNKNOWN,
@@ -212,7 +325,7 @@ pub fn upstream_failure(id: Value, method: &str, err: &UpstreamError, era: Era) 
             format!("The call did not run: {err}. It is safe to try again later."),
         )
     };
-    failure(id, method, code, &text, era)
+    failure(id, method, code, &text, shape.into())
 }
 
 /// The stdio bridge could not reach the gateway: nothing was sent.
@@ -222,7 +335,7 @@ pub fn gateway_unreachable(id: Value, method: &str, reason: &str, era: Era) -> M
         method,
         codes::UPSTREAM_UNAVAILABLE,
         &format!("The call did not run: the countersign gateway is unreachable ({reason}). It is safe to try again later."),
-        era,
+        era.into(),
     )
 }
 
@@ -237,16 +350,16 @@ pub fn gateway_lost(id: Value, method: &str, reason: &str, era: Era) -> Message 
             "The call may have run: the connection to the countersign gateway broke during the call ({reason}). \
              Verify with a read before calling again; do not retry blindly."
         ),
-        era,
+        era.into(),
     )
 }
 
 /// A gateway-side failure of a request: an `isError` result for
 /// `tools/call` (the model reads it), a JSON-RPC `-32603` with the code in
 /// `data` for any other method.
-fn failure(id: Value, method: &str, code: &str, text: &str, era: Era) -> Message {
+fn failure(id: Value, method: &str, code: &str, text: &str, shape: Shape) -> Message {
     if method == "tools/call" {
-        tool_error(id, code, text, json!({}), era)
+        tool_error(id, code, text, json!({}), shape)
     } else {
         Message::error(
             id,
@@ -471,26 +584,31 @@ fn error_message(id: Value, raw_error: &str) -> Message {
 /// A stored answer, given to a retry under its own JSON-RPC id and marked
 /// `_meta["dev.countersign/replayed"]` so the client can tell it from a
 /// fresh execution.
-fn replay(id: Value, answer: &Answer, key: &str, answered_at: &str) -> Message {
+fn replay(id: Value, answer: &Answer, key: &str, answered_at: &str, era: Era) -> Message {
     marked(
         id,
         answer,
-        "dev.countersign/replayed",
-        json!({ "key": key, "first_answered_at": answered_at }),
+        Some((
+            "dev.countersign/replayed",
+            json!({ "key": key, "first_answered_at": answered_at }),
+        )),
+        era,
     )
 }
 
-/// A stored answer under a new id, with `mark` in its result's `_meta`.
-fn marked(id: Value, answer: &Answer, mark: &str, value: Value) -> Message {
+/// A stored answer under a new id, written in the asking client's era,
+/// with `mark` (when given) in its result's `_meta`.
+fn marked(id: Value, answer: &Answer, mark: Option<(&str, Value)>, era: Era) -> Message {
     match answer {
         Answer::Result(text) => {
             let mut result: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-            if let Some(obj) = result.as_object_mut() {
+            if let (Some(obj), Some((mark, value))) = (result.as_object_mut(), mark) {
                 let meta = obj.entry("_meta").or_insert_with(|| json!({}));
                 if let Some(meta) = meta.as_object_mut() {
                     meta.insert(mark.into(), value);
                 }
             }
+            in_era(&mut result, era);
             Message::response(id, raw(&result))
         }
         Answer::Error(e) => error_message(id, e),
@@ -498,7 +616,7 @@ fn marked(id: Value, answer: &Answer, mark: &str, value: Value) -> Message {
 }
 
 /// Verdicts that end a call without running it.
-fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Message {
+fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, shape: Shape) -> Message {
     let details = json!({ "idempotency_key": key });
     match outcome {
         // Which policy decided stays in the gateway's log and the audit log:
@@ -509,9 +627,9 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Mess
             "Refused, nothing was run: countersign's policies do not allow this call. Do not retry it; \
              ask a person if it is needed.",
             json!({}),
-            era,
+            shape,
         ),
-        Outcome::Approval(note) => approval_answer(id, &note, key, tool, era),
+        Outcome::Approval(note) => approval_answer(id, &note, key, tool, shape),
         Outcome::Unknown => tool_error(
             id,
             codes::OUTCOME_UNKNOWN,
@@ -520,7 +638,7 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Mess
                  Verify with a read before calling again; do not retry blindly. An operator can reconcile it."
             ),
             details,
-            era,
+            shape,
         ),
         Outcome::Drift => tool_error(
             id,
@@ -530,7 +648,7 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Mess
                  arguments. A new call needs a new key."
             ),
             details,
-            era,
+            shape,
         ),
         Outcome::Remap => tool_error(
             id,
@@ -541,14 +659,14 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Mess
                 if tool.is_empty() { String::new() } else { format!(" (this call is for `{tool}`)") }
             ),
             details,
-            era,
+            shape,
         ),
         Outcome::NotDispatched => tool_error(
             id,
             codes::UPSTREAM_UNAVAILABLE,
             "The call did not run: the identical call it joined could not be sent. It is safe to try again.",
             details,
-            era,
+            shape,
         ),
         Outcome::Ask(q) => input_required(id, &q),
         Outcome::Confirmation(r) => {
@@ -572,7 +690,7 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Mess
                     r.reason
                 ),
                 details,
-                era,
+                shape,
             )
         }
     }
@@ -581,7 +699,7 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, era: Era) -> Mess
 /// What an agent is told when a call waits on, or was refused by, the
 /// approval workflow. The proposal id lets it (and a person) follow up; the
 /// exact same call later finds the approval.
-fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, era: Era) -> Message {
+fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, shape: Shape) -> Message {
     let proposal = note.proposal_id.as_deref().unwrap_or("none");
     let mut details = json!({ "idempotency_key": key, "proposal_id": note.proposal_id });
     if let Some(r) = &note.revises {
@@ -630,5 +748,5 @@ fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, era: E
             note.proposal_id.as_deref().map(|p| format!(" (proposal {p} asks a reviewer about the new version)")).unwrap_or_default()
         ),
     };
-    tool_error(id, approval_code(note.code), &text, details, era)
+    tool_error(id, approval_code(note.code), &text, details, shape)
 }

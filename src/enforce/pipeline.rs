@@ -556,7 +556,13 @@ impl Pipeline {
                 }
             };
             let Some(result) = page.result.as_ref() else {
-                tracing::warn!(server, "tool list refused by the server");
+                let error = page.error_summary().unwrap_or_else(|| "no result".into());
+                tracing::warn!(server, %error, "tool list refused by the server");
+                // A refusal is an answer: the next fetch waits its interval
+                // (`catalog.unknown_tool_interval`) like any other, rather
+                // than one per call. What was known stays; the cautious
+                // defaults cover the rest.
+                self.catalog.mark_fetched(server, self.clock.now_ms());
                 return;
             };
             tools.extend(crate::core::catalog::page_tools(result.get()));

@@ -556,6 +556,7 @@ fn session_request(session: &Arc<Session>) -> RequestCtx {
         target: Target::Session(session.clone()),
         extra: Vec::new(),
         asks: session.asks.clone(),
+        bridged: false,
     }
 }
 
@@ -790,8 +791,11 @@ async fn modern(
         Ok(c) => c,
         Err(problem) => return reject(Rejection::Header(problem), id),
     };
-    let conn = match gw.modern_upstream(server, &checked.meta).await {
+    let conn = match gw.modern_upstream(server).await {
         Ok(ModernUpstream::Speaks(conn)) => Some(conn),
+        Ok(ModernUpstream::Legacy) if bridges(gw, server) => {
+            return bridged(gw, server, identity, headers, msg, &checked.meta).await;
+        }
         Ok(ModernUpstream::Legacy) => {
             let rejection = Rejection::LegacyUpstream {
                 server: server.to_owned(),
@@ -810,7 +814,7 @@ async fn modern(
             None
         }
     };
-    let ModernRequest { meta, extra, .. } = checked;
+    let ModernRequest { extra, .. } = checked;
     match msg.kind() {
         Kind::Request => {
             let rc = RequestCtx {
@@ -822,10 +826,10 @@ async fn modern(
                 era: Era::Modern,
                 target: Target::Shared {
                     server: server.to_owned(),
-                    meta,
                 },
                 extra,
                 asks: None,
+                bridged: false,
             };
             relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }
@@ -837,6 +841,58 @@ async fn modern(
                     "client notification dropped: the upstream is not reachable"
                 ),
             }
+            StatusCode::ACCEPTED.into_response()
+        }
+    }
+}
+
+/// Whether 2026-07-28 clients of `server` are bridged to its handshake era.
+fn bridges(gw: &Gateway, server: &str) -> bool {
+    gw.config.servers.get(server).is_some_and(|c| c.bridge_eras)
+}
+
+/// A 2026-07-28 request to a server that speaks only the handshake era,
+/// carried by the handshake-era session the gateway holds for the caller
+/// ([`Gateway::bridged`]) and answered in the client's era. The
+/// enforcement is the same as for any 2026-07-28 request: the pipeline
+/// sees a stateless caller, so keys, approvals and the ledger are exactly
+/// those of a server that spoke the era itself.
+async fn bridged(
+    gw: &Arc<Gateway>,
+    server: &str,
+    identity: Arc<Identity>,
+    headers: &HeaderMap,
+    msg: Message,
+    meta: &Value,
+) -> Response {
+    let id = msg.id.clone().unwrap_or(Value::Null);
+    let bridge = match gw.bridged(server, &identity, meta, id.clone()).await {
+        Ok(b) => b,
+        Err(refusal) => return rpc(StatusCode::OK, &refusal),
+    };
+    match msg.kind() {
+        Kind::Request if msg.method() == "server/discover" => rpc(
+            StatusCode::OK,
+            &crate::enforce::answer::bridged_discover(id, &bridge.init),
+        ),
+        Kind::Request => {
+            let rc = RequestCtx {
+                server: server.to_owned(),
+                caller: Caller {
+                    identity,
+                    scope: None,
+                },
+                era: Era::Modern,
+                target: Target::Session(bridge.session),
+                extra: Vec::new(),
+                asks: None,
+                bridged: true,
+            };
+            relay_request(gw, rc, msg, accepts_sse(headers), None).await
+        }
+        _ => {
+            let conn = bridge.session.conn();
+            forward(&conn, server, msg, &Vec::new()).await;
             StatusCode::ACCEPTED.into_response()
         }
     }

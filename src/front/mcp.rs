@@ -32,6 +32,9 @@ pub struct RequestCtx {
     /// Handshake era: the session's open questions to its client, when the
     /// client declared elicitation.
     pub asks: Option<std::sync::Arc<crate::enforce::client::Asks>>,
+    /// The upstream speaks the other era than the client (a session held
+    /// by the gateway): every answer is rewritten in the client's era.
+    pub bridged: bool,
 }
 
 /// The answer the client gets to request `msg`: the upstream's response, or
@@ -50,6 +53,7 @@ pub async fn answer(
         extra: rc.extra.clone(),
     };
     if msg.method() == "tools/call" {
+        let tool = crate::wire::era::named_param(&msg);
         let ctx = CallCtx {
             caller: &rc.caller,
             server: &rc.server,
@@ -59,7 +63,18 @@ pub async fn answer(
             asks: rc.asks.clone(),
         };
         let outcome = gw.pipeline.tool_call(&ctx, msg).await;
-        return answer::render(outcome, id, rc.era);
+        // Only an answer countersign words itself is shaped by the schema.
+        let output_schema = answer::code_of(&outcome).is_some()
+            && tool.is_some_and(|t| gw.pipeline.catalog.declares_output_schema(&rc.server, &t));
+        let shape = answer::Shape {
+            era: rc.era,
+            output_schema,
+        };
+        let mut reply = answer::render(outcome, id, shape);
+        if rc.bridged {
+            answer::into_era(&mut reply, rc.era, "tools/call");
+        }
+        return reply;
     }
     let method = msg.method().to_owned();
     let timeout = gw.pipeline.call_timeout(&rc.server);
@@ -69,6 +84,10 @@ pub async fn answer(
                 if let Some(result) = &resp.result {
                     gw.pipeline.observe_tools_list(&rc.server, result.get());
                 }
+            }
+            let mut resp = resp;
+            if rc.bridged {
+                answer::into_era(&mut resp, rc.era, &method);
             }
             resp
         }

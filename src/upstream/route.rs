@@ -13,7 +13,7 @@ use super::session::{Gateway, ModernUpstream, Session};
 use super::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
 use crate::enforce::permit::{Permit, Sent};
 use crate::enforce::permit::{ToolConn, Upstream};
-use crate::wire::era::{modern_headers, META_PROTOCOL_VERSION, MODERN_VERSIONS};
+use crate::wire::era::{modern_headers, own_envelope, MODERN_VERSIONS};
 use crate::wire::jsonrpc::{raw, Message};
 
 /// Which connection serves a request.
@@ -21,13 +21,10 @@ use crate::wire::jsonrpc::{raw, Message};
 pub enum Target {
     /// A handshake-era session's own connection.
     Session(Arc<Session>),
-    /// A server's shared 2026-07-28 connection; `meta` is the request's
-    /// `_meta` (for the first `server/discover`).
+    /// A server's shared 2026-07-28 connection.
     Shared {
         /// The server.
         server: String,
-        /// The request's `_meta`.
-        meta: Value,
     },
 }
 
@@ -47,7 +44,7 @@ impl Route<'_> {
     pub async fn conn(&self) -> Result<Arc<UpstreamConn>, UpstreamError> {
         match &self.target {
             Target::Session(s) => s.healthy_conn(self.gw).await,
-            Target::Shared { server, meta } => match self.gw.modern_upstream(server, meta).await? {
+            Target::Shared { server } => match self.gw.modern_upstream(server).await? {
                 ModernUpstream::Speaks(c) => Ok(c),
                 ModernUpstream::Legacy => Err(UpstreamError::Closed {
                     server: server.clone(),
@@ -77,7 +74,7 @@ impl Route<'_> {
     fn server(&self) -> &str {
         match &self.target {
             Target::Session(s) => &s.server,
-            Target::Shared { server, .. } => server,
+            Target::Shared { server } => server,
         }
     }
 }
@@ -124,10 +121,7 @@ impl Route<'_> {
             Target::Session(_) => Vec::new(),
             Target::Shared { .. } => {
                 let version = MODERN_VERSIONS[0];
-                params.insert(
-                    "_meta".into(),
-                    serde_json::json!({ META_PROTOCOL_VERSION: version }),
-                );
+                params.insert("_meta".into(), Value::Object(own_envelope(version)));
                 modern_headers("tools/list", None, version)
             }
         };

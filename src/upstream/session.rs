@@ -28,7 +28,7 @@ use crate::store::Store;
 use crate::upstream::Passthrough;
 use crate::upstream::{HttpClient, UpstreamConn, UpstreamError};
 use crate::wire::era::Era;
-use crate::wire::era::{modern_headers, MODERN_VERSIONS};
+use crate::wire::era::{modern_headers, own_envelope, MODERN_VERSIONS};
 use crate::wire::jsonrpc::{raw, Message};
 
 /// How many server messages wait for a client's standalone stream.
@@ -173,6 +173,20 @@ pub enum ModernUpstream {
     Legacy,
 }
 
+/// Whose bridged session: (server, principal, tenant).
+type BridgeKey = (String, String, String);
+
+/// A handshake-era upstream session held for 2026-07-28 clients, and what
+/// the upstream's `initialize` said (to answer their `server/discover`).
+#[derive(Clone)]
+pub struct Bridge {
+    /// The session (registered like a client's: swept when idle, healed
+    /// when lost, closed at shutdown).
+    pub session: Arc<Session>,
+    /// The upstream's `initialize` result.
+    pub init: Value,
+}
+
 /// The gateway's shared state: configuration, identities, the enforcement
 /// pipeline, and the upstream connections (handshake-era sessions and the
 /// shared 2026-07-28 connection of each server).
@@ -190,6 +204,10 @@ pub struct Gateway {
     /// upstream awaits, concurrent first requests must not spawn two shared
     /// children, and a slow server must not hold up the others.
     modern: HashMap<String, tokio::sync::Mutex<Option<ModernUpstream>>>,
+    /// Handshake-era upstream sessions the gateway holds for 2026-07-28
+    /// clients of servers that speak only the handshake era, one per
+    /// (server, principal, tenant); see [`Gateway::bridged`].
+    bridges: Mutex<HashMap<BridgeKey, Arc<tokio::sync::Mutex<Option<Bridge>>>>>,
     /// `limits.requests_per_second` per (principal, tenant), when set.
     rate: Option<governor::DefaultKeyedRateLimiter<(String, String)>>,
     /// The audit dir (`serve`), for the read-only transparency endpoints.
@@ -236,6 +254,7 @@ impl Gateway {
             http: HttpClient::new(),
             sessions: Mutex::new(HashMap::new()),
             modern,
+            bridges: Mutex::new(HashMap::new()),
             rate,
             audit_dir,
         })
@@ -483,13 +502,90 @@ impl Gateway {
         lock(&self.sessions).len()
     }
 
-    /// The shared 2026-07-28 upstream of `server`, connecting and probing it
-    /// on first use (and again after it was lost).
-    pub async fn modern_upstream(
+    /// The handshake-era session that carries the 2026-07-28 requests of
+    /// `identity` to `server`, a server that speaks only the handshake era:
+    /// opened on first use with the gateway's own `initialize` (the latest
+    /// handshake version, no client capabilities: a stateless client cannot
+    /// answer a server's requests on a session it does not know of), healed
+    /// like any session (re-initialized after a 404), and opened again
+    /// after it was swept.
+    ///
+    /// Scoped to (server, principal, tenant): what a server keeps per
+    /// session (subscriptions, log level, its own state) is never shared
+    /// between principals or tenants, and one principal's stateless
+    /// requests see one session, as they would see one stateless server. It
+    /// is not an idempotency scope: keys stay those of a stateless request.
+    /// Err: the upstream's refusal of `initialize`, or the gateway's account
+    /// of the failure, as the answer to `id`.
+    pub async fn bridged(
         &self,
         server: &str,
+        identity: &Arc<Identity>,
         meta: &Value,
-    ) -> Result<ModernUpstream, UpstreamError> {
+        id: Value,
+    ) -> Result<Bridge, Message> {
+        let key = (
+            server.to_owned(),
+            identity.principal.clone(),
+            identity.tenant.clone(),
+        );
+        let slot = lock(&self.bridges).entry(key).or_default().clone();
+        let mut slot = slot.lock().await;
+        if let Some(b) = slot.as_ref() {
+            // Swept or closed: its upstream is gone, open another.
+            if lock(&self.sessions).contains_key(&b.session.id) {
+                b.session.touch();
+                return Ok(b.clone());
+            }
+        }
+        let client_info = meta
+            .get(crate::wire::era::META_CLIENT_INFO)
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({ "name": "countersign", "version": env!("CARGO_PKG_VERSION") }));
+        let params = serde_json::json!({
+            "protocolVersion": crate::wire::era::HANDSHAKE_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": client_info,
+        });
+        let init = Message::request(id.clone(), "initialize", Some(raw(&params)));
+        match self
+            .open_session(server, identity.clone(), None, init)
+            .await
+        {
+            Opened::Session(session, resp) => {
+                let init = resp
+                    .result
+                    .as_ref()
+                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+                    .unwrap_or(Value::Null);
+                // The session is the gateway's: its upstream gets the
+                // `initialized` the client would have sent.
+                let note = Message::notification("notifications/initialized", None);
+                if let Err(e) = session
+                    .conn()
+                    .send(
+                        Passthrough::checked(server, note).map_err(|e| {
+                            answer::upstream_failure(id.clone(), "initialize", &e, Era::Modern)
+                        })?,
+                        &Vec::new(),
+                    )
+                    .await
+                {
+                    self.close_session(&session.id).await;
+                    return Err(answer::upstream_failure(id, "initialize", &e, Era::Modern));
+                }
+                tracing::info!(server, session = %session.id, principal = %identity.principal, "holding a handshake-era session for a 2026-07-28 client");
+                let bridge = Bridge { session, init };
+                *slot = Some(bridge.clone());
+                Ok(bridge)
+            }
+            Opened::Refused(m) => Err(m),
+        }
+    }
+
+    /// The shared 2026-07-28 upstream of `server`, connecting and probing it
+    /// on first use (and again after it was lost).
+    pub async fn modern_upstream(&self, server: &str) -> Result<ModernUpstream, UpstreamError> {
         let Some(slot) = self.modern.get(server) else {
             return Err(UpstreamError::Closed {
                 server: server.into(),
@@ -511,10 +607,14 @@ impl Gateway {
             .servers
             .get(server)
             .map_or(Duration::from_secs(30), |c| c.call_timeout);
+        // The gateway's own request, with its own envelope: the verdict is
+        // shared by every client of this server.
         let probe = Message::request(
             Value::from(0),
             "server/discover",
-            Some(raw(&serde_json::json!({ "_meta": meta }))),
+            Some(raw(
+                &serde_json::json!({ "_meta": own_envelope(MODERN_VERSIONS[0]) }),
+            )),
         );
         let headers = modern_headers("server/discover", None, MODERN_VERSIONS[0]);
         let verdict = match conn

@@ -391,7 +391,8 @@ impl Http {
         id: Option<u64>,
         extra: &ExtraHeaders,
     ) -> Result<(), UpstreamError> {
-        let mut req = self.request(Method::POST, Bytes::from(msg.to_bytes()), extra);
+        let extra = crate::wire::era::headers_for(msg, extra);
+        let mut req = self.request(Method::POST, Bytes::from(msg.to_bytes()), &extra);
         let h = req.headers_mut();
         h.insert(
             http::header::CONTENT_TYPE,

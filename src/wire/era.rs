@@ -17,8 +17,99 @@ pub const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
 /// `_meta` key carrying a 2026-07-28 request's protocol version.
 pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 
+/// `_meta` key carrying a 2026-07-28 request's client capabilities (required).
+pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `_meta` key carrying a 2026-07-28 request's client name and version.
+pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+
 /// Extra HTTP headers for one upstream request (2026-07-28 metadata headers).
 pub type ExtraHeaders = Vec<(http::HeaderName, http::HeaderValue)>;
+
+/// The `_meta` envelope of a request the gateway makes on its own account
+/// in 2026-07-28 (its catalog, its `server/discover` probe): every key the
+/// spec requires of a request (protocol version and client capabilities,
+/// which real servers refuse without) and the client info it asks for. The
+/// gateway declares no capabilities: it answers no server request of its own.
+pub fn own_envelope(version: &str) -> serde_json::Map<String, Value> {
+    let mut meta = serde_json::Map::new();
+    meta.insert(META_PROTOCOL_VERSION.into(), Value::from(version));
+    meta.insert(
+        META_CLIENT_CAPABILITIES.into(),
+        Value::Object(Default::default()),
+    );
+    meta.insert(
+        META_CLIENT_INFO.into(),
+        serde_json::json!({ "name": "countersign", "version": env!("CARGO_PKG_VERSION") }),
+    );
+    meta
+}
+
+/// `meta` (a 2026-07-28 request's `_meta`, from a client or made by the
+/// gateway) with every required envelope key present: what the client left
+/// out is filled from [`own_envelope`], what it said is kept.
+pub fn complete_envelope(meta: &Value, version: &str) -> Value {
+    let mut out = own_envelope(version);
+    if let Some(m) = meta.as_object() {
+        for (k, v) in m {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// The metadata headers to send with `msg`. In 2026-07-28 (`extra` carries
+/// `MCP-Protocol-Version`) `Mcp-Method` and `Mcp-Name` must name what the
+/// body says, and servers refuse a mismatch: a request the gateway makes
+/// while serving a client's (a version probe of another tool) gets headers
+/// of its own, and the client's `Mcp-Param-*` travel only with the request
+/// they came with. Handshake-era `extra` (empty) is returned as it is.
+pub fn headers_for<'a>(
+    msg: &Message,
+    extra: &'a ExtraHeaders,
+) -> std::borrow::Cow<'a, ExtraHeaders> {
+    use std::borrow::Cow;
+    let get = |name: &str| {
+        extra
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .and_then(|(_, v)| v.to_str().ok())
+    };
+    let Some(version) = get("mcp-protocol-version") else {
+        return Cow::Borrowed(extra);
+    };
+    let name = named_param(msg);
+    let same_method = get("mcp-method") == Some(msg.method());
+    let same_name = get("mcp-name").and_then(decode_header_value) == name;
+    if same_method && same_name {
+        return Cow::Borrowed(extra);
+    }
+    Cow::Owned(modern_headers(msg.method(), name.as_deref(), version))
+}
+
+/// The parameter a request repeats in `Mcp-Name` (a tool's, a prompt's
+/// name, a resource's uri), read without building the rest of the params.
+pub fn named_param(msg: &Message) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        name: Option<String>,
+        uri: Option<String>,
+    }
+    let field = name_field(msg.method())?;
+    let named: Named = serde_json::from_str(msg.params.as_ref()?.get()).ok()?;
+    match field {
+        "uri" => named.uri,
+        _ => named.name,
+    }
+}
+
+/// Which param of `method` its `Mcp-Name` header repeats.
+fn name_field(method: &str) -> Option<&'static str> {
+    match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    }
+}
 
 /// Which wire era a request speaks. It decides the shape of some answers
 /// (2026-07-28 results carry `resultType`) and whether closing the response
@@ -164,11 +255,7 @@ pub fn check_modern(
         }
         None => return Err(HeaderProblem::Missing("Mcp-Method")),
     }
-    let name_field = match msg.method() {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        _ => None,
-    };
+    let name_field = name_field(msg.method());
     let mut name = None;
     if let Some(field) = name_field {
         let body_name = params

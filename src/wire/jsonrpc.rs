@@ -259,6 +259,20 @@ impl Message {
             .and_then(|p| serde_json::from_str(p.get()).ok())
     }
 
+    /// An error response's code and message in words, for a log line
+    /// (`-32602 params._meta is missing …`); `None` for anything else.
+    pub fn error_summary(&self) -> Option<String> {
+        let err: Value = serde_json::from_str(self.error.as_ref()?.get()).ok()?;
+        let code = err
+            .get("code")
+            .map_or_else(|| "(no code)".to_owned(), Value::to_string);
+        let message = err
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("(no message)");
+        Some(format!("{code} {message}"))
+    }
+
     /// The error code of an error response.
     pub fn error_code(&self) -> Option<i64> {
         let err: Value = serde_json::from_str(self.error.as_ref()?.get()).ok()?;
