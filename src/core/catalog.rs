@@ -261,6 +261,9 @@ pub struct Catalog {
     /// When the gateway last fetched each server's whole list itself (unix
     /// ms); absent when never, or when the server said its list changed.
     fetched: RwLock<HashMap<String, i64>>,
+    /// Servers that said their list changed since the last fetch: their
+    /// cached reads start over with the next fetch.
+    said_changed: RwLock<std::collections::HashSet<String>>,
     lock: RwLock<Arc<ToolLock>>,
     first_use: RwLock<HashMap<String, HashMap<String, Definition>>>,
 }
@@ -417,9 +420,21 @@ impl Catalog {
     }
 
     /// `server` said its list changed (`notifications/tools/list_changed`):
-    /// the next call fetches it again.
+    /// the next call fetches it again, and its cached reads start over.
     pub fn mark_stale(&self, server: &str) {
+        write(&self.said_changed).insert(server.to_owned());
         write(&self.fetched).remove(server);
+    }
+
+    /// The next call fetches `server`'s list again (a new stdio child may
+    /// list other tools), though the server said nothing of a change.
+    pub fn mark_unfetched(&self, server: &str) {
+        write(&self.fetched).remove(server);
+    }
+
+    /// Whether `server` said its list changed since this was last asked.
+    pub fn take_said_changed(&self, server: &str) -> bool {
+        write(&self.said_changed).remove(server)
     }
 
     /// How calls of `server/tool` are judged now. On every call's path:

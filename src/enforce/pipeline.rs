@@ -593,9 +593,14 @@ impl Pipeline {
         }
         let tools = tools.len();
         self.catalog.mark_fetched(server, self.clock.now_ms());
-        // Fetched because the list was stale, changed or unknown: cached
-        // reads of this server start over.
-        self.clear_cache(server, None);
+        // Cached reads of tools whose definition changed or that vanished
+        // were dropped by `noted`. A server that said its list changed has
+        // changed under them: all of its cached reads start over. A fetch
+        // made only because a new stdio session (a new child) began keeps
+        // the others within their `cache_ttl`.
+        if self.catalog.take_said_changed(server) {
+            self.clear_cache(server, None);
+        }
         tracing::debug!(server, tools, elapsed = ?started.elapsed(), "tool list fetched");
     }
 

@@ -398,7 +398,7 @@ impl Gateway {
                     .get(server)
                     .is_some_and(|c| c.command.is_some())
                 {
-                    self.pipeline.catalog.mark_stale(server);
+                    self.pipeline.catalog.mark_unfetched(server);
                 }
                 tracing::info!(server, session = %session.id, principal = %session.identity.principal, "session opened");
                 Opened::Session(session, resp)
