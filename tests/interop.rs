@@ -531,3 +531,70 @@ fn server_everything() {
         _keep: Vec::new(),
     });
 }
+
+/// server-everything offers `get-roots-list` only to clients that declare
+/// roots. Two sessions of clients with other capabilities list two
+/// different catalogs, and neither is a change of the other.
+#[tokio::test]
+async fn per_client_tool_lists_are_not_taken_for_changes() {
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\n",
+            npm_server("server-everything").display()
+        ),
+        ..Default::default()
+    });
+    let session = |capabilities: Value| {
+        let url = gw.url("everything");
+        async move {
+            let mut c = Client::new(&url);
+            let init = c
+                .post(
+                    &json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+                    "protocolVersion": "2025-06-18", "capabilities": capabilities,
+                    "clientInfo": {"name": "countersign-tests", "version": "1"}}}),
+                )
+                .await;
+            assert_eq!(init.status, 200, "{init:?}");
+            c.session = init
+                .headers
+                .get("mcp-session-id")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let n = c
+                .post(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}))
+                .await;
+            assert_eq!(n.status, 202);
+            c
+        }
+    };
+    // A client with roots: the server registers its roots tool once the
+    // session is initialized, and says its list changed.
+    let with_roots = session(json!({"roots": {"listChanged": true}})).await;
+    gw.wait_for_log("the server's tool list changed").await;
+    let a = with_roots.call(1, "echo", json!({"message": "a"})).await;
+    assert_eq!(a.last()["result"]["content"][0]["text"], "Echo: a", "{a:?}");
+    // A client without: its session's list lacks the roots tool.
+    let without = session(json!({})).await;
+    let b = without.call(2, "echo", json!({"message": "b"})).await;
+    assert_eq!(b.last()["result"]["content"][0]["text"], "Echo: b", "{b:?}");
+    let entries = audit_entries(&gw.audit_dir());
+    let learned: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["kind"] == "tools_learned")
+        .flat_map(|e| e["tools"].as_array().unwrap())
+        .collect();
+    assert!(
+        learned.iter().any(|t| t["tool"] == "get-roots-list"),
+        "the roots client's list was fetched: {learned:?}"
+    );
+    let changed: Vec<_> = entries
+        .iter()
+        .filter(|e| e["kind"] == "tools_changed")
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "a listing for another client is not a change: {changed:?}"
+    );
+    let log = gw.log.lock().unwrap().join("\n");
+    assert!(!log.contains("no longer listed"), "{log}");
+}

@@ -35,6 +35,17 @@ use crate::core::config::ToolConfig;
 /// The lock file in the policy folder.
 pub const LOCK_FILE: &str = "tools.lock";
 
+/// The profile of a client, by the capabilities it declared (`null` when
+/// none): the key under which [`Catalog::replace`] compares complete
+/// listings. Two clients that declared the same capabilities are one profile.
+pub fn client_profile(capabilities: Option<&Value>) -> String {
+    let caps = capabilities
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let digest = Sha256::digest(jcs(&caps).as_bytes());
+    hex::encode(&digest[..8])
+}
+
 /// The members of a `tools/list` entry that define a tool.
 pub const DEFINITION_FIELDS: [&str; 6] = [
     "name",
@@ -251,6 +262,9 @@ struct Listed {
     tools: HashMap<String, Definition>,
     /// A complete listing (every page, fetched by the gateway) was read.
     complete: bool,
+    /// The names in the last complete listing fetched for each client
+    /// profile (see [`Catalog::replace`]).
+    by_profile: HashMap<String, std::collections::BTreeSet<String>>,
 }
 
 /// Per-server catalog of tool definitions and pins.
@@ -320,17 +334,26 @@ impl Catalog {
     /// gateway relayed to a client: definitions are updated, nothing is
     /// taken as gone (another page may hold it).
     pub fn capture(&self, server: &str, result: &str) -> Captured {
-        self.take(server, &page_tools(result), false)
+        self.take(server, &page_tools(result), None)
     }
 
     /// Record a complete listing (every page) that the gateway fetched
-    /// itself: it replaces what was listed, and pinned tools missing from it
-    /// are unavailable.
-    pub fn replace(&self, server: &str, tools: &[Value]) -> Captured {
-        self.take(server, tools, true)
+    /// itself, through a connection whose client declared the capabilities
+    /// that `profile` names ([`client_profile`]).
+    ///
+    /// Servers offer tools by who asks: the 2026-07-28 spec lets a list vary
+    /// with the authorization presented, and servers vary it with the
+    /// client's capabilities (a roots tool only for clients that declare
+    /// roots). So a tool has vanished only when the last complete listing
+    /// for the same profile had it and this one does not; a listing for
+    /// another profile takes nothing away. What any profile's latest
+    /// listing holds stays known (its definition is the one judged), and a
+    /// pinned tool that no profile lists any more is unavailable.
+    pub fn replace(&self, server: &str, tools: &[Value], profile: &str) -> Captured {
+        self.take(server, tools, Some(profile))
     }
 
-    fn take(&self, server: &str, tools: &[Value], complete: bool) -> Captured {
+    fn take(&self, server: &str, tools: &[Value], complete: Option<&str>) -> Captured {
         let defs: Vec<Definition> = tools.iter().filter_map(Definition::of).collect();
         let mut out = Captured {
             tools: defs.len(),
@@ -366,16 +389,34 @@ impl Catalog {
                 _ => {}
             }
         }
-        if complete {
-            let now: std::collections::HashSet<&str> = defs.iter().map(Definition::name).collect();
-            out.vanished = entry
-                .tools
-                .keys()
-                .filter(|t| !now.contains(t.as_str()))
-                .cloned()
-                .collect();
+        if let Some(profile) = complete {
+            let now: std::collections::BTreeSet<String> =
+                defs.iter().map(|d| d.name().to_owned()).collect();
+            let before = entry.by_profile.insert(profile.to_owned(), now.clone());
+            // Gone: listed before for this profile, and by no profile now.
+            let held = |t: &str| entry.by_profile.values().any(|names| names.contains(t));
+            out.vanished = match before {
+                Some(before) => before
+                    .iter()
+                    .filter(|t| !now.contains(*t) && !held(t))
+                    .cloned()
+                    .collect(),
+                // The first listing of this profile: tools another profile
+                // was shown are not taken for gone.
+                None if entry.complete => Vec::new(),
+                // The first complete listing at all: a tool only a relayed
+                // page named is gone.
+                None => entry
+                    .tools
+                    .keys()
+                    .filter(|t| !now.contains(*t))
+                    .cloned()
+                    .collect(),
+            };
             out.vanished.sort();
-            entry.tools.clear();
+            for t in &out.vanished {
+                entry.tools.remove(t);
+            }
             entry.complete = true;
         }
         for def in defs {
@@ -550,6 +591,7 @@ mod tests {
         let first = c.replace(
             "s",
             &[tool("pay", "charges", false), tool("get", "reads", true)],
+            "p",
         );
         assert_eq!(first.learned.len(), 2);
         assert!(!c.view("s", "pay").changed);
@@ -558,6 +600,7 @@ mod tests {
         let second = c.replace(
             "s",
             &[tool("pay", "harmless", true), tool("get", "reads", true)],
+            "p",
         );
         assert!(second.learned.is_empty());
         assert_eq!(second.changed.len(), 1);
@@ -582,8 +625,8 @@ mod tests {
     #[test]
     fn a_pinned_tool_that_goes_is_unavailable() {
         let c = Catalog::default();
-        c.replace("s", &[tool("pay", "charges", false)]);
-        let later = c.replace("s", &[]);
+        c.replace("s", &[tool("pay", "charges", false)], "p");
+        let later = c.replace("s", &[], "p");
         assert_eq!(later.vanished, ["pay"]);
         assert!(c.view("s", "pay").unavailable);
         assert!(
@@ -593,6 +636,25 @@ mod tests {
         // A relayed page adds and never takes away.
         c.capture("s", r#"{"tools":[{"name":"pay","description":"charges","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":false}}]}"#);
         assert!(!c.view("s", "pay").unavailable);
+    }
+
+    #[test]
+    fn a_listing_for_another_client_profile_takes_nothing_away() {
+        let c = Catalog::default();
+        let roots = [
+            tool("echo", "echoes", true),
+            tool("roots", "lists roots", true),
+        ];
+        c.replace("s", &roots, "with-roots");
+        // A client without roots is offered less: nothing vanished.
+        let other = c.replace("s", &[tool("echo", "echoes", true)], "no-roots");
+        assert!(other.vanished.is_empty(), "{:?}", other.vanished);
+        assert!(!c.view("s", "roots").unavailable);
+        assert!(c.knows("s", "roots"));
+        // The same profile no longer offered it: that is a change.
+        let later = c.replace("s", &[tool("echo", "echoes", true)], "with-roots");
+        assert_eq!(later.vanished, ["roots"]);
+        assert!(c.view("s", "roots").unavailable);
     }
 
     #[test]

@@ -137,6 +137,13 @@ pub trait Upstream: Send + Sync {
         &self,
         cursor: Option<String>,
     ) -> impl Future<Output = Result<Message, UpstreamError>> + Send;
+
+    /// The client profile [`list_tools`](Upstream::list_tools) answers for
+    /// (`crate::core::catalog::client_profile` of the capabilities the
+    /// connection's client declared): servers list tools by who asks.
+    fn client_profile(&self) -> String {
+        crate::core::catalog::client_profile(None)
+    }
 }
 
 /// A live connection that can carry a `tools/call`.

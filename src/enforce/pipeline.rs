@@ -586,7 +586,8 @@ impl Pipeline {
             self.noted(server, &captured);
             record_first_use(&*self.store, server, captured.learned).await;
         } else {
-            let captured = self.catalog.replace(server, &tools);
+            let profile = ctx.upstream.client_profile();
+            let captured = self.catalog.replace(server, &tools, &profile);
             self.noted(server, &captured);
             // Awaited: a pin must be on disk before calls are judged by it.
             record_first_use(&*self.store, server, captured.learned).await;

@@ -108,6 +108,17 @@ impl Upstream for Route<'_> {
     async fn list_tools(&self, cursor: Option<String>) -> Result<Message, UpstreamError> {
         self.list_page(cursor).await
     }
+
+    /// A session's list is the one its client's `initialize` capabilities
+    /// are offered; the shared 2026-07-28 connection lists with the
+    /// gateway's own envelope (no capabilities).
+    fn client_profile(&self) -> String {
+        let capabilities = match &self.target {
+            Target::Session(s) => s.client_capabilities(),
+            Target::Shared { .. } => None,
+        };
+        crate::core::catalog::client_profile(capabilities.as_ref())
+    }
 }
 
 impl Route<'_> {

@@ -141,6 +141,13 @@ impl Session {
         Ok(conn)
     }
 
+    /// The capabilities the session's client declared in `initialize`.
+    pub fn client_capabilities(&self) -> Option<Value> {
+        let params = lock(&self.init_params).clone()?;
+        let params: Value = serde_json::from_str(params.get()).ok()?;
+        params.get("capabilities").cloned()
+    }
+
     /// Note activity (for the idle sweep).
     pub fn touch(&self) {
         *lock(&self.last_used) = Instant::now();
