@@ -176,6 +176,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     ));
     shutdown_signal().await;
     tracing::info!("shutting down");
+    // Held calls answer first (approval_pending, nothing ran), while their
+    // connections are still open.
+    gw.pipeline.drain();
     let _ = stop_tx.send(());
     // Open SSE streams never end on their own: bound the drain.
     let _ = tokio::time::timeout(grace, server).await;

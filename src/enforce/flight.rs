@@ -221,6 +221,7 @@ impl Idempotency {
                     },
                 ));
             }
+            tracing::debug!(server = %claim.server, tool = %claim.tool, "an identical call is in flight: waiting for its answer");
             return Err(Lookup::Follow(f.tx.subscribe()));
         }
         let (tx, _) = watch::channel(None);

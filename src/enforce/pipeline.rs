@@ -169,6 +169,8 @@ pub struct Pipeline {
     pub metrics: super::metrics::Metrics,
     /// Signs the `requestState` of questions to the client.
     asker: super::client::Asker,
+    /// Set when the gateway stops: held calls answer at once.
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 /// A cached read answer.
@@ -239,7 +241,17 @@ impl Pipeline {
             asker: super::client::Asker::new(ed25519_dalek::SigningKey::from_bytes(
                 &rand::random::<[u8; 32]>(),
             )),
+            draining: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// The gateway stops: every call held for an approval answers now with
+    /// what is true (`approval_pending` and its proposal; nothing ran), and
+    /// calls that would be held answer so at once, rather than being cut
+    /// off when the listener closes. The proposals stay: the same call,
+    /// sent again to any gateway, finds its approval.
+    pub fn drain(&self) {
+        self.draining.send_replace(true);
     }
 
     /// Sign questions to the client with the gateway's key (the audit
@@ -1147,13 +1159,18 @@ impl Pipeline {
                 }
             }
             // Hold: wait for this proposal to be decided, sending progress.
+            let mut draining = self.draining.subscribe();
             loop {
                 let left = hold_until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                if left.is_zero() || *draining.borrow() {
                     return Gate::Refuse(Outcome::Approval(super::book::pending(&proposal)));
                 }
                 let tick = self.config.approvals.progress_interval.min(left);
                 tokio::select! {
+                    _ = draining.changed() => {
+                        tracing::info!(proposal = %proposal.id, "shutting down: a held call answers approval_pending");
+                        return Gate::Refuse(Outcome::Approval(super::book::pending(&proposal)));
+                    }
                     change = changes.recv() => match change {
                         Ok(e) if e.proposal.id == proposal.id && e.proposal.state != ProposalState::Pending => break,
                         Ok(_) => {}

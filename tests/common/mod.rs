@@ -545,6 +545,11 @@ call_timeout = "5s"
         assert!(status.success(), "kill -{signal}");
     }
 
+    /// Wait for the gateway process to exit (after a signal) and reap it.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        self.child.take().unwrap().wait().unwrap()
+    }
+
     /// Stop with SIGTERM and wait for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().unwrap();
