@@ -35,7 +35,7 @@ async fn wait_for_lines(gw: &Gateway, needle: &str, n: usize) {
 #[tokio::test]
 async fn sigint_answers_a_held_write_and_its_waiting_duplicate() {
     let (pdir, _key) = default_policies_with_alice();
-    let mut gw = Gateway::start_with(Options {
+    let gw = Gateway::start_with(Options {
         policies: Some(pdir.path().to_owned()),
         // Held far longer than the test: only the drain can answer them.
         approvals: "hold = \"10m\"\n".into(),
