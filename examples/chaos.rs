@@ -535,6 +535,18 @@ fn revive(setup: &Setup, upstream: &mut Option<Child>) -> Result<(), String> {
     Ok(())
 }
 
+/// A child killed and reaped when it is dropped.
+struct Reaper(Option<Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Kill the stdio children the gateway runs for this work folder.
 fn kill_children(setup: &Setup) {
     let _ = Command::new("pkill")
@@ -576,7 +588,9 @@ async fn run() -> Result<bool, String> {
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let setup = Setup::write(&dir, &o).map_err(|e| e.to_string())?;
-    let mut upstream = setup.start_upstream()?;
+    // Reaped however the run ends (an early error included): an orphan
+    // example server would outlive the run and its folder.
+    let mut upstream = Reaper(setup.start_upstream()?);
     let mut gateways = Vec::new();
     for g in 0..setup.urls.len() {
         gateways.push(setup.start_gateway(g)?);
@@ -602,7 +616,7 @@ async fn run() -> Result<bool, String> {
     for i in 0..o.kills {
         let at = (i + 1) * o.calls / (o.kills + 1);
         while done.load(Ordering::SeqCst) < at && started.elapsed() < deadline() {
-            revive(&setup, &mut upstream)?;
+            revive(&setup, &mut upstream.0)?;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // A little later than the threshold, at a random moment.
@@ -649,11 +663,11 @@ async fn run() -> Result<bool, String> {
             }
             "child_sigkill" => kill_children(&setup),
             "upstream_sigkill" => {
-                if let Some(mut u) = upstream.take() {
+                if let Some(mut u) = upstream.0.take() {
                     let _ = u.kill();
                     let _ = u.wait();
                 }
-                upstream = setup.start_upstream()?;
+                upstream.0 = setup.start_upstream()?;
             }
             "drop_session" => {
                 let _ = std::fs::write(
@@ -682,7 +696,7 @@ async fn run() -> Result<bool, String> {
         }
     }
     while !tasks.iter().all(|t| t.is_finished()) {
-        revive(&setup, &mut upstream)?;
+        revive(&setup, &mut upstream.0)?;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let finished = done.load(Ordering::SeqCst);

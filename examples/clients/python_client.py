@@ -1,4 +1,6 @@
-"""A real MCP client in front of countersign: the official Python SDK (`pip install mcp`).
+"""A real MCP client in front of countersign: the official Python SDK, version 2
+(`pip install 'mcp>=2.3,<3'`: it imports `httpx2` and `from mcp import Client`,
+which 1.x does not have).
 
 It sends the gateway's bearer token with the SDK's public API (its HTTP client,
 `httpx2.AsyncClient`, given to `streamable_http_client`), lists the tools, reads a
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import uuid
 
 import httpx2  # the HTTP client the mcp SDK is built on
@@ -50,7 +53,12 @@ async def main() -> None:
         # The key travels in _meta, where countersign reads it (and removes it
         # before the server sees the call).
         meta = {"dev.countersign/idempotency-key": args.key}
+        # A write may wait for a reviewer for up to the gateway's
+        # approvals.hold: say so rather than sit in silence.
+        waiting = "charge_card: sent; if it needs an approval, the gateway holds it until a reviewer decides or its hold ends"
+        print(waiting, file=sys.stderr, flush=True)
         first = await client.call_tool("charge_card", charge, meta=meta)
+        print("charge_card again with the same key: a retry, never a second charge", file=sys.stderr, flush=True)
         again = await client.call_tool("charge_card", charge, meta=meta)
         protocol = client.protocol_version
 

@@ -10,7 +10,8 @@
 //   COUNTERSIGN_TOKEN=dev-token-agent7 node --experimental-strip-types typescript_client.ts \
 //       http://127.0.0.1:7373/mcp/payments [KEY]
 //
-// (Node 22.6 or newer; from Node 23.6 the flag is not needed.) Under the
+// (Node 22.6 or newer; from Node 23.6 the flag is not needed. On an older
+// Node, run it with tsx instead: `npx tsx typescript_client.ts URL [KEY]`.) Under the
 // shipped policies the charge waits for a reviewer (`approval_pending`, with
 // the proposal id); approve it with `countersign approve` and run this again
 // with the same KEY to see it run once.
@@ -48,7 +49,11 @@ const charge = { account: "acct_42", amount: 12.5, currency: "EUR" };
 // The key travels in _meta, where countersign reads it (and removes it
 // before the server sees the call).
 const call = { name: "charge_card", arguments: charge, _meta: { "dev.countersign/idempotency-key": key } };
+// A write may wait for a reviewer for up to the gateway's approvals.hold:
+// say so rather than sit in silence.
+console.error("charge_card: sent; if it needs an approval, the gateway holds it until a reviewer decides or its hold ends");
 const first = (await client.callTool(call)) as ToolResult;
+console.error("charge_card again with the same key: a retry, never a second charge");
 const again = (await client.callTool(call)) as ToolResult;
 await client.close();
 

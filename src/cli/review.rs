@@ -102,10 +102,8 @@ pub async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
     if list.is_empty() {
         return Ok("no pending proposals\n".into());
     }
-    let mut out = format!(
-        "{:<19} {:<8} {:<12} {:<10} {:<24} {:<11} {}\n",
-        "ID", "AGE", "REQUESTER", "TENANT", "TOOL", "RISK", "FLAGS"
-    );
+    let mut rows =
+        vec![["ID", "AGE", "REQUESTER", "TENANT", "TOOL", "RISK", "FLAGS"].map(str::to_owned)];
     for p in &list {
         let mut flags = Vec::new();
         if p.get("definition_change").is_some_and(|d| !d.is_null()) {
@@ -117,22 +115,46 @@ pub async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
         if p["joined"].as_u64().unwrap_or(0) > 0 {
             flags.push(format!("{} retries joined", p["joined"]));
         }
-        out.push_str(&format!(
-            "{:<19} {:<8} {:<12} {:<10} {:<24} {:<11} {}\n",
-            p["id"].as_str().unwrap_or(""),
+        rows.push([
+            p["id"].as_str().unwrap_or("").to_owned(),
             age(p["created_ms"].as_i64().unwrap_or(0)),
-            p["requester"].as_str().unwrap_or(""),
-            p["tenant"].as_str().unwrap_or(""),
+            p["requester"].as_str().unwrap_or("").to_owned(),
+            p["tenant"].as_str().unwrap_or("").to_owned(),
             format!(
                 "{}/{}",
                 p["server"].as_str().unwrap_or(""),
                 p["tool"].as_str().unwrap_or("")
             ),
-            p["risk"].as_str().unwrap_or(""),
-            flags.join(", ")
-        ));
+            p["risk"].as_str().unwrap_or("").to_owned(),
+            flags.join(", "),
+        ]);
     }
-    Ok(out)
+    Ok(columns(&rows))
+}
+
+/// Rows as aligned columns, each as wide as its widest cell (long server
+/// and tool names shift the columns, never run into the next one).
+fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == N {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$} ", width = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// One line per change (`[{pointer, before, after}]`):
@@ -254,4 +276,27 @@ pub async fn reconcile(c: &Client, body: &Value) -> anyhow::Result<String> {
         body["key"].as_str().unwrap_or(""),
         v["state"]
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn columns_fit_their_widest_cell() {
+        let rows = [
+            ["ID", "TOOL", "RISK"].map(str::to_owned),
+            [
+                "p-1",
+                "a-very-long-server-name/an-even-longer-tool-name",
+                "write",
+            ]
+            .map(str::to_owned),
+            ["p-2", "s/t", "read"].map(str::to_owned),
+        ];
+        let text = super::columns(&rows);
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines[1].find("write").unwrap();
+        assert_eq!(lines[0].find("RISK"), Some(at), "{text}");
+        assert_eq!(lines[2].find("read"), Some(at), "{text}");
+        assert!(lines[1].contains("tool-name write"), "{text}");
+    }
 }

@@ -816,6 +816,10 @@ pub fn summary(p: &Proposal) -> String {
         Value::Object(m) if !m.is_empty() => m
             .iter()
             .map(|(k, v)| match v {
+                // A string that would break the sentence (a newline, a tab,
+                // any control character) is shown quoted and escaped, so a
+                // reviewer sees exactly what is there.
+                Value::String(s) if s.chars().any(char::is_control) => format!("{k} {v}"),
                 Value::String(s) => format!("{k} {s}"),
                 other => format!("{k} {other}"),
             })
@@ -847,6 +851,17 @@ pub fn summary(p: &Proposal) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_summary_escapes_what_would_break_its_sentence() {
+        let mut p = proposal();
+        p.arguments = json!({"note": "first line\n", "memo": "tab\there", "plain": "ok"});
+        let s = summary(&p);
+        assert!(!s.contains('\n') && !s.contains('\t'), "{s}");
+        assert!(s.contains(r#"note "first line\n""#), "{s}");
+        assert!(s.contains(r#"memo "tab\there""#), "{s}");
+        assert!(s.contains("plain ok"), "{s}");
+    }
 
     fn proposal() -> Proposal {
         Proposal {

@@ -253,6 +253,29 @@ fn executions(dir: &Path) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
+    // The keys this test drives are the ones the README's TUI section names.
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let section = readme
+        .split("## Reviewer TUI")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .unwrap();
+    for key in [
+        "**a**",
+        "**Tab**",
+        "**Enter**",
+        "**Esc**",
+        "**d**",
+        "**q**",
+        "**1 Pending**",
+        "**3 History**",
+    ] {
+        assert!(
+            section.contains(key),
+            "the README's TUI section names {key}"
+        );
+    }
     let gw = start_gateway();
     let url = format!("{}/mcp/payments", gw.base);
     let http = reqwest::Client::new();
