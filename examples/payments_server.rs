@@ -350,6 +350,14 @@ impl Server {
     ) -> Option<Outcome> {
         let name = params.get("name").and_then(Value::as_str).unwrap_or("");
         let args = params.get("arguments").cloned().unwrap_or(json!({}));
+        if name == RECONNECTION_TOOL {
+            // The conformance suite's tool (not listed): a related message
+            // first, so the answer is a stream; over HTTP in a session the
+            // stream closes before the answer instead (see `http_post`).
+            let note = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"working on it"}});
+            let _ = out.tx.send(note).await;
+            return Some(Outcome::Reply(ok(id, reconnected(), modern)));
+        }
         if !TOOLS.contains(&format!("\"name\":\"{name}\"")) || name.is_empty() {
             return Some(Outcome::Reply(error(
                 id,
@@ -587,6 +595,16 @@ struct HttpSession {
 struct Http {
     server: Arc<Server>,
     sessions: Mutex<HashMap<String, Arc<HttpSession>>>,
+    /// Answers of `test_reconnection` calls whose stream was closed before
+    /// them, by the last event id the client saw (SEP-1699).
+    resumes: Mutex<HashMap<String, Value>>,
+}
+
+/// The conformance suite's SSE polling tool (SEP-1699).
+const RECONNECTION_TOOL: &str = "test_reconnection";
+
+fn reconnected() -> Value {
+    json!({"content":[{"type":"text","text":"reconnected: the answer came after the stream was resumed"}],"isError":false})
 }
 
 fn reply(status: StatusCode, v: &Value) -> Response {
@@ -689,6 +707,26 @@ async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes)
         let _ = st.server.handle(&msg, &out).await;
         return StatusCode::ACCEPTED.into_response();
     }
+    // SEP-1699: in a session, `test_reconnection` answers with a priming
+    // event and closes the stream; the answer waits for a GET that names
+    // that event in `Last-Event-ID`.
+    let reconnection = method == "tools/call"
+        && msg.pointer("/params/name").and_then(Value::as_str) == Some(RECONNECTION_TOOL)
+        && sid.is_some();
+    if reconnection {
+        let event = format!("rc-{:016x}", rand::random::<u64>());
+        let id = msg.get("id").cloned().unwrap_or(Value::Null);
+        let answer = json!({"jsonrpc":"2.0","id":id,"result":reconnected()});
+        if let Ok(mut r) = st.resumes.lock() {
+            r.insert(event.clone(), answer);
+        }
+        let mut r = Response::new(Body::from(format!("id: {event}\nretry: 100\ndata: \n\n")));
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        return r;
+    }
     // Per-request stream: related messages first, then the answer.
     let (tx, mut rx) = mpsc::channel::<Value>(64);
     out.tx = tx;
@@ -768,6 +806,20 @@ async fn http_get(State(st): State<Arc<Http>>, headers: HeaderMap) -> Response {
     let Some(session) = session else {
         return StatusCode::METHOD_NOT_ALLOWED.into_response();
     };
+    if let Some(event) = header(&headers, "last-event-id") {
+        let kept = st.resumes.lock().ok().and_then(|mut r| r.remove(event));
+        let Some(answer) = kept else {
+            return StatusCode::NOT_FOUND.into_response();
+        };
+        let mut r = Response::new(Body::from(format!(
+            "id: {event}-1\nevent: message\ndata: {answer}\n\n"
+        )));
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        return r;
+    }
     let Some(rx) = session.standalone.lock().ok().and_then(|mut r| r.take()) else {
         return StatusCode::CONFLICT.into_response();
     };
@@ -860,6 +912,7 @@ async fn main() {
             let st = Arc::new(Http {
                 server,
                 sessions: Mutex::new(HashMap::new()),
+                resumes: Mutex::new(HashMap::new()),
             });
             let app = Router::new()
                 .route("/mcp", post(http_post).get(http_get).delete(http_delete))

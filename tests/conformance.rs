@@ -1,7 +1,8 @@
 //! The official MCP conformance suite (`@modelcontextprotocol/conformance`,
 //! server scenarios) against the example server directly and through the
 //! gateway, over a stdio upstream and an HTTP upstream. Every check that
-//! passes direct must pass through the gateway. `.ci/setup-peers` installs the
+//! passes direct must pass through the gateway (skipped or informational
+//! there counts as lost), and `server-sse-polling` passes through both. `.ci/setup-peers` installs the
 //! suite and the Node.js 22 it needs under `.ci/cache/conformance`.
 //!
 //! The suite's client sends no bearer token, and the gateway admits none
@@ -148,6 +149,8 @@ async fn what_passes_direct_passes_through_the_gateway() {
         let through = tokio::task::spawn_blocking(move || run_suite(&url, &dir))
             .await
             .unwrap();
+        // Every check that passes direct passes through the gateway: a check
+        // skipped, informational or missing through the gateway is lost.
         let mut lost = Vec::new();
         for (scenario, checks) in &direct {
             for (check, status) in checks {
@@ -155,7 +158,16 @@ async fn what_passes_direct_passes_through_the_gateway() {
                     .get(scenario)
                     .and_then(|c| c.get(check))
                     .map_or("(not run)", String::as_str);
-                if status == "SUCCESS" && there != "SUCCESS" {
+                // One exception, named: over a stdio upstream there is no
+                // upstream stream to close mid-call, so the gateway answers
+                // on the POST stream and the suite reports that as INFO
+                // ("server did not disconnect mid-call"). Over HTTP the
+                // upstream closes its stream and so does the gateway.
+                let stdio_has_no_stream = server == "payments"
+                    && scenario == "server-sse-polling"
+                    && check == "server-sse-disconnect-resume"
+                    && there == "INFO";
+                if status == "SUCCESS" && there != "SUCCESS" && !stdio_has_no_stream {
                     lost.push(format!(
                         "{scenario}/{check}: direct SUCCESS, through {server} {there}"
                     ));
@@ -171,12 +183,21 @@ async fn what_passes_direct_passes_through_the_gateway() {
                 .is_some_and(|s| s == "SUCCESS")
         };
         assert!(ok("tools-list", "tools-list"), "{through:?}");
-        assert!(
-            ok("server-sse-polling", "server-sse-priming-event")
-                || through
-                    .get("server-sse-polling")
-                    .is_some_and(|c| c.values().all(|s| s != "FAILURE")),
-            "{through:?}"
-        );
+        // A streamed answer reaches the client as a stream with the
+        // gateway's own priming event and retry field.
+        for check in ["server-sse-priming-event", "server-sse-retry-field"] {
+            assert!(
+                ok("server-sse-polling", check),
+                "through `{server}`: {check}: {:?}",
+                through.get("server-sse-polling")
+            );
+        }
+        if server == "phttp" {
+            assert!(
+                ok("server-sse-polling", "server-sse-disconnect-resume"),
+                "through `{server}`: {:?}",
+                through.get("server-sse-polling")
+            );
+        }
     }
 }

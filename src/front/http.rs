@@ -657,28 +657,44 @@ async fn relay_request(
         },
         era != Era::Modern,
     );
-    let first = tokio::select! {
-        biased;
-        m = rx.recv() => m,
-        () = &mut call => rx.recv().await,
+    // The upstream's word that it answers as a stream (a marker, never
+    // relayed) makes this answer a stream too.
+    // The stream opens then, before the first message; and when the
+    // upstream already closed its stream early, the client's is cut at the
+    // same point.
+    let mut cut_early = false;
+    let first = loop {
+        let m = tokio::select! {
+            biased;
+            m = rx.recv() => m,
+            () = &mut call => rx.recv().await,
+        };
+        match m {
+            Some(m) if is_streamed_marker(&m) => {
+                cut_early |= m.method() == crate::wire::sse::RESUMED;
+                if sse {
+                    break None;
+                }
+            }
+            Some(m) if m.kind() == Kind::Response => return rpc(StatusCode::OK, &m),
+            Some(m) => break Some(m),
+            None => return reject(Rejection::NoAnswer, Value::Null),
+        }
     };
-    let Some(first) = first else {
-        return reject(Rejection::NoAnswer, Value::Null);
-    };
-    if first.kind() == Kind::Response {
-        return rpc(StatusCode::OK, &first);
-    }
     // A stream: the rest of the call runs in its own task. In 2026-07-28 a
     // client that goes away cancels it.
     let task = call.detach();
     let abort = (era == Era::Modern).then(|| AbortOnDrop(task.abort_handle()));
     if let Some(Resumable(session)) = resumable {
         let (number, priming) = lock_replay(&session).open();
+        if cut_early {
+            lock_replay(&session).cut(number);
+        }
         // The stream outlives the connection: what the call sends after the
         // client went away is kept for its resumption.
         let pump = session.clone();
         tokio::spawn(async move {
-            let mut next = Some(first);
+            let mut next = first;
             loop {
                 let msg = match next.take() {
                     Some(m) => m,
@@ -687,6 +703,16 @@ async fn relay_request(
                         None => break,
                     },
                 };
+                if is_streamed_marker(&msg) {
+                    if msg.method() == crate::wire::sse::RESUMED {
+                        // The upstream closed its stream early: the
+                        // client's ends at the same point, and it resumes
+                        // from the gateway (the rest is kept for it).
+                        lock_replay(&pump).cut(number);
+                        pump.sse_sent.notify_waiters();
+                    }
+                    continue;
+                }
                 let last = msg.kind() == Kind::Response;
                 lock_replay(&pump).push(number, &msg.to_bytes());
                 pump.sse_sent.notify_waiters();
@@ -699,19 +725,22 @@ async fn relay_request(
         });
         return sse_response(HttpBody::from_stream(
             stream::once(async move { Ok::<Bytes, Infallible>(priming) })
-                .chain(follow(session, number, 0)),
+                .chain(follow(session, number, 0, true)),
         ));
     }
     let frames = stream::unfold(
-        (Some(first), rx, abort, false),
+        (first, rx, abort, false),
         |(next, mut rx, abort, done)| async move {
             if done {
                 return None;
             }
-            let msg = match next {
+            let mut msg = match next {
                 Some(m) => m,
                 None => rx.recv().await?,
             };
+            while is_streamed_marker(&msg) {
+                msg = rx.recv().await?;
+            }
             let last = msg.kind() == Kind::Response;
             Some((
                 Ok::<Bytes, Infallible>(sse::encode(&msg.to_bytes())),
@@ -720,6 +749,16 @@ async fn relay_request(
         },
     );
     sse_response(HttpBody::from_stream(frames))
+}
+
+/// An upstream transport's marker (it answers as a stream; it resumes a
+/// stream closed early): read by the front, never relayed.
+fn is_streamed_marker(m: &Message) -> bool {
+    m.kind() == Kind::Notification
+        && matches!(
+            m.method(),
+            crate::wire::sse::STREAMED | crate::wire::sse::RESUMED
+        )
 }
 
 fn lock_replay(session: &Session) -> std::sync::MutexGuard<'_, sse::Replay> {
@@ -735,6 +774,7 @@ fn follow(
     session: Arc<Session>,
     stream: u64,
     after: u64,
+    first_connection: bool,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> {
     stream::unfold(
         (session, after, std::collections::VecDeque::<Bytes>::new()),
@@ -752,10 +792,19 @@ fn follow(
                 if got.gap {
                     tracing::warn!(session = %session.id, stream, after = cursor, "SSE resumption: some events were no longer kept");
                 }
-                cursor = got.last;
-                ready.extend(got.events);
+                // The first connection stops where the upstream cut its
+                // own stream; a resumption (GET) goes on to the end.
+                let cut = got.cut.filter(|_| first_connection);
+                let events = got.events.into_iter();
+                let room = cut.map_or(usize::MAX, |c| c.saturating_sub(cursor) as usize);
+                let taken: Vec<Bytes> = events.take(room).collect();
+                cursor = cursor.saturating_add(taken.len() as u64).min(got.last);
+                if cut.is_none() {
+                    cursor = got.last;
+                }
+                ready.extend(taken);
                 if ready.is_empty() {
-                    if got.done {
+                    if got.done || cut.is_some_and(|c| cursor >= c) {
                         return None;
                     }
                     notified.await;
@@ -923,7 +972,7 @@ async fn get_mcp(
                 Value::Null,
             );
         }
-        return sse_response(HttpBody::from_stream(follow(session, stream, after)));
+        return sse_response(HttpBody::from_stream(follow(session, stream, after, false)));
     }
     let Ok(receiver) = session.standalone.clone().try_lock_owned() else {
         return reject(Rejection::StreamTaken, Value::Null);

@@ -168,6 +168,27 @@ impl Mux {
         }
     }
 
+    /// The upstream answers request `id` as an SSE stream: tell whoever
+    /// relays it (a [`crate::wire::sse::STREAMED`] marker on its events), so
+    /// that a client that accepts SSE gets a stream too, with the gateway's
+    /// own priming event and ids.
+    pub fn streaming(&self, id: u64) {
+        self.mark(id, crate::wire::sse::STREAMED);
+    }
+
+    /// The upstream closed request `id`'s stream before answering, and it is
+    /// being resumed: a [`crate::wire::sse::RESUMED`] marker on its events.
+    pub fn resuming(&self, id: u64) {
+        self.mark(id, crate::wire::sse::RESUMED);
+    }
+
+    fn mark(&self, id: u64, marker: &str) {
+        let events = self.lock().pending.get(&id).and_then(|p| p.events.clone());
+        if let Some(events) = events {
+            let _ = events.try_send(Message::notification(marker, None));
+        }
+    }
+
     /// Whether the connection was closed.
     pub fn is_closed(&self) -> bool {
         self.lock().closed.is_some()

@@ -236,6 +236,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// What came back for one request, with the connection, which drives the
 /// body and goes back to the pool once the body has been read.
+/// How many times one answer is resumed after its stream closed early.
+const MAX_RESUMES: usize = 3;
+/// The pause before a resumption (servers that close a stream mid-call ask
+/// for a short `retry`).
+const RESUME_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 struct Answer {
     status: http::StatusCode,
     headers: HeaderMap,
@@ -445,31 +451,57 @@ impl Http {
         };
         let origin = Origin::Stream(id);
         if is_sse {
-            let mut decoder = sse::Decoder::new(self.max_event);
-            while let Some(frame) = drive(&mut conn.driver, body.frame()).await {
-                let frame = frame.map_err(|e| {
-                    self.lost(format!("the response stream broke: {}", error_chain(&e)))
-                })?;
-                let Ok(chunk) = frame.into_data() else {
-                    continue;
+            // The client that asks may get a stream too (its own priming
+            // event and ids come from the gateway).
+            mux.streaming(id);
+            let mut last = self.read_stream(mux, &mut conn, &mut body, id).await?;
+            // A server may close the stream before it answers (SEP-1699):
+            // the answer is resumed with a GET naming the last event id, on
+            // this session, a bounded number of times.
+            let mut resumed = 0;
+            while mux.client_id(id).is_some() {
+                let (Some(event), true) = (last.clone(), lock(&self.session).is_some()) else {
+                    break;
                 };
-                let events = decoder.feed(&chunk).map_err(|e| self.lost(e.to_string()))?;
-                for ev in events {
-                    if ev.data.is_empty() {
-                        continue;
-                    }
-                    match Message::parse_from_upstream(ev.data.as_bytes()) {
-                        Ok(m) => mux.deliver(m, origin),
-                        Err(e) => {
-                            tracing::warn!(server = %self.server, "upstream SSE event is not JSON-RPC ({e}); ignored")
-                        }
-                    }
+                if resumed == MAX_RESUMES {
+                    break;
                 }
-                if mux.client_id(id).is_none() {
-                    // Answered: the rest of the stream is not ours to wait for
-                    // (and the connection is not reusable mid-stream).
-                    return Ok(());
+                resumed += 1;
+                if resumed == 1 {
+                    mux.resuming(id);
                 }
+                tokio::time::sleep(RESUME_PAUSE).await;
+                let mut req = self.request(Method::GET, Bytes::new(), &[]);
+                let h = req.headers_mut();
+                h.insert(
+                    http::header::ACCEPT,
+                    HeaderValue::from_static("text/event-stream"),
+                );
+                if let Ok(v) = HeaderValue::try_from(event.as_str()) {
+                    h.insert("last-event-id", v);
+                }
+                let Answer {
+                    status,
+                    mut body,
+                    conn: mut again,
+                    ..
+                } = self.send(req).await.map_err(|e| {
+                    self.lost(format!(
+                        "the response stream closed before its answer, and resuming it failed: {e}"
+                    ))
+                })?;
+                if !status.is_success() {
+                    return Err(self.lost(format!(
+                        "the response stream closed before its answer, and resuming it with Last-Event-ID got HTTP {status}"
+                    )));
+                }
+                tracing::debug!(server = %self.server, event = %event, "resuming the upstream's response stream");
+                if let Some(next) = self.read_stream(mux, &mut again, &mut body, id).await? {
+                    last = Some(next);
+                }
+            }
+            if mux.client_id(id).is_none() {
+                return Ok(());
             }
         } else {
             let bytes = drive(&mut conn.driver, self.read_all(&mut body)).await?;
@@ -497,6 +529,45 @@ impl Http {
             return Err(self.lost("the response ended without an answer".into()));
         }
         Ok(())
+    }
+
+    /// Deliver the events of one response stream of request `id` until it
+    /// ends or carries the answer; the id of the last event that had one.
+    async fn read_stream(
+        &self,
+        mux: &Mux,
+        conn: &mut Conn,
+        body: &mut Incoming,
+        id: u64,
+    ) -> Result<Option<String>, UpstreamError> {
+        let origin = Origin::Stream(id);
+        let mut decoder = sse::Decoder::new(self.max_event);
+        while let Some(frame) = drive(&mut conn.driver, body.frame()).await {
+            let frame = frame.map_err(|e| {
+                self.lost(format!("the response stream broke: {}", error_chain(&e)))
+            })?;
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
+            let events = decoder.feed(&chunk).map_err(|e| self.lost(e.to_string()))?;
+            for ev in events {
+                if ev.data.is_empty() {
+                    continue;
+                }
+                match Message::parse_from_upstream(ev.data.as_bytes()) {
+                    Ok(m) => mux.deliver(m, origin),
+                    Err(e) => {
+                        tracing::warn!(server = %self.server, "upstream SSE event is not JSON-RPC ({e}); ignored")
+                    }
+                }
+            }
+            if mux.client_id(id).is_none() {
+                // Answered: the rest of the stream is not ours to wait for
+                // (and the connection is not reusable mid-stream).
+                break;
+            }
+        }
+        Ok(decoder.last_event_id().map(str::to_owned))
     }
 
     /// Read a whole (non-streaming) body, refusing more than `max_event` bytes.

@@ -9,6 +9,18 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::{Bytes, BytesMut};
 
+/// The method of the marker an upstream transport puts on a request's
+/// events when the upstream answers it as an SSE stream. Never sent to a
+/// client: the front reads it to answer as a stream too.
+pub const STREAMED: &str = "countersign/upstream-streamed";
+
+/// The method of the marker an upstream transport puts on a request's
+/// events when the upstream closed that request's stream before answering
+/// and the transport resumes it (SEP-1699). Never sent to a client: the
+/// front closes the client's stream at the same point, and the client
+/// resumes it from the gateway with `Last-Event-ID`.
+pub const RESUMED: &str = "countersign/upstream-resumed";
+
 /// One event: its `data` lines joined with `\n`, and its `id` if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -29,6 +41,10 @@ pub struct Decoder {
     data: String,
     id: Option<String>,
     has_data: bool,
+    /// The stream's last event id (SSE's "last event ID buffer"): set by
+    /// every `id:` field, dispatched event or not (a priming event only
+    /// sets it).
+    last_id: Option<String>,
 }
 
 /// An event grew past the limit.
@@ -46,7 +62,14 @@ impl Decoder {
             data: String::new(),
             id: None,
             has_data: false,
+            last_id: None,
         }
+    }
+
+    /// The id a resumption names in `Last-Event-ID`: the last `id:` field
+    /// seen, priming events included.
+    pub fn last_event_id(&self) -> Option<&str> {
+        self.last_id.as_deref()
     }
 
     /// Feed bytes; returns the events they complete.
@@ -91,7 +114,10 @@ impl Decoder {
                     self.has_data = true;
                 }
                 "event" => self.event = Some(value.to_owned()),
-                "id" => self.id = Some(value.to_owned()),
+                "id" => {
+                    self.id = Some(value.to_owned());
+                    self.last_id = Some(value.to_owned());
+                }
                 _ => {}
             }
             if self.data.len() > self.max_event {
@@ -169,6 +195,9 @@ struct Kept {
     bytes: usize,
     next_seq: u64,
     done: bool,
+    /// The first connection of the stream ends after this event (the
+    /// upstream closed its own stream early); a resumption goes on.
+    cut: Option<u64>,
 }
 
 /// What a resumption gets: the events after the client's last one, and
@@ -183,6 +212,8 @@ pub struct Resumed {
     pub done: bool,
     /// Events between the client's last one and `events` were no longer kept.
     pub gap: bool,
+    /// The first connection of the stream ends after this event.
+    pub cut: Option<u64>,
 }
 
 /// `STREAM-SEQ`.
@@ -244,6 +275,14 @@ impl Replay {
         frame
     }
 
+    /// The first connection of `stream` ends after the events kept so far;
+    /// the rest is for a resumption.
+    pub fn cut(&mut self, stream: u64) {
+        if let Some(k) = self.streams.get_mut(&stream) {
+            k.cut.get_or_insert(k.next_seq);
+        }
+    }
+
     /// `stream` has sent its last event.
     pub fn finish(&mut self, stream: u64) {
         if let Some(k) = self.streams.get_mut(&stream) {
@@ -267,6 +306,7 @@ impl Replay {
             events: events.into_iter().map(|(_, f)| f).collect(),
             done: kept.done,
             gap,
+            cut: kept.cut,
         })
     }
 }
@@ -274,6 +314,16 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_priming_event_sets_the_last_event_id() {
+        let mut d = Decoder::new(1024);
+        assert!(d
+            .feed(b"id: rc-1\nretry: 100\ndata: \n\n")
+            .unwrap()
+            .is_empty());
+        assert_eq!(d.last_event_id(), Some("rc-1"));
+    }
 
     #[test]
     fn split_across_chunks_and_crlf() {
