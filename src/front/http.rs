@@ -866,20 +866,10 @@ async fn modern(
     let ModernRequest { extra, .. } = checked;
     match msg.kind() {
         Kind::Request => {
-            let rc = RequestCtx {
+            let target = Target::Shared {
                 server: server.to_owned(),
-                caller: Caller {
-                    identity,
-                    scope: None,
-                },
-                era: Era::Modern,
-                target: Target::Shared {
-                    server: server.to_owned(),
-                },
-                extra,
-                asks: None,
-                bridged: false,
             };
+            let rc = RequestCtx::stateless(server, identity, target, extra, false);
             relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }
         _ => {
@@ -925,18 +915,8 @@ async fn bridged(
             &crate::enforce::answer::bridged_discover(id, &bridge.init),
         ),
         Kind::Request => {
-            let rc = RequestCtx {
-                server: server.to_owned(),
-                caller: Caller {
-                    identity,
-                    scope: None,
-                },
-                era: Era::Modern,
-                target: Target::Session(bridge.session),
-                extra: Vec::new(),
-                asks: None,
-                bridged: true,
-            };
+            let target = Target::Session(bridge.session);
+            let rc = RequestCtx::stateless(server, identity, target, Vec::new(), true);
             relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }
         _ => {

@@ -37,6 +37,32 @@ pub struct RequestCtx {
     pub bridged: bool,
 }
 
+impl RequestCtx {
+    /// A 2026-07-28 request: no session, so no idempotency scope of its own
+    /// and no open questions; `bridged` when `target` speaks the handshake
+    /// era for it.
+    pub fn stateless(
+        server: &str,
+        identity: std::sync::Arc<crate::core::identity::Identity>,
+        target: Target,
+        extra: ExtraHeaders,
+        bridged: bool,
+    ) -> RequestCtx {
+        RequestCtx {
+            server: server.to_owned(),
+            caller: Caller {
+                identity,
+                scope: None,
+            },
+            era: Era::Modern,
+            target,
+            extra,
+            asks: None,
+            bridged,
+        }
+    }
+}
+
 /// The answer the client gets to request `msg`: the upstream's response, or
 /// the gateway's account of what happened. Server messages related to the
 /// request (progress, server requests) go to `events`.
