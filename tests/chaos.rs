@@ -72,6 +72,24 @@ fn chaos(extra: &[&str]) -> Value {
         summary["ok"] == true && out.status.success(),
         "{summary}\n{stderr}"
     );
+    // Every process the run started (gateways, the example server) is gone
+    // with it: none names the run's folder any more.
+    // (A stdio child of a killed gateway exits on its closed stdin: given
+    // up to 5 s to go.)
+    let running = || {
+        let out = Command::new("pgrep")
+            .arg("-af")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !running().is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left = running();
+    assert!(left.is_empty(), "left running after the chaos run:\n{left}");
     summary
 }
 
