@@ -47,6 +47,7 @@
 //! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` against the body), and
 //! each execution record carries the `Authorization` and `X-Api-Key` headers
 //! the request came with. `--stubborn` ignores stdin EOF and SIGTERM (to test SIGKILL escalation).
+//! `--modern-only` speaks only 2026-07-28: `initialize` gets the version error.
 //! `--page-size N` pages `tools/list`, N tools a page (`nextCursor`).
 //! `get_account` reports the version in the faults file's
 //! `{"_versions": {"ACCOUNT": "VERSION"}}` (default `v1`).
@@ -106,6 +107,8 @@ struct Server {
     record_lock: Mutex<()>,
     charges: AtomicU64,
     stubborn: bool,
+    /// `--modern-only`: speak only 2026-07-28 (`initialize` is refused).
+    modern_only: bool,
     /// `--page-size N`: `tools/list` answers N tools a page, with cursors.
     page_size: Option<usize>,
     /// `--definitions-at-start`: the `_define` read at start.
@@ -278,6 +281,14 @@ impl Server {
             }
         }
         let result = match method {
+            "initialize" if self.modern_only => {
+                return Some(Outcome::Reply(error(
+                    id,
+                    -32022,
+                    "Unsupported protocol version: this server speaks only 2026-07-28",
+                    Some(json!({"supported":[MODERN],"requested":params.get("protocolVersion")})),
+                )));
+            }
             "initialize" => {
                 let asked = params
                     .get("protocolVersion")
@@ -851,6 +862,7 @@ async fn main() {
     let mut record = None;
     let mut faults = None;
     let mut stubborn = false;
+    let mut modern_only = false;
     let mut page_size = None;
     let mut definitions_at_start = false;
     let mut args = std::env::args().skip(1);
@@ -860,10 +872,11 @@ async fn main() {
             "--record" => record = args.next().map(PathBuf::from),
             "--faults" => faults = args.next().map(PathBuf::from),
             "--stubborn" => stubborn = true,
+            "--modern-only" => modern_only = true,
             "--page-size" => page_size = args.next().and_then(|n| n.parse().ok()),
             "--definitions-at-start" => definitions_at_start = true,
             other => {
-                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE] [--stubborn] [--page-size N] [--definitions-at-start]");
+                eprintln!("payments_server: unknown argument `{other}`; usage: payments_server [--http ADDR] [--record FILE] [--faults FILE] [--stubborn] [--modern-only] [--page-size N] [--definitions-at-start]");
                 std::process::exit(2);
             }
         }
@@ -883,6 +896,7 @@ async fn main() {
         record_lock: Mutex::new(()),
         charges: AtomicU64::new(0),
         stubborn,
+        modern_only,
         page_size,
     });
     if stubborn {

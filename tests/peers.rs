@@ -465,3 +465,42 @@ fn the_typescript_example_client_sends_the_token_and_charges_once() {
     let seen = example_seen(&out);
     assert_example_client(&gw, &seen, "typescript");
 }
+
+/// The reverse of the era bridge: a handshake-era client (the Python SDK in
+/// `legacy` mode) reaching a server that speaks only 2026-07-28 (the
+/// example server with `--modern-only`, which refuses `initialize`). The
+/// gateway answers `initialize` from the server's `server/discover`, and
+/// sends each request in 2026-07-28 with the client's capabilities in
+/// `_meta`; the write runs once, and its replay too stays one execution.
+#[test]
+fn a_handshake_client_reaches_a_server_that_speaks_only_2026() {
+    let record = Gateway::record_path_for_extra();
+    let _ = std::fs::remove_file(&record);
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[servers.modern]\ncommand = \"{}\"\nargs = [\"--modern-only\", \"--record\", \"{record}\"]\n",
+            example_server_bin().display()
+        ),
+        ..Default::default()
+    });
+    let seen = sdk(&["http", &gw.url("modern"), TOKEN, "legacy"]);
+    assert_session(&seen, "2025-11-25", "legacy client, 2026-only server");
+    let runs: Vec<Value> = std::fs::read_to_string(&record)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|r: &Value| r["event"] == "executed" && r["tool"] == "charge_card")
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    // The server saw a 2026-07-28 request, with the client's envelope.
+    let meta: Value = serde_json::from_str(runs[0]["raw_meta"].as_str().unwrap_or("null")).unwrap();
+    assert_eq!(
+        meta["io.modelcontextprotocol/protocolVersion"], "2026-07-28",
+        "{meta}"
+    );
+    assert!(
+        meta["io.modelcontextprotocol/clientCapabilities"].is_object(),
+        "{meta}"
+    );
+    let _ = std::fs::remove_file(&record);
+}

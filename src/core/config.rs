@@ -475,10 +475,12 @@ pub struct ServerConfig {
     /// Per-tool operator overrides.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
-    /// Serve 2026-07-28 clients of a server that speaks only the handshake
-    /// era through a handshake-era session the gateway holds for them
-    /// (default true). Off: such clients get the standard version error and
-    /// must initialize themselves.
+    /// Bridge the wire eras (default true): 2026-07-28 clients of a server
+    /// that speaks only the handshake era go through a handshake-era session
+    /// the gateway holds for them, and handshake-era clients of a server
+    /// that speaks only 2026-07-28 go over its 2026-07-28 connection. Off:
+    /// such clients get the standard version error, or the server's refusal
+    /// of `initialize`.
     #[serde(default = "yes")]
     pub bridge_eras: bool,
 }

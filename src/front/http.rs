@@ -487,8 +487,15 @@ async fn in_session(
             }
             StatusCode::ACCEPTED.into_response()
         }
+        // Over a 2026-07-28 upstream there is no handshake to complete.
+        Kind::Notification
+            if session.envelope.is_some() && msg.method() == "notifications/initialized" =>
+        {
+            StatusCode::ACCEPTED.into_response()
+        }
         Kind::Notification | Kind::Response => {
-            forward(&session.conn(), &session.server, msg, &Vec::new()).await;
+            let extra = session_request(session).extra;
+            forward(&session.conn(), &session.server, msg, &extra).await;
             StatusCode::ACCEPTED.into_response()
         }
     }
@@ -554,9 +561,16 @@ fn session_request(session: &Arc<Session>) -> RequestCtx {
         },
         era: Era::Handshake,
         target: Target::Session(session.clone()),
-        extra: Vec::new(),
+        // Over a 2026-07-28 upstream: its metadata headers, named for each
+        // request as it is sent (`wire::era::headers_for`).
+        extra: match &session.envelope {
+            Some(_) => {
+                crate::wire::era::modern_headers("", None, crate::wire::era::MODERN_VERSIONS[0])
+            }
+            None => Vec::new(),
+        },
         asks: session.asks.clone(),
-        bridged: false,
+        bridged: session.envelope.is_some(),
     }
 }
 

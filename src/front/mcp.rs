@@ -73,6 +73,12 @@ pub async fn answer(
     events: Option<mpsc::Sender<Message>>,
 ) -> Message {
     let id = msg.id.clone().unwrap_or(Value::Null);
+    // A session carried over a 2026-07-28 upstream: each request gets the
+    // envelope that era requires (the client's capabilities and info).
+    let msg = match &rc.target {
+        Target::Session(s) => s.enveloped(msg),
+        Target::Shared { .. } => msg,
+    };
     let route = Route {
         gw,
         target: rc.target.clone(),

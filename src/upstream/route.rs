@@ -129,8 +129,8 @@ impl Route<'_> {
             params.insert("cursor".into(), Value::from(c));
         }
         let extra = match &self.target {
-            Target::Session(_) => Vec::new(),
-            Target::Shared { .. } => {
+            Target::Session(s) if s.envelope.is_none() => Vec::new(),
+            Target::Session(_) | Target::Shared { .. } => {
                 let version = MODERN_VERSIONS[0];
                 params.insert("_meta".into(), Value::Object(own_envelope(version)));
                 modern_headers("tools/list", None, version)

@@ -68,6 +68,12 @@ pub struct Session {
     /// The gateway's open questions to this client (approval in the
     /// client), when its `initialize` declared form elicitation.
     pub asks: Option<Arc<crate::enforce::client::Asks>>,
+    /// Set when the upstream speaks only 2026-07-28: the session is the
+    /// gateway's, its requests go over the server's shared 2026-07-28
+    /// connection with this `_meta` envelope (the client's capabilities and
+    /// info from its `initialize`), and its answers are rewritten in the
+    /// handshake era.
+    pub envelope: Option<serde_json::Map<String, Value>>,
     last_used: Mutex<Instant>,
 }
 
@@ -80,6 +86,17 @@ impl Session {
     /// The connection to use now: the current one, or a healed one when it
     /// was lost (child exited, upstream session expired).
     pub async fn healthy_conn(&self, gw: &Gateway) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        if self.envelope.is_some() {
+            // The server's shared 2026-07-28 connection, reconnected by the
+            // gateway when it was lost.
+            return match gw.modern_upstream(&self.server).await? {
+                ModernUpstream::Speaks(c) => Ok(c),
+                ModernUpstream::Legacy => Err(UpstreamError::Closed {
+                    server: self.server.clone(),
+                    reason: "the upstream no longer speaks 2026-07-28".into(),
+                }),
+            };
+        }
         let conn = self.conn();
         if !conn.is_closed() {
             return Ok(conn);
@@ -146,6 +163,39 @@ impl Session {
         let params = lock(&self.init_params).clone()?;
         let params: Value = serde_json::from_str(params.get()).ok()?;
         params.get("capabilities").cloned()
+    }
+
+    /// `msg` with the session's 2026-07-28 envelope in `params._meta`, when
+    /// the upstream speaks only that era (keys the client sent stay).
+    pub fn enveloped(&self, mut msg: Message) -> Message {
+        let Some(envelope) = &self.envelope else {
+            return msg;
+        };
+        let mut params = msg
+            .params_value()
+            .and_then(|p| match p {
+                Value::Object(m) => Some(m),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let meta = params
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(meta) = meta.as_object_mut() {
+            for (k, v) in envelope {
+                meta.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        msg.params = Some(raw(&Value::Object(params)));
+        msg
+    }
+
+    /// Shut the session's own upstream connection down (a session over the
+    /// shared 2026-07-28 connection has none of its own).
+    async fn shutdown_upstream(&self, grace: Duration) {
+        if self.envelope.is_none() {
+            self.conn().shutdown(grace).await;
+        }
     }
 
     /// Note activity (for the idle sweep).
@@ -215,6 +265,8 @@ pub struct Gateway {
     /// clients of servers that speak only the handshake era, one per
     /// (server, principal, tenant); see [`Gateway::bridged`].
     bridges: Mutex<HashMap<BridgeKey, Arc<tokio::sync::Mutex<Option<Bridge>>>>>,
+    /// What each server that speaks 2026-07-28 answered `server/discover`.
+    discovered: Mutex<HashMap<String, Value>>,
     /// `limits.requests_per_second` per (principal, tenant), when set.
     rate: Option<governor::DefaultKeyedRateLimiter<(String, String)>>,
     /// The audit dir (`serve`), for the read-only transparency endpoints.
@@ -262,6 +314,7 @@ impl Gateway {
             sessions: Mutex::new(HashMap::new()),
             modern,
             bridges: Mutex::new(HashMap::new()),
+            discovered: Mutex::new(HashMap::new()),
             rate,
             audit_dir,
         })
@@ -413,6 +466,28 @@ impl Gateway {
             other => {
                 let grace = self.config.gateway.shutdown_grace;
                 tokio::spawn(async move { conn.shutdown(grace).await });
+                // Refused: an upstream that speaks only 2026-07-28 is
+                // bridged (the gateway answers `initialize` itself).
+                let refused = matches!(&other, Ok(_) | Err(UpstreamError::Refused { .. }));
+                let bridges = self
+                    .config
+                    .servers
+                    .get(server)
+                    .is_some_and(|c| c.bridge_eras);
+                if refused && bridges {
+                    if let Some(opened) = self
+                        .open_reverse(
+                            server,
+                            &identity,
+                            scope.clone(),
+                            id.clone(),
+                            params.as_deref(),
+                        )
+                        .await
+                    {
+                        return opened;
+                    }
+                }
                 match other {
                     Ok(refusal) => Opened::Refused(refusal),
                     Err(e) => failed(&e),
@@ -446,6 +521,7 @@ impl Gateway {
             sse: Mutex::default(),
             sse_sent: tokio::sync::Notify::new(),
             asks,
+            envelope: None,
             last_used: Mutex::new(Instant::now()),
         });
         lock(&self.sessions).insert(id, session.clone());
@@ -464,7 +540,8 @@ impl Gateway {
     pub async fn close_session(&self, id: &str) {
         let removed = lock(&self.sessions).remove(id);
         if let Some(s) = removed {
-            s.conn().shutdown(self.config.gateway.shutdown_grace).await;
+            s.shutdown_upstream(self.config.gateway.shutdown_grace)
+                .await;
         }
     }
 
@@ -473,7 +550,9 @@ impl Gateway {
         let limit = self.config.gateway.session_idle_timeout;
         let idle: Vec<String> = lock(&self.sessions)
             .values()
-            .filter(|s| s.idle_for() > limit && s.conn().mux.in_flight() == 0)
+            .filter(|s| {
+                s.idle_for() > limit && (s.envelope.is_some() || s.conn().mux.in_flight() == 0)
+            })
             .map(|s| s.id.clone())
             .collect();
         for id in idle {
@@ -492,7 +571,9 @@ impl Gateway {
         let grace = self.config.gateway.shutdown_grace;
         let mut tasks = Vec::new();
         for s in all {
-            tasks.push(tokio::spawn(async move { s.conn().shutdown(grace).await }));
+            tasks.push(tokio::spawn(
+                async move { s.shutdown_upstream(grace).await },
+            ));
         }
         for m in modern {
             if let ModernUpstream::Speaks(conn) = m {
@@ -507,6 +588,79 @@ impl Gateway {
     /// How many handshake-era sessions are open.
     pub fn session_count(&self) -> usize {
         lock(&self.sessions).len()
+    }
+
+    /// A handshake-era client's session with a server that refused its
+    /// `initialize` and speaks 2026-07-28: the gateway answers `initialize`
+    /// from what `server/discover` said, and the session's requests go over
+    /// the server's shared 2026-07-28 connection with the client's
+    /// capabilities and info in each request's `_meta` (see
+    /// [`Session::enveloped`]). `None`: the server does not speak
+    /// 2026-07-28 either, and the refusal stands.
+    async fn open_reverse(
+        &self,
+        server: &str,
+        identity: &Arc<Identity>,
+        scope: Option<String>,
+        id: Value,
+        params: Option<&RawValue>,
+    ) -> Option<Opened> {
+        let Ok(ModernUpstream::Speaks(conn)) = self.modern_upstream(server).await else {
+            return None;
+        };
+        let discovered = lock(&self.discovered)
+            .get(server)
+            .cloned()
+            .unwrap_or(Value::Null);
+        let params: Value = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or(Value::Null);
+        let asked = params.get("protocolVersion").and_then(Value::as_str);
+        let version = asked
+            .filter(|v| crate::wire::era::HANDSHAKE_VERSIONS.contains(v))
+            .unwrap_or(crate::wire::era::HANDSHAKE_VERSIONS[0]);
+        let mut envelope = own_envelope(MODERN_VERSIONS[0]);
+        for (key, field) in [
+            (crate::wire::era::META_CLIENT_CAPABILITIES, "capabilities"),
+            (crate::wire::era::META_CLIENT_INFO, "clientInfo"),
+        ] {
+            if let Some(v) = params.get(field) {
+                envelope.insert(key.into(), v.clone());
+            }
+        }
+        let mut result = serde_json::json!({
+            "protocolVersion": version,
+            "capabilities": discovered.get("capabilities").cloned().unwrap_or_else(|| serde_json::json!({})),
+            "serverInfo": discovered.get("serverInfo").cloned().unwrap_or_else(|| serde_json::json!({"name": server, "version": ""})),
+        });
+        if let Some(i) = discovered.get("instructions") {
+            result["instructions"] = i.clone();
+        }
+        let (unsolicited, standalone) = mpsc::channel(UNSOLICITED_BUFFER);
+        let sid = mint_session_id();
+        let session = Arc::new(Session {
+            scope: scope.unwrap_or_else(|| sid.clone()),
+            id: sid.clone(),
+            server: server.into(),
+            identity: identity.clone(),
+            conn: Mutex::new(conn),
+            unsolicited,
+            healing: tokio::sync::Mutex::new(()),
+            protocol_version: Mutex::new(Some(version.to_owned())),
+            init_params: Mutex::new(Some(raw(&params))),
+            standalone: Arc::new(tokio::sync::Mutex::new(standalone)),
+            sse: Mutex::default(),
+            sse_sent: tokio::sync::Notify::new(),
+            asks: None,
+            envelope: Some(envelope),
+            last_used: Mutex::new(Instant::now()),
+        });
+        lock(&self.sessions).insert(sid, session.clone());
+        tracing::info!(server, session = %session.id, principal = %identity.principal, "the upstream speaks only 2026-07-28: this handshake-era session is carried over it");
+        Some(Opened::Session(
+            session,
+            Message::response(id, raw(&result)),
+        ))
     }
 
     /// The handshake-era session that carries the 2026-07-28 requests of
@@ -634,10 +788,14 @@ impl Gateway {
             .await
         {
             Ok(resp) => {
-                let speaks = resp
+                let result = resp
                     .result
                     .as_ref()
-                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+                    .and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+                if let Some(r) = &result {
+                    lock(&self.discovered).insert(server.to_owned(), r.clone());
+                }
+                let speaks = result
                     .and_then(|v| v.get("supportedVersions").cloned())
                     .and_then(|v| v.as_array().cloned())
                     .is_some_and(|vs| {
