@@ -196,6 +196,13 @@ impl Mux {
 
     /// Route one message that came from upstream.
     pub fn deliver(&self, mut msg: Message, origin: Origin) {
+        // The gateway's own markers (`countersign/...`) come only from its
+        // transports: an upstream that sends one could otherwise cut a
+        // client's stream. Dropped.
+        if msg.kind() == Kind::Notification && msg.method().starts_with("countersign/") {
+            tracing::warn!(method = %msg.method(), "upstream sent a notification in countersign's namespace; dropped");
+            return;
+        }
         match msg.kind() {
             Kind::Response => {
                 let Some(id) = msg.id.as_ref().and_then(Value::as_u64) else {
@@ -322,6 +329,30 @@ impl Mux {
             }
             _ => Some(msg),
         }
+    }
+}
+
+#[cfg(test)]
+mod forged_markers {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_upstream_cannot_send_the_gateways_markers() {
+        let (utx, mut urx) = mpsc::channel(8);
+        let mux = Mux::new(utx);
+        let (etx, mut erx) = mpsc::channel(8);
+        let (_out, _ticket) = mux
+            .register(
+                Message::request(Value::from(1), "tools/call", None),
+                Some(etx),
+            )
+            .unwrap();
+        mux.deliver(
+            Message::notification(crate::wire::sse::RESUMED, None),
+            Origin::Pipe,
+        );
+        assert!(erx.try_recv().is_err(), "not on the request's events");
+        assert!(urx.try_recv().is_err(), "nor anywhere else");
     }
 }
 
