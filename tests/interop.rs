@@ -548,22 +548,7 @@ async fn per_client_tool_lists_are_not_taken_for_changes() {
         let url = gw.url("everything");
         async move {
             let mut c = Client::new(&url);
-            let init = c
-                .post(
-                    &json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-                    "protocolVersion": "2025-06-18", "capabilities": capabilities,
-                    "clientInfo": {"name": "countersign-tests", "version": "1"}}}),
-                )
-                .await;
-            assert_eq!(init.status, 200, "{init:?}");
-            c.session = init
-                .headers
-                .get("mcp-session-id")
-                .map(|v| v.to_str().unwrap().to_owned());
-            let n = c
-                .post(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}))
-                .await;
-            assert_eq!(n.status, 202);
+            c.initialize_with(capabilities).await;
             c
         }
     };

@@ -736,10 +736,15 @@ impl Client {
     }
 
     pub async fn initialize(&mut self) -> Answer {
+        self.initialize_with(json!({"sampling": {}})).await
+    }
+
+    /// `initialize` declaring `capabilities`, then `notifications/initialized`.
+    pub async fn initialize_with(&mut self, capabilities: Value) -> Answer {
         let a = self
             .post(
                 &json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-                "protocolVersion": self.protocol, "capabilities": {"sampling": {}},
+                "protocolVersion": self.protocol, "capabilities": capabilities,
                 "clientInfo": {"name": "countersign-tests", "version": "1"}}}),
             )
             .await;
