@@ -204,3 +204,37 @@ async fn hanging_up_on_a_json_answer_cancels_upstream() {
         "the upstream was not told"
     );
 }
+
+/// A version probe is a request of the gateway's own, made while it serves
+/// a client's call of another tool: over HTTP in 2026-07-28 its `Mcp-Name`
+/// names the probe's tool, not the client's, or a server that checks the
+/// headers against the body (the example server does) refuses it and the
+/// call cannot even be proposed.
+#[tokio::test]
+async fn a_version_probe_goes_upstream_under_its_own_name() {
+    let (pdir, _key) = default_policies_with_alice();
+    let gw = Gateway::start_with(Options {
+        http_upstream: true,
+        policies: Some(pdir.path().to_owned()),
+        extra: "\n[servers.phttp.tools.charge_card]\nversion_probe = { tool = \"get_account\", \
+                arguments = { account = \"/account\" }, pointer = \"/structuredContent/version\" }\n"
+            .into(),
+        ..Default::default()
+    });
+    let a = post(
+        &gw,
+        "phttp",
+        &call_body(1, "charge_card", json!({"account":"acct_7","amount":3})),
+        &[
+            ("mcp-protocol-version", V),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "charge_card"),
+        ],
+    )
+    .await;
+    let decision = &a.last()["result"]["_meta"]["dev.countersign/decision"];
+    assert_eq!(decision["code"], "approval_pending", "{a:?}");
+    assert_eq!(gw.executions("get_account"), 1, "the probe ran: {a:?}");
+    assert_eq!(gw.executions("charge_card"), 0);
+    drop(pdir);
+}
