@@ -25,6 +25,11 @@ use std::collections::HashSet;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+/// Prefix of a `requestState` the gateway issued. A state without it is
+/// the upstream server's own, and is forwarded untouched.
+pub const STATE_PREFIX: &str = "countersign.1.";
+/// The gateway's key in `inputRequests` and `inputResponses`.
+pub const INPUT_KEY: &str = "dev.countersign/confirm";
 /// `_meta` keys under this prefix are the gateway's own inputs: read, then
 /// removed before hashing and forwarding.
 pub const RESERVED_META_PREFIX: &str = "dev.countersign/";
@@ -296,7 +301,7 @@ pub fn canonicalize(
 fn take_reply(params: &mut Map<String, Value>) -> Result<Option<Reply>, CanonicalError> {
     let ours_state = match params.get("requestState") {
         None | Some(Value::Null) => false,
-        Some(Value::String(s)) => s.starts_with(crate::core::confirm::STATE_PREFIX),
+        Some(Value::String(s)) => s.starts_with(STATE_PREFIX),
         Some(_) => {
             return Err(CanonicalError::Invalid(
                 "`params.requestState` must be a string".into(),
@@ -305,7 +310,7 @@ fn take_reply(params: &mut Map<String, Value>) -> Result<Option<Reply>, Canonica
     };
     let ours_response = match params.get("inputResponses") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(m)) => m.contains_key(crate::core::confirm::INPUT_KEY),
+        Some(Value::Object(m)) => m.contains_key(INPUT_KEY),
         Some(_) => {
             return Err(CanonicalError::Invalid(
                 "`params.inputResponses` must be an object".into(),
@@ -320,7 +325,7 @@ fn take_reply(params: &mut Map<String, Value>) -> Result<Option<Reply>, Canonica
         .and_then(|v| v.as_str().map(str::to_owned));
     let mut response = None;
     if let Some(Value::Object(mut m)) = params.remove("inputResponses") {
-        response = m.remove(crate::core::confirm::INPUT_KEY);
+        response = m.remove(INPUT_KEY);
         if !m.is_empty() {
             // Answers to the upstream's own questions cannot share a retry
             // with the gateway's: the upstream never asked in this round.

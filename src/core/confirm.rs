@@ -15,13 +15,11 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-/// Prefix of a `requestState` the gateway issued. A state without it is
-/// the upstream server's own, and is forwarded untouched.
-pub const STATE_PREFIX: &str = "countersign.1.";
+/// The strict parse recognises the gateway's `requestState` and input key,
+/// so they are defined beside it; named here too, where states are made.
+pub use crate::core::canonical::{INPUT_KEY, STATE_PREFIX};
 /// `type` of the signed claims.
 pub const STATE_TYPE: &str = "countersign.request_state.v1";
-/// The gateway's key in `inputRequests` and `inputResponses`.
-pub const INPUT_KEY: &str = "dev.countersign/confirm";
 /// The most bytes of a `requestState` the gateway reads.
 const MAX_STATE: usize = 4096;
 /// The most bytes of arguments a question shows.
