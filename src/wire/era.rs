@@ -44,19 +44,6 @@ pub fn own_envelope(version: &str) -> serde_json::Map<String, Value> {
     meta
 }
 
-/// `meta` (a 2026-07-28 request's `_meta`, from a client or made by the
-/// gateway) with every required envelope key present: what the client left
-/// out is filled from [`own_envelope`], what it said is kept.
-pub fn complete_envelope(meta: &Value, version: &str) -> Value {
-    let mut out = own_envelope(version);
-    if let Some(m) = meta.as_object() {
-        for (k, v) in m {
-            out.insert(k.clone(), v.clone());
-        }
-    }
-    Value::Object(out)
-}
-
 /// The metadata headers to send with `msg`. In 2026-07-28 (`extra` carries
 /// `MCP-Protocol-Version`) `Mcp-Method` and `Mcp-Name` must name what the
 /// body says, and servers refuse a mismatch: a request the gateway makes
