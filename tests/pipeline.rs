@@ -18,7 +18,7 @@ use countersign::audit::{AuditSink, Entries};
 use countersign::core::approval::{format_public_key, Proposal, ProposalState, Verdict};
 use countersign::core::config::Config;
 use countersign::core::identity::Identity;
-use countersign::core::ledger::{Record, State};
+use countersign::core::ledger::{Answer, Record, State};
 use countersign::core::time::{rfc3339, Clock, ManualClock};
 use countersign::enforce::answer::{self, Rejection};
 use countersign::enforce::flight::Outcome;
@@ -212,6 +212,9 @@ enum Fail {
     Reserve,
     Dispatch,
     Complete,
+    /// The move to `complete` is applied, and then reported failed once
+    /// (a commit whose reply was lost when the database restarted).
+    CompleteLanded,
     Proposals,
 }
 
@@ -306,6 +309,16 @@ impl Store for Flaky {
             State::Complete => Fail::Complete,
             _ => Fail::None,
         };
+        if op == Fail::Complete && *self.fail.lock().unwrap() == Fail::CompleteLanded {
+            *self.fail.lock().unwrap() = Fail::None;
+            return Box::pin(async move {
+                self.inner.transition_with(key, from, to, outbox).await?;
+                Err(StoreError::Backend {
+                    op: "injected failure",
+                    reason: "the commit's reply was lost".into(),
+                })
+            });
+        }
         if op != Fail::None {
             if let Err(e) = self.failing(op) {
                 return boxed(Err(e));
@@ -1000,7 +1013,9 @@ async fn a_store_failure_at_each_step_before_dispatch_fails_closed() {
     }
 }
 
-#[tokio::test]
+/// The store is asked again for a while before the call is answered
+/// `outcome_unknown`: paused time runs that wait at once.
+#[tokio::test(start_paused = true)]
 async fn a_store_failure_after_the_answer_never_runs_the_call_again() {
     let f = fixture("0s");
     f.fail(Fail::Complete);
@@ -1020,6 +1035,31 @@ async fn a_store_failure_after_the_answer_never_runs_the_call_again() {
     f.fail(Fail::None);
     let retry = f.call("refund", json!({"id": 1}), Some("k")).await;
     assert_eq!(code(retry), "outcome_unknown");
+    assert_eq!(f.fake.runs("refund"), 1);
+}
+
+#[tokio::test]
+async fn an_answer_whose_commit_landed_unacknowledged_is_answered_as_recorded() {
+    let f = fixture("0s");
+    f.fail(Fail::CompleteLanded);
+    let o = f.call("refund", json!({"id": 1}), Some("k")).await;
+    // The store reported the write failed, but it had landed: asked again,
+    // the store has the answer, so the client gets it (not
+    // `outcome_unknown`, which the ledger would contradict on a retry and
+    // never list for reconciliation).
+    let first = answered_n(&o);
+    assert_eq!(f.fake.runs("refund"), 1);
+    assert_eq!(f.record("k").unwrap().state, State::Complete);
+    match f.call("refund", json!({"id": 1}), Some("k")).await {
+        CallOutcome::Replayed {
+            answer: Answer::Result(text),
+            ..
+        } => {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["structuredContent"]["n"], json!(first));
+        }
+        other => panic!("not replayed: {other:?}"),
+    }
     assert_eq!(f.fake.runs("refund"), 1);
 }
 

@@ -549,6 +549,46 @@ impl Ticket {
         retry_transition(self.svc.clone(), self.key.clone(), from, next);
     }
 
+    /// A dispatched call's end that the store failed to record: a failed
+    /// commit may still have landed (the database restarted between
+    /// applying it and replying). Saying `outcome_unknown` then would be
+    /// contradicted by the ledger, which replays the answer to a retry and
+    /// lists nothing to reconcile (found by the chaos run on PostgreSQL).
+    /// So ask the store again, for up to [`CONFIRM_FOR`]: the record is
+    /// `next` (it landed), still `from` (write it again), or another state
+    /// (settled elsewhere). Still unreachable after that: `failed`.
+    async fn confirm(
+        &self,
+        from: State,
+        next: &Record,
+        failed: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let until = tokio::time::Instant::now() + CONFIRM_FOR;
+        while tokio::time::Instant::now() < until {
+            tokio::time::sleep(CONFIRM_EVERY).await;
+            match self.svc.store.get(&self.key).await {
+                Ok(Some(r)) if &r == next => return Ok(()),
+                Ok(Some(r)) if r.state == from => {
+                    match self
+                        .svc
+                        .store
+                        .transition(self.key.clone(), from, next.clone())
+                        .await
+                    {
+                        Ok(true) => return Ok(()),
+                        // Moved meanwhile: look at what it is now.
+                        Ok(false) | Err(_) => continue,
+                    }
+                }
+                Ok(_) => return Err(StoreError::SettledElsewhere(self.key.clone())),
+                Err(e) => {
+                    tracing::debug!(key = %self.key, "the store still cannot say how the call ended: {e}")
+                }
+            }
+        }
+        failed
+    }
+
     async fn finish(&mut self, next: Record, settled: Settled) -> Result<(), StoreError> {
         let from = if self.dispatched {
             State::Dispatched
@@ -558,10 +598,10 @@ impl Ticket {
         // A store failure here leaves the record `dispatched`, which recovery
         // turns into `unknown`: conservative, never a second execution. The
         // duplicates waiting here are told `unknown` too, as a retry will be.
-        let result = match self
+        let mut result = match self
             .svc
             .store
-            .transition(self.key.clone(), from, next)
+            .transition(self.key.clone(), from, next.clone())
             .await
         {
             Ok(true) => Ok(()),
@@ -570,6 +610,11 @@ impl Ticket {
             Ok(false) => Err(StoreError::SettledElsewhere(self.key.clone())),
             Err(e) => Err(e),
         };
+        if self.dispatched
+            && matches!(result, Err(ref e) if !matches!(e, StoreError::SettledElsewhere(_)))
+        {
+            result = self.confirm(from, &next, result).await;
+        }
         let settled = match &result {
             Ok(()) => settled,
             Err(e) => {
@@ -615,6 +660,13 @@ impl Drop for Ticket {
         retry_transition(svc, key, from, next);
     }
 }
+
+/// How long a dispatched call's end whose write failed is confirmed with the
+/// store before the call is answered `outcome_unknown` (a database restart
+/// takes a few seconds).
+const CONFIRM_FOR: Duration = Duration::from_secs(10);
+/// How often the store is asked meanwhile.
+const CONFIRM_EVERY: Duration = Duration::from_millis(250);
 
 /// Move `key` from `from` to `next` in a task of its own, trying again
 /// every 500 ms for two minutes while the store fails. Done when it moved,

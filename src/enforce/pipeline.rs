@@ -953,12 +953,15 @@ impl Pipeline {
     /// wait. Still `reserved` there: nothing was sent, and saying
     /// `outcome_unknown` would be a definitive answer the ledger contradicts
     /// once the key is freed (found by the chaos run on PostgreSQL); the
-    /// agent is told to send it again. `dispatched` (or unreadable): unknown.
+    /// agent is told to send it again. Unreadable: the ledger is
+    /// unavailable, as for any lookup that fails (nothing was sent from
+    /// here, and a retry follows the ledger). `dispatched`: unknown.
     async fn unsettled_elsewhere<U>(&self, c: &Call<'_, U>) -> CallOutcome {
         match self.flights.store().get(&c.claim.key).await {
             Ok(Some(r)) if r.state == crate::core::ledger::State::Reserved => {
                 refused(c, Outcome::NotDispatched)
             }
+            Err(e) => ledger_unavailable(c, e),
             _ => refused(c, Outcome::Unknown),
         }
     }
