@@ -610,7 +610,10 @@ impl Ticket {
             Ok(false) => Err(StoreError::SettledElsewhere(self.key.clone())),
             Err(e) => Err(e),
         };
+        // A failed move to `unknown` needs no confirming: the client is told
+        // `unknown` whether it landed or not.
         if self.dispatched
+            && next.state != State::Unknown
             && matches!(result, Err(ref e) if !matches!(e, StoreError::SettledElsewhere(_)))
         {
             result = self.confirm(from, &next, result).await;
