@@ -300,13 +300,18 @@ async fn gateway_killed_mid_call_then_retry_is_unknown() {
 async fn answers_survive_a_kill_once_flushed() {
     // Completed answers are fsynced by the next dispatch or an idle flush
     // (within 100 ms): after that, even SIGKILL keeps them replayable.
-    let mut gw = Gateway::start();
+    let mut gw = Gateway::start_with(Options {
+        extra: format!("\n[metrics]\ntoken_sha256 = \"{}\"\n", sha(METRICS_TOKEN)),
+        ..Default::default()
+    });
     let mut c = Client::new(&gw.url("payments"));
     c.initialize().await;
     let call = keyed(1, "refund", json!({"charge":"ch_7"}), "refund-7");
     let first = c.post(&call).await;
     assert_eq!(first.last()["result"]["isError"], false);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The answer's commit is in the ledger; the gauge says when its fsync
+    // came (the idle flush, with no dispatch to carry it).
+    wait_until_flushed(&gw).await;
     gw.restart();
     let mut c = Client::new(&gw.url("payments"));
     c.initialize().await;
@@ -355,4 +360,28 @@ async fn concurrent_identical_reads_share_one_call_and_write_nothing() {
     // Finished reads are not kept: the same read again runs again.
     c.call(20, "get_balance", json!({"account":"z"})).await;
     assert_eq!(gw.executions("get_balance"), 2);
+}
+
+const METRICS_TOKEN: &str = "scraper-token-1";
+
+/// Wait (up to 10 s) until `/metrics` says no ledger commit waits for its
+/// fsync.
+async fn wait_until_flushed(gw: &Gateway) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = String::new();
+    while std::time::Instant::now() < deadline {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/metrics", gw.base()))
+            .bearer_auth(METRICS_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        last = resp.text().await.unwrap();
+        if last.lines().any(|l| l == "countersign_ledger_unflushed 0") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the ledger was not flushed within 10 s:\n{last}");
 }

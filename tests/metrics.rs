@@ -137,6 +137,7 @@ async fn metrics_need_their_token_parse_and_move_as_calls_run() {
         ) >= 1.0
     );
     assert!(after.families.contains_key("countersign_audit_lag_entries"));
+    assert!(after.families.contains_key("countersign_ledger_unflushed"));
     for family in [
         "countersign_tool_calls",
         "countersign_store_duration_seconds",

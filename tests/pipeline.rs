@@ -531,7 +531,7 @@ impl Fixture {
             .expect("bob is a reviewer")
             .clone();
         self.pipeline
-            .book
+            .book()
             .decide(&p.id, statement, &signature, &bob, |_| Ok(()))
             .await
             .unwrap();
@@ -907,7 +907,7 @@ async fn two_held_copies_are_released_by_one_approval_and_run_once() {
         async move { f.call("charge_card", charge(10), Some("k")).await }
     });
     // Wait for the proposal the held call made.
-    let mut changes = f.pipeline.book.subscribe();
+    let mut changes = f.pipeline.book().subscribe();
     let p = loop {
         if let Some(p) = f.pending().pop() {
             break p;
@@ -1105,9 +1105,10 @@ async fn the_dispatch_entry_is_staged_with_the_dispatch_before_the_server_sees_t
     let f = fixture("0s");
     let sink = Arc::new(MemorySink::default());
     let pipeline = Pipeline::new(
-        f.pipeline.config.clone(),
+        f.pipeline.config().clone(),
         f.store.clone(),
-        countersign::cli::files::load_policies(&f.pipeline.config.gateway.policies, None).unwrap(),
+        countersign::cli::files::load_policies(&f.pipeline.config().gateway.policies, None)
+            .unwrap(),
         Some(sink.clone()),
         f.clock.clone(),
     );
@@ -1194,7 +1195,7 @@ async fn the_gateway_lists_tools_itself_once_and_again_when_stale_or_a_tool_is_u
     f.call("mystery", json!({}), Some("m-2")).await;
     assert_eq!(f.fake.lists.load(Ordering::SeqCst), 2);
     // The server said its list changed.
-    f.pipeline.catalog.mark_stale("pay");
+    f.pipeline.catalog().mark_stale("pay");
     f.call("get_balance", json!({"id": 3}), None).await;
     assert_eq!(f.fake.lists.load(Ordering::SeqCst), 3);
     // Older than catalog.max_age (5 minutes).
@@ -1248,7 +1249,7 @@ async fn a_read_with_cache_ttl_runs_once_within_it_and_again_after_never_a_write
     f.call("get_balance", json!({"id": 1}), None).await;
     assert_eq!(f.fake.runs("get_balance"), 3);
     // The server's list changed: the cache starts over.
-    f.pipeline.catalog.mark_stale("pay");
+    f.pipeline.catalog().mark_stale("pay");
     f.call("get_balance", json!({"id": 1}), None).await;
     assert_eq!(f.fake.runs("get_balance"), 4);
     // A write is never cached, whatever its configuration says.
@@ -1263,7 +1264,7 @@ impl Fixture {
     /// The server now lists `tools`, and says its list changed.
     fn server_lists(&self, tools: Value) {
         *self.fake.tools.lock().unwrap() = Some(tools);
-        self.pipeline.catalog.mark_stale("pay");
+        self.pipeline.catalog().mark_stale("pay");
     }
 
     /// The operator accepts what the server lists now (as `tools pin` does).
@@ -1276,7 +1277,7 @@ impl Fixture {
                 countersign::core::catalog::Definition::of(t).unwrap(),
             );
         }
-        self.pipeline.catalog.set_lock(lock);
+        self.pipeline.catalog().set_lock(lock);
     }
 }
 
@@ -1325,7 +1326,7 @@ async fn a_changed_definition_is_held_for_approval_with_its_diff_until_accepted(
     assert_eq!(change.changes[0].pointer, "/description");
     assert_eq!(
         p.tool_definition,
-        f.pipeline.catalog.view("pay", "get_balance").digest
+        f.pipeline.catalog().view("pay", "get_balance").digest
     );
     // Accepted: unattended again.
     f.accept_all();
@@ -1344,7 +1345,7 @@ async fn a_write_that_turns_read_only_is_a_write_until_accepted() {
     let o = f.call("charge_card", charge(6), Some("c-2")).await;
     assert_eq!(code(o), "approval_pending");
     assert_eq!(f.fake.runs("charge_card"), 0);
-    let view = f.pipeline.catalog.view("pay", "charge_card");
+    let view = f.pipeline.catalog().view("pay", "charge_card");
     assert!(view.changed && !view.annotations.read_only);
     assert!(f.record("c-2").is_none() || f.record("c-2").unwrap().state != State::Complete);
     // The operator accepts it: now it is read as the read it says it is.
@@ -1747,7 +1748,7 @@ async fn the_first_answer_wins_exactly_once_and_the_other_is_too_late() {
         .clone();
     let e = f
         .pipeline
-        .book
+        .book()
         .decide(&id, statement, &signature, &bob, |_| Ok(()))
         .await
         .unwrap_err();
@@ -1764,7 +1765,7 @@ async fn a_client_yes_is_void_once_the_policies_no_longer_permit_confirm() {
     let (id, state) = asked(f.modern("refund", refund(5), "c-1", true, None).await);
     // The yes lands; then the operator withdraws `confirm` before it is used.
     f.pipeline
-        .book
+        .book()
         .confirm(
             &id,
             countersign::core::approval::Confirmation {
@@ -1834,8 +1835,13 @@ async fn a_session_client_is_asked_by_elicitation_and_its_answer_releases_the_he
         );
         let open = asks.take(ask.id.as_ref()).expect("the question is open");
         let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
-        countersign::enforce::client::answered(&f.pipeline.book, &caller.identity, open, &response)
-            .await;
+        countersign::enforce::client::answered(
+            f.pipeline.book(),
+            &caller.identity,
+            open,
+            &response,
+        )
+        .await;
         assert!(asks.take(ask.id.as_ref()).is_none(), "answered once");
     };
     let (o, ()) = tokio::join!(call, client);
@@ -1851,13 +1857,13 @@ async fn two_gateways_recording_their_keys_on_one_proposal_keep_both() {
     let stale = f.proposal(&id);
     assert!(f
         .pipeline
-        .book
+        .book()
         .asked_by(&stale, "ed25519:gateway-a")
         .await
         .unwrap());
     assert!(f
         .pipeline
-        .book
+        .book()
         .asked_by(&stale, "ed25519:gateway-b")
         .await
         .unwrap());
@@ -1912,7 +1918,7 @@ async fn a_session_answer_after_the_hold_decides_for_the_next_call_and_one_after
     let ask = rx.recv().await.expect("the question was sent");
     let open = asks.take(ask.id.as_ref()).unwrap();
     let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
-    countersign::enforce::client::answered(&f.pipeline.book, &caller.identity, open, &response)
+    countersign::enforce::client::answered(f.pipeline.book(), &caller.identity, open, &response)
         .await;
     let (o, _rx) = call(refund(5), "h-1").await;
     assert_eq!(answered_n(&o), 1, "the yes ran the identical call");
@@ -1923,7 +1929,7 @@ async fn a_session_answer_after_the_hold_decides_for_the_next_call_and_one_after
     let open = asks.take(ask.id.as_ref()).unwrap();
     f.clock.advance(Duration::from_secs(301));
     let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
-    countersign::enforce::client::answered(&f.pipeline.book, &caller.identity, open, &response)
+    countersign::enforce::client::answered(f.pipeline.book(), &caller.identity, open, &response)
         .await;
     assert_eq!(f.pending().len(), 1, "the late yes decided nothing");
     assert_eq!(f.fake.runs("refund"), 1);

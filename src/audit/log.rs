@@ -419,12 +419,12 @@ fn tail_of(last: Option<Map<String, Value>>, segment: u32, cut: u64) -> Tail {
 
 pub use super::Entries;
 
-type Queue = Arc<std::sync::Mutex<Entries>>;
+type Queue = Arc<parking_lot::Mutex<Entries>>;
 
 /// The outbox side of the log (see [`crate::store::Store::transition_with`]).
 #[derive(Default)]
 struct OutboxState {
-    store: std::sync::Mutex<Option<Arc<dyn crate::store::Store>>>,
+    store: parking_lot::Mutex<Option<Arc<dyn crate::store::Store>>>,
     /// Highest outbox id whose entries are queued.
     queued: std::sync::atomic::AtomicU64,
 }
@@ -474,8 +474,8 @@ pub struct AuditLog {
     outbox_next: std::sync::atomic::AtomicU64,
     // Behind locks only so that a shared log can be closed at shutdown
     // (`close(&self)`); uncontended in practice.
-    tx: std::sync::Mutex<Option<mpsc::Sender<Msg>>>,
-    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    tx: parking_lot::Mutex<Option<mpsc::Sender<Msg>>>,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The gateway's public key (`ed25519:...`).
     pub public_key: String,
     /// The gateway's key, which also signs the `requestState` of questions
@@ -561,7 +561,7 @@ impl AuditLog {
             json!({ "seq": tail.seq, "clean_shutdown": tail.clean, "torn_bytes_cut": tail.cut }),
         );
         let (tx, rx) = mpsc::channel();
-        let queue: Queue = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let queue: Queue = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let sleeping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let outbox = Arc::new(OutboxState::default());
         let mut w = Writer {
@@ -604,8 +604,8 @@ impl AuditLog {
             sleeping,
             outbox,
             outbox_next: std::sync::atomic::AtomicU64::new(0),
-            tx: std::sync::Mutex::new(Some(tx)),
-            thread: std::sync::Mutex::new(Some(thread)),
+            tx: parking_lot::Mutex::new(Some(tx)),
+            thread: parking_lot::Mutex::new(Some(thread)),
             public_key,
             key,
             checkpoints,
@@ -627,7 +627,7 @@ impl AuditLog {
             return;
         }
         let queued = {
-            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = self.queue.lock();
             q.extend(entries);
             q.len()
         };
@@ -636,7 +636,7 @@ impl AuditLog {
                 .sleeping
                 .swap(false, std::sync::atomic::Ordering::SeqCst);
         if wake {
-            if let Some(tx) = &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+            if let Some(tx) = &*self.tx.lock() {
                 let _ = tx.send(Msg {
                     entries: Vec::new(),
                     durable: None,
@@ -661,7 +661,7 @@ impl AuditLog {
     ) -> Result<(), String> {
         let (done, wait) = oneshot::channel();
         {
-            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = self.tx.lock();
             let tx = tx.as_ref().ok_or("the audit log is closed")?;
             tx.send(Msg {
                 entries,
@@ -722,7 +722,7 @@ impl AuditLog {
         let after_rows = rows.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
         self.outbox_next
             .store(start.max(after_rows), std::sync::atomic::Ordering::SeqCst);
-        *self.outbox.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store);
+        *self.outbox.store.lock() = Some(store);
         Ok(n)
     }
 
@@ -730,13 +730,7 @@ impl AuditLog {
     /// the JSON for the outbox row. `Err` (the entries back) when no outbox
     /// is attached (the caller must then not dispatch).
     pub fn stage(&self, mut entries: Entries) -> Result<Staged, Entries> {
-        if self
-            .outbox
-            .store
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
-        {
+        if self.outbox.store.lock().is_none() {
             return Err(entries);
         }
         let id = self
@@ -788,8 +782,8 @@ impl AuditLog {
 
     /// Write the shutdown checkpoint and stop the writer.
     pub fn close(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.tx.lock().take();
+        let thread = self.thread.lock().take();
         if let Some(t) = thread {
             let _ = t.join();
         }
@@ -988,12 +982,7 @@ impl Writer {
     }
 
     fn clear_outbox(&mut self, upto: u64) {
-        let store = self
-            .outbox
-            .store
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let store = self.outbox.store.lock().clone();
         if let Some(store) = store {
             // Enqueued on the ledger writer at once; not awaited (this is
             // not an async thread, and the clear need not be durable).
@@ -1006,7 +995,7 @@ impl Writer {
     /// Append what waits in the queue (before any message that came after
     /// it, so a durable entry follows every buffered entry made before it).
     fn drain(&mut self, failed: &mut Option<String>, last_checkpoint: &mut Instant) -> bool {
-        let queued = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()));
+        let queued = std::mem::take(&mut *self.queue.lock());
         let any = !queued.is_empty();
         for (kind, fields) in queued {
             self.append_counted(kind, fields, failed, last_checkpoint);
@@ -1051,12 +1040,7 @@ impl Writer {
                     .store(true, std::sync::atomic::Ordering::SeqCst);
                 // Re-check after announcing sleep: an entry queued just
                 // before would otherwise wait for the next message.
-                if self
-                    .queue
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .is_empty()
-                {
+                if self.queue.lock().is_empty() {
                     (self.since_checkpoint > 0).then(|| {
                         self.settings
                             .checkpoint_interval
@@ -1193,7 +1177,7 @@ impl super::AuditSink for AuditLog {
     }
 
     fn lag(&self) -> usize {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.queue.lock().len()
     }
 
     fn stage(&self, entries: Entries) -> Result<Staged, Entries> {

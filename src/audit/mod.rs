@@ -82,10 +82,11 @@ pub fn sign_checkpoint(key: &SigningKey, seq: u64, head: &str, time: &str) -> St
 
 /// `sha256:` + hex of the JCS of `value` (argument digests and redaction).
 pub fn value_digest(value: &Value) -> String {
-    format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(serde_jcs::to_vec(value).unwrap_or_default()))
-    )
+    // The JCS bytes themselves: writing them cannot fail, so nothing else
+    // is ever hashed in their place.
+    let mut text = Vec::with_capacity(128);
+    crate::core::canonical::jcs_into(value, &mut text);
+    format!("sha256:{}", hex::encode(Sha256::digest(&text)))
 }
 
 pub use crate::core::config::ArgumentMode;

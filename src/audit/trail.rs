@@ -24,7 +24,7 @@ use crate::core::identity::Identity;
 pub struct Trail {
     log: Option<(Arc<dyn AuditSink>, Map<String, Value>)>,
     // A std mutex: held for a push or a drain, never across an await.
-    pending: std::sync::Mutex<Vec<(&'static str, Map<String, Value>)>>,
+    pending: parking_lot::Mutex<Vec<(&'static str, Map<String, Value>)>>,
 }
 
 fn now() -> Value {
@@ -51,20 +51,17 @@ impl Trail {
                 base.insert("tool".into(), json!(call.tool));
                 (a.clone(), base)
             }),
-            pending: std::sync::Mutex::new(Vec::new()),
+            pending: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
     fn take(&self) -> Vec<(&'static str, Map<String, Value>)> {
-        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.pending.lock())
     }
 
     fn push(&self, kind: &'static str, mut f: Map<String, Value>) {
         f.insert("time".into(), now());
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((kind, f));
+        self.pending.lock().push((kind, f));
     }
 
     fn fields(base: &Map<String, Value>, extra: Vec<(&str, Value)>) -> Map<String, Value> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::upstream::session::Gateway;
+use crate::front::gateway::Gateway;
 use crate::upstream::Passthrough;
 use crate::wire::era::HANDSHAKE_VERSIONS;
 use crate::wire::jsonrpc::{raw, Message};
@@ -94,11 +94,7 @@ fn result_of(resp: &Message) -> Value {
 /// Open a connection of its own to `server`, initialize, list the tools,
 /// close it.
 async fn initialize_and_list(gw: &Gateway, server: &str) -> Result<Listing, String> {
-    let timeout = gw
-        .config
-        .servers
-        .get(server)
-        .map_or(Duration::from_secs(30), |c| c.call_timeout);
+    let timeout = gw.config().call_timeout(server);
     let started = Instant::now();
     let (conn, _unsolicited) = gw.connect(server).await.map_err(|e| e.to_string())?;
     let init = Message::request(
@@ -161,7 +157,7 @@ async fn initialize_and_list(gw: &Gateway, server: &str) -> Result<Listing, Stri
         })
     }
     .await;
-    conn.shutdown(gw.config.gateway.shutdown_grace).await;
+    conn.shutdown(gw.config().gateway.shutdown_grace).await;
     result
 }
 
@@ -182,7 +178,7 @@ pub async fn check_all(gw: &Gateway) -> Vec<Health> {
         .as_ref()
         .and_then(|h| h.get("circuits")?.as_object().cloned());
     let mut out = Vec::new();
-    for name in gw.config.servers.keys() {
+    for name in gw.config().servers.keys() {
         let mut h = check_one(gw, name).await;
         h.circuit = circuits
             .as_ref()
@@ -195,7 +191,7 @@ pub async fn check_all(gw: &Gateway) -> Vec<Health> {
 /// The running gateway's `/healthz`, if one answers on `gateway.listen`
 /// (503 included: it still says why).
 pub async fn running_health(gw: &Gateway) -> Option<Value> {
-    let url = format!("http://{}/healthz", gw.config.gateway.listen);
+    let url = format!("http://{}/healthz", gw.config().gateway.listen);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
@@ -210,8 +206,8 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
         Ok(listing) => {
             let mut tools = Vec::new();
             if let Some(list) = &listing.tools {
-                gw.pipeline
-                    .catalog
+                gw.pipeline()
+                    .catalog()
                     .capture(server, &json!({ "tools": list }).to_string());
                 for name in list
                     .as_array()
@@ -219,9 +215,9 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
                     .flatten()
                     .filter_map(|t| t.get("name")?.as_str())
                 {
-                    let a = gw.pipeline.catalog.effective(server, name);
+                    let a = gw.pipeline().catalog().effective(server, name);
                     let cache = gw
-                        .config
+                        .config()
                         .servers
                         .get(server)
                         .and_then(|s| s.tools.get(name)?.cache_ttl)

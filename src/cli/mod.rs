@@ -30,7 +30,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::upstream::session::Gateway;
+use crate::front::gateway::Gateway;
 
 /// Approval-binding policy enforcement point for MCP tool calls.
 #[derive(Parser)]

@@ -9,7 +9,7 @@
 use crate::core::config::Config;
 use crate::core::ledger::Record;
 use crate::enforce::reconcile::{
-    list_unknown_in, reconcile_in, reconciled_fields, ReconcileError, Verdict,
+    list_unknown_in, reconcile_in, reconciled_fields, Keep, ReconcileError, Verdict,
 };
 use crate::store::{RedbStore, Store};
 
@@ -59,7 +59,10 @@ pub async fn reconcile(
         .map_err(audit_err)?;
     let rec = reconcile_in(
         store.as_ref(),
-        config.idempotency.retention,
+        Keep {
+            clock: &crate::core::time::SystemClock,
+            retention: config.idempotency.retention,
+        },
         tenant,
         principal,
         key,

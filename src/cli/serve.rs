@@ -10,8 +10,8 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::core::config::Config;
+use crate::front::gateway::Gateway;
 use crate::front::http::router;
-use crate::upstream::session::Gateway;
 
 /// How often idle sessions, ledger retention and approval expiry are swept
 /// (more often when `session_idle_timeout` is short, so a session never
@@ -81,17 +81,17 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let store_events = store.subscribe();
     let lock = crate::cli::files::load_tool_lock(&policy_dir)?;
     let gw = Gateway::new(config, store, policies, Some(audit.clone()));
-    gw.pipeline.catalog.set_lock(lock);
+    gw.pipeline().catalog().set_lock(lock);
     let pins = gw
-        .pipeline
+        .pipeline()
         .load_pins()
         .await
         .map_err(|e| anyhow::anyhow!("tool pins: {e}"))?;
     tracing::info!(
         first_use = pins,
         locked = gw
-            .pipeline
-            .catalog
+            .pipeline()
+            .catalog()
             .lock()
             .servers
             .values()
@@ -100,7 +100,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "tool pins loaded"
     );
     // Each checkpoint to the witness, when one is configured.
-    if let Some(w) = gw.config.audit.witness.clone() {
+    if let Some(w) = gw.config().audit.witness.clone() {
         let key = crate::audit::note::parse_vkey(&w.key)
             .map_err(|e| anyhow::anyhow!("audit.witness.key: {e}"))?;
         anyhow::ensure!(
@@ -114,7 +114,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
     // TLS on the listener, when configured: the pair must load now, and is
     // taken again whenever the files change.
-    let (tls, tls_watcher) = match (&gw.config.gateway.tls_cert, &gw.config.gateway.tls_key) {
+    let (tls, tls_watcher) = match (&gw.config().gateway.tls_cert, &gw.config().gateway.tls_key) {
         (Some(cert), Some(key)) => {
             let certs = crate::front::tls::Reloading::open(cert, key)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -133,18 +133,18 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     if tls.is_some() {
         tracing::info!(%local, "the listener speaks TLS (https://)");
     }
-    tracing::info!(servers = gw.config.servers.len(), "gateway ready");
+    tracing::info!(servers = gw.config().servers.len(), "gateway ready");
 
     let sweeper = {
         let gw = Arc::clone(&gw);
         tokio::spawn(async move {
             let mut tick =
-                tokio::time::interval(sweep_every(gw.config.gateway.session_idle_timeout));
+                tokio::time::interval(sweep_every(gw.config().gateway.session_idle_timeout));
             loop {
                 tick.tick().await;
                 gw.sweep_idle().await;
                 let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-                match gw.pipeline.flights.store().gc(now).await {
+                match gw.pipeline().store().gc(now).await {
                     Ok(0) => {}
                     Ok(n) => tracing::debug!(forgotten = n, "ledger retention sweep"),
                     Err(e) => tracing::warn!("ledger retention sweep failed: {e}"),
@@ -152,9 +152,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 // Expiry is also checked at consumption; the sweep keeps
                 // reviewers' lists honest and forgets old final proposals.
                 match gw
-                    .pipeline
-                    .book
-                    .sweep(gw.config.idempotency.retention)
+                    .pipeline()
+                    .book()
+                    .sweep(gw.config().idempotency.retention)
                     .await
                 {
                     Ok(0) => {}
@@ -169,8 +169,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let server = tokio::spawn(accept(
         listener,
         router(Arc::clone(&gw)),
-        gw.config.gateway.header_read_timeout,
-        gw.config.limits.max_connections,
+        gw.config().gateway.header_read_timeout,
+        gw.config().limits.max_connections,
         tls,
         stop_rx,
     ));
@@ -178,7 +178,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     // Held calls answer first (approval_pending, nothing ran), while their
     // connections are still open.
-    gw.pipeline.drain();
+    gw.pipeline().drain();
     let _ = stop_tx.send(());
     // Open SSE streams never end on their own: bound the drain.
     let _ = tokio::time::timeout(grace, server).await;
@@ -312,7 +312,7 @@ async fn follow_store(
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match events.recv().await {
-            Ok(crate::store::StoreEvent::Proposal(id)) => gw.pipeline.book.changed(&id).await,
+            Ok(crate::store::StoreEvent::Proposal(id)) => gw.pipeline().book().changed(&id).await,
             Ok(crate::store::StoreEvent::Ledger(_)) => {}
             Err(RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "store notifications fell behind: a call held here may wait for its hold to end");
@@ -352,7 +352,7 @@ fn fingerprint(
 /// fails to parse or validate is not used: the previous one stays in force
 /// and the errors are logged with file and line.
 async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
-    let reviewers = gw.config.approvals.reviewers.clone();
+    let reviewers = gw.config().approvals.reviewers.clone();
     let mut seen = fingerprint(&dir, reviewers.as_deref());
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
@@ -365,10 +365,10 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
         // tools.lock is judged on its own: a bad lock keeps the previous
         // pins, whatever the policies do.
         match crate::cli::files::load_tool_lock(&dir) {
-            Ok(lock) if lock != *gw.pipeline.catalog.lock() => {
+            Ok(lock) if lock != *gw.pipeline().catalog().lock() => {
                 tracing::info!("tools.lock reloaded");
-                gw.pipeline.catalog.set_lock(lock);
-                gw.pipeline
+                gw.pipeline().catalog().set_lock(lock);
+                gw.pipeline()
                     .audit("tools_lock_reloaded", serde_json::Map::new());
             }
             Ok(_) => {}
@@ -376,7 +376,7 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
                 tracing::error!("tools.lock reload refused, previous pins stay in force: {e}");
                 let mut f = serde_json::Map::new();
                 f.insert("errors".into(), vec![e.to_string()].into());
-                gw.pipeline.audit("policy_reload_refused", f);
+                gw.pipeline().audit("policy_reload_refused", f);
             }
         }
         match crate::cli::files::load_policies(&dir, reviewers.as_deref()) {
@@ -385,8 +385,8 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
                 let mut f = serde_json::Map::new();
                 f.insert("policies".into(), p.len().into());
                 f.insert("reviewers".into(), p.reviewers().len().into());
-                gw.pipeline.audit("policy_reloaded", f);
-                gw.pipeline.set_policies(p);
+                gw.pipeline().audit("policy_reloaded", f);
+                gw.pipeline().set_policies(p);
             }
             Err(errors) => {
                 for e in &errors {
@@ -401,7 +401,7 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
                         .collect::<Vec<_>>()
                         .into(),
                 );
-                gw.pipeline.audit("policy_reload_refused", f);
+                gw.pipeline().audit("policy_reload_refused", f);
             }
         }
     }

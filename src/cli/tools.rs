@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::cli::files::{load_tool_lock, save_tool_lock};
 use crate::core::catalog::{diff, Change, Definition, ToolLock};
-use crate::upstream::session::Gateway;
+use crate::front::gateway::Gateway;
 
 /// How a listed tool stands against the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -55,7 +55,7 @@ pub type Listed = BTreeMap<String, BTreeMap<String, Definition>>;
 /// List `servers` (all configured when empty), every page.
 pub async fn fetch(gw: &Gateway, only: Option<&str>) -> anyhow::Result<Listed> {
     let mut out = Listed::new();
-    for server in gw.config.servers.keys() {
+    for server in gw.config().servers.keys() {
         if only.is_some_and(|o| o != server) {
             continue;
         }
@@ -76,7 +76,7 @@ pub async fn fetch(gw: &Gateway, only: Option<&str>) -> anyhow::Result<Listed> {
         anyhow::ensure!(
             out.contains_key(o),
             "unknown server `{o}`: configured servers are {}",
-            gw.config
+            gw.config()
                 .servers
                 .keys()
                 .cloned()
@@ -189,12 +189,12 @@ pub fn split(name: &str) -> anyhow::Result<(&str, &str)> {
 
 /// Load the lock of the config's policy folder.
 pub fn lock_of(gw: &Gateway) -> anyhow::Result<ToolLock> {
-    load_tool_lock(&gw.config.gateway.policies)
+    load_tool_lock(&gw.config().gateway.policies)
 }
 
 /// Save the lock in the config's policy folder; returns the path.
 pub fn save(gw: &Gateway, lock: &ToolLock) -> anyhow::Result<std::path::PathBuf> {
-    save_tool_lock(&gw.config.gateway.policies, lock)
+    save_tool_lock(&gw.config().gateway.policies, lock)
 }
 
 #[cfg(test)]

@@ -383,7 +383,11 @@ pub struct Statement {
 impl Statement {
     /// The bytes that are signed: RFC 8785 JCS of the statement.
     pub fn signing_bytes(&self) -> Result<Vec<u8>, ApprovalError> {
-        serde_jcs::to_vec(self).map_err(|e| ApprovalError::Canonical(e.to_string()))
+        let value =
+            serde_json::to_value(self).map_err(|e| ApprovalError::Canonical(e.to_string()))?;
+        let mut bytes = Vec::with_capacity(256);
+        crate::core::canonical::jcs_into(&value, &mut bytes);
+        Ok(bytes)
     }
 
     /// Sign with a reviewer key; returns base64 of the signature.
@@ -906,6 +910,9 @@ mod tests {
             "2026-11-30T10:15:00Z",
         );
         let bytes = st.signing_bytes().unwrap();
+        // The signed bytes are what an independent RFC 8785 writer makes of
+        // the statement: a reviewer's tool that signs with serde_jcs agrees.
+        assert_eq!(bytes, serde_jcs::to_vec(&st).unwrap());
         // JCS: keys sorted, no whitespace, `type` included, null kept.
         let text = String::from_utf8(bytes).unwrap();
         assert!(

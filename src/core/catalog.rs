@@ -20,8 +20,9 @@
 //! what every session's calls are judged by, and a definition that differs
 //! from the pin is a change whichever session listed it.
 
+use parking_lot::RwLock;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -282,14 +283,6 @@ pub struct Catalog {
     first_use: RwLock<HashMap<String, HashMap<String, Definition>>>,
 }
 
-fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Catalog {
     /// A catalog knowing the operator's overrides per server.
     pub fn new(overrides: HashMap<String, BTreeMap<String, ToolConfig>>) -> Catalog {
@@ -301,17 +294,17 @@ impl Catalog {
 
     /// Put a (re)loaded `tools.lock` in force.
     pub fn set_lock(&self, lock: ToolLock) {
-        *write(&self.lock) = Arc::new(lock);
+        *self.lock.write() = Arc::new(lock);
     }
 
     /// The `tools.lock` in force.
     pub fn lock(&self) -> Arc<ToolLock> {
-        read(&self.lock).clone()
+        self.lock.read().clone()
     }
 
     /// Pins recorded on first use by an earlier run (from the store).
     pub fn load_first_use(&self, pins: impl IntoIterator<Item = (String, Definition)>) {
-        let mut f = write(&self.first_use);
+        let mut f = self.first_use.write();
         for (server, def) in pins {
             f.entry(server)
                 .or_default()
@@ -321,10 +314,11 @@ impl Catalog {
 
     /// The pin of `server/tool`: the lock's, else the first-use one.
     pub fn pin(&self, server: &str, tool: &str) -> Option<(Definition, PinSource)> {
-        if let Some(d) = read(&self.lock).get(server, tool) {
+        if let Some(d) = self.lock.read().get(server, tool) {
             return Some((d.clone(), PinSource::Lock));
         }
-        read(&self.first_use)
+        self.first_use
+            .read()
             .get(server)?
             .get(tool)
             .map(|d| (d.clone(), PinSource::FirstUse))
@@ -359,7 +353,7 @@ impl Catalog {
             tools: defs.len(),
             ..Captured::default()
         };
-        let mut listed = write(&self.listed);
+        let mut listed = self.listed.write();
         let entry = listed.entry(server.to_owned()).or_default();
         for def in &defs {
             let name = def.name();
@@ -371,7 +365,8 @@ impl Catalog {
                 .or_else(|| pin.as_ref().map(|p| p.0.clone()));
             match (&pin, before) {
                 (None, _) => {
-                    write(&self.first_use)
+                    self.first_use
+                        .write()
                         .entry(server.to_owned())
                         .or_default()
                         .insert(name.to_owned(), def.clone());
@@ -427,7 +422,8 @@ impl Catalog {
 
     /// Whether `server` listed `tool`.
     pub fn knows(&self, server: &str, tool: &str) -> bool {
-        read(&self.listed)
+        self.listed
+            .read()
             .get(server)
             .is_some_and(|l| l.tools.contains_key(tool))
     }
@@ -435,7 +431,8 @@ impl Catalog {
     /// Whether the listed `server/tool` declares an `outputSchema` (its
     /// results' `structuredContent` must then conform to it).
     pub fn declares_output_schema(&self, server: &str, tool: &str) -> bool {
-        read(&self.listed)
+        self.listed
+            .read()
             .get(server)
             .and_then(|l| l.tools.get(tool))
             .is_some_and(|d| {
@@ -447,35 +444,35 @@ impl Catalog {
 
     /// The listed definition of `server/tool`.
     pub fn definition(&self, server: &str, tool: &str) -> Option<Definition> {
-        read(&self.listed).get(server)?.tools.get(tool).cloned()
+        self.listed.read().get(server)?.tools.get(tool).cloned()
     }
 
     /// When the gateway last fetched `server`'s whole list (unix ms).
     pub fn fetched_at(&self, server: &str) -> Option<i64> {
-        read(&self.fetched).get(server).copied()
+        self.fetched.read().get(server).copied()
     }
 
     /// The gateway fetched `server`'s whole list at `now_ms`.
     pub fn mark_fetched(&self, server: &str, now_ms: i64) {
-        write(&self.fetched).insert(server.to_owned(), now_ms);
+        self.fetched.write().insert(server.to_owned(), now_ms);
     }
 
     /// `server` said its list changed (`notifications/tools/list_changed`):
     /// the next call fetches it again, and its cached reads start over.
     pub fn mark_stale(&self, server: &str) {
-        write(&self.said_changed).insert(server.to_owned());
-        write(&self.fetched).remove(server);
+        self.said_changed.write().insert(server.to_owned());
+        self.fetched.write().remove(server);
     }
 
     /// The next call fetches `server`'s list again (a new stdio child may
     /// list other tools), though the server said nothing of a change.
     pub fn mark_unfetched(&self, server: &str) {
-        write(&self.fetched).remove(server);
+        self.fetched.write().remove(server);
     }
 
     /// Whether `server` said its list changed since this was last asked.
     pub fn take_said_changed(&self, server: &str) -> bool {
-        write(&self.said_changed).remove(server)
+        self.said_changed.write().remove(server)
     }
 
     /// How calls of `server/tool` are judged now. On every call's path:
@@ -483,10 +480,10 @@ impl Catalog {
     pub fn view(&self, server: &str, tool: &str) -> ToolView {
         let overrides = self.overrides.get(server).and_then(|t| t.get(tool));
         // Lock order (as in `take`): listed, lock, first use.
-        let listed = read(&self.listed);
+        let listed = self.listed.read();
         let on_server = listed.get(server);
-        let lock = read(&self.lock);
-        let first_use = read(&self.first_use);
+        let lock = self.lock.read();
+        let first_use = self.first_use.read();
         let pin = lock
             .get(server, tool)
             .or_else(|| first_use.get(server)?.get(tool));

@@ -699,6 +699,14 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 }
 
 impl Config {
+    /// The upstream `call_timeout` of `server` (30 s for a server that is
+    /// not configured, which no call reaches).
+    pub fn call_timeout(&self, server: &str) -> std::time::Duration {
+        self.servers
+            .get(server)
+            .map_or(std::time::Duration::from_secs(30), |c| c.call_timeout)
+    }
+
     /// Parse and check configuration text; `path` is used in messages and
     /// to resolve relative paths of stdio children.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {

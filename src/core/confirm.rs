@@ -55,6 +55,31 @@ pub struct StateClaims {
     pub nonce: String,
 }
 
+impl StateClaims {
+    /// The claims as the JSON object that is signed, built field by field so
+    /// that it cannot fail: signed bytes never fall back to something else
+    /// (a test holds it equal to the claims' serde form, which `open` reads).
+    fn to_json(&self) -> Value {
+        let text = |s: &str| Value::String(s.to_owned());
+        let mut m = serde_json::Map::new();
+        m.insert("type".into(), text(&self.kind));
+        m.insert("proposal_id".into(), text(&self.proposal_id));
+        m.insert("server".into(), text(&self.server));
+        m.insert("tool".into(), text(&self.tool));
+        m.insert("call_digest".into(), text(&self.call_digest));
+        m.insert("principal".into(), text(&self.principal));
+        m.insert("tenant".into(), text(&self.tenant));
+        m.insert(
+            "tool_definition".into(),
+            self.tool_definition.as_deref().map_or(Value::Null, text),
+        );
+        m.insert("idempotency_key".into(), text(&self.idempotency_key));
+        m.insert("expires_ms".into(), Value::from(self.expires_ms));
+        m.insert("nonce".into(), text(&self.nonce));
+        Value::Object(m)
+    }
+}
+
 /// Why a `requestState` is not acceptable (before any binding is compared).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StateError {
@@ -82,7 +107,7 @@ fn b64() -> base64::engine::GeneralPurpose {
 /// Sign `claims` into a `requestState`: the prefix, base64url of the
 /// claims' JCS, a dot, base64url of the Ed25519 signature over those bytes.
 pub fn seal(claims: &StateClaims, key: &SigningKey) -> String {
-    let payload = crate::core::canonical::jcs(&serde_json::to_value(claims).unwrap_or(Value::Null));
+    let payload = crate::core::canonical::jcs(&claims.to_json());
     let signature = key.sign(payload.as_bytes());
     format!(
         "{STATE_PREFIX}{}.{}",
@@ -304,6 +329,16 @@ pub fn read_answer(result: &Value) -> Result<Answer, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signed_claims_are_their_serde_form() {
+        let mut c = claims();
+        assert_eq!(c.to_json(), serde_json::to_value(&c).unwrap());
+        c.tool_definition = None;
+        assert_eq!(c.to_json(), serde_json::to_value(&c).unwrap());
+        c.tool_definition = Some("sha256:ab".into());
+        assert_eq!(c.to_json(), serde_json::to_value(&c).unwrap());
+    }
 
     fn claims() -> StateClaims {
         StateClaims {

@@ -109,18 +109,18 @@ pub struct Policies {
     /// The policies that can apply to `Action::"call"` on a tool, by scope.
     index: Index,
     /// Per-tool slices built from the index on first use.
-    slices: std::sync::Mutex<HashMap<String, std::sync::Arc<Slice>>>,
+    slices: parking_lot::Mutex<HashMap<String, std::sync::Arc<Slice>>>,
     /// Decisions of slices that read nothing of a call's own context, per
     /// (identity, tool, annotations): the same inputs give the same
     /// decision, so Cedar is asked once. Exact: the key holds everything
     /// the entities are built from, and a policy reload makes a new
     /// `Policies` (a new, empty cache).
-    decision_cache: std::sync::Mutex<HashMap<String, Decision>>,
+    decision_cache: parking_lot::Mutex<HashMap<String, Decision>>,
     /// How many times Cedar was asked (for tests and benches).
     evaluations: std::sync::atomic::AtomicU64,
     /// Entities per (identity, tool, annotations): building them (with
     /// Cedar's transitive closure) was a third of a decision's time.
-    entity_cache: std::sync::Mutex<HashMap<String, CachedEntities>>,
+    entity_cache: parking_lot::Mutex<HashMap<String, CachedEntities>>,
     /// `reviewers.toml`: who may decide proposals, loaded and reloaded with
     /// the policies (both live in the policy repository).
     reviewers: crate::core::approval::Reviewers,
@@ -493,19 +493,11 @@ impl Policies {
             };
         }
         let key = entity_key(call);
-        if let Some(d) = self
-            .decision_cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        if let Some(d) = self.decision_cache.lock().get(&key) {
             return d.clone();
         }
         let decision = self.decide_against(&slice.set, call);
-        let mut cache = self
-            .decision_cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.decision_cache.lock();
         if cache.len() >= ENTITY_CACHE_MAX {
             cache.clear();
         }
@@ -524,7 +516,7 @@ impl Policies {
         let tool_uid = uid("Tool", &format!("{server}/{tool}"))
             .map(|u| u.to_string())
             .unwrap_or_default();
-        let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slices = self.slices.lock();
         if let Some(s) = slices.get(&tool_uid) {
             return s.clone();
         }
@@ -555,7 +547,7 @@ impl Policies {
 
     fn entities_for(&self, call: &Call<'_>) -> Result<CachedEntities, String> {
         let key = entity_key(call);
-        let mut cache = self.entity_cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.entity_cache.lock();
         if let Some(e) = cache.get(&key) {
             return Ok(e.clone());
         }

@@ -1,6 +1,7 @@
-//! The core layer: the rules, with no I/O (the one exception is named on
-//! its function: loading the policy folder, and reading a config file).
-//! Tested without a runtime.
+//! The core layer: the rules, with no I/O: files are read by the `cli`
+//! layer (`cli::files`) and handed in as text, and the enforcement layer
+//! reads the time of day through [`time::Clock`] (the system clock in the
+//! gateway, a hand-moved one in tests). Tested without a runtime.
 //!
 //! - [`canonical`]: strict parse of `tools/call` params, RFC 8785 JCS and
 //!   the call digest.

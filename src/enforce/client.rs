@@ -13,8 +13,8 @@
 //! answer to a pending proposal exactly once (a reviewer's included), and
 //! the approval is consumed at execution start with the idempotency key.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
@@ -66,8 +66,8 @@ impl Asks {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Open>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Open>> {
+        self.open.lock()
     }
 
     /// Whether a question about `proposal_id` is open (it is asked once per

@@ -13,13 +13,15 @@
 //! the ticket's end: complete, not dispatched or unknown. Nothing here can
 //! send a call upstream: that takes the pipeline's permit.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::core::ledger::{judge, Answer, Claim, Record, State, Verdict};
+use crate::core::time::{rfc3339, Clock};
 use crate::store::{Reservation, Store, StoreError};
 
 /// How an in-flight call settled, as its followers see it.
@@ -181,16 +183,23 @@ pub struct Retention {
 pub struct Idempotency {
     store: Arc<dyn Store>,
     retention: Retention,
-    // A std mutex: held for map operations only, never across an await.
+    /// When answers are recorded.
+    clock: Arc<dyn Clock>,
+    // A blocking mutex: held for map operations only, never across an await.
     flights: Mutex<HashMap<String, Arc<Flight>>>,
 }
 
 impl Idempotency {
     /// A service over `store`.
-    pub fn new(store: Arc<dyn Store>, retention: Retention) -> Arc<Idempotency> {
+    pub fn new(
+        store: Arc<dyn Store>,
+        retention: Retention,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Idempotency> {
         Arc::new(Idempotency {
             store,
             retention,
+            clock,
             flights: Mutex::new(HashMap::new()),
         })
     }
@@ -200,8 +209,8 @@ impl Idempotency {
         &self.store
     }
 
-    fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Flight>>> {
-        self.flights.lock().unwrap_or_else(|p| p.into_inner())
+    fn flights(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Arc<Flight>>> {
+        self.flights.lock()
     }
 
     /// Join an in-flight identical call, or become the leader for the key.
@@ -498,7 +507,7 @@ impl Ticket {
     /// the record still `dispatched` (later `unknown`) and be told another
     /// story than the first answer. Duplicates waiting here get `unknown`.
     pub async fn complete(mut self, answer: Answer) -> Result<String, StoreError> {
-        let answered_at = crate::core::time::now_rfc3339();
+        let answered_at = rfc3339(self.svc.clock.now_ms());
         let mut next = self.record.clone();
         next.state = State::Complete;
         next.answer = Some(answer.clone());
@@ -732,6 +741,7 @@ mod tests {
                 explicit: Duration::from_secs(3600),
                 derived: Duration::from_secs(300),
             },
+            Arc::new(crate::core::time::SystemClock),
         )
     }
 
@@ -870,7 +880,7 @@ mod tests {
             rt.block_on(async move {
                 let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
                 let retention = Retention { explicit: Duration::from_secs(3600), derived: Duration::from_secs(300) };
-                let mut s = Idempotency::new(store.clone(), retention);
+                let mut s = Idempotency::new(store.clone(), retention, Arc::new(crate::core::time::SystemClock));
                 // Per key: dispatches since the key was last free.
                 let mut dispatches: HashMap<String, usize> = HashMap::new();
                 type Leader = (String, Box<Ticket>, Vec<watch::Receiver<Option<Settled>>>);
@@ -927,7 +937,7 @@ mod tests {
                             }
                             tokio::task::yield_now().await;
                             store.recover().await.unwrap();
-                            s = Idempotency::new(store.clone(), retention);
+                            s = Idempotency::new(store.clone(), retention, Arc::new(crate::core::time::SystemClock));
                         }
                         Step::Reconcile { key } => {
                             let k = format!("k{key}");

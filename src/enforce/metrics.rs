@@ -11,6 +11,7 @@
 //! | `countersign_unknown_outcomes` | gauge | |
 //! | `countersign_circuit_state` | gauge (1 for the current state) | `server`, `state` |
 //! | `countersign_audit_lag_entries` | gauge | |
+//! | `countersign_ledger_unflushed` | gauge (1 or 0) | |
 //!
 //! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
 //! `cached`, `invalid_params`, or the code the agent got (`approval_pending`,
@@ -51,6 +52,7 @@ pub struct Metrics {
     unknown: Gauge,
     circuit: Family<CircuitLabels, Gauge>,
     audit_lag: Gauge,
+    ledger_unflushed: Gauge,
 }
 
 /// What the scrape reads at the time of the scrape.
@@ -63,6 +65,8 @@ pub struct Sampled {
     pub circuits: Vec<(String, &'static str)>,
     /// Audit entries handed to the writer and not yet in the log file.
     pub audit_lag: i64,
+    /// Whether ledger commits wait for their fsync (the store's `unflushed`).
+    pub ledger_unflushed: bool,
 }
 
 impl Default for Metrics {
@@ -119,6 +123,12 @@ impl Metrics {
             "Audit entries handed to the writer and not yet written to the log file",
             audit_lag.clone(),
         );
+        let ledger_unflushed = Gauge::default();
+        registry.register(
+            "ledger_unflushed",
+            "1 while ledger commits made without an fsync of their own wait for the next one",
+            ledger_unflushed.clone(),
+        );
         Metrics {
             registry,
             calls,
@@ -128,6 +138,7 @@ impl Metrics {
             unknown,
             circuit,
             audit_lag,
+            ledger_unflushed,
         }
     }
 
@@ -160,6 +171,7 @@ impl Metrics {
         self.pending.set(now.pending);
         self.unknown.set(now.unknown);
         self.audit_lag.set(now.audit_lag);
+        self.ledger_unflushed.set(i64::from(now.ledger_unflushed));
         for (server, state) in &now.circuits {
             for s in ["closed", "open", "half-open"] {
                 self.circuit

@@ -4,7 +4,13 @@
 //! without HTTP: `tests/pipeline.rs` drives it with the memory store and an
 //! in-process upstream.
 //!
-//! - [`pipeline`]: [`pipeline::Pipeline::tool_call`] and its stages.
+//! - [`pipeline`]: [`pipeline::Pipeline::tool_call`]: the order of the
+//!   stages, the gate and the version probe.
+//! - [`call`]: one call on its way through the stages, and the outcomes
+//!   any stage may end it with.
+//! - [`learn`]: catalog learning and first-use pins.
+//! - [`reads`]: the read path and its cache.
+//! - [`breakers`]: one circuit breaker per server.
 //! - [`outcome`]: [`outcome::CallOutcome`], how a call ended.
 //! - [`permit`]: the sealed [`permit::Permit`] and the traits through which
 //!   the pipeline reaches an upstream.
@@ -21,11 +27,15 @@
 
 pub mod answer;
 pub mod book;
+pub(crate) mod breakers;
+pub mod call;
 pub mod client;
 pub mod flight;
+pub(crate) mod learn;
 pub mod metrics;
 pub mod outcome;
 pub mod permit;
 pub mod pipeline;
+pub(crate) mod reads;
 pub mod reconcile;
 pub mod upstream;

@@ -26,76 +26,41 @@
 //! [`Upstream`], [`Clock`]); the audit log is optional (commands other than
 //! `serve` run without one).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::RwLock;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use super::book::{Ask, Book, Found};
-use super::flight::{
-    follow, ApprovalCode, ApprovalNote, Idempotency, Lead, Lookup, Outcome, Question, ReadLead,
-    Reserve, Retention, Settled, Ticket, GATE_ROUNDS,
+use super::breakers::{Admitted, Breakers};
+use super::call::{
+    answer_of, answered_fields, concluded, explicit_version, facts, failed, ledger_unavailable,
+    next_attempt, open_circuit, refused, risk, settled, unreachable_hold, Attempt, Call,
 };
+pub use super::call::{CallCtx, Caller};
+use super::flight::{
+    follow, ApprovalCode, ApprovalNote, Idempotency, Lead, Lookup, Outcome, Question, Reserve,
+    Retention, Settled, Ticket, GATE_ROUNDS,
+};
+use super::learn::Learner;
 use super::outcome::CallOutcome;
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
+use super::reads::Reads;
 use super::upstream::UpstreamError;
 use crate::audit::trail::Trail;
 use crate::audit::AuditSink;
-use crate::core::annotations::Annotations;
-use crate::core::approval::{Proposal, ProposalState, Risk};
+use crate::core::approval::{Proposal, ProposalState};
 use crate::core::canonical::{self, CanonicalCall};
-use crate::core::catalog::{Captured, Catalog, Definition, ToolView};
+use crate::core::catalog::Catalog;
 use crate::core::config::{Config, VersionProbe};
-use crate::core::decision::{self, Decision, Policies};
-use crate::core::identity::Identity;
-use crate::core::ledger::{self, Answer, Claim};
-use crate::core::recovery::{classify_response, Admission, Backoff, Breaker, ResponseClass};
-use crate::core::time::{ms, rfc3339, Clock};
+use crate::core::decision::{Decision, Policies};
+use crate::core::ledger::{self, Claim};
+use crate::core::recovery::{classify_response, ResponseClass};
+use crate::core::time::{ms, Clock};
 use crate::store::{Store, StoreError};
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{raw, Message};
-
-/// Who is calling, for idempotency keys: the identity and the session scope
-/// (the bridge's stable scope, the session id, or none when stateless).
-#[derive(Debug, Clone)]
-pub struct Caller {
-    /// The authenticated identity.
-    pub identity: Arc<Identity>,
-    /// The session scope, if any.
-    pub scope: Option<String>,
-}
-
-/// One request's context: who calls, which server, which era, where
-/// related server messages (progress) go, and the upstream to use.
-pub struct CallCtx<'a, U> {
-    /// The caller.
-    pub caller: &'a Caller,
-    /// The configured server name.
-    pub server: &'a str,
-    /// The wire era of the request.
-    pub era: Era,
-    /// Where progress notifications and other related messages go, when the
-    /// client can receive them.
-    pub events: Option<mpsc::Sender<Message>>,
-    /// The upstream the call goes to.
-    pub upstream: &'a U,
-    /// Handshake era: the session's open questions, when its client
-    /// declared elicitation (the person at the client can be asked).
-    pub asks: Option<Arc<super::client::Asks>>,
-}
-
-/// The most `tools/list` pages one catalog fetch reads.
-const MAX_CATALOG_PAGES: usize = 100;
-
-/// What one attempt ended with.
-enum Attempt {
-    /// Final.
-    Done(CallOutcome),
-    /// Proven not run (or a read): try again if attempts remain.
-    Retry(CallOutcome),
-}
 
 /// Why a write attempt does not go on to dispatch.
 enum Stop {
@@ -121,63 +86,30 @@ enum Gate {
     Refuse(Outcome),
 }
 
-/// One call on its way through the stages.
-struct Call<'a, U> {
-    ctx: &'a CallCtx<'a, U>,
-    /// The canonical request (params replaced by the JCS form).
-    request: &'a Message,
-    call: &'a CanonicalCall,
-    claim: &'a Claim,
-    annotations: Annotations,
-    /// The tool as the catalog had it when the call arrived.
-    tool: ToolView,
-    trail: &'a Trail,
-}
-
-/// The enforcement pipeline and what it decides with.
+/// The enforcement pipeline and the services it decides with.
 pub struct Pipeline {
-    /// The configuration in force.
-    pub config: Arc<Config>,
-    /// Effective tool annotations (shared with the upstream connections,
-    /// which mark a server's list stale when it says it changed).
-    pub catalog: Arc<Catalog>,
+    config: Arc<Config>,
+    /// Catalog learning and first-use pins.
+    learner: Learner,
     /// The idempotency ledger with in-process single-flight.
-    pub flights: Arc<Idempotency>,
+    flights: Arc<Idempotency>,
     /// Proposals and approvals (same store as the ledger).
-    pub book: Arc<Book>,
+    book: Arc<Book>,
+    /// The read path and its cache.
+    reads: Reads,
+    /// One circuit breaker per configured server.
+    breakers: Arc<Breakers>,
     /// The audit log (`serve` only).
-    pub audit: Option<Arc<dyn AuditSink>>,
+    audit: Option<Arc<dyn AuditSink>>,
     clock: Arc<dyn Clock>,
-    /// Where first-use pins are recorded.
-    store: Arc<dyn Store>,
-    /// One circuit breaker per configured server. A std mutex: held for a
-    /// state change, never across an await.
-    breakers: HashMap<String, Mutex<Breaker>>,
     /// The policy set in force; swapped whole by a reload.
     policies: RwLock<Arc<Policies>>,
-    /// One catalog fetch at a time per server. A tokio mutex: held across
-    /// the `tools/list` requests.
-    fetching: HashMap<String, tokio::sync::Mutex<()>>,
-    /// Answers of reads whose tool has a `cache_ttl`, per (server, tool),
-    /// by tenant, principal and call digest. A std mutex: held for a
-    /// lookup, an insert or a clear, never across an await.
-    read_cache: Mutex<HashMap<(String, String), HashMap<String, CachedRead>>>,
-    /// Tools whose `cache_ttl` was ignored because they may write (said
-    /// once each in the log).
-    cache_refused: Mutex<std::collections::HashSet<(String, String)>>,
     /// Calls, decision and ledger latency (`/metrics`).
-    pub metrics: super::metrics::Metrics,
+    metrics: super::metrics::Metrics,
     /// Signs the `requestState` of questions to the client.
     asker: super::client::Asker,
     /// Set when the gateway stops: held calls answer at once.
     draining: tokio::sync::watch::Sender<bool>,
-}
-
-/// A cached read answer.
-struct CachedRead {
-    answer: Answer,
-    answered_at: String,
-    expires_ms: i64,
 }
 
 impl Pipeline {
@@ -201,35 +133,21 @@ impl Pipeline {
                 explicit: config.idempotency.retention,
                 derived: config.idempotency.derived_ttl,
             },
+            clock.clone(),
         );
-        let breakers = config
-            .servers
-            .keys()
-            .map(|k| {
-                let b = Breaker::new(config.circuit.failure_threshold, config.circuit.cooldown);
-                (k.clone(), Mutex::new(b))
-            })
-            .collect();
-        let catalog = Arc::new(Catalog::new(
-            config
-                .servers
-                .iter()
-                .map(|(k, v)| (k.clone(), v.tools.clone()))
-                .collect(),
-        ));
-        let fetching = config
-            .servers
-            .keys()
-            .map(|k| (k.clone(), tokio::sync::Mutex::new(())))
-            .collect();
+        let breakers = Arc::new(Breakers::new(&config));
+        let reads = Reads::new(
+            config.clone(),
+            clock.clone(),
+            flights.clone(),
+            breakers.clone(),
+        );
+        let learner = Learner::new(config.clone(), store, audit.clone(), clock.clone());
         Pipeline {
             metrics: super::metrics::Metrics::new(),
-            read_cache: Mutex::default(),
-            cache_refused: Mutex::default(),
-            fetching,
-            store,
+            learner,
+            reads,
             config,
-            catalog,
             flights,
             book,
             audit,
@@ -243,6 +161,43 @@ impl Pipeline {
             )),
             draining: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// Effective tool annotations and pins (shared with the upstream
+    /// connections, which mark a server's list stale when it says it
+    /// changed).
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        self.learner.catalog()
+    }
+
+    /// Proposals and approvals.
+    pub fn book(&self) -> &Arc<Book> {
+        &self.book
+    }
+
+    /// The store behind the ledger, the book and the pins.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.flights.store()
+    }
+
+    /// The audit log, when there is one (`serve`).
+    pub fn audit_sink(&self) -> Option<&Arc<dyn AuditSink>> {
+        self.audit.as_ref()
+    }
+
+    /// The clock the pipeline judges time by.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The Prometheus metrics the pipeline keeps.
+    pub fn metrics(&self) -> &super::metrics::Metrics {
+        &self.metrics
     }
 
     /// The gateway stops: every call held for an approval answers now with
@@ -262,27 +217,17 @@ impl Pipeline {
 
     /// The policy set in force now.
     pub fn policies(&self) -> Arc<Policies> {
-        self.policies
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.policies.read().clone()
     }
 
     /// Put a new policy set in force (a successful reload).
     pub fn set_policies(&self, policies: Policies) {
-        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        *self.policies.write() = Arc::new(policies);
     }
 
     /// Each server's circuit breaker state: `closed`, `open` or `half-open`.
     pub fn circuits(&self) -> std::collections::BTreeMap<String, &'static str> {
-        let now = breaker_now();
-        self.breakers
-            .iter()
-            .map(|(server, b)| {
-                let state = b.lock().unwrap_or_else(|p| p.into_inner()).state_name(now);
-                (server.clone(), state)
-            })
-            .collect()
+        self.breakers.states()
     }
 
     /// Append an audit entry (buffered), when there is a log.
@@ -295,73 +240,20 @@ impl Pipeline {
     /// Pins recorded on first use by earlier runs, from the store (at
     /// start, before serving). Returns how many.
     pub async fn load_pins(&self) -> Result<usize, StoreError> {
-        let mut pins = Vec::new();
-        for text in self.store.first_use_pins().await? {
-            let pin: FirstUse = serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
-                what: "tool pin",
-                reason: e.to_string(),
-            })?;
-            pins.push((pin.server, pin.pin));
-        }
-        let n = pins.len();
-        self.catalog.load_first_use(pins);
-        Ok(n)
+        self.learner.load_pins().await
     }
 
     /// A `tools/list` page relayed to a client: learn from it (never
     /// altering it). Returns how many tools it listed.
     pub fn observe_tools_list(&self, server: &str, result: &str) -> usize {
-        let captured = self.catalog.capture(server, result);
-        self.noted(server, &captured);
-        if !captured.learned.is_empty() {
-            // Relayed pages are not awaited on: the pin is in force in
-            // memory already, and recorded in the store shortly.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let store = self.store.clone();
-                let server = server.to_owned();
-                rt.spawn(async move { record_first_use(&*store, &server, captured.learned).await });
-            }
-        }
-        captured.tools
-    }
-
-    /// Say what a listing changed: cached reads of those tools go, and the
-    /// audit log and the log record it.
-    fn noted(&self, server: &str, captured: &Captured) {
-        self.clear_cache(server, Some(&captured.touched()));
-        if !captured.learned.is_empty() {
-            let tools: Vec<Value> = captured
-                .learned
-                .iter()
-                .map(|d| json!({"tool": d.name(), "digest": d.digest}))
-                .collect();
-            let mut f = serde_json::Map::new();
-            f.insert("server".into(), json!(server));
-            f.insert("tools".into(), Value::Array(tools));
-            self.audit("tools_learned", f);
-        }
-        if !captured.changed.is_empty() || !captured.vanished.is_empty() {
-            for ch in &captured.changed {
-                let fields: Vec<&str> = ch.diff.iter().map(|d| d.pointer.as_str()).collect();
-                tracing::warn!(server, tool = %ch.tool, before = %ch.before, after = %ch.after, changed = %fields.join(" "), "tool definition changed: calls need approval until `countersign tools accept {server}/{}`", ch.tool);
-            }
-            for t in &captured.vanished {
-                tracing::warn!(server, tool = %t, "tool no longer listed by the server");
-            }
-            let mut f = serde_json::Map::new();
-            f.insert("server".into(), json!(server));
-            f.insert("changes".into(), json!(captured.changed));
-            f.insert("vanished".into(), json!(captured.vanished));
-            self.audit("tools_changed", f);
-        }
+        let (tools, stale) = self.learner.observe(server, result);
+        self.reads.forget(server, &stale);
+        tools
     }
 
     /// The upstream `call_timeout` of `server`.
     pub fn call_timeout(&self, server: &str) -> Duration {
-        self.config
-            .servers
-            .get(server)
-            .map_or(Duration::from_secs(30), |c| c.call_timeout)
+        self.config.call_timeout(server)
     }
 
     /// Run one `tools/call` request through every stage, and count how it
@@ -406,7 +298,7 @@ impl Pipeline {
         self.learn(ctx, &call.tool).await;
         // Read once: the same view classifies the call and feeds the
         // policies.
-        let tool = self.catalog.view(ctx.server, &call.tool);
+        let tool = self.catalog().view(ctx.server, &call.tool);
         *listed = tool.digest.is_some();
         let annotations = tool.annotations;
         let trail = Trail::new(
@@ -443,7 +335,7 @@ impl Pipeline {
         }
         if annotations.read_only && !explicit {
             match self.decide(&c) {
-                Decision::Allow { .. } => return self.read(&c).await,
+                Decision::Allow { .. } => return self.reads.read(&c).await,
                 Decision::Deny { .. } => return refused(&c, Outcome::Denied),
                 // A read the policies want approved goes through the
                 // approval book and the ledger like a write: its yes is
@@ -524,141 +416,11 @@ impl Pipeline {
         }
     }
 
-    /// Stage "know the tool": the gateway keeps each server's tool list
-    /// itself, so a call is classified by what the server declares whether
-    /// or not the client ever listed tools. The list is fetched (every page)
-    /// when the call names a tool it lacks (at most once per
-    /// `catalog.unknown_tool_interval`), when it is older than
-    /// `catalog.max_age`, and after the server said it changed. One fetch at
-    /// a time per server; the others wait for it. A fetch that fails leaves
-    /// the cautious defaults (write-capable).
+    /// Stage "know the tool": the catalog is fetched when the call needs
+    /// it ([`Learner::learn`]), and the cached reads it made stale go.
     async fn learn<U: Upstream>(&self, ctx: &CallCtx<'_, U>, tool: &str) {
-        let server = ctx.server;
-        let cfg = &self.config.catalog;
-        let due = |now: i64| match self.catalog.fetched_at(server) {
-            None => true,
-            Some(at) if now.saturating_sub(at) >= ms(cfg.max_age) => true,
-            Some(at) => {
-                !self.catalog.knows(server, tool)
-                    && now.saturating_sub(at) >= ms(cfg.unknown_tool_interval)
-            }
-        };
-        if !due(self.clock.now_ms()) {
-            return;
-        }
-        let Some(one) = self.fetching.get(server) else {
-            return;
-        };
-        let _one = one.lock().await;
-        // Another call may have fetched it while this one waited.
-        if !due(self.clock.now_ms()) {
-            return;
-        }
-        let started = Instant::now();
-        let mut cursor = None;
-        let mut tools = Vec::new();
-        // A bound on pages: a server whose cursors never end cannot hold
-        // the call forever.
-        for _ in 0..MAX_CATALOG_PAGES {
-            let page = match ctx.upstream.list_tools(cursor.take()).await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(server, "tool list not fetched: {e}");
-                    return;
-                }
-            };
-            let Some(result) = page.result.as_ref() else {
-                let error = page.error_summary().unwrap_or_else(|| "no result".into());
-                tracing::warn!(server, %error, "tool list refused by the server");
-                // A refusal is an answer: the next fetch waits its interval
-                // (`catalog.unknown_tool_interval`) like any other, rather
-                // than one per call. What was known stays; the cautious
-                // defaults cover the rest.
-                self.catalog.mark_fetched(server, self.clock.now_ms());
-                return;
-            };
-            tools.extend(crate::core::catalog::page_tools(result.get()));
-            cursor = serde_json::from_str::<Value>(result.get())
-                .ok()
-                .and_then(|v| v.get("nextCursor")?.as_str().map(str::to_owned));
-            if cursor.is_none() {
-                break;
-            }
-        }
-        if cursor.is_some() {
-            // Not every page was read: nothing may be taken as gone.
-            tracing::warn!(
-                server,
-                pages = MAX_CATALOG_PAGES,
-                "tool list has more pages than countersign reads"
-            );
-            let captured = self
-                .catalog
-                .capture(server, &json!({ "tools": tools }).to_string());
-            self.noted(server, &captured);
-            record_first_use(&*self.store, server, captured.learned).await;
-        } else {
-            let profile = ctx.upstream.client_profile();
-            let captured = self.catalog.replace(server, &tools, &profile);
-            self.noted(server, &captured);
-            // Awaited: a pin must be on disk before calls are judged by it.
-            record_first_use(&*self.store, server, captured.learned).await;
-        }
-        let tools = tools.len();
-        self.catalog.mark_fetched(server, self.clock.now_ms());
-        // Cached reads of tools whose definition changed or that vanished
-        // were dropped by `noted`. A server that said its list changed has
-        // changed under them: all of its cached reads start over. A fetch
-        // made only because a new stdio session (a new child) began keeps
-        // the others within their `cache_ttl`.
-        if self.catalog.take_said_changed(server) {
-            self.clear_cache(server, None);
-        }
-        tracing::debug!(server, tools, elapsed = ?started.elapsed(), "tool list fetched");
-    }
-
-    /// The `cache_ttl` configured for the call's tool.
-    fn cache_ttl<U>(&self, c: &Call<'_, U>) -> Option<Duration> {
-        self.config
-            .servers
-            .get(c.ctx.server)?
-            .tools
-            .get(&c.call.tool)?
-            .cache_ttl
-    }
-
-    fn cache_key<U>(c: &Call<'_, U>) -> String {
-        let who = &c.ctx.caller.identity;
-        ledger::storage_key(&who.tenant, &who.principal, &c.call.digest)
-    }
-
-    /// Forget cached reads of `server` (of the listed tools, or all).
-    fn clear_cache(&self, server: &str, tools: Option<&[String]>) {
-        let mut cache = self.read_cache.lock().unwrap_or_else(|p| p.into_inner());
-        match tools {
-            Some(tools) => {
-                for t in tools {
-                    cache.remove(&(server.to_owned(), t.clone()));
-                }
-            }
-            None => cache.retain(|(s, _), _| s != server),
-        }
-    }
-
-    /// A write-capable tool with a `cache_ttl`: never cached, and said so
-    /// once.
-    fn refuse_cache<U>(&self, c: &Call<'_, U>) {
-        if self.cache_ttl(c).is_none() {
-            return;
-        }
-        let first = self
-            .cache_refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((c.ctx.server.to_owned(), c.call.tool.clone()));
-        if first {
-            tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, "cache_ttl ignored: the tool may write, and writes are never cached");
-        }
+        let stale = self.learner.learn(ctx.server, tool, ctx.upstream).await;
+        self.reads.forget(ctx.server, &stale);
     }
 
     /// Stage 1, strict parse and canonical form: the forwarded `params` are
@@ -744,136 +506,18 @@ impl Pipeline {
         decision
     }
 
-    /// Stage 3, an unattended read: identical reads in flight share one
-    /// call, and a finished read is never replayed (reads stay fresh). No
-    /// durable write; any failure may be retried (reading twice is
-    /// harmless).
-    async fn read<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
-        let ttl = self.cache_ttl(c);
-        let key = (c.ctx.server.to_owned(), c.call.tool.clone());
-        if ttl.is_some() {
-            let now = self.clock.now_ms();
-            let cache = self.read_cache.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(hit) = cache
-                .get(&key)
-                .and_then(|t| t.get(&Self::cache_key(c)))
-                .filter(|hit| hit.expires_ms > now)
-            {
-                c.trail.record(
-                    "completed",
-                    vec![("is_error", json!(false)), ("cached", json!(true))],
-                );
-                return CallOutcome::Cached {
-                    answer: hit.answer.clone(),
-                    answered_at: hit.answered_at.clone(),
-                };
-            }
-        }
-        let outcome = self.read_fresh(c).await;
-        if let (Some(ttl), CallOutcome::Answered(m)) = (ttl, &outcome) {
-            // Only a successful result is kept: an error is asked again.
-            if let (Some(Answer::Result(text)), [(_, ok)]) =
-                (answer_of(m), answered_fields(m).as_slice())
-            {
-                if *ok == json!(false) {
-                    let now = self.clock.now_ms();
-                    let entry = CachedRead {
-                        answer: Answer::Result(text),
-                        answered_at: rfc3339(now),
-                        expires_ms: now.saturating_add(ms(ttl)),
-                    };
-                    self.read_cache
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .entry(key)
-                        .or_default()
-                        .insert(Self::cache_key(c), entry);
-                }
-            }
-        }
-        outcome
-    }
-
-    /// A read that goes upstream.
-    async fn read_fresh<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
-        let mut lead = match self.flights.coalesce_read(c.claim) {
-            Ok(lead) => Box::new(lead),
-            Err(rx) => return settled(c, follow(rx).await, false),
-        };
-        let mut attempt = 1;
-        let outcome = loop {
-            let (result, back) = self.read_once(c, lead).await;
-            lead = back;
-            if let Some(done) = self.next_attempt(c, result, &mut attempt).await {
-                break done;
-            }
-        };
-        lead.finish(shared(&outcome));
-        c.trail.record("completed", completed_fields(&outcome));
-        outcome
-    }
-
-    /// One read attempt.
-    async fn read_once<U: Upstream>(
-        &self,
-        c: &Call<'_, U>,
-        lead: Box<ReadLead>,
-    ) -> (Attempt, Box<ReadLead>) {
-        let Some(admitted) = self.admit(c) else {
-            return (Attempt::Done(open_circuit(c)), lead);
-        };
-        let conn = match c.ctx.upstream.ready().await {
-            Ok(conn) => conn,
-            Err(e) => return (Attempt::Retry(self.failed(c, e, admitted)), lead),
-        };
-        let permit = match issue(c.request, Hold::Read(lead)) {
-            Ok(p) => p,
-            Err(Hold::Read(lead)) => {
-                let refusal = refused(c, Outcome::NotDispatched);
-                return (Attempt::Done(refusal), lead);
-            }
-            Err(Hold::Write(_)) => unreachable_hold(),
-        };
-        let timeout = self.call_timeout(c.ctx.server);
-        let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
-        self.read_answer(c, sent, admitted)
-    }
-
-    fn read_answer<U>(
-        &self,
-        c: &Call<'_, U>,
-        sent: Sent,
-        admitted: Admitted<'_>,
-    ) -> (Attempt, Box<ReadLead>) {
-        let lead = match sent.hold {
-            Hold::Read(lead) => lead,
-            Hold::Write(_) => unreachable_hold(),
-        };
-        let attempt = match sent.answer {
-            Ok(resp) => {
-                admitted.record(true);
-                let class = classify_response(&resp);
-                if matches!(class, ResponseClass::Transient | ResponseClass::Cancelled) {
-                    Attempt::Retry(CallOutcome::Answered(resp))
-                } else {
-                    Attempt::Done(CallOutcome::Answered(resp))
-                }
-            }
-            Err(e) => Attempt::Retry(self.failed(c, e, admitted)),
-        };
-        (attempt, lead)
-    }
-
     /// Stage 4, a call through the ledger, with retries only where a retry
     /// cannot run it twice (proven not dispatched).
     async fn write<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
         if !c.annotations.read_only {
-            self.refuse_cache(c);
+            self.reads.refuse_cache(c.ctx.server, &c.call.tool);
         }
         let mut attempt = 1;
         loop {
             let result = self.write_once(c).await;
-            if let Some(done) = self.next_attempt(c, result, &mut attempt).await {
+            if let Some(done) =
+                next_attempt(&self.config.retry, c.ctx.server, result, &mut attempt).await
+            {
                 return done;
             }
         }
@@ -881,8 +525,9 @@ impl Pipeline {
 
     /// One attempt through the ledger.
     async fn write_once<U: Upstream>(&self, c: &Call<'_, U>) -> Attempt {
-        if let Some(refusal) = self.circuit(c) {
-            return Attempt::Done(refusal);
+        // The breaker's fast check, before anything is reserved.
+        if self.breakers.is_open(c.ctx.server) {
+            return Attempt::Done(open_circuit(c));
         }
         // How long an identical call waits for another gateway's flight:
         // the call's own upstream timeout, and a margin for the answer to be
@@ -892,7 +537,7 @@ impl Pipeline {
         loop {
             // Subscribed before the read, so a settlement between the read
             // and the wait is not missed.
-            let changes = self.flights.store().subscribe();
+            let changes = self.store().subscribe();
             let lead = match self.lookup(c).await {
                 Ok(lead) => lead,
                 Err(Stop::Done(done)) => return Attempt::Done(done),
@@ -957,7 +602,7 @@ impl Pipeline {
     /// unavailable, as for any lookup that fails (nothing was sent from
     /// here, and a retry follows the ledger). `dispatched`: unknown.
     async fn unsettled_elsewhere<U>(&self, c: &Call<'_, U>) -> CallOutcome {
-        match self.flights.store().get(&c.claim.key).await {
+        match self.store().get(&c.claim.key).await {
             Ok(Some(r)) if r.state == crate::core::ledger::State::Reserved => {
                 refused(c, Outcome::NotDispatched)
             }
@@ -1074,7 +719,7 @@ impl Pipeline {
             // The tool as the server lists it now: a definition that
             // changed while the call waited is not the one approved.
             self.learn(c.ctx, &c.call.tool).await;
-            let tool = self.catalog.view(c.ctx.server, &c.call.tool);
+            let tool = self.catalog().view(c.ctx.server, &c.call.tool);
             if tool.unavailable {
                 return Gate::Refuse(Outcome::NotDispatched);
             }
@@ -1114,7 +759,7 @@ impl Pipeline {
                 digest: &c.call.digest,
                 resource_version: version.as_deref(),
                 tool_definition: tool.digest.as_deref(),
-                definition_change: self.catalog.change_of(c.ctx.server, &c.call.tool),
+                definition_change: self.catalog().change_of(c.ctx.server, &c.call.tool),
                 risk: risk(c.annotations),
                 policies: &policies,
                 key: &c.claim.key,
@@ -1306,7 +951,7 @@ impl Pipeline {
     ) -> Result<String, String> {
         self.learn(c.ctx, &probe.tool).await;
         // A probe that could write is not a probe: never run it.
-        let tool = self.catalog.view(c.ctx.server, &probe.tool);
+        let tool = self.catalog().view(c.ctx.server, &probe.tool);
         let annotations = tool.annotations;
         if !annotations.read_only {
             return Err(format!(
@@ -1361,7 +1006,7 @@ impl Pipeline {
             }
         }
         // Never from the read cache: the version must be the one now.
-        let CallOutcome::Answered(answer) = self.read_fresh(&pc).await else {
+        let CallOutcome::Answered(answer) = self.reads.fresh(&pc).await else {
             return Err(failed());
         };
         let result: Value = answer
@@ -1387,7 +1032,7 @@ impl Pipeline {
     async fn dispatch<U: Upstream>(&self, c: &Call<'_, U>, mut ticket: Box<Ticket>) -> Attempt {
         // The breaker's trial is taken here, right before the upstream, so
         // that a call the ledger or the gate answered never uses it.
-        let Some(admitted) = self.admit(c) else {
+        let Some(admitted) = self.breakers.admit(c.ctx.server) else {
             ticket.not_dispatched().await;
             return Attempt::Done(open_circuit(c));
         };
@@ -1397,7 +1042,7 @@ impl Pipeline {
                 ticket.not_dispatched().await;
                 c.trail
                     .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
-                return Attempt::Retry(self.failed(c, e, admitted));
+                return Attempt::Retry(failed(c.ctx.server, e, admitted));
             }
         };
         // The audit entry that records the dispatch (and the call's entries
@@ -1512,347 +1157,15 @@ impl Pipeline {
                 ticket.not_dispatched().await;
                 c.trail
                     .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
-                Attempt::Retry(self.failed(c, e, admitted))
+                Attempt::Retry(failed(c.ctx.server, e, admitted))
             }
             Err(e) => {
                 ticket.unknown().await;
                 tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {e}");
                 c.trail
                     .record("outcome_unknown", vec![("reason", json!(e.to_string()))]);
-                Attempt::Done(self.failed(c, e, admitted))
+                Attempt::Done(failed(c.ctx.server, e, admitted))
             }
         }
-    }
-
-    /// After an attempt: the outcome to give, or `None` after pausing when a
-    /// retry is due (`retry.*`: capped exponential backoff with jitter).
-    async fn next_attempt<U>(
-        &self,
-        c: &Call<'_, U>,
-        result: Attempt,
-        attempt: &mut u32,
-    ) -> Option<CallOutcome> {
-        let cfg = &self.config.retry;
-        let backoff = Backoff {
-            max_attempts: cfg.max_attempts,
-            base: cfg.base_delay,
-            max: cfg.max_delay,
-        };
-        match result {
-            Attempt::Done(o) => Some(o),
-            Attempt::Retry(o) if *attempt >= backoff.max_attempts => Some(o),
-            Attempt::Retry(_) => {
-                *attempt += 1;
-                let pause = backoff.delay(*attempt, rand::random::<f64>());
-                tracing::info!(server = %c.ctx.server, attempt = *attempt, pause = %humantime::format_duration(pause), "retrying a call that is safe to retry");
-                tokio::time::sleep(pause).await;
-                None
-            }
-        }
-    }
-
-    /// The breaker's fast check, before anything is reserved: `Some`
-    /// refusal while the circuit is open. Takes no trial.
-    fn circuit<U>(&self, c: &Call<'_, U>) -> Option<CallOutcome> {
-        let breaker = self.breakers.get(c.ctx.server)?;
-        let open = breaker
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_open(breaker_now());
-        open.then(|| open_circuit(c))
-    }
-
-    /// The breaker's admission, right before the upstream (`None`: the
-    /// circuit refuses). The trial of a half-open circuit is taken here and
-    /// only here.
-    fn admit<'b, U>(&'b self, c: &Call<'b, U>) -> Option<Admitted<'b>> {
-        let server = c.ctx.server;
-        let Some(breaker) = self.breakers.get(server) else {
-            return Some(Admitted {
-                server,
-                breaker: None,
-                trial: false,
-            });
-        };
-        let admission = change_breaker(server, breaker, |b| b.admit(breaker_now()));
-        (admission != Admission::Refuse).then_some(Admitted {
-            server,
-            breaker: Some(breaker),
-            trial: admission == Admission::Trial,
-        })
-    }
-
-    /// An upstream failure, counted by the breaker when it says the
-    /// upstream is unhealthy (otherwise the admission is returned unused).
-    fn failed<U>(&self, c: &Call<'_, U>, e: UpstreamError, admitted: Admitted<'_>) -> CallOutcome {
-        if e.class().unhealthy() {
-            admitted.record(false);
-        }
-        tracing::warn!(server = %c.ctx.server, dispatched = e.dispatched(), "upstream call failed: {e}");
-        CallOutcome::Failed(e)
-    }
-}
-
-/// The breakers' clock: tokio's, so that a test with a paused runtime can
-/// move a cooldown along without waiting for it.
-fn breaker_now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
-fn open_circuit<U>(c: &Call<'_, U>) -> CallOutcome {
-    CallOutcome::CircuitOpen {
-        server: c.ctx.server.to_owned(),
-    }
-}
-
-/// Change a breaker, logging the change of state it makes (every one).
-fn change_breaker<T>(
-    server: &str,
-    breaker: &Mutex<Breaker>,
-    f: impl FnOnce(&mut Breaker) -> T,
-) -> T {
-    let now = breaker_now();
-    let mut b = breaker.lock().unwrap_or_else(|p| p.into_inner());
-    let before = b.state_name(now);
-    let out = f(&mut b);
-    let after = b.state_name(now);
-    if before != after {
-        tracing::warn!(server, from = before, to = after, "circuit breaker");
-    }
-    out
-}
-
-/// The breaker's leave for one attempt to reach the upstream. It records
-/// how the attempt went; dropped without a record (the attempt never
-/// reached the upstream, or failed in a way that says nothing of its
-/// health), a trial gives its slot back, so the breaker never stays
-/// half-open with a trial nobody will finish.
-struct Admitted<'a> {
-    server: &'a str,
-    breaker: Option<&'a Mutex<Breaker>>,
-    trial: bool,
-}
-
-impl Admitted<'_> {
-    fn record(mut self, ok: bool) {
-        if let Some(b) = self.breaker.take() {
-            change_breaker(self.server, b, |b| {
-                if ok {
-                    b.success();
-                } else {
-                    b.failure(breaker_now());
-                }
-            });
-        }
-    }
-}
-
-impl Drop for Admitted<'_> {
-    fn drop(&mut self) {
-        if let (true, Some(b)) = (self.trial, self.breaker) {
-            change_breaker(self.server, b, Breaker::release);
-        }
-    }
-}
-
-#[track_caller]
-fn unreachable_hold() -> ! {
-    // INVARIANT: a read's permit comes back as a read, a write's as a write;
-    // the pipeline builds both, and the upstream can only hand them back.
-    unreachable!("a ledger hold came back of the other kind")
-}
-
-/// `_meta["dev.countersign/resource-version"]`: a version the client binds
-/// explicitly (DESIGN.md section 6).
-/// The facts of a call the policies decide on (the tool as the catalog had
-/// it when the call arrived).
-fn facts<'b, U>(c: &'b Call<'b, U>) -> decision::Call<'b> {
-    decision::Call {
-        identity: &c.ctx.caller.identity,
-        server: c.ctx.server,
-        tool: &c.call.tool,
-        annotations: c.annotations,
-        definition_changed: c.tool.changed,
-        arguments: &c.call.arguments,
-        digest: &c.call.digest,
-        resource_version: explicit_version(c.call),
-    }
-}
-
-fn explicit_version(call: &CanonicalCall) -> Option<&str> {
-    call.reserved
-        .meta
-        .get("dev.countersign/resource-version")
-        .and_then(Value::as_str)
-}
-
-fn risk(a: Annotations) -> Risk {
-    if a.read_only {
-        Risk::Read
-    } else if a.destructive {
-        Risk::Destructive
-    } else {
-        Risk::Write
-    }
-}
-
-fn refused<U>(c: &Call<'_, U>, why: Outcome) -> CallOutcome {
-    // Audit entries of refusals the ledger or a stale version made (policy
-    // and approval refusals have theirs).
-    match &why {
-        Outcome::Drift => c.trail.record("rejected", vec![("reason", json!("drift"))]),
-        Outcome::Remap => c.trail.record("rejected", vec![("reason", json!("remap"))]),
-        Outcome::Unknown => c
-            .trail
-            .record("outcome_unknown", vec![("repeat", json!(true))]),
-        Outcome::Approval(note) if note.code == ApprovalCode::Stale => c.trail.record(
-            "rejected",
-            vec![
-                ("reason", json!("stale")),
-                ("detail", json!(note.reason)),
-                ("proposal_id", json!(note.proposal_id)),
-            ],
-        ),
-        _ => {}
-    }
-    CallOutcome::Refused {
-        why,
-        key: c.claim.client_key.clone(),
-        tool: c.call.tool.clone(),
-    }
-}
-
-/// A replay or a stop the ledger concluded.
-fn concluded<U>(c: &Call<'_, U>, found: Lookup) -> CallOutcome {
-    match found {
-        Lookup::Replay {
-            answer,
-            answered_at,
-        } => {
-            c.trail
-                .record("replayed", vec![("first_answered_at", json!(answered_at))]);
-            CallOutcome::Replayed {
-                answer,
-                key: c.claim.client_key.clone(),
-                answered_at,
-            }
-        }
-        Lookup::Stop(why) => refused(c, why),
-        // Not produced once the key is bound; fail closed all the same.
-        Lookup::Lead(_) | Lookup::Follow(_) | Lookup::Elsewhere => refused(c, Outcome::Unknown),
-    }
-}
-
-/// What a follower gets from its leader: a write's answer as a replay, a
-/// read's as a joined answer, or the leader's verdict.
-fn settled<U>(c: &Call<'_, U>, s: Settled, write: bool) -> CallOutcome {
-    match s {
-        Settled::Answered {
-            answer,
-            answered_at,
-        } if write => CallOutcome::Replayed {
-            answer,
-            key: c.claim.client_key.clone(),
-            answered_at,
-        },
-        Settled::Answered { answer, .. } => CallOutcome::Joined(answer),
-        Settled::Verdict(why) => CallOutcome::Refused {
-            why,
-            key: c.claim.client_key.clone(),
-            tool: c.call.tool.clone(),
-        },
-        // Only a write's follower waits for another process; anything else
-        // that meets one never runs it again.
-        Settled::Elsewhere => CallOutcome::Refused {
-            why: Outcome::Unknown,
-            key: c.claim.client_key.clone(),
-            tool: c.call.tool.clone(),
-        },
-    }
-}
-
-fn ledger_unavailable<U>(c: &Call<'_, U>, e: StoreError) -> CallOutcome {
-    tracing::error!(tool = %c.call.tool, "refusing a call: {e}");
-    CallOutcome::LedgerUnavailable(e)
-}
-
-/// The part of a response the ledger keeps.
-fn answer_of(resp: &Message) -> Option<Answer> {
-    match (&resp.result, &resp.error) {
-        (Some(r), _) => Some(Answer::Result(r.get().to_owned())),
-        (None, Some(e)) => Some(Answer::Error(e.get().to_owned())),
-        _ => None,
-    }
-}
-
-/// What a read's followers get.
-fn shared(outcome: &CallOutcome) -> Settled {
-    match outcome {
-        CallOutcome::Answered(resp) => match answer_of(resp) {
-            Some(answer) => Settled::Answered {
-                answer,
-                answered_at: String::new(),
-            },
-            None => Settled::Verdict(Outcome::NotDispatched),
-        },
-        _ => Settled::Verdict(Outcome::NotDispatched),
-    }
-}
-
-/// `completed` fields of an upstream answer: whether it is an error.
-fn answered_fields(answer: &Message) -> Vec<(&'static str, Value)> {
-    let is_error = answer.error.is_some()
-        || answer.result.as_ref().is_some_and(|r| {
-            serde_json::from_str::<Value>(r.get())
-                .ok()
-                .and_then(|v| v.get("isError")?.as_bool())
-                .unwrap_or(false)
-        });
-    vec![("is_error", json!(is_error))]
-}
-
-/// `completed` fields of any outcome: whether it is an error, and the code
-/// when countersign itself answered.
-fn completed_fields(outcome: &CallOutcome) -> Vec<(&'static str, Value)> {
-    match outcome {
-        CallOutcome::Answered(m) => answered_fields(m),
-        other => {
-            let mut f = vec![("is_error", json!(true))];
-            if let Some(code) = super::answer::code_of(other) {
-                f.push(("code", json!(code)));
-            }
-            f
-        }
-    }
-}
-
-/// A first-use pin as stored.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct FirstUse {
-    server: String,
-    pin: Definition,
-}
-
-/// Record first-use pins in the store, in one durable commit. A failure is
-/// logged: the pins hold in memory for this run, and the next run pins on
-/// first use again.
-async fn record_first_use(store: &dyn Store, server: &str, learned: Vec<Definition>) {
-    if learned.is_empty() {
-        return;
-    }
-    let pins: Vec<(String, String)> = learned
-        .into_iter()
-        .filter_map(|pin| {
-            let key = json!([server, pin.name()]).to_string();
-            let value = FirstUse {
-                server: server.to_owned(),
-                pin,
-            };
-            Some((key, serde_json::to_string(&value).ok()?))
-        })
-        .collect();
-    let n = pins.len();
-    if let Err(e) = store.pin_first_use(pins).await {
-        tracing::error!(server, tools = n, "first-use pins not recorded: {e}");
     }
 }

@@ -6,7 +6,7 @@
 use serde_json::json;
 
 use crate::core::ledger::{storage_key, Answer, Record, State};
-use crate::core::time::{ms, now_ms, now_rfc3339};
+use crate::core::time::{ms, rfc3339, Clock};
 use crate::store::Store;
 
 /// What the operator says happened.
@@ -76,11 +76,20 @@ pub fn reconciled_fields(
     f
 }
 
+/// How a reconciled answer is kept: like any explicit-key answer, for
+/// `retention` counted from the clock's now.
+pub struct Keep<'a> {
+    /// When the reconciliation happens.
+    pub clock: &'a dyn Clock,
+    /// `idempotency.retention`.
+    pub retention: std::time::Duration,
+}
+
 /// Settle one unknown record of `store` (a running gateway's, or a
 /// stopped one's the CLI opened). Durable when this returns.
 pub async fn reconcile_in(
     store: &dyn Store,
-    retention: std::time::Duration,
+    keep: Keep<'_>,
     tenant: &str,
     principal: &str,
     key: &str,
@@ -122,10 +131,11 @@ pub async fn reconcile_in(
             };
             next.state = State::Complete;
             next.answer = Some(Answer::Result(result));
-            next.answered_at = Some(now_rfc3339());
+            let now = keep.clock.now_ms();
+            next.answered_at = Some(rfc3339(now));
             // A reconciled answer is kept like any explicit-key answer,
             // counted from now.
-            next.expires_ms = now_ms().saturating_add(ms(retention));
+            next.expires_ms = now.saturating_add(ms(keep.retention));
         }
     }
     if !store.transition(skey, State::Unknown, next.clone()).await? {

@@ -14,8 +14,9 @@
 //!   have run.
 //! - Logs go to stderr only: stdout is the protocol.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -63,10 +64,6 @@ struct State {
     /// that era cancels over HTTP.
     in_flight: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     reinit: tokio::sync::Mutex<()>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Run the bridge until stdin closes.
@@ -145,10 +142,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         futures_util::future::join_all(tasks),
     )
     .await;
-    if let Some(t) = lock(&state.standalone).take() {
+    if let Some(t) = state.standalone.lock().take() {
         t.abort();
     }
-    let session = lock(&state.session).clone();
+    let session = state.session.lock().clone();
     if let Some(sid) = session {
         let _ = state
             .request(reqwest::Method::DELETE)
@@ -183,13 +180,13 @@ impl State {
     /// A 2026-07-28 client cancels over stdio with a notification; towards
     /// the gateway that is closing the request's stream.
     fn cancels_modern(&self, msg: &Message) -> bool {
-        if msg.method() != "notifications/cancelled" || lock(&self.session).is_some() {
+        if msg.method() != "notifications/cancelled" || self.session.lock().is_some() {
             return false;
         }
         let Some(id) = msg.params_value().and_then(|p| p.get("requestId").cloned()) else {
             return false;
         };
-        if let Some(handle) = lock(&self.in_flight).remove(&id.to_string()) {
+        if let Some(handle) = self.in_flight.lock().remove(&id.to_string()) {
             handle.abort();
             return true;
         }
@@ -215,9 +212,11 @@ impl State {
                     let task = tokio::spawn(async move {
                         st.post_and_answer(&m2, bytes, modern.as_deref()).await
                     });
-                    lock(&self.in_flight).insert(key.clone(), task.abort_handle());
+                    self.in_flight
+                        .lock()
+                        .insert(key.clone(), task.abort_handle());
                     let aborted = task.await.is_err();
-                    lock(&self.in_flight).remove(&key);
+                    self.in_flight.lock().remove(&key);
                     if aborted {
                         tracing::debug!(id = %key, "request cancelled by the client");
                     }
@@ -241,7 +240,7 @@ impl State {
 
     async fn post_and_answer(&self, msg: &Message, bytes: Vec<u8>, modern: Option<&str>) {
         if msg.method() == "initialize" {
-            *lock(&self.init) = Some(msg.clone());
+            *self.init.lock() = Some(msg.clone());
         }
         let result = self.post(bytes, Some(msg), modern).await;
         if msg.method() == "notifications/initialized" && result.is_ok() {
@@ -300,10 +299,10 @@ impl State {
                     }
                 }
                 _ => {
-                    if let Some(s) = lock(&self.session).clone() {
+                    if let Some(s) = self.session.lock().clone() {
                         req = req.header("mcp-session-id", s);
                     }
-                    if let Some(p) = lock(&self.protocol).clone() {
+                    if let Some(p) = self.protocol.lock().clone() {
                         req = req.header("mcp-protocol-version", p);
                     }
                 }
@@ -332,7 +331,7 @@ impl State {
                 Err(e) => return Err(Failure::Broken(root_cause(&e))),
             };
             let status = resp.status();
-            let had_session = lock(&self.session).is_some();
+            let had_session = self.session.lock().is_some();
             if status == reqwest::StatusCode::NOT_FOUND
                 && had_session
                 && modern.is_none()
@@ -350,7 +349,7 @@ impl State {
                     .get("mcp-session-id")
                     .and_then(|v| v.to_str().ok())
                 {
-                    *lock(&self.session) = Some(s.to_owned());
+                    *self.session.lock() = Some(s.to_owned());
                 }
             }
             return self.copy_answer(resp, msg).await;
@@ -431,7 +430,7 @@ impl State {
 
     /// Learn the negotiated version from an `initialize` answer.
     fn observe(&self, m: &Message) {
-        let pending_init = lock(&self.init).as_ref().and_then(|i| i.id.clone());
+        let pending_init = self.init.lock().as_ref().and_then(|i| i.id.clone());
         if m.kind() == Kind::Response && m.id.is_some() && m.id == pending_init {
             let version = m
                 .result
@@ -439,7 +438,7 @@ impl State {
                 .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
                 .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
             if let Some(v) = version {
-                *lock(&self.protocol) = Some(v);
+                *self.protocol.lock() = Some(v);
             }
         }
     }
@@ -447,18 +446,18 @@ impl State {
     /// Re-run the client's `initialize` after a gateway restart; the answer
     /// stays inside the bridge (the client already has one).
     async fn reinitialize(&self) -> Result<(), Failure> {
-        let stale = lock(&self.session).clone();
+        let stale = self.session.lock().clone();
         let _guard = self.reinit.lock().await;
-        if *lock(&self.session) != stale {
+        if *self.session.lock() != stale {
             return Ok(()); // another task already re-initialized
         }
-        let Some(mut init) = lock(&self.init).clone() else {
+        let Some(mut init) = self.init.lock().clone() else {
             return Err(Failure::Unreachable(
                 "the session is gone and no initialize was seen to redo".into(),
             ));
         };
         init.id = Some(json!(format!("countersign-reinit-{}", self.scope)));
-        *lock(&self.session) = None;
+        *self.session.lock() = None;
         let resp = self
             .request(reqwest::Method::POST)
             .header("content-type", "application/json")
@@ -478,14 +477,14 @@ impl State {
                 resp.status()
             )));
         };
-        *lock(&self.session) = Some(sid.clone());
+        *self.session.lock() = Some(sid.clone());
         let done = Message::notification("notifications/initialized", None);
         let mut req = self
             .request(reqwest::Method::POST)
             .header("content-type", "application/json")
             .header("mcp-session-id", sid)
             .body(done.to_bytes());
-        if let Some(p) = lock(&self.protocol).clone() {
+        if let Some(p) = self.protocol.lock().clone() {
             req = req.header("mcp-protocol-version", p);
         }
         req.send()
@@ -498,14 +497,14 @@ impl State {
 
     /// Keep a standalone GET stream open for server-initiated messages.
     fn open_standalone(self: &State) {
-        let Some(sid) = lock(&self.session).clone() else {
+        let Some(sid) = self.session.lock().clone() else {
             return;
         };
         let req = self
             .request(reqwest::Method::GET)
             .header("accept", "text/event-stream")
             .header("mcp-session-id", sid);
-        let req = match lock(&self.protocol).clone() {
+        let req = match self.protocol.lock().clone() {
             Some(p) => req.header("mcp-protocol-version", p),
             None => req,
         };
@@ -529,7 +528,7 @@ impl State {
                 }
             }
         });
-        if let Some(old) = lock(&self.standalone).replace(task) {
+        if let Some(old) = self.standalone.lock().replace(task) {
             old.abort();
         }
     }

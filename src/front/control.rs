@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 use crate::core::approval::{self, Proposal, ProposalState, RequestAuth, Reviewer, Statement};
 use crate::core::time::{parse_rfc3339, rfc3339};
 use crate::enforce::book::DecideError;
-use crate::upstream::session::Gateway;
+use crate::front::gateway::Gateway;
 
 /// The control API's routes (merged into the gateway's router).
 pub fn router(gw: Arc<Gateway>) -> Router {
@@ -81,7 +81,7 @@ fn authenticate(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Reviewer, Response> {
-    let cfg = &gw.config.approvals;
+    let cfg = &gw.config().approvals;
     // Loopback only by default: the control API decides what runs, so it is
     // not exposed to the network by accident (an unknown peer counts as
     // remote: fail closed).
@@ -98,7 +98,7 @@ fn authenticate(
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| unauthorized("missing `Authorization`: sign requests with a reviewer key (countersign CLI or countersign-review)".into()))?;
     let auth = RequestAuth::parse(value).map_err(|e| unauthorized(e.to_string()))?;
-    let policies = gw.pipeline.policies();
+    let policies = gw.pipeline().policies();
     let reviewer = policies
         .reviewers()
         .get(&auth.reviewer)
@@ -144,7 +144,7 @@ impl FromRequest<Arc<Gateway>> for Signed {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(a)| *a);
-        let body = axum::body::to_bytes(body, gw.config.limits.max_body_bytes)
+        let body = axum::body::to_bytes(body, gw.config().limits.max_body_bytes)
             .await
             .map_err(|e| {
                 problem(
@@ -202,12 +202,12 @@ async fn list(
             }
         },
     };
-    match gw.pipeline.book.list().await {
+    match gw.pipeline().book().list().await {
         Ok(all) => ok(json!({
             "proposals": all
                 .iter()
                 .filter(|p| reviewer.covers(&p.tenant) && wanted.is_none_or(|w| p.state == w))
-                .map(|p| view(p, gw.config.approvals.pending_ttl))
+                .map(|p| view(p, gw.config().approvals.pending_ttl))
                 .collect::<Vec<_>>()
         })),
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
@@ -219,11 +219,11 @@ async fn show(
     Path(id): Path<String>,
     Signed { reviewer, .. }: Signed,
 ) -> Response {
-    match gw.pipeline.book.get(&id).await {
+    match gw.pipeline().book().get(&id).await {
         // Another tenant's proposal is "not found": its existence is not
         // disclosed.
         Ok(Some(p)) if reviewer.covers(&p.tenant) => {
-            ok(json!({ "proposal": view(&p, gw.config.approvals.pending_ttl) }))
+            ok(json!({ "proposal": view(&p, gw.config().approvals.pending_ttl) }))
         }
         Ok(_) => problem(
             StatusCode::NOT_FOUND,
@@ -269,12 +269,12 @@ async fn decide(
             )
         }
     };
-    let policies = gw.pipeline.policies();
+    let policies = gw.pipeline().policies();
     // Approving is itself authorized (DESIGN.md section 4): the reviewer,
     // the tool with its effective annotations, the requester and arguments.
     let may_approve = |p: &Proposal| {
         let groups = gw
-            .config
+            .config()
             .identities
             .iter()
             .find(|i| i.principal == p.requester && i.tenant == p.tenant)
@@ -285,7 +285,7 @@ async fn decide(
             tenant: p.tenant.clone(),
             groups,
         };
-        let tool = gw.pipeline.catalog.view(&p.server, &p.tool);
+        let tool = gw.pipeline().catalog().view(&p.server, &p.tool);
         let call = crate::core::decision::Call {
             identity: &identity,
             server: &p.server,
@@ -304,12 +304,12 @@ async fn decide(
             })
     };
     match gw
-        .pipeline
-        .book
+        .pipeline()
+        .book()
         .decide(&id, statement, &parsed.signature, &reviewer, may_approve)
         .await
     {
-        Ok(p) => ok(json!({ "proposal": view(&p, gw.config.approvals.pending_ttl) })),
+        Ok(p) => ok(json!({ "proposal": view(&p, gw.config().approvals.pending_ttl) })),
         Err(e) => {
             let (status, code) = match &e {
                 DecideError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
@@ -392,7 +392,7 @@ fn approval_refusal(
 }
 
 async fn outcomes(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
-    match crate::enforce::reconcile::list_unknown_in(gw.pipeline.flights.store().as_ref()).await {
+    match crate::enforce::reconcile::list_unknown_in(gw.pipeline().store().as_ref()).await {
         Ok(all) => ok(json!({
             "outcomes": all
                 .into_iter()
@@ -448,8 +448,11 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
         b.note.map(|n| format!(": {n}")).unwrap_or_default()
     ));
     match crate::enforce::reconcile::reconcile_in(
-        gw.pipeline.flights.store().as_ref(),
-        gw.config.idempotency.retention,
+        gw.pipeline().store().as_ref(),
+        crate::enforce::reconcile::Keep {
+            clock: gw.pipeline().clock(),
+            retention: gw.config().idempotency.retention,
+        },
         &b.tenant,
         &b.principal,
         &b.key,
@@ -459,7 +462,7 @@ async fn reconcile(State(gw): State<Arc<Gateway>>, Signed { reviewer, body }: Si
     .await
     {
         Ok(r) => {
-            gw.pipeline.audit(
+            gw.pipeline().audit(
                 "reconciled",
                 crate::enforce::reconcile::reconciled_fields(
                     &b.tenant,
@@ -492,7 +495,7 @@ async fn audit_tail(
     Signed { reviewer, .. }: Signed,
 ) -> Response {
     let limit = q.limit.unwrap_or(50).clamp(1, 500);
-    let dir = gw.config.audit_dir();
+    let dir = gw.config().audit_dir();
     let tail =
         tokio::task::spawn_blocking(move || crate::audit::segment::tail(&dir, 256 << 10)).await;
     match tail {
@@ -518,8 +521,8 @@ async fn audit_tail(
 
 async fn events(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
     use futures_util::StreamExt;
-    let rx = gw.pipeline.book.subscribe();
-    let ttl = gw.config.approvals.pending_ttl;
+    let rx = gw.pipeline().book().subscribe();
+    let ttl = gw.config().approvals.pending_ttl;
     let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |e| {
         let out = match e {
             Ok(e) if reviewer.covers(&e.proposal.tenant) => Some(

@@ -27,8 +27,8 @@ use super::mcp::{self, RequestCtx};
 use crate::core::identity::Identity;
 use crate::enforce::answer::Rejection;
 use crate::enforce::pipeline::Caller;
-use crate::upstream::route::Target;
-use crate::upstream::session::{Gateway, ModernUpstream, Opened, Session};
+use crate::front::gateway::{Gateway, ModernUpstream, Opened, Session};
+use crate::front::route::Target;
 use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn};
 use crate::wire::era::{check_modern, declared_version, Era, ModernRequest, HANDSHAKE_VERSIONS};
 use crate::wire::jsonrpc::{parse_client_body, Body, Kind, Message};
@@ -58,7 +58,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
     // Without its store the gateway runs nothing that writes: say so (503),
     // so that a load balancer sends calls to another gateway.
-    let store = gw.pipeline.flights.store().health().await;
+    let store = gw.pipeline().store().health().await;
     let body = json!({
         "status": if store.is_ok() { "ok" } else { "degraded" },
         "store": match &store {
@@ -66,7 +66,7 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
             Err(e) => format!("unreachable: {e}"),
         },
         "sessions": gw.session_count(),
-        "circuits": gw.pipeline.circuits(),
+        "circuits": gw.pipeline().circuits(),
     });
     (
         if store.is_ok() {
@@ -83,7 +83,7 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
 /// `/metrics` for a scraper with the metrics token (`[metrics]`); 404 when
 /// none is configured, 401 for any other token. The gauges are read now.
 async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let Some(expected) = gw.config.metrics.token_sha256.as_deref() else {
+    let Some(expected) = gw.config().metrics.token_sha256.as_deref() else {
         return (
             StatusCode::NOT_FOUND,
             "no [metrics] token_sha256 is configured\n",
@@ -104,7 +104,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
         )
             .into_response();
     }
-    let store = gw.pipeline.flights.store();
+    let store = gw.pipeline().store();
     let pending = match store.list_proposals().await {
         Ok(all) => all
             .iter()
@@ -131,8 +131,9 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
     let now = crate::enforce::metrics::Sampled {
         pending: pending as i64,
         unknown: unknown as i64,
-        circuits: gw.pipeline.circuits().into_iter().collect(),
-        audit_lag: gw.pipeline.audit.as_ref().map_or(0, |a| a.lag()) as i64,
+        circuits: gw.pipeline().circuits().into_iter().collect(),
+        audit_lag: gw.pipeline().audit_sink().map_or(0, |a| a.lag()) as i64,
+        ledger_unflushed: gw.pipeline().store().unflushed(),
     };
     (
         StatusCode::OK,
@@ -140,7 +141,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        gw.pipeline.metrics.render(&now),
+        gw.pipeline().metrics().render(&now),
     )
         .into_response()
 }
@@ -149,7 +150,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
 /// witness cosignatures. Read-only and unauthenticated, like a transparency
 /// log's: it holds a size and a root hash, nothing of any entry.
 async fn audit_checkpoint(State(gw): State<Arc<Gateway>>) -> Response {
-    let Some(dir) = gw.audit_dir.clone() else {
+    let Some(dir) = gw.audit_dir().map(ToOwned::to_owned) else {
         return (StatusCode::NOT_FOUND, "this gateway keeps no audit log\n").into_response();
     };
     match crate::audit::proofs::latest(&dir) {
@@ -183,7 +184,7 @@ async fn proof_response<T: serde::Serialize + Send + 'static>(
     gw: &Gateway,
     make: impl FnOnce(&std::path::Path) -> Result<T, crate::audit::proofs::ProveError> + Send + 'static,
 ) -> Response {
-    let Some(dir) = gw.audit_dir.clone() else {
+    let Some(dir) = gw.audit_dir().map(ToOwned::to_owned) else {
         return (StatusCode::NOT_FOUND, "this gateway keeps no audit log\n").into_response();
     };
     match tokio::task::spawn_blocking(move || make(&dir)).await {
@@ -289,7 +290,7 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
     let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let Some(identity) = gw.identities.from_authorization(auth) else {
+    let Some(identity) = gw.identities().from_authorization(auth) else {
         return Err(reject(Rejection::Token, Value::Null));
     };
     // Per identity, before anything is parsed or sent: one agent in a loop
@@ -297,14 +298,14 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
     if let Err(retry_after) = gw.rate_check(&identity) {
         return Err(reject(
             Rejection::RateLimited {
-                per_second: gw.config.limits.requests_per_second,
+                per_second: gw.config().limits.requests_per_second,
                 retry_after,
             },
             Value::Null,
         ));
     }
-    if !gw.config.servers.contains_key(server) {
-        let known = gw.config.servers.keys().cloned().collect();
+    if !gw.config().servers.contains_key(server) {
+        let known = gw.config().servers.keys().cloned().collect();
         return Err(reject(
             Rejection::UnknownServer {
                 server: server.to_owned(),
@@ -324,7 +325,7 @@ fn origin_allowed(gw: &Gateway, headers: &HeaderMap) -> bool {
         return false;
     };
     if gw
-        .config
+        .config()
         .gateway
         .allowed_origins
         .iter()
@@ -368,7 +369,7 @@ async fn post_mcp(
         Ok(i) => i,
         Err(r) => return r,
     };
-    let limit = gw.config.limits.max_body_bytes;
+    let limit = gw.config().limits.max_body_bytes;
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
@@ -404,11 +405,7 @@ async fn post_mcp(
             Body::Single(msg) => in_session(&gw, &session, msg, accepts_sse(&headers)).await,
             Body::Batch(members) => {
                 // Batching exists only in 2025-03-26; later versions removed it.
-                let version = session
-                    .protocol_version
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
+                let version = session.protocol_version.lock().clone();
                 if version.as_deref() != Some("2025-03-26") {
                     return reject(Rejection::BatchVersion(version), Value::Null);
                 }
@@ -435,7 +432,7 @@ async fn initialize(
     msg: Message,
 ) -> Response {
     // Checked before connecting: each session may hold an upstream child.
-    let limit = gw.config.limits.max_sessions_per_identity;
+    let limit = gw.config().limits.max_sessions_per_identity;
     if gw.sessions_of(&identity) >= limit {
         return reject(
             Rejection::TooManySessions { limit },
@@ -476,7 +473,7 @@ async fn in_session(
             match open {
                 Some(open) => {
                     crate::enforce::client::answered(
-                        &gw.pipeline.book,
+                        gw.pipeline().book(),
                         &session.identity,
                         open,
                         &msg,
@@ -775,11 +772,8 @@ fn is_streamed_marker(m: &Message) -> bool {
         )
 }
 
-fn lock_replay(session: &Session) -> std::sync::MutexGuard<'_, sse::Replay> {
-    session
-        .sse
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock_replay(session: &Session) -> parking_lot::MutexGuard<'_, sse::Replay> {
+    session.sse.lock()
 }
 
 /// The kept events of `stream` after `after`, then the ones still to come,
@@ -901,7 +895,10 @@ async fn modern(
 
 /// Whether 2026-07-28 clients of `server` are bridged to its handshake era.
 fn bridges(gw: &Gateway, server: &str) -> bool {
-    gw.config.servers.get(server).is_some_and(|c| c.bridge_eras)
+    gw.config()
+        .servers
+        .get(server)
+        .is_some_and(|c| c.bridge_eras)
 }
 
 /// A 2026-07-28 request to a server that speaks only the handshake era,

@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 
 use crate::enforce::answer;
 use crate::enforce::pipeline::{CallCtx, Caller};
-use crate::upstream::route::{Route, Target};
-use crate::upstream::session::Gateway;
+use crate::front::gateway::Gateway;
+use crate::front::route::{Route, Target};
 use crate::upstream::ExtraHeaders;
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::Message;
@@ -94,10 +94,14 @@ pub async fn answer(
             upstream: &route,
             asks: rc.asks.clone(),
         };
-        let outcome = gw.pipeline.tool_call(&ctx, msg).await;
+        let outcome = gw.pipeline().tool_call(&ctx, msg).await;
         // Only an answer countersign words itself is shaped by the schema.
         let output_schema = answer::code_of(&outcome).is_some()
-            && tool.is_some_and(|t| gw.pipeline.catalog.declares_output_schema(&rc.server, &t));
+            && tool.is_some_and(|t| {
+                gw.pipeline()
+                    .catalog()
+                    .declares_output_schema(&rc.server, &t)
+            });
         let shape = answer::Shape {
             era: rc.era,
             output_schema,
@@ -109,12 +113,12 @@ pub async fn answer(
         return reply;
     }
     let method = msg.method().to_owned();
-    let timeout = gw.pipeline.call_timeout(&rc.server);
+    let timeout = gw.pipeline().call_timeout(&rc.server);
     match route.call(&rc.server, msg, events, timeout).await {
         Ok(resp) => {
             if method == "tools/list" {
                 if let Some(result) = &resp.result {
-                    gw.pipeline.observe_tools_list(&rc.server, result.get());
+                    gw.pipeline().observe_tools_list(&rc.server, result.get());
                 }
             }
             let mut resp = resp;

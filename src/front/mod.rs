@@ -7,10 +7,19 @@
 //!   `tools/call` goes to the enforcement pipeline, anything else is relayed.
 //! - [`control`]: the reviewer control API `/v1`.
 //! - [`bridge`]: `countersign stdio`, the bridge for stdio-only clients.
+//! - [`gateway`]: the running gateway ([`gateway::Gateway`]): configuration,
+//!   identities, the rate limiter, the pipeline, client sessions (bound to
+//!   their identity, with SSE replay and open questions) and the shared
+//!   2026-07-28 upstream of each server.
+//! - [`route`]: where a client's request goes upstream: its session's
+//!   connection or the server's shared one; what the pipeline sees as its
+//!   upstream.
 //! - [`tls`]: TLS on the listener, with the certificate reloaded from disk.
 
 pub mod bridge;
 pub mod control;
+pub mod gateway;
 pub mod http;
 pub mod mcp;
+pub mod route;
 pub mod tls;

@@ -4,8 +4,9 @@
 //! A new pair that does not load (half written, a key that does not match)
 //! is refused with the reason in the log, and the previous one stays in use.
 
+use parking_lot::RwLock;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -74,10 +75,7 @@ impl Reloading {
             seen = now;
             match load(&self.cert, &self.key) {
                 Ok(new) => {
-                    *self
-                        .current
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
+                    *self.current.write() = Arc::new(new);
                     tracing::info!(cert = %self.cert.display(), "listener certificate reloaded");
                 }
                 Err(e) => {
@@ -92,11 +90,6 @@ impl Reloading {
 
 impl ResolvesServerCert for Reloading {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone(),
-        )
+        Some(self.current.read().clone())
     }
 }

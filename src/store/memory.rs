@@ -1,8 +1,8 @@
 //! In-memory ledger store: the reference implementation. Nothing survives
 //! the process.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use super::{check_transition, proposal_final, Recovery, Reservation, Store, StoreFuture};
 use crate::core::approval::{self, Proposal, ProposalState};
@@ -18,18 +18,18 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Record>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Record>> {
+        self.map.lock()
     }
 
-    fn proposals(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Proposal>> {
-        self.proposals.lock().unwrap_or_else(|p| p.into_inner())
+    fn proposals(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Proposal>> {
+        self.proposals.lock()
     }
 }
 
 impl Store for MemoryStore {
     fn pin_first_use(&self, new: Vec<(String, String)>) -> StoreFuture<'_, usize> {
-        let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pins = self.pins.lock();
         let mut wrote = 0;
         for (key, value) in new {
             if let std::collections::btree_map::Entry::Vacant(slot) = pins.entry(key) {
@@ -42,7 +42,7 @@ impl Store for MemoryStore {
 
     fn first_use_pins<'a>(&'a self) -> StoreFuture<'a, Vec<String>> {
         Box::pin(async move {
-            let pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+            let pins = self.pins.lock();
             Ok(pins.values().cloned().collect())
         })
     }
@@ -131,10 +131,7 @@ impl Store for MemoryStore {
                 Some(cur) if cur.state == from => {
                     *cur = to;
                     if let Some((id, entries)) = outbox {
-                        self.outbox
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(id, entries);
+                        self.outbox.lock().insert(id, entries);
                     }
                     true
                 }
@@ -149,7 +146,6 @@ impl Store for MemoryStore {
             Ok(self
                 .outbox
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
                 .iter()
                 .map(|(k, v)| (*k, v.clone()))
                 .collect())
@@ -157,7 +153,7 @@ impl Store for MemoryStore {
     }
 
     fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
-        let mut o = self.outbox.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.outbox.lock();
         let before = o.len();
         o.retain(|k, _| *k > upto);
         let n = before - o.len();

@@ -161,6 +161,14 @@ pub trait Store: Send + Sync {
         None
     }
 
+    /// Whether commits made without an fsync of their own (redb: an
+    /// answer recorded after its dispatch) still wait for the next durable
+    /// commit or the idle flush. Stores that make every commit durable, or
+    /// keep nothing on disk, say `false`.
+    fn unflushed(&self) -> bool {
+        false
+    }
+
     /// Whether the store answers now (for `/healthz`); the embedded stores
     /// always do.
     fn health(&self) -> StoreFuture<'_, ()> {

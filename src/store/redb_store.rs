@@ -10,6 +10,7 @@
 //! transactions and never wait for the writer.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use redb::{Database, Durability, ReadableTable, TableDefinition};
@@ -117,6 +118,8 @@ pub struct RedbStore {
     // releasing the file lock before `drop` returns.
     queue: Option<mpsc::Sender<Op>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// Set by the writer while commits since the last fsync wait for one.
+    dirty: Arc<AtomicBool>,
 }
 
 impl Drop for RedbStore {
@@ -178,9 +181,11 @@ impl RedbStore {
         let db = Arc::new(db);
         let (queue, rx) = mpsc::channel();
         let writer_db = db.clone();
+        let dirty = Arc::new(AtomicBool::new(false));
+        let writer_dirty = dirty.clone();
         let writer = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer(&writer_db, &rx))
+            .spawn(move || writer(&writer_db, &rx, &writer_dirty))
             .map_err(|e| StoreError::Backend {
                 op: "start the ledger writer",
                 reason: e.to_string(),
@@ -189,6 +194,7 @@ impl RedbStore {
             db,
             queue: Some(queue),
             writer: Some(writer),
+            dirty,
         })
     }
 
@@ -228,7 +234,7 @@ impl RedbStore {
 /// comes along to carry them.
 const IDLE_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
 
-fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
+fn writer(db: &Database, rx: &mpsc::Receiver<Op>, shown: &AtomicBool) {
     // Whether commits since the last fsync are waiting for one.
     let mut dirty = false;
     loop {
@@ -237,6 +243,7 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
                 Ok(op) => op,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     dirty = !flush(db);
+                    shown.store(dirty, Ordering::Release);
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -256,7 +263,10 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>) {
         }
         let durable = batch.iter().any(Op::durable);
         // A durable commit also makes every earlier non-durable one durable.
+        // Shown before any caller is answered: whoever saw its commit
+        // answered can tell whether it is on disk yet.
         dirty = !durable;
+        shown.store(dirty, Ordering::Release);
         match apply_batch(db, &batch, durable) {
             Ok(done) => {
                 for (op, d) in batch.into_iter().zip(done) {
@@ -544,6 +554,10 @@ fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, Stor
 }
 
 impl Store for RedbStore {
+    fn unflushed(&self) -> bool {
+        self.dirty.load(Ordering::Acquire)
+    }
+
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move { read(&self.read_table()?, key) })
     }

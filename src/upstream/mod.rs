@@ -6,8 +6,6 @@
 
 pub mod credentials;
 pub mod mux;
-pub mod route;
-pub mod session;
 mod stdio;
 mod streamable_http;
 pub mod tls;

@@ -7,9 +7,9 @@
 //! upstream can only answer requests the gateway actually sent: a response with
 //! an id the gateway never issued is dropped, not delivered to some client.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -89,10 +89,10 @@ impl Mux {
         self
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
         // A poisoned lock only means another thread panicked mid-update of
         // plain maps; the maps are still usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// Give a client request an upstream id and remember how to answer it.

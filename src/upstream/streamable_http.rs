@@ -4,8 +4,9 @@
 //! which the gateway mints) is kept here, and a standalone GET stream is
 //! opened after `notifications/initialized`.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
@@ -88,7 +89,7 @@ async fn drive<F: std::future::Future>(driver: &mut Option<Driver>, fut: F) -> F
 impl Pool {
     async fn checkout(&self) -> std::io::Result<Conn> {
         loop {
-            let Some(mut conn) = lock(&self.idle).pop() else {
+            let Some(mut conn) = self.idle.lock().pop() else {
                 break;
             };
             // Driven until ready: an idle connection is ready once its driver
@@ -127,7 +128,7 @@ impl Pool {
         if conn.driver.is_none() || conn.sender.is_closed() {
             return;
         }
-        let mut idle = lock(&self.idle);
+        let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE {
             idle.push(conn);
         }
@@ -160,7 +161,8 @@ impl HttpClient {
 
     /// The pool of a plain `http://` origin (shared by every server there).
     fn pool(&self, authority: &str) -> Arc<Pool> {
-        lock(&self.pools)
+        self.pools
+            .lock()
             .entry(authority.to_owned())
             .or_insert_with(|| {
                 Arc::new(Pool {
@@ -183,7 +185,7 @@ impl HttpClient {
         tls: Option<&crate::core::config::UpstreamTls>,
     ) -> Result<Arc<Pool>, String> {
         let key = format!("https {server} {authority}");
-        if let Some(p) = lock(&self.pools).get(&key) {
+        if let Some(p) = self.pools.lock().get(&key) {
             return Ok(p.clone());
         }
         let config = super::tls::client_config(server, tls)?;
@@ -198,7 +200,7 @@ impl HttpClient {
                 server: server.to_owned(),
             }),
         });
-        Ok(lock(&self.pools).entry(key).or_insert(pool).clone())
+        Ok(self.pools.lock().entry(key).or_insert(pool).clone())
     }
 }
 
@@ -217,10 +219,6 @@ pub(super) struct Http {
 
 const SESSION: &str = "mcp-session-id";
 const PROTOCOL: &str = "mcp-protocol-version";
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// An error with its causes, `a: b: c`.
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -340,10 +338,10 @@ impl Http {
         for (k, v) in &self.headers {
             h.insert(k, v.clone());
         }
-        if let Some(s) = lock(&self.session).clone() {
+        if let Some(s) = self.session.lock().clone() {
             h.insert(SESSION, s);
         }
-        if let Some(p) = lock(&self.protocol).clone() {
+        if let Some(p) = self.protocol.lock().clone() {
             h.insert(PROTOCOL, p);
         }
         for (k, v) in extra {
@@ -384,7 +382,7 @@ impl Http {
             .and_then(|r| serde_json::from_str::<serde_json::Value>(r.get()).ok())
             .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
         if let Some(v) = version.and_then(|v| HeaderValue::try_from(v).ok()) {
-            *lock(&self.protocol) = Some(v);
+            *self.protocol.lock() = Some(v);
         }
     }
 
@@ -416,10 +414,10 @@ impl Http {
         } = self.send(req).await?;
         if msg.method() == "initialize" {
             if let Some(s) = headers.get(SESSION) {
-                *lock(&self.session) = Some(s.clone());
+                *self.session.lock() = Some(s.clone());
             }
         }
-        if status == http::StatusCode::NOT_FOUND && lock(&self.session).is_some() {
+        if status == http::StatusCode::NOT_FOUND && self.session.lock().is_some() {
             return Err(UpstreamError::SessionExpired {
                 server: self.server.clone(),
             });
@@ -460,7 +458,7 @@ impl Http {
             // this session, a bounded number of times.
             let mut resumed = 0;
             while mux.client_id(id).is_some() {
-                let (Some(event), true) = (last.clone(), lock(&self.session).is_some()) else {
+                let (Some(event), true) = (last.clone(), self.session.lock().is_some()) else {
                     break;
                 };
                 if resumed == MAX_RESUMES {
@@ -637,16 +635,16 @@ impl Http {
                 }
             }
         });
-        if let Some(old) = lock(&self.standalone).replace(task) {
+        if let Some(old) = self.standalone.lock().replace(task) {
             old.abort();
         }
     }
 
     pub(super) async fn shutdown(&self) {
-        if let Some(task) = lock(&self.standalone).take() {
+        if let Some(task) = self.standalone.lock().take() {
             task.abort();
         }
-        if lock(&self.session).is_some() {
+        if self.session.lock().is_some() {
             let req = self.request(Method::DELETE, Bytes::new(), &[]);
             if let Ok(Answer {
                 mut body, mut conn, ..

@@ -1,4 +1,4 @@
-//! Client sessions and the gateway's shared state.
+//! The running gateway: its shared state and the client sessions.
 //!
 //! Handshake era: a client's `initialize` creates a [`Session`] with a
 //! gateway-minted `Mcp-Session-Id` and its own upstream connection (one
@@ -10,8 +10,9 @@
 //! upstream connection ([`Gateway::modern_upstream`]), probed once with
 //! `server/discover` to learn whether the upstream speaks that era at all.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
@@ -80,7 +81,7 @@ pub struct Session {
 impl Session {
     /// The current upstream connection.
     pub fn conn(&self) -> Arc<UpstreamConn> {
-        lock(&self.conn).clone()
+        self.conn.lock().clone()
     }
 
     /// The connection to use now: the current one, or a healed one when it
@@ -120,13 +121,9 @@ impl Session {
         let conn = gw
             .connect_with(&self.server, self.unsolicited.clone())
             .await?;
-        let params = lock(&self.init_params).clone();
+        let params = self.init_params.lock().clone();
         let init = Message::request(Value::from("countersign-heal"), "initialize", params);
-        let timeout = gw
-            .config
-            .servers
-            .get(&self.server)
-            .map_or(Duration::from_secs(30), |c| c.call_timeout);
+        let timeout = gw.config.call_timeout(&self.server);
         let healed = async {
             let init = Passthrough::checked(&self.server, init)?;
             let resp = conn.call(init, None, timeout, &Vec::new()).await?;
@@ -150,7 +147,7 @@ impl Session {
             conn.shutdown(gw.config.gateway.shutdown_grace).await;
             return Err(e);
         }
-        *lock(&self.conn) = conn.clone();
+        *self.conn.lock() = conn.clone();
         let grace = gw.config.gateway.shutdown_grace;
         let old = current;
         tokio::spawn(async move { old.shutdown(grace).await });
@@ -160,7 +157,7 @@ impl Session {
 
     /// The capabilities the session's client declared in `initialize`.
     pub fn client_capabilities(&self) -> Option<Value> {
-        let params = lock(&self.init_params).clone()?;
+        let params = self.init_params.lock().clone()?;
         let params: Value = serde_json::from_str(params.get()).ok()?;
         params.get("capabilities").cloned()
     }
@@ -200,16 +197,12 @@ impl Session {
 
     /// Note activity (for the idle sweep).
     pub fn touch(&self) {
-        *lock(&self.last_used) = Instant::now();
+        *self.last_used.lock() = Instant::now();
     }
 
     fn idle_for(&self) -> Duration {
-        lock(&self.last_used).elapsed()
+        self.last_used.lock().elapsed()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a client's `initialize` led to.
@@ -249,13 +242,13 @@ pub struct Bridge {
 /// shared 2026-07-28 connection of each server).
 pub struct Gateway {
     /// The loaded configuration.
-    pub config: Arc<Config>,
+    config: Arc<Config>,
     /// Bearer tokens.
-    pub identities: Identities,
+    identities: Identities,
     /// The enforcement pipeline of `tools/call`.
-    pub pipeline: Pipeline,
+    pipeline: Pipeline,
     /// Shared HTTP client for HTTP upstreams.
-    pub http: HttpClient,
+    http: HttpClient,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// One slot per configured server. A tokio mutex per server: probing an
     /// upstream awaits, concurrent first requests must not spawn two shared
@@ -270,7 +263,7 @@ pub struct Gateway {
     /// `limits.requests_per_second` per (principal, tenant), when set.
     rate: Option<governor::DefaultKeyedRateLimiter<(String, String)>>,
     /// The audit dir (`serve`), for the read-only transparency endpoints.
-    pub audit_dir: Option<std::path::PathBuf>,
+    audit_dir: Option<std::path::PathBuf>,
 }
 
 impl Gateway {
@@ -320,6 +313,26 @@ impl Gateway {
         })
     }
 
+    /// The loaded configuration.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// The configured bearer tokens.
+    pub fn identities(&self) -> &Identities {
+        &self.identities
+    }
+
+    /// The enforcement pipeline of `tools/call`.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// The audit dir (`serve`), for the read-only transparency endpoints.
+    pub fn audit_dir(&self) -> Option<&std::path::Path> {
+        self.audit_dir.as_deref()
+    }
+
     /// One request of `identity` against `limits.requests_per_second`:
     /// `Err(wait)` when it is over, with how long until one would pass.
     /// Keys are configured identities only, so the limiter's memory is
@@ -338,7 +351,8 @@ impl Gateway {
 
     /// How many handshake-era sessions `identity` holds now.
     pub fn sessions_of(&self, identity: &Identity) -> usize {
-        lock(&self.sessions)
+        self.sessions
+            .lock()
             .values()
             .filter(|s| {
                 s.identity.principal == identity.principal && s.identity.tenant == identity.tenant
@@ -363,7 +377,7 @@ impl Gateway {
             })?;
         // The server's word that its tools changed makes the gateway fetch
         // the list again before the next call.
-        let catalog = Arc::clone(&self.pipeline.catalog);
+        let catalog = Arc::clone(self.pipeline.catalog());
         let name = server.to_owned();
         let stale = Box::new(move || {
             catalog.mark_stale(&name);
@@ -446,8 +460,8 @@ impl Gateway {
                     (unsolicited, standalone),
                     asks,
                 );
-                *lock(&session.protocol_version) = version;
-                *lock(&session.init_params) = params;
+                *session.protocol_version.lock() = version;
+                *session.init_params.lock() = params;
                 // A stdio server runs one child per session, and a child may
                 // list other tools than the one the catalog was fetched
                 // from: its first call lists them again (DESIGN.md section
@@ -458,7 +472,7 @@ impl Gateway {
                     .get(server)
                     .is_some_and(|c| c.command.is_some())
                 {
-                    self.pipeline.catalog.mark_unfetched(server);
+                    self.pipeline.catalog().mark_unfetched(server);
                 }
                 tracing::info!(server, session = %session.id, principal = %session.identity.principal, "session opened");
                 Opened::Session(session, resp)
@@ -524,13 +538,13 @@ impl Gateway {
             envelope: None,
             last_used: Mutex::new(Instant::now()),
         });
-        lock(&self.sessions).insert(id, session.clone());
+        self.sessions.lock().insert(id, session.clone());
         session
     }
 
     /// The session `id` of `server`, if it exists and belongs to `identity`.
     pub fn session(&self, server: &str, id: &str, identity: &Identity) -> Option<Arc<Session>> {
-        let s = lock(&self.sessions).get(id).cloned()?;
+        let s = self.sessions.lock().get(id).cloned()?;
         // Bound to its creator: another principal (or another server's
         // endpoint) gets "no such session", never someone else's stream.
         (s.server == server && *s.identity == *identity).then_some(s)
@@ -538,7 +552,7 @@ impl Gateway {
 
     /// Remove a session and shut its upstream down.
     pub async fn close_session(&self, id: &str) {
-        let removed = lock(&self.sessions).remove(id);
+        let removed = self.sessions.lock().remove(id);
         if let Some(s) = removed {
             s.shutdown_upstream(self.config.gateway.shutdown_grace)
                 .await;
@@ -548,7 +562,9 @@ impl Gateway {
     /// Close sessions idle longer than `session_idle_timeout`.
     pub async fn sweep_idle(&self) {
         let limit = self.config.gateway.session_idle_timeout;
-        let idle: Vec<String> = lock(&self.sessions)
+        let idle: Vec<String> = self
+            .sessions
+            .lock()
             .values()
             .filter(|s| {
                 s.idle_for() > limit && (s.envelope.is_some() || s.conn().mux.in_flight() == 0)
@@ -563,7 +579,7 @@ impl Gateway {
 
     /// Shut every upstream down (gateway stopping).
     pub async fn shutdown(&self) {
-        let all: Vec<Arc<Session>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
+        let all: Vec<Arc<Session>> = self.sessions.lock().drain().map(|(_, s)| s).collect();
         let mut modern = Vec::new();
         for slot in self.modern.values() {
             modern.extend(slot.lock().await.take());
@@ -587,7 +603,7 @@ impl Gateway {
 
     /// How many handshake-era sessions are open.
     pub fn session_count(&self) -> usize {
-        lock(&self.sessions).len()
+        self.sessions.lock().len()
     }
 
     /// A handshake-era client's session with a server that refused its
@@ -608,7 +624,9 @@ impl Gateway {
         let Ok(ModernUpstream::Speaks(conn)) = self.modern_upstream(server).await else {
             return None;
         };
-        let discovered = lock(&self.discovered)
+        let discovered = self
+            .discovered
+            .lock()
             .get(server)
             .cloned()
             .unwrap_or(Value::Null);
@@ -655,7 +673,7 @@ impl Gateway {
             envelope: Some(envelope),
             last_used: Mutex::new(Instant::now()),
         });
-        lock(&self.sessions).insert(sid, session.clone());
+        self.sessions.lock().insert(sid, session.clone());
         tracing::info!(server, session = %session.id, principal = %identity.principal, "the upstream speaks only 2026-07-28: this handshake-era session is carried over it");
         Some(Opened::Session(
             session,
@@ -690,11 +708,11 @@ impl Gateway {
             identity.principal.clone(),
             identity.tenant.clone(),
         );
-        let slot = lock(&self.bridges).entry(key).or_default().clone();
+        let slot = self.bridges.lock().entry(key).or_default().clone();
         let mut slot = slot.lock().await;
         if let Some(b) = slot.as_ref() {
             // Swept or closed: its upstream is gone, open another.
-            if lock(&self.sessions).contains_key(&b.session.id) {
+            if self.sessions.lock().contains_key(&b.session.id) {
                 b.session.touch();
                 return Ok(b.clone());
             }
@@ -763,11 +781,7 @@ impl Gateway {
         let (conn, unsolicited) = self.connect(server).await?;
         // Nothing listens for unattributed messages in this era: drain them.
         tokio::spawn(drain(unsolicited));
-        let timeout = self
-            .config
-            .servers
-            .get(server)
-            .map_or(Duration::from_secs(30), |c| c.call_timeout);
+        let timeout = self.config.call_timeout(server);
         // The gateway's own request, with its own envelope: the verdict is
         // shared by every client of this server.
         let probe = Message::request(
@@ -793,7 +807,7 @@ impl Gateway {
                     .as_ref()
                     .and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
                 if let Some(r) = &result {
-                    lock(&self.discovered).insert(server.to_owned(), r.clone());
+                    self.discovered.lock().insert(server.to_owned(), r.clone());
                 }
                 let speaks = result
                     .and_then(|v| v.get("supportedVersions").cloned())

@@ -9,10 +9,10 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::session::{Gateway, ModernUpstream, Session};
-use super::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
+use super::gateway::{Gateway, ModernUpstream, Session};
 use crate::enforce::permit::{Permit, Sent};
 use crate::enforce::permit::{ToolConn, Upstream};
+use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
 use crate::wire::era::{modern_headers, own_envelope, MODERN_VERSIONS};
 use crate::wire::jsonrpc::{raw, Message};
 
@@ -140,7 +140,7 @@ impl Route<'_> {
         let request = Message::request(id, "tools/list", Some(raw(&Value::Object(params))));
         let server = self.server();
         let request = Passthrough::checked(server, request)?;
-        let timeout = self.gw.pipeline.call_timeout(server);
+        let timeout = self.gw.pipeline().call_timeout(server);
         self.conn()
             .await?
             .call(request, None, timeout, &extra)
