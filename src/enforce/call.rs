@@ -19,12 +19,12 @@ use super::upstream::UpstreamError;
 use crate::audit::trail::Trail;
 use crate::core::annotations::Annotations;
 use crate::core::approval::Risk;
-use crate::core::canonical::CanonicalCall;
+use crate::core::canonical::{self, CanonicalCall};
 use crate::core::catalog::ToolView;
-use crate::core::config::RetryConfig;
+use crate::core::config::{Config, RetryConfig};
 use crate::core::decision;
 use crate::core::identity::Identity;
-use crate::core::ledger::{Answer, Claim};
+use crate::core::ledger::{self, Answer, Claim};
 use crate::core::recovery::Backoff;
 use crate::store::StoreError;
 use crate::wire::era::Era;
@@ -72,6 +72,75 @@ pub(crate) struct Call<'a, U> {
     /// The tool as the catalog had it when the call arrived.
     pub(crate) tool: ToolView,
     pub(crate) trail: &'a Trail,
+}
+
+/// Stage 1, strict parse and canonical form: the forwarded `params` are
+/// the exact JCS bytes that were hashed, so what is checked (and later
+/// approved) is byte-for-byte what the server receives. A refusal is
+/// `-32602` and nothing is sent upstream.
+#[expect(
+    clippy::result_large_err,
+    reason = "the Err side is the call's outcome itself, returned once per call"
+)]
+pub(crate) fn parse(
+    config: &Config,
+    server: &str,
+    mut request: Message,
+) -> Result<(Message, CanonicalCall), CallOutcome> {
+    let limits = canonical::Limits {
+        max_depth: config.limits.max_depth,
+        max_arguments_bytes: config.limits.max_arguments_bytes,
+    };
+    let params = request.params.as_ref().map_or("null", |p| p.get());
+    let call = canonical::canonicalize(server, params, limits)
+        .map_err(|e| CallOutcome::Invalid(e.to_string()))?;
+    tracing::debug!(server, tool = %call.tool, digest = %call.digest, "canonical call");
+    let forward = serde_json::value::RawValue::from_string(call.forward_params_text())
+        .map_err(|e| CallOutcome::Invalid(format!("canonical form is not JSON: {e}")))?;
+    request.params = Some(forward);
+    Ok((request, call))
+}
+
+/// Stage 2, the idempotency key: explicit, or derived from who calls,
+/// in which scope, and the digest. Namespaced by tenant and principal.
+#[expect(
+    clippy::result_large_err,
+    reason = "the Err side is the call's outcome itself, returned once per call"
+)]
+pub(crate) fn claim(
+    caller: &Caller,
+    server: &str,
+    call: &CanonicalCall,
+) -> Result<(Claim, bool), CallOutcome> {
+    let who = &caller.identity;
+    let (client_key, explicit) = ledger::idempotency_key(
+        &call.reserved,
+        &who.principal,
+        &who.tenant,
+        caller.scope.as_deref(),
+        &call.digest,
+    )
+    .map_err(|e| CallOutcome::Invalid(e.to_string()))?;
+    let claim = Claim {
+        key: ledger::storage_key(&who.tenant, &who.principal, &client_key),
+        client_key,
+        explicit,
+        digest: call.digest.clone(),
+        server: server.to_owned(),
+        tool: call.tool.clone(),
+    };
+    Ok((claim, explicit))
+}
+
+pub(crate) fn subject<'b, U>(c: &'b Call<'b, U>) -> super::client::Subject<'b> {
+    super::client::Subject {
+        identity: &c.ctx.caller.identity,
+        server: c.ctx.server,
+        tool: &c.call.tool,
+        digest: &c.call.digest,
+        tool_definition: c.tool.digest.as_deref(),
+        key: &c.claim.key,
+    }
 }
 
 /// What one attempt ended with.

@@ -10,6 +10,10 @@
 //!   any stage may end it with.
 //! - [`learn`]: catalog learning and first-use pins.
 //! - [`reads`]: the read path and its cache.
+//! - [`judge`]: the policy decision with the policies in force.
+//! - [`writes`]: the write path through the ledger, attempt by attempt.
+//! - [`gate`]: the approval gate, approval in the client, the version
+//!   probe.
 //! - [`breakers`]: one circuit breaker per server.
 //! - [`outcome`]: [`outcome::CallOutcome`], how a call ended.
 //! - [`permit`]: the sealed [`permit::Permit`] and the traits through which
@@ -31,6 +35,8 @@ pub(crate) mod breakers;
 pub mod call;
 pub mod client;
 pub mod flight;
+pub(crate) mod gate;
+pub(crate) mod judge;
 pub(crate) mod learn;
 pub mod metrics;
 pub mod outcome;
@@ -39,3 +45,4 @@ pub mod pipeline;
 pub(crate) mod reads;
 pub mod reconcile;
 pub mod upstream;
+pub(crate) mod writes;

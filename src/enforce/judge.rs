@@ -1,0 +1,86 @@
+//! The policy decision as a service: the Cedar policy set in force (swapped
+//! whole by a reload), asked with the facts of one call (DESIGN.md section
+//! 4). The determining policies go to the log and the audit trail, never
+//! to the agent.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::RwLock;
+
+use super::call::{facts, Call};
+use super::metrics::Metrics;
+use crate::core::config::Config;
+use crate::core::decision::{Decision, Policies};
+
+/// The policies in force, and how long deciding takes (`/metrics`).
+pub(crate) struct Judge {
+    config: Arc<Config>,
+    policies: RwLock<Arc<Policies>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Judge {
+    /// A judge deciding with `policies`.
+    pub(crate) fn new(config: Arc<Config>, policies: Policies, metrics: Arc<Metrics>) -> Judge {
+        Judge {
+            config,
+            policies: RwLock::new(Arc::new(policies)),
+            metrics,
+        }
+    }
+
+    /// The policy set in force now.
+    pub(crate) fn policies(&self) -> Arc<Policies> {
+        self.policies.read().clone()
+    }
+
+    /// Put a new policy set in force (a successful reload).
+    pub(crate) fn set_policies(&self, policies: Policies) {
+        *self.policies.write() = Arc::new(policies);
+    }
+
+    /// The policy decision (DESIGN.md section 4) with the policies in force
+    /// now; the determining policies go to the log and the audit trail,
+    /// never to the agent.
+    pub(crate) fn decide<U>(&self, c: &Call<'_, U>) -> Decision {
+        let server = c.ctx.server;
+        let who = &c.ctx.caller.identity;
+        let started = Instant::now();
+        let decision = self.policies().decide(&facts(c));
+        self.metrics.decision(started.elapsed());
+        match &decision {
+            Decision::Allow { policies } => {
+                tracing::debug!(%server, tool = %c.call.tool, policies = %policies.join(","), "policy: allow");
+            }
+            Decision::Approval { policies } => {
+                tracing::info!(%server, tool = %c.call.tool, policies = %policies.join(","), principal = %who.principal, "policy: approval required");
+            }
+            Decision::Deny { .. } => {
+                tracing::info!(%server, tool = %c.call.tool, principal = %who.principal, "policy: denied ({decision})");
+            }
+        }
+        c.trail.decision(&decision);
+        decision
+    }
+
+    /// May the person at the client answer this call's proposal? The
+    /// switch `approvals.client`, then `Action::"confirm"` in the policies
+    /// in force now.
+    pub(crate) fn may_confirm<U>(&self, c: &Call<'_, U>) -> bool {
+        if !self.config.approvals.client {
+            return false;
+        }
+        let allowed = self.policies().may_confirm(&facts(c));
+        match allowed {
+            Ok(policies) => {
+                tracing::debug!(tool = %c.call.tool, policies = %policies.join(","), "the client may confirm");
+                true
+            }
+            Err(d) => {
+                tracing::debug!(tool = %c.call.tool, "the client may not confirm ({d})");
+                false
+            }
+        }
+    }
+}

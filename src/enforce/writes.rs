@@ -1,0 +1,395 @@
+//! The write path as a service: a call through the ledger, attempt by
+//! attempt (DESIGN.md section 3): the breaker's fast check, the ledger
+//! lookup, the gate and the atomic {reserve key, consume approval}, the
+//! durable `dispatched` with its audit entry, the permit, the upstream and
+//! the answer on the ledger. A retry happens only where it cannot run the
+//! call twice (proven not dispatched).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::book::Book;
+use super::breakers::{Admitted, Breakers};
+use super::call::{
+    answer_of, answered_fields, concluded, failed, ledger_unavailable, next_attempt, open_circuit,
+    refused, settled, unreachable_hold, Attempt, Call,
+};
+use super::client::Asker;
+use super::flight::{
+    follow, Idempotency, Lead, Lookup, Outcome, Reserve, Settled, Ticket, GATE_ROUNDS,
+};
+use super::gate::{Chosen, Gate};
+use super::metrics::Metrics;
+use super::outcome::CallOutcome;
+use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
+use super::reads::Reads;
+use super::upstream::UpstreamError;
+use crate::core::config::Config;
+use crate::core::recovery::{classify_response, ResponseClass};
+use crate::core::time::Clock;
+
+/// Why a write attempt does not go on to dispatch.
+enum Stop {
+    /// It ended here, with this outcome.
+    Done(CallOutcome),
+    /// Another process sharing the store leads the key: wait for its record
+    /// to settle, then look again.
+    Elsewhere,
+}
+
+/// What the write path runs a call through (built by the pipeline).
+pub(crate) struct Writes {
+    pub(crate) config: Arc<Config>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) flights: Arc<Idempotency>,
+    pub(crate) book: Arc<Book>,
+    pub(crate) breakers: Arc<Breakers>,
+    pub(crate) reads: Arc<Reads>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) gate: Gate,
+}
+
+impl Writes {
+    /// Sign questions to the client with `asker` from now on.
+    pub(crate) fn set_asker(&mut self, asker: Arc<Asker>) {
+        self.gate.set_asker(asker);
+    }
+
+    /// Stage 4, a call through the ledger, with retries only where a retry
+    /// cannot run it twice (proven not dispatched).
+    pub(crate) async fn write<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
+        if !c.annotations.read_only {
+            self.reads.refuse_cache(c.ctx.server, &c.call.tool);
+        }
+        let mut attempt = 1;
+        loop {
+            let result = self.write_once(c).await;
+            if let Some(done) =
+                next_attempt(&self.config.retry, c.ctx.server, result, &mut attempt).await
+            {
+                return done;
+            }
+        }
+    }
+
+    /// One attempt through the ledger.
+    async fn write_once<U: Upstream>(&self, c: &Call<'_, U>) -> Attempt {
+        // The breaker's fast check, before anything is reserved.
+        if self.breakers.is_open(c.ctx.server) {
+            return Attempt::Done(open_circuit(c));
+        }
+        // How long an identical call waits for another gateway's flight:
+        // the call's own upstream timeout, and a margin for the answer to be
+        // recorded. Then `outcome_unknown`, as for any record that does not
+        // settle.
+        let deadline =
+            Instant::now() + self.config.call_timeout(c.ctx.server) + Duration::from_secs(5);
+        loop {
+            // Subscribed before the read, so a settlement between the read
+            // and the wait is not missed.
+            let changes = self.flights.store().subscribe();
+            let lead = match self.lookup(c).await {
+                Ok(lead) => lead,
+                Err(Stop::Done(done)) => return Attempt::Done(done),
+                Err(Stop::Elsewhere) => match self.wait_elsewhere(c, changes, deadline).await {
+                    Ok(()) => continue,
+                    Err(done) => return Attempt::Done(done),
+                },
+            };
+            let ticket = match self.reserve(c, lead).await {
+                Ok(t) => t,
+                Err(Stop::Done(done)) => return Attempt::Done(done),
+                Err(Stop::Elsewhere) => match self.wait_elsewhere(c, changes, deadline).await {
+                    Ok(()) => continue,
+                    Err(done) => return Attempt::Done(done),
+                },
+            };
+            return self.dispatch(c, ticket).await;
+        }
+    }
+
+    /// Wait for a record another process leads (sharing the store) to
+    /// settle: woken by its own settlement (LISTEN/NOTIFY), never by polling;
+    /// a lagged receiver just looks again. At the deadline, or without a
+    /// way to hear, the call ends `outcome_unknown`.
+    async fn wait_elsewhere<U>(
+        &self,
+        c: &Call<'_, U>,
+        changes: Option<tokio::sync::broadcast::Receiver<crate::store::StoreEvent>>,
+        deadline: Instant,
+    ) -> Result<(), CallOutcome> {
+        let Some(mut rx) = changes else {
+            return Err(self.unsettled_elsewhere(c).await);
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.unsettled_elsewhere(c).await);
+        }
+        let key = c.claim.key.clone();
+        let settled_there = async {
+            loop {
+                match rx.recv().await {
+                    Ok(crate::store::StoreEvent::Ledger(k)) if k == key => return,
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(left, settled_there).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.unsettled_elsewhere(c).await),
+        }
+    }
+
+    /// The answer for a key another gateway still holds at the end of the
+    /// wait. Still `reserved` there: nothing was sent, and saying
+    /// `outcome_unknown` would be a definitive answer the ledger contradicts
+    /// once the key is freed (found by the chaos run on PostgreSQL); the
+    /// agent is told to send it again. Unreadable: the ledger is
+    /// unavailable, as for any lookup that fails (nothing was sent from
+    /// here, and a retry follows the ledger). `dispatched`: unknown.
+    async fn unsettled_elsewhere<U>(&self, c: &Call<'_, U>) -> CallOutcome {
+        match self.flights.store().get(&c.claim.key).await {
+            Ok(Some(r)) if r.state == crate::core::ledger::State::Reserved => {
+                refused(c, Outcome::NotDispatched)
+            }
+            Err(e) => ledger_unavailable(c, e),
+            _ => refused(c, Outcome::Unknown),
+        }
+    }
+
+    /// Ledger lookup: replay, wait for the identical call in flight, refuse
+    /// a conflict or a repeat of an unknown outcome, or lead the key.
+    async fn lookup<U>(&self, c: &Call<'_, U>) -> Result<Lead, Stop> {
+        let started = Instant::now();
+        let found = self
+            .flights
+            .lookup(c.claim.clone(), self.clock.now_ms())
+            .await;
+        self.metrics.store("lookup", started.elapsed());
+        let found = found.map_err(|e| Stop::Done(ledger_unavailable(c, e)))?;
+        match found {
+            Lookup::Lead(lead) => Ok(lead),
+            Lookup::Follow(rx) => match follow(rx).await {
+                Settled::Elsewhere => Err(Stop::Elsewhere),
+                s => Err(Stop::Done(settled(c, s, true))),
+            },
+            Lookup::Elsewhere => Err(Stop::Elsewhere),
+            other => Err(Stop::Done(concluded(c, other))),
+        }
+    }
+
+    /// Policy decision → approval lookup and revalidation → the atomic
+    /// {reserve key, consume approval}. When the approval the gate chose is
+    /// gone by the reservation (a concurrent call with another key consumed
+    /// it), the gate looks again, a few times at most.
+    async fn reserve<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+        mut lead: Lead,
+    ) -> Result<Box<Ticket>, Stop> {
+        let mut lost = None;
+        for _ in 0..GATE_ROUNDS {
+            let (proposal, approval) = match self.gate.choose(c, lost).await {
+                Chosen::Pass => (None, Value::Null),
+                Chosen::Consume { proposal, approval } => (Some(proposal), approval),
+                Chosen::Refuse(why) => {
+                    lead.refuse(why.clone());
+                    return Err(Stop::Done(refused(c, why)));
+                }
+            };
+            // Judged at the time of the reservation: the gate may have
+            // held the call for minutes.
+            let now = self.clock.now_ms();
+            let started = Instant::now();
+            let reserved = lead.reserve(proposal.clone(), now).await;
+            self.metrics.store("reserve", started.elapsed());
+            match reserved {
+                Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
+                Ok(Reserve::Go(ticket)) => {
+                    if let Some(proposal) = proposal {
+                        let reviewer = match approval.get("confirmation") {
+                            Some(conf) => format!(
+                                "the person at the client ({})",
+                                conf.get("principal").and_then(Value::as_str).unwrap_or("?")
+                            ),
+                            None => approval
+                                .get("statement")
+                                .and_then(|s| s.get("reviewer"))
+                                .and_then(Value::as_str)
+                                .unwrap_or("?")
+                                .to_owned(),
+                        };
+                        tracing::info!(server = %c.ctx.server, tool = %c.call.tool, %proposal, %reviewer, key = %c.claim.client_key, "approved: running the call (the approval is used up)");
+                        self.book.changed(&proposal).await;
+                        // With the reviewer's signed statement: the entry
+                        // shows on its own which yes this execution used.
+                        c.trail.record(
+                            "approval_consumed",
+                            vec![("proposal_id", json!(proposal)), ("approval", approval)],
+                        );
+                    }
+                    return Ok(ticket);
+                }
+                Ok(Reserve::Lost(back, state)) => {
+                    tracing::info!(tool = %c.call.tool, lost = state.as_str(), "the approval went to a concurrent call; looking again");
+                    lead = back;
+                    lost = Some(state);
+                }
+                // Another gateway reserved the key first: wait for it.
+                Ok(Reserve::Bound(Lookup::Elsewhere)) => return Err(Stop::Elsewhere),
+                Ok(Reserve::Bound(found)) => return Err(Stop::Done(concluded(c, found))),
+            }
+        }
+        // The approval kept slipping away: fail closed.
+        lead.refuse(Outcome::NotDispatched);
+        Err(Stop::Done(refused(c, Outcome::NotDispatched)))
+    }
+
+    /// Durable `dispatched` (with the audit entry that records it), the
+    /// permit, the send, and the answer on the ledger.
+    async fn dispatch<U: Upstream>(&self, c: &Call<'_, U>, mut ticket: Box<Ticket>) -> Attempt {
+        // The breaker's trial is taken here, right before the upstream, so
+        // that a call the ledger or the gate answered never uses it.
+        let Some(admitted) = self.breakers.admit(c.ctx.server) else {
+            ticket.not_dispatched().await;
+            return Attempt::Done(open_circuit(c));
+        };
+        let conn = match c.ctx.upstream.ready().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                ticket.not_dispatched().await;
+                c.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+                return Attempt::Retry(failed(c.ctx.server, e, admitted));
+            }
+        };
+        // The audit entry that records the dispatch (and the call's entries
+        // before it) is on disk before a byte goes upstream: committed in the
+        // ledger's outbox with the `dispatched` record, one fsync for both.
+        // The audit writer appends it to the log and clears the row once
+        // its own file is fsynced; startup repairs a crash in between.
+        let started = Instant::now();
+        let durable = match c.trail.stage_dispatch() {
+            None => ticket.dispatch().await,
+            Some((log, Ok(staged))) => {
+                let outbox = Some((staged.id, staged.text.clone()));
+                let r = ticket.dispatch_with(outbox).await;
+                match &r {
+                    Ok(()) => log.record_staged(staged),
+                    Err(_) => log.unstage(staged),
+                }
+                r
+            }
+            // An audit log without the ledger's outbox cannot make the
+            // dispatch entry durable with the dispatch (`serve` always
+            // attaches it): no evidence, no dispatch.
+            Some((_, Err(_))) => {
+                tracing::error!("refusing a call: the audit log has no ledger outbox attached");
+                ticket.not_dispatched().await;
+                return Attempt::Done(CallOutcome::AuditUnavailable);
+            }
+        };
+        self.metrics.store("dispatched", started.elapsed());
+        if let Err(e) = durable {
+            // Nothing was sent: free the key now, before answering, so a
+            // retry finds it free (not a reservation without a leader,
+            // which reads as an unknown outcome).
+            ticket.not_dispatched().await;
+            c.trail
+                .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+            return Attempt::Done(ledger_unavailable(c, e));
+        }
+        let permit = match issue(c.request, Hold::Write(ticket)) {
+            Ok(p) => p,
+            Err(Hold::Write(ticket)) => {
+                ticket.not_dispatched().await;
+                return Attempt::Done(refused(c, Outcome::NotDispatched));
+            }
+            Err(Hold::Read(_)) => unreachable_hold(),
+        };
+        let timeout = self.config.call_timeout(c.ctx.server);
+        let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
+        self.record(c, sent, admitted).await
+    }
+
+    /// Record the answer: `complete`, `not_dispatched` (refused unprocessed
+    /// or proven unsent), or `unknown` (sent, answer lost).
+    async fn record<U>(&self, c: &Call<'_, U>, sent: Sent, admitted: Admitted<'_>) -> Attempt {
+        let ticket = match sent.hold {
+            Hold::Write(t) => t,
+            Hold::Read(_) => unreachable_hold(),
+        };
+        match sent.answer {
+            Ok(resp) => {
+                admitted.record(true);
+                let class = classify_response(&resp);
+                if class == ResponseClass::Refused {
+                    // The server refused it unprocessed: provably not run.
+                    ticket.not_dispatched().await;
+                    c.trail.record(
+                        "not_dispatched",
+                        vec![("reason", json!("refused unprocessed by the server"))],
+                    );
+                } else if class == ResponseClass::Cancelled {
+                    // A cancellation answer is not the call's answer: the
+                    // server may have run it first. Never final, never
+                    // replayed: unknown until an operator reconciles it.
+                    ticket.unknown().await;
+                    let reason = "the server answered that the request was cancelled";
+                    c.trail
+                        .record("outcome_unknown", vec![("reason", json!(reason))]);
+                    return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
+                        server: c.ctx.server.to_owned(),
+                        reason: reason.to_owned(),
+                    }));
+                } else if let Some(answer) = answer_of(&resp) {
+                    let started = Instant::now();
+                    let recorded = ticket.complete(answer).await;
+                    self.metrics.store("complete", started.elapsed());
+                    if let Err(e) = recorded {
+                        // The call ran, but its answer is not in the ledger:
+                        // acknowledging it now would let a retry be told
+                        // `outcome_unknown` after a success (found by the
+                        // chaos run, a database restart mid-answer). Say
+                        // unknown now, as every retry will.
+                        let reason = format!(
+                            "the server answered, but the gateway could not record the answer ({e}); the call ran"
+                        );
+                        c.trail
+                            .record("outcome_unknown", vec![("reason", json!(reason))]);
+                        return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
+                            server: c.ctx.server.to_owned(),
+                            reason,
+                        }));
+                    }
+                    tracing::info!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "executed: the write ran and its answer is recorded");
+                    c.trail.record("completed", answered_fields(&resp));
+                } else {
+                    ticket.unknown().await;
+                    c.trail
+                        .record("outcome_unknown", vec![("reason", json!("no answer"))]);
+                }
+                Attempt::Done(CallOutcome::Answered(resp))
+            }
+            Err(e) if !e.class().possibly_executed() => {
+                ticket.not_dispatched().await;
+                c.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+                Attempt::Retry(failed(c.ctx.server, e, admitted))
+            }
+            Err(e) => {
+                ticket.unknown().await;
+                tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {e}");
+                c.trail
+                    .record("outcome_unknown", vec![("reason", json!(e.to_string()))]);
+                Attempt::Done(failed(c.ctx.server, e, admitted))
+            }
+        }
+    }
+}
