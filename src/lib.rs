@@ -34,11 +34,13 @@
 //!   bridge.
 //! - [`cli`]: the `countersign` command.
 
+#![warn(unreachable_pub)]
+
 pub mod audit;
 pub mod cli;
 pub mod core;
 pub mod enforce;
-pub mod front;
+pub(crate) mod front;
 pub mod store;
 pub mod upstream;
 pub mod wire;

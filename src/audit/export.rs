@@ -30,7 +30,7 @@ use crate::core::time::parse_rfc3339;
 
 /// Export formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// The entries as they are.
     Jsonl,
     /// One row per entry with the common columns.
@@ -40,7 +40,7 @@ pub enum Format {
 }
 
 /// CSV columns, in order.
-pub const CSV_COLUMNS: [&str; 15] = [
+pub(crate) const CSV_COLUMNS: [&str; 15] = [
     "seq",
     "time",
     "kind",
@@ -79,7 +79,7 @@ fn failure(kind: &str) -> bool {
 }
 
 /// One entry as an OCSF API Activity event.
-pub fn ocsf(e: &Map<String, Value>) -> Value {
+pub(crate) fn ocsf(e: &Map<String, Value>) -> Value {
     let kind = text(e, "kind");
     let time_ms = e
         .get("time")
@@ -164,7 +164,7 @@ fn read_log(dir: PathBuf) -> (Lines, std::thread::JoinHandle<Result<(), AuditErr
 
 /// Why an export stopped.
 #[derive(Debug, thiserror::Error)]
-pub enum ExportError {
+pub(crate) enum ExportError {
     /// A log could not be read or holds a line that is not an entry.
     #[error(transparent)]
     Log(#[from] AuditError),
@@ -176,7 +176,7 @@ pub enum ExportError {
 
 impl ExportError {
     /// The reader of the output went away (`| head`): not a failure of the log.
-    pub fn is_closed_output(&self) -> bool {
+    pub(crate) fn is_closed_output(&self) -> bool {
         matches!(self, ExportError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 }
@@ -238,7 +238,7 @@ fn in_window(e: &Map<String, Value>, since: Option<i64>, until: Option<i64>) -> 
 /// Stream the entries with `time` in `[since, until]` of the logs in `dirs`
 /// to `out`, merged in time order (each log's own order kept); returns how
 /// many were written. Memory stays constant: a few lines per log.
-pub fn export(
+pub(crate) fn export(
     dirs: &[PathBuf],
     format: Format,
     since: Option<i64>,
@@ -324,7 +324,7 @@ const FOLLOW_POLL: Duration = Duration::from_millis(200);
 /// `tail -f` does, until `stop` is set or the output goes away. Only whole
 /// lines are written: a line the gateway is still writing waits for its
 /// newline. Each entry is flushed at once, for log shippers.
-pub fn follow(
+pub(crate) fn follow(
     dir: &Path,
     format: Format,
     since: Option<i64>,

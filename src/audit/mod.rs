@@ -14,13 +14,13 @@
 //! `countersign audit verify` runs. The writer thread is in [`log`], the
 //! file reader and the report in [`verify`], the exports in [`export`].
 
-pub mod export;
+pub(crate) mod export;
 pub mod log;
 pub mod merkle;
 pub mod note;
-pub mod proofs;
-pub mod segment;
-pub mod trail;
+pub(crate) mod proofs;
+pub(crate) mod segment;
+pub(crate) mod trail;
 pub mod tree;
 pub mod verify;
 

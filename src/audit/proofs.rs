@@ -23,7 +23,7 @@ fn b64(h: &merkle::Hash) -> String {
 
 /// The latest signed checkpoint of the log in `dir`: its note (with any
 /// cosignatures) and what it says.
-pub fn latest(dir: &Path) -> Result<(String, Checkpoint), AuditError> {
+pub(crate) fn latest(dir: &Path) -> Result<(String, Checkpoint), AuditError> {
     let path = dir.join(CHECKPOINT_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| AuditError {
         path: path.clone(),
@@ -40,7 +40,7 @@ pub fn latest(dir: &Path) -> Result<(String, Checkpoint), AuditError> {
 
 /// An inclusion proof.
 #[derive(Debug, Serialize)]
-pub struct Inclusion {
+pub(crate) struct Inclusion {
     /// The entry's seq.
     pub seq: u64,
     /// Its leaf index (seq - 1).
@@ -58,7 +58,7 @@ pub struct Inclusion {
 
 /// A consistency proof.
 #[derive(Debug, Serialize)]
-pub struct Consistency {
+pub(crate) struct Consistency {
     /// The older size.
     pub old_size: u64,
     /// The newer size.
@@ -74,7 +74,7 @@ pub struct Consistency {
 
 /// Why a proof cannot be given.
 #[derive(Debug, thiserror::Error)]
-pub enum ProveError {
+pub(crate) enum ProveError {
     /// The log's files.
     #[error(transparent)]
     Audit(#[from] AuditError),
@@ -114,7 +114,7 @@ fn io(dir: &Path) -> impl Fn(std::io::Error) -> ProveError + '_ {
 
 /// The inclusion proof of entry `seq` in the tree of `size` entries
 /// (default: the latest checkpoint's).
-pub fn inclusion(dir: &Path, seq: u64, size: Option<u64>) -> Result<Inclusion, ProveError> {
+pub(crate) fn inclusion(dir: &Path, seq: u64, size: Option<u64>) -> Result<Inclusion, ProveError> {
     let (size, checkpoint) = size_or_latest(dir, size)?;
     if seq == 0 || seq > size {
         return Err(ProveError::Range(format!(
@@ -142,7 +142,11 @@ pub fn inclusion(dir: &Path, seq: u64, size: Option<u64>) -> Result<Inclusion, P
 
 /// The consistency proof from `old` entries to `size` (default: the latest
 /// checkpoint's).
-pub fn consistency(dir: &Path, old: u64, size: Option<u64>) -> Result<Consistency, ProveError> {
+pub(crate) fn consistency(
+    dir: &Path,
+    old: u64,
+    size: Option<u64>,
+) -> Result<Consistency, ProveError> {
     let (size, checkpoint) = size_or_latest(dir, size)?;
     if old > size {
         return Err(ProveError::Range(format!(

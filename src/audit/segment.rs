@@ -21,7 +21,7 @@ pub(super) fn io_err(path: &Path) -> impl Fn(std::io::Error) -> AuditError + '_ 
 }
 
 /// The segment files of `dir`, in order.
-pub fn segments(dir: &Path) -> Result<Vec<PathBuf>, AuditError> {
+pub(crate) fn segments(dir: &Path) -> Result<Vec<PathBuf>, AuditError> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io_err(dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -43,7 +43,7 @@ pub(super) fn segment_path(dir: &Path, n: u32) -> PathBuf {
 /// The entries in the last `bytes` of the log (for a live tail): complete
 /// lines of the newest segment, and of the one before when the newest is
 /// short.
-pub fn tail(
+pub(crate) fn tail(
     dir: &Path,
     bytes: u64,
 ) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, AuditError> {

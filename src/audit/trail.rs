@@ -21,7 +21,7 @@ use crate::core::decision::Decision;
 use crate::core::identity::Identity;
 
 /// The audit trail of one call.
-pub struct Trail {
+pub(crate) struct Trail {
     log: Option<(Arc<dyn AuditSink>, Map<String, Value>)>,
     // A std mutex: held for a push or a drain, never across an await.
     pending: parking_lot::Mutex<Vec<(&'static str, Map<String, Value>)>>,
@@ -33,7 +33,7 @@ fn now() -> Value {
 
 impl Trail {
     /// The trail of `call` by `who` under `client_key`.
-    pub fn new(
+    pub(crate) fn new(
         audit: Option<&Arc<dyn AuditSink>>,
         who: &Identity,
         server: &str,
@@ -74,7 +74,7 @@ impl Trail {
 
     /// Record an entry: stamped now, handed to the writer with the
     /// dispatch, at a flush, or when the call ends.
-    pub fn record(&self, kind: &'static str, extra: Vec<(&str, Value)>) {
+    pub(crate) fn record(&self, kind: &'static str, extra: Vec<(&str, Value)>) {
         if let Some((_, base)) = &self.log {
             self.push(kind, Self::fields(base, extra));
         }
@@ -83,7 +83,7 @@ impl Trail {
     /// Hand what is pending to the writer now (before entries that others
     /// record, such as a proposal this call creates, so the log keeps
     /// cause before effect).
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         if let Some((log, _)) = &self.log {
             log.record_all(self.take());
         }
@@ -93,14 +93,14 @@ impl Trail {
     /// outbox (one fsync with the `dispatched` record). `None` without an
     /// audit log; `Some(Err(entries))` when the log has no outbox (then the
     /// caller makes them durable itself).
-    pub fn stage_dispatch(&self) -> Option<(Arc<dyn AuditSink>, Result<Staged, Entries>)> {
+    pub(crate) fn stage_dispatch(&self) -> Option<(Arc<dyn AuditSink>, Result<Staged, Entries>)> {
         let (log, base) = self.log.as_ref()?;
         self.push("dispatched", base.clone());
         Some((log.clone(), log.stage(self.take())))
     }
 
     /// `call_received`, with the arguments as `audit.arguments` says.
-    pub fn received(&self, call: &CanonicalCall, explicit: bool, read_only: bool) {
+    pub(crate) fn received(&self, call: &CanonicalCall, explicit: bool, read_only: bool) {
         if let Some((log, base)) = &self.log {
             let mut f = base.clone();
             f.insert("explicit_key".into(), json!(explicit));
@@ -111,7 +111,7 @@ impl Trail {
     }
 
     /// `decision`, with the determining policy ids.
-    pub fn decision(&self, d: &Decision) {
+    pub(crate) fn decision(&self, d: &Decision) {
         let (decision, policies, errors) = match d {
             Decision::Allow { policies } => ("allow", policies, None),
             Decision::Approval { policies } => ("approval", policies, None),

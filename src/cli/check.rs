@@ -15,7 +15,7 @@ use crate::wire::jsonrpc::{raw, Message};
 
 /// The health of one upstream.
 #[derive(Debug, Serialize)]
-pub struct Health {
+pub(crate) struct Health {
     /// Server name.
     pub server: String,
     /// Whether `initialize` succeeded.
@@ -39,7 +39,7 @@ pub struct Health {
 
 /// One tool as `check` reports it.
 #[derive(Debug, Serialize)]
-pub struct ToolHealth {
+pub(crate) struct ToolHealth {
     /// Tool name.
     pub name: String,
     /// Effective `readOnly`.
@@ -59,7 +59,7 @@ pub struct ToolHealth {
 /// One tool of `check`'s text output: its name, what the gateway treats it
 /// as (read-only, or a write and whether destructive) and the other
 /// effective hints.
-pub fn tool_line(t: &ToolHealth) -> String {
+pub(crate) fn tool_line(t: &ToolHealth) -> String {
     let kind = match (t.read_only, t.destructive) {
         (true, _) => "read-only",
         (false, true) => "write, destructive",
@@ -162,7 +162,7 @@ async fn initialize_and_list(gw: &Gateway, server: &str) -> Result<Listing, Stri
 }
 
 /// The `tools` array of `server`'s `tools/list`.
-pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
+pub(crate) async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
     initialize_and_list(gw, server)
         .await?
         .tools
@@ -172,7 +172,7 @@ pub async fn list_tools(gw: &Gateway, server: &str) -> Result<Value, String> {
 /// Check every configured upstream, one after another, and add what the
 /// running gateway (if one answers on `gateway.listen`) says of its
 /// circuit breakers.
-pub async fn check_all(gw: &Gateway) -> Vec<Health> {
+pub(crate) async fn check_all(gw: &Gateway) -> Vec<Health> {
     let health = running_health(gw).await;
     let circuits = health
         .as_ref()
@@ -190,7 +190,7 @@ pub async fn check_all(gw: &Gateway) -> Vec<Health> {
 
 /// The running gateway's `/healthz`, if one answers on `gateway.listen`
 /// (503 included: it still says why).
-pub async fn running_health(gw: &Gateway) -> Option<Value> {
+pub(crate) async fn running_health(gw: &Gateway) -> Option<Value> {
     let url = format!("http://{}/healthz", gw.config().gateway.listen);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))

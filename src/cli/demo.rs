@@ -29,7 +29,7 @@ const AGENT_TOKEN: &str = "demo-agent-token";
 const REVIEWER: &str = "demo-reviewer";
 
 /// Options of `countersign demo`.
-pub struct Options {
+pub(crate) struct Options {
     /// Leave the gateway running and print what to try next.
     pub keep: bool,
     /// The example server binary (default: `examples/payments_server` next
@@ -68,7 +68,7 @@ fn step(n: u32, title: &str) {
 }
 
 /// Run the demo.
-pub async fn run(opts: Options) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the countersign binary")?;
     let server_bin = match &opts.server_bin {
         Some(p) => p.clone(),

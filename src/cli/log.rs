@@ -12,7 +12,7 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// Start logging to stderr (never stdout: in stdio mode it is the
 /// protocol), filtered by `COUNTERSIGN_LOG` (default `info`).
-pub fn init() {
+pub(crate) fn init() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -24,7 +24,7 @@ pub fn init() {
 
 /// A [`MakeWriter`] whose writers escape control characters.
 #[derive(Clone, Copy)]
-pub struct Escaping<F>(pub F);
+pub(crate) struct Escaping<F>(pub F);
 
 impl<'a, F, W> MakeWriter<'a> for Escaping<F>
 where
@@ -40,7 +40,7 @@ where
 
 /// Writes each buffer with its control characters escaped, keeping one
 /// final newline.
-pub struct EscapingWriter<W>(W);
+pub(crate) struct EscapingWriter<W>(W);
 
 impl<W: Write> Write for EscapingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -55,7 +55,7 @@ impl<W: Write> Write for EscapingWriter<W> {
 
 /// The text of `buf` with every control character escaped, but a final
 /// newline kept (the formatter writes one event per buffer).
-pub fn escape(buf: &[u8]) -> String {
+pub(crate) fn escape(buf: &[u8]) -> String {
     let text = String::from_utf8_lossy(buf);
     let (body, end) = match text.strip_suffix('\n') {
         Some(body) => (body, "\n"),

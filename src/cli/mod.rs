@@ -10,18 +10,18 @@
 //! - [`files`]: reading the configuration and the policy folder.
 //! - [`log`]: log lines that client values cannot forge.
 
-pub mod check;
+pub(crate) mod check;
 pub mod client;
-pub mod demo;
+pub(crate) mod demo;
 pub mod files;
-pub mod log;
-pub mod policy;
-pub mod reconcile;
-pub mod review;
-pub mod serve;
-pub mod store;
-pub mod tools;
-pub mod transparency;
+pub(crate) mod log;
+pub(crate) mod policy;
+pub(crate) mod reconcile;
+pub(crate) mod review;
+pub(crate) mod serve;
+pub(crate) mod store;
+pub(crate) mod tools;
+pub(crate) mod transparency;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

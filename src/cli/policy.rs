@@ -13,7 +13,7 @@ use crate::core::identity::Identity;
 
 /// Parse and validate the folder; print every error Cedar-style
 /// (`file:line:column: message`). Returns whether it is clean.
-pub fn check(dir: &Path) -> bool {
+pub(crate) fn check(dir: &Path) -> bool {
     match crate::cli::files::load_policies(dir, None) {
         Ok(p) => {
             let how = if p.validated() {
@@ -85,7 +85,7 @@ enum Expect {
 
 /// Run the decision cases of `file` against the folder `dir`. Prints one
 /// line per case; returns whether all passed.
-pub fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
+pub(crate) fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
     let policies = crate::cli::files::load_policies(dir, None).map_err(|errors| {
         anyhow::anyhow!(
             "the policies do not load:\n{}",
@@ -162,7 +162,7 @@ pub fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
 /// decision maps values: `string` → `String`, `number`/`integer` → `decimal`,
 /// `boolean` → `Bool`, `object` with `properties` → a record, `array` of a
 /// simple type → `Set<…>`.
-pub fn arguments_schema(server: &str, tools: &Value) -> String {
+pub(crate) fn arguments_schema(server: &str, tools: &Value) -> String {
     use std::collections::BTreeMap;
     let mut fields: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut lines = vec![format!(

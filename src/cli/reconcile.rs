@@ -33,7 +33,7 @@ async fn open(config: &Config) -> Result<RedbStore, ReconcileError> {
 }
 
 /// Settle one unknown record. The change is durable when this returns.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     config: &Config,
     tenant: &str,
     principal: &str,
@@ -82,7 +82,7 @@ pub async fn reconcile(
 }
 
 /// The unknown records of a stopped gateway: (tenant, principal, key, record).
-pub async fn list_unknown(
+pub(crate) async fn list_unknown(
     config: &Config,
 ) -> Result<Vec<(String, String, String, Record)>, ReconcileError> {
     list_unknown_in(&open(config).await?).await

@@ -15,7 +15,7 @@ use crate::core::approval::{format_public_key, KeyFile, Verdict};
 /// `countersign keygen --out FILE [--name NAME]`: a new reviewer key, written
 /// with mode 0600 (never over an existing file). Returns the lines to add to
 /// `policies/reviewers.toml`.
-pub fn keygen(
+pub(crate) fn keygen(
     out: &Path,
     name: &str,
     groups: &[String],
@@ -83,7 +83,7 @@ pub fn keygen(
 }
 
 /// A client for the gateway with a reviewer's key file.
-pub fn client(gateway: &str, key: &Path) -> anyhow::Result<Client> {
+pub(crate) fn client(gateway: &str, key: &Path) -> anyhow::Result<Client> {
     Client::new(gateway, &load_key(key)?)
 }
 
@@ -94,7 +94,7 @@ fn age(created_ms: i64) -> String {
 }
 
 /// `countersign pending`: pending proposals, a line each (or JSON).
-pub async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
+pub(crate) async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
     let list = c.proposals(Some("pending")).await?;
     if as_json {
         return Ok(serde_json::to_string_pretty(&json!({ "proposals": list }))?);
@@ -159,7 +159,7 @@ fn columns<const N: usize>(rows: &[[String; N]]) -> String {
 
 /// One line per change (`[{pointer, before, after}]`):
 /// `  /pointer   before -> after`.
-pub fn describe_changes(changes: &Value) -> String {
+pub(crate) fn describe_changes(changes: &Value) -> String {
     let show = |v: &Value| {
         if v.is_null() {
             "(absent)".to_owned()
@@ -183,7 +183,7 @@ pub fn describe_changes(changes: &Value) -> String {
 }
 
 /// `countersign show ID`: the proposal in full (or JSON).
-pub async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String> {
+pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String> {
     let p = c.proposal(id).await?;
     if as_json {
         return Ok(serde_json::to_string_pretty(&p)?);
@@ -246,7 +246,7 @@ pub async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<String>
 }
 
 /// `countersign approve|deny`.
-pub async fn decide(
+pub(crate) async fn decide(
     c: &Client,
     id: &str,
     verdict: Verdict,
@@ -267,7 +267,7 @@ pub async fn decide(
 }
 
 /// `countersign reconcile --reviewer-key`: through a running gateway.
-pub async fn reconcile(c: &Client, body: &Value) -> anyhow::Result<String> {
+pub(crate) async fn reconcile(c: &Client, body: &Value) -> anyhow::Result<String> {
     let v = c
         .call(reqwest::Method::POST, "/v1/outcomes/reconcile", Some(body))
         .await?;

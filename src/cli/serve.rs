@@ -23,7 +23,7 @@ fn sweep_every(idle_timeout: Duration) -> Duration {
 }
 
 /// Run the gateway with a loaded config.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
+pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let addr = config.gateway.listen;
     if !addr.ip().is_loopback() {
         tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");

@@ -11,14 +11,14 @@ use crate::core::config::Config;
 use crate::store::{PgStore, RedbStore, Store};
 
 /// Where the redb ledger of a data dir lives.
-pub fn ledger_path(data_dir: &Path) -> std::path::PathBuf {
+pub(crate) fn ledger_path(data_dir: &Path) -> std::path::PathBuf {
     data_dir.join("ledger.redb")
 }
 
 /// This gateway's id: kept in `data_dir/gateway-id`, made (random) on first
 /// start. Rows a gateway writes to a shared store carry it, and a gateway
 /// recovers only its own after a crash.
-pub fn gateway_id(data_dir: &Path) -> anyhow::Result<String> {
+pub(crate) fn gateway_id(data_dir: &Path) -> anyhow::Result<String> {
     let path = data_dir.join("gateway-id");
     match std::fs::read_to_string(&path) {
         Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
@@ -142,7 +142,7 @@ fn local(pg: &tokio_postgres::Config) -> bool {
 
 /// Open the configured store (migrating PostgreSQL when its schema is
 /// older). Returns it and a line for the log.
-pub async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, String)> {
+pub(crate) async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, String)> {
     match &config.store.url {
         None => {
             let path = ledger_path(&config.gateway.data_dir);
@@ -180,7 +180,7 @@ pub async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, String)> {
 }
 
 /// `countersign store migrate`: bring a PostgreSQL schema up to date.
-pub async fn migrate(config: &Config) -> anyhow::Result<String> {
+pub(crate) async fn migrate(config: &Config) -> anyhow::Result<String> {
     let url =
         config.store.url.as_deref().ok_or_else(|| {
             anyhow::anyhow!("no [store] url in the config: redb needs no migration")

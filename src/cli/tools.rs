@@ -18,7 +18,7 @@ use crate::front::gateway::Gateway;
 /// How a listed tool stands against the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Standing {
+pub(crate) enum Standing {
     /// The lock pins this very definition.
     Pinned,
     /// The lock pins another definition.
@@ -31,7 +31,7 @@ pub enum Standing {
 
 /// One tool of one server.
 #[derive(Debug, Serialize)]
-pub struct ToolState {
+pub(crate) struct ToolState {
     /// Server.
     pub server: String,
     /// Tool.
@@ -50,10 +50,10 @@ pub struct ToolState {
 }
 
 /// What each server lists now: server → tool → definition.
-pub type Listed = BTreeMap<String, BTreeMap<String, Definition>>;
+pub(crate) type Listed = BTreeMap<String, BTreeMap<String, Definition>>;
 
 /// List `servers` (all configured when empty), every page.
-pub async fn fetch(gw: &Gateway, only: Option<&str>) -> anyhow::Result<Listed> {
+pub(crate) async fn fetch(gw: &Gateway, only: Option<&str>) -> anyhow::Result<Listed> {
     let mut out = Listed::new();
     for server in gw.config().servers.keys() {
         if only.is_some_and(|o| o != server) {
@@ -88,7 +88,7 @@ pub async fn fetch(gw: &Gateway, only: Option<&str>) -> anyhow::Result<Listed> {
 }
 
 /// Compare what is listed with the lock.
-pub fn compare(listed: &Listed, lock: &ToolLock) -> Vec<ToolState> {
+pub(crate) fn compare(listed: &Listed, lock: &ToolLock) -> Vec<ToolState> {
     let mut out = Vec::new();
     for (server, tools) in listed {
         for (tool, def) in tools {
@@ -124,13 +124,13 @@ pub fn compare(listed: &Listed, lock: &ToolLock) -> Vec<ToolState> {
 }
 
 /// One line per change (as `countersign show` prints them).
-pub fn describe(changes: &[Change]) -> String {
+pub(crate) fn describe(changes: &[Change]) -> String {
     crate::cli::review::describe_changes(&serde_json::to_value(changes).unwrap_or(Value::Null))
 }
 
 /// `tools pin`: the lock gets every listed definition of `listed`'s servers
 /// (replacing those servers' entries whole; other servers stay).
-pub fn pin(lock: &mut ToolLock, listed: &Listed) -> usize {
+pub(crate) fn pin(lock: &mut ToolLock, listed: &Listed) -> usize {
     let mut n = 0;
     for (server, tools) in listed {
         lock.servers.remove(server);
@@ -146,7 +146,7 @@ pub fn pin(lock: &mut ToolLock, listed: &Listed) -> usize {
 /// `tools accept S/tool`: pin the definition listed now, after checking it
 /// is the one the operator looked at (`digest`, when given). A tool the
 /// server no longer lists leaves the lock.
-pub fn accept(
+pub(crate) fn accept(
     lock: &mut ToolLock,
     listed: &Listed,
     server: &str,
@@ -181,19 +181,19 @@ pub fn accept(
 }
 
 /// Split `S/tool` (the tool name may itself hold `/`).
-pub fn split(name: &str) -> anyhow::Result<(&str, &str)> {
+pub(crate) fn split(name: &str) -> anyhow::Result<(&str, &str)> {
     name.split_once('/')
         .filter(|(s, t)| !s.is_empty() && !t.is_empty())
         .ok_or_else(|| anyhow::anyhow!("`{name}` is not SERVER/TOOL"))
 }
 
 /// Load the lock of the config's policy folder.
-pub fn lock_of(gw: &Gateway) -> anyhow::Result<ToolLock> {
+pub(crate) fn lock_of(gw: &Gateway) -> anyhow::Result<ToolLock> {
     load_tool_lock(&gw.config().gateway.policies)
 }
 
 /// Save the lock in the config's policy folder; returns the path.
-pub fn save(gw: &Gateway, lock: &ToolLock) -> anyhow::Result<std::path::PathBuf> {
+pub(crate) fn save(gw: &Gateway, lock: &ToolLock) -> anyhow::Result<std::path::PathBuf> {
     save_tool_lock(&gw.config().gateway.policies, lock)
 }
 

@@ -19,7 +19,7 @@ fn b64() -> base64::engine::GeneralPurpose {
 }
 
 /// `audit prove SEQ` and `audit prove --consistency OLD`.
-pub fn prove(
+pub(crate) fn prove(
     dir: &Path,
     seq: Option<u64>,
     old: Option<u64>,
@@ -49,14 +49,14 @@ fn gateway_key(dir: &Path) -> anyhow::Result<ed25519_dalek::SigningKey> {
 }
 
 /// `audit pubkey --vkey`: the checkpoints' verifier key.
-pub fn vkey(dir: &Path) -> anyhow::Result<String> {
+pub(crate) fn vkey(dir: &Path) -> anyhow::Result<String> {
     let (_, cp) = proofs::latest(dir)?;
     Ok(note::vkey(&cp.origin, &gateway_key(dir)?.verifying_key()))
 }
 
 /// `audit export --with-proofs`: the latest checkpoint, then each entry it
 /// covers with its inclusion proof against it.
-pub fn export_with_proofs(dir: &Path, out: Option<&Path>) -> anyhow::Result<ExitCode> {
+pub(crate) fn export_with_proofs(dir: &Path, out: Option<&Path>) -> anyhow::Result<ExitCode> {
     let (text, cp) = proofs::latest(dir)?;
     let tree = TreeReader::open(dir)?;
     anyhow::ensure!(
@@ -141,7 +141,7 @@ fn checkpoint_key(text: &str) -> anyhow::Result<(Option<String>, ed25519_dalek::
 
 /// `audit check-export FILE`: each entry of an export with proofs against
 /// the checkpoint at its top, on its own.
-pub fn check_export(file: &Path, pubkey: &str) -> anyhow::Result<ExitCode> {
+pub(crate) fn check_export(file: &Path, pubkey: &str) -> anyhow::Result<ExitCode> {
     let (name, key) = checkpoint_key(pubkey)?;
     let input: Box<dyn BufRead> = if file == Path::new("-") {
         Box::new(std::io::BufReader::new(std::io::stdin()))

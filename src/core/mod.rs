@@ -36,5 +36,5 @@ pub mod confirm;
 pub mod decision;
 pub mod identity;
 pub mod ledger;
-pub mod recovery;
+pub(crate) mod recovery;
 pub mod time;

@@ -36,7 +36,7 @@ pub enum Failure {
 
 /// What a server's JSON-RPC answer means for a retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResponseClass {
+pub(crate) enum ResponseClass {
     /// A result (error or not): the final answer.
     Answer,
     /// Refused unprocessed (`-32700/-32600/-32601/-32602`): not dispatched.
@@ -50,7 +50,7 @@ pub enum ResponseClass {
 }
 
 /// Classify a server's answer.
-pub fn classify_response(resp: &Message) -> ResponseClass {
+pub(crate) fn classify_response(resp: &Message) -> ResponseClass {
     match resp.error_code() {
         Some(-32700 | -32600 | -32601 | -32602) => ResponseClass::Refused,
         Some(-32603) | Some(-32099..=-32000) => ResponseClass::Transient,
@@ -74,7 +74,7 @@ impl Failure {
 
 /// Capped exponential backoff with full jitter.
 #[derive(Debug, Clone, Copy)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// Attempts in all, the first included.
     pub max_attempts: u32,
     /// Delay before the second attempt (before jitter).
@@ -86,7 +86,7 @@ pub struct Backoff {
 impl Backoff {
     /// Delay before attempt `attempt` (2 = the first retry), with `jitter`
     /// in `[0, 1)`: uniform in `[0, min(max, base·2^(attempt-2))]`.
-    pub fn delay(&self, attempt: u32, jitter: f64) -> Duration {
+    pub(crate) fn delay(&self, attempt: u32, jitter: f64) -> Duration {
         let exp = attempt.saturating_sub(2).min(20);
         let cap = self.base.saturating_mul(1u32 << exp).min(self.max);
         cap.mul_f64(jitter.clamp(0.0, 1.0))
@@ -95,7 +95,7 @@ impl Backoff {
 
 /// What the breaker lets through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Closed: go.
     Go,
     /// Half-open: this call is the one trial.
@@ -113,7 +113,7 @@ enum BreakerState {
 
 /// A circuit breaker for one upstream.
 #[derive(Debug, Clone)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     state: BreakerState,
@@ -121,7 +121,7 @@ pub struct Breaker {
 
 impl Breaker {
     /// Opens after `threshold` consecutive failures, for `cooldown`.
-    pub fn new(threshold: u32, cooldown: Duration) -> Breaker {
+    pub(crate) fn new(threshold: u32, cooldown: Duration) -> Breaker {
         Breaker {
             threshold: threshold.max(1),
             cooldown,
@@ -130,7 +130,7 @@ impl Breaker {
     }
 
     /// May a call go now?
-    pub fn admit(&mut self, now: Instant) -> Admission {
+    pub(crate) fn admit(&mut self, now: Instant) -> Admission {
         match self.state {
             BreakerState::Closed { .. } => Admission::Go,
             BreakerState::Open { until } if now < until => Admission::Refuse,
@@ -143,12 +143,12 @@ impl Breaker {
     }
 
     /// The upstream answered.
-    pub fn success(&mut self) {
+    pub(crate) fn success(&mut self) {
         self.state = BreakerState::Closed { failures: 0 };
     }
 
     /// The upstream failed.
-    pub fn failure(&mut self, now: Instant) {
+    pub(crate) fn failure(&mut self, now: Instant) {
         self.state = match self.state {
             BreakerState::Closed { failures } if failures + 1 < self.threshold => {
                 BreakerState::Closed {
@@ -165,19 +165,19 @@ impl Breaker {
     /// ledger answered, a policy refused, the store failed): give the slot
     /// back, so the next call can be the trial. Without this a breaker
     /// stays half-open with its one trial out, refusing everything.
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         if self.state == (BreakerState::HalfOpen { trial_out: true }) {
             self.state = BreakerState::HalfOpen { trial_out: false };
         }
     }
 
     /// Whether calls are being refused.
-    pub fn is_open(&self, now: Instant) -> bool {
+    pub(crate) fn is_open(&self, now: Instant) -> bool {
         matches!(self.state, BreakerState::Open { until } if now < until)
     }
 
     /// `closed`, `open` or `half-open`, for logs and `/healthz`.
-    pub fn state_name(&self, now: Instant) -> &'static str {
+    pub(crate) fn state_name(&self, now: Instant) -> &'static str {
         match self.state {
             BreakerState::Closed { .. } => "closed",
             BreakerState::Open { until } if now < until => "open",

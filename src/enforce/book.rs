@@ -767,7 +767,7 @@ fn decided_kind(p: &Proposal) -> &'static str {
 }
 
 /// Who answered `p`, in words.
-pub fn answered_by(p: &Proposal) -> String {
+pub(crate) fn answered_by(p: &Proposal) -> String {
     match (&p.confirmation, &p.decision) {
         (Some(c), _) => format!("the person at the client ({})", c.principal),
         (None, Some(d)) => format!("reviewer {}", d.statement.reviewer),
@@ -809,6 +809,6 @@ fn reviewer_still_valid(p: &Proposal, reviewers: &Reviewers) -> bool {
 }
 
 /// The pending answer for a proposal.
-pub fn pending(p: &Proposal) -> ApprovalNote {
+pub(crate) fn pending(p: &Proposal) -> ApprovalNote {
     note(ApprovalCode::Pending, p, None)
 }

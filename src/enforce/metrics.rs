@@ -35,7 +35,7 @@ type CircuitLabels = [(&'static str, String); 2];
 
 /// The label of a tool the server does not list: client-chosen names never
 /// become label values, so a client cannot grow the metrics without bound.
-pub const UNLISTED_TOOL: &str = "(unlisted)";
+pub(crate) const UNLISTED_TOOL: &str = "(unlisted)";
 
 fn latency() -> Histogram {
     // 10 µs to about 5 s.
@@ -188,7 +188,7 @@ impl Metrics {
 
 /// The `outcome` label of a call: the code the agent got when countersign
 /// answered it itself (the same one the audit trail records).
-pub fn outcome_label(outcome: &CallOutcome) -> &'static str {
+pub(crate) fn outcome_label(outcome: &CallOutcome) -> &'static str {
     if let Some(code) = super::answer::code_of(outcome) {
         return code;
     }

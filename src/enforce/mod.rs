@@ -30,15 +30,15 @@
 //! - [`metrics`]: the Prometheus metrics the pipeline keeps.
 
 pub mod answer;
-pub mod book;
+pub(crate) mod book;
 pub(crate) mod breakers;
-pub mod call;
+pub(crate) mod call;
 pub mod client;
 pub mod flight;
 pub(crate) mod gate;
 pub(crate) mod judge;
 pub(crate) mod learn;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod outcome;
 pub mod permit;
 pub mod pipeline;

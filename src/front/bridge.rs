@@ -36,7 +36,7 @@ use crate::wire::sse;
 
 /// How the bridge reaches the gateway.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Gateway base URL, e.g. `http://127.0.0.1:7373`.
     pub gateway: String,
     /// Upstream server name (`/mcp/{server}`).
@@ -67,7 +67,7 @@ struct State {
 }
 
 /// Run the bridge until stdin closes.
-pub async fn run(opts: Options) -> anyhow::Result<()> {
+pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
     let url = format!("{}/mcp/{}", opts.gateway.trim_end_matches('/'), opts.server);
     let scope = hex::encode(rand::random::<[u8; 16]>());
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);

@@ -38,7 +38,7 @@ use crate::enforce::book::DecideError;
 use crate::front::gateway::Gateway;
 
 /// The control API's routes (merged into the gateway's router).
-pub fn router(gw: Arc<Gateway>) -> Router {
+pub(crate) fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/proposals", get(list))
         .route("/v1/proposals/{id}", get(show))
@@ -128,7 +128,7 @@ fn authenticate(
 
 /// A request signed by a registered reviewer: the reviewer and the body the
 /// signature covers. Handlers that take it cannot run for anyone else.
-pub struct Signed {
+pub(crate) struct Signed {
     /// Who signed.
     pub reviewer: Reviewer,
     /// The request body (already read: the signature covers its hash).
@@ -161,7 +161,7 @@ impl FromRequest<Arc<Gateway>> for Signed {
 /// A proposal as the API shows it: the stored record plus a plain
 /// sentence and RFC 3339 times (`pending_expires_at`: when an undecided
 /// proposal expires).
-pub fn view(p: &Proposal, pending_ttl: std::time::Duration) -> Value {
+pub(crate) fn view(p: &Proposal, pending_ttl: std::time::Duration) -> Value {
     let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
     if let Some(o) = v.as_object_mut() {
         o.insert("summary".into(), json!(approval::summary(p)));

@@ -36,7 +36,7 @@ use crate::wire::jsonrpc::{raw, Message};
 const UNSOLICITED_BUFFER: usize = 256;
 
 /// One handshake-era client session.
-pub struct Session {
+pub(crate) struct Session {
     /// The gateway-minted `Mcp-Session-Id`.
     pub id: String,
     /// The upstream server.
@@ -80,13 +80,16 @@ pub struct Session {
 
 impl Session {
     /// The current upstream connection.
-    pub fn conn(&self) -> Arc<UpstreamConn> {
+    pub(crate) fn conn(&self) -> Arc<UpstreamConn> {
         self.conn.lock().clone()
     }
 
     /// The connection to use now: the current one, or a healed one when it
     /// was lost (child exited, upstream session expired).
-    pub async fn healthy_conn(&self, gw: &Gateway) -> Result<Arc<UpstreamConn>, UpstreamError> {
+    pub(crate) async fn healthy_conn(
+        &self,
+        gw: &Gateway,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
         if self.envelope.is_some() {
             // The server's shared 2026-07-28 connection, reconnected by the
             // gateway when it was lost.
@@ -156,7 +159,7 @@ impl Session {
     }
 
     /// The capabilities the session's client declared in `initialize`.
-    pub fn client_capabilities(&self) -> Option<Value> {
+    pub(crate) fn client_capabilities(&self) -> Option<Value> {
         let params = self.init_params.lock().clone()?;
         let params: Value = serde_json::from_str(params.get()).ok()?;
         params.get("capabilities").cloned()
@@ -164,7 +167,7 @@ impl Session {
 
     /// `msg` with the session's 2026-07-28 envelope in `params._meta`, when
     /// the upstream speaks only that era (keys the client sent stay).
-    pub fn enveloped(&self, mut msg: Message) -> Message {
+    pub(crate) fn enveloped(&self, mut msg: Message) -> Message {
         let Some(envelope) = &self.envelope else {
             return msg;
         };
@@ -196,7 +199,7 @@ impl Session {
     }
 
     /// Note activity (for the idle sweep).
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         *self.last_used.lock() = Instant::now();
     }
 
@@ -206,7 +209,7 @@ impl Session {
 }
 
 /// What a client's `initialize` led to.
-pub enum Opened {
+pub(crate) enum Opened {
     /// A new session, and the upstream's answer.
     Session(Arc<Session>, Message),
     /// No session: the upstream's refusal, or the gateway's account of the
@@ -216,7 +219,7 @@ pub enum Opened {
 
 /// What the gateway learned about a server's 2026-07-28 support.
 #[derive(Clone)]
-pub enum ModernUpstream {
+pub(crate) enum ModernUpstream {
     /// It answered `server/discover` with a modern version: shared connection.
     Speaks(Arc<UpstreamConn>),
     /// It is handshake-only; modern clients get the version error.
@@ -229,7 +232,7 @@ type BridgeKey = (String, String, String);
 /// A handshake-era upstream session held for 2026-07-28 clients, and what
 /// the upstream's `initialize` said (to answer their `server/discover`).
 #[derive(Clone)]
-pub struct Bridge {
+pub(crate) struct Bridge {
     /// The session (registered like a client's: swept when idle, healed
     /// when lost, closed at shutdown).
     pub session: Arc<Session>,
@@ -240,7 +243,7 @@ pub struct Bridge {
 /// The gateway's shared state: configuration, identities, the enforcement
 /// pipeline, and the upstream connections (handshake-era sessions and the
 /// shared 2026-07-28 connection of each server).
-pub struct Gateway {
+pub(crate) struct Gateway {
     /// The loaded configuration.
     config: Arc<Config>,
     /// Bearer tokens.
@@ -270,7 +273,7 @@ impl Gateway {
     /// Build the gateway state from a checked config.
     /// `store` holds the idempotency ledger (redb for `serve`; `check`, which
     /// sends no `tools/call`, uses a memory store and leaves the file alone).
-    pub fn new(
+    pub(crate) fn new(
         config: Config,
         store: Arc<dyn Store>,
         policies: Policies,
@@ -314,22 +317,22 @@ impl Gateway {
     }
 
     /// The loaded configuration.
-    pub fn config(&self) -> &Arc<Config> {
+    pub(crate) fn config(&self) -> &Arc<Config> {
         &self.config
     }
 
     /// The configured bearer tokens.
-    pub fn identities(&self) -> &Identities {
+    pub(crate) fn identities(&self) -> &Identities {
         &self.identities
     }
 
     /// The enforcement pipeline of `tools/call`.
-    pub fn pipeline(&self) -> &Pipeline {
+    pub(crate) fn pipeline(&self) -> &Pipeline {
         &self.pipeline
     }
 
     /// The audit dir (`serve`), for the read-only transparency endpoints.
-    pub fn audit_dir(&self) -> Option<&std::path::Path> {
+    pub(crate) fn audit_dir(&self) -> Option<&std::path::Path> {
         self.audit_dir.as_deref()
     }
 
@@ -337,7 +340,7 @@ impl Gateway {
     /// `Err(wait)` when it is over, with how long until one would pass.
     /// Keys are configured identities only, so the limiter's memory is
     /// bounded by the config.
-    pub fn rate_check(&self, identity: &Identity) -> Result<(), std::time::Duration> {
+    pub(crate) fn rate_check(&self, identity: &Identity) -> Result<(), std::time::Duration> {
         let Some(rate) = &self.rate else {
             return Ok(());
         };
@@ -350,7 +353,7 @@ impl Gateway {
     }
 
     /// How many handshake-era sessions `identity` holds now.
-    pub fn sessions_of(&self, identity: &Identity) -> usize {
+    pub(crate) fn sessions_of(&self, identity: &Identity) -> usize {
         self.sessions
             .lock()
             .values()
@@ -362,7 +365,7 @@ impl Gateway {
 
     /// Open an upstream connection to `server` whose server messages of no
     /// request go to `unsolicited`.
-    pub async fn connect_with(
+    pub(crate) async fn connect_with(
         &self,
         server: &str,
         unsolicited: mpsc::Sender<Message>,
@@ -395,7 +398,7 @@ impl Gateway {
     }
 
     /// Open an upstream connection to `server`.
-    pub async fn connect(
+    pub(crate) async fn connect(
         &self,
         server: &str,
     ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
@@ -407,7 +410,7 @@ impl Gateway {
     /// A client's `initialize`: connect to `server`, relay the request, and
     /// on success register a session bound to `identity` (idempotency scope
     /// `scope` when the stdio bridge sent one, else the session id).
-    pub async fn open_session(
+    pub(crate) async fn open_session(
         &self,
         server: &str,
         identity: Arc<Identity>,
@@ -511,7 +514,7 @@ impl Gateway {
     }
 
     /// Register a new session after a successful `initialize`.
-    pub fn add_session(
+    pub(crate) fn add_session(
         &self,
         server: &str,
         identity: Arc<Identity>,
@@ -543,7 +546,12 @@ impl Gateway {
     }
 
     /// The session `id` of `server`, if it exists and belongs to `identity`.
-    pub fn session(&self, server: &str, id: &str, identity: &Identity) -> Option<Arc<Session>> {
+    pub(crate) fn session(
+        &self,
+        server: &str,
+        id: &str,
+        identity: &Identity,
+    ) -> Option<Arc<Session>> {
         let s = self.sessions.lock().get(id).cloned()?;
         // Bound to its creator: another principal (or another server's
         // endpoint) gets "no such session", never someone else's stream.
@@ -551,7 +559,7 @@ impl Gateway {
     }
 
     /// Remove a session and shut its upstream down.
-    pub async fn close_session(&self, id: &str) {
+    pub(crate) async fn close_session(&self, id: &str) {
         let removed = self.sessions.lock().remove(id);
         if let Some(s) = removed {
             s.shutdown_upstream(self.config.gateway.shutdown_grace)
@@ -560,7 +568,7 @@ impl Gateway {
     }
 
     /// Close sessions idle longer than `session_idle_timeout`.
-    pub async fn sweep_idle(&self) {
+    pub(crate) async fn sweep_idle(&self) {
         let limit = self.config.gateway.session_idle_timeout;
         let idle: Vec<String> = self
             .sessions
@@ -578,7 +586,7 @@ impl Gateway {
     }
 
     /// Shut every upstream down (gateway stopping).
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         let all: Vec<Arc<Session>> = self.sessions.lock().drain().map(|(_, s)| s).collect();
         let mut modern = Vec::new();
         for slot in self.modern.values() {
@@ -602,7 +610,7 @@ impl Gateway {
     }
 
     /// How many handshake-era sessions are open.
-    pub fn session_count(&self) -> usize {
+    pub(crate) fn session_count(&self) -> usize {
         self.sessions.lock().len()
     }
 
@@ -696,7 +704,7 @@ impl Gateway {
     /// is not an idempotency scope: keys stay those of a stateless request.
     /// Err: the upstream's refusal of `initialize`, or the gateway's account
     /// of the failure, as the answer to `id`.
-    pub async fn bridged(
+    pub(crate) async fn bridged(
         &self,
         server: &str,
         identity: &Arc<Identity>,
@@ -764,7 +772,10 @@ impl Gateway {
 
     /// The shared 2026-07-28 upstream of `server`, connecting and probing it
     /// on first use (and again after it was lost).
-    pub async fn modern_upstream(&self, server: &str) -> Result<ModernUpstream, UpstreamError> {
+    pub(crate) async fn modern_upstream(
+        &self,
+        server: &str,
+    ) -> Result<ModernUpstream, UpstreamError> {
         let Some(slot) = self.modern.get(server) else {
             return Err(UpstreamError::Closed {
                 server: server.into(),

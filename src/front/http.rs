@@ -37,10 +37,10 @@ use crate::wire::sse;
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_HEADER: &str = "mcp-protocol-version";
 /// Header by which the stdio bridge names its stable session scope.
-pub const SCOPE_HEADER: &str = "countersign-session-scope";
+pub(crate) const SCOPE_HEADER: &str = "countersign-session-scope";
 
 /// The gateway's routes.
-pub fn router(gw: Arc<Gateway>) -> Router {
+pub(crate) fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))

@@ -18,7 +18,7 @@ use crate::wire::jsonrpc::Message;
 /// One request's context: who calls which server, in which era, and where
 /// it goes upstream.
 #[derive(Clone)]
-pub struct RequestCtx {
+pub(crate) struct RequestCtx {
     /// The configured server.
     pub server: String,
     /// Who calls, and in which idempotency scope.
@@ -41,7 +41,7 @@ impl RequestCtx {
     /// A 2026-07-28 request: no session, so no idempotency scope of its own
     /// and no open questions; `bridged` when `target` speaks the handshake
     /// era for it.
-    pub fn stateless(
+    pub(crate) fn stateless(
         server: &str,
         identity: std::sync::Arc<crate::core::identity::Identity>,
         target: Target,
@@ -66,7 +66,7 @@ impl RequestCtx {
 /// The answer the client gets to request `msg`: the upstream's response, or
 /// the gateway's account of what happened. Server messages related to the
 /// request (progress, server requests) go to `events`.
-pub async fn answer(
+pub(crate) async fn answer(
     gw: &Gateway,
     rc: &RequestCtx,
     msg: Message,

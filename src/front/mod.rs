@@ -16,10 +16,10 @@
 //!   upstream.
 //! - [`tls`]: TLS on the listener, with the certificate reloaded from disk.
 
-pub mod bridge;
-pub mod control;
-pub mod gateway;
-pub mod http;
-pub mod mcp;
-pub mod route;
-pub mod tls;
+pub(crate) mod bridge;
+pub(crate) mod control;
+pub(crate) mod gateway;
+pub(crate) mod http;
+pub(crate) mod mcp;
+pub(crate) mod route;
+pub(crate) mod tls;

@@ -18,7 +18,7 @@ use crate::wire::jsonrpc::{raw, Message};
 
 /// Which connection serves a request.
 #[derive(Clone)]
-pub enum Target {
+pub(crate) enum Target {
     /// A handshake-era session's own connection.
     Session(Arc<Session>),
     /// A server's shared 2026-07-28 connection.
@@ -30,7 +30,7 @@ pub enum Target {
 
 /// One request's route: the gateway, its target and the extra headers of
 /// its upstream POSTs.
-pub struct Route<'a> {
+pub(crate) struct Route<'a> {
     /// The gateway.
     pub gw: &'a Gateway,
     /// The target connection.
@@ -41,7 +41,7 @@ pub struct Route<'a> {
 
 impl Route<'_> {
     /// A live connection, healing a lost one first.
-    pub async fn conn(&self) -> Result<Arc<UpstreamConn>, UpstreamError> {
+    pub(crate) async fn conn(&self) -> Result<Arc<UpstreamConn>, UpstreamError> {
         match &self.target {
             Target::Session(s) => s.healthy_conn(self.gw).await,
             Target::Shared { server } => match self.gw.modern_upstream(server).await? {
@@ -55,7 +55,7 @@ impl Route<'_> {
     }
 
     /// Relay a request other than `tools/call` and wait for its answer.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         server: &str,
         msg: Message,
@@ -80,7 +80,7 @@ impl Route<'_> {
 }
 
 /// A connection bound to one request's extra headers.
-pub struct Bound {
+pub(crate) struct Bound {
     conn: Arc<UpstreamConn>,
     extra: ExtraHeaders,
 }

@@ -16,7 +16,7 @@ use crate::upstream::tls::{certificates, private_key};
 
 /// The certificate in use, swapped whole on reload.
 #[derive(Debug)]
-pub struct Reloading {
+pub(crate) struct Reloading {
     cert: PathBuf,
     key: PathBuf,
     current: RwLock<Arc<CertifiedKey>>,
@@ -42,7 +42,7 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 
 impl Reloading {
     /// Load the pair now (a failure stops `serve`).
-    pub fn open(cert: &Path, key: &Path) -> Result<Arc<Reloading>, String> {
+    pub(crate) fn open(cert: &Path, key: &Path) -> Result<Arc<Reloading>, String> {
         let current = load(cert, key)?;
         Ok(Arc::new(Reloading {
             cert: cert.to_owned(),
@@ -52,7 +52,7 @@ impl Reloading {
     }
 
     /// The server configuration (HTTP/1.1, TLS 1.2 and 1.3).
-    pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, String> {
+    pub(crate) fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, String> {
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS on the listener: {e}"))?
@@ -63,7 +63,7 @@ impl Reloading {
     }
 
     /// Watch the two files and take a new pair when either changes.
-    pub async fn watch(self: Arc<Self>, every: Duration) {
+    pub(crate) async fn watch(self: Arc<Self>, every: Duration) {
         let mut seen = (stamp(&self.cert), stamp(&self.key));
         let mut tick = tokio::time::interval(every);
         loop {

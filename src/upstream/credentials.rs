@@ -8,7 +8,7 @@
 use crate::core::config::{Config, Credential};
 
 /// The value of `c`, for `what` (`header `Authorization` of server `gh``).
-pub fn resolve(c: &Credential, what: &str) -> Result<String, String> {
+pub(crate) fn resolve(c: &Credential, what: &str) -> Result<String, String> {
     match c {
         Credential::Literal(v) => Ok(v.clone()),
         Credential::Env { var, prefix } => match std::env::var(var) {
@@ -42,7 +42,7 @@ pub fn resolve(c: &Credential, what: &str) -> Result<String, String> {
 /// Resolve every credential of every server once (at start): a missing
 /// variable or file stops `serve` with the reason, rather than failing the
 /// first call.
-pub fn check_all(config: &Config) -> Result<(), String> {
+pub(crate) fn check_all(config: &Config) -> Result<(), String> {
     for (server, s) in &config.servers {
         for (name, c) in &s.headers {
             resolve(c, &format!("header `{name}` of server `{server}`"))?;

@@ -4,12 +4,12 @@
 //! its [`Mux`]. Transports only move bytes; ids and routing live in the mux,
 //! so both transports behave the same towards clients.
 
-pub mod credentials;
-pub mod mux;
+pub(crate) mod credentials;
+pub(crate) mod mux;
 mod stdio;
 mod streamable_http;
-pub mod tls;
-pub mod witness;
+pub(crate) mod tls;
+pub(crate) mod witness;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -259,7 +259,7 @@ impl UpstreamConn {
                 reason: format!("internal: request `{}` handed to send", msg.0.method()),
             });
         }
-        let Some(msg) = self.mux.from_client(msg.0) else {
+        let Some(msg) = self.mux.toward_upstream(msg.0) else {
             return Ok(());
         };
         self.send_raw(&msg, extra).await?;

@@ -56,7 +56,7 @@ pub struct Ticket {
 }
 
 /// What a connection calls when its server's tool list changed.
-pub type ListChanged = Box<dyn Fn() + Send + Sync>;
+pub(crate) type ListChanged = Box<dyn Fn() + Send + Sync>;
 
 /// Id mapping and routing for one upstream connection.
 pub struct Mux {
@@ -304,7 +304,7 @@ impl Mux {
     /// response to a server request gets the server's id back, a
     /// cancellation names the upstream id. `None` means it has no upstream
     /// counterpart (an answer to nothing, a cancel of nothing) and is dropped.
-    pub fn from_client(&self, mut msg: Message) -> Option<Message> {
+    pub fn toward_upstream(&self, mut msg: Message) -> Option<Message> {
         match msg.kind() {
             Kind::Response => {
                 let n = msg.id.as_ref().and_then(Value::as_u64)?;
@@ -412,10 +412,10 @@ mod tests {
         let n = to_client.id.clone().unwrap();
         assert!(n.is_u64());
         let answer = Message::response(n, raw(&serde_json::json!({"ok": true})));
-        let upstream = mux.from_client(answer.clone()).unwrap();
+        let upstream = mux.toward_upstream(answer.clone()).unwrap();
         assert_eq!(upstream.id, Some(Value::from("srv-1")));
         assert!(
-            mux.from_client(answer).is_none(),
+            mux.toward_upstream(answer).is_none(),
             "a second answer has nothing to answer"
         );
     }
@@ -460,7 +460,7 @@ mod tests {
             "notifications/cancelled",
             Some(raw(&serde_json::json!({"requestId": "c-1"}))),
         );
-        let out = mux.from_client(cancel).unwrap();
+        let out = mux.toward_upstream(cancel).unwrap();
         assert_eq!(out.params_value().unwrap()["requestId"], up.id.unwrap());
     }
 }

@@ -17,7 +17,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// PEM certificates of `path`, at least one.
-pub fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn certificates(
+    path: &Path,
+    what: &str,
+) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("{what} `{}`: {e}", path.display()))?
         .collect::<Result<Vec<_>, _>>()
@@ -32,12 +35,15 @@ pub fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'stati
 }
 
 /// The PEM private key of `path`.
-pub fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
+pub(crate) fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{what} `{}`: {e}", path.display()))
 }
 
 /// The client configuration for `server`'s upstream.
-pub fn client_config(server: &str, tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, String> {
+pub(crate) fn client_config(
+    server: &str,
+    tls: Option<&UpstreamTls>,
+) -> Result<Arc<ClientConfig>, String> {
     let default = UpstreamTls::default();
     let mut config = config_at(
         &format!("[servers.{server}.tls]"),
@@ -51,7 +57,7 @@ pub fn client_config(server: &str, tls: Option<&UpstreamTls>) -> Result<Arc<Clie
 
 /// The client configuration for the PostgreSQL store (`[store.tls]`):
 /// the same roots, CA file and client certificate settings as an upstream.
-pub fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, String> {
+pub(crate) fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, String> {
     let default = UpstreamTls::default();
     Ok(Arc::new(config_at(
         "[store.tls]",
@@ -119,7 +125,7 @@ fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig,
 /// Build the TLS configuration of every `https://` upstream once (at
 /// start): an unreadable `ca_file` or client key stops `serve` with the
 /// reason, rather than failing the first call.
-pub fn check_all(config: &crate::core::config::Config) -> Result<(), String> {
+pub(crate) fn check_all(config: &crate::core::config::Config) -> Result<(), String> {
     for (name, s) in &config.servers {
         if s.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
             client_config(name, s.tls.as_ref())?;
@@ -129,7 +135,7 @@ pub fn check_all(config: &crate::core::config::Config) -> Result<(), String> {
 }
 
 /// A handshake failure, worded with what to do about it.
-pub fn handshake_error(server: &str, e: &std::io::Error) -> String {
+pub(crate) fn handshake_error(server: &str, e: &std::io::Error) -> String {
     let text = e.to_string();
     let hint = if text.contains("UnknownIssuer") {
         format!(

@@ -29,7 +29,7 @@ const MAX_ANSWER: usize = 64 * 1024;
 
 /// What a submission led to.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Submitted {
+pub(crate) enum Submitted {
     /// Cosigned: the verified cosignature lines.
     Cosigned(Vec<String>),
     /// The witness holds another size: submit again from it.
@@ -38,7 +38,7 @@ pub enum Submitted {
 
 /// Why a submission failed.
 #[derive(Debug, thiserror::Error)]
-pub enum WitnessError {
+pub(crate) enum WitnessError {
     /// Not reachable, or the answer could not be read.
     #[error("the witness at {url} is not reachable: {why}")]
     Unreachable {
@@ -59,7 +59,7 @@ pub enum WitnessError {
 
 /// The body of `add-checkpoint`: the old size, the consistency proof from
 /// it, a blank line, the checkpoint note.
-pub fn request_body(old: u64, proof: &[String], note: &str) -> String {
+pub(crate) fn request_body(old: u64, proof: &[String], note: &str) -> String {
     let mut body = format!("old {old}\n");
     for h in proof {
         body.push_str(h);
@@ -73,7 +73,11 @@ pub fn request_body(old: u64, proof: &[String], note: &str) -> String {
 /// The witness's cosignature lines that verify with its key over the
 /// checkpoint note's text (others are ignored, as the spec asks; none at
 /// all is an error).
-pub fn cosignatures(note: &Note, answer: &str, witness: &Vkey) -> Result<Vec<String>, String> {
+pub(crate) fn cosignatures(
+    note: &Note,
+    answer: &str,
+    witness: &Vkey,
+) -> Result<Vec<String>, String> {
     let mut good = Vec::new();
     for line in answer.lines().filter(|l| !l.trim().is_empty()) {
         let sig = crate::audit::note::SigLine::parse(line)
@@ -160,7 +164,7 @@ async fn post(
 }
 
 /// Submit `note` (size `cp.size`) with a proof from `old`.
-pub async fn submit(
+pub(crate) async fn submit(
     cfg: &WitnessConfig,
     witness: &Vkey,
     dir: &Path,
@@ -229,7 +233,7 @@ pub async fn submit(
 }
 
 /// The witness task: follows the log's checkpoints until the log closes.
-pub async fn run(log: Arc<AuditLog>, cfg: WitnessConfig, witness: Vkey) {
+pub(crate) async fn run(log: Arc<AuditLog>, cfg: WitnessConfig, witness: Vkey) {
     let mut notes = log.checkpoints();
     let dir = log.dir().to_owned();
     // The size the witness last cosigned, as far as this process knows.

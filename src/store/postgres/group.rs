@@ -31,14 +31,14 @@ use super::backend;
 use crate::store::StoreError;
 
 /// The most writes one statement carries.
-pub const MAX_BATCH: usize = 256;
+pub(super) const MAX_BATCH: usize = 256;
 
 /// How often a batch aborted by a deadlock or a serialization failure is run
 /// again before its writes get the error.
 const RETRIES: usize = 3;
 
 /// One kind of grouped write: its statement and how a batch runs it.
-pub trait Kind: Send + Sync + 'static {
+pub(super) trait Kind: Send + Sync + 'static {
     /// One write.
     type Op: Send + Sync + 'static;
     /// What one write learns.
@@ -62,7 +62,7 @@ type Reply<K> = oneshot::Sender<Result<<K as Kind>::Out, StoreError>>;
 type Job<K> = (<K as Kind>::Op, Reply<K>);
 
 /// A queue of writes of kind `K` and the writers that commit them.
-pub struct Group<K: Kind> {
+pub(super) struct Group<K: Kind> {
     queue: mpsc::UnboundedSender<Job<K>>,
     writers: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -78,7 +78,7 @@ impl<K: Kind> Drop for Group<K> {
 impl<K: Kind> Group<K> {
     /// `writers` tasks, each with its own connection made from `config`
     /// and set up for `durability`.
-    pub fn start(
+    pub(super) fn start(
         kind: K,
         config: tokio_postgres::Config,
         tls: MakeRustlsConnect,
@@ -102,7 +102,7 @@ impl<K: Kind> Group<K> {
     }
 
     /// Queue `op`; resolves when its batch committed (or failed).
-    pub async fn write(&self, op: K::Op) -> Result<K::Out, StoreError> {
+    pub(super) async fn write(&self, op: K::Op) -> Result<K::Out, StoreError> {
         let (tx, rx) = oneshot::channel();
         self.queue
             .send((op, tx))
@@ -113,7 +113,7 @@ impl<K: Kind> Group<K> {
 
 /// What a writer's commit promises when it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
+pub(super) enum Durability {
     /// Flushed to the WAL (the server's `synchronous_commit`, raised to
     /// `on` where the server's default is `off`: the store contract needs
     /// the flush, whatever the default).
@@ -283,7 +283,7 @@ async fn run<K: Kind>(
 
 /// Who writes: the gateway's id and its current lease epoch.
 #[derive(Clone)]
-pub struct Writer {
+pub(super) struct Writer {
     /// The gateway id rows are written under.
     pub gateway: Arc<str>,
     /// The lease epoch, read when a batch runs.
@@ -299,10 +299,10 @@ impl Writer {
 /// A reservation without an approval to consume: insert the row if no row
 /// holds the key. A key that is taken is left to the caller, which checks
 /// in a transaction of its own whether the row still binds it.
-pub struct Reserve(pub Writer);
+pub(super) struct Reserve(pub Writer);
 
 /// One reservation.
-pub struct ReserveOp {
+pub(super) struct ReserveOp {
     /// The storage key.
     pub key: String,
     /// The record's state (`reserved`).
@@ -365,10 +365,10 @@ impl Kind for Reserve {
 /// A ledger transition (compare-and-set on the state), with the audit
 /// outbox row that commits with it, and the notification that wakes
 /// waiters on other gateways when the record settles.
-pub struct Transition(pub Writer);
+pub(super) struct Transition(pub Writer);
 
 /// One transition.
-pub struct TransitionOp {
+pub(super) struct TransitionOp {
     /// The storage key.
     pub key: String,
     /// The state the row must be in.
