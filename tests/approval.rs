@@ -80,7 +80,7 @@ impl Review {
         countersign::cli::client::Client::new(&self.gw.base(), &self.key_file(name)).unwrap()
     }
 
-    fn key_file(&self, name: &str) -> countersign::core::approval::KeyFile {
+    fn key_file(&self, name: &str) -> countersign::core::reviewers::KeyFile {
         countersign::cli::client::load_key(Path::new(&self.key(name))).unwrap()
     }
 
@@ -837,7 +837,7 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
         "{err}"
     );
     // A signature made for another path does not open this one.
-    let auth = countersign::core::approval::authorization(
+    let auth = countersign::core::signed_request::authorization(
         &r.key_file("alice").signing_key().unwrap(),
         "alice",
         "GET",
@@ -856,7 +856,7 @@ async fn the_control_api_refuses_bad_requests_with_a_reason() {
     assert_eq!(resp.status(), 401);
     assert!(resp.text().await.unwrap().contains("does not verify"));
     // A request signed too long ago (a replay).
-    let old = countersign::core::approval::authorization(
+    let old = countersign::core::signed_request::authorization(
         &r.key_file("alice").signing_key().unwrap(),
         "alice",
         "GET",

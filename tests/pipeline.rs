@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use countersign::audit::log::Staged;
 use countersign::audit::{AuditSink, Entries};
-use countersign::core::approval::{format_public_key, Proposal, ProposalState, Verdict};
+use countersign::core::approval::{Proposal, ProposalState, Verdict};
 use countersign::core::config::Config;
 use countersign::core::identity::Identity;
 use countersign::core::ledger::{Answer, Record, State};
+use countersign::core::reviewers::format_public_key;
 use countersign::core::time::{rfc3339, Clock, ManualClock};
 use countersign::enforce::answer::{self, Rejection};
 use countersign::enforce::flight::Outcome;

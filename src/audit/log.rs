@@ -42,7 +42,7 @@ use sha2::Digest;
 use super::{
     hash_bytes, sign_checkpoint, ArgumentMode, CHECKPOINT, CHECKPOINT_FILE, COSIGNED, LOG_STARTED,
 };
-use crate::core::approval::{format_public_key, KeyFile};
+use crate::core::reviewers::{format_public_key, KeyFile};
 
 /// `[audit]` settings the writer needs.
 #[derive(Debug, Clone)]

@@ -29,7 +29,8 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::core::approval::{self, Reviewers, Statement};
+use crate::core::approval::Statement;
+use crate::core::reviewers::Reviewers;
 
 /// The kind of a checkpoint entry.
 pub const CHECKPOINT: &str = "checkpoint";
@@ -526,7 +527,9 @@ impl Verifier {
     fn gateway_key(&self) -> Result<VerifyingKey, String> {
         match (&self.pubkey, &self.named_key) {
             (Some(k), _) => Ok(*k),
-            (None, Some(named)) => approval::parse_public_key(named).map_err(|e| e.to_string()),
+            (None, Some(named)) => {
+                crate::core::reviewers::parse_public_key(named).map_err(|e| e.to_string())
+            }
             (None, None) => {
                 Err("no gateway public key to check the checkpoint with (pass --pubkey)".into())
             }
@@ -616,8 +619,10 @@ impl Verifier {
                 })?;
                 reviewer.key
             }
-            None => approval::parse_public_key(d["public_key"].as_str().unwrap_or(""))
-                .map_err(|e| format!("the embedded reviewer key: {e}"))?,
+            None => {
+                crate::core::reviewers::parse_public_key(d["public_key"].as_str().unwrap_or(""))
+                    .map_err(|e| format!("the embedded reviewer key: {e}"))?
+            }
         };
         statement.verify(&key, sig).map_err(|e| {
             format!(
@@ -643,7 +648,9 @@ mod tests {
                 e.insert("kind".into(), json!(LOG_STARTED));
                 e.insert(
                     "public_key".into(),
-                    json!(approval::format_public_key(&key.verifying_key())),
+                    json!(crate::core::reviewers::format_public_key(
+                        &key.verifying_key()
+                    )),
                 );
             } else if seq == n {
                 e.insert("kind".into(), json!(CHECKPOINT));

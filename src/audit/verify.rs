@@ -9,7 +9,7 @@ use ed25519_dalek::VerifyingKey;
 
 use super::segment::{segments, AuditError};
 use super::{Break, Verifier};
-use crate::core::approval::Reviewers;
+use crate::core::reviewers::Reviewers;
 
 /// What a verification found.
 #[derive(Debug, Default)]

@@ -8,7 +8,8 @@ use std::path::Path;
 use ed25519_dalek::SigningKey;
 use serde_json::{json, Value};
 
-use crate::core::approval::{self, KeyFile, Proposal, Verdict};
+use crate::core::approval::{Proposal, Verdict};
+use crate::core::reviewers::KeyFile;
 use crate::core::time::{now_ms, rfc3339};
 
 /// A reviewer's connection to a gateway.
@@ -58,7 +59,7 @@ impl Client {
         path: &str,
         body: Vec<u8>,
     ) -> reqwest::RequestBuilder {
-        let auth = approval::authorization(
+        let auth = crate::core::signed_request::authorization(
             &self.key,
             &self.name,
             method.as_str(),

@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::core::approval::REVIEWERS_FILE;
 use crate::core::catalog::{ToolLock, LOCK_FILE};
 use crate::core::config::{Config, ConfigError};
 use crate::core::decision::{Policies, PolicyError, PolicySources, SCHEMA_FILE};
+use crate::core::reviewers::REVIEWERS_FILE;
 
 /// Read, parse and check a configuration file.
 pub fn load_config(path: &Path) -> Result<Config, ConfigError> {

@@ -809,13 +809,13 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
         } => {
             let pubkey = pubkey
                 .map(|k| {
-                    let text = if k.starts_with(crate::core::approval::PUBLIC_PREFIX) {
+                    let text = if k.starts_with(crate::core::reviewers::PUBLIC_PREFIX) {
                         k
                     } else {
                         std::fs::read_to_string(&k)
                             .with_context(|| format!("cannot read --pubkey file `{k}`"))?
                     };
-                    crate::core::approval::parse_public_key(text.trim())
+                    crate::core::reviewers::parse_public_key(text.trim())
                         .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))
                 })
                 .transpose()?;
@@ -823,7 +823,7 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 .map(|f| {
                     let text = std::fs::read_to_string(&f)
                         .with_context(|| format!("cannot read --reviewers `{}`", f.display()))?;
-                    crate::core::approval::Reviewers::parse(&text)
+                    crate::core::reviewers::Reviewers::parse(&text)
                         .map_err(|(_, m)| anyhow::anyhow!("--reviewers `{}`: {m}", f.display()))
                 })
                 .transpose()?;
@@ -925,12 +925,12 @@ fn audit(command: AuditCommand) -> anyhow::Result<ExitCode> {
                     path.display()
                 )
             })?;
-            let key = crate::core::approval::KeyFile::parse(&text)
+            let key = crate::core::reviewers::KeyFile::parse(&text)
                 .and_then(|k| k.signing_key())
                 .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))?;
             println!(
                 "{}",
-                crate::core::approval::format_public_key(&key.verifying_key())
+                crate::core::reviewers::format_public_key(&key.verifying_key())
             );
             Ok(ExitCode::SUCCESS)
         }

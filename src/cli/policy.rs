@@ -26,7 +26,7 @@ pub(crate) fn check(dir: &Path) -> bool {
                 dir.display(),
                 p.len(),
                 p.reviewers().len(),
-                crate::core::approval::REVIEWERS_FILE
+                crate::core::reviewers::REVIEWERS_FILE
             );
             true
         }

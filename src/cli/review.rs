@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::cli::client::{load_key, Client};
-use crate::core::approval::{format_public_key, KeyFile, Verdict};
+use crate::core::approval::Verdict;
+use crate::core::reviewers::{format_public_key, KeyFile};
 
 /// `countersign keygen --out FILE [--name NAME]`: a new reviewer key, written
 /// with mode 0600 (never over an existing file). Returns the lines to add to
@@ -21,7 +22,7 @@ pub(crate) fn keygen(
     groups: &[String],
     tenants: &[String],
 ) -> anyhow::Result<String> {
-    crate::core::approval::check_reviewer_name(name)
+    crate::core::reviewers::check_reviewer_name(name)
         .map_err(|e| anyhow::anyhow!("{e} (set --name)"))?;
     let seed: [u8; 32] = rand::random();
     let kf = KeyFile::generate(name, seed);

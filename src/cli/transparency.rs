@@ -43,7 +43,7 @@ fn gateway_key(dir: &Path) -> anyhow::Result<ed25519_dalek::SigningKey> {
             path.display()
         )
     })?;
-    crate::core::approval::KeyFile::parse(&text)
+    crate::core::reviewers::KeyFile::parse(&text)
         .and_then(|k| k.signing_key())
         .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))
 }
@@ -123,15 +123,15 @@ pub(crate) fn export_with_proofs(dir: &Path, out: Option<&Path>) -> anyhow::Resu
 /// The key to check a checkpoint with: a vkey, or the gateway's public key
 /// (then the note's origin is the key name).
 fn checkpoint_key(text: &str) -> anyhow::Result<(Option<String>, ed25519_dalek::VerifyingKey)> {
-    let text = if text.starts_with(crate::core::approval::PUBLIC_PREFIX) || text.contains('+') {
+    let text = if text.starts_with(crate::core::reviewers::PUBLIC_PREFIX) || text.contains('+') {
         text.to_owned()
     } else {
         std::fs::read_to_string(text)
             .with_context(|| format!("cannot read --pubkey file `{text}`"))?
     };
     let text = text.trim();
-    if text.starts_with(crate::core::approval::PUBLIC_PREFIX) {
-        let key = crate::core::approval::parse_public_key(text)
+    if text.starts_with(crate::core::reviewers::PUBLIC_PREFIX) {
+        let key = crate::core::reviewers::parse_public_key(text)
             .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))?;
         return Ok((None, key));
     }

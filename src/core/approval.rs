@@ -1,7 +1,7 @@
 //! Approvals (DESIGN.md section 6), the pure part: proposals, what an
-//! approval binds, the signed statement, reviewer keys and `reviewers.toml`,
-//! request signatures for the control API, and argument diffs for
-//! revisions. No I/O here; the service over the store is the approval book
+//! approval binds, the signed statement, and argument diffs for revisions
+//! (reviewer keys are in [`super::reviewers`], control API request
+//! signatures in [`super::signed_request`]). No I/O here; the service over the store is the approval book
 //! of the enforcement layer (`enforce::book`).
 //!
 //! Why signatures and not a shared reviewer token: an approval is evidence.
@@ -10,13 +10,10 @@
 //! was approved, by whom, even to someone who trusts neither the gateway's
 //! database nor its operator (the audit log embeds them, issue 6/7).
 
-use std::collections::BTreeMap;
-
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 /// `type` of an approval statement: version 2 binds the tool's definition
 /// digest (`tool_definition`).
@@ -24,16 +21,6 @@ pub const STATEMENT_TYPE: &str = "countersign.approval.v2";
 /// `type` of a version-1 statement (no `tool_definition`): still verified,
 /// and bound to the definition through its proposal.
 pub const STATEMENT_TYPE_V1: &str = "countersign.approval.v1";
-/// The first line of a signed control API request.
-pub const REQUEST_CONTEXT: &str = "countersign.request.v1";
-/// The `Authorization` scheme of the control API.
-pub const AUTH_SCHEME: &str = "Countersign-Ed25519";
-/// Prefix of a public key in `reviewers.toml`.
-pub const PUBLIC_PREFIX: &str = "ed25519:";
-/// Prefix of a secret key in a key file.
-pub const SECRET_PREFIX: &str = "ed25519-secret:";
-/// The reviewers file in the policy folder.
-pub const REVIEWERS_FILE: &str = "reviewers.toml";
 
 /// Why a statement, signature, key or authorization is not acceptable.
 /// Each message says what to do next.
@@ -444,11 +431,12 @@ impl Statement {
     }
 }
 
-fn b64() -> base64::engine::GeneralPurpose {
+pub(crate) fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD
 }
 
-fn verify_bytes(
+/// Verify an Ed25519 signature (base64) of `bytes`, strictly.
+pub(crate) fn verify_bytes(
     key: &VerifyingKey,
     bytes: &[u8],
     signature_b64: &str,
@@ -461,275 +449,6 @@ fn verify_bytes(
     // statement has exactly one valid signature per key.
     key.verify_strict(bytes, &sig)
         .map_err(|_| ApprovalError::BadSignature)
-}
-
-/// Parse `ed25519:BASE64` (32 bytes).
-pub fn parse_public_key(text: &str) -> Result<VerifyingKey, ApprovalError> {
-    let bad = |problem: String| ApprovalError::PublicKey {
-        text: text.to_owned(),
-        problem,
-    };
-    let Some(body) = text.trim().strip_prefix(PUBLIC_PREFIX) else {
-        return Err(bad(format!(
-            "must start with `{PUBLIC_PREFIX}` (as `countersign keygen` prints it)"
-        )));
-    };
-    let raw = b64()
-        .decode(body)
-        .map_err(|e| bad(format!("is not base64: {e}")))?;
-    let bytes: [u8; 32] = raw.try_into().map_err(|_| bad("is not 32 bytes".into()))?;
-    VerifyingKey::from_bytes(&bytes).map_err(|e| bad(format!("is not an ed25519 point: {e}")))
-}
-
-/// `ed25519:BASE64` of a public key.
-pub fn format_public_key(key: &VerifyingKey) -> String {
-    format!("{PUBLIC_PREFIX}{}", b64().encode(key.to_bytes()))
-}
-
-/// A reviewer's key file (`countersign keygen --out FILE`).
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyFile {
-    /// The reviewer's name, as in `reviewers.toml`.
-    pub name: String,
-    /// `ed25519-secret:BASE64` of the 32-byte seed.
-    pub secret_key: String,
-}
-
-impl KeyFile {
-    /// A key file for `name` with a fresh key from 32 random bytes.
-    pub fn generate(name: &str, seed: [u8; 32]) -> KeyFile {
-        KeyFile {
-            name: name.into(),
-            secret_key: format!("{SECRET_PREFIX}{}", b64().encode(seed)),
-        }
-    }
-
-    /// The signing key.
-    pub fn signing_key(&self) -> Result<SigningKey, ApprovalError> {
-        let Some(body) = self.secret_key.trim().strip_prefix(SECRET_PREFIX) else {
-            return Err(ApprovalError::SecretKey(format!(
-                "must start with `{SECRET_PREFIX}`: is this a file from `countersign keygen`?"
-            )));
-        };
-        let raw = b64()
-            .decode(body)
-            .map_err(|e| ApprovalError::SecretKey(format!("is not base64: {e}")))?;
-        let seed: [u8; 32] = raw
-            .try_into()
-            .map_err(|_| ApprovalError::SecretKey("is not 32 bytes".into()))?;
-        Ok(SigningKey::from_bytes(&seed))
-    }
-
-    /// Parse a key file's text.
-    pub fn parse(text: &str) -> Result<KeyFile, ApprovalError> {
-        let kf: KeyFile =
-            toml::from_str(text).map_err(|e| ApprovalError::KeyFile(e.message().to_owned()))?;
-        check_reviewer_name(&kf.name)?;
-        kf.signing_key()?;
-        Ok(kf)
-    }
-}
-
-/// Reviewer names go into HTTP headers and Cedar ids: a plain alphabet.
-pub fn check_reviewer_name(name: &str) -> Result<(), ApprovalError> {
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
-    {
-        return Err(ApprovalError::ReviewerName(name.to_owned()));
-    }
-    Ok(())
-}
-
-/// One entry of `reviewers.toml`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReviewerEntry {
-    name: String,
-    public_key: String,
-    #[serde(default)]
-    groups: Vec<String>,
-    tenants: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReviewersFile {
-    #[serde(default)]
-    reviewers: Vec<ReviewerEntry>,
-}
-
-/// A registered reviewer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reviewer {
-    /// Name.
-    pub name: String,
-    /// Verifying key.
-    pub key: VerifyingKey,
-    /// Groups (for `Action::"approve"` policies).
-    pub groups: Vec<String>,
-    /// Tenants whose proposals this reviewer sees; `*` is every tenant.
-    pub tenants: Vec<String>,
-}
-
-impl Reviewer {
-    /// Whether the reviewer may see and decide the tenant's proposals.
-    pub fn covers(&self, tenant: &str) -> bool {
-        self.tenants.iter().any(|t| t == "*" || t == tenant)
-    }
-}
-
-/// The reviewers of `policies/reviewers.toml`.
-#[derive(Debug, Clone, Default)]
-pub struct Reviewers {
-    by_name: BTreeMap<String, Reviewer>,
-}
-
-impl Reviewers {
-    /// Parse the file's text. Errors carry `toml`'s line and column.
-    pub fn parse(text: &str) -> Result<Reviewers, (Option<std::ops::Range<usize>>, String)> {
-        let file: ReviewersFile =
-            toml::from_str(text).map_err(|e| (e.span(), e.message().to_owned()))?;
-        let mut by_name = BTreeMap::new();
-        for r in file.reviewers {
-            check_reviewer_name(&r.name).map_err(|e| (None, e.to_string()))?;
-            let key = parse_public_key(&r.public_key).map_err(|e| (None, e.to_string()))?;
-            if r.tenants.is_empty() {
-                return Err((
-                    None,
-                    format!(
-                        "reviewer `{}` has no `tenants`: list the tenants they review, or `[\"*\"]` for all",
-                        r.name
-                    ),
-                ));
-            }
-            let name = r.name.clone();
-            let reviewer = Reviewer {
-                name: r.name,
-                key,
-                groups: r.groups,
-                tenants: r.tenants,
-            };
-            if by_name.insert(name.clone(), reviewer).is_some() {
-                return Err((None, format!("reviewer `{name}` is listed twice")));
-            }
-        }
-        Ok(Reviewers { by_name })
-    }
-
-    /// A reviewer by name.
-    pub fn get(&self, name: &str) -> Option<&Reviewer> {
-        self.by_name.get(name)
-    }
-
-    /// How many.
-    pub fn len(&self) -> usize {
-        self.by_name.len()
-    }
-
-    /// None registered.
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
-    }
-}
-
-/// The bytes a control API request signs: context, method, path with query,
-/// time and the body's SHA-256. Binding the body and path stops a captured
-/// header from authorizing another request; the time bounds replay.
-pub fn request_signing_bytes(
-    method: &str,
-    path_and_query: &str,
-    time: &str,
-    body: &[u8],
-) -> Vec<u8> {
-    format!(
-        "{REQUEST_CONTEXT}\n{}\n{path_and_query}\n{time}\n{}",
-        method.to_ascii_uppercase(),
-        hex::encode(Sha256::digest(body))
-    )
-    .into_bytes()
-}
-
-/// The `Authorization` value for a control API request.
-pub fn authorization(
-    key: &SigningKey,
-    reviewer: &str,
-    method: &str,
-    path_and_query: &str,
-    time: &str,
-    body: &[u8],
-) -> String {
-    let sig = key.sign(&request_signing_bytes(method, path_and_query, time, body));
-    format!(
-        "{AUTH_SCHEME} reviewer={reviewer},time={time},signature={}",
-        b64().encode(sig.to_bytes())
-    )
-}
-
-/// A parsed `Authorization: Countersign-Ed25519 ...` header.
-#[derive(Debug, PartialEq, Eq)]
-pub struct RequestAuth {
-    /// Who claims to sign.
-    pub reviewer: String,
-    /// RFC 3339 time signed.
-    pub time: String,
-    /// Base64 signature.
-    pub signature: String,
-}
-
-impl RequestAuth {
-    /// Parse the header value.
-    pub fn parse(value: &str) -> Result<RequestAuth, ApprovalError> {
-        let Some(rest) = value
-            .strip_prefix(AUTH_SCHEME)
-            .and_then(|r| r.strip_prefix(' '))
-        else {
-            return Err(ApprovalError::Authorization(format!(
-                "the control API wants `Authorization: {AUTH_SCHEME} reviewer=..,time=..,signature=..` (use the countersign CLI or TUI)"
-            )));
-        };
-        let (mut reviewer, mut time, mut signature) = (None, None, None);
-        for part in rest.split(',') {
-            match part.trim().split_once('=') {
-                Some(("reviewer", v)) => reviewer = Some(v.to_owned()),
-                Some(("time", v)) => time = Some(v.to_owned()),
-                Some(("signature", v)) => signature = Some(v.to_owned()),
-                _ => {
-                    return Err(ApprovalError::Authorization(format!(
-                        "unexpected authorization field `{part}`"
-                    )))
-                }
-            }
-        }
-        match (reviewer, time, signature) {
-            (Some(reviewer), Some(time), Some(signature)) => Ok(RequestAuth {
-                reviewer,
-                time,
-                signature,
-            }),
-            _ => Err(ApprovalError::Authorization(
-                "the authorization needs `reviewer`, `time` and `signature`".into(),
-            )),
-        }
-    }
-
-    /// Verify against the reviewer's key.
-    pub fn verify(
-        &self,
-        key: &VerifyingKey,
-        method: &str,
-        path_and_query: &str,
-        body: &[u8],
-    ) -> Result<(), ApprovalError> {
-        verify_bytes(
-            key,
-            &request_signing_bytes(method, path_and_query, &self.time, body),
-            &self.signature,
-        )
-    }
 }
 
 /// The differences between two JSON values (a proposal's arguments, or a
@@ -997,75 +716,6 @@ mod tests {
         let mut v = serde_json::to_value(p.statement(Verdict::Approve, "a", "", "t", "t")).unwrap();
         v["extra"] = json!(1);
         assert!(serde_json::from_value::<Statement>(v).is_err());
-    }
-
-    #[test]
-    fn keys_round_trip_and_bad_keys_are_explained() {
-        let kf = KeyFile::generate("alice", [7; 32]);
-        let text = toml::to_string(&kf).unwrap();
-        let back = KeyFile::parse(&text).unwrap();
-        let public = format_public_key(&back.signing_key().unwrap().verifying_key());
-        assert_eq!(parse_public_key(&public).unwrap(), key(7).verifying_key());
-        assert!(parse_public_key("ssh-ed25519 AAAA")
-            .unwrap_err()
-            .to_string()
-            .contains("must start with"));
-        assert!(parse_public_key("ed25519:AAAA")
-            .unwrap_err()
-            .to_string()
-            .contains("32 bytes"));
-        assert!(KeyFile::parse("name = \"a b\"\nsecret_key = \"x\"").is_err());
-        assert!(KeyFile::parse("garbage")
-            .unwrap_err()
-            .to_string()
-            .contains("keygen"));
-    }
-
-    #[test]
-    fn reviewers_file_is_strict() {
-        let pk = format_public_key(&key(1).verifying_key());
-        let ok = format!("[[reviewers]]\nname = \"alice\"\npublic_key = \"{pk}\"\ngroups = [\"leads\"]\ntenants = [\"acme\"]\n");
-        let r = Reviewers::parse(&ok).unwrap();
-        let alice = r.get("alice").unwrap();
-        assert!(alice.covers("acme") && !alice.covers("globex"));
-        assert!(Reviewers::parse(&ok.replace("groups", "grups")).is_err());
-        let (span, msg) = Reviewers::parse(&ok.replace("tenants = [\"acme\"]\n", "")).unwrap_err();
-        assert!(span.is_some() && msg.contains("tenants"), "{msg}");
-        assert!(Reviewers::parse(&format!("{ok}{ok}"))
-            .unwrap_err()
-            .1
-            .contains("twice"));
-        assert!(Reviewers::parse(&ok.replace(&pk, "ed25519:xx")).is_err());
-        assert!(Reviewers::parse("").unwrap().is_empty());
-    }
-
-    #[test]
-    fn request_auth_binds_method_path_time_and_body() {
-        let k = key(3);
-        let h = authorization(
-            &k,
-            "alice",
-            "POST",
-            "/v1/proposals/p-1/decision",
-            "2026-11-30T10:00:00Z",
-            b"{}",
-        );
-        let a = RequestAuth::parse(&h).unwrap();
-        assert_eq!(a.reviewer, "alice");
-        let vk = k.verifying_key();
-        a.verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{}")
-            .unwrap();
-        assert!(a
-            .verify(&vk, "GET", "/v1/proposals/p-1/decision", b"{}")
-            .is_err());
-        assert!(a
-            .verify(&vk, "POST", "/v1/proposals/p-2/decision", b"{}")
-            .is_err());
-        assert!(a
-            .verify(&vk, "POST", "/v1/proposals/p-1/decision", b"{ }")
-            .is_err());
-        assert!(RequestAuth::parse("Bearer x").is_err());
-        assert!(RequestAuth::parse("Countersign-Ed25519 reviewer=a").is_err());
     }
 
     #[test]

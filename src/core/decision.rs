@@ -123,7 +123,7 @@ pub struct Policies {
     entity_cache: parking_lot::Mutex<HashMap<String, CachedEntities>>,
     /// `reviewers.toml`: who may decide proposals, loaded and reloaded with
     /// the policies (both live in the policy repository).
-    reviewers: crate::core::approval::Reviewers,
+    reviewers: crate::core::reviewers::Reviewers,
     /// The declared type of `context.arguments`, per action.
     arguments: ArgumentTypes,
 }
@@ -375,9 +375,9 @@ impl Policies {
         let reviewers_path = src
             .reviewers_path
             .clone()
-            .unwrap_or_else(|| dir.join(crate::core::approval::REVIEWERS_FILE));
+            .unwrap_or_else(|| dir.join(crate::core::reviewers::REVIEWERS_FILE));
         let reviewers = match &src.reviewers {
-            Some(text) => match crate::core::approval::Reviewers::parse(text) {
+            Some(text) => match crate::core::reviewers::Reviewers::parse(text) {
                 Ok(r) => r,
                 Err((span, message)) => {
                     let (line, column) = match span {
@@ -454,7 +454,7 @@ impl Policies {
     }
 
     /// The reviewers of `reviewers.toml`.
-    pub fn reviewers(&self) -> &crate::core::approval::Reviewers {
+    pub fn reviewers(&self) -> &crate::core::reviewers::Reviewers {
         &self.reviewers
     }
 

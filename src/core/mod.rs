@@ -10,8 +10,10 @@
 //!   decision.
 //! - [`arguments`]: tool arguments as Cedar values, typed by the policy
 //!   schema where it declares them.
-//! - [`approval`]: proposals, the signed approval statement, reviewer keys
-//!   and `reviewers.toml`, request signatures, consumption.
+//! - [`approval`]: proposals, the signed approval statement, consumption,
+//!   argument diffs.
+//! - [`reviewers`]: reviewer keys, key files and `reviewers.toml`.
+//! - [`signed_request`]: the signatures of control API requests.
 //! - [`confirm`]: approval in the client: the question, the answer, and
 //!   the signed `requestState` of the 2026-07-28 era.
 //! - [`recovery`]: failure classes, response classes, retry backoff and the
@@ -37,4 +39,6 @@ pub mod decision;
 pub mod identity;
 pub mod ledger;
 pub(crate) mod recovery;
+pub mod reviewers;
+pub mod signed_request;
 pub mod time;

@@ -11,11 +11,12 @@ use tokio::sync::broadcast;
 
 use crate::audit::AuditSink;
 use crate::core::approval::{
-    self, ApprovalError, Confirmation, DefinitionChange, Proposal, ProposalState, Reviewer,
-    Reviewers, Revision, Risk, SignedDecision, Statement, Verdict,
+    self, ApprovalError, Confirmation, DefinitionChange, Proposal, ProposalState, Revision, Risk,
+    SignedDecision, Statement, Verdict,
 };
 use crate::core::config::ApprovalsConfig;
 use crate::core::identity::Identity;
+use crate::core::reviewers::{Reviewer, Reviewers};
 use crate::core::time::{ms, parse_rfc3339, rfc3339, Clock};
 use crate::enforce::flight::{ApprovalCode, ApprovalNote};
 use crate::store::{Store, StoreError};
@@ -567,7 +568,7 @@ impl Book {
         next.decision = Some(SignedDecision {
             statement,
             signature: signature.to_owned(),
-            public_key: approval::format_public_key(&reviewer.key),
+            public_key: crate::core::reviewers::format_public_key(&reviewer.key),
         });
         self.settle(next.clone()).await?;
         tracing::info!(proposal = %id, reviewer = %reviewer.name, state = next.state.as_str(), "proposal decided");
@@ -803,9 +804,9 @@ fn reviewer_still_valid(p: &Proposal, reviewers: &Reviewers) -> bool {
     let Some(d) = &p.decision else {
         return false;
     };
-    reviewers
-        .get(&d.statement.reviewer)
-        .is_some_and(|r| approval::format_public_key(&r.key) == d.public_key && r.covers(&p.tenant))
+    reviewers.get(&d.statement.reviewer).is_some_and(|r| {
+        crate::core::reviewers::format_public_key(&r.key) == d.public_key && r.covers(&p.tenant)
+    })
 }
 
 /// The pending answer for a proposal.

@@ -259,7 +259,7 @@ pub struct Asker {
 impl Asker {
     /// A signer with `key`.
     pub fn new(key: SigningKey) -> Asker {
-        let public = approval::format_public_key(&key.verifying_key());
+        let public = crate::core::reviewers::format_public_key(&key.verifying_key());
         Asker { key, public }
     }
 
@@ -352,7 +352,7 @@ impl Asker {
         let keys: Vec<_> = p
             .asked_by
             .iter()
-            .filter_map(|k| approval::parse_public_key(k).ok())
+            .filter_map(|k| crate::core::reviewers::parse_public_key(k).ok())
             .collect();
         // Nothing in the state is trusted before this: it passed through
         // the client, so it is attacker input.

@@ -32,7 +32,9 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::core::approval::{self, Proposal, ProposalState, RequestAuth, Reviewer, Statement};
+use crate::core::approval::{self, Proposal, ProposalState, Statement};
+use crate::core::reviewers::Reviewer;
+use crate::core::signed_request::RequestAuth;
 use crate::core::time::{parse_rfc3339, rfc3339};
 use crate::enforce::book::DecideError;
 use crate::front::gateway::Gateway;

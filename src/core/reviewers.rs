@@ -1,0 +1,243 @@
+//! Reviewers and their keys: Ed25519 public keys as `reviewers.toml` holds
+//! them, a reviewer's key file (`countersign keygen`), and the reviewers
+//! file itself, strict and line-numbered. Who may decide what is the
+//! policies' word; this module says who a signature belongs to.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+use super::approval::{b64, ApprovalError};
+
+/// Prefix of a public key in `reviewers.toml`.
+pub const PUBLIC_PREFIX: &str = "ed25519:";
+
+/// Prefix of a secret key in a key file.
+pub const SECRET_PREFIX: &str = "ed25519-secret:";
+
+/// The reviewers file in the policy folder.
+pub const REVIEWERS_FILE: &str = "reviewers.toml";
+
+/// Parse `ed25519:BASE64` (32 bytes).
+pub fn parse_public_key(text: &str) -> Result<VerifyingKey, ApprovalError> {
+    let bad = |problem: String| ApprovalError::PublicKey {
+        text: text.to_owned(),
+        problem,
+    };
+    let Some(body) = text.trim().strip_prefix(PUBLIC_PREFIX) else {
+        return Err(bad(format!(
+            "must start with `{PUBLIC_PREFIX}` (as `countersign keygen` prints it)"
+        )));
+    };
+    let raw = b64()
+        .decode(body)
+        .map_err(|e| bad(format!("is not base64: {e}")))?;
+    let bytes: [u8; 32] = raw.try_into().map_err(|_| bad("is not 32 bytes".into()))?;
+    VerifyingKey::from_bytes(&bytes).map_err(|e| bad(format!("is not an ed25519 point: {e}")))
+}
+
+/// `ed25519:BASE64` of a public key.
+pub fn format_public_key(key: &VerifyingKey) -> String {
+    format!("{PUBLIC_PREFIX}{}", b64().encode(key.to_bytes()))
+}
+
+/// A reviewer's key file (`countersign keygen --out FILE`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyFile {
+    /// The reviewer's name, as in `reviewers.toml`.
+    pub name: String,
+    /// `ed25519-secret:BASE64` of the 32-byte seed.
+    pub secret_key: String,
+}
+
+impl KeyFile {
+    /// A key file for `name` with a fresh key from 32 random bytes.
+    pub fn generate(name: &str, seed: [u8; 32]) -> KeyFile {
+        KeyFile {
+            name: name.into(),
+            secret_key: format!("{SECRET_PREFIX}{}", b64().encode(seed)),
+        }
+    }
+
+    /// The signing key.
+    pub fn signing_key(&self) -> Result<SigningKey, ApprovalError> {
+        let Some(body) = self.secret_key.trim().strip_prefix(SECRET_PREFIX) else {
+            return Err(ApprovalError::SecretKey(format!(
+                "must start with `{SECRET_PREFIX}`: is this a file from `countersign keygen`?"
+            )));
+        };
+        let raw = b64()
+            .decode(body)
+            .map_err(|e| ApprovalError::SecretKey(format!("is not base64: {e}")))?;
+        let seed: [u8; 32] = raw
+            .try_into()
+            .map_err(|_| ApprovalError::SecretKey("is not 32 bytes".into()))?;
+        Ok(SigningKey::from_bytes(&seed))
+    }
+
+    /// Parse a key file's text.
+    pub fn parse(text: &str) -> Result<KeyFile, ApprovalError> {
+        let kf: KeyFile =
+            toml::from_str(text).map_err(|e| ApprovalError::KeyFile(e.message().to_owned()))?;
+        check_reviewer_name(&kf.name)?;
+        kf.signing_key()?;
+        Ok(kf)
+    }
+}
+
+/// Reviewer names go into HTTP headers and Cedar ids: a plain alphabet.
+pub fn check_reviewer_name(name: &str) -> Result<(), ApprovalError> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+    {
+        return Err(ApprovalError::ReviewerName(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// A registered reviewer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reviewer {
+    /// Name.
+    pub name: String,
+    /// Verifying key.
+    pub key: VerifyingKey,
+    /// Groups (for `Action::"approve"` policies).
+    pub groups: Vec<String>,
+    /// Tenants whose proposals this reviewer sees; `*` is every tenant.
+    pub tenants: Vec<String>,
+}
+
+impl Reviewer {
+    /// Whether the reviewer may see and decide the tenant's proposals.
+    pub fn covers(&self, tenant: &str) -> bool {
+        self.tenants.iter().any(|t| t == "*" || t == tenant)
+    }
+}
+
+/// The reviewers of `policies/reviewers.toml`.
+#[derive(Debug, Clone, Default)]
+pub struct Reviewers {
+    by_name: BTreeMap<String, Reviewer>,
+}
+
+impl Reviewers {
+    /// Parse the file's text. Errors carry `toml`'s line and column.
+    pub fn parse(text: &str) -> Result<Reviewers, (Option<std::ops::Range<usize>>, String)> {
+        let file: ReviewersFile =
+            toml::from_str(text).map_err(|e| (e.span(), e.message().to_owned()))?;
+        let mut by_name = BTreeMap::new();
+        for r in file.reviewers {
+            check_reviewer_name(&r.name).map_err(|e| (None, e.to_string()))?;
+            let key = parse_public_key(&r.public_key).map_err(|e| (None, e.to_string()))?;
+            if r.tenants.is_empty() {
+                return Err((
+                    None,
+                    format!(
+                        "reviewer `{}` has no `tenants`: list the tenants they review, or `[\"*\"]` for all",
+                        r.name
+                    ),
+                ));
+            }
+            let name = r.name.clone();
+            let reviewer = Reviewer {
+                name: r.name,
+                key,
+                groups: r.groups,
+                tenants: r.tenants,
+            };
+            if by_name.insert(name.clone(), reviewer).is_some() {
+                return Err((None, format!("reviewer `{name}` is listed twice")));
+            }
+        }
+        Ok(Reviewers { by_name })
+    }
+
+    /// A reviewer by name.
+    pub fn get(&self, name: &str) -> Option<&Reviewer> {
+        self.by_name.get(name)
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// None registered.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+/// One entry of `reviewers.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReviewerEntry {
+    name: String,
+    public_key: String,
+    #[serde(default)]
+    groups: Vec<String>,
+    tenants: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReviewersFile {
+    #[serde(default)]
+    reviewers: Vec<ReviewerEntry>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> SigningKey {
+        SigningKey::from_bytes(&[n; 32])
+    }
+
+    #[test]
+    fn keys_round_trip_and_bad_keys_are_explained() {
+        let kf = KeyFile::generate("alice", [7; 32]);
+        let text = toml::to_string(&kf).unwrap();
+        let back = KeyFile::parse(&text).unwrap();
+        let public = format_public_key(&back.signing_key().unwrap().verifying_key());
+        assert_eq!(parse_public_key(&public).unwrap(), key(7).verifying_key());
+        assert!(parse_public_key("ssh-ed25519 AAAA")
+            .unwrap_err()
+            .to_string()
+            .contains("must start with"));
+        assert!(parse_public_key("ed25519:AAAA")
+            .unwrap_err()
+            .to_string()
+            .contains("32 bytes"));
+        assert!(KeyFile::parse("name = \"a b\"\nsecret_key = \"x\"").is_err());
+        assert!(KeyFile::parse("garbage")
+            .unwrap_err()
+            .to_string()
+            .contains("keygen"));
+    }
+
+    #[test]
+    fn reviewers_file_is_strict() {
+        let pk = format_public_key(&key(1).verifying_key());
+        let ok = format!("[[reviewers]]\nname = \"alice\"\npublic_key = \"{pk}\"\ngroups = [\"leads\"]\ntenants = [\"acme\"]\n");
+        let r = Reviewers::parse(&ok).unwrap();
+        let alice = r.get("alice").unwrap();
+        assert!(alice.covers("acme") && !alice.covers("globex"));
+        assert!(Reviewers::parse(&ok.replace("groups", "grups")).is_err());
+        let (span, msg) = Reviewers::parse(&ok.replace("tenants = [\"acme\"]\n", "")).unwrap_err();
+        assert!(span.is_some() && msg.contains("tenants"), "{msg}");
+        assert!(Reviewers::parse(&format!("{ok}{ok}"))
+            .unwrap_err()
+            .1
+            .contains("twice"));
+        assert!(Reviewers::parse(&ok.replace(&pk, "ed25519:xx")).is_err());
+        assert!(Reviewers::parse("").unwrap().is_empty());
+    }
+}
