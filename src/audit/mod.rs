@@ -18,11 +18,14 @@ pub(crate) mod export;
 pub mod log;
 pub mod merkle;
 pub mod note;
+pub(crate) mod outbox;
 pub(crate) mod proofs;
+pub(crate) mod recover;
 pub(crate) mod segment;
 pub(crate) mod trail;
 pub mod tree;
 pub mod verify;
+pub(crate) mod writer;
 
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
