@@ -3,6 +3,7 @@
 //! their effective annotations. Also the tool listing behind
 //! `countersign policy schema`.
 
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -260,4 +261,59 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
             circuit: None,
         },
     }
+}
+
+/// `countersign check`: every server's health, tools and circuit.
+pub(crate) async fn command(config: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let gw = offline(crate::cli::files::load_config(config)?);
+    let report = check_all(&gw).await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        // The running gateway's own store, when one answers.
+        if let Some(store) = running_health(&gw)
+            .await
+            .and_then(|h| h.get("store")?.as_str().map(str::to_owned))
+        {
+            println!("{:<20} store {store}", "(gateway)");
+        }
+        for h in &report {
+            let state = if h.up { "up" } else { "down" };
+            let detail = h.error.clone().unwrap_or_else(|| {
+                h.server_info
+                    .as_ref()
+                    .map(|i| i.to_string())
+                    .unwrap_or_default()
+            });
+            let circuit = h
+                .circuit
+                .as_deref()
+                .map(|c| format!("circuit {c}  "))
+                .unwrap_or_default();
+            println!(
+                "{:<20} {:<5} {:>9.1} ms  {circuit}{}",
+                h.server, state, h.latency_ms, detail
+            );
+            for t in &h.tools {
+                println!("  {}", tool_line(t));
+            }
+        }
+    }
+    let all_up = !report.is_empty() && report.iter().all(|h| h.up);
+    Ok(if all_up {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// A gateway for commands that send no `tools/call` (`check`, `tools`,
+/// `policy schema`): no ledger file, no policies, no audit log.
+pub(crate) fn offline(config: crate::core::config::Config) -> std::sync::Arc<Gateway> {
+    Gateway::new(
+        config,
+        std::sync::Arc::new(crate::store::MemoryStore::default()),
+        crate::core::decision::Policies::empty(),
+        None,
+    )
 }

@@ -1,7 +1,9 @@
 //! `countersign policy check` and `countersign policy test`, for CI in the
 //! policy repository.
 
+use crate::cli::args::PolicyCommand;
 use std::path::Path;
+use std::process::ExitCode;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -247,4 +249,36 @@ fn cedar_type(schema: &Value, depth: usize) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// `countersign policy check|test|schema`.
+pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
+    let ok = match command {
+        PolicyCommand::Check { dir } => crate::cli::policy::check(&dir),
+        PolicyCommand::Test { file, dir } => crate::cli::policy::test(&dir, &file)?,
+        PolicyCommand::Schema { server, config } => {
+            let config = crate::cli::files::load_config(&config)?;
+            anyhow::ensure!(
+                config.servers.contains_key(&server),
+                "unknown server `{server}`: configured servers are {}",
+                config
+                    .servers
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let gw = crate::cli::check::offline(config);
+            let tools = crate::cli::check::list_tools(&gw, &server)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            print!("{}", crate::cli::policy::arguments_schema(&server, &tools));
+            true
+        }
+    };
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -6,12 +6,14 @@
 //! settles it on the live store with the same rules
 //! ([`crate::enforce::reconcile`]).
 
+use crate::cli::args::ReconcileArgs;
 use crate::core::config::Config;
 use crate::core::ledger::Record;
 use crate::enforce::reconcile::{
     list_unknown_in, reconcile_in, reconciled_fields, Keep, ReconcileError, Verdict,
 };
 use crate::store::{RedbStore, Store};
+use std::process::ExitCode;
 
 /// Open a stopped gateway's ledger. Holding the file lock proves no gateway
 /// runs on it, so calls left `dispatched` have unknown outcomes: recover
@@ -86,4 +88,69 @@ pub(crate) async fn list_unknown(
     config: &Config,
 ) -> Result<Vec<(String, String, String, Record)>, ReconcileError> {
     list_unknown_in(&open(config).await?).await
+}
+
+/// `countersign reconcile`: through the running gateway's control API when
+/// a reviewer key is given, else on a stopped gateway's ledger.
+pub(crate) async fn command(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    let ReconcileArgs {
+        config,
+        list,
+        key,
+        tenant,
+        principal,
+        executed,
+        not_executed: _,
+        note,
+        result,
+        reviewer_key,
+        gateway,
+    } = args;
+    if let Some(key_file) = reviewer_key {
+        let c = crate::cli::review::client(&gateway, &key_file)?;
+        if list {
+            let v = c.call(reqwest::Method::GET, "/v1/outcomes", None).await?;
+            for o in v["outcomes"].as_array().into_iter().flatten() {
+                println!(
+                    "{}\t{}\t{}\t{}/{}\t{}",
+                    o["tenant"].as_str().unwrap_or(""),
+                    o["principal"].as_str().unwrap_or(""),
+                    o["key"].as_str().unwrap_or(""),
+                    o["server"].as_str().unwrap_or(""),
+                    o["tool"].as_str().unwrap_or(""),
+                    o["call_digest"].as_str().unwrap_or("")
+                );
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        let body = serde_json::json!({
+            "tenant": tenant, "principal": principal, "key": key,
+            "resolution": if executed { "executed" } else { "not_executed" },
+            "note": note, "result": result,
+        });
+        print!("{}", crate::cli::review::reconcile(&c, &body).await?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = crate::cli::files::load_config(&config)?;
+    if list {
+        for (t, p, k, r) in crate::cli::reconcile::list_unknown(&config).await? {
+            println!("{t}\t{p}\t{k}\t{}/{}\t{}", r.server, r.tool, r.digest);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (Some(key), Some(tenant), Some(principal)) = (key, tenant, principal) else {
+        anyhow::bail!("reconcile needs KEY, --tenant and --principal");
+    };
+    let verdict = if executed {
+        crate::enforce::reconcile::Verdict::Executed { result }
+    } else {
+        crate::enforce::reconcile::Verdict::NotExecuted
+    };
+    let rec =
+        crate::cli::reconcile::reconcile(&config, &tenant, &principal, &key, verdict, note).await?;
+    println!(
+        "reconciled `{key}` of {principal}@{tenant}: now {:?}",
+        rec.state
+    );
+    Ok(ExitCode::SUCCESS)
 }

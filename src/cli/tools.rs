@@ -6,7 +6,10 @@
 //! does) and reads every page of `tools/list`. The running gateway reloads
 //! `tools.lock` when it changes, like the policies.
 
+use crate::cli::args::ToolsCommand;
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -195,6 +198,79 @@ pub(crate) fn lock_of(gw: &Gateway) -> anyhow::Result<ToolLock> {
 /// Save the lock in the config's policy folder; returns the path.
 pub(crate) fn save(gw: &Gateway, lock: &ToolLock) -> anyhow::Result<std::path::PathBuf> {
     save_tool_lock(&gw.config().gateway.policies, lock)
+}
+
+/// `countersign tools list|diff|pin|accept`.
+pub(crate) async fn command(command: ToolsCommand, config: &Path) -> anyhow::Result<ExitCode> {
+    let gw = &crate::cli::check::offline(crate::cli::files::load_config(config)?);
+    let mut lock = lock_of(gw)?;
+    match command {
+        ToolsCommand::List { server, json } => {
+            let listed = fetch(gw, server.as_deref()).await?;
+            let states = compare(&listed, &lock);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&states)?);
+            } else {
+                for s in &states {
+                    let digest = s.digest.as_deref().or(s.pinned.as_deref()).unwrap_or("");
+                    let standing = serde_json::to_value(s.standing)?;
+                    println!(
+                        "{:<32} {:<9} {digest}",
+                        format!("{}/{}", s.server, s.tool),
+                        standing.as_str().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ToolsCommand::Diff { tool } => {
+            let only = tool.as_deref().map(split).transpose()?;
+            let listed = fetch(gw, only.map(|o| o.0)).await?;
+            let mut differs = false;
+            for s in compare(&listed, &lock) {
+                if only.is_some_and(|(_, t)| t != s.tool) {
+                    continue;
+                }
+                let name = format!("{}/{}", s.server, s.tool);
+                match s.standing {
+                    Standing::Pinned | Standing::Unpinned => continue,
+                    Standing::Changed => println!(
+                        "{name}: pinned {} → listed {}\n{}",
+                        s.pinned.unwrap_or_default(),
+                        s.digest.unwrap_or_default(),
+                        describe(&s.changes)
+                    ),
+                    Standing::Vanished => {
+                        println!(
+                            "{name}: pinned {}, no longer listed",
+                            s.pinned.unwrap_or_default()
+                        );
+                    }
+                }
+                differs = true;
+            }
+            Ok(if differs {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        ToolsCommand::Pin { server } => {
+            let listed = fetch(gw, server.as_deref()).await?;
+            let n = pin(&mut lock, &listed);
+            let path = save(gw, &lock)?;
+            println!("pinned {n} tools in {}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        ToolsCommand::Accept { tool, digest } => {
+            let (server, name) = split(&tool)?;
+            let listed = fetch(gw, Some(server)).await?;
+            let said = accept(&mut lock, &listed, server, name, digest.as_deref())?;
+            let path = save(gw, &lock)?;
+            println!("{said} in {}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! checkpoints' verifier key, and exports whose entries can each be checked
 //! against a checkpoint without the rest of the log.
 
+use crate::cli::args::AuditCommand;
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -218,4 +219,166 @@ pub(crate) fn check_export(file: &Path, pubkey: &str) -> anyhow::Result<ExitCode
         cp.size, cp.origin
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_time(flag: &str, text: Option<String>) -> anyhow::Result<Option<i64>> {
+    text.map(|t| {
+        crate::core::time::parse_rfc3339(&t).ok_or_else(|| {
+            anyhow::anyhow!("{flag} `{t}` is not an RFC 3339 time (like 2026-11-30T10:00:00Z)")
+        })
+    })
+    .transpose()
+}
+
+/// `countersign audit ...`.
+pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
+    use crate::audit;
+    match command {
+        AuditCommand::Checkpoint { dir } => {
+            let (note, _) = audit::proofs::latest(&dir)?;
+            print!("{note}");
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Prove {
+            seq,
+            consistency,
+            size,
+            dir,
+        } => prove(&dir, seq, consistency, size),
+        AuditCommand::CheckExport { file, pubkey } => check_export(&file, &pubkey),
+        AuditCommand::Verify {
+            dir,
+            reviewers,
+            pubkey,
+            checkpoint,
+            witness,
+        } => {
+            let pubkey = pubkey
+                .map(|k| {
+                    let text = if k.starts_with(crate::core::reviewers::PUBLIC_PREFIX) {
+                        k
+                    } else {
+                        std::fs::read_to_string(&k)
+                            .with_context(|| format!("cannot read --pubkey file `{k}`"))?
+                    };
+                    crate::core::reviewers::parse_public_key(text.trim())
+                        .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))
+                })
+                .transpose()?;
+            let reviewers = reviewers
+                .map(|f| {
+                    let text = std::fs::read_to_string(&f)
+                        .with_context(|| format!("cannot read --reviewers `{}`", f.display()))?;
+                    crate::core::reviewers::Reviewers::parse(&text)
+                        .map_err(|(_, m)| anyhow::anyhow!("--reviewers `{}`: {m}", f.display()))
+                })
+                .transpose()?;
+            anyhow::ensure!(
+                pubkey.is_none() || dir.len() == 1,
+                "--pubkey pins one log's key: verify each gateway's log with its own key, one --dir at a time"
+            );
+            anyhow::ensure!(
+                checkpoint.is_empty() || dir.len() == 1,
+                "--checkpoint is one log's: verify each gateway's log against its own checkpoints, one --dir at a time"
+            );
+            let checkpoints = checkpoint
+                .iter()
+                .map(|f| {
+                    std::fs::read_to_string(f)
+                        .with_context(|| format!("cannot read --checkpoint `{}`", f.display()))
+                        .map(|t| (f.display().to_string(), t))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let witnesses = witness
+                .iter()
+                .map(|w| audit::note::parse_vkey(w).map_err(|e| anyhow::anyhow!("--witness: {e}")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut broken = false;
+            for d in &dir {
+                let also = audit::verify::Also {
+                    checkpoints: checkpoints.clone(),
+                    witnesses: witnesses.clone(),
+                };
+                let report = audit::verify::verify_dir_with(d, pubkey, reviewers.clone(), also)?;
+                if dir.len() > 1 {
+                    println!("{}:", d.display());
+                }
+                print!("{}", report.render());
+                broken |= report.brk.is_some();
+            }
+            Ok(if broken {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        AuditCommand::Export {
+            dir,
+            format,
+            since,
+            until,
+            out,
+            follow,
+            with_proofs,
+        } => {
+            if with_proofs {
+                anyhow::ensure!(
+                    dir.len() == 1 && format == crate::audit::export::Format::Jsonl,
+                    "--with-proofs exports one log (one --dir) as JSON Lines"
+                );
+                return export_with_proofs(&dir[0], out.as_deref());
+            }
+            let since = parse_time("--since", since)?;
+            let until = parse_time("--until", until)?;
+            anyhow::ensure!(
+                !follow || dir.len() == 1,
+                "--follow streams one log: give one --dir (run one export per gateway)"
+            );
+            let mut sink: Box<dyn std::io::Write> = match out {
+                Some(path) => Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(&path)
+                        .with_context(|| format!("cannot create `{}`", path.display()))?,
+                )),
+                None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+            };
+            let result = if follow {
+                // Runs until Ctrl-C ends the process (every entry is flushed
+                // as it is written) or the reader goes away.
+                let never = std::sync::atomic::AtomicBool::new(false);
+                audit::export::follow(&dir[0], format, since, &mut *sink, &never)
+            } else {
+                audit::export::export(&dir, format, since, until, &mut *sink)
+            };
+            match result {
+                Ok(n) => {
+                    eprintln!("countersign: exported {n} entries");
+                    Ok(ExitCode::SUCCESS)
+                }
+                // `| head` closed the pipe: the reader has what it wanted.
+                Err(e) if e.is_closed_output() => Ok(ExitCode::SUCCESS),
+                Err(e) => Err(e.into()),
+            }
+        }
+        AuditCommand::Pubkey { dir, vkey: true } => {
+            println!("{}", vkey(&dir)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Pubkey { dir, vkey: false } => {
+            let path = dir.join(audit::log::KEY_FILE);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "cannot read `{}`: the gateway makes it on its first start (is --dir the audit dir?)",
+                    path.display()
+                )
+            })?;
+            let key = crate::core::reviewers::KeyFile::parse(&text)
+                .and_then(|k| k.signing_key())
+                .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))?;
+            println!(
+                "{}",
+                crate::core::reviewers::format_public_key(&key.verifying_key())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }

@@ -1,0 +1,402 @@
+//! The `countersign` command line, as clap types: every subcommand, its
+//! flags and their help. The commands themselves live in the module each
+//! one is named after.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Approval-binding policy enforcement point for MCP tool calls.
+#[derive(Parser)]
+#[command(name = "countersign", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Show the guarantees in two minutes: the example payments server
+    /// behind a gateway in a temporary folder, and a scripted agent.
+    Demo {
+        /// Leave the gateway running and print what to try next.
+        #[arg(long)]
+        keep: bool,
+        /// The example payments server (default: examples/payments_server
+        /// next to this binary, as `cargo build --release --examples` makes it).
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        /// Put the demo's files here instead of a new temporary folder (kept).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// After the narration, print one JSON object of what was shown.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the gateway.
+    Serve {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+    /// Bridge a stdio-only MCP client to the gateway's endpoint for one server.
+    Stdio {
+        /// Upstream server name, as configured in the gateway.
+        #[arg(long)]
+        server: String,
+        /// Gateway base URL.
+        #[arg(
+            long,
+            default_value = "http://127.0.0.1:7373",
+            env = "COUNTERSIGN_GATEWAY"
+        )]
+        gateway: String,
+        /// Longest stdin line accepted, in bytes.
+        #[arg(long, default_value_t = 16 << 20)]
+        max_line_bytes: usize,
+        /// How long to keep retrying while the gateway is down (e.g. "30s").
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        reconnect_for: Duration,
+    },
+    /// Check or test the Cedar policies.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Settle an `unknown` outcome on a stopped gateway's ledger.
+    Reconcile(ReconcileArgs),
+    /// The audit log: verify it, export it, print the gateway's key.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Make a reviewer key: writes the private key (mode 0600) and prints
+    /// the entry for `policies/reviewers.toml`.
+    Keygen {
+        /// Where to write the private key (never overwritten).
+        #[arg(long)]
+        out: PathBuf,
+        /// The reviewer's name (defaults to $USER).
+        #[arg(long, env = "USER")]
+        name: String,
+        /// Groups for the printed entry, comma-separated. The shipped
+        /// policies let only group `leads` approve destructive tools.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        /// Tenants whose calls the reviewer may decide, comma-separated
+        /// (default every tenant, `*`).
+        #[arg(long, value_delimiter = ',', default_value = "*")]
+        tenants: Vec<String>,
+    },
+    /// List proposals waiting for a decision.
+    Pending {
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one proposal: what would run, the arguments, what changed.
+    Show {
+        /// Proposal id (`p-...`).
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a proposal: signs the statement with your key.
+    Approve {
+        /// Proposal id.
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Why (recorded with the signature).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// How long the approval lasts (capped by the gateway's approvals.ttl).
+        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+    /// Deny a proposal: signs the statement with your key.
+    Deny {
+        /// Proposal id.
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Why (the agent is told).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Tool definitions against `policies/tools.lock`: list, diff, pin,
+    /// accept.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+        /// Configuration file (servers, and the policy folder holding the lock).
+        #[arg(long, short, global = true, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+    /// The ledger store: `migrate` brings a PostgreSQL schema up to date
+    /// (the gateway also does so when it starts).
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+    /// Initialize every configured upstream and report up/down with latency.
+    Check {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum AuditCommand {
+    /// Check the hash chain, every checkpoint signature and every embedded
+    /// reviewer signature; print a summary and the first break; exit 1 on any.
+    Verify {
+        /// The audit dir (`gateway.data_dir/audit`); repeat it for the logs
+        /// of several gateways (each is checked on its own).
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: Vec<PathBuf>,
+        /// `policies/reviewers.toml`: check reviewer statements against it
+        /// (default: against the key embedded with each statement).
+        #[arg(long)]
+        reviewers: Option<PathBuf>,
+        /// The gateway's public key (`ed25519:...`, or a file holding it, as
+        /// `audit pubkey` prints it); default: the key the log names.
+        #[arg(long)]
+        pubkey: Option<String>,
+        /// A signed checkpoint held elsewhere (a file, as `audit
+        /// checkpoint` prints it): the log must still hold it, so a
+        /// truncation or a rewrite before it is found. Repeatable; two of
+        /// one size with different roots are reported as a fork.
+        #[arg(long)]
+        checkpoint: Vec<PathBuf>,
+        /// A witness's verifier key (`name+id+base64`): the cosignatures
+        /// the log records from it are checked.
+        #[arg(long)]
+        witness: Vec<String>,
+    },
+    /// Print the latest signed checkpoint (a C2SP tlog-checkpoint signed
+    /// note, with any witness cosignatures).
+    Checkpoint {
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+    },
+    /// Print an inclusion proof of entry SEQ, or with --consistency a
+    /// consistency proof from an older tree size, against the latest
+    /// checkpoint (or --size), as JSON.
+    Prove {
+        /// The entry's seq (counted from 1).
+        #[arg(
+            required_unless_present = "consistency",
+            conflicts_with = "consistency"
+        )]
+        seq: Option<u64>,
+        /// Prove that the tree of this many entries is a prefix of the
+        /// newer one.
+        #[arg(long, value_name = "OLD_SIZE")]
+        consistency: Option<u64>,
+        /// The tree size to prove against (default: the latest checkpoint's).
+        #[arg(long)]
+        size: Option<u64>,
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+    },
+    /// Check an `audit export --with-proofs` file on its own: the
+    /// checkpoint's signature, and each entry's hash and inclusion proof.
+    CheckExport {
+        /// The export (`-` for standard input).
+        file: PathBuf,
+        /// The gateway's public key (`ed25519:...` or a file), or its
+        /// verifier key (`name+id+base64`, from `audit pubkey --vkey`).
+        #[arg(long)]
+        pubkey: String,
+    },
+    /// Stream entries as JSON Lines, CSV or OCSF.
+    Export {
+        /// The audit dir; repeat it to merge the logs of several gateways
+        /// in time order.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: Vec<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: crate::audit::export::Format,
+        /// Only entries at or after this RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only entries at or before this RFC 3339 time.
+        #[arg(long)]
+        until: Option<String>,
+        /// Write here instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Keep streaming new entries as the gateway writes them, as
+        /// `tail -f` does (one --dir; stops on Ctrl-C or when the reader
+        /// goes away).
+        #[arg(long, conflicts_with = "until")]
+        follow: bool,
+        /// JSON Lines of `{entry, inclusion}`, after one line holding the
+        /// latest signed checkpoint: each entry can then be checked against
+        /// it without the rest of the log (`audit check-export`). One
+        /// --dir, jsonl only; entries after the checkpoint are left out.
+        #[arg(long, conflicts_with_all = ["follow", "since", "until"])]
+        with_proofs: bool,
+    },
+    /// Print the gateway's audit public key (made on the gateway's first start).
+    Pubkey {
+        /// The audit dir.
+        #[arg(long, default_value = ".countersign/audit")]
+        dir: PathBuf,
+        /// Print the checkpoints' verifier key instead (`origin+id+base64`,
+        /// the C2SP signed-note form witnesses and verifiers take).
+        #[arg(long)]
+        vkey: bool,
+    },
+}
+
+/// How a reviewer command reaches the gateway.
+#[derive(clap::Args)]
+pub(crate) struct ReviewerArgs {
+    /// The reviewer's key file (from `countersign keygen`).
+    #[arg(long, env = "COUNTERSIGN_KEY")]
+    pub(crate) key: PathBuf,
+    /// Gateway base URL.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7373",
+        env = "COUNTERSIGN_GATEWAY"
+    )]
+    pub(crate) gateway: String,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum StoreCommand {
+    /// Apply the migrations this countersign knows to the `[store] url`
+    /// database; refuses a schema newer than it knows.
+    Migrate {
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ToolsCommand {
+    /// Each server's tools with their definition digest and how they stand
+    /// against the lock: pinned, changed, unpinned, vanished.
+    List {
+        /// Only this server.
+        #[arg(long)]
+        server: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What differs between the pinned definitions and what the servers
+    /// list now, field by field; exit 1 when anything differs.
+    Diff {
+        /// Only this tool (`SERVER/TOOL`).
+        tool: Option<String>,
+    },
+    /// Write the lock: pin every tool each server (or one) lists now.
+    Pin {
+        /// Only this server.
+        #[arg(long)]
+        server: Option<String>,
+    },
+    /// Accept one tool's definition as listed now (or its removal).
+    Accept {
+        /// `SERVER/TOOL`.
+        tool: String,
+        /// The digest you reviewed (`tools diff` shows it): refused if the
+        /// server lists another one by now.
+        #[arg(long)]
+        digest: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum PolicyCommand {
+    /// Parse the policies and validate them against `schema.cedarschema`;
+    /// errors print as `file:line:column: message`; exit 1 on any.
+    Check {
+        /// The policy folder.
+        #[arg(long, default_value = "policies")]
+        dir: PathBuf,
+    },
+    /// Write the `Arguments` type of the policy schema from a server's live
+    /// tools/list, so that policies naming argument fields are validated.
+    Schema {
+        /// The server, as configured.
+        #[arg(long)]
+        server: String,
+        /// Configuration file.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+    /// Run decision cases (principal, tenant, server, tool, annotations,
+    /// arguments → allow | approval | deny) and report each; exit 1 on any
+    /// failure.
+    Test {
+        /// The case file (TOML, `[[case]]` tables).
+        file: PathBuf,
+        /// The policy folder.
+        #[arg(long, default_value = "policies")]
+        dir: PathBuf,
+    },
+}
+
+/// Run the command line.
+
+// The flags of `countersign reconcile` (its help is the variant's).
+#[derive(clap::Args)]
+pub(crate) struct ReconcileArgs {
+    /// Configuration file (for `gateway.data_dir`).
+    #[arg(long, short, default_value = "countersign.toml")]
+    pub(crate) config: PathBuf,
+    /// List unknown outcomes instead.
+    #[arg(long, conflicts_with_all = ["key", "executed", "not_executed"])]
+    pub(crate) list: bool,
+    /// The idempotency key, as the client sent it (or `derived:...`).
+    #[arg(required_unless_present = "list")]
+    pub(crate) key: Option<String>,
+    /// The requester's tenant.
+    #[arg(long, required_unless_present = "list")]
+    pub(crate) tenant: Option<String>,
+    /// The requester.
+    #[arg(long, required_unless_present = "list")]
+    pub(crate) principal: Option<String>,
+    /// The call ran: retries get its (reconciled) answer.
+    #[arg(long, conflicts_with = "not_executed", required_unless_present_any = ["list", "not_executed"])]
+    pub(crate) executed: bool,
+    /// The call did not run: the next retry runs it.
+    #[arg(long)]
+    pub(crate) not_executed: bool,
+    /// A note for the record.
+    #[arg(long)]
+    pub(crate) note: Option<String>,
+    /// With --executed: the CallToolResult JSON retries should get.
+    #[arg(long, requires = "executed")]
+    pub(crate) result: Option<String>,
+    /// Reconcile through the running gateway's control API, signed with
+    /// this reviewer key (the ledger file is locked while it runs).
+    #[arg(long)]
+    pub(crate) reviewer_key: Option<PathBuf>,
+    /// Gateway base URL (with --reviewer-key).
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7373",
+        env = "COUNTERSIGN_GATEWAY"
+    )]
+    pub(crate) gateway: String,
+}
