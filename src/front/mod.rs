@@ -3,6 +3,10 @@
 //! - [`http`]: the axum routes `/mcp/{server}` (Streamable HTTP, both wire
 //!   eras) and `/healthz`: HTTP framing, origin and token checks, era
 //!   detection. HTTP only.
+//! - [`ops`]: `/healthz`, `/metrics` and the transparency endpoints
+//!   `/audit/*`.
+//! - [`stream`]: answers that become SSE streams, and resumable streams.
+//! - [`respond`]: JSON and SSE responses, and the status of a rejection.
 //! - [`mcp`]: one request in, one answer out, for any transport: a
 //!   `tools/call` goes to the enforcement pipeline, anything else is relayed.
 //! - [`control`]: the reviewer control API `/v1`.
@@ -21,5 +25,8 @@ pub(crate) mod control;
 pub(crate) mod gateway;
 pub(crate) mod http;
 pub(crate) mod mcp;
+pub(crate) mod ops;
+pub(crate) mod respond;
 pub(crate) mod route;
+pub(crate) mod stream;
 pub(crate) mod tls;
