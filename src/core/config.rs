@@ -714,230 +714,350 @@ impl Config {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        config.check().map_err(|message| ConfigError::Invalid {
-            path: path.to_owned(),
-            message,
-        })?;
+        config.check(path)?;
         Ok(config)
     }
 
-    fn check(&self) -> Result<(), String> {
-        if let Some(url) = &self.store.url {
-            if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
-                return Err(format!("store.url `{url}` must start with postgres://"));
-            }
-            // A password in the url would sit in the config file and in logs.
-            let authority = url
-                .split("://")
-                .nth(1)
-                .and_then(|r| r.split('/').next())
-                .unwrap_or_default();
-            if authority.contains(':') && authority.contains('@') {
-                let userinfo = authority.split('@').next().unwrap_or_default();
-                if userinfo.contains(':') {
-                    return Err(
-                        "store.url holds a password: give it with store.password = { env = \"VAR\" } or { file = \"PATH\" }"
-                            .into(),
-                    );
-                }
-            }
-            if self.store.lease < Duration::from_millis(300) {
-                return Err(
-                    "store.lease must be at least 300ms (it is renewed every third of it)".into(),
-                );
-            }
-            if self.store.pool_size == 0 {
-                return Err("store.pool_size must be at least 1".into());
-            }
-        }
-        if self.gateway.tls_cert.is_some() != self.gateway.tls_key.is_some() {
-            return Err(
-                "gateway.tls_cert and gateway.tls_key go together: set both, or neither".into(),
-            );
-        }
-        if self.gateway.header_read_timeout.is_zero() {
-            return Err(
-                "gateway.header_read_timeout must be more than 0s (a header that never ends holds its connection)"
-                    .into(),
-            );
-        }
+    /// Every section's checks, in the order their errors are reported.
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        self.store.check(path)?;
+        self.gateway.check(path)?;
         for (name, server) in &self.servers {
-            // Server names become URL path segments (`/mcp/{name}`) and Cedar
-            // entity ids: keep them to a plain alphabet.
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                return Err(format!(
-                    "server name `{name}` may only use letters, digits, `-` and `_`"
-                ));
+            server.check(name, path)?;
+        }
+        self.metrics.check(&self.identities, path)?;
+        for (i, id) in self.identities.iter().enumerate() {
+            id.check(i, path)?;
+        }
+        self.retry.check(path)?;
+        self.limits.check(path)?;
+        self.audit.check(path)?;
+        self.approvals.check(path)?;
+        for (name, server) in &self.servers {
+            server.check_tools(name, path)?;
+        }
+        Ok(())
+    }
+}
+
+/// A value of `path` that is not acceptable: what is wrong and what to do.
+fn invalid(path: &Path, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        path: path.to_owned(),
+        message,
+    }
+}
+
+impl StoreConfig {
+    /// `[store]`: a PostgreSQL url without a password in it, a lease and a pool.
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        let Some(url) = &self.url else {
+            return Ok(());
+        };
+        if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+            return Err(invalid(
+                path,
+                format!("store.url `{url}` must start with postgres://"),
+            ));
+        }
+        // A password in the url would sit in the config file and in logs.
+        let authority = url
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_default();
+        if authority.contains(':') && authority.contains('@') {
+            let userinfo = authority.split('@').next().unwrap_or_default();
+            if userinfo.contains(':') {
+                return Err(invalid(path, "store.url holds a password: give it with store.password = { env = \"VAR\" } or { file = \"PATH\" }"
+                        .into(),));
             }
-            match (&server.command, &server.url) {
-                (Some(_), Some(_)) => {
-                    return Err(format!(
-                        "[servers.{name}] sets both `command` and `url`; keep one"
-                    ))
-                }
-                (None, None) => {
-                    return Err(format!(
+        }
+        if self.lease < Duration::from_millis(300) {
+            return Err(invalid(
+                path,
+                "store.lease must be at least 300ms (it is renewed every third of it)".into(),
+            ));
+        }
+        if self.pool_size == 0 {
+            return Err(invalid(path, "store.pool_size must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+impl GatewayConfig {
+    /// `[gateway]`: TLS files in pairs, a header timeout.
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(invalid(
+                path,
+                "gateway.tls_cert and gateway.tls_key go together: set both, or neither".into(),
+            ));
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err(invalid(path, "gateway.header_read_timeout must be more than 0s (a header that never ends holds its connection)"
+                    .into(),));
+        }
+        Ok(())
+    }
+}
+
+impl ServerConfig {
+    /// `[servers.NAME]`: a plain name, one transport, TLS only for https.
+    fn check(&self, name: &str, path: &Path) -> Result<(), ConfigError> {
+        // Server names become URL path segments (`/mcp/{name}`) and Cedar
+        // entity ids: keep them to a plain alphabet.
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                path,
+                format!("server name `{name}` may only use letters, digits, `-` and `_`"),
+            ));
+        }
+        match (&self.command, &self.url) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    path,
+                    format!("[servers.{name}] sets both `command` and `url`; keep one"),
+                ))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    path,
+                    format!(
                         "[servers.{name}] needs `command` (stdio child) or `url` (Streamable HTTP)"
-                    ))
-                }
-                (None, Some(url)) => {
-                    let https = url.starts_with("https://");
-                    if !https && !url.starts_with("http://") {
-                        return Err(format!(
-                            "[servers.{name}] url `{url}` must start with https:// or http://"
-                        ));
-                    }
-                    if !https && server.tls.is_some() {
-                        return Err(format!(
-                            "[servers.{name}] has a [tls] table but its url `{url}` is not https://"
-                        ));
-                    }
-                }
-                (Some(_), None) => {
-                    if server.tls.is_some() {
-                        return Err(format!(
-                            "[servers.{name}] is a stdio server: [tls] applies to https:// urls only"
-                        ));
-                    }
-                }
+                    ),
+                ))
             }
-            if let Some(tls) = &server.tls {
-                if tls.client_cert.is_some() != tls.client_key.is_some() {
-                    return Err(format!(
-                        "[servers.{name}.tls] needs both `client_cert` and `client_key`, or neither"
+            (None, Some(url)) => {
+                let https = url.starts_with("https://");
+                if !https && !url.starts_with("http://") {
+                    return Err(invalid(
+                        path,
+                        format!("[servers.{name}] url `{url}` must start with https:// or http://"),
+                    ));
+                }
+                if !https && self.tls.is_some() {
+                    return Err(invalid(
+                        path,
+                        format!(
+                        "[servers.{name}] has a [tls] table but its url `{url}` is not https://"
+                    ),
                     ));
                 }
             }
-            if server.call_timeout.is_zero() {
-                return Err(format!(
-                    "[servers.{name}] call_timeout must be more than zero"
+            (Some(_), None) => {
+                if self.tls.is_some() {
+                    return Err(invalid(
+                        path,
+                        format!(
+                        "[servers.{name}] is a stdio server: [tls] applies to https:// urls only"
+                    ),
+                    ));
+                }
+            }
+        }
+        if let Some(tls) = &self.tls {
+            if tls.client_cert.is_some() != tls.client_key.is_some() {
+                return Err(invalid(
+                    path,
+                    format!(
+                    "[servers.{name}.tls] needs both `client_cert` and `client_key`, or neither"
+                ),
                 ));
             }
         }
-        if let Some(t) = &self.metrics.token_sha256 {
-            if t.len() != 64 || !t.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(
-                    "metrics.token_sha256 must be 64 hex digits; compute it with `printf %s \"$TOKEN\" | sha256sum`"
-                        .into(),
-                );
-            }
-            if self
-                .identities
-                .iter()
-                .any(|i| i.token_sha256.eq_ignore_ascii_case(t))
-            {
-                return Err(
-                    "metrics.token_sha256 is also an identity's token: give the scraper a token of its own".into(),
-                );
+        if self.call_timeout.is_zero() {
+            return Err(invalid(
+                path,
+                format!("[servers.{name}] call_timeout must be more than zero"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[servers.NAME.tools.TOOL]`: version probes that are other tools,
+    /// with JSON pointers.
+    fn check_tools(&self, name: &str, path: &Path) -> Result<(), ConfigError> {
+        for (tool, t) in &self.tools {
+            if let Some(p) = &t.version_probe {
+                if p.tool == *tool {
+                    return Err(invalid(path, format!(
+                        "[servers.{name}.tools.{tool}] version_probe names the tool itself: the probe must be a read-only tool"
+                    )));
+                }
+                let pointer_name = "pointer".to_owned();
+                for (arg, pointer) in p.arguments.iter().chain([(&pointer_name, &p.pointer)]) {
+                    if !pointer.is_empty() && !pointer.starts_with('/') {
+                        return Err(invalid(path, format!(
+                            "[servers.{name}.tools.{tool}] version_probe `{arg}` = `{pointer}` is not a JSON pointer (it starts with `/`)"
+                        )));
+                    }
+                }
             }
         }
-        for (i, id) in self.identities.iter().enumerate() {
-            let hex_ok = id.token_sha256.len() == 64
-                && id.token_sha256.chars().all(|c| c.is_ascii_hexdigit());
-            if !hex_ok {
-                return Err(format!(
+        Ok(())
+    }
+}
+
+impl MetricsConfig {
+    /// `[metrics]`: a token hash of its own.
+    fn check(&self, identities: &[IdentityConfig], path: &Path) -> Result<(), ConfigError> {
+        let Some(t) = &self.token_sha256 else {
+            return Ok(());
+        };
+        if t.len() != 64 || !t.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(invalid(path, "metrics.token_sha256 must be 64 hex digits; compute it with `printf %s \"$TOKEN\" | sha256sum`"
+                    .into(),));
+        }
+        if identities
+            .iter()
+            .any(|i| i.token_sha256.eq_ignore_ascii_case(t))
+        {
+            return Err(invalid(path, "metrics.token_sha256 is also an identity's token: give the scraper a token of its own".into(),));
+        }
+        Ok(())
+    }
+}
+
+impl IdentityConfig {
+    /// `[[identities]]` entry `i`: a token hash, a principal and a tenant.
+    fn check(&self, i: usize, path: &Path) -> Result<(), ConfigError> {
+        let hex_ok = self.token_sha256.len() == 64
+            && self.token_sha256.chars().all(|c| c.is_ascii_hexdigit());
+        if !hex_ok {
+            return Err(invalid(
+                path,
+                format!(
                     "identities[{i}] (principal `{}`): token_sha256 must be 64 hex digits; \
-                     compute it with `printf %s \"$TOKEN\" | sha256sum`",
-                    id.principal
-                ));
-            }
-            if id.principal.is_empty() || id.tenant.is_empty() {
-                return Err(format!(
-                    "identities[{i}]: principal and tenant must not be empty"
-                ));
-            }
+                 compute it with `printf %s \"$TOKEN\" | sha256sum`",
+                    self.principal
+                ),
+            ));
         }
-        if self.retry.max_attempts == 0 {
-            return Err(
+        if self.principal.is_empty() || self.tenant.is_empty() {
+            return Err(invalid(
+                path,
+                format!("identities[{i}]: principal and tenant must not be empty"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl RetryConfig {
+    /// `[retry]`: at least one attempt.
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        if self.max_attempts == 0 {
+            return Err(invalid(
+                path,
                 "retry.max_attempts counts the first attempt too: it must be at least 1".into(),
-            );
+            ));
         }
-        if self.limits.max_body_bytes < 1024 || self.limits.max_line_bytes < 1024 {
-            return Err(
+        Ok(())
+    }
+}
+
+impl Limits {
+    /// `[limits]`: sizes and counts a gateway can serve with.
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        if self.max_body_bytes < 1024 || self.max_line_bytes < 1024 {
+            return Err(invalid(
+                path,
                 "limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into(),
-            );
+            ));
         }
-        if self.limits.max_connections == 0 || self.limits.max_sessions_per_identity == 0 {
-            return Err(
+        if self.max_connections == 0 || self.max_sessions_per_identity == 0 {
+            return Err(invalid(
+                path,
                 "limits.max_connections and limits.max_sessions_per_identity must be at least 1"
                     .into(),
-            );
+            ));
         }
-        let au = &self.audit;
+        Ok(())
+    }
+}
+
+impl AuditConfig {
+    /// `[audit]`: checkpoints, segments, redaction, origin and witness.
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        let au = self;
         if au.checkpoint_every == 0 || au.checkpoint_interval.is_zero() {
-            return Err(
+            return Err(invalid(
+                path,
                 "audit.checkpoint_every and audit.checkpoint_interval must be more than zero"
                     .into(),
-            );
+            ));
         }
         if au.segment_bytes < 4096 {
-            return Err("audit.segment_bytes must be at least 4096".into());
+            return Err(invalid(
+                path,
+                "audit.segment_bytes must be at least 4096".into(),
+            ));
         }
         if let Some(p) = au.redact.iter().find(|p| !p.starts_with('/')) {
-            return Err(format!(
-                "audit.redact `{p}` is not a JSON pointer (it starts with `/`)"
+            return Err(invalid(
+                path,
+                format!("audit.redact `{p}` is not a JSON pointer (it starts with `/`)"),
             ));
         }
         if let Some(o) = &au.origin {
             // C2SP signed-note key names: no spaces, no `+`.
             if o.is_empty() || o.chars().any(|c| c.is_whitespace() || c == '+') {
-                return Err(format!("audit.origin `{o}` may not be empty or hold spaces or `+` (it names the checkpoints' key)"));
+                return Err(invalid(path, format!("audit.origin `{o}` may not be empty or hold spaces or `+` (it names the checkpoints' key)")));
             }
         }
         if let Some(w) = &au.witness {
             if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
-                return Err(format!(
-                    "audit.witness.url `{}` must be an http:// or https:// URL",
-                    w.url
+                return Err(invalid(
+                    path,
+                    format!(
+                        "audit.witness.url `{}` must be an http:// or https:// URL",
+                        w.url
+                    ),
                 ));
             }
             // The key itself is parsed when the gateway starts (`serve`).
         }
         if !au.redact.is_empty() && au.arguments != ArgumentMode::Redact {
-            return Err("audit.redact is set but audit.arguments is not \"redact\": set arguments = \"redact\" (or drop the pointers)".into());
+            return Err(invalid(path, "audit.redact is set but audit.arguments is not \"redact\": set arguments = \"redact\" (or drop the pointers)".into()));
         }
-        let a = &self.approvals;
+        Ok(())
+    }
+}
+
+impl ApprovalsConfig {
+    /// `[approvals]`: expiries and intervals within their bounds.
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        let a = self;
         if a.ttl.is_zero() {
-            return Err("approvals.ttl must be more than zero (an approval that is born expired approves nothing)".into());
+            return Err(invalid(path, "approvals.ttl must be more than zero (an approval that is born expired approves nothing)".into()));
         }
         // A zero interval would turn a held call into a busy loop of
         // progress notifications.
         if a.progress_interval < Duration::from_millis(100) {
-            return Err("approvals.progress_interval must be at least 100ms".into());
+            return Err(invalid(
+                path,
+                "approvals.progress_interval must be at least 100ms".into(),
+            ));
         }
         if a.max_pending == 0 {
-            return Err("approvals.max_pending must be at least 1".into());
+            return Err(invalid(
+                path,
+                "approvals.max_pending must be at least 1".into(),
+            ));
         }
         // A question that expires before a person can read it approves
         // nothing; one that lives for hours is a long replay window.
         if a.client_ttl < Duration::from_secs(10) || a.client_ttl > Duration::from_secs(3600) {
-            return Err("approvals.client_ttl must be between 10s and 1h: it is how long a question to the person at the client stays answerable".into());
+            return Err(invalid(path, "approvals.client_ttl must be between 10s and 1h: it is how long a question to the person at the client stays answerable".into()));
         }
         if a.clock_skew < Duration::from_secs(1) || a.clock_skew > Duration::from_secs(600) {
-            return Err("approvals.clock_skew must be between 1s and 10m: it bounds how long a captured control request can be replayed".into());
-        }
-        for (name, server) in &self.servers {
-            for (tool, t) in &server.tools {
-                if let Some(p) = &t.version_probe {
-                    if p.tool == *tool {
-                        return Err(format!(
-                            "[servers.{name}.tools.{tool}] version_probe names the tool itself: the probe must be a read-only tool"
-                        ));
-                    }
-                    let pointer_name = "pointer".to_owned();
-                    for (arg, pointer) in p.arguments.iter().chain([(&pointer_name, &p.pointer)]) {
-                        if !pointer.is_empty() && !pointer.starts_with('/') {
-                            return Err(format!(
-                                "[servers.{name}.tools.{tool}] version_probe `{arg}` = `{pointer}` is not a JSON pointer (it starts with `/`)"
-                            ));
-                        }
-                    }
-                }
-            }
+            return Err(invalid(path, "approvals.clock_skew must be between 1s and 10m: it bounds how long a captured control request can be replayed".into()));
         }
         Ok(())
     }
