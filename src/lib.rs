@@ -8,31 +8,41 @@
 //!
 //! | layer | modules | I/O |
 //! |---|---|---|
-//! | cli | [`cli`] (`serve`, `check`, `policy`, `reconcile`, `review`, `client`, `files`, `transparency`) | yes |
-//! | front ends | [`front`] (`http`, `mcp`, `control`, `bridge`) | yes |
-//! | upstream | [`upstream`] (`session`, `route`, `mux`, `stdio`, `streamable_http`, `witness`) | yes |
-//! | enforce | [`enforce`] (`pipeline`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`) | through traits |
-//! | store, audit | [`store`] (`redb_store`, `memory`), [`audit`] (`log`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`) | yes |
-//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `confirm`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
+//! | cli | [`cli`] (`args`, `serve`, `check`, `policy`, `reconcile`, `review`, `tools`, `store`, `transparency`, `demo`, `client`, `files`, `log`) | yes |
+//! | front ends | `front` (`gateway`, `route`, `http`, `mcp`, `stream`, `respond`, `ops`, `control`, `bridge`, `tls`) | yes |
+//! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`) | yes |
+//! | enforce | [`enforce`] (`pipeline`, `call`, `learn`, `judge`, `reads`, `writes`, `gate`, `breakers`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`, `metrics`) | through traits |
+//! | store, audit | [`store`] (`redb_store`, `postgres`, `memory`), [`audit`] (`log`, `writer`, `recover`, `outbox`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`) | yes |
+//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `reviewers`, `signed_request`, `confirm`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
 //! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two
 //!   MCP wire eras and their headers, SSE and line framing.
 //! - [`core`]: the rules: canonical form and digest, ledger states,
-//!   Cedar decisions, approval statements, failure classes, annotations, tool catalogs and pins,
-//!   identities, configuration, time.
-//! - [`store`]: durable ledger, proposal and outbox storage behind one trait.
-//! - [`audit`]: the hash-chained audit log and its RFC 6962 Merkle tree,
-//!   C2SP signed checkpoints and proofs, a call's trail, verification and
+//!   Cedar decisions, approval statements, reviewer keys, control API
+//!   request signatures, failure classes, annotations, tool catalogs and
+//!   pins, identities, configuration, time.
+//! - [`store`]: durable ledger, proposal and outbox storage behind one
+//!   trait: redb for one gateway, PostgreSQL for several, memory for tests.
+//! - [`audit`]: the hash-chained audit log (its writer task, the tail it
+//!   opens on, the ledger's outbox) and its RFC 6962 Merkle tree, C2SP
+//!   signed checkpoints and proofs, a call's trail, verification and
 //!   exports.
-//! - [`enforce`]: the `tools/call` pipeline as one type, the ledger
-//!   service, the approval book, the sealed permit, and the one module that
-//!   words outcomes for the wire.
-//! - [`upstream`]: upstream connections (stdio children, Streamable HTTP),
-//!   id multiplexing, client sessions and healing.
-//! - [`front`]: the HTTP front (`/mcp`), the control API (`/v1`), the stdio
-//!   bridge.
+//! - [`enforce`]: the `tools/call` pipeline as the order of its stages, and
+//!   the services it runs a call through (catalog learning, the policy
+//!   decision, the read path, the write path, the approval gate, the
+//!   breakers, the ledger, the approval book); the sealed permit; the one
+//!   module that words outcomes for the wire; the metrics.
+//! - [`upstream`]: upstream connections (stdio children, Streamable HTTP,
+//!   their TLS and credentials), id multiplexing, and the witness client.
+//! - `front`: the running gateway and its client sessions, the HTTP front
+//!   (`/mcp`, `/healthz`, `/metrics`, `/audit/*`), the control API (`/v1`),
+//!   the stdio bridge.
 //! - [`cli`]: the `countersign` command.
+//!
+//! Only what tests, benches, fuzz targets and the TUI use is public: the
+//! front ends, the commands and the services inside the pipeline are
+//! crate-private (`unreachable_pub` holds the rest to it).
 
 #![warn(unreachable_pub)]
 
