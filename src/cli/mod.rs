@@ -35,6 +35,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
+use crate::core::approval::Verdict;
 use args::{Cli, Command, StoreCommand};
 
 pub fn main() -> ExitCode {
@@ -108,25 +109,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             name,
             groups,
             tenants,
-        } => {
-            let entry = crate::cli::review::keygen(&out, &name, &groups, &tenants)?;
-            eprintln!(
-                "countersign: wrote the private key to {} (mode 0600); add this entry to the gateway's \
-                 reviewers file (approvals.reviewers, by default policies/reviewers.toml):",
-                out.display()
-            );
-            print!("{entry}");
-            Ok(ExitCode::SUCCESS)
-        }
+        } => crate::cli::review::keygen_command(&out, &name, &groups, &tenants),
         Command::Pending { reviewer, json } => {
-            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
-            print!("{}", crate::cli::review::pending(&c, json).await?);
-            Ok(ExitCode::SUCCESS)
+            crate::cli::review::pending_command(&reviewer, json).await
         }
         Command::Show { id, reviewer, json } => {
-            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
-            println!("{}", crate::cli::review::show(&c, &id, json).await?);
-            Ok(ExitCode::SUCCESS)
+            crate::cli::review::show_command(&reviewer, &id, json).await
         }
         Command::Approve {
             id,
@@ -134,34 +122,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             reason,
             ttl,
         } => {
-            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
-            let out = crate::cli::review::decide(
-                &c,
-                &id,
-                crate::core::approval::Verdict::Approve,
-                &reason,
-                ttl,
-            )
-            .await?;
-            print!("{out}");
-            Ok(ExitCode::SUCCESS)
+            crate::cli::review::decide_command(&reviewer, &id, Verdict::Approve, &reason, ttl).await
         }
         Command::Deny {
             id,
             reviewer,
             reason,
         } => {
-            let c = crate::cli::review::client(&reviewer.gateway, &reviewer.key)?;
-            let out = crate::cli::review::decide(
-                &c,
-                &id,
-                crate::core::approval::Verdict::Deny,
-                &reason,
-                Duration::from_secs(0),
-            )
-            .await?;
-            print!("{out}");
-            Ok(ExitCode::SUCCESS)
+            let ttl = Duration::from_secs(0);
+            crate::cli::review::decide_command(&reviewer, &id, Verdict::Deny, &reason, ttl).await
         }
         Command::Store {
             command: StoreCommand::Migrate { config },

@@ -5,10 +5,12 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::cli::args::ReviewerArgs;
 use crate::cli::client::{load_key, Client};
 use crate::core::approval::Verdict;
 use crate::core::reviewers::{format_public_key, KeyFile};
@@ -277,6 +279,57 @@ pub(crate) async fn reconcile(c: &Client, body: &Value) -> anyhow::Result<String
         body["key"].as_str().unwrap_or(""),
         v["state"]
     ))
+}
+
+/// `countersign keygen`: write the key, print the reviewers file entry.
+pub(crate) fn keygen_command(
+    out: &Path,
+    name: &str,
+    groups: &[String],
+    tenants: &[String],
+) -> anyhow::Result<ExitCode> {
+    let entry = keygen(out, name, groups, tenants)?;
+    eprintln!(
+        "countersign: wrote the private key to {} (mode 0600); add this entry to the gateway's \
+         reviewers file (approvals.reviewers, by default policies/reviewers.toml):",
+        out.display()
+    );
+    print!("{entry}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `countersign pending`.
+pub(crate) async fn pending_command(
+    reviewer: &ReviewerArgs,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let c = client(&reviewer.gateway, &reviewer.key)?;
+    print!("{}", pending(&c, json).await?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `countersign show ID`.
+pub(crate) async fn show_command(
+    reviewer: &ReviewerArgs,
+    id: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let c = client(&reviewer.gateway, &reviewer.key)?;
+    println!("{}", show(&c, id, json).await?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `countersign approve|deny ID`: sign the statement and send it.
+pub(crate) async fn decide_command(
+    reviewer: &ReviewerArgs,
+    id: &str,
+    verdict: Verdict,
+    reason: &str,
+    ttl: Duration,
+) -> anyhow::Result<ExitCode> {
+    let c = client(&reviewer.gateway, &reviewer.key)?;
+    print!("{}", decide(&c, id, verdict, reason, ttl).await?);
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! in-process upstream.
 //!
 //! - [`pipeline`]: [`pipeline::Pipeline::tool_call`]: the order of the
-//!   stages, the gate and the version probe.
+//!   stages.
 //! - [`call`]: one call on its way through the stages, and the outcomes
 //!   any stage may end it with.
 //! - [`learn`]: catalog learning and first-use pins.
