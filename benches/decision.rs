@@ -60,6 +60,7 @@ fn main() {
         principal: "agent-7".into(),
         tenant: "acme".into(),
         groups: vec!["agents".into()],
+        ..Default::default()
     };
     let args = serde_json::json!({"account": "acct_42", "amount": 120.5, "currency": "EUR"});
     let call = Call {

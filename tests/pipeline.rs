@@ -458,6 +458,7 @@ command = "unused-the-upstream-is-in-process"
                 principal: "agent-7".into(),
                 tenant: "acme".into(),
                 groups: vec!["agents".into()],
+                ..Default::default()
             }),
             scope: Some("session-1".into()),
         },
@@ -1437,6 +1438,7 @@ impl Fixture {
                 principal: "agent-7".into(),
                 tenant: "acme".into(),
                 groups: vec!["solo".into()],
+                ..Default::default()
             }),
             scope: None,
         };
@@ -1621,6 +1623,7 @@ async fn an_altered_moved_replayed_or_expired_state_is_refused_and_runs_nothing(
                 principal: "agent-9".into(),
                 tenant: "acme".into(),
                 groups: vec!["solo".into()],
+                ..Default::default()
             }),
             scope: None,
         },

@@ -47,6 +47,10 @@ impl Trail {
                 base.insert("idempotency_key".into(), json!(client_key));
                 base.insert("principal".into(), json!(who.principal));
                 base.insert("tenant".into(), json!(who.tenant));
+                // The OAuth client the requester's token was issued to.
+                if let Some(c) = &who.client {
+                    base.insert("client".into(), json!(c));
+                }
                 base.insert("server".into(), json!(server));
                 base.insert("tool".into(), json!(call.tool));
                 (a.clone(), base)

@@ -58,6 +58,14 @@ pub(crate) enum Command {
         /// How long to keep retrying while the gateway is down (e.g. "30s").
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         reconnect_for: Duration,
+        /// Read the bearer token from this file (again after a 401) instead
+        /// of `COUNTERSIGN_TOKEN`.
+        #[arg(long, conflicts_with = "token_command")]
+        token_file: Option<PathBuf>,
+        /// Run this command (`sh -c`) for the bearer token, again after a
+        /// 401: an identity provider's CLI printing an access token.
+        #[arg(long)]
+        token_command: Option<String>,
     },
     /// Check or test the Cedar policies.
     Policy {

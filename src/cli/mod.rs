@@ -87,10 +87,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             gateway,
             max_line_bytes,
             reconnect_for,
+            token_file,
+            token_command,
         } => {
-            let token = std::env::var("COUNTERSIGN_TOKEN").context(
-                "COUNTERSIGN_TOKEN is not set: export the bearer token the gateway knows for you",
-            )?;
+            use crate::front::bridge::TokenSource;
+            let token = match (token_file, token_command) {
+                (Some(file), _) => TokenSource::File(file),
+                (None, Some(cmd)) => TokenSource::Command(cmd),
+                (None, None) => TokenSource::Fixed(std::env::var("COUNTERSIGN_TOKEN").context(
+                    "COUNTERSIGN_TOKEN is not set: export the bearer token the gateway knows for you, or give --token-file or --token-command",
+                )?),
+            };
             crate::front::bridge::run(crate::front::bridge::Options {
                 gateway,
                 server,

@@ -115,6 +115,7 @@ pub(crate) fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
             principal: c.principal.clone(),
             tenant: c.tenant.clone(),
             groups: c.groups.clone(),
+            ..Default::default()
         };
         let arguments = c
             .arguments

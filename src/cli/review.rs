@@ -121,7 +121,7 @@ pub(crate) async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String>
         rows.push([
             p["id"].as_str().unwrap_or("").to_owned(),
             age(p["created_ms"].as_i64().unwrap_or(0)),
-            p["requester"].as_str().unwrap_or("").to_owned(),
+            requester(p),
             p["tenant"].as_str().unwrap_or("").to_owned(),
             format!(
                 "{}/{}",
@@ -196,7 +196,7 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
         p["id"].as_str().unwrap_or(""),
         p["summary"].as_str().unwrap_or(""),
         p["state"].as_str().unwrap_or(""),
-        p["requester"].as_str().unwrap_or(""),
+        requester(&p),
         p["tenant"].as_str().unwrap_or(""),
         p["server"].as_str().unwrap_or(""),
         p["tool"].as_str().unwrap_or(""),
@@ -279,6 +279,16 @@ pub(crate) async fn reconcile(c: &Client, body: &Value) -> anyhow::Result<String
         body["key"].as_str().unwrap_or(""),
         v["state"]
     ))
+}
+
+/// The requester as a reviewer reads it: `alice`, or `okta:alice via
+/// claude-code` when the token named its OAuth client.
+fn requester(p: &Value) -> String {
+    let who = p["requester"].as_str().unwrap_or("");
+    match p["client"].as_str() {
+        Some(c) => format!("{who} via {c}"),
+        None => who.to_owned(),
+    }
 }
 
 /// `countersign keygen`: write the key, print the reviewers file entry.

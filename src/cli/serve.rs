@@ -82,6 +82,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let lock = crate::cli::files::load_tool_lock(&policy_dir)?;
     let gw = Gateway::new(config, store, policies, Some(audit.clone()));
     gw.pipeline().catalog().set_lock(lock);
+    // Identity providers' keys before the first request: a provider that
+    // cannot be reached now is asked again on its first token.
+    gw.auth().load().await;
     let pins = gw
         .pipeline()
         .load_pins()
@@ -128,6 +131,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         format!("cannot listen on {addr} (gateway.listen): is another process using it?")
     })?;
     let local = listener.local_addr()?;
+    gw.auth().listening_on(local, tls.is_some());
     // Tests and scripts wait for this exact line on stderr.
     eprintln!("countersign: listening on {local}");
     if tls.is_some() {

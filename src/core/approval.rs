@@ -183,6 +183,10 @@ pub struct Proposal {
     pub call_digest: String,
     /// Who asked.
     pub requester: String,
+    /// The OAuth client their access token was issued to, when it named one
+    /// (shown beside the requester: "alice via claude-code").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
     /// Their tenant.
     pub tenant: String,
     /// The resource version the reviewer sees (probe or explicit).
@@ -557,8 +561,13 @@ pub fn summary(p: &Proposal) -> String {
             text.chars().take(150).collect::<String>()
         );
     }
+    let via = p
+        .client
+        .as_deref()
+        .map(|c| format!(" via {c}"))
+        .unwrap_or_default();
     format!(
-        "{} of {} wants {}/{} ({risk}) with {text}{}",
+        "{}{via} of {} wants {}/{} ({risk}) with {text}{}",
         p.requester,
         p.tenant,
         p.server,
@@ -597,6 +606,7 @@ mod tests {
             arguments: json!({"account": "acct-1", "amount": 10}),
             call_digest: "sha256:aa".into(),
             requester: "agent-7".into(),
+            client: None,
             tenant: "acme".into(),
             resource_version: Some("v1".into()),
             tool_definition: Some("sha256:d1".into()),

@@ -89,6 +89,101 @@ pub struct Config {
     /// `[metrics]`: `/metrics` for Prometheus.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// `[auth]`: OAuth 2.1 access tokens from identity providers.
+    #[serde(default)]
+    pub auth: AuthConfig,
+}
+
+/// `[auth]`: the gateway as an OAuth 2.1 resource server (DESIGN.md section
+/// 17). Each `[[auth.issuers]]` is an identity provider whose JWT access
+/// tokens are accepted beside the static `[[identities]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The identity providers.
+    pub issuers: Vec<IssuerConfig>,
+    /// How far `exp` and `nbf` may be off (clock skew between the provider
+    /// and the gateway).
+    #[serde(deserialize_with = "duration")]
+    pub leeway: Duration,
+    /// The least time between two fetches of one issuer's keys: a token
+    /// naming an unknown `kid` fetches them again at most this often, so a
+    /// flood of forged `kid`s cannot turn the gateway against the provider.
+    #[serde(deserialize_with = "duration")]
+    pub refetch_interval: Duration,
+    /// Keys older than this are fetched again on the next token (the cached
+    /// ones stay in use while the provider cannot be reached).
+    #[serde(deserialize_with = "duration")]
+    pub keys_max_age: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            issuers: Vec::new(),
+            leeway: Duration::from_secs(30),
+            refetch_interval: Duration::from_secs(30),
+            keys_max_age: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// One `[[auth.issuers]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssuerConfig {
+    /// A short name: principals from this issuer are `NAME:SUBJECT`.
+    pub name: String,
+    /// The issuer identifier, compared with `iss` exactly. `https://`, or
+    /// `http://` on a loopback host (a local provider in tests).
+    pub issuer: String,
+    /// The issuer's keys from a file (a JWKS document) instead of discovery.
+    pub jwks_file: Option<PathBuf>,
+    /// The JWKS URL instead of discovery (`/.well-known/openid-configuration`,
+    /// then `/.well-known/oauth-authorization-server`).
+    pub jwks_uri: Option<String>,
+    /// The audiences accepted; default: the gateway's public URL and the
+    /// server's resource URL (`{public_url}/mcp/{server}`).
+    #[serde(default)]
+    pub audience: Vec<String>,
+    /// The claim naming the principal.
+    #[serde(default = "default_principal_claim")]
+    pub principal_claim: String,
+    /// The claim naming the tenant (`tenant`, `org_id`, `tid`, ...).
+    pub tenant_claim: Option<String>,
+    /// A fixed tenant for every token of this issuer (a single-tenant
+    /// provider), instead of `tenant_claim`.
+    pub tenant: Option<String>,
+    /// The claim listing the principal's groups (`groups`, `roles`).
+    pub groups_claim: Option<String>,
+    /// Scopes a server requires of this issuer's tokens, by server name
+    /// (`"*"`: every server without an entry of its own).
+    #[serde(default)]
+    pub scopes: BTreeMap<String, Vec<String>>,
+    /// Accept `typ: JWT` (or none) as well as `at+jwt`: for providers that
+    /// do not yet mark access tokens as RFC 9068 asks.
+    #[serde(default)]
+    pub accept_plain_jwt: bool,
+}
+
+fn default_principal_claim() -> String {
+    "sub".into()
+}
+
+/// Whether `url` is `https://`, or `http://` on a loopback host.
+pub fn https_or_loopback(url: &str) -> bool {
+    if url.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "[::1]")
 }
 
 /// `[metrics]`: `/metrics` on the gateway's listener, for a scraper that
@@ -413,6 +508,10 @@ pub struct GatewayConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// The URL clients reach the gateway at (`https://gw.example.com`):
+    /// the resource in RFC 9728 metadata and the default token audience.
+    /// Default: `http://` (or `https://` with `tls_cert`) and `listen`.
+    pub public_url: Option<String>,
 }
 
 impl Default for GatewayConfig {
@@ -427,6 +526,24 @@ impl Default for GatewayConfig {
             header_read_timeout: Duration::from_secs(10),
             tls_cert: None,
             tls_key: None,
+            public_url: None,
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// The URL clients reach the gateway at, without a trailing `/`.
+    pub fn public_url(&self) -> String {
+        match &self.public_url {
+            Some(u) => u.trim_end_matches('/').to_owned(),
+            None => {
+                let scheme = if self.tls_cert.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                format!("{scheme}://{}", self.listen)
+            }
         }
     }
 }
@@ -735,6 +852,92 @@ impl Config {
         self.approvals.check(path)?;
         for (name, server) in &self.servers {
             server.check_tools(name, path)?;
+        }
+        self.auth.check(&self.identities, path)?;
+        Ok(())
+    }
+}
+
+impl AuthConfig {
+    /// `[auth]`: issuers with plain, distinct names, https (or loopback),
+    /// one source of keys at most, a tenant from a claim or fixed, and
+    /// static principals that cannot be mistaken for an issuer's.
+    fn check(&self, identities: &[IdentityConfig], path: &Path) -> Result<(), ConfigError> {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, iss) in self.issuers.iter().enumerate() {
+            let at = format!("auth.issuers[{i}] (`{}`)", iss.name);
+            if iss.name.is_empty()
+                || !iss
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(invalid(
+                    path,
+                    format!("{at}: name may only use letters, digits, `-` and `_`"),
+                ));
+            }
+            if !names.insert(iss.name.clone()) {
+                return Err(invalid(path, format!("{at}: the name is used twice")));
+            }
+            // Keys fetched over plain HTTP from afar could be anyone's.
+            if !https_or_loopback(&iss.issuer) {
+                return Err(invalid(
+                    path,
+                    format!(
+                        "{at}: issuer `{}` must be https:// (http:// only on a loopback host)",
+                        iss.issuer
+                    ),
+                ));
+            }
+            if let Some(u) = &iss.jwks_uri {
+                if !https_or_loopback(u) {
+                    return Err(invalid(
+                        path,
+                        format!("{at}: jwks_uri `{u}` must be https:// (http:// only on a loopback host)"),
+                    ));
+                }
+                if iss.jwks_file.is_some() {
+                    return Err(invalid(
+                        path,
+                        format!("{at}: set jwks_uri or jwks_file, not both"),
+                    ));
+                }
+            }
+            if iss.tenant_claim.is_some() == iss.tenant.is_some() {
+                return Err(invalid(
+                    path,
+                    format!("{at}: set exactly one of tenant_claim (the claim naming the tenant) and tenant (one tenant for every token)"),
+                ));
+            }
+            if iss.principal_claim.is_empty() {
+                return Err(invalid(
+                    path,
+                    format!("{at}: principal_claim may not be empty"),
+                ));
+            }
+        }
+        if !self.issuers.is_empty() {
+            // `NAME:SUBJECT` is an issuer's principal: a static one with a
+            // `:` could pass for it.
+            if let Some(id) = identities.iter().find(|i| i.principal.contains(':')) {
+                return Err(invalid(
+                    path,
+                    format!(
+                        "identities: principal `{}` contains `:`, which names an issuer's principals (NAME:SUBJECT) once [[auth.issuers]] are configured",
+                        id.principal
+                    ),
+                ));
+            }
+        }
+        if self.refetch_interval < Duration::from_secs(1) {
+            return Err(invalid(
+                path,
+                "auth.refetch_interval must be at least 1s".into(),
+            ));
+        }
+        if self.leeway > Duration::from_secs(300) {
+            return Err(invalid(path, "auth.leeway must be at most 5m".into()));
         }
         Ok(())
     }
@@ -1069,6 +1272,30 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn issuers_are_https_named_once_with_one_tenant_source() {
+        let ok = "[[auth.issuers]]\nname = \"okta\"\nissuer = \"https://idp.example.com\"\ntenant_claim = \"tid\"\n";
+        let c = parse(ok).unwrap();
+        assert_eq!(c.auth.issuers[0].principal_claim, "sub");
+        assert_eq!(c.gateway.public_url(), "http://127.0.0.1:7373");
+        let local = ok.replace("https://idp.example.com", "http://127.0.0.1:9000");
+        assert!(parse(&local).is_ok(), "a loopback issuer is for tests");
+        let cases = [
+            (ok.replace("https://idp.example.com", "http://idp.example.com"), "must be https://"),
+            (ok.replace("tenant_claim = \"tid\"", "tenant_claim = \"tid\"\ntenant = \"acme\""), "exactly one of tenant_claim"),
+            (ok.replace("tenant_claim = \"tid\"\n", ""), "exactly one of tenant_claim"),
+            (ok.replace("name = \"okta\"", "name = \"ok ta\""), "name may only use"),
+            (format!("{ok}{ok}"), "used twice"),
+            (format!("{ok}[[identities]]\ntoken_sha256 = \"{}\"\nprincipal = \"okta:alice\"\ntenant = \"t\"\n", "a".repeat(64)), "contains `:`"),
+        ];
+        for (text, says) in cases {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+        let public = parse("[gateway]\npublic_url = \"https://gw.example.com/\"\n").unwrap();
+        assert_eq!(public.gateway.public_url(), "https://gw.example.com");
     }
 
     #[test]

@@ -191,6 +191,8 @@ fn entity_key(call: &Call<'_>) -> String {
         call.identity.principal,
         call.identity.tenant,
         call.identity.groups,
+        call.identity.scopes,
+        call.identity.client,
         call.server,
         call.tool,
         [
@@ -841,7 +843,24 @@ fn entities(call: &Call<'_>) -> Result<(Entities, EntityUid, EntityUid), String>
         list.push(Entity::new_no_attrs(group, HashSet::new()));
     }
     let principal = uid("Principal", &call.identity.principal)?;
-    list.push(Entity::new_no_attrs(principal.clone(), parents));
+    // The token's scopes and OAuth client, for policies that name them
+    // (optional in the schema: a schema without them still validates).
+    let mut principal_attrs = HashMap::from([(
+        "scopes".to_owned(),
+        RestrictedExpression::new_set(
+            call.identity
+                .scopes
+                .iter()
+                .map(|s| RestrictedExpression::new_string(s.clone())),
+        ),
+    )]);
+    if let Some(client) = &call.identity.client {
+        principal_attrs.insert(
+            "client".to_owned(),
+            RestrictedExpression::new_string(client.clone()),
+        );
+    }
+    list.push(Entity::new(principal.clone(), principal_attrs, parents).map_err(|e| e.to_string())?);
     let tool = uid("Tool", &format!("{}/{}", call.server, call.tool))?;
     let a = call.annotations;
     let attrs = HashMap::from([
@@ -909,6 +928,7 @@ mod tests {
             principal: "agent-7".into(),
             tenant: "acme".into(),
             groups: vec!["agents".into()],
+            ..Default::default()
         }
     }
 
@@ -1157,6 +1177,7 @@ mod tests {
             principal: "dev-1".into(),
             tenant: "acme".into(),
             groups: vec!["solo".into()],
+            ..Default::default()
         };
         let agent = agent();
         let call = |who, ann, changed| Call {

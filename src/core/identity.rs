@@ -13,14 +13,28 @@ use sha2::{Digest, Sha256};
 use crate::core::config::IdentityConfig;
 
 /// Who is calling: the requester of every decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Identity {
-    /// The requester's name.
+    /// The requester's name (`NAME:SUBJECT` for an issuer's token).
     pub principal: String,
     /// The requester's tenant.
     pub tenant: String,
     /// Groups, for policies.
     pub groups: Vec<String>,
+    /// OAuth scopes the token grants (none for a static token).
+    pub scopes: Vec<String>,
+    /// The OAuth client the token was issued to (`azp`/`client_id`).
+    pub client: Option<String>,
+}
+
+impl Identity {
+    /// How a person reads it: `alice@acme`, or `alice@acme via claude-code`.
+    pub fn describe(&self) -> String {
+        match &self.client {
+            Some(c) => format!("{}@{} via {c}", self.principal, self.tenant),
+            None => format!("{}@{}", self.principal, self.tenant),
+        }
+    }
 }
 
 /// Token digest → identity.
@@ -42,6 +56,7 @@ impl Identities {
                         principal: e.principal.clone(),
                         tenant: e.tenant.clone(),
                         groups: e.groups.clone(),
+                        ..Identity::default()
                     }),
                 );
             }

@@ -26,6 +26,8 @@
 //!   groups.
 //! - [`config`]: `countersign.toml`, strict parsing with line-numbered
 //!   errors.
+//! - [`token`]: OAuth access tokens (JWT, RFC 9068): what is checked, and
+//!   the identity they stand for.
 //! - [`time`]: unix milliseconds, RFC 3339, and the pipeline's clock.
 
 pub mod annotations;
@@ -42,3 +44,4 @@ pub(crate) mod recovery;
 pub mod reviewers;
 pub mod signed_request;
 pub mod time;
+pub mod token;

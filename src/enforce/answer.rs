@@ -378,6 +378,12 @@ pub enum Rejection {
     Origin,
     /// No bearer token, or one no identity has.
     Token,
+    /// An access token that is not accepted here (401), and why: forged,
+    /// expired, for another audience, of an unknown issuer or key.
+    BadToken(String),
+    /// A genuine token that may not do this (403): a missing scope or a
+    /// missing tenant claim.
+    Forbidden(String),
     /// The path names no configured server.
     UnknownServer {
         /// The name asked for.
@@ -471,8 +477,10 @@ impl Rejection {
                  close one (DELETE with its Mcp-Session-Id) or reuse it"
             )),
             Rejection::Token => invalid(
-                "missing or unknown bearer token: send `Authorization: Bearer TOKEN` with a token listed in [[identities]]",
+                "missing or unknown bearer token: send `Authorization: Bearer TOKEN` with a token listed in [[identities]], or an access token of a configured issuer",
             ),
+            Rejection::BadToken(why) => invalid(&format!("access token refused: {why}")),
+            Rejection::Forbidden(why) => invalid(&format!("forbidden: {why}")),
             Rejection::UnknownServer { server, known } => invalid(&format!(
                 "unknown server `{server}`: configured servers are {}",
                 known.join(", ")

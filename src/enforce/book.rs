@@ -443,6 +443,7 @@ impl Book {
             arguments: ask.arguments.clone(),
             call_digest: ask.digest.to_owned(),
             requester: ask.identity.principal.clone(),
+            client: ask.identity.client.clone(),
             tenant: ask.identity.tenant.clone(),
             resource_version: ask.resource_version.map(str::to_owned),
             tool_definition: ask.tool_definition.map(str::to_owned),

@@ -41,16 +41,69 @@ pub(crate) struct Options {
     pub gateway: String,
     /// Upstream server name (`/mcp/{server}`).
     pub server: String,
-    /// Bearer token (from `COUNTERSIGN_TOKEN`).
-    pub token: String,
+    /// Where the bearer token comes from.
+    pub token: TokenSource,
     /// Longest stdin line accepted.
     pub max_line: usize,
     /// How long to keep retrying while the gateway refuses connections.
     pub reconnect_for: Duration,
 }
 
+/// Where the bridge's bearer token comes from. A token from a file or a
+/// command is read again when the gateway answers 401 (an access token of
+/// an identity provider expires), and the refused request is sent once
+/// more: a 401 means nothing ran.
+#[derive(Debug, Clone)]
+pub(crate) enum TokenSource {
+    /// `COUNTERSIGN_TOKEN`, read once.
+    Fixed(String),
+    /// A file holding the token (trailing whitespace removed).
+    File(std::path::PathBuf),
+    /// A command that prints the token (an identity provider's CLI), run
+    /// with `sh -c`.
+    Command(String),
+}
+
+impl TokenSource {
+    /// The token now.
+    pub(crate) async fn read(&self) -> anyhow::Result<String> {
+        let token = match self {
+            TokenSource::Fixed(t) => t.clone(),
+            TokenSource::File(path) => tokio::fs::read_to_string(path)
+                .await
+                .with_context(|| format!("cannot read the token file {}", path.display()))?,
+            TokenSource::Command(cmd) => {
+                let out = tokio::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(cmd)
+                    .stdin(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::inherit())
+                    .output()
+                    .await
+                    .with_context(|| format!("cannot run the token command `{cmd}`"))?;
+                anyhow::ensure!(
+                    out.status.success(),
+                    "the token command `{cmd}` failed ({})",
+                    out.status
+                );
+                String::from_utf8(out.stdout).context("the token command printed no text")?
+            }
+        };
+        let token = token.trim().to_owned();
+        anyhow::ensure!(!token.is_empty(), "the bearer token is empty");
+        Ok(token)
+    }
+
+    /// Whether reading again can give another token.
+    fn refreshes(&self) -> bool {
+        !matches!(self, TokenSource::Fixed(_))
+    }
+}
+
 struct State {
     opts: Options,
+    /// The bearer token in use (read again after a 401).
+    token: Mutex<String>,
     url: String,
     scope: String,
     http: reqwest::Client,
@@ -84,8 +137,10 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         .tcp_nodelay(true)
         .build()
         .context("cannot build the HTTP client")?;
+    let token = opts.token.read().await?;
     let state = Arc::new(State {
         opts: opts.clone(),
+        token: Mutex::new(token),
         url,
         scope,
         http,
@@ -173,7 +228,7 @@ impl State {
     fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
         self.http
             .request(method, &self.url)
-            .bearer_auth(&self.opts.token)
+            .bearer_auth(self.token.lock().clone())
             .header(SCOPE_HEADER, &self.scope)
     }
 
@@ -274,6 +329,7 @@ impl State {
         modern: Option<&str>,
     ) -> Result<(), Failure> {
         let mut reinitialized = false;
+        let mut token_read_again = false;
         let deadline = tokio::time::Instant::now() + self.opts.reconnect_for;
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -331,6 +387,22 @@ impl State {
                 Err(e) => return Err(Failure::Broken(root_cause(&e))),
             };
             let status = resp.status();
+            if status == reqwest::StatusCode::UNAUTHORIZED
+                && self.opts.token.refreshes()
+                && !token_read_again
+            {
+                // Refused before anything ran: read the token again (it may
+                // have expired) and send the request once more.
+                token_read_again = true;
+                match self.opts.token.read().await {
+                    Ok(t) => {
+                        tracing::info!("the gateway refused the token: read it again");
+                        *self.token.lock() = t;
+                        continue;
+                    }
+                    Err(e) => tracing::warn!("the token could not be read again: {e:#}"),
+                }
+            }
             let had_session = self.session.lock().is_some();
             if status == reqwest::StatusCode::NOT_FOUND
                 && had_session

@@ -286,6 +286,7 @@ async fn decide(
             principal: p.requester.clone(),
             tenant: p.tenant.clone(),
             groups,
+            ..Default::default()
         };
         let tool = gw.pipeline().catalog().view(&p.server, &p.tool);
         let call = crate::core::decision::Call {

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::core::config::Config;
 use crate::core::decision::Policies;
-use crate::core::identity::{Identities, Identity};
+use crate::core::identity::Identity;
 use crate::core::time::SystemClock;
 use crate::enforce::answer;
 use crate::enforce::pipeline::Pipeline;
@@ -246,8 +246,8 @@ pub(crate) struct Bridge {
 pub(crate) struct Gateway {
     /// The loaded configuration.
     config: Arc<Config>,
-    /// Bearer tokens.
-    identities: Identities,
+    /// Who is asking: static tokens and identity providers' access tokens.
+    auth: super::auth::Auth,
     /// The enforcement pipeline of `tools/call`.
     pipeline: Pipeline,
     /// Shared HTTP client for HTTP upstreams.
@@ -292,7 +292,7 @@ impl Gateway {
         if let Some(key) = state_key {
             pipeline.set_state_key(key);
         }
-        let identities = Identities::from_config(&config.identities);
+        let auth = super::auth::Auth::new(&config);
         let modern = config
             .servers
             .keys()
@@ -304,7 +304,7 @@ impl Gateway {
         });
         Arc::new(Gateway {
             config,
-            identities,
+            auth,
             pipeline,
             http: HttpClient::new(),
             sessions: Mutex::new(HashMap::new()),
@@ -321,9 +321,9 @@ impl Gateway {
         &self.config
     }
 
-    /// The configured bearer tokens.
-    pub(crate) fn identities(&self) -> &Identities {
-        &self.identities
+    /// Authentication: static tokens and identity providers.
+    pub(crate) fn auth(&self) -> &super::auth::Auth {
+        &self.auth
     }
 
     /// The enforcement pipeline of `tools/call`.
@@ -338,8 +338,9 @@ impl Gateway {
 
     /// One request of `identity` against `limits.requests_per_second`:
     /// `Err(wait)` when it is over, with how long until one would pass.
-    /// Keys are configured identities only, so the limiter's memory is
-    /// bounded by the config.
+    /// Keys are authenticated identities only (configured ones, or the
+    /// principals of genuine access tokens), so the limiter's memory is
+    /// bounded by the people and agents the providers vouch for.
     pub(crate) fn rate_check(&self, identity: &Identity) -> Result<(), std::time::Duration> {
         let Some(rate) = &self.rate else {
             return Ok(());

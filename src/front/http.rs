@@ -50,6 +50,14 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
         .route("/audit/proof/inclusion", get(ops::audit_inclusion))
         .route("/audit/proof/consistency", get(ops::audit_consistency))
         .route(
+            "/.well-known/oauth-protected-resource",
+            get(ops::resource_metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp/{server}",
+            get(ops::server_resource_metadata),
+        )
+        .route(
             "/mcp/{server}",
             get(get_mcp).post(post_mcp).delete(delete_mcp),
         )
@@ -58,11 +66,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
 }
 
 /// Origin, token and server checks shared by every `/mcp` method.
-#[expect(
-    clippy::result_large_err,
-    reason = "the refusal is the response itself; boxing gains nothing on this path"
-)]
-fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity>, Response> {
+async fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity>, Response> {
     if !origin_allowed(gw, headers) {
         // A browser page from a foreign origin (DNS rebinding) must not drive
         // a gateway that listens on localhost.
@@ -71,8 +75,10 @@ fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity
     let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let Some(identity) = gw.identities().from_authorization(auth) else {
-        return Err(reject(Rejection::Token, Value::Null));
+    let now = gw.pipeline().clock().now_ms();
+    let identity = match gw.auth().identify(auth, server, now).await {
+        Ok(identity) => identity,
+        Err(refusal) => return Err(gw.auth().refuse(server, &refusal)),
     };
     // Per identity, before anything is parsed or sent: one agent in a loop
     // cannot take the gateway (or the upstreams behind it) from the others.
@@ -146,7 +152,7 @@ async fn post_mcp(
     headers: HeaderMap,
     body: HttpBody,
 ) -> Response {
-    let identity = match admit(&gw, &server, &headers) {
+    let identity = match admit(&gw, &server, &headers).await {
         Ok(i) => i,
         Err(r) => return r,
     };
@@ -461,7 +467,7 @@ async fn get_mcp(
     Path(server): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let session = match named_session(&gw, &server, &headers) {
+    let session = match named_session(&gw, &server, &headers).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -510,7 +516,7 @@ async fn delete_mcp(
     Path(server): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let session = match named_session(&gw, &server, &headers) {
+    let session = match named_session(&gw, &server, &headers).await {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -521,16 +527,12 @@ async fn delete_mcp(
 
 /// GET and DELETE act on the handshake-era session the request names; in the
 /// 2026-07-28 era (no session) both are 405.
-#[expect(
-    clippy::result_large_err,
-    reason = "the refusal is the response itself"
-)]
-fn named_session(
+async fn named_session(
     gw: &Gateway,
     server: &str,
     headers: &HeaderMap,
 ) -> Result<Arc<Session>, Response> {
-    let identity = admit(gw, server, headers)?;
+    let identity = admit(gw, server, headers).await?;
     let Some(sid) = header_str(headers, SESSION_HEADER) else {
         // 405 as the specification asks of a server without such a stream,
         // with the reason in words.

@@ -18,12 +18,18 @@
 //! - [`route`]: where a client's request goes upstream: its session's
 //!   connection or the server's shared one; what the pipeline sees as its
 //!   upstream.
+//! - [`auth`]: who is asking: static tokens and identity providers' JWT
+//!   access tokens, the RFC 9728 metadata and the 401/403 challenges.
+//! - [`issuers`]: the identity providers' keys over time (JWKS, discovery,
+//!   refetch on an unknown `kid`).
 //! - [`tls`]: TLS on the listener, with the certificate reloaded from disk.
 
+pub(crate) mod auth;
 pub(crate) mod bridge;
 pub(crate) mod control;
 pub(crate) mod gateway;
 pub(crate) mod http;
+pub(crate) mod issuers;
 pub(crate) mod mcp;
 pub(crate) mod ops;
 pub(crate) mod respond;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -179,4 +179,38 @@ pub(super) async fn audit_consistency(
         crate::audit::proofs::consistency(dir, q.old, q.size)
     })
     .await
+}
+
+/// `GET /.well-known/oauth-protected-resource`: the gateway's RFC 9728
+/// Protected Resource Metadata (404 without `[[auth.issuers]]`).
+pub(super) async fn resource_metadata(State(gw): State<Arc<Gateway>>) -> Response {
+    metadata_response(&gw, None)
+}
+
+/// `GET /.well-known/oauth-protected-resource/mcp/{server}`: one server's
+/// metadata; its `resource` is the URL a client sends requests to.
+pub(super) async fn server_resource_metadata(
+    State(gw): State<Arc<Gateway>>,
+    Path(server): Path<String>,
+) -> Response {
+    if !gw.config().servers.contains_key(&server) {
+        return (StatusCode::NOT_FOUND, "no such server\n").into_response();
+    }
+    metadata_response(&gw, Some(&server))
+}
+
+fn metadata_response(gw: &Gateway, server: Option<&str>) -> Response {
+    if !gw.auth().has_issuers() {
+        return (
+            StatusCode::NOT_FOUND,
+            "no [[auth.issuers]] are configured: this gateway takes static tokens only\n",
+        )
+            .into_response();
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        gw.auth().metadata(server).to_string(),
+    )
+        .into_response()
 }

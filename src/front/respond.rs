@@ -24,7 +24,8 @@ pub(super) fn rpc(status: StatusCode, msg: &Message) -> Response {
 pub(super) fn reject(rejection: Rejection, id: Value) -> Response {
     let status = match &rejection {
         Rejection::Origin => StatusCode::FORBIDDEN,
-        Rejection::Token => StatusCode::UNAUTHORIZED,
+        Rejection::Token | Rejection::BadToken(_) => StatusCode::UNAUTHORIZED,
+        Rejection::Forbidden(_) => StatusCode::FORBIDDEN,
         Rejection::UnknownServer { .. } | Rejection::NoSuchSession => StatusCode::NOT_FOUND,
         Rejection::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Rejection::BodyUnreadable(_) => StatusCode::BAD_REQUEST,

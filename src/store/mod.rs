@@ -432,6 +432,7 @@ mod tests {
             arguments: serde_json::json!({}),
             call_digest: "d1".into(),
             requester: "r".into(),
+            client: None,
             tenant: "acme".into(),
             resource_version: None,
             tool_definition: None,

@@ -66,6 +66,12 @@ pub(crate) fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig
     )?))
 }
 
+/// The client configuration for identity providers' metadata and keys
+/// (`[[auth.issuers]]`): the default roots.
+pub(crate) fn issuer_config() -> Result<ClientConfig, String> {
+    config_at("[auth]", "identity providers", &UpstreamTls::default())
+}
+
 /// A client configuration from `tls`; `table` names its settings in
 /// errors, `peer` what it connects to.
 fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig, String> {

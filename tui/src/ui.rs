@@ -169,7 +169,10 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
         Row::new(vec![
             Span::raw(age),
             Span::raw(expires),
-            Span::raw(s(p, "requester").to_owned()),
+            Span::raw(match p["client"].as_str() {
+                Some(c) => format!("{} via {c}", s(p, "requester")),
+                None => s(p, "requester").to_owned(),
+            }),
             Span::raw(s(p, "tenant").to_owned()),
             Span::raw(format!("{}/{}", s(p, "server"), s(p, "tool"))),
             Span::styled(s(p, "risk").to_owned(), risk_style(s(p, "risk"))),

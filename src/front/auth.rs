@@ -1,0 +1,259 @@
+//! Who is asking: the bearer token of a request becomes an [`Identity`],
+//! or a precise refusal (DESIGN.md section 17).
+//!
+//! Two kinds of token are accepted, and their principals cannot collide:
+//! - static tokens of `[[identities]]` (development, CI, the demo), looked up
+//!   by their SHA-256;
+//! - JWT access tokens of `[[auth.issuers]]`, verified by `core::token`
+//!   with the keys of `front::issuers`; their principals are `NAME:SUBJECT`.
+//!
+//! A verified token's identity is cached until its `exp`, keyed by the
+//! token's SHA-256 and the server (the audience differs per server), so
+//! the read path does not verify a signature on every call.
+//!
+//! Refusals follow the MCP authorization spec and RFC 6750: 401 with
+//! `WWW-Authenticate: Bearer resource_metadata="…"` (and `error="invalid_token"`
+//! when a token was presented), 403 `insufficient_scope` with the scope
+//! needed, 403 for a token without its tenant claim. A client's token is
+//! never passed upstream: the upstream connections carry only the headers
+//! the operator configured for them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::issuers::Issuers;
+use super::respond::reject;
+use crate::core::config::Config;
+use crate::core::identity::{Identities, Identity};
+use crate::core::token::{self, Check, TokenError};
+use crate::enforce::answer::Rejection;
+
+/// How many verified tokens are remembered at most.
+const CACHE_MAX: usize = 10_000;
+
+/// A verified token: its SHA-256, and the server it was checked for.
+type CacheKey = ([u8; 32], String);
+
+/// Why a request's token is not accepted.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// No token, or a static-looking token no identity has.
+    Missing,
+    /// An access token that was checked and refused (401).
+    Token(TokenError),
+}
+
+/// The gateway's authentication.
+pub(crate) struct Auth {
+    statics: Identities,
+    issuers: Issuers,
+    /// (SHA-256 of the token, server) → identity and `exp` (unix ms).
+    cache: Mutex<HashMap<CacheKey, (Arc<Identity>, i64)>>,
+    /// `gateway.public_url`, or the listener's own address once bound.
+    public_url: parking_lot::RwLock<String>,
+    /// Whether `public_url` was configured (else it follows the listener).
+    configured_url: bool,
+    leeway_secs: u64,
+}
+
+impl Auth {
+    /// Authentication for `config` (issuer keys not loaded yet: see
+    /// [`Auth::load`]).
+    pub(crate) fn new(config: &Config) -> Auth {
+        let tls = crate::upstream::tls::issuer_config()
+            .map_err(|e| {
+                tracing::error!(
+                    "no TLS roots for identity providers ({e}): https issuers cannot be reached"
+                );
+            })
+            .ok();
+        Auth {
+            statics: Identities::from_config(&config.identities),
+            issuers: Issuers::new(&config.auth, tls),
+            cache: Mutex::new(HashMap::new()),
+            public_url: parking_lot::RwLock::new(config.gateway.public_url()),
+            configured_url: config.gateway.public_url.is_some(),
+            leeway_secs: config.auth.leeway.as_secs(),
+        }
+    }
+
+    /// The listener is bound at `local`: without `gateway.public_url`, that
+    /// is the URL clients reach (a `listen` port of 0 is chosen at bind).
+    pub(crate) fn listening_on(&self, local: std::net::SocketAddr, tls: bool) {
+        if !self.configured_url {
+            let scheme = if tls { "https" } else { "http" };
+            *self.public_url.write() = format!("{scheme}://{local}");
+        }
+    }
+
+    /// The URL clients reach the gateway at.
+    fn public_url(&self) -> String {
+        self.public_url.read().clone()
+    }
+
+    /// Fetch every issuer's keys (at start).
+    pub(crate) async fn load(&self) {
+        self.issuers.load().await;
+    }
+
+    /// Whether any issuer is configured (then 401s name the metadata).
+    pub(crate) fn has_issuers(&self) -> bool {
+        !self.issuers.is_empty()
+    }
+
+    /// The identity behind an `Authorization` header value, for `server`.
+    pub(crate) async fn identify(
+        &self,
+        header: Option<&str>,
+        server: &str,
+        now_ms: i64,
+    ) -> Result<Arc<Identity>, Refusal> {
+        let Some((scheme, token)) = header.and_then(|h| h.split_once(' ')) else {
+            return Err(Refusal::Missing);
+        };
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(Refusal::Missing);
+        }
+        let token = token.trim();
+        if let Some(id) = self.statics.lookup(token) {
+            return Ok(id);
+        }
+        if self.issuers.is_empty() || token.matches('.').count() != 2 {
+            return Err(Refusal::Missing);
+        }
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let key = (digest, server.to_owned());
+        if let Some((id, exp)) = self.cache.lock().get(&key) {
+            // Cached only after a full check, and only until `exp`: what
+            // the cache answers is what the check would answer now.
+            if *exp > now_ms {
+                return Ok(id.clone());
+            }
+        }
+        let verified = self.verify(token, server).await.map_err(Refusal::Token)?;
+        let mut cache = self.cache.lock();
+        if cache.len() >= CACHE_MAX {
+            cache.retain(|_, (_, exp)| *exp > now_ms);
+            if cache.len() >= CACHE_MAX {
+                cache.clear();
+            }
+        }
+        cache.insert(key, (verified.identity.clone(), verified.expires_ms));
+        Ok(verified.identity)
+    }
+
+    async fn verify(&self, token: &str, server: &str) -> Result<token::Verified, TokenError> {
+        let seen = token::peek(token)?;
+        let Some(issuer) = self.issuers.by_issuer(&seen.issuer) else {
+            return Err(TokenError::Issuer(seen.issuer.clone()));
+        };
+        let keys = self.issuers.keys(issuer, seen.kid.as_deref()).await;
+        let kid_elsewhere = seen
+            .kid
+            .as_deref()
+            .is_some_and(|k| self.issuers.kid_elsewhere(issuer, k));
+        let audiences = if issuer.config.audience.is_empty() {
+            vec![self.public_url(), self.resource(Some(server))]
+        } else {
+            issuer.config.audience.clone()
+        };
+        token::verify(
+            token,
+            &seen,
+            &Check {
+                issuer: &issuer.config,
+                keys: &keys,
+                kid_elsewhere,
+                audiences: &audiences,
+                server,
+                leeway_secs: self.leeway_secs,
+            },
+        )
+    }
+
+    /// The resource URL of `server` (RFC 8707), or of the gateway.
+    pub(crate) fn resource(&self, server: Option<&str>) -> String {
+        match server {
+            Some(s) => format!("{}/mcp/{s}", self.public_url()),
+            None => self.public_url(),
+        }
+    }
+
+    /// Where the RFC 9728 metadata of `server` (or the gateway) is.
+    pub(crate) fn metadata_url(&self, server: Option<&str>) -> String {
+        match server {
+            Some(s) => format!(
+                "{}/.well-known/oauth-protected-resource/mcp/{s}",
+                self.public_url()
+            ),
+            None => format!("{}/.well-known/oauth-protected-resource", self.public_url()),
+        }
+    }
+
+    /// The RFC 9728 Protected Resource Metadata of `server` (or the gateway).
+    pub(crate) fn metadata(&self, server: Option<&str>) -> Value {
+        json!({
+            "resource": self.resource(server),
+            "authorization_servers": self.issuers.identifiers(),
+            "scopes_supported": self.issuers.scopes_for(server),
+            "bearer_methods_supported": ["header"],
+            "resource_name": match server {
+                Some(s) => format!("countersign: {s}"),
+                None => "countersign".to_owned(),
+            },
+        })
+    }
+
+    /// The answer to a refused request for `server`: the status and words
+    /// of the rejection, and the challenge that tells the client where to
+    /// sign in.
+    pub(crate) fn refuse(&self, server: &str, refusal: &Refusal) -> Response {
+        let (rejection, error, scope) = match refusal {
+            Refusal::Missing => (Rejection::Token, None, None),
+            Refusal::Token(TokenError::Scope {
+                required, missing, ..
+            }) => (
+                Rejection::Forbidden(format!("the token lacks the scope `{missing}`")),
+                Some("insufficient_scope"),
+                Some(required.join(" ")),
+            ),
+            Refusal::Token(e @ TokenError::Tenant(_)) => (
+                Rejection::Forbidden(e.to_string()),
+                Some("invalid_token"),
+                None,
+            ),
+            Refusal::Token(e) => (
+                Rejection::BadToken(e.to_string()),
+                Some("invalid_token"),
+                None,
+            ),
+        };
+        if let Refusal::Token(e) = refusal {
+            tracing::warn!(server, "access token refused: {e}");
+        }
+        let mut r = reject(rejection, Value::Null);
+        if !self.has_issuers() {
+            return r;
+        }
+        let mut challenge = format!(
+            "Bearer resource_metadata=\"{}\"",
+            self.metadata_url(Some(server))
+        );
+        if let Some(e) = error {
+            challenge.push_str(&format!(", error=\"{e}\""));
+        }
+        if let Some(s) = scope {
+            challenge.push_str(&format!(", scope=\"{s}\""));
+        }
+        if let Ok(v) = HeaderValue::from_str(&challenge) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
+        r
+    }
+}

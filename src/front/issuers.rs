@@ -1,0 +1,247 @@
+//! The identity providers' keys over time: each `[[auth.issuers]]` entry's
+//! JWKS, from a file or fetched (OIDC discovery, then RFC 8414 metadata, or
+//! a `jwks_uri`), cached, and fetched again when a token names a `kid` the
+//! cache lacks (at most once per `auth.refetch_interval`) or when the keys
+//! are older than `auth.keys_max_age`.
+//!
+//! A provider that cannot be reached leaves the cached keys in use; with no
+//! usable key at all, tokens are refused and the log says why (fail
+//! closed).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use crate::core::config::{https_or_loopback, AuthConfig, IssuerConfig};
+use crate::core::token::Keys;
+
+/// One issuer: its configuration and its cached keys.
+pub(crate) struct Issuer {
+    pub(crate) config: IssuerConfig,
+    keys: Mutex<Arc<Keys>>,
+    /// When the keys were last fetched (or tried), for the rate limit.
+    fetched: Mutex<Option<Instant>>,
+    /// When keys were last loaded successfully, for `keys_max_age`.
+    loaded: Mutex<Option<Instant>>,
+    /// One fetch at a time.
+    fetching: tokio::sync::Mutex<()>,
+}
+
+/// Every configured issuer, and how keys are fetched.
+pub(crate) struct Issuers {
+    issuers: Vec<Issuer>,
+    http: reqwest::Client,
+    refetch_interval: Duration,
+    keys_max_age: Duration,
+}
+
+impl Issuers {
+    /// The issuers of `[auth]` (keys not loaded yet: see [`Issuers::load`]).
+    pub(crate) fn new(auth: &AuthConfig, tls: Option<rustls::ClientConfig>) -> Issuers {
+        let mut builder = reqwest::Client::builder();
+        if let Some(tls) = tls {
+            builder = builder.use_preconfigured_tls(tls);
+        }
+        let http = builder
+            .timeout(Duration::from_secs(10))
+            // A redirect could lead a key fetch off the provider's host.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Issuers {
+            issuers: auth
+                .issuers
+                .iter()
+                .map(|c| Issuer {
+                    config: c.clone(),
+                    keys: Mutex::new(Arc::new(Keys::default())),
+                    fetched: Mutex::new(None),
+                    loaded: Mutex::new(None),
+                    fetching: tokio::sync::Mutex::new(()),
+                })
+                .collect(),
+            http,
+            refetch_interval: auth.refetch_interval,
+            keys_max_age: auth.keys_max_age,
+        }
+    }
+
+    /// No issuer is configured.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.issuers.is_empty()
+    }
+
+    /// The issuer identifiers, for RFC 9728 metadata.
+    pub(crate) fn identifiers(&self) -> Vec<String> {
+        self.issuers
+            .iter()
+            .map(|i| i.config.issuer.clone())
+            .collect()
+    }
+
+    /// Every scope an issuer requires for `server`, for RFC 9728 metadata.
+    pub(crate) fn scopes_for(&self, server: Option<&str>) -> Vec<String> {
+        let mut all = std::collections::BTreeSet::new();
+        for i in &self.issuers {
+            let scopes = match server {
+                Some(s) => i.config.scopes.get(s).or_else(|| i.config.scopes.get("*")),
+                None => None,
+            };
+            match scopes {
+                Some(list) => all.extend(list.iter().cloned()),
+                None if server.is_none() => all.extend(i.config.scopes.values().flatten().cloned()),
+                None => {}
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// The issuer whose identifier is exactly `iss`.
+    pub(crate) fn by_issuer(&self, iss: &str) -> Option<&Issuer> {
+        self.issuers.iter().find(|i| i.config.issuer == iss)
+    }
+
+    /// Whether an issuer other than `of` publishes `kid`.
+    pub(crate) fn kid_elsewhere(&self, of: &Issuer, kid: &str) -> bool {
+        self.issuers
+            .iter()
+            .any(|i| !std::ptr::eq(i, of) && i.keys.lock().has(kid))
+    }
+
+    /// Load every issuer's keys (at start): a failure is logged, and the
+    /// issuer's tokens are refused until its keys can be fetched.
+    pub(crate) async fn load(&self) {
+        for i in &self.issuers {
+            self.refresh(i, true).await;
+        }
+    }
+
+    /// The keys of `issuer` to verify a token naming `kid` with: the cached
+    /// ones, fetched again first when they lack `kid` or are old, within the
+    /// rate limit.
+    pub(crate) async fn keys(&self, issuer: &Issuer, kid: Option<&str>) -> Arc<Keys> {
+        let current = issuer.keys.lock().clone();
+        let stale = issuer
+            .loaded
+            .lock()
+            .is_none_or(|at| at.elapsed() >= self.keys_max_age);
+        let unknown = kid.is_some_and(|k| !current.has(k));
+        if unknown || stale || current.is_empty() {
+            self.refresh(issuer, false).await;
+            return issuer.keys.lock().clone();
+        }
+        current
+    }
+
+    /// Fetch `issuer`'s keys, unless it was tried within the rate limit
+    /// (`force` at start). Keys that load replace the cache; a failure
+    /// leaves it as it is.
+    async fn refresh(&self, issuer: &Issuer, force: bool) {
+        let _one = issuer.fetching.lock().await;
+        if !force {
+            let recent = issuer
+                .fetched
+                .lock()
+                .is_some_and(|at| at.elapsed() < self.refetch_interval);
+            if recent {
+                return;
+            }
+        }
+        *issuer.fetched.lock() = Some(Instant::now());
+        let name = &issuer.config.name;
+        match self.fetch(&issuer.config).await {
+            Ok(text) => match Keys::from_jwks(&text) {
+                Ok((keys, notes)) => {
+                    for n in notes {
+                        tracing::warn!(issuer = %name, "{n}");
+                    }
+                    if keys.is_empty() {
+                        tracing::error!(issuer = %name, "the issuer's JWKS holds no usable key: its tokens are refused");
+                        // An empty set is an answer: keep what we had.
+                        return;
+                    }
+                    tracing::info!(issuer = %name, keys = keys.len(), "issuer keys loaded");
+                    *issuer.keys.lock() = Arc::new(keys);
+                    *issuer.loaded.lock() = Some(Instant::now());
+                }
+                Err(e) => {
+                    tracing::error!(issuer = %name, "the issuer's JWKS is unreadable ({e}): the cached keys stay in use")
+                }
+            },
+            Err(e) => {
+                let cached = issuer.keys.lock().len();
+                tracing::error!(issuer = %name, cached, "the issuer's keys could not be fetched ({e}): the cached keys stay in use");
+            }
+        }
+    }
+
+    /// The JWKS document of `cfg`.
+    async fn fetch(&self, cfg: &IssuerConfig) -> Result<String, String> {
+        if let Some(file) = &cfg.jwks_file {
+            return std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()));
+        }
+        let uri = match &cfg.jwks_uri {
+            Some(u) => u.clone(),
+            None => self.discover(&cfg.issuer).await?,
+        };
+        self.get(&uri).await
+    }
+
+    /// `jwks_uri` from the issuer's metadata: OpenID Connect discovery, then
+    /// RFC 8414. The metadata must name the same issuer (a provider may not
+    /// speak for another), and its `jwks_uri` must be https (or loopback).
+    async fn discover(&self, issuer: &str) -> Result<String, String> {
+        let base = issuer.trim_end_matches('/');
+        let (scheme_host, path) = match base.find("://").map(|i| i + 3) {
+            Some(i) => match base[i..].find('/') {
+                Some(j) => (&base[..i + j], &base[i + j..]),
+                None => (base, ""),
+            },
+            None => return Err(format!("issuer `{issuer}` is not a URL")),
+        };
+        let candidates = [
+            format!("{base}/.well-known/openid-configuration"),
+            format!("{scheme_host}/.well-known/oauth-authorization-server{path}"),
+        ];
+        let mut last = String::new();
+        for url in candidates {
+            let text = match self.get(&url).await {
+                Ok(t) => t,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            let meta: Value = serde_json::from_str(&text)
+                .map_err(|e| format!("{url} is not JSON metadata: {e}"))?;
+            if meta.get("issuer").and_then(Value::as_str) != Some(issuer) {
+                return Err(format!("{url} names another issuer than `{issuer}`"));
+            }
+            let Some(jwks) = meta.get("jwks_uri").and_then(Value::as_str) else {
+                return Err(format!("{url} has no jwks_uri"));
+            };
+            if !https_or_loopback(jwks) {
+                return Err(format!("{url}: jwks_uri `{jwks}` is not https://"));
+            }
+            return Ok(jwks.to_owned());
+        }
+        Err(format!("no metadata for issuer `{issuer}` ({last})"))
+    }
+
+    async fn get(&self, url: &str) -> Result<String, String> {
+        let resp = self
+            .http
+            .get(url)
+            .header("accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("GET {url}: {}", resp.status()));
+        }
+        resp.text().await.map_err(|e| format!("GET {url}: {e}"))
+    }
+}

@@ -1,0 +1,337 @@
+//! Access tokens of identity providers, against the real gateway: RFC 9728
+//! metadata and challenges, every refusal with its status and nothing sent
+//! upstream, key rotation without a restart, and principals namespaced by
+//! their issuer. The tokens are signed here with keys made for the test and
+//! published to the gateway as JWKS files (`jwks_file`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use common::*;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+
+const ISS_A: &str = "https://idp-a.example.com";
+const ISS_B: &str = "https://idp-b.example.com";
+const AUD: &str = "countersign-test";
+
+/// A P-256 signing key and its public JWK.
+struct Key {
+    kid: String,
+    encoding: EncodingKey,
+    jwk: Value,
+}
+
+fn key(kid: &str) -> Key {
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let raw = pair.public_key_raw();
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    Key {
+        kid: kid.into(),
+        encoding: EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(),
+        jwk: json!({
+            "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": kid,
+            "x": b64.encode(&raw[1..33]), "y": b64.encode(&raw[33..65]),
+        }),
+    }
+}
+
+fn publish(path: &Path, keys: &[&Key]) {
+    let set = json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() });
+    // Written whole, then renamed: the gateway never reads half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, set.to_string()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+fn claims(iss: &str, sub: &str) -> Value {
+    json!({
+        "iss": iss, "aud": AUD, "sub": sub, "tid": "acme",
+        "exp": now() + 600, "iat": now() - 5,
+        "scope": "pay:use", "azp": "claude-code",
+    })
+}
+
+fn sign(k: &Key, claims: &Value) -> String {
+    let mut h = Header::new(Algorithm::ES256);
+    h.kid = Some(k.kid.clone());
+    h.typ = Some("at+jwt".into());
+    jsonwebtoken::encode(&h, claims, &k.encoding).unwrap()
+}
+
+struct Setup {
+    gw: Gateway,
+    jwks_a: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// A gateway with two issuers, `a` and `b`, whose keys are `a` and `b`.
+fn start(a: &Key, b: &Key) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks_a = dir.path().join("a.jwks");
+    let jwks_b = dir.path().join("b.jwks");
+    publish(&jwks_a, &[a]);
+    publish(&jwks_b, &[b]);
+    let issuer = |name: &str, iss: &str, file: &Path| {
+        format!(
+            "\n[[auth.issuers]]\nname = \"{name}\"\nissuer = \"{iss}\"\njwks_file = \"{}\"\n\
+             audience = [\"{AUD}\"]\ntenant_claim = \"tid\"\nscopes = {{ payments = [\"pay:use\"] }}\n",
+            file.display()
+        )
+    };
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[auth]\nrefetch_interval = \"1s\"\n{}{}",
+            issuer("a", ISS_A, &jwks_a),
+            issuer("b", ISS_B, &jwks_b)
+        ),
+        ..Default::default()
+    });
+    Setup {
+        gw,
+        jwks_a,
+        _dir: dir,
+    }
+}
+
+fn client(gw: &Gateway, token: &str) -> Client {
+    let mut c = Client::new(&gw.url("payments"));
+    c.token = token.to_owned();
+    c
+}
+
+/// POST `initialize` with `token`: the status and the `WWW-Authenticate`.
+async fn try_initialize(gw: &Gateway, token: Option<&str>) -> (u16, Option<String>, String) {
+    let mut req = reqwest::Client::new()
+        .post(gw.url("payments"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(
+            json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+                "protocolVersion":"2025-06-18","capabilities":{},
+                "clientInfo":{"name":"t","version":"0"}}})
+            .to_string(),
+        );
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.unwrap();
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (
+        resp.status().as_u16(),
+        challenge,
+        resp.text().await.unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn metadata_and_challenges_tell_a_client_where_to_sign_in() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let text = reqwest::get(format!(
+        "{}/.well-known/oauth-protected-resource/mcp/payments",
+        s.gw.base()
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    let meta: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(meta["resource"], format!("{}/mcp/payments", s.gw.base()));
+    assert_eq!(meta["authorization_servers"], json!([ISS_A, ISS_B]));
+    assert_eq!(meta["scopes_supported"], json!(["pay:use"]));
+    let (status, challenge, _) = try_initialize(&s.gw, None).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        challenge.unwrap(),
+        format!(
+            "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp/payments\"",
+            s.gw.base()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_valid_token_acts_as_its_user_and_client() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let mut c = client(&s.gw, &sign(&a, &claims(ISS_A, "alice")));
+    c.initialize().await;
+    let answer = c.call(1, "get_balance", json!({"account": "a"})).await;
+    assert!(answer.last()["result"].is_object(), "{answer:?}");
+    wait_for_audit(
+        &s.gw,
+        "the call's entries name the user and client",
+        |entries| {
+            entries.iter().any(|e| {
+                e["kind"] == "call_received"
+                    && e["principal"] == "a:alice"
+                    && e["tenant"] == "acme"
+                    && e["client"] == "claude-code"
+            })
+        },
+    )
+    .await;
+    // The static token still works beside the issuers.
+    let mut st = Client::new(&s.gw.url("payments"));
+    st.initialize().await;
+    let answer = st.call(2, "get_balance", json!({"account": "a"})).await;
+    assert!(answer.last()["result"].is_object(), "{answer:?}");
+}
+
+#[tokio::test]
+async fn refused_tokens_get_a_precise_401_or_403_and_nothing_runs() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut cases: Vec<(&str, String, u16, &str)> = Vec::new();
+    let mut c = claims(ISS_A, "alice");
+    c["aud"] = json!("https://elsewhere.example.com");
+    cases.push(("wrong audience", sign(&a, &c), 401, "another audience"));
+    let mut c = claims(ISS_A, "alice");
+    c["exp"] = json!(now() - 120);
+    cases.push(("expired", sign(&a, &c), 401, "expired"));
+    cases.push((
+        "another issuer's key",
+        sign(&b, &claims(ISS_A, "alice")),
+        401,
+        "no key `b1`",
+    ));
+    cases.push((
+        "unknown issuer",
+        sign(&a, &claims("https://evil.example.com", "alice")),
+        401,
+        "not one this gateway accepts",
+    ));
+    let none = format!(
+        "{}.{}.",
+        b64.encode(json!({"alg":"none","typ":"at+jwt","kid":"a1"}).to_string()),
+        b64.encode(claims(ISS_A, "alice").to_string())
+    );
+    cases.push(("alg none", none, 401, "algorithm `none`"));
+    let mut h = Header::new(Algorithm::HS256);
+    h.kid = Some("a1".into());
+    h.typ = Some("at+jwt".into());
+    let hs = jsonwebtoken::encode(
+        &h,
+        &claims(ISS_A, "alice"),
+        &EncodingKey::from_secret(a.jwk.to_string().as_bytes()),
+    )
+    .unwrap();
+    cases.push(("HS256 with the public key", hs, 401, "algorithm `HS256`"));
+    let mut c = claims(ISS_A, "alice");
+    c.as_object_mut().unwrap().remove("tid");
+    cases.push(("no tenant claim", sign(&a, &c), 403, "`tid` claim"));
+    let mut c = claims(ISS_A, "alice");
+    c["scope"] = json!("other");
+    cases.push(("missing scope", sign(&a, &c), 403, "scope `pay:use`"));
+    for (what, token, want, says) in cases {
+        let (status, challenge, body) = try_initialize(&s.gw, Some(&token)).await;
+        assert_eq!(status, want, "{what}: {body}");
+        assert!(body.contains(says), "{what}: {body}");
+        let challenge = challenge.unwrap_or_default();
+        assert!(
+            challenge.contains("resource_metadata="),
+            "{what}: {challenge}"
+        );
+        if want == 403 && what == "missing scope" {
+            assert!(
+                challenge.contains("error=\"insufficient_scope\"")
+                    && challenge.contains("scope=\"pay:use\""),
+                "{challenge}"
+            );
+        } else {
+            assert!(
+                challenge.contains("error=\"invalid_token\""),
+                "{what}: {challenge}"
+            );
+        }
+    }
+    // A refused token's write never reaches the server.
+    let mut c = claims(ISS_A, "alice");
+    c["exp"] = json!(now() - 120);
+    let mut stale = client(&s.gw, &sign(&a, &c));
+    stale.session = None;
+    let answer = stale
+        .post(
+            &json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"a","amount":5},
+            "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}),
+        )
+        .await;
+    assert_eq!(answer.status, 401, "{answer:?}");
+    assert_eq!(s.gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn a_rotated_key_is_taken_without_a_restart() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let next = key("a2");
+    let (status, _, body) =
+        try_initialize(&s.gw, Some(&sign(&next, &claims(ISS_A, "alice")))).await;
+    assert_eq!(status, 401, "not published yet: {body}");
+    publish(&s.jwks_a, &[&a, &next]);
+    // Fetched again on the next token naming the new kid, once the
+    // refetch interval (1 s) since the last fetch has passed.
+    let token = sign(&next, &claims(ISS_A, "alice"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _, body) = try_initialize(&s.gw, Some(&token)).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never accepted: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    s.gw.wait_for_log("issuer keys loaded").await;
+}
+
+#[tokio::test]
+async fn the_same_subject_of_two_issuers_is_two_principals() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let call = |id| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"a","amount":7},
+            "_meta":{"dev.countersign/idempotency-key":"same-key"}}})
+    };
+    let mut from_a = client(&s.gw, &sign(&a, &claims(ISS_A, "alice")));
+    from_a.initialize().await;
+    let first = from_a.post(&call(1)).await;
+    assert!(first.last()["result"].is_object(), "{first:?}");
+    let mut from_b = client(&s.gw, &sign(&b, &claims(ISS_B, "alice")));
+    from_b.initialize().await;
+    let second = from_b.post(&call(2)).await;
+    // Not a replay of a:alice's answer: b:alice's own call ran.
+    assert!(
+        second.last()["result"]["_meta"]["dev.countersign/replayed"].is_null(),
+        "{second:?}"
+    );
+    assert_eq!(s.gw.executions("charge_card"), 2);
+    // And a:alice's retry is a replay of her own.
+    let again = from_a.post(&call(3)).await;
+    assert_eq!(
+        again.last()["result"]["_meta"]["dev.countersign/replayed"]["key"],
+        "same-key",
+        "{again:?}"
+    );
+    assert_eq!(s.gw.executions("charge_card"), 2);
+}
