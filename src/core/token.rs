@@ -310,8 +310,15 @@ pub fn verify(token: &str, seen: &Unverified, check: &Check<'_>) -> Result<Verif
     v.validate_exp = true;
     v.validate_nbf = true;
     v.set_required_spec_claims(&["exp", "iss", "aud"]);
-    let data = jsonwebtoken::decode::<serde_json::Map<String, Value>>(token, key, &v)
-        .map_err(|e| TokenError::Invalid(explain(&e)))?;
+    let data = jsonwebtoken::decode::<serde_json::Map<String, Value>>(token, key, &v).map_err(
+        |e| match e.kind() {
+            jsonwebtoken::errors::ErrorKind::InvalidAudience => TokenError::Invalid(format!(
+                "it was issued for another audience (`aud`); here it must be one of {}",
+                check.audiences.join(", ")
+            )),
+            _ => TokenError::Invalid(explain(&e)),
+        },
+    )?;
     let claims = data.claims;
     let subject = claims
         .get(&cfg.principal_claim)
@@ -512,7 +519,9 @@ mod tests {
         let e = check(&sign(&s, "k1", "at+jwt", &c), &keys, &cfg).unwrap_err();
         assert_eq!(
             e,
-            TokenError::Invalid("it was issued for another audience (`aud`)".into())
+            TokenError::Invalid(format!(
+                "it was issued for another audience (`aud`); here it must be one of {AUD}"
+            ))
         );
         let mut c = claims();
         c["exp"] = json!(now() - 60);

