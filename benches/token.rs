@@ -77,10 +77,14 @@ fn main() {
         server: "s",
         leeway_secs: 30,
     };
-    time_per_call("ES256 access token, peek + verify (uncached)", 2_000, || {
-        let seen = peek(&token).unwrap();
-        std::hint::black_box(verify(&token, &seen, &check).unwrap());
-    });
+    time_per_call(
+        "ES256 access token, peek + verify (uncached)",
+        2_000,
+        || {
+            let seen = peek(&token).unwrap();
+            std::hint::black_box(verify(&token, &seen, &check).unwrap());
+        },
+    );
     let mut cache = HashMap::new();
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     cache.insert((digest, "s".to_owned()), now);

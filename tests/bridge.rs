@@ -189,3 +189,41 @@ fn a_2026_client_cancelling_through_the_bridge_cancels_upstream() {
     let seen = seen.expect("the cancellation never reached the upstream");
     assert!(seen["requestId"].is_u64(), "{seen}");
 }
+
+#[test]
+fn a_token_from_a_command_is_fetched_again_when_the_gateway_refuses_it() {
+    let gw = Gateway::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran-once");
+    // The first run prints a token the gateway does not know (an expired
+    // one, say); every later run prints the right one.
+    let cmd = format!(
+        "if [ -e '{0}' ]; then echo {TOKEN}; else touch '{0}'; echo expired-token; fi",
+        ran.display()
+    );
+    let mut child = Command::new(countersign_bin())
+        .args(["stdio", "--server", "payments", "--gateway", &gw.base()])
+        .args(["--token-command", &cmd])
+        .env_remove("COUNTERSIGN_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},
+            "clientInfo":{"name":"t","version":"0"}}})
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert!(answer["result"]["protocolVersion"].is_string(), "{answer}");
+    assert!(ran.exists(), "the command ran for the first token");
+    let _ = child.kill();
+    let _ = child.wait();
+}
