@@ -37,5 +37,8 @@ JWT=$(curl -s -u agent-svc:agent-secret \
 ab() { taskset -c 0 "$PERF/mcp-load" --url "http://127.0.0.1:$GPORT/mcp/stub" --ab "http://127.0.0.1:$SPORT/mcp" \
   --header "Authorization: Bearer $1" --tool echo --concurrency 1 --batch 1000 --rounds 10; }
 report() { jq -r --arg k "$1" '"\($k): c=1 added p50 \(.diff_p50_us_median|floor) us, ratio \(.ratio_p50_median*100|floor/100), errors \(.errors)"'; }
-ab "$TOKEN" | report "static token"
-ab "$JWT" | report "access token (JWT, cached identity)"
+# Turns, so that neither always runs first.
+for turn in 1 2; do
+  ab "$TOKEN" | report "static token (turn $turn)"
+  ab "$JWT" | report "access token, cached identity (turn $turn)"
+done
