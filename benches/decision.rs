@@ -9,26 +9,14 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::time_per_call;
 use std::path::PathBuf;
-use std::time::Instant;
 
 use countersign::core::annotations::Annotations;
 use countersign::core::decision::Call;
 use countersign::core::identity::Identity;
-
-fn time_per_call(label: &str, n: usize, mut f: impl FnMut()) {
-    for _ in 0..n / 10 {
-        f();
-    }
-    let t = Instant::now();
-    for _ in 0..n {
-        f();
-    }
-    println!(
-        "{label:<45} {:8.1} µs/call",
-        t.elapsed().as_secs_f64() * 1e6 / n as f64
-    );
-}
 
 fn main() {
     let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");

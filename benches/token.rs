@@ -8,8 +8,10 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::time_per_call;
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
 
 use base64::Engine;
 use countersign::core::config::IssuerConfig;
@@ -17,20 +19,6 @@ use countersign::core::token::{peek, verify, Check, Keys};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-
-fn time_per_call(label: &str, n: usize, mut f: impl FnMut()) {
-    for _ in 0..n / 10 {
-        f();
-    }
-    let t = Instant::now();
-    for _ in 0..n {
-        f();
-    }
-    println!(
-        "{label:<45} {:8.2} µs/call",
-        t.elapsed().as_secs_f64() * 1e6 / n as f64
-    );
-}
 
 fn main() {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -264,3 +264,19 @@ pub fn report(label: &str, d: &[f64], g: &[f64]) {
     );
     println!("ratio    p50 {:8.2}x     p99 {:8.2}x", g50 / d50, g99 / d99);
 }
+
+/// Run `f` `n` times (after a tenth as many to warm up) and print the time
+/// per call.
+pub fn time_per_call(label: &str, n: usize, mut f: impl FnMut()) {
+    for _ in 0..n / 10 {
+        f();
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    println!(
+        "{label:<45} {:8.2} µs/call",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+}
