@@ -335,3 +335,58 @@ async fn the_same_subject_of_two_issuers_is_two_principals() {
     );
     assert_eq!(s.gw.executions("charge_card"), 2);
 }
+
+#[tokio::test]
+async fn keys_of_a_provider_that_is_down_keep_working_and_a_new_kid_waits_for_it() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let (status, _, body) = try_initialize(&s.gw, Some(&sign(&a, &claims(ISS_A, "alice")))).await;
+    assert_eq!(status, 200, "{body}");
+    // The provider goes away: its keys can no longer be fetched.
+    std::fs::remove_file(&s.jwks_a).unwrap();
+    // A token the gateway has never seen, signed with a cached key, is
+    // checked against the cached keys and accepted.
+    let fresh = sign(&a, &claims(ISS_A, "bob"));
+    let (status, _, body) = try_initialize(&s.gw, Some(&fresh)).await;
+    assert_eq!(status, 200, "cached keys stay in use: {body}");
+    // A new kid cannot be fetched while it is down: refused, every time,
+    // with the reason, and the log says the fetch failed.
+    let next = key("a2");
+    let rotated = sign(&next, &claims(ISS_A, "alice"));
+    let fetch_failed = || {
+        s.gw.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("could not be fetched"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _, body) = try_initialize(&s.gw, Some(&rotated)).await;
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains("no key `a2`"), "{body}");
+        // Refused before and after the gateway tried the provider again.
+        if fetch_failed() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gateway never asked again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Back, with the new key: taken (after the refetch interval).
+    publish(&s.jwks_a, &[&a, &next]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _, body) = try_initialize(&s.gw, Some(&rotated)).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never accepted: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
