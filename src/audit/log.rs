@@ -31,7 +31,6 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use serde_json::{json, Map, Value};
@@ -48,57 +47,7 @@ use super::{hash_bytes, ArgumentMode, LOG_STARTED};
 use crate::core::reviewers::{format_public_key, KeyFile};
 use crate::store::Store;
 
-/// `[audit]` settings the writer needs.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The audit dir.
-    pub dir: PathBuf,
-    /// A checkpoint after this many entries.
-    pub checkpoint_every: u64,
-    /// A checkpoint after this long with unsigned entries.
-    pub checkpoint_interval: Duration,
-    /// A new segment once the current one is this large.
-    pub segment_bytes: u64,
-    /// How arguments are recorded.
-    pub arguments: ArgumentMode,
-    /// JSON pointers redacted in `redact` mode.
-    pub redact: Vec<String>,
-    /// The gateway id every entry carries (several gateways share one
-    /// store; each keeps its own log and key).
-    pub gateway: Option<String>,
-    /// The checkpoints' origin line and key name (`audit.origin`; by
-    /// default `countersign/` and the gateway id).
-    pub origin: Option<String>,
-}
-
-impl Settings {
-    /// The writer settings of a configuration's `[audit]` table.
-    pub fn from_config(config: &crate::core::config::Config) -> Settings {
-        Settings {
-            dir: config.audit_dir(),
-            checkpoint_every: config.audit.checkpoint_every,
-            checkpoint_interval: config.audit.checkpoint_interval,
-            segment_bytes: config.audit.segment_bytes,
-            arguments: config.audit.arguments,
-            redact: config.audit.redact.clone(),
-            gateway: None,
-            origin: config.audit.origin.clone(),
-        }
-    }
-
-    /// The origin of this log's checkpoints.
-    pub fn origin(&self) -> String {
-        self.origin.clone().unwrap_or_else(|| {
-            format!("countersign/{}", self.gateway.as_deref().unwrap_or("local"))
-        })
-    }
-
-    /// Entries carry `gateway`.
-    pub fn with_gateway(mut self, gateway: String) -> Settings {
-        self.gateway = Some(gateway);
-        self
-    }
-}
+pub use super::writer::Settings;
 
 /// The lock file in the audit dir, locked by the process that writes the log.
 pub const WRITER_LOCK: &str = "writer.lock";
@@ -507,7 +456,7 @@ impl super::AuditSink for AuditLog {
 mod tests {
     use super::*;
     use crate::audit::segment::segments;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     /// The current length of a file (tests).
     fn file_len(path: &Path) -> u64 {

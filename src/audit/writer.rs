@@ -14,14 +14,66 @@ use serde_json::{json, Map, Value};
 use sha2::Digest;
 use tokio::sync::oneshot;
 
-use super::log::Settings;
 use super::merkle::Hash;
 use super::note::{self, Checkpoint, Note};
 use super::outbox::{Outbox, OUTBOX_SYNC};
 use super::recover::write_latest;
 use super::segment::segment_path;
 use super::tree::TreeWriter;
+use super::ArgumentMode;
 use super::{sign_checkpoint, Entries, CHECKPOINT, CHECKPOINT_FILE, COSIGNED};
+
+/// `[audit]` settings the writer needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The audit dir.
+    pub dir: PathBuf,
+    /// A checkpoint after this many entries.
+    pub checkpoint_every: u64,
+    /// A checkpoint after this long with unsigned entries.
+    pub checkpoint_interval: Duration,
+    /// A new segment once the current one is this large.
+    pub segment_bytes: u64,
+    /// How arguments are recorded.
+    pub arguments: ArgumentMode,
+    /// JSON pointers redacted in `redact` mode.
+    pub redact: Vec<String>,
+    /// The gateway id every entry carries (several gateways share one
+    /// store; each keeps its own log and key).
+    pub gateway: Option<String>,
+    /// The checkpoints' origin line and key name (`audit.origin`; by
+    /// default `countersign/` and the gateway id).
+    pub origin: Option<String>,
+}
+
+impl Settings {
+    /// The writer settings of a configuration's `[audit]` table.
+    pub fn from_config(config: &crate::core::config::Config) -> Settings {
+        Settings {
+            dir: config.audit_dir(),
+            checkpoint_every: config.audit.checkpoint_every,
+            checkpoint_interval: config.audit.checkpoint_interval,
+            segment_bytes: config.audit.segment_bytes,
+            arguments: config.audit.arguments,
+            redact: config.audit.redact.clone(),
+            gateway: None,
+            origin: config.audit.origin.clone(),
+        }
+    }
+
+    /// The origin of this log's checkpoints.
+    pub fn origin(&self) -> String {
+        self.origin.clone().unwrap_or_else(|| {
+            format!("countersign/{}", self.gateway.as_deref().unwrap_or("local"))
+        })
+    }
+
+    /// Entries carry `gateway`.
+    pub fn with_gateway(mut self, gateway: String) -> Settings {
+        self.gateway = Some(gateway);
+        self
+    }
+}
 
 pub(super) type Queue = Arc<parking_lot::Mutex<Entries>>;
 
