@@ -73,11 +73,16 @@ fn main() {
             std::hint::black_box(verify(&token, &seen, &check).unwrap());
         },
     );
-    let mut cache = HashMap::new();
+    // As the gateway keeps them: by the token's SHA-256, then the server.
+    let mut cache: HashMap<[u8; 32], Vec<(String, u64)>> = HashMap::new();
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-    cache.insert((digest, "s".to_owned()), now);
+    cache.insert(digest, vec![("s".to_owned(), now + 3600)]);
     time_per_call("cached: SHA-256 of the token + map lookup", 200_000, || {
         let d: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        std::hint::black_box(cache.get(&(d, "s".to_owned())));
+        std::hint::black_box(
+            cache
+                .get(&d)
+                .and_then(|known| known.iter().find(|(s, exp)| s == "s" && *exp > now)),
+        );
     });
 }

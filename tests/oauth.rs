@@ -137,6 +137,24 @@ async fn try_initialize(gw: &Gateway, token: Option<&str>) -> (u16, Option<Strin
     )
 }
 
+/// Send `initialize` with `token` until the gateway takes it (it fetches an
+/// issuer's keys again at most once per `refetch_interval`); panic after 10 s.
+async fn accepted_within_10s(gw: &Gateway, token: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _, body) = try_initialize(gw, Some(token)).await;
+        if status == 200 {
+            return;
+        }
+        assert_eq!(status, 401, "{body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never accepted: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn metadata_and_challenges_tell_a_client_where_to_sign_in() {
     let (a, b) = (key("a1"), key("b1"));
@@ -289,18 +307,7 @@ async fn a_rotated_key_is_taken_without_a_restart() {
     // Fetched again on the next token naming the new kid, once the
     // refetch interval (1 s) since the last fetch has passed.
     let token = sign(&next, &claims(ISS_A, "alice"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let (status, _, body) = try_initialize(&s.gw, Some(&token)).await;
-        if status == 200 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never accepted: {body}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    accepted_within_10s(&s.gw, &token).await;
     s.gw.wait_for_log("issuer keys loaded").await;
 }
 
@@ -377,16 +384,5 @@ async fn keys_of_a_provider_that_is_down_keep_working_and_a_new_kid_waits_for_it
     }
     // Back, with the new key: taken (after the refetch interval).
     publish(&s.jwks_a, &[&a, &next]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let (status, _, body) = try_initialize(&s.gw, Some(&rotated)).await;
-        if status == 200 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never accepted: {body}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    accepted_within_10s(&s.gw, &rotated).await;
 }

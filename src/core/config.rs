@@ -881,28 +881,27 @@ impl AuthConfig {
                 return Err(invalid(path, format!("{at}: the name is used twice")));
             }
             // Keys fetched over plain HTTP from afar could be anyone's.
-            if !https_or_loopback(&iss.issuer) {
+            let urls = [
+                Some(("issuer", &iss.issuer)),
+                iss.jwks_uri.as_ref().map(|u| ("jwks_uri", u)),
+            ];
+            if let Some((field, url)) = urls
+                .into_iter()
+                .flatten()
+                .find(|(_, u)| !https_or_loopback(u))
+            {
                 return Err(invalid(
                     path,
                     format!(
-                        "{at}: issuer `{}` must be https:// (http:// only on a loopback host)",
-                        iss.issuer
+                        "{at}: {field} `{url}` must be https:// (http:// only on a loopback host)"
                     ),
                 ));
             }
-            if let Some(u) = &iss.jwks_uri {
-                if !https_or_loopback(u) {
-                    return Err(invalid(
-                        path,
-                        format!("{at}: jwks_uri `{u}` must be https:// (http:// only on a loopback host)"),
-                    ));
-                }
-                if iss.jwks_file.is_some() {
-                    return Err(invalid(
-                        path,
-                        format!("{at}: set jwks_uri or jwks_file, not both"),
-                    ));
-                }
+            if iss.jwks_uri.is_some() && iss.jwks_file.is_some() {
+                return Err(invalid(
+                    path,
+                    format!("{at}: set jwks_uri or jwks_file, not both"),
+                ));
             }
             if iss.tenant_claim.is_some() == iss.tenant.is_some() {
                 return Err(invalid(
@@ -1284,6 +1283,7 @@ mod tests {
         assert!(parse(&local).is_ok(), "a loopback issuer is for tests");
         let cases = [
             (ok.replace("https://idp.example.com", "http://idp.example.com"), "must be https://"),
+            (format!("{ok}jwks_uri = \"http://idp.example.com/keys\"\n"), "jwks_uri `http://idp.example.com/keys` must be https://"),
             (ok.replace("tenant_claim = \"tid\"", "tenant_claim = \"tid\"\ntenant = \"acme\""), "exactly one of tenant_claim"),
             (ok.replace("tenant_claim = \"tid\"\n", ""), "exactly one of tenant_claim"),
             (ok.replace("name = \"okta\"", "name = \"ok ta\""), "name may only use"),

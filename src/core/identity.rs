@@ -66,8 +66,12 @@ impl Identities {
 
     /// The identity a raw bearer token stands for.
     pub fn lookup(&self, token: &str) -> Option<Arc<Identity>> {
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        self.by_digest.get(&digest).cloned()
+        self.by_digest(&Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// The identity whose token has this SHA-256.
+    pub fn by_digest(&self, digest: &[u8; 32]) -> Option<Arc<Identity>> {
+        self.by_digest.get(digest).cloned()
     }
 
     /// The identity behind an `Authorization` header value (`Bearer TOKEN`).

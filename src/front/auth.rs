@@ -37,8 +37,13 @@ use crate::enforce::answer::Rejection;
 /// How many verified tokens are remembered at most.
 const CACHE_MAX: usize = 10_000;
 
-/// A verified token: its SHA-256, and the server it was checked for.
-type CacheKey = ([u8; 32], String);
+/// A token verified for one server (the audience differs per server).
+struct Verified {
+    server: String,
+    identity: Arc<Identity>,
+    /// `exp`, unix ms.
+    expires_ms: i64,
+}
 
 /// Why a request's token is not accepted.
 #[derive(Debug)]
@@ -53,8 +58,9 @@ pub(crate) enum Refusal {
 pub(crate) struct Auth {
     statics: Identities,
     issuers: Issuers,
-    /// (SHA-256 of the token, server) → identity and `exp` (unix ms).
-    cache: Mutex<HashMap<CacheKey, (Arc<Identity>, i64)>>,
+    /// SHA-256 of the token → the servers it was verified for. Looked up
+    /// without allocating: a read with a known token pays one hash.
+    cache: Mutex<HashMap<[u8; 32], Vec<Verified>>>,
     /// `gateway.public_url`, or the listener's own address once bound.
     public_url: parking_lot::RwLock<String>,
     /// Whether `public_url` was configured (else it follows the listener).
@@ -121,30 +127,40 @@ impl Auth {
             return Err(Refusal::Missing);
         }
         let token = token.trim();
-        if let Some(id) = self.statics.lookup(token) {
+        // One hash for both kinds: the static table and the cache of
+        // verified access tokens are keyed by the token's SHA-256.
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Some(id) = self.statics.by_digest(&digest) {
             return Ok(id);
         }
         if self.issuers.is_empty() || token.matches('.').count() != 2 {
             return Err(Refusal::Missing);
         }
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let key = (digest, server.to_owned());
-        if let Some((id, exp)) = self.cache.lock().get(&key) {
+        if let Some(known) = self.cache.lock().get(&digest) {
             // Cached only after a full check, and only until `exp`: what
             // the cache answers is what the check would answer now.
-            if *exp > now_ms {
-                return Ok(id.clone());
+            if let Some(v) = known
+                .iter()
+                .find(|v| v.server == server && v.expires_ms > now_ms)
+            {
+                return Ok(v.identity.clone());
             }
         }
         let verified = self.verify(token, server).await.map_err(Refusal::Token)?;
         let mut cache = self.cache.lock();
         if cache.len() >= CACHE_MAX {
-            cache.retain(|_, (_, exp)| *exp > now_ms);
+            cache.retain(|_, known| known.iter().any(|v| v.expires_ms > now_ms));
             if cache.len() >= CACHE_MAX {
                 cache.clear();
             }
         }
-        cache.insert(key, (verified.identity.clone(), verified.expires_ms));
+        let known = cache.entry(digest).or_default();
+        known.retain(|v| v.server != server && v.expires_ms > now_ms);
+        known.push(Verified {
+            server: server.to_owned(),
+            identity: verified.identity.clone(),
+            expires_ms: verified.expires_ms,
+        });
         Ok(verified.identity)
     }
 
