@@ -906,6 +906,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn redb_says_when_a_commit_waits_for_its_fsync_and_when_it_came() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
+        assert!(!store.unflushed(), "nothing committed yet");
+        // A reservation commits without an fsync of its own.
+        let r = Record::reserve(&claim("d1"), 0, 1000);
+        store.reserve("k".into(), r, 0).await.unwrap();
+        assert!(store.unflushed(), "shown before the caller is answered");
+        // The idle flush carries it within 100 ms.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while store.unflushed() {
+            assert!(std::time::Instant::now() < deadline, "never flushed");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // The memory store keeps nothing on disk: never unflushed.
+        let memory = MemoryStore::default();
+        memory
+            .reserve("k".into(), Record::reserve(&claim("d1"), 0, 1000), 0)
+            .await
+            .unwrap();
+        assert!(!memory.unflushed());
+    }
+
+    #[tokio::test]
     async fn redb_pins_conform_and_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.redb");
