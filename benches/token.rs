@@ -40,6 +40,7 @@ fn main() {
         groups_claim: None,
         scopes: BTreeMap::new(),
         accept_plain_jwt: false,
+        tls: None,
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

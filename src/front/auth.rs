@@ -72,16 +72,9 @@ impl Auth {
     /// Authentication for `config` (issuer keys not loaded yet: see
     /// [`Auth::load`]).
     pub(crate) fn new(config: &Config) -> Auth {
-        let tls = crate::upstream::tls::issuer_config()
-            .map_err(|e| {
-                tracing::error!(
-                    "no TLS roots for identity providers ({e}): https issuers cannot be reached"
-                );
-            })
-            .ok();
         Auth {
             statics: Identities::from_config(&config.identities),
-            issuers: Issuers::new(&config.auth, tls),
+            issuers: Issuers::new(&config.auth),
             cache: Mutex::new(HashMap::new()),
             public_url: parking_lot::RwLock::new(config.gateway.public_url()),
             configured_url: config.gateway.public_url.is_some(),

@@ -20,6 +20,9 @@ use crate::core::token::Keys;
 /// One issuer: its configuration and its cached keys.
 pub(crate) struct Issuer {
     pub(crate) config: IssuerConfig,
+    /// The HTTP client for its metadata and keys, with its own TLS settings
+    /// (a private CA); or why there is none, which refuses every fetch.
+    http: Result<reqwest::Client, String>,
     keys: Mutex<Arc<Keys>>,
     /// When the keys were last fetched (or tried), for the rate limit.
     fetched: Mutex<Option<Instant>>,
@@ -32,29 +35,35 @@ pub(crate) struct Issuer {
 /// Every configured issuer, and how keys are fetched.
 pub(crate) struct Issuers {
     issuers: Vec<Issuer>,
-    http: reqwest::Client,
     refetch_interval: Duration,
     keys_max_age: Duration,
 }
 
+/// The HTTP client for one provider: its TLS settings, a time limit, and no
+/// redirects.
+fn http_client(c: &IssuerConfig) -> Result<reqwest::Client, String> {
+    let tls = crate::upstream::tls::issuer_config(&c.name, c.tls.as_ref())?;
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(Duration::from_secs(10))
+        // A redirect could lead a key fetch off the provider's host.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("no HTTP client for identity provider `{}`: {e}", c.name))
+}
+
 impl Issuers {
     /// The issuers of `[auth]` (keys not loaded yet: see [`Issuers::load`]).
-    pub(crate) fn new(auth: &AuthConfig, tls: Option<rustls::ClientConfig>) -> Issuers {
-        let mut builder = reqwest::Client::builder();
-        if let Some(tls) = tls {
-            builder = builder.use_preconfigured_tls(tls);
-        }
-        let http = builder
-            .timeout(Duration::from_secs(10))
-            // A redirect could lead a key fetch off the provider's host.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap_or_default();
+    /// An issuer whose TLS settings cannot be used is kept, with the reason:
+    /// its keys are never fetched, so its tokens are refused (`serve`
+    /// checks the settings before it starts).
+    pub(crate) fn new(auth: &AuthConfig) -> Issuers {
         Issuers {
             issuers: auth
                 .issuers
                 .iter()
                 .map(|c| Issuer {
+                    http: http_client(c).inspect_err(|e| tracing::error!("{e}")),
                     config: c.clone(),
                     keys: Mutex::new(Arc::new(Keys::default())),
                     fetched: Mutex::new(None),
@@ -62,7 +71,6 @@ impl Issuers {
                     fetching: tokio::sync::Mutex::new(()),
                 })
                 .collect(),
-            http,
             refetch_interval: auth.refetch_interval,
             keys_max_age: auth.keys_max_age,
         }
@@ -151,7 +159,7 @@ impl Issuers {
         }
         *issuer.fetched.lock() = Some(Instant::now());
         let name = &issuer.config.name;
-        match self.fetch(&issuer.config).await {
+        match Self::fetch(issuer).await {
             Ok(text) => match Keys::from_jwks(&text) {
                 Ok((keys, notes)) => {
                     for n in notes {
@@ -177,71 +185,90 @@ impl Issuers {
         }
     }
 
-    /// The JWKS document of `cfg`.
-    async fn fetch(&self, cfg: &IssuerConfig) -> Result<String, String> {
+    /// The JWKS document of `issuer`.
+    async fn fetch(issuer: &Issuer) -> Result<String, String> {
+        let cfg = &issuer.config;
         if let Some(file) = &cfg.jwks_file {
             return std::fs::read_to_string(file)
                 .map_err(|e| format!("cannot read {}: {e}", file.display()));
         }
+        let http = issuer.http.as_ref().map_err(Clone::clone)?;
         let uri = match &cfg.jwks_uri {
             Some(u) => u.clone(),
-            None => self.discover(&cfg.issuer).await?,
+            None => discover(http, cfg).await?,
         };
-        self.get(&uri).await
+        get(http, &cfg.name, &uri).await
     }
+}
 
-    /// `jwks_uri` from the issuer's metadata: OpenID Connect discovery, then
-    /// RFC 8414. The metadata must name the same issuer (a provider may not
-    /// speak for another), and its `jwks_uri` must be https (or loopback).
-    async fn discover(&self, issuer: &str) -> Result<String, String> {
-        let base = issuer.trim_end_matches('/');
-        let (scheme_host, path) = match base.find("://").map(|i| i + 3) {
-            Some(i) => match base[i..].find('/') {
-                Some(j) => (&base[..i + j], &base[i + j..]),
-                None => (base, ""),
-            },
-            None => return Err(format!("issuer `{issuer}` is not a URL")),
+/// `jwks_uri` from the issuer's metadata: OpenID Connect discovery, then
+/// RFC 8414. The metadata must name the same issuer (a provider may not
+/// speak for another), and its `jwks_uri` must be https (or loopback).
+async fn discover(http: &reqwest::Client, cfg: &IssuerConfig) -> Result<String, String> {
+    let issuer = cfg.issuer.as_str();
+    let base = issuer.trim_end_matches('/');
+    let (scheme_host, path) = match base.find("://").map(|i| i + 3) {
+        Some(i) => match base[i..].find('/') {
+            Some(j) => (&base[..i + j], &base[i + j..]),
+            None => (base, ""),
+        },
+        None => return Err(format!("issuer `{issuer}` is not a URL")),
+    };
+    let candidates = [
+        format!("{base}/.well-known/openid-configuration"),
+        format!("{scheme_host}/.well-known/oauth-authorization-server{path}"),
+    ];
+    let mut last = String::new();
+    for url in candidates {
+        let text = match get(http, &cfg.name, &url).await {
+            Ok(t) => t,
+            Err(e) => {
+                last = e;
+                continue;
+            }
         };
-        let candidates = [
-            format!("{base}/.well-known/openid-configuration"),
-            format!("{scheme_host}/.well-known/oauth-authorization-server{path}"),
-        ];
-        let mut last = String::new();
-        for url in candidates {
-            let text = match self.get(&url).await {
-                Ok(t) => t,
-                Err(e) => {
-                    last = e;
-                    continue;
-                }
-            };
-            let meta: Value = serde_json::from_str(&text)
-                .map_err(|e| format!("{url} is not JSON metadata: {e}"))?;
-            if meta.get("issuer").and_then(Value::as_str) != Some(issuer) {
-                return Err(format!("{url} names another issuer than `{issuer}`"));
-            }
-            let Some(jwks) = meta.get("jwks_uri").and_then(Value::as_str) else {
-                return Err(format!("{url} has no jwks_uri"));
-            };
-            if !https_or_loopback(jwks) {
-                return Err(format!("{url}: jwks_uri `{jwks}` is not https://"));
-            }
-            return Ok(jwks.to_owned());
+        let meta: Value =
+            serde_json::from_str(&text).map_err(|e| format!("{url} is not JSON metadata: {e}"))?;
+        if meta.get("issuer").and_then(Value::as_str) != Some(issuer) {
+            return Err(format!("{url} names another issuer than `{issuer}`"));
         }
-        Err(format!("no metadata for issuer `{issuer}` ({last})"))
+        let Some(jwks) = meta.get("jwks_uri").and_then(Value::as_str) else {
+            return Err(format!("{url} has no jwks_uri"));
+        };
+        if !https_or_loopback(jwks) {
+            return Err(format!("{url}: jwks_uri `{jwks}` is not https://"));
+        }
+        return Ok(jwks.to_owned());
     }
+    Err(format!("no metadata for issuer `{issuer}` ({last})"))
+}
 
-    async fn get(&self, url: &str) -> Result<String, String> {
-        let resp = self
-            .http
-            .get(url)
-            .header("accept", "application/json")
-            .send()
-            .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("GET {url}: {}", resp.status()));
-        }
-        resp.text().await.map_err(|e| format!("GET {url}: {e}"))
+/// GET `url` from the provider `name`. A failure is worded with its causes
+/// (reqwest's own message stops at "error sending request"), and a
+/// certificate no trusted CA signed says which setting to use.
+async fn get(http: &reqwest::Client, name: &str, url: &str) -> Result<String, String> {
+    let resp = http
+        .get(url)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .map_err(|e| {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text.push_str(": ");
+                text.push_str(&s.to_string());
+                source = s.source();
+            }
+            if text.contains("UnknownIssuer") {
+                text.push_str(&format!(
+                    " (the provider's certificate is not signed by a trusted CA: set tls.ca_file of issuer `{name}` to the CA that signed it)"
+                ));
+            }
+            format!("GET {url}: {text}")
+        })?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {url}: {}", resp.status()));
     }
+    resp.text().await.map_err(|e| format!("GET {url}: {e}"))
 }

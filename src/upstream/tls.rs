@@ -66,10 +66,16 @@ pub(crate) fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig
     )?))
 }
 
-/// The client configuration for identity providers' metadata and keys
-/// (`[[auth.issuers]]`): the default roots.
-pub(crate) fn issuer_config() -> Result<ClientConfig, String> {
-    config_at("[auth]", "identity providers", &UpstreamTls::default())
+/// The client configuration for the identity provider `name`'s metadata
+/// and keys (`[[auth.issuers]]`, its `tls`): Mozilla's roots unless it says
+/// otherwise.
+pub(crate) fn issuer_config(name: &str, tls: Option<&UpstreamTls>) -> Result<ClientConfig, String> {
+    let default = UpstreamTls::default();
+    config_at(
+        &format!("[[auth.issuers]] `{name}` tls:"),
+        &format!("identity provider `{name}`"),
+        tls.unwrap_or(&default),
+    )
 }
 
 /// A client configuration from `tls`; `table` names its settings in
@@ -128,14 +134,17 @@ fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig,
     }
 }
 
-/// Build the TLS configuration of every `https://` upstream once (at
-/// start): an unreadable `ca_file` or client key stops `serve` with the
-/// reason, rather than failing the first call.
+/// Build the TLS configuration of every `https://` upstream and identity
+/// provider once (at start): an unreadable `ca_file` or client key stops
+/// `serve` with the reason, rather than failing the first call.
 pub(crate) fn check_all(config: &crate::core::config::Config) -> Result<(), String> {
     for (name, s) in &config.servers {
         if s.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
             client_config(name, s.tls.as_ref())?;
         }
+    }
+    for i in &config.auth.issuers {
+        issuer_config(&i.name, i.tls.as_ref())?;
     }
     Ok(())
 }
@@ -187,5 +196,22 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("holds no PEM certificate"), "{e}");
+    }
+
+    #[test]
+    fn an_issuers_tls_settings_are_checked_at_start_and_named() {
+        let mut config = crate::core::config::Config::parse(
+            "[[auth.issuers]]\nname = \"corp\"\nissuer = \"https://idp.example.com\"\n\
+             tenant = \"acme\"\ntls = { ca_file = \"/nonexistent/corp-ca.pem\" }\n",
+            Path::new("test.toml"),
+        )
+        .unwrap();
+        let e = check_all(&config).unwrap_err();
+        assert!(
+            e.contains("[[auth.issuers]] `corp` tls: ca_file `/nonexistent/corp-ca.pem`"),
+            "{e}"
+        );
+        config.auth.issuers[0].tls = None;
+        assert!(check_all(&config).is_ok(), "Mozilla's roots by default");
     }
 }

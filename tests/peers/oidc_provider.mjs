@@ -7,12 +7,19 @@
 // Clients:
 // - `agent-svc` / `agent-secret`: client credentials (an agent service);
 //   its tokens carry `tid` = `acme` and scope `pay:use`.
+// - any client that registers itself (RFC 7591 dynamic registration, as MCP
+//   clients do): authorization code with PKCE, signing in through the
+//   provider's development login and consent pages, which accept any login
+//   (the login becomes `sub`). Its tokens carry `tid` = `acme` too.
 // The signing key is read from KEYS_FILE, or made (P-256, named KID) and
 // written there when the file does not exist: a test rotates the key by
 // restarting the provider with another file.
+// With OIDC_TLS_CERT and OIDC_TLS_KEY (PEM files, a certificate for
+// `localhost`) it serves HTTPS, as `https://localhost:PORT`.
 // Prints "listening" once it accepts connections.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import https from 'node:https';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
@@ -22,7 +29,10 @@ const { default: Provider } = await import(
 );
 
 const [port, keysFile, kid] = process.argv.slice(2);
-const issuer = `http://127.0.0.1:${port}`;
+const tls = process.env.OIDC_TLS_CERT
+  ? { cert: fs.readFileSync(process.env.OIDC_TLS_CERT), key: fs.readFileSync(process.env.OIDC_TLS_KEY) }
+  : null;
+const issuer = tls ? `https://localhost:${port}` : `http://127.0.0.1:${port}`;
 if (!fs.existsSync(keysFile)) {
   const { privateKey } = crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' });
   const jwk = { ...privateKey.export({ format: 'jwk' }), kid, alg: 'ES256', use: 'sig' };
@@ -43,10 +53,13 @@ const provider = new Provider(issuer, {
       id_token_signed_response_alg: 'ES256',
     },
   ],
-  scopes: ['pay:use'],
+  scopes: ['openid', 'offline_access', 'pay:use'],
+  // The provider signs with its one P-256 key: registered clients too.
+  clientDefaults: { id_token_signed_response_alg: 'ES256' },
   features: {
     clientCredentials: { enabled: true },
-    devInteractions: { enabled: false },
+    devInteractions: { enabled: true },
+    registration: { enabled: true },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => undefined,
@@ -63,6 +76,11 @@ const provider = new Provider(issuer, {
   extraTokenClaims: () => ({ tid: 'acme' }),
 });
 
-provider.listen(Number(port), '127.0.0.1', () => {
+// The test reads the first line only and then closes the pipe: what the
+// provider prints later (its development pages log to stdout) is dropped,
+// not a crash on EPIPE.
+process.stdout.on('error', () => {});
+const server = tls ? https.createServer(tls, provider.callback()) : provider;
+server.listen(Number(port), '127.0.0.1', () => {
   console.log('listening');
 });
