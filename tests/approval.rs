@@ -416,6 +416,7 @@ async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
     let alice = r.api("alice");
     let mallory = r.key_file("mallory");
     let shown = alice.proposal(&id).await.unwrap();
+    let policy_set = shown["policy_set"].as_str().unwrap().to_owned();
     let p: countersign::core::approval::Proposal =
         serde_json::from_value(countersign::cli::client::strip_view(shown)).unwrap();
     let now = time::OffsetDateTime::now_utc();
@@ -431,6 +432,7 @@ async fn self_approval_forged_signatures_and_unknown_reviewers_are_refused() {
         "",
         &fmt(now),
         &fmt(now + time::Duration::minutes(5)),
+        Some(&policy_set),
     );
     let forged = statement.sign(&mallory.signing_key().unwrap()).unwrap();
     let path = format!("/v1/proposals/{id}/decision");

@@ -493,3 +493,37 @@ fn the_python_sdk_sending_altered_moved_expired_and_used_states_is_refused() {
     assert_eq!(r[4], "confirmation_used", "{r:?}");
     assert_eq!(gw.executions("charge_card"), 1, "nothing refused ran");
 }
+
+/// A call that needs two reviewers is never put to the person at the
+/// client, in either era: their yes would be the requester's own, which
+/// never counts towards a quorum. It waits for reviewers, and nothing runs.
+#[test]
+fn a_call_that_needs_two_reviewers_is_never_put_to_the_client() {
+    let (pdir, _alice) = default_policies_with_alice();
+    std::fs::write(
+        pdir.path().join("four-eyes.cedar"),
+        "@id(\"charges-need-two\")\n@approvals(\"2\")\n\
+         permit (principal, action == Action::\"call\", resource == Tool::\"payments/charge_card\")\n\
+         when { context.approved };\n",
+    )
+    .unwrap();
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        approvals: "hold = \"1s\"\nprogress_interval = \"300ms\"\n".into(),
+        ..Default::default()
+    });
+    for (mode, _) in ERAS {
+        let seen = client(
+            &gw,
+            mode,
+            "charge_card",
+            &format!("two-{mode}"),
+            "accept",
+            None,
+        );
+        assert_eq!(seen["asked"], json!([]), "{mode}: never asked: {seen}");
+        assert_eq!(code_of(&seen), "approval_pending", "{mode}: {seen}");
+    }
+    assert!(audited(&gw, "confirmation_asked", None, 0).is_empty());
+    assert_eq!(gw.executions("charge_card"), 0);
+}

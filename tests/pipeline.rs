@@ -27,6 +27,7 @@ use countersign::enforce::outcome::CallOutcome;
 use countersign::enforce::permit::{Permit, Sent, ToolConn, Upstream};
 use countersign::enforce::pipeline::{CallCtx, Caller, Pipeline};
 use countersign::enforce::upstream::UpstreamError;
+use countersign::enforce::Under;
 use countersign::store::{MemoryStore, Recovery, Reservation, Store, StoreError, StoreFuture};
 use countersign::wire::era::Era;
 use countersign::wire::jsonrpc::{raw, Message};
@@ -518,23 +519,28 @@ impl Fixture {
     /// Sign and record a reviewer's decision on `p`, valid for `ttl`.
     async fn decide(&self, p: &Proposal, verdict: Verdict, ttl: Duration) {
         let now = self.clock.now_ms();
+        let policies = self.pipeline.policies();
         let statement = p.statement(
             verdict,
             "bob",
             "checked",
             &rfc3339(now),
             &rfc3339(now + ttl.as_millis() as i64),
+            Some(policies.digest()),
         );
         let signature = statement.sign(&self.reviewer).unwrap();
-        let policies = self.pipeline.policies();
         let bob = policies
             .reviewers()
             .get("bob")
             .expect("bob is a reviewer")
             .clone();
+        let under = Under {
+            policy_set: policies.digest(),
+            reviewers: policies.reviewers(),
+        };
         self.pipeline
             .book()
-            .decide(&p.id, statement, &signature, &bob, |_| Ok(()))
+            .decide(&p.id, statement, &signature, &bob, under, |_| Ok(()))
             .await
             .unwrap();
     }
@@ -1735,25 +1741,25 @@ async fn the_first_answer_wins_exactly_once_and_the_other_is_too_late() {
         .await;
     assert_eq!(answered_n(&o), 2);
     let now = f.clock.now_ms();
+    let policies = f.pipeline.policies();
     let statement = pending.statement(
         Verdict::Approve,
         "bob",
         "ok",
         &rfc3339(now),
         &rfc3339(now + 60_000),
+        Some(policies.digest()),
     );
     let signature = statement.sign(&f.reviewer).unwrap();
-    let bob = f
-        .pipeline
-        .policies()
-        .reviewers()
-        .get("bob")
-        .unwrap()
-        .clone();
+    let bob = policies.reviewers().get("bob").unwrap().clone();
+    let under = Under {
+        policy_set: policies.digest(),
+        reviewers: policies.reviewers(),
+    };
     let e = f
         .pipeline
         .book()
-        .decide(&id, statement, &signature, &bob, |_| Ok(()))
+        .decide(&id, statement, &signature, &bob, under, |_| Ok(()))
         .await
         .unwrap_err();
     assert!(

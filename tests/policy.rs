@@ -35,7 +35,7 @@ fn shipped_policies_check_and_pass_their_cases() {
         dir.to_str().unwrap(),
     ]);
     assert!(ok, "{out}");
-    assert!(out.contains("6 passed, 0 failed"), "{out}");
+    assert!(out.contains("9 passed, 0 failed"), "{out}");
 }
 
 #[test]
@@ -344,16 +344,14 @@ fn a_schema_that_does_not_declare_definition_changed_still_validates_and_decides
     let older = schema.replace("  definitionChanged?: Bool,\n", "");
     assert_ne!(older, schema, "the shipped schema declares it");
     std::fs::write(tmp.path().join("schema.cedarschema"), older).unwrap();
-    std::fs::copy(
-        policies_dir().join("default.cedar"),
-        tmp.path().join("default.cedar"),
-    )
-    .unwrap();
+    for f in ["default.cedar", "quorum.cedar"] {
+        std::fs::copy(policies_dir().join(f), tmp.path().join(f)).unwrap();
+    }
     let dir = tmp.path().to_str().unwrap();
     let (ok, out) = run(&["policy", "check", "--dir", dir]);
     assert!(ok, "{out}");
     let cases = policies_dir().join("tests.toml");
     let (ok, out) = run(&["policy", "test", cases.to_str().unwrap(), "--dir", dir]);
     assert!(ok, "{out}");
-    assert!(out.contains("6 passed, 0 failed"), "{out}");
+    assert!(out.contains("9 passed, 0 failed"), "{out}");
 }

@@ -612,22 +612,26 @@ impl Verifier {
         let statement: Statement = serde_json::from_value(d["statement"].clone())
             .map_err(|e| format!("an embedded approval statement does not parse: {e}"))?;
         let sig = d["signature"].as_str().unwrap_or("");
-        let key = match &self.reviewers {
-            Some(r) => {
-                let reviewer = r.get(&statement.reviewer).ok_or_else(|| {
-                    format!(
-                        "the approval statement is signed by `{}`, who is not in the reviewers file",
-                        statement.reviewer
-                    )
-                })?;
-                reviewer.key
+        let embedded =
+            crate::core::reviewers::parse_public_key(d["public_key"].as_str().unwrap_or(""))
+                .map_err(|e| format!("the embedded reviewer key: {e}"))?;
+        if let Some(r) = &self.reviewers {
+            // Against the reviewers file: the key that signed must be one
+            // of the reviewer's own.
+            let reviewer = r.get(&statement.reviewer).ok_or_else(|| {
+                format!(
+                    "the approval statement is signed by `{}`, who is not in the reviewers file",
+                    statement.reviewer
+                )
+            })?;
+            if !reviewer.keys.contains(&embedded) {
+                return Err(format!(
+                    "the approval statement of reviewer `{}` names a key that is not theirs in the reviewers file",
+                    statement.reviewer
+                ));
             }
-            None => {
-                crate::core::reviewers::parse_public_key(d["public_key"].as_str().unwrap_or(""))
-                    .map_err(|e| format!("the embedded reviewer key: {e}"))?
-            }
-        };
-        statement.verify(&key, sig).map_err(|e| {
+        }
+        statement.verify(&embedded, sig).map_err(|e| {
             format!(
                 "the approval statement of reviewer `{}` does not verify: {}",
                 statement.reviewer, e

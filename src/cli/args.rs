@@ -138,6 +138,14 @@ pub(crate) enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Take your approval of a proposal back, while it still waits for more
+    /// reviewers (a quorum not met yet).
+    Withdraw {
+        /// Proposal id.
+        id: String,
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+    },
     /// Tool definitions against `policies/tools.lock`: list, diff, pin,
     /// accept.
     Tools {

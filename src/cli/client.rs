@@ -141,6 +141,18 @@ impl Client {
         Ok(v["entries"].as_array().cloned().unwrap_or_default())
     }
 
+    /// Take this reviewer's approval of proposal `id` back.
+    pub async fn withdraw(&self, id: &str) -> anyhow::Result<Value> {
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/proposals/{id}/withdraw"),
+                Some(&json!({})),
+            )
+            .await?;
+        Ok(v["proposal"].clone())
+    }
+
     /// Settle an unknown outcome: `executed` or `not_executed`, with a note.
     pub async fn reconcile(
         &self,
@@ -169,16 +181,20 @@ impl Client {
         ttl: std::time::Duration,
     ) -> anyhow::Result<Value> {
         let shown = self.proposal(id).await?;
+        let policy_set = shown["policy_set"].as_str().map(str::to_owned);
         let proposal: Proposal = serde_json::from_value(strip_view(shown))
             .map_err(|e| anyhow::anyhow!("the gateway's proposal does not parse: {e}"))?;
         let now = now_ms();
         let expires = now.saturating_add(ttl.as_millis().min(i64::MAX as u128) as i64);
+        // The policy set in force as the gateway shows it: the statement
+        // names the rules the reviewer approves under.
         let statement = proposal.statement(
             verdict,
             &self.name,
             reason,
             &rfc3339(now),
             &rfc3339(expires),
+            policy_set.as_deref(),
         );
         let signature = statement.sign(&self.key)?;
         let body = json!({ "statement": statement, "signature": signature });
@@ -202,6 +218,8 @@ pub fn strip_view(mut v: Value) -> Value {
             "updated_at",
             "expires_at",
             "pending_expires_ms",
+            "policy_set",
+            "progress",
         ] {
             o.remove(k);
         }

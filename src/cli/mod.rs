@@ -139,6 +139,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let ttl = Duration::from_secs(0);
             crate::cli::review::decide_command(&reviewer, &id, Verdict::Deny, &reason, ttl).await
         }
+        Command::Withdraw { id, reviewer } => {
+            crate::cli::review::withdraw_command(&reviewer, &id).await
+        }
         Command::Store {
             command: StoreCommand::Migrate { config },
         } => {

@@ -66,6 +66,12 @@ struct Case {
     #[serde(default)]
     arguments: Option<Value>,
     expect: Expect,
+    /// With `expect = "approval"`: how many distinct reviewers the quorum
+    /// asks for in all (default: not checked).
+    approvals: Option<u32>,
+    /// With `expect = "approval"`: the groups the quorum asks a reviewer of
+    /// each for, sorted (default: not checked).
+    approvals_from: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -143,7 +149,40 @@ pub(crate) fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
                     .to_owned(),
             ),
         };
-        if got == c.expect {
+        // The quorum the approving policies ask for, when the case says.
+        let quorum = match &decision {
+            Decision::Approval { policies: asked } => Some(policies.quorum(asked)),
+            _ => None,
+        };
+        let quorum_wrong = quorum.as_ref().and_then(|q| {
+            let mut from = q.from.clone();
+            from.sort();
+            let count_wrong = c.approvals.is_some_and(|n| n != q.needed());
+            let from_wrong = c.approvals_from.as_ref().is_some_and(|want| {
+                let mut want = want.clone();
+                want.sort();
+                want != from
+            });
+            (count_wrong || from_wrong).then(|| {
+                format!(
+                    "expected {} approvals from [{}], the policies ask for {} from [{}]",
+                    c.approvals.map_or("any".to_owned(), |n| n.to_string()),
+                    c.approvals_from
+                        .as_ref()
+                        .map_or("any".to_owned(), |f| f.join(", ")),
+                    q.needed(),
+                    from.join(", ")
+                )
+            })
+        });
+        let detail = match &quorum {
+            Some(q) if !q.is_single() => format!("{detail}; {} approvals", q.needed()),
+            _ => detail,
+        };
+        if let Some(why) = quorum_wrong.filter(|_| got == c.expect) {
+            failed += 1;
+            println!("FAIL  {}: {why} ({detail})", c.name);
+        } else if got == c.expect {
             println!("ok    {} ({got:?}: {detail})", c.name);
         } else {
             failed += 1;

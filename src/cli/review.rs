@@ -115,6 +115,9 @@ pub(crate) async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String>
         if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
             flags.push(format!("revises {r}"));
         }
+        if let Some(progress) = p["progress"].as_str() {
+            flags.push(progress.to_owned());
+        }
         if p["joined"].as_u64().unwrap_or(0) > 0 {
             flags.push(format!("{} retries joined", p["joined"]));
         }
@@ -212,6 +215,9 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
         let names: Vec<&str> = policies.iter().filter_map(Value::as_str).collect();
         out.push_str(&format!("asked by   {}\n", names.join(", ")));
     }
+    if let Some(progress) = p["progress"].as_str() {
+        out.push_str(&format!("approvals  {progress}\n"));
+    }
     out.push_str("\narguments\n");
     if let Some(args) = p["arguments"].as_object() {
         for (k, v) in args {
@@ -231,6 +237,22 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
             rev["proposal_id"].as_str().unwrap_or(""),
             describe_changes(&rev["changes"])
         ));
+    }
+    let quorum = p.get("quorum").is_some_and(|q| !q.is_null());
+    for (list, word) in [("approvals", "approved"), ("denials", "denied")]
+        .into_iter()
+        .filter(|_| quorum)
+    {
+        for g in p[list].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "{word:<10} by {} at {}, under policy set {}\n",
+                g["statement"]["reviewer"].as_str().unwrap_or(""),
+                g["statement"]["issued_at"].as_str().unwrap_or(""),
+                g["statement"]["policy_set"]
+                    .as_str()
+                    .unwrap_or("(not named)"),
+            ));
+        }
     }
     if let Some(d) = p.get("decision").filter(|d| !d.is_null()) {
         out.push_str(&format!(
@@ -257,16 +279,43 @@ pub(crate) async fn decide(
     ttl: Duration,
 ) -> anyhow::Result<String> {
     let p = c.decide(id, verdict, reason, ttl).await?;
-    Ok(match verdict {
-        Verdict::Approve => format!(
-            "approved {id}: {}/{} for {} may run once, until {}\n",
+    let progress = p["progress"]
+        .as_str()
+        .map(|t| format!(" ({t})"))
+        .unwrap_or_default();
+    Ok(match (verdict, p["state"].as_str()) {
+        (Verdict::Approve, Some("approved")) => format!(
+            "approved {id}: {}/{} for {} may run once, until {}{progress}\n",
             p["server"].as_str().unwrap_or(""),
             p["tool"].as_str().unwrap_or(""),
             p["requester"].as_str().unwrap_or(""),
             p["expires_at"].as_str().unwrap_or("")
         ),
-        Verdict::Deny => format!("denied {id}\n"),
+        (Verdict::Approve, _) => {
+            format!("approval of {id} recorded; it waits for more reviewers{progress}\n")
+        }
+        (Verdict::Deny, Some("denied")) => format!("denied {id}\n"),
+        (Verdict::Deny, _) => {
+            format!("denial of {id} recorded; it takes more to end it{progress}\n")
+        }
     })
+}
+
+/// `countersign withdraw ID`.
+pub(crate) async fn withdraw_command(
+    reviewer: &ReviewerArgs,
+    id: &str,
+) -> anyhow::Result<ExitCode> {
+    let c = client(&reviewer.gateway, &reviewer.key)?;
+    let p = c.withdraw(id).await?;
+    println!(
+        "withdrew your approval of {id}{}",
+        p["progress"]
+            .as_str()
+            .map(|t| format!(" ({t})"))
+            .unwrap_or_default()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `countersign reconcile --reviewer-key`: through a running gateway.

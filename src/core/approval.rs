@@ -15,9 +15,12 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// `type` of an approval statement: version 2 binds the tool's definition
-/// digest (`tool_definition`).
-pub const STATEMENT_TYPE: &str = "countersign.approval.v2";
+/// `type` of an approval statement: version 3 binds the digest of the
+/// policy set in force when the reviewer signed (`policy_set`), besides the
+/// tool's definition digest (`tool_definition`, from version 2).
+pub const STATEMENT_TYPE: &str = "countersign.approval.v3";
+/// `type` of a version-2 statement (no `policy_set`): still verified.
+pub const STATEMENT_TYPE_V2: &str = "countersign.approval.v2";
 /// `type` of a version-1 statement (no `tool_definition`): still verified,
 /// and bound to the definition through its proposal.
 pub const STATEMENT_TYPE_V1: &str = "countersign.approval.v1";
@@ -30,7 +33,7 @@ pub enum ApprovalError {
     #[error("cannot canonicalize: {0}")]
     Canonical(String),
     /// The statement is of another type.
-    #[error("statement type `{0}` is not `{STATEMENT_TYPE}` (or `{STATEMENT_TYPE_V1}`, which has no `tool_definition`)")]
+    #[error("statement type `{0}` is not `{STATEMENT_TYPE}` (or `{STATEMENT_TYPE_V2}`, which has no `policy_set`, or `{STATEMENT_TYPE_V1}`, which has no `tool_definition` either)")]
     StatementType(String),
     /// A bound field differs from the proposal's.
     #[error("the statement's `{field}` ({got}) is not the proposal's ({want}): sign the proposal as the gateway shows it")]
@@ -40,6 +43,14 @@ pub enum ApprovalError {
         /// The statement's value.
         got: String,
         /// The proposal's value.
+        want: String,
+    },
+    /// The policy set changed between the reviewer's look and the signature.
+    #[error("the statement was signed under policy set {got}, but {want} is in force now: the policies changed since you looked; look at the proposal again")]
+    PolicySet {
+        /// The statement's.
+        got: String,
+        /// In force.
         want: String,
     },
     /// The signature is not base64.
@@ -149,6 +160,191 @@ pub struct Revision {
     pub changes: Vec<Change>,
 }
 
+/// One reviewer's part of a quorum: their signed decision, their groups
+/// when the gateway accepted it, and when it stops counting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Given {
+    /// The signed statement.
+    #[serde(flatten)]
+    pub signed: SignedDecision,
+    /// The reviewer's groups when it was accepted (for reviewers' eyes; a
+    /// quorum is judged on the reviewers file in force).
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Unix ms: the statement's `expires_at`, capped at `approvals.ttl`
+    /// after signing.
+    pub expires_ms: i64,
+}
+
+impl Given {
+    /// The reviewer's name.
+    pub fn reviewer(&self) -> &str {
+        &self.signed.statement.reviewer
+    }
+}
+
+/// What the policies ask of the reviewers of one call (DESIGN.md section
+/// 20): `approvals` distinct reviewers, among them one per entry of `from`
+/// (a group named twice needs two of its members), and `denials` distinct
+/// denials end the proposal. The default, one and one, is a single
+/// reviewer's yes or no.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quorum {
+    /// Distinct reviewers whose yes it takes (at least 1).
+    pub approvals: u32,
+    /// Groups each needing a reviewer of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<String>,
+    /// Distinct denials that end the proposal (at least 1).
+    pub denials: u32,
+}
+
+impl Default for Quorum {
+    fn default() -> Self {
+        Quorum {
+            approvals: 1,
+            from: Vec::new(),
+            denials: 1,
+        }
+    }
+}
+
+impl Quorum {
+    /// One reviewer decides, as without quorum policies.
+    pub fn is_single(&self) -> bool {
+        self.needed() <= 1 && self.denials <= 1
+    }
+
+    /// How many distinct reviewers it takes in all.
+    pub fn needed(&self) -> u32 {
+        self.approvals
+            .max(u32::try_from(self.from.len()).unwrap_or(u32::MAX))
+            .max(1)
+    }
+
+    /// The stricter of two: the larger count, each group as often as either
+    /// names it, the fewer denials. Several policies that ask for approval
+    /// each raise the bar; none lowers another's.
+    pub fn strictest(&self, other: &Quorum) -> Quorum {
+        let mut from = self.from.clone();
+        let mut theirs = other.from.clone();
+        theirs.sort();
+        for g in dedup_sorted(&theirs) {
+            let mine = self.from.iter().filter(|x| *x == g).count();
+            let wanted = other.from.iter().filter(|x| *x == g).count();
+            from.extend(std::iter::repeat_n(g.clone(), wanted.saturating_sub(mine)));
+        }
+        from.sort();
+        Quorum {
+            approvals: self.approvals.max(other.approvals),
+            from,
+            denials: self.denials.min(other.denials).max(1),
+        }
+    }
+
+    /// What the approvers (distinct names, with their groups) still lack;
+    /// `None` once they satisfy it. Groups are matched so that each group
+    /// entry has a reviewer of its own (a reviewer in two groups covers
+    /// one of them).
+    pub fn missing(&self, approvers: &[(&str, &[String])]) -> Option<Missing> {
+        let unmatched = unmatched_groups(&self.from, approvers);
+        let have = u32::try_from(approvers.len()).unwrap_or(u32::MAX);
+        let more = self
+            .needed()
+            .saturating_sub(have)
+            .max(u32::try_from(unmatched.len()).unwrap_or(u32::MAX));
+        (more > 0).then_some(Missing {
+            more,
+            from: unmatched,
+        })
+    }
+}
+
+fn dedup_sorted(v: &[String]) -> Vec<&String> {
+    let mut out: Vec<&String> = Vec::new();
+    for x in v {
+        if out.last() != Some(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// The entries of `from` that no approver can be matched to, under a
+/// maximum matching (each approver covers at most one entry, and only of a
+/// group they are in): Kuhn's augmenting paths, fine for a handful.
+fn unmatched_groups(from: &[String], approvers: &[(&str, &[String])]) -> Vec<String> {
+    fn augment(
+        slot: usize,
+        from: &[String],
+        approvers: &[(&str, &[String])],
+        seen: &mut [bool],
+        owner: &mut [Option<usize>],
+    ) -> bool {
+        for (a, (_, groups)) in approvers.iter().enumerate() {
+            if seen[a] || !groups.contains(&from[slot]) {
+                continue;
+            }
+            seen[a] = true;
+            let free = match owner[a] {
+                None => true,
+                Some(other) => augment(other, from, approvers, seen, owner),
+            };
+            if free {
+                owner[a] = Some(slot);
+                return true;
+            }
+        }
+        false
+    }
+    let mut owner: Vec<Option<usize>> = vec![None; approvers.len()];
+    let mut left = Vec::new();
+    for slot in 0..from.len() {
+        let mut seen = vec![false; approvers.len()];
+        if !augment(slot, from, approvers, &mut seen, &mut owner) {
+            left.push(from[slot].clone());
+        }
+    }
+    left
+}
+
+/// What a quorum still lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    /// How many more distinct reviewers.
+    pub more: u32,
+    /// Groups among them that still need a reviewer of their own.
+    pub from: Vec<String>,
+}
+
+/// Spelled out for reviewers: "one more", "2 more".
+fn how_many(n: u32) -> String {
+    if n == 1 {
+        "one more".into()
+    } else {
+        format!("{n} more")
+    }
+}
+
+impl std::fmt::Display for Missing {
+    /// "needs one more from finance", "needs 2 more, from finance and
+    /// leads", "needs one more".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let more = how_many(self.more);
+        let groups = match self.from.as_slice() {
+            [] => String::new(),
+            [one] => one.clone(),
+            [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+        };
+        match (self.from.is_empty(), self.more as usize == self.from.len()) {
+            (true, _) => write!(f, "needs {more}"),
+            (false, true) if self.more == 1 => write!(f, "needs {more} from {groups}"),
+            (false, true) => write!(f, "needs {more}, from {groups}"),
+            (false, false) => write!(f, "needs {more}, among them from {groups}"),
+        }
+    }
+}
+
 /// A reviewer's signed decision, as accepted by the gateway.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SignedDecision {
@@ -208,8 +404,25 @@ pub struct Proposal {
     pub revises: Option<Revision>,
     /// Identical calls that joined it while pending (retries).
     pub joined: u32,
-    /// The reviewer's decision, once made.
+    /// The decision that settled it: the approval that completed the
+    /// quorum, or the denial that ended it.
     pub decision: Option<SignedDecision>,
+    /// How many distinct reviewers must approve, from which groups, and how
+    /// many denials end it (from the policies that asked for approval).
+    #[serde(default, skip_serializing_if = "Quorum::is_single")]
+    pub quorum: Quorum,
+    /// Every reviewer's approval gathered so far, one per reviewer, in the
+    /// order they came (the last one completes the quorum).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<Given>,
+    /// Denials gathered while more than one is needed to end it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denials: Vec<Given>,
+    /// Bumped by every write: stores write a proposal only over the
+    /// revision it was read at (compare and set), so two reviewers
+    /// approving at once through two gateways never lose an approval.
+    #[serde(default)]
+    pub revision: u64,
     /// Unix ms after which an approval can no longer be used.
     pub expires_ms: Option<i64>,
     /// The ledger key whose execution used the approval.
@@ -269,12 +482,16 @@ pub struct Binding<'a> {
     pub resource_version: Option<&'a str>,
     /// The tool's definition digest.
     pub tool_definition: Option<&'a str>,
+    /// The digest of the policy set in force when the gateway accepts the
+    /// statement (`None`: not compared, as when verifying offline).
+    pub policy_set: Option<&'a str>,
 }
 
 impl Proposal {
     /// The binding an approval of this proposal must carry.
     pub fn binding(&self) -> Binding<'_> {
         Binding {
+            policy_set: None,
             proposal_id: &self.id,
             server: &self.server,
             tool: &self.tool,
@@ -294,7 +511,65 @@ impl Proposal {
             && self.call_digest == digest
     }
 
-    /// The statement a reviewer signs for this proposal.
+    /// The reviewers who approved so far, with the groups they had.
+    pub fn approvers(&self) -> Vec<(&str, &[String])> {
+        self.approvals
+            .iter()
+            .map(|g| (g.reviewer(), g.groups.as_slice()))
+            .collect()
+    }
+
+    /// Where the quorum stands, for reviewers: "1 of 2 approvals: alice
+    /// (leads); needs one more from finance". `None` for a proposal one
+    /// reviewer decides.
+    pub fn progress(&self) -> Option<String> {
+        if self.quorum.is_single() {
+            return None;
+        }
+        let who: Vec<String> = self
+            .approvals
+            .iter()
+            .map(|g| {
+                if g.groups.is_empty() {
+                    g.reviewer().to_owned()
+                } else {
+                    format!("{} ({})", g.reviewer(), g.groups.join(", "))
+                }
+            })
+            .collect();
+        let mut text = format!(
+            "{} of {} approvals",
+            self.approvals.len(),
+            self.quorum.needed()
+        );
+        if !who.is_empty() {
+            text.push_str(&format!(": {}", who.join(", ")));
+        }
+        if self.state == ProposalState::Pending {
+            if let Some(m) = self.quorum.missing(&self.approvers()) {
+                text.push_str(&format!("; {m}"));
+            }
+        }
+        if !self.denials.is_empty() {
+            let names: Vec<&str> = self.denials.iter().map(Given::reviewer).collect();
+            text.push_str(&format!(
+                "; {} of {} denials to end it: {}",
+                self.denials.len(),
+                self.quorum.denials,
+                names.join(", ")
+            ));
+        }
+        Some(text)
+    }
+
+    /// The earliest expiry among the approvals gathered (the quorum's).
+    pub fn earliest_expiry(&self) -> Option<i64> {
+        self.approvals.iter().map(|g| g.expires_ms).min()
+    }
+
+    /// The statement a reviewer signs for this proposal, naming the policy
+    /// set in force (`policy_set`, as the gateway shows it; without one,
+    /// a version-2 statement).
     pub fn statement(
         &self,
         decision: Verdict,
@@ -302,9 +577,16 @@ impl Proposal {
         reason: &str,
         issued_at: &str,
         expires_at: &str,
+        policy_set: Option<&str>,
     ) -> Statement {
         Statement {
-            kind: STATEMENT_TYPE.into(),
+            kind: if policy_set.is_some() {
+                STATEMENT_TYPE
+            } else {
+                STATEMENT_TYPE_V2
+            }
+            .into(),
+            policy_set: policy_set.map(str::to_owned),
             proposal_id: self.id.clone(),
             server: self.server.clone(),
             tool: self.tool.clone(),
@@ -361,6 +643,10 @@ pub struct Statement {
     pub tool_definition: Option<String>,
     /// RFC 3339: the approval is void after this.
     pub expires_at: String,
+    /// The digest of the policy set in force when the reviewer signed
+    /// (version 3): the evidence of which rules they approved under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_set: Option<String>,
     /// Approve or deny.
     pub decision: Verdict,
     /// The reviewer's name in `reviewers.toml`.
@@ -398,11 +684,25 @@ impl Statement {
     pub fn check_binding(&self, p: &Binding<'_>) -> Result<(), ApprovalError> {
         // Version 1 names no definition; the proposal it signs still binds
         // one, and execution start compares that with the tool's now.
-        let v1 = match self.kind.as_str() {
-            STATEMENT_TYPE => false,
-            STATEMENT_TYPE_V1 if self.tool_definition.is_none() => true,
+        // Versions before 3 name no policy set; a field of a later version
+        // under an earlier name is refused.
+        let (v1, v3) = match self.kind.as_str() {
+            STATEMENT_TYPE if self.policy_set.is_some() => (false, true),
+            STATEMENT_TYPE_V2 if self.policy_set.is_none() => (false, false),
+            STATEMENT_TYPE_V1 if self.tool_definition.is_none() && self.policy_set.is_none() => {
+                (true, false)
+            }
             _ => return Err(ApprovalError::StatementType(self.kind.clone())),
         };
+        if let (true, Some(want)) = (v3, p.policy_set) {
+            let got = self.policy_set.as_deref().unwrap_or("null");
+            if got != want {
+                return Err(ApprovalError::PolicySet {
+                    got: got.to_owned(),
+                    want: want.to_owned(),
+                });
+            }
+        }
         let definition = if v1 {
             p.tool_definition
         } else {
@@ -521,6 +821,7 @@ pub fn consume(
             next.state = ProposalState::Consumed;
             next.consumed_by = Some(key.to_owned());
             next.updated_ms = now_ms;
+            next.revision = p.revision.wrapping_add(1);
             Ok(Some(next))
         }
         ProposalState::Approved => Err(ProposalState::Expired),
@@ -616,6 +917,10 @@ mod tests {
             revises: None,
             joined: 0,
             decision: None,
+            quorum: Quorum::default(),
+            approvals: Vec::new(),
+            denials: Vec::new(),
+            revision: 0,
             expires_ms: None,
             consumed_by: None,
             reason: None,
@@ -637,6 +942,7 @@ mod tests {
             "ok",
             "2026-11-30T10:00:00Z",
             "2026-11-30T10:15:00Z",
+            Some("sha256:ps"),
         );
         let bytes = st.signing_bytes().unwrap();
         // The signed bytes are what an independent RFC 8785 writer makes of
@@ -649,7 +955,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#""tool_definition":"sha256:d1""#));
-        assert!(text.contains(r#""type":"countersign.approval.v2""#));
+        assert!(text.contains(r#""type":"countersign.approval.v3""#));
+        assert!(text.contains(r#""policy_set":"sha256:ps""#));
         let sig = st.sign(&key(1)).unwrap();
         st.verify(&key(1).verifying_key(), &sig).unwrap();
         // Another key, or any changed field, fails.
@@ -667,7 +974,7 @@ mod tests {
     #[test]
     fn binding_compares_every_field() {
         let p = proposal();
-        let st = p.statement(Verdict::Approve, "alice", "", "t", "t");
+        let st = p.statement(Verdict::Approve, "alice", "", "t", "t", Some("sha256:ps"));
         st.check_binding(&p.binding()).unwrap();
         let mut other = p.clone();
         other.tool = "refund".into();
@@ -705,7 +1012,7 @@ mod tests {
     fn version_1_statements_still_verify() {
         let p = proposal();
         // A statement as a version-1 signer wrote it: no tool_definition.
-        let mut st = p.statement(Verdict::Approve, "alice", "", "t", "t");
+        let mut st = p.statement(Verdict::Approve, "alice", "", "t", "t", None);
         st.kind = STATEMENT_TYPE_V1.into();
         st.tool_definition = None;
         let text = String::from_utf8(st.signing_bytes().unwrap()).unwrap();
@@ -721,9 +1028,142 @@ mod tests {
     }
 
     #[test]
+    fn version_3_binds_the_policy_set_and_version_2_still_verifies() {
+        let p = proposal();
+        let st = p.statement(Verdict::Approve, "alice", "", "t", "t", Some("sha256:ps"));
+        let mut now = p.binding();
+        now.policy_set = Some("sha256:ps");
+        st.check_binding(&now).unwrap();
+        now.policy_set = Some("sha256:other");
+        let e = st.check_binding(&now).unwrap_err().to_string();
+        assert!(e.contains("the policies changed since you looked"), "{e}");
+        // Offline (no policy set in force to compare with): the rest binds.
+        st.check_binding(&p.binding()).unwrap();
+        // A version-2 statement, as signed before: no policy set, verifies.
+        let v2 = p.statement(Verdict::Approve, "alice", "", "t", "t", None);
+        assert_eq!(v2.kind, STATEMENT_TYPE_V2);
+        let text = String::from_utf8(v2.signing_bytes().unwrap()).unwrap();
+        assert!(!text.contains("policy_set"), "{text}");
+        let sig = v2.sign(&key(1)).unwrap();
+        v2.verify(&key(1).verifying_key(), &sig).unwrap();
+        v2.check_binding(&now).unwrap();
+        // A policy set under the version-2 name is refused, and so is a
+        // version-3 statement without one.
+        let mut mixed = v2.clone();
+        mixed.policy_set = Some("sha256:ps".into());
+        assert!(mixed.check_binding(&now).is_err());
+        let mut bare = st.clone();
+        bare.policy_set = None;
+        assert!(bare.check_binding(&now).is_err());
+    }
+
+    fn groups(g: &[&str]) -> Vec<String> {
+        g.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_quorum_counts_distinct_reviewers_and_matches_groups() {
+        let two = Quorum {
+            approvals: 2,
+            ..Quorum::default()
+        };
+        let leads = groups(&["leads"]);
+        let finance = groups(&["finance"]);
+        let both = groups(&["finance", "leads"]);
+        let m = two.missing(&[("alice", &leads)]).unwrap();
+        assert_eq!(m.to_string(), "needs one more");
+        assert!(two.missing(&[("alice", &leads), ("bob", &[])]).is_none());
+        let four_eyes = Quorum {
+            approvals: 1,
+            from: groups(&["finance", "leads"]),
+            denials: 1,
+        };
+        assert_eq!(four_eyes.needed(), 2);
+        // Two leads are not a finance and a lead.
+        let m = four_eyes
+            .missing(&[("alice", &leads), ("carol", &leads)])
+            .unwrap();
+        assert_eq!(m.to_string(), "needs one more from finance");
+        assert!(four_eyes
+            .missing(&[("alice", &leads), ("dave", &finance)])
+            .is_none());
+        // One person in both groups covers one of them, not both; a second
+        // person in either group completes it (the matching reassigns).
+        let m = four_eyes.missing(&[("erin", &both)]).unwrap();
+        assert_eq!(m.more, 1);
+        assert!(four_eyes
+            .missing(&[("erin", &both), ("carol", &leads)])
+            .is_none());
+        assert!(four_eyes
+            .missing(&[("carol", &leads), ("erin", &both)])
+            .is_none());
+        let none = four_eyes.missing(&[]).unwrap();
+        assert_eq!(none.to_string(), "needs 2 more, from finance and leads");
+        assert!(Quorum::default().is_single() && !four_eyes.is_single());
+        assert!(Quorum::default().missing(&[("a", &[])]).is_none());
+    }
+
+    #[test]
+    fn the_strictest_quorum_wins() {
+        let a = Quorum {
+            approvals: 2,
+            from: groups(&["finance"]),
+            denials: 2,
+        };
+        let b = Quorum {
+            approvals: 1,
+            from: groups(&["finance", "finance", "leads"]),
+            denials: 1,
+        };
+        let s = a.strictest(&b);
+        assert_eq!(s.approvals, 2);
+        assert_eq!(s.from, groups(&["finance", "finance", "leads"]));
+        assert_eq!(s.denials, 1);
+        assert_eq!(s.needed(), 3);
+        assert_eq!(
+            Quorum::default().strictest(&a),
+            a.strictest(&Quorum::default())
+        );
+    }
+
+    #[test]
+    fn progress_says_who_approved_and_what_is_missing() {
+        let mut p = proposal();
+        assert_eq!(p.progress(), None);
+        p.quorum = Quorum {
+            approvals: 1,
+            from: groups(&["finance", "leads"]),
+            denials: 1,
+        };
+        let st = p.statement(Verdict::Approve, "alice", "", "t", "t", Some("sha256:ps"));
+        p.approvals.push(Given {
+            signed: SignedDecision {
+                statement: st,
+                signature: String::new(),
+                public_key: String::new(),
+            },
+            groups: groups(&["leads"]),
+            expires_ms: 10,
+        });
+        assert_eq!(
+            p.progress().unwrap(),
+            "1 of 2 approvals: alice (leads); needs one more from finance"
+        );
+        assert_eq!(p.earliest_expiry(), Some(10));
+    }
+
+    #[test]
     fn statement_refuses_unknown_fields() {
         let p = proposal();
-        let mut v = serde_json::to_value(p.statement(Verdict::Approve, "a", "", "t", "t")).unwrap();
+        let mut v = serde_json::to_value(p.statement(
+            Verdict::Approve,
+            "a",
+            "",
+            "t",
+            "t",
+            Some("sha256:ps"),
+        ))
+        .unwrap();
         v["extra"] = json!(1);
         assert!(serde_json::from_value::<Statement>(v).is_err());
     }

@@ -126,6 +126,11 @@ pub struct Policies {
     reviewers: crate::core::reviewers::Reviewers,
     /// The declared type of `context.arguments`, per action.
     arguments: ArgumentTypes,
+    /// What each policy with quorum annotations asks of reviewers
+    /// (`@approvals`, `@approvals_from`, `@denials`), by policy id.
+    quorums: HashMap<String, crate::core::approval::Quorum>,
+    /// `sha256:` of the policy set: its files, schema and reviewers.
+    digest: String,
 }
 
 /// The argument types a schema declares for the two actions.
@@ -289,6 +294,88 @@ fn located(file: &Path, text: &str, d: &dyn miette::Diagnostic, message: String)
     }
 }
 
+/// The quorum annotations of a policy (DESIGN.md section 20), checked:
+/// `@approvals("N")` distinct reviewers, `@approvals_from("g1, g2")` one
+/// reviewer of each group listed, `@denials("N")` denials to end it. Only
+/// on a `permit`: a `forbid` never asks for approval, so the annotation
+/// would silently do nothing there.
+fn quorum_of(p: &cedar_policy::Policy) -> Result<Option<crate::core::approval::Quorum>, String> {
+    let count = |name: &str| -> Result<Option<u32>, String> {
+        match p.annotation(name) {
+            None => Ok(None),
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if (1..=20).contains(&n) => Ok(Some(n)),
+                _ => Err(format!(
+                    "@{name}(\"{v}\") must be a whole number from 1 to 20"
+                )),
+            },
+        }
+    };
+    let approvals = count("approvals")?;
+    let denials = count("denials")?;
+    let from = match p.annotation("approvals_from") {
+        None => None,
+        Some(v) => {
+            let groups: Vec<String> = v
+                .split(',')
+                .map(|g| g.trim().to_owned())
+                .filter(|g| !g.is_empty())
+                .collect();
+            if groups.is_empty() || groups.len() > 20 {
+                return Err(format!(
+                    "@approvals_from(\"{v}\") must list one to 20 groups, separated by commas"
+                ));
+            }
+            if let Some(bad) = groups.iter().find(|g| uid("Group", g).is_err()) {
+                return Err(format!(
+                    "@approvals_from names `{bad}`, which is not a group name"
+                ));
+            }
+            Some(groups)
+        }
+    };
+    if approvals.is_none() && denials.is_none() && from.is_none() {
+        return Ok(None);
+    }
+    if p.effect() == cedar_policy::Effect::Forbid {
+        return Err(
+            "@approvals, @approvals_from and @denials belong on a `permit` that asks for approval (one that reads `context.approved`), not on a `forbid`"
+                .into(),
+        );
+    }
+    Ok(Some(crate::core::approval::Quorum {
+        approvals: approvals.unwrap_or(1),
+        from: from.unwrap_or_default(),
+        denials: denials.unwrap_or(1),
+    }))
+}
+
+/// `sha256:` of a policy folder's text, by file name (see
+/// [`Policies::digest`]).
+fn sources_digest(src: &PolicySources) -> String {
+    use sha2::{Digest, Sha256};
+    let hash = |t: &str| format!("sha256:{}", hex::encode(Sha256::digest(t.as_bytes())));
+    let files: serde_json::Map<String, Value> = src
+        .policies
+        .iter()
+        .map(|(path, text)| {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (name, Value::from(hash(text)))
+        })
+        .collect();
+    let all = serde_json::json!({
+        "policies": files,
+        "schema": src.schema.as_deref().map(hash),
+        "reviewers": src.reviewers.as_deref().map(hash),
+    });
+    let mut bytes = Vec::new();
+    crate::core::canonical::jcs_into(&all, &mut bytes);
+    format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))
+}
+
 /// The text of a policy folder, as read from disk: the `*.cedar` files in
 /// name order, `schema.cedarschema` and `reviewers.toml` when present, and
 /// the files that could not be read. The reading is the caller's (an I/O
@@ -319,6 +406,7 @@ impl Policies {
     pub fn from_sources(src: &PolicySources) -> Result<Policies, Vec<PolicyError>> {
         let dir = &src.dir;
         let mut errors = src.unreadable.clone();
+        let mut quorums = HashMap::new();
         let mut set = PolicySet::new();
         let mut origin = HashMap::new();
         let mut sources = HashMap::new();
@@ -342,6 +430,18 @@ impl Policies {
                     .map(str::to_owned)
                     .unwrap_or_else(|| format!("policy{i}"));
                 let id = format!("{stem}/{name}");
+                match quorum_of(p) {
+                    Ok(Some(q)) => {
+                        quorums.insert(id.clone(), q);
+                    }
+                    Ok(None) => {}
+                    Err(message) => errors.push(PolicyError {
+                        file: file.clone(),
+                        line: None,
+                        column: None,
+                        message: format!("policy `{id}`: {message}"),
+                    }),
+                }
                 if let Err(e) = set.add(p.new_id(PolicyId::new(&id))) {
                     errors.push(PolicyError {
                         file: file.clone(),
@@ -433,6 +533,8 @@ impl Policies {
                 entity_cache: Default::default(),
                 reviewers,
                 arguments,
+                quorums,
+                digest: sources_digest(src),
             })
         } else {
             Err(errors)
@@ -452,7 +554,29 @@ impl Policies {
             entity_cache: Default::default(),
             reviewers: Default::default(),
             arguments: ArgumentTypes::default(),
+            quorums: HashMap::new(),
+            digest: sources_digest(&PolicySources::default()),
         }
+    }
+
+    /// `sha256:` of the policy set in force: every `*.cedar` file (by file
+    /// name), the schema and the reviewers file. Approval statements name
+    /// it, so the evidence says which rules a reviewer approved under; two
+    /// gateways with the same files agree on it.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// What the policies that asked for approval (`policies`, the
+    /// determining permits of a [`Decision::Approval`]) ask of reviewers:
+    /// the strictest of their quorum annotations, one reviewer without any.
+    pub fn quorum(&self, policies: &[String]) -> crate::core::approval::Quorum {
+        policies
+            .iter()
+            .filter_map(|id| self.quorums.get(id))
+            .fold(crate::core::approval::Quorum::default(), |q, p| {
+                q.strictest(p)
+            })
     }
 
     /// The reviewers of `reviewers.toml`.
@@ -981,6 +1105,85 @@ mod tests {
         ] {
             assert_eq!(reads_call_context_in(text), reads, "{text}");
         }
+    }
+
+    #[test]
+    fn quorum_annotations_are_checked_and_the_strictest_applies() {
+        let text = r#"
+            @id("one")
+            permit (principal, action == Action::"call", resource) when { context.approved };
+            @id("two")
+            @approvals("2")
+            @denials("2")
+            permit (principal, action == Action::"call", resource == Tool::"payments/transfer")
+            when { context.approved };
+            @id("pair")
+            @approvals_from("finance, leads")
+            permit (principal, action == Action::"call", resource == Tool::"payments/transfer")
+            when { context.approved };
+        "#;
+        let p = policies(text, None).unwrap();
+        let Decision::Approval { policies: asked } =
+            decide(&p, "transfer", Annotations::default(), json!({}))
+        else {
+            panic!("approval expected");
+        };
+        let q = p.quorum(&asked);
+        assert_eq!(q.approvals, 2);
+        assert_eq!(q.from, vec!["finance".to_owned(), "leads".to_owned()]);
+        assert_eq!(q.denials, 1, "the fewer denials of the two");
+        let Decision::Approval { policies: asked } =
+            decide(&p, "refund", Annotations::default(), json!({}))
+        else {
+            panic!("approval expected");
+        };
+        assert!(p.quorum(&asked).is_single(), "no annotation: one reviewer");
+        for (bad, says) in [
+            (r#"@approvals("0")"#, "from 1 to 20"),
+            (r#"@approvals("two")"#, "from 1 to 20"),
+            (r#"@denials("99")"#, "from 1 to 20"),
+            (r#"@approvals_from(" , ")"#, "one to 20 groups"),
+        ] {
+            let e = policies(
+                &format!("@id(\"x\")\n{bad}\npermit (principal, action, resource);"),
+                None,
+            )
+            .unwrap_err();
+            assert!(e[0].to_string().contains(says), "{bad}: {}", e[0]);
+        }
+        let e = policies(
+            "@id(\"f\")\n@approvals(\"2\")\nforbid (principal, action, resource);",
+            None,
+        )
+        .unwrap_err();
+        assert!(e[0].to_string().contains("not on a `forbid`"), "{}", e[0]);
+    }
+
+    #[test]
+    fn the_policy_set_digest_follows_the_files_not_the_folder() {
+        let at = |dir: &str, text: &str| {
+            Policies::from_sources(&PolicySources {
+                dir: PathBuf::from(dir),
+                policies: vec![(PathBuf::from(format!("{dir}/p.cedar")), text.to_owned())],
+                schema: Some(SHIPPED_SCHEMA.to_owned()),
+                ..PolicySources::default()
+            })
+            .unwrap()
+            .digest()
+            .to_owned()
+        };
+        let text = "permit (principal, action, resource);";
+        let here = at("/etc/countersign/policies", text);
+        assert!(here.starts_with("sha256:") && here.len() == 71, "{here}");
+        assert_eq!(here, at("/srv/gw-2/policies", text), "two gateways agree");
+        assert_ne!(
+            here,
+            at(
+                "/etc/countersign/policies",
+                "forbid (principal, action, resource);"
+            )
+        );
+        assert_ne!(here, shipped().digest());
     }
 
     /// A slice that reads nothing of a call's own context is decided by

@@ -104,10 +104,11 @@ pub fn check_reviewer_name(name: &str) -> Result<(), ApprovalError> {
 /// A registered reviewer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reviewer {
-    /// Name.
+    /// Name: one person, however many keys they sign with. A quorum counts
+    /// names, never keys.
     pub name: String,
-    /// Verifying key.
-    pub key: VerifyingKey,
+    /// Their verifying keys (a laptop's and a phone's, say): at least one.
+    pub keys: Vec<VerifyingKey>,
     /// Groups (for `Action::"approve"` policies).
     pub groups: Vec<String>,
     /// Tenants whose proposals this reviewer sees; `*` is every tenant.
@@ -118,6 +119,29 @@ impl Reviewer {
     /// Whether the reviewer may see and decide the tenant's proposals.
     pub fn covers(&self, tenant: &str) -> bool {
         self.tenants.iter().any(|t| t == "*" || t == tenant)
+    }
+
+    /// Whether `public_key` (`ed25519:...`) is one of the reviewer's keys.
+    pub fn has_key(&self, public_key: &str) -> bool {
+        self.keys.iter().any(|k| format_public_key(k) == public_key)
+    }
+
+    /// The first of the reviewer's keys for which `check` succeeds, or the
+    /// last key's error (every key is tried: any of them may have signed);
+    /// `Err(None)` only for a reviewer without keys, which the reviewers
+    /// file never makes.
+    pub fn verify_with<E>(
+        &self,
+        check: impl Fn(&VerifyingKey) -> Result<(), E>,
+    ) -> Result<&VerifyingKey, Option<E>> {
+        let mut last = None;
+        for k in &self.keys {
+            match check(k) {
+                Ok(()) => return Ok(k),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last)
     }
 }
 
@@ -135,7 +159,20 @@ impl Reviewers {
         let mut by_name = BTreeMap::new();
         for r in file.reviewers {
             check_reviewer_name(&r.name).map_err(|e| (None, e.to_string()))?;
-            let key = parse_public_key(&r.public_key).map_err(|e| (None, e.to_string()))?;
+            let texts: Vec<&String> = r.public_key.iter().chain(&r.public_keys).collect();
+            if texts.is_empty() {
+                return Err((
+                    None,
+                    format!(
+                        "reviewer `{}` has no key: set `public_key` (or `public_keys` for several)",
+                        r.name
+                    ),
+                ));
+            }
+            let keys = texts
+                .into_iter()
+                .map(|t| parse_public_key(t).map_err(|e| (None, e.to_string())))
+                .collect::<Result<Vec<_>, _>>()?;
             if r.tenants.is_empty() {
                 return Err((
                     None,
@@ -148,7 +185,7 @@ impl Reviewers {
             let name = r.name.clone();
             let reviewer = Reviewer {
                 name: r.name,
-                key,
+                keys,
                 groups: r.groups,
                 tenants: r.tenants,
             };
@@ -180,7 +217,11 @@ impl Reviewers {
 #[serde(deny_unknown_fields)]
 struct ReviewerEntry {
     name: String,
-    public_key: String,
+    /// One key.
+    public_key: Option<String>,
+    /// Several keys of the same person (besides or instead of `public_key`).
+    #[serde(default)]
+    public_keys: Vec<String>,
     #[serde(default)]
     groups: Vec<String>,
     tenants: Vec<String>,
@@ -239,5 +280,31 @@ mod tests {
             .contains("twice"));
         assert!(Reviewers::parse(&ok.replace(&pk, "ed25519:xx")).is_err());
         assert!(Reviewers::parse("").unwrap().is_empty());
+        // Several keys of one person: one reviewer, either key verifies.
+        let pk2 = format_public_key(&key(2).verifying_key());
+        let two = ok.replace(
+            &format!("public_key = \"{pk}\""),
+            &format!("public_keys = [\"{pk}\", \"{pk2}\"]"),
+        );
+        let r = Reviewers::parse(&two).unwrap();
+        assert_eq!(r.len(), 1);
+        let alice = r.get("alice").unwrap();
+        assert!(alice.has_key(&pk) && alice.has_key(&pk2));
+        let signed_by = |n: u8| {
+            move |k: &VerifyingKey| {
+                if *k == key(n).verifying_key() {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            }
+        };
+        assert_eq!(alice.verify_with(signed_by(2)), Ok(&key(2).verifying_key()));
+        assert_eq!(alice.verify_with(signed_by(3)), Err(Some(())));
+        let none = ok.replace(&format!("public_key = \"{pk}\"\n"), "");
+        assert!(Reviewers::parse(&none)
+            .unwrap_err()
+            .1
+            .contains("has no key"));
     }
 }

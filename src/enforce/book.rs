@@ -11,8 +11,8 @@ use tokio::sync::broadcast;
 
 use crate::audit::AuditSink;
 use crate::core::approval::{
-    self, ApprovalError, Confirmation, DefinitionChange, Proposal, ProposalState, Revision, Risk,
-    SignedDecision, Statement, Verdict,
+    self, ApprovalError, Confirmation, DefinitionChange, Given, Proposal, ProposalState, Quorum,
+    Revision, Risk, SignedDecision, Statement, Verdict,
 };
 use crate::core::config::ApprovalsConfig;
 use crate::core::identity::Identity;
@@ -52,6 +52,8 @@ pub struct Ask<'a> {
     pub risk: Risk,
     /// The policies that asked for approval.
     pub policies: &'a [String],
+    /// What those policies ask of reviewers (how many, from which groups).
+    pub quorum: &'a Quorum,
     /// The call's ledger key (storage key).
     pub key: &'a str,
     /// The idempotency key as the client sent it (or derived).
@@ -104,6 +106,34 @@ pub enum DecideError {
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// What a decision is judged under: the policy set in force (its digest,
+/// which a version-3 statement must name) and the reviewers file in force
+/// (whose groups a quorum is matched against).
+#[derive(Clone, Copy)]
+pub struct Under<'a> {
+    /// `sha256:` of the policy set in force.
+    pub policy_set: &'a str,
+    /// The reviewers file in force.
+    pub reviewers: &'a Reviewers,
+}
+
+/// What `p`'s approvals still lack under `reviewers` in force: an approval
+/// counts while its reviewer is registered with the key that signed it and
+/// covers the tenant, with the groups the file gives them now. `None`: the
+/// quorum is met.
+pub(crate) fn quorum_missing(p: &Proposal, reviewers: &Reviewers) -> Option<approval::Missing> {
+    let approvers: Vec<(&str, &[String])> = p
+        .approvals
+        .iter()
+        .filter_map(|g| {
+            let r = reviewers.get(g.reviewer())?;
+            (r.has_key(&g.signed.public_key) && r.covers(&p.tenant) && r.name != p.requester)
+                .then_some((r.name.as_str(), r.groups.as_slice()))
+        })
+        .collect();
+    p.quorum.missing(&approvers)
 }
 
 /// Proposals and approvals over the store.
@@ -213,8 +243,18 @@ impl Book {
         Ok(all)
     }
 
-    /// Move `p` from `from` to its new contents; publish on success.
-    async fn write(&self, p: Proposal, from: Option<ProposalState>) -> Result<bool, StoreError> {
+    /// Move `p` from `from` (and the revision it was read at) to its new
+    /// contents, bumping its revision; publish on success. `false`: the
+    /// stored proposal changed since it was read (another gateway, another
+    /// reviewer), and nothing was written.
+    async fn write(
+        &self,
+        p: &mut Proposal,
+        from: Option<ProposalState>,
+    ) -> Result<bool, StoreError> {
+        if from.is_some() {
+            p.revision = p.revision.wrapping_add(1);
+        }
         let ok = self.store.put_proposal(p.clone(), from).await?;
         if ok {
             self.publish(
@@ -223,7 +263,7 @@ impl Book {
                 } else {
                     "proposal_updated"
                 },
-                &p,
+                p,
             );
         }
         Ok(ok)
@@ -231,19 +271,30 @@ impl Book {
 
     /// Void `p` (resource changed, reviewer removed, superseded).
     pub async fn invalidate(&self, p: &Proposal, reason: &str) -> Result<(), StoreError> {
-        let mut next = p.clone();
-        next.state = ProposalState::Invalidated;
-        next.reason = Some(reason.to_owned());
-        next.updated_ms = self.clock.now_ms();
-        if self.write(next, Some(p.state)).await? {
-            self.audit(
-                "approval_invalidated",
-                p,
-                &[
-                    ("reason", Value::from(reason)),
-                    ("was", Value::from(p.state.as_str())),
-                ],
-            );
+        let mut p = p.clone();
+        // Over the revision read: a write that lost to a concurrent one
+        // (a retry joining, a reviewer's partial approval) reads again and
+        // voids what is there now, while it is still in the state it was.
+        for _ in 0..16 {
+            let mut next = p.clone();
+            next.state = ProposalState::Invalidated;
+            next.reason = Some(reason.to_owned());
+            next.updated_ms = self.clock.now_ms();
+            if self.write(&mut next, Some(p.state)).await? {
+                self.audit(
+                    "approval_invalidated",
+                    &p,
+                    &[
+                        ("reason", Value::from(reason)),
+                        ("was", Value::from(p.state.as_str())),
+                    ],
+                );
+                return Ok(());
+            }
+            match self.store.get_proposal(&p.id).await? {
+                Some(fresh) if fresh.state == p.state => p = fresh,
+                _ => return Ok(()),
+            }
         }
         Ok(())
     }
@@ -315,7 +366,10 @@ impl Book {
                     expired.state = ProposalState::Expired;
                     expired.reason = Some("approved, but not used before its expiry".into());
                     expired.updated_ms = now;
-                    if self.write(expired, Some(ProposalState::Approved)).await? {
+                    if self
+                        .write(&mut expired, Some(ProposalState::Approved))
+                        .await?
+                    {
                         self.audit("approval_expired", &p, &[]);
                     }
                     let fresh = self.create(ask, &mine, now).await?;
@@ -355,12 +409,48 @@ impl Book {
                     .await?;
                     return self.create(ask, &mine, now).await.map(Found::Wait);
                 }
+                // The policies in force now may ask for more reviewers than
+                // approved it: then it waits for them again, with the
+                // approvals it has.
+                if p.quorum != *ask.quorum && p.confirmation.is_none() {
+                    let mut next = p.clone();
+                    next.quorum = ask.quorum.clone();
+                    next.updated_ms = now;
+                    if quorum_missing(&next, reviewers).is_some() {
+                        next.state = ProposalState::Pending;
+                        next.expires_ms = None;
+                        next.decision = None;
+                    }
+                    if !self.write(&mut next, Some(ProposalState::Approved)).await? {
+                        // Changed in between: the caller looks again.
+                        return Ok(Found::Wait(p));
+                    }
+                    self.audit(
+                        "quorum_changed",
+                        &next,
+                        &[(
+                            "quorum",
+                            serde_json::to_value(&next.quorum).unwrap_or(Value::Null),
+                        )],
+                    );
+                    return Ok(if next.state == ProposalState::Approved {
+                        Found::Usable(next)
+                    } else {
+                        Found::Wait(next)
+                    });
+                }
                 Ok(Found::Usable(p))
             }
             // A retry of the key that consumed it (its first attempt was
             // proven not sent): the same consumption, not a second one.
             ProposalState::Consumed if p.consumed_by.as_deref() == Some(ask.key) => {
                 Ok(Found::Usable(p))
+            }
+            // A quorum whose first approval expired before it was met: a
+            // later approval cannot complete it; this call needs a new one.
+            ProposalState::Pending if self.quorum_lapsed(&p, now).await? => {
+                let fresh = self.create(ask, &mine, now).await?;
+                Ok(Found::Refuse(note(ApprovalCode::Expired, &fresh, None)))
             }
             ProposalState::Pending
                 if p.resource_version.as_deref() == ask.resource_version
@@ -369,10 +459,40 @@ impl Book {
                 let mut joined = p.clone();
                 joined.joined = joined.joined.saturating_add(1);
                 joined.updated_ms = now;
+                // The quorum the policies ask for now; approvals already
+                // gathered may meet a smaller one.
+                joined.quorum = ask.quorum.clone();
+                if !joined.approvals.is_empty() && quorum_missing(&joined, reviewers).is_none() {
+                    joined.state = ProposalState::Approved;
+                    joined.expires_ms = joined.earliest_expiry();
+                    joined.decision = joined.approvals.last().map(|g| g.signed.clone());
+                }
                 if self
-                    .write(joined.clone(), Some(ProposalState::Pending))
+                    .write(&mut joined, Some(ProposalState::Pending))
                     .await?
                 {
+                    if joined.state == ProposalState::Approved {
+                        self.audit(
+                            "approval_granted",
+                            &joined,
+                            &[
+                                ("channel", Value::from("reviewer")),
+                                (
+                                    "approvers",
+                                    joined
+                                        .approvals
+                                        .iter()
+                                        .map(|g| Value::from(g.reviewer()))
+                                        .collect(),
+                                ),
+                                (
+                                    "quorum",
+                                    serde_json::to_value(&joined.quorum).unwrap_or(Value::Null),
+                                ),
+                            ],
+                        );
+                        return Ok(Found::Usable(joined));
+                    }
                     Ok(Found::Wait(joined))
                 } else {
                     // Decided in between: the caller looks again.
@@ -453,13 +573,18 @@ impl Book {
             revises,
             joined: 0,
             decision: None,
+            quorum: ask.quorum.clone(),
+            approvals: Vec::new(),
+            denials: Vec::new(),
+            revision: 0,
             expires_ms: None,
             consumed_by: None,
             reason: None,
             confirmation: None,
             asked_by: Vec::new(),
         };
-        if !self.write(p.clone(), None).await? {
+        let mut p = p;
+        if !self.write(&mut p, None).await? {
             return Err(StoreError::Collision(p.id.clone()));
         }
         let mut extra = vec![
@@ -487,17 +612,28 @@ impl Book {
     }
 
     /// Accept a reviewer's signed decision: the statement must describe this
-    /// proposal exactly, be signed by `reviewer`'s registered key, be timely,
-    /// and (for an approval) be allowed by `may_approve`.
+    /// proposal exactly (and name the policy set in force, from version 3),
+    /// be signed by one of `reviewer`'s registered keys, be timely, and (for
+    /// an approval) be allowed by `may_approve`.
+    ///
+    /// With a quorum (DESIGN.md section 20) an approval is one of several:
+    /// the proposal stays pending, holding it, until the approvals gathered
+    /// satisfy the quorum under the reviewers file in force; then it is
+    /// approved, until the earliest of their expiries. A reviewer counts
+    /// once, whatever key or gateway they use; the requester never counts.
+    /// Each write is a compare and set on the proposal's revision: two
+    /// reviewers deciding at once through two gateways both land, in turn.
     pub async fn decide(
         &self,
         id: &str,
         statement: Statement,
         signature: &str,
         reviewer: &Reviewer,
-        may_approve: impl FnOnce(&Proposal) -> Result<(), String>,
+        under: Under<'_>,
+        may_approve: impl Fn(&Proposal) -> Result<(), String>,
     ) -> Result<Proposal, DecideError> {
-        let p = self
+        let refused = |e: ApprovalError| DecideError::Refused(e.to_string());
+        let mut p = self
             .store
             .get_proposal(id)
             .await?
@@ -506,18 +642,23 @@ impl Book {
         if p.state != ProposalState::Pending {
             return Err(not_pending(&p));
         }
-        let refused = |e: ApprovalError| DecideError::Refused(e.to_string());
-        statement.check_binding(&p.binding()).map_err(refused)?;
+        // What the statement binds does not change while a proposal is
+        // pending: checked once, against the policy set in force.
+        let mut binding = p.binding();
+        binding.policy_set = Some(under.policy_set);
+        statement.check_binding(&binding).map_err(refused)?;
         if statement.reviewer != reviewer.name {
             return Err(DecideError::Refused(format!(
                 "the statement is signed for reviewer `{}`, but the request comes from `{}`",
                 statement.reviewer, reviewer.name
             )));
         }
-        // The signature is checked before anything else is trusted in it.
-        statement
-            .verify(&reviewer.key, signature)
-            .map_err(refused)?;
+        // The signature is checked before anything else is trusted in it;
+        // any of the reviewer's keys may have made it.
+        let key = reviewer
+            .verify_with(|k| statement.verify(k, signature))
+            .map_err(|e| refused(e.unwrap_or(ApprovalError::BadSignature)))?;
+        let public_key = crate::core::reviewers::format_public_key(key);
         let now = self.clock.now_ms();
         let skew = ms(self.config.clock_skew);
         let issued = parse_rfc3339(&statement.issued_at).ok_or_else(|| {
@@ -539,69 +680,283 @@ impl Book {
                 statement.expires_at
             ))
         })?;
-        let mut next = p.clone();
         match statement.decision {
-            Verdict::Approve => {
-                // The reviewer chooses the expiry; the gateway caps it at
-                // `approvals.ttl` after signing (never extends it).
-                if expires <= now {
-                    return Err(DecideError::Refused(format!(
-                        "`expires_at` {} is already past",
-                        statement.expires_at
-                    )));
-                }
-                if let Err(why) = may_approve(&p) {
-                    return Err(DecideError::Forbidden(why));
-                }
-                next.state = ProposalState::Approved;
-                next.expires_ms = Some(expires.min(issued.saturating_add(ms(self.config.ttl))));
+            // The reviewer chooses the expiry; the gateway caps it at
+            // `approvals.ttl` after signing (never extends it).
+            Verdict::Approve if expires <= now => {
+                return Err(DecideError::Refused(format!(
+                    "`expires_at` {} is already past",
+                    statement.expires_at
+                )))
             }
-            Verdict::Deny => {
-                if statement.reason.trim().is_empty() {
-                    return Err(DecideError::Refused(
-                        "a denial needs a reason (`--reason TEXT`): the agent and the audit log get it".into(),
-                    ));
-                }
-                next.state = ProposalState::Denied;
+            Verdict::Deny if statement.reason.trim().is_empty() => {
+                return Err(DecideError::Refused(
+                    "a denial needs a reason (`--reason TEXT`): the agent and the audit log get it"
+                        .into(),
+                ))
             }
+            _ => {}
         }
-        next.updated_ms = now;
-        next.decision = Some(SignedDecision {
-            statement,
-            signature: signature.to_owned(),
-            public_key: crate::core::reviewers::format_public_key(&reviewer.key),
-        });
-        self.settle(next.clone()).await?;
-        tracing::info!(proposal = %id, reviewer = %reviewer.name, state = next.state.as_str(), "proposal decided");
-        // The signed statement goes into the log whole: `audit verify`
-        // checks it against reviewers.toml without trusting the gateway.
+        let given = Given {
+            signed: SignedDecision {
+                statement: statement.clone(),
+                signature: signature.to_owned(),
+                public_key,
+            },
+            groups: reviewer.groups.clone(),
+            expires_ms: expires.min(issued.saturating_add(ms(self.config.ttl))),
+        };
+        // Change and write over the revision read; a write that finds
+        // another reviewer's decision landed first reads again.
+        for _ in 0..16 {
+            if p.state != ProposalState::Pending {
+                return Err(not_pending(&p));
+            }
+            if self.quorum_lapsed(&p, now).await? {
+                return Err(DecideError::NotPending {
+                    id: p.id.clone(),
+                    state: ProposalState::Expired.as_str(),
+                });
+            }
+            if let Some(g) = p
+                .approvals
+                .iter()
+                .chain(&p.denials)
+                .find(|g| g.reviewer() == reviewer.name)
+            {
+                let did = match g.signed.statement.decision {
+                    Verdict::Approve => "approved",
+                    Verdict::Deny => "denied",
+                };
+                return Err(DecideError::Refused(format!(
+                    "reviewer `{}` already {did} proposal `{id}`: a reviewer counts once, whichever key or gateway they use{}",
+                    reviewer.name,
+                    if did == "approved" { " (`countersign withdraw` takes an approval back while the quorum is not met)" } else { "" }
+                )));
+            }
+            let mut next = p.clone();
+            next.updated_ms = now;
+            match statement.decision {
+                Verdict::Approve => {
+                    may_approve(&p).map_err(DecideError::Forbidden)?;
+                    // The requester never counts, whatever the policies
+                    // say: a quorum is other people's eyes on the call.
+                    if reviewer.name == p.requester {
+                        return Err(DecideError::Forbidden(format!(
+                            "reviewer `{}` asked for this call: nobody approves their own call",
+                            reviewer.name
+                        )));
+                    }
+                    next.approvals.push(given.clone());
+                    if quorum_missing(&next, under.reviewers).is_none() {
+                        next.state = ProposalState::Approved;
+                        next.expires_ms = next.earliest_expiry();
+                        next.decision = Some(given.signed.clone());
+                    }
+                }
+                Verdict::Deny => {
+                    next.denials.push(given.clone());
+                    if next.denials.len() >= p.quorum.denials as usize {
+                        next.state = ProposalState::Denied;
+                        next.decision = Some(given.signed.clone());
+                    }
+                    if p.quorum.denials <= 1 {
+                        // One denial ends it: the decision says it all.
+                        next.denials.clear();
+                    }
+                }
+            }
+            if self.write(&mut next, Some(ProposalState::Pending)).await? {
+                self.decided(&next, reviewer, &given);
+                return Ok(next);
+            }
+            p = match self.store.get_proposal(id).await? {
+                Some(fresh) => fresh,
+                None => {
+                    return Err(DecideError::NotPending {
+                        id: id.to_owned(),
+                        state: "gone",
+                    })
+                }
+            };
+        }
+        Err(DecideError::Refused(format!(
+            "proposal `{id}` kept changing while this decision was being recorded: try again"
+        )))
+    }
+
+    /// Log and audit a decision just written: for a single reviewer, the
+    /// decision; with a quorum, one entry per reviewer's part, and one more
+    /// when the quorum is met or the denials end it. The signed statement
+    /// goes into the log whole: `audit verify` checks it against
+    /// reviewers.toml without trusting the gateway.
+    fn decided(&self, next: &Proposal, reviewer: &Reviewer, given: &Given) {
+        tracing::info!(proposal = %next.id, reviewer = %reviewer.name, state = next.state.as_str(), progress = %next.progress().unwrap_or_default(), "proposal decided");
+        let policy_set = given
+            .signed
+            .statement
+            .policy_set
+            .clone()
+            .map_or(Value::Null, Value::from);
+        let expires_at = next
+            .expires_ms
+            .map_or(Value::Null, |e| Value::from(rfc3339(e)));
+        if next.quorum.is_single() {
+            self.audit(
+                decided_kind(next),
+                next,
+                &[
+                    ("channel", Value::from("reviewer")),
+                    ("reviewer", Value::from(reviewer.name.clone())),
+                    (
+                        "approval",
+                        serde_json::to_value(&given.signed).unwrap_or(Value::Null),
+                    ),
+                    ("policy_set", policy_set),
+                    ("expires_at", expires_at),
+                ],
+            );
+            return;
+        }
+        let kind = match given.signed.statement.decision {
+            Verdict::Approve => "approval_partial",
+            Verdict::Deny => "denial_partial",
+        };
         self.audit(
-            decided_kind(&next),
-            &next,
+            kind,
+            next,
             &[
                 ("channel", Value::from("reviewer")),
                 ("reviewer", Value::from(reviewer.name.clone())),
+                ("groups", Value::from(given.groups.clone())),
                 (
                     "approval",
-                    serde_json::to_value(&next.decision).unwrap_or(Value::Null),
+                    serde_json::to_value(&given.signed).unwrap_or(Value::Null),
                 ),
+                ("policy_set", policy_set),
                 (
-                    "expires_at",
-                    next.expires_ms
-                        .map_or(Value::Null, |e| Value::from(rfc3339(e))),
+                    "quorum",
+                    serde_json::to_value(&next.quorum).unwrap_or(Value::Null),
                 ),
+                ("progress", Value::from(next.progress().unwrap_or_default())),
             ],
         );
-        Ok(next)
+        if next.state != ProposalState::Pending {
+            let names = |list: &[Given]| -> Value {
+                list.iter().map(|g| Value::from(g.reviewer())).collect()
+            };
+            let (who, field) = match next.state {
+                ProposalState::Approved => (names(&next.approvals), "approvers"),
+                _ => (names(&next.denials), "deniers"),
+            };
+            self.audit(
+                decided_kind(next),
+                next,
+                &[
+                    ("channel", Value::from("reviewer")),
+                    (field, who),
+                    (
+                        "quorum",
+                        serde_json::to_value(&next.quorum).unwrap_or(Value::Null),
+                    ),
+                    ("expires_at", expires_at),
+                ],
+            );
+        }
+    }
+
+    /// A reviewer takes their approval of a pending proposal back, before
+    /// the quorum is met (DESIGN.md section 20). The request is signed by
+    /// the reviewer (the control API checks that); once the quorum is met
+    /// the approval is the call's, and it is too late.
+    pub async fn withdraw(&self, id: &str, reviewer: &Reviewer) -> Result<Proposal, DecideError> {
+        let now = self.clock.now_ms();
+        let mut p = self
+            .store
+            .get_proposal(id)
+            .await?
+            .filter(|p| reviewer.covers(&p.tenant))
+            .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
+        for _ in 0..16 {
+            if p.state != ProposalState::Pending {
+                return Err(not_pending(&p));
+            }
+            let Some(at) = p
+                .approvals
+                .iter()
+                .position(|g| g.reviewer() == reviewer.name)
+            else {
+                return Err(DecideError::Refused(format!(
+                    "reviewer `{}` has no approval of proposal `{id}` to withdraw",
+                    reviewer.name
+                )));
+            };
+            let mut next = p.clone();
+            let gone = next.approvals.remove(at);
+            next.updated_ms = now;
+            if self.write(&mut next, Some(ProposalState::Pending)).await? {
+                tracing::info!(proposal = %id, reviewer = %reviewer.name, "approval withdrawn");
+                self.audit(
+                    "approval_withdrawn",
+                    &next,
+                    &[
+                        ("channel", Value::from("reviewer")),
+                        ("reviewer", Value::from(reviewer.name.clone())),
+                        (
+                            "withdrawn",
+                            Value::from(gone.signed.statement.issued_at.clone()),
+                        ),
+                        ("progress", Value::from(next.progress().unwrap_or_default())),
+                    ],
+                );
+                return Ok(next);
+            }
+            p = match self.store.get_proposal(id).await? {
+                Some(fresh) => fresh,
+                None => {
+                    return Err(DecideError::NotPending {
+                        id: id.to_owned(),
+                        state: "gone",
+                    })
+                }
+            };
+        }
+        Err(DecideError::Refused(format!(
+            "proposal `{id}` kept changing while the withdrawal was being recorded: try again"
+        )))
+    }
+
+    /// A pending proposal whose earliest approval expired before the quorum
+    /// was met: expired now (a later approval cannot complete it, and a
+    /// retry of the call makes a new proposal). Returns whether it had.
+    async fn quorum_lapsed(&self, p: &Proposal, now: i64) -> Result<bool, StoreError> {
+        if p.state != ProposalState::Pending || p.earliest_expiry().is_none_or(|e| e > now) {
+            return Ok(false);
+        }
+        let mut next = p.clone();
+        next.state = ProposalState::Expired;
+        next.reason = Some("an approval expired before the quorum was reached".into());
+        next.updated_ms = now;
+        if self.write(&mut next, Some(ProposalState::Pending)).await? {
+            self.audit(
+                "approval_expired",
+                p,
+                &[
+                    ("was", Value::from("pending")),
+                    (
+                        "reason",
+                        Value::from("an approval expired before the quorum was reached"),
+                    ),
+                ],
+            );
+        }
+        Ok(true)
     }
 
     /// Write a decided proposal over its pending self; the first decision
     /// wins, a later one is told who came first.
-    async fn settle(&self, next: Proposal) -> Result<(), DecideError> {
-        if self
-            .write(next.clone(), Some(ProposalState::Pending))
-            .await?
-        {
+    async fn settle(&self, mut next: Proposal) -> Result<(), DecideError> {
+        if self.write(&mut next, Some(ProposalState::Pending)).await? {
             return Ok(());
         }
         Err(match self.store.get_proposal(&next.id).await? {
@@ -637,7 +992,7 @@ impl Book {
             let mut next = fresh;
             next.asked_by.push(key.to_owned());
             next.updated_ms = self.clock.now_ms();
-            self.write(next, Some(ProposalState::Pending)).await?;
+            self.write(&mut next, Some(ProposalState::Pending)).await?;
         }
         Ok(false)
     }
@@ -655,6 +1010,14 @@ impl Book {
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
         if p.state != ProposalState::Pending {
             return Err(not_pending(&p));
+        }
+        // A yes in the client is the requester's own: it can never be one
+        // of the distinct reviewers a quorum asks for.
+        if !p.quorum.is_single() {
+            return Err(DecideError::Refused(format!(
+                "proposal `{id}` needs {} reviewers: a yes in the client is the requester's own and does not count towards them",
+                p.quorum.needed()
+            )));
         }
         // Only the requester answers in the client: the question went to
         // their session or their state, and the answer must come back the same way.
@@ -720,6 +1083,10 @@ impl Book {
         let now = self.clock.now_ms();
         let mut changed = 0;
         for p in self.store.list_proposals().await? {
+            if self.quorum_lapsed(&p, now).await? {
+                changed += 1;
+                continue;
+            }
             let expired = match p.state {
                 ProposalState::Approved => p.expires_ms.is_none_or(|e| e <= now),
                 ProposalState::Pending => now - p.created_ms > ms(self.config.pending_ttl),
@@ -734,7 +1101,7 @@ impl Book {
                     "nobody decided it in time".into()
                 });
                 next.updated_ms = now;
-                if self.write(next, Some(p.state)).await? {
+                if self.write(&mut next, Some(p.state)).await? {
                     self.audit(
                         "approval_expired",
                         &p,
@@ -805,12 +1172,425 @@ fn reviewer_still_valid(p: &Proposal, reviewers: &Reviewers) -> bool {
     let Some(d) = &p.decision else {
         return false;
     };
-    reviewers.get(&d.statement.reviewer).is_some_and(|r| {
-        crate::core::reviewers::format_public_key(&r.key) == d.public_key && r.covers(&p.tenant)
-    })
+    // A quorum: every approval still counts, and together they still meet
+    // it under the reviewers file in force (a reviewer who left, or lost
+    // the group they were counted for, voids it).
+    if !p.approvals.is_empty() {
+        let all_count = p.approvals.iter().all(|g| {
+            reviewers
+                .get(g.reviewer())
+                .is_some_and(|r| r.has_key(&g.signed.public_key) && r.covers(&p.tenant))
+        });
+        return all_count && quorum_missing(p, reviewers).is_none();
+    }
+    reviewers
+        .get(&d.statement.reviewer)
+        .is_some_and(|r| r.has_key(&d.public_key) && r.covers(&p.tenant))
 }
 
 /// The pending answer for a proposal.
 pub(crate) fn pending(p: &Proposal) -> ApprovalNote {
     note(ApprovalCode::Pending, p, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use ed25519_dalek::SigningKey;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::core::ledger::{Claim, Record, State};
+    use crate::core::time::SystemClock;
+    use crate::store::MemoryStore;
+    use crate::store::{Recovery, Reservation, StoreFuture};
+
+    /// The memory store, yielding before every operation: two decisions
+    /// joined in one task interleave at each store call, as two gateways'
+    /// do at each round trip.
+    #[derive(Default)]
+    struct Yielding(MemoryStore);
+
+    macro_rules! yielding {
+        ($store:expr, $inner:ident => $call:expr) => {{
+            let $inner = &$store.0;
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                $call.await
+            })
+        }};
+    }
+
+    impl Store for Yielding {
+        fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+            yielding!(self, s => s.get(key))
+        }
+        fn reserve_with(
+            &self,
+            key: String,
+            record: Record,
+            now_ms: i64,
+            approval: Option<String>,
+        ) -> StoreFuture<'_, Reservation> {
+            yielding!(self, s => s.reserve_with(key, record, now_ms, approval))
+        }
+        fn put_proposal(
+            &self,
+            proposal: Proposal,
+            expect: Option<ProposalState>,
+        ) -> StoreFuture<'_, bool> {
+            yielding!(self, s => s.put_proposal(proposal, expect))
+        }
+        fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
+            yielding!(self, s => s.pin_first_use(pins))
+        }
+        fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
+            yielding!(self, s => s.first_use_pins())
+        }
+        fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+            yielding!(self, s => s.get_proposal(id))
+        }
+        fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+            yielding!(self, s => s.list_proposals())
+        }
+        fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+            yielding!(self, s => s.gc_proposals(before_ms))
+        }
+        fn transition_with(
+            &self,
+            key: String,
+            from: State,
+            to: Record,
+            outbox: Option<(u64, String)>,
+        ) -> StoreFuture<'_, bool> {
+            yielding!(self, s => s.transition_with(key, from, to, outbox))
+        }
+        fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
+            yielding!(self, s => s.outbox())
+        }
+        fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+            yielding!(self, s => s.outbox_clear(upto))
+        }
+        fn recover(&self) -> StoreFuture<'_, Recovery> {
+            yielding!(self, s => s.recover())
+        }
+        fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+            yielding!(self, s => s.gc(now_ms))
+        }
+        fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>> {
+            yielding!(self, s => s.list(state))
+        }
+    }
+
+    /// Reviewers by index: alice (leads, two keys), bob (leads), dave
+    /// (finance), erin (finance and leads), and `agent-7`, the requester
+    /// (leads).
+    const NAMES: [&str; 5] = ["alice", "bob", "dave", "erin", "agent-7"];
+
+    fn signing(who: usize, key: usize) -> SigningKey {
+        // alice's second key is her own; everyone else has one.
+        let seed = if who == 0 && key == 1 {
+            99
+        } else {
+            who as u8 + 1
+        };
+        SigningKey::from_bytes(&[seed; 32])
+    }
+
+    fn reviewers() -> Reviewers {
+        let pk = |w, k| crate::core::reviewers::format_public_key(&signing(w, k).verifying_key());
+        let groups = [
+            "[\"leads\"]",
+            "[\"leads\"]",
+            "[\"finance\"]",
+            "[\"finance\", \"leads\"]",
+            "[\"leads\"]",
+        ];
+        let mut text = String::new();
+        for (i, name) in NAMES.iter().enumerate() {
+            let keys = if i == 0 {
+                format!("public_keys = [\"{}\", \"{}\"]", pk(0, 0), pk(0, 1))
+            } else {
+                format!("public_key = \"{}\"", pk(i, 0))
+            };
+            text.push_str(&format!(
+                "[[reviewers]]\nname = \"{name}\"\n{keys}\ngroups = {}\ntenants = [\"acme\"]\n",
+                groups[i]
+            ));
+        }
+        Reviewers::parse(&text).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn pending(quorum: Quorum) -> Proposal {
+        Proposal {
+            id: "p-1".into(),
+            state: ProposalState::Pending,
+            created_ms: 0,
+            updated_ms: 0,
+            server: "payments".into(),
+            tool: "charge_card".into(),
+            arguments: serde_json::json!({"amount": 500}),
+            call_digest: "sha256:aa".into(),
+            requester: "agent-7".into(),
+            client: None,
+            tenant: "acme".into(),
+            resource_version: None,
+            tool_definition: None,
+            definition_change: None,
+            risk: Risk::Write,
+            policies: vec![],
+            revises: None,
+            joined: 0,
+            decision: None,
+            quorum,
+            approvals: Vec::new(),
+            denials: Vec::new(),
+            revision: 0,
+            expires_ms: None,
+            consumed_by: None,
+            reason: None,
+            confirmation: None,
+            asked_by: Vec::new(),
+        }
+    }
+
+    const POLICY_SET: &str = "sha256:model";
+
+    /// `who` approves (or denies) `p-1` with key `key` through `book`.
+    async fn decide(
+        book: &Book,
+        reviewers: &Reviewers,
+        who: usize,
+        key: usize,
+        verdict: Verdict,
+    ) -> Result<Proposal, DecideError> {
+        let now = crate::core::time::now_ms();
+        let shown = book
+            .get("p-1")
+            .await?
+            .ok_or_else(|| DecideError::NotFound("p-1".into()))?;
+        let st = shown.statement(
+            verdict,
+            NAMES[who],
+            "model",
+            &rfc3339(now),
+            &rfc3339(now + 600_000),
+            Some(POLICY_SET),
+        );
+        let sig = st.sign(&signing(who, key)).unwrap_or_default();
+        let reviewer = reviewers
+            .get(NAMES[who])
+            .cloned()
+            .unwrap_or_else(|| panic!("{who}"));
+        let under = Under {
+            policy_set: POLICY_SET,
+            reviewers,
+        };
+        book.decide("p-1", st, &sig, &reviewer, under, |_| Ok(()))
+            .await
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Approve {
+            who: usize,
+            key: usize,
+            gw: usize,
+        },
+        /// Two reviewers at once, through the two gateways.
+        Race {
+            a: usize,
+            b: usize,
+        },
+        Withdraw {
+            who: usize,
+            gw: usize,
+        },
+        Deny {
+            who: usize,
+            gw: usize,
+        },
+        /// An execution with a fresh idempotency key consumes `p-1`.
+        Execute,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            5 => (0usize..5, 0usize..2, 0usize..2).prop_map(|(who, key, gw)| Step::Approve { who, key, gw }),
+            3 => (0usize..5, 0usize..5).prop_map(|(a, b)| Step::Race { a, b }),
+            2 => (0usize..5, 0usize..2).prop_map(|(who, gw)| Step::Withdraw { who, gw }),
+            1 => (0usize..5, 0usize..2).prop_map(|(who, gw)| Step::Deny { who, gw }),
+            3 => Just(Step::Execute),
+        ]
+    }
+
+    fn quorum() -> impl Strategy<Value = Quorum> {
+        prop_oneof![
+            Just(Quorum {
+                approvals: 2,
+                from: vec![],
+                denials: 1
+            }),
+            Just(Quorum {
+                approvals: 1,
+                from: vec!["finance".into(), "leads".into()],
+                denials: 2
+            }),
+            Just(Quorum {
+                approvals: 3,
+                from: vec!["finance".into()],
+                denials: 2
+            }),
+        ]
+    }
+
+    /// The model's own judgement of a quorum: distinct approvers other than
+    /// the requester, enough of them, and the groups covered one person
+    /// each (tried over every assignment, not with the gateway's matching).
+    fn met(q: &Quorum, approvers: &BTreeSet<usize>, reviewers: &Reviewers) -> bool {
+        let people: Vec<&Reviewer> = approvers
+            .iter()
+            .filter(|w| NAMES[**w] != "agent-7")
+            .filter_map(|w| reviewers.get(NAMES[*w]))
+            .collect();
+        if (people.len() as u32) < q.needed() {
+            return false;
+        }
+        fn cover(groups: &[String], people: &[&Reviewer], used: &mut Vec<bool>) -> bool {
+            let Some((g, rest)) = groups.split_first() else {
+                return true;
+            };
+            for (i, r) in people.iter().enumerate() {
+                if !used[i] && r.groups.contains(g) {
+                    used[i] = true;
+                    if cover(rest, people, used) {
+                        return true;
+                    }
+                    used[i] = false;
+                }
+            }
+            false
+        }
+        cover(&q.from, &people, &mut vec![false; people.len()])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+        /// Reviewers approving (one at a time and two at once through two
+        /// gateways), withdrawing and denying, interleaved with executions
+        /// that try to consume the proposal, against a model. Invariants:
+        /// no approval is lost and none counts twice; the requester never
+        /// counts; never more than one execution, and never one without
+        /// the quorum.
+        #[test]
+        fn quorum_model(q in quorum(), steps in proptest::collection::vec(step(), 1..40)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let store: Arc<dyn Store> = Arc::new(Yielding::default());
+                let config = ApprovalsConfig::default();
+                let books = [
+                    Book::new(store.clone(), config.clone(), None, Arc::new(SystemClock)),
+                    Book::new(store.clone(), config, None, Arc::new(SystemClock)),
+                ];
+                let reviewers = reviewers();
+                let mut first = pending(q.clone());
+                assert!(books[0].write(&mut first, None).await.unwrap());
+                // The model: who approved (names), who denied, whether it
+                // was settled, how many executions.
+                let mut approvers: BTreeSet<usize> = BTreeSet::new();
+                let mut deniers: BTreeSet<usize> = BTreeSet::new();
+                let mut executions = 0;
+                let mut keys = 0;
+                for st in steps {
+                    let state = books[0].get("p-1").await.unwrap().unwrap().state;
+                    match st {
+                        Step::Approve { who, key, gw } => {
+                            let r = decide(&books[gw], &reviewers, who, key, Verdict::Approve).await;
+                            let fresh = state == ProposalState::Pending
+                                && !approvers.contains(&who)
+                                && !deniers.contains(&who)
+                                && NAMES[who] != "agent-7";
+                            assert_eq!(r.is_ok(), fresh, "{who} approves: {r:?}");
+                            if r.is_ok() {
+                                approvers.insert(who);
+                            }
+                        }
+                        Step::Race { a, b } => {
+                            let (ra, rb) = tokio::join!(
+                                decide(&books[0], &reviewers, a, 0, Verdict::Approve),
+                                decide(&books[1], &reviewers, b, 0, Verdict::Approve)
+                            );
+                            // One person through two gateways counts once.
+                            if a == b {
+                                assert!(!(ra.is_ok() && rb.is_ok()), "{a} counted twice");
+                            }
+                            if ra.is_ok() {
+                                approvers.insert(a);
+                            }
+                            if rb.is_ok() {
+                                approvers.insert(b);
+                            }
+                        }
+                        Step::Withdraw { who, gw } => {
+                            let r = books[gw].withdraw("p-1", reviewers.get(NAMES[who]).unwrap()).await;
+                            let can = state == ProposalState::Pending && approvers.contains(&who);
+                            assert_eq!(r.is_ok(), can, "{who} withdraws: {r:?}");
+                            if r.is_ok() {
+                                approvers.remove(&who);
+                            }
+                        }
+                        Step::Deny { who, gw } => {
+                            let r = decide(&books[gw], &reviewers, who, 0, Verdict::Deny).await;
+                            if r.is_ok() {
+                                deniers.insert(who);
+                            }
+                        }
+                        Step::Execute => {
+                            keys += 1;
+                            let claim = Claim {
+                                key: format!("k{keys}"),
+                                client_key: format!("k{keys}"),
+                                explicit: true,
+                                digest: "sha256:aa".into(),
+                                server: "payments".into(),
+                                tool: "charge_card".into(),
+                            };
+                            let now = crate::core::time::now_ms();
+                            let record = Record::reserve(&claim, now, 600_000);
+                            let r = store
+                                .reserve_with(claim.key.clone(), record, now, Some("p-1".into()))
+                                .await
+                                .unwrap();
+                            if r == Reservation::Reserved {
+                                executions += 1;
+                                assert!(executions <= 1, "a second execution");
+                                assert!(met(&q, &approvers, &reviewers), "ran without the quorum: {approvers:?}");
+                            }
+                        }
+                    }
+                    // What the store holds is what the model says: no
+                    // approval lost, none twice.
+                    let stored = books[0].get("p-1").await.unwrap().unwrap();
+                    let names: BTreeSet<&str> = stored.approvals.iter().map(Given::reviewer).collect();
+                    let want: BTreeSet<&str> = approvers.iter().map(|w| NAMES[*w]).collect();
+                    if stored.state != ProposalState::Denied {
+                        assert_eq!(names, want);
+                    }
+                    assert_eq!(stored.approvals.len(), names.len(), "an approval counted twice");
+                    // Approved exactly when the model says the quorum is met
+                    // (and nothing ended it first).
+                    match stored.state {
+                        ProposalState::Approved | ProposalState::Consumed => {
+                            assert!(met(&q, &approvers, &reviewers), "approved without the quorum");
+                        }
+                        ProposalState::Pending => {
+                            assert!(!met(&q, &approvers, &reviewers), "the quorum is met, yet pending");
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    }
 }

@@ -106,6 +106,7 @@ impl Gate {
                 Decision::Deny { .. } => return Chosen::Refuse(Outcome::Denied),
                 Decision::Approval { policies } => policies,
             };
+            let quorum = self.judge.policies().quorum(&policies);
             // Subscribed before the first look, so a decision made between
             // the look and the wait is not missed.
             let (changes, token) = waiting.get_or_insert_with(|| {
@@ -139,6 +140,7 @@ impl Gate {
                 definition_change: self.learner.catalog().change_of(c.ctx.server, &c.call.tool),
                 risk: risk(c.annotations),
                 policies: &policies,
+                quorum: &quorum,
                 key: &c.claim.key,
                 client_key: &c.claim.client_key,
             };
@@ -163,7 +165,31 @@ impl Gate {
                 Ok(Found::Usable(p)) => {
                     let approval = match &p.confirmation {
                         Some(conf) => json!({ "channel": "client", "confirmation": conf }),
-                        None => serde_json::to_value(&p.decision).unwrap_or(Value::Null),
+                        None => {
+                            let mut v = serde_json::to_value(&p.decision).unwrap_or(Value::Null);
+                            // The policy set each yes was given under, and the
+                            // one in force now, which decided the call again.
+                            if let Some(o) = v.as_object_mut() {
+                                let under: Vec<Value> = p
+                                    .approvals
+                                    .iter()
+                                    .map(|g| {
+                                        json!({
+                                            "reviewer": g.reviewer(),
+                                            "policy_set": g.signed.statement.policy_set,
+                                        })
+                                    })
+                                    .collect();
+                                if !under.is_empty() {
+                                    o.insert("approvers".into(), Value::from(under));
+                                }
+                                o.insert(
+                                    "policy_set_now".into(),
+                                    json!(self.judge.policies().digest()),
+                                );
+                            }
+                            v
+                        }
                     };
                     return Chosen::Consume {
                         proposal: p.id,
@@ -177,7 +203,9 @@ impl Gate {
                     return Chosen::Refuse(Outcome::NotDispatched);
                 }
             };
-            if asked.as_deref() != Some(proposal.id.as_str()) {
+            // A quorum takes reviewers: the requester's own yes in the
+            // client never counts towards it, so they are not asked.
+            if asked.as_deref() != Some(proposal.id.as_str()) && proposal.quorum.is_single() {
                 asked = Some(proposal.id.clone());
                 if let Some(question) = self.ask_client(c, &proposal).await {
                     return Chosen::Refuse(Outcome::Ask(Box::new(question)));

@@ -46,3 +46,7 @@ pub(crate) mod reads;
 pub mod reconcile;
 pub mod upstream;
 pub(crate) mod writes;
+
+/// What a reviewer's decision is judged under (for callers of
+/// [`pipeline::Pipeline::book`]'s `decide`).
+pub use book::Under;

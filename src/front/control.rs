@@ -6,6 +6,7 @@
 //! | `GET /v1/proposals[?state=pending]` | proposals of the reviewer's tenants, newest first |
 //! | `GET /v1/proposals/{id}` | one proposal, with a one-sentence summary |
 //! | `POST /v1/proposals/{id}/decision` | `{statement, signature}`: a signed approve or deny |
+//! | `POST /v1/proposals/{id}/withdraw` | take the reviewer's own approval back while a quorum is not met |
 //! | `GET /v1/outcomes` | `unknown` ledger records of the reviewer's tenants |
 //! | `POST /v1/outcomes/reconcile` | settle one: `{tenant, principal, key, resolution, note?, result?}` |
 //! | `GET /v1/events` | SSE: `proposal_created` / `proposal_updated` |
@@ -45,6 +46,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/proposals", get(list))
         .route("/v1/proposals/{id}", get(show))
         .route("/v1/proposals/{id}/decision", post(decide))
+        .route("/v1/proposals/{id}/withdraw", post(withdraw))
         .route("/v1/outcomes", get(outcomes))
         .route("/v1/outcomes/reconcile", post(reconcile))
         .route("/v1/events", get(events))
@@ -123,8 +125,15 @@ fn authenticate(
         )));
     }
     let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
-    auth.verify(&reviewer.key, method.as_str(), path, body)
-        .map_err(|e| unauthorized(e.to_string()))?;
+    // Any of the reviewer's keys may have signed.
+    reviewer
+        .verify_with(|k| auth.verify(k, method.as_str(), path, body))
+        .map_err(|e| {
+            unauthorized(e.map_or_else(
+                || format!("reviewer `{}` has no key", auth.reviewer),
+                |e| e.to_string(),
+            ))
+        })?;
     Ok(reviewer)
 }
 
@@ -161,12 +170,22 @@ impl FromRequest<Arc<Gateway>> for Signed {
 }
 
 /// A proposal as the API shows it: the stored record plus a plain
-/// sentence and RFC 3339 times (`pending_expires_at`: when an undecided
-/// proposal expires).
-pub(crate) fn view(p: &Proposal, pending_ttl: std::time::Duration) -> Value {
+/// sentence, RFC 3339 times (`pending_expires_at`: when an undecided
+/// proposal expires), where its quorum stands (`progress`), and the digest
+/// of the policy set in force (`policy_set`), which a reviewer's statement
+/// names.
+pub(crate) fn view(p: &Proposal, gw: &Gateway) -> Value {
+    let pending_ttl = gw.config().approvals.pending_ttl;
     let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
     if let Some(o) = v.as_object_mut() {
         o.insert("summary".into(), json!(approval::summary(p)));
+        o.insert(
+            "policy_set".into(),
+            json!(gw.pipeline().policies().digest()),
+        );
+        if let Some(progress) = p.progress() {
+            o.insert("progress".into(), json!(progress));
+        }
         o.insert("created_at".into(), json!(rfc3339(p.created_ms)));
         o.insert("updated_at".into(), json!(rfc3339(p.updated_ms)));
         o.insert(
@@ -209,7 +228,7 @@ async fn list(
             "proposals": all
                 .iter()
                 .filter(|p| reviewer.covers(&p.tenant) && wanted.is_none_or(|w| p.state == w))
-                .map(|p| view(p, gw.config().approvals.pending_ttl))
+                .map(|p| view(p, &gw))
                 .collect::<Vec<_>>()
         })),
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
@@ -224,9 +243,7 @@ async fn show(
     match gw.pipeline().book().get(&id).await {
         // Another tenant's proposal is "not found": its existence is not
         // disclosed.
-        Ok(Some(p)) if reviewer.covers(&p.tenant) => {
-            ok(json!({ "proposal": view(&p, gw.config().approvals.pending_ttl) }))
-        }
+        Ok(Some(p)) if reviewer.covers(&p.tenant) => ok(json!({ "proposal": view(&p, &gw) })),
         Ok(_) => problem(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -309,21 +326,53 @@ async fn decide(
     match gw
         .pipeline()
         .book()
-        .decide(&id, statement, &parsed.signature, &reviewer, may_approve)
+        .decide(
+            &id,
+            statement,
+            &parsed.signature,
+            &reviewer,
+            crate::enforce::book::Under {
+                policy_set: policies.digest(),
+                reviewers: policies.reviewers(),
+            },
+            may_approve,
+        )
         .await
     {
-        Ok(p) => ok(json!({ "proposal": view(&p, gw.config().approvals.pending_ttl) })),
+        Ok(p) => ok(json!({ "proposal": view(&p, &gw) })),
         Err(e) => {
-            let (status, code) = match &e {
-                DecideError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-                DecideError::NotPending { .. } => (StatusCode::CONFLICT, "not_pending"),
-                DecideError::TooLate { .. } => (StatusCode::CONFLICT, "too_late"),
-                DecideError::Refused(_) => (StatusCode::BAD_REQUEST, "refused"),
-                DecideError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
-                DecideError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
-            };
             tracing::warn!(proposal = %id, reviewer = %reviewer.name, "decision refused: {e}");
-            problem(status, code, e.to_string())
+            decide_problem(&e)
+        }
+    }
+}
+
+/// The answer to a refused decision or withdrawal.
+fn decide_problem(e: &DecideError) -> Response {
+    let (status, code) = match e {
+        DecideError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        DecideError::NotPending { .. } => (StatusCode::CONFLICT, "not_pending"),
+        DecideError::TooLate { .. } => (StatusCode::CONFLICT, "too_late"),
+        DecideError::Refused(_) => (StatusCode::BAD_REQUEST, "refused"),
+        DecideError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+        DecideError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store"),
+    };
+    problem(status, code, e.to_string())
+}
+
+/// `POST /v1/proposals/{id}/withdraw`: the signing reviewer takes their
+/// approval back, while the quorum is not met. The request's signature is
+/// the reviewer's act; there is no statement to sign.
+async fn withdraw(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    Signed { reviewer, .. }: Signed,
+) -> Response {
+    match gw.pipeline().book().withdraw(&id, &reviewer).await {
+        Ok(p) => ok(json!({ "proposal": view(&p, &gw) })),
+        Err(e) => {
+            tracing::warn!(proposal = %id, reviewer = %reviewer.name, "withdrawal refused: {e}");
+            decide_problem(&e)
         }
     }
 }
@@ -525,12 +574,11 @@ async fn audit_tail(
 async fn events(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
     use futures_util::StreamExt;
     let rx = gw.pipeline().book().subscribe();
-    let ttl = gw.config().approvals.pending_ttl;
     let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |e| {
         let out = match e {
             Ok(e) if reviewer.covers(&e.proposal.tenant) => Some(
                 Ok::<_, std::convert::Infallible>(SseEvent::default().event(e.kind).data(
-                    json!({ "kind": e.kind, "proposal": view(&e.proposal, ttl) }).to_string(),
+                    json!({ "kind": e.kind, "proposal": view(&e.proposal, &gw) }).to_string(),
                 )),
             ),
             Ok(_) => None,

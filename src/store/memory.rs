@@ -94,8 +94,8 @@ impl Store for MemoryStore {
         expect: Option<ProposalState>,
     ) -> StoreFuture<'_, bool> {
         let mut proposals = self.proposals();
-        let current = proposals.get(&proposal.id).map(|p| p.state);
-        let ok = current == expect;
+        let current = proposals.get(&proposal.id).map(|p| (p.state, p.revision));
+        let ok = super::proposal_expected(current, expect, &proposal);
         if ok {
             proposals.insert(proposal.id.clone(), proposal);
         }

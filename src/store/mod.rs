@@ -199,10 +199,14 @@ pub trait Store: Send + Sync {
         approval: Option<String>,
     ) -> StoreFuture<'_, Reservation>;
 
-    /// Write a proposal if its stored state is `expect` (`None`: only if
-    /// there is none). Returns whether it did. Durable before it returns
-    /// when the new state is a reviewer's decision (`approved`, `denied`): a
-    /// signed human act is not lost to a crash.
+    /// Write a proposal if its stored state is `expect` and its stored
+    /// revision is the one before `proposal.revision` (`None`: only if
+    /// there is none). Returns whether it did. A writer reads, changes and
+    /// bumps the revision: of two writers that read the same revision, one
+    /// wins and the other reads again, so concurrent partial approvals of
+    /// one proposal are never lost. Durable before it returns when the new
+    /// state is a reviewer's decision (`approved`, `denied`) or the proposal
+    /// holds approvals: a signed human act is not lost to a crash.
     fn put_proposal(
         &self,
         proposal: Proposal,
@@ -276,9 +280,28 @@ fn proposal_final(p: &Proposal) -> bool {
     !matches!(p.state, ProposalState::Pending | ProposalState::Approved)
 }
 
-/// Whether writing a proposal in this state must be on disk when it returns.
+/// Whether writing a proposal in this state must be on disk when it returns:
+/// a decision, or a pending one that holds reviewers' signed approvals or
+/// denials.
 fn proposal_durable(p: &Proposal) -> bool {
     matches!(p.state, ProposalState::Approved | ProposalState::Denied)
+        || (p.state == ProposalState::Pending && (!p.approvals.is_empty() || !p.denials.is_empty()))
+}
+
+/// The compare of [`Store::put_proposal`]: `current` is the stored
+/// proposal's (state, revision), if any.
+fn proposal_expected(
+    current: Option<(ProposalState, u64)>,
+    expect: Option<ProposalState>,
+    next: &Proposal,
+) -> bool {
+    match (current, expect) {
+        (None, None) => true,
+        (Some((state, revision)), Some(want)) => {
+            state == want && revision.wrapping_add(1) == next.revision
+        }
+        _ => false,
+    }
 }
 
 /// Whether a transition to `to` from `from` must be on disk when it returns.
@@ -442,6 +465,10 @@ mod tests {
             revises: None,
             joined: 0,
             decision: None,
+            quorum: Default::default(),
+            approvals: Vec::new(),
+            denials: Vec::new(),
+            revision: 0,
             expires_ms,
             consumed_by: None,
             reason: None,
@@ -459,7 +486,28 @@ mod tests {
             !store.put_proposal(p.clone(), None).await.unwrap(),
             "an id is created once"
         );
-        let approved = proposal("p1", ProposalState::Approved, Some(1000));
+        // Two writers that read revision 0: the first wins, the second is
+        // refused (it reads again and applies its change over the first's).
+        let mut first = p.clone();
+        first.joined = 1;
+        first.revision = 1;
+        let mut second = p.clone();
+        second.joined = 7;
+        second.revision = 1;
+        assert!(store
+            .put_proposal(first.clone(), Some(ProposalState::Pending))
+            .await
+            .unwrap());
+        assert!(
+            !store
+                .put_proposal(second, Some(ProposalState::Pending))
+                .await
+                .unwrap(),
+            "a write over a revision that moved on is refused"
+        );
+        assert_eq!(store.get_proposal("p1").await.unwrap(), Some(first));
+        let mut approved = proposal("p1", ProposalState::Approved, Some(1000));
+        approved.revision = 2;
         assert!(!store
             .put_proposal(approved.clone(), Some(ProposalState::Approved))
             .await
@@ -504,6 +552,10 @@ mod tests {
         let consumed = store.get_proposal("p1").await.unwrap().unwrap();
         assert_eq!(consumed.state, ProposalState::Consumed);
         assert_eq!(consumed.consumed_by.as_deref(), Some("k1"));
+        assert_eq!(
+            consumed.revision, 3,
+            "consumption is a write like any other"
+        );
         // Another key cannot use it; the key that consumed it can again once
         // its attempt is proven not sent.
         assert_eq!(

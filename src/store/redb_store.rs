@@ -509,10 +509,13 @@ fn put_proposal(
         .get(p.id.as_str())
         .map_err(|e| err("read")(e.into()))?
     {
-        Some(v) => Some(decode_proposal(v.value())?.state),
+        Some(v) => {
+            let stored = decode_proposal(v.value())?;
+            Some((stored.state, stored.revision))
+        }
         None => None,
     };
-    if current != expect {
+    if !super::proposal_expected(current, expect, p) {
         return Ok(false);
     }
     proposals

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod pg;
 pub mod pki;
 
 /// Where `.ci/setup-peers` installs the peers no one here wrote.

@@ -96,11 +96,16 @@ async fn run(
     match cmd {
         Command::Approve { id, reason, ttl } => {
             let p = client.decide(&id, Verdict::Approve, &reason, ttl).await?;
+            let waits = p["state"] == "pending";
+            let progress = p["progress"].as_str().map(str::to_owned);
             tx.send(Net::Proposal(p)).await?;
-            Ok(Some(format!(
-                "approved {id}: it may run once, within {}",
-                humantime::format_duration(ttl)
-            )))
+            Ok(Some(match (waits, progress) {
+                (true, Some(progress)) => format!("your approval of {id} is recorded: {progress}"),
+                _ => format!(
+                    "approved {id}: it may run once, within {}",
+                    humantime::format_duration(ttl)
+                ),
+            }))
         }
         Command::Deny(id, reason) => {
             let p = client.decide(&id, Verdict::Deny, &reason, ttl).await?;

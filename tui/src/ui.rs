@@ -166,6 +166,15 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
         if app.possible_duplicate(p).is_some() {
             flags.push("dup?".into());
         }
+        // A quorum: how many of how many reviewers approved so far.
+        if let Some(q) = p.get("quorum").filter(|q| !q.is_null()) {
+            let have = p["approvals"].as_array().map_or(0, Vec::len);
+            let needed = q["approvals"]
+                .as_u64()
+                .unwrap_or(1)
+                .max(q["from"].as_array().map_or(0, |f| f.len() as u64));
+            flags.push(format!("{have}/{needed} approvals"));
+        }
         Row::new(vec![
             Span::raw(age),
             Span::raw(expires),
@@ -305,6 +314,23 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
             asked.join(", ")
         }
     )));
+    // Where a quorum stands, and who approved under which policy set.
+    if let Some(progress) = p["progress"].as_str() {
+        lines.push(Line::from(Span::styled(
+            progress.to_owned(),
+            Style::default().add_modifier(Modifier::BOLD),
+        )));
+        for g in p["approvals"].as_array().into_iter().flatten() {
+            lines.push(Line::from(format!(
+                "  approved by {} at {} under policy set {}",
+                g["statement"]["reviewer"].as_str().unwrap_or("?"),
+                g["statement"]["issued_at"].as_str().unwrap_or("?"),
+                g["statement"]["policy_set"]
+                    .as_str()
+                    .map_or("(not named)", |d| d.get(..19).unwrap_or(d)),
+            )));
+        }
+    }
     if let Some(d) = app.possible_duplicate(p) {
         lines.push(Line::from(Span::styled(
             format!("possible duplicate: {d}"),
@@ -391,8 +417,18 @@ fn outcomes(app: &App, f: &mut Frame, area: Rect) {
 fn history(app: &App, f: &mut Frame, area: Rect) {
     let rows = app.history().into_iter().map(|p| {
         // A reviewer, or the requester themselves in their client.
+        // With a quorum, every reviewer who approved.
+        let approvers: Vec<&str> = p["approvals"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| g.pointer("/statement/reviewer").and_then(Value::as_str))
+            .collect();
         let by = match p.pointer("/confirmation/principal").and_then(Value::as_str) {
             Some(who) => format!("{who} (client)"),
+            None if approvers.len() > 1 && p.get("quorum").is_some_and(|q| !q.is_null()) => {
+                approvers.join(", ")
+            }
             None => p
                 .pointer("/decision/statement/reviewer")
                 .and_then(Value::as_str)
@@ -566,6 +602,38 @@ mod tests {
         // The clock is fixed by the test (`now_ms`), so nothing needs masking
         // but the gateway URL's port, which is fixed too.
         format!("{}", t.backend())
+    }
+
+    #[test]
+    fn a_quorum_shows_its_count_and_who_approved() {
+        let mut a = app();
+        let mut q = proposal("p-4", "pending", 995_000, 20_000);
+        q["quorum"] = json!({"approvals": 1, "from": ["finance", "leads"], "denials": 1});
+        q["approvals"] = json!([{
+            "statement": {"reviewer": "alice", "issued_at": "2026-11-30T10:00:00Z",
+                          "policy_set": "sha256:0123456789abcdef0123"},
+            "signature": "", "public_key": "", "groups": ["leads"], "expires_ms": 1_900_000
+        }]);
+        q["progress"] = json!("1 of 2 approvals: alice (leads); needs one more from finance");
+        a.event(Input::Net(Net::Proposal(q.clone())));
+        insta::assert_snapshot!("quorum_pending", render(&a, 100, 24));
+        // Oldest first: the quorum's proposal is the third.
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Enter));
+        insta::assert_snapshot!("quorum_detail", render(&a, 100, 24));
+        // Met and used: the history names both reviewers.
+        q["state"] = json!("consumed");
+        q["approvals"].as_array_mut().unwrap().push(json!({
+            "statement": {"reviewer": "dave", "issued_at": "2026-11-30T10:01:00Z"},
+            "signature": "", "public_key": "", "groups": ["finance"], "expires_ms": 1_900_000
+        }));
+        q["decision"] = json!({"statement": {"reviewer": "dave"}});
+        a.event(Input::Net(Net::Proposal(q)));
+        a.event(key(KeyCode::Esc));
+        a.event(key(KeyCode::Char('3')));
+        let history = render(&a, 100, 24);
+        assert!(history.contains("alice, dave"), "{history}");
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub const MIGRATIONS: &[&str] = &[
      );",
     // 3: the lease epoch a key was reserved under.
     "ALTER TABLE ledger ADD COLUMN epoch bigint NOT NULL DEFAULT 0;",
+    // 4: a proposal's revision, the compare of every write over it.
+    "ALTER TABLE proposals ADD COLUMN revision bigint NOT NULL DEFAULT 0;",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -122,6 +124,14 @@ fn decode<T: serde::de::DeserializeOwned>(what: &'static str, text: &str) -> Res
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
         what,
         reason: e.to_string(),
+    })
+}
+
+/// A proposal's revision as the `revision` column holds it.
+fn revision(p: &Proposal) -> Result<i64, StoreError> {
+    i64::try_from(p.revision).map_err(|_| StoreError::Encode {
+        what: "proposal",
+        reason: format!("revision {} is out of range", p.revision),
     })
 }
 
@@ -536,8 +546,15 @@ impl PgStore {
                 Ok(None) => {}
                 Ok(Some(next)) => {
                     txn.execute(
-                        "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4 WHERE id = $1",
-                        &[&id, &next.state.as_str(), &next.updated_ms, &encode("proposal", &next)?],
+                        "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4, revision = $5
+                         WHERE id = $1",
+                        &[
+                            &id,
+                            &next.state.as_str(),
+                            &next.updated_ms,
+                            &encode("proposal", &next)?,
+                            &revision(&next)?,
+                        ],
                     )
                     .await
                     .map_err(backend("consume an approval"))?;
@@ -678,20 +695,31 @@ impl Store for PgStore {
             relaxed(&txn, proposal_durable(&proposal)).await?;
             let text = encode("proposal", &proposal)?;
             let state = proposal.state.as_str();
+            let rev = revision(&proposal)?;
             let n = match expect {
                 None => txn
                     .execute(
-                        "INSERT INTO proposals (id, state, updated_ms, proposal) VALUES ($1, $2, $3, $4)
+                        "INSERT INTO proposals (id, state, updated_ms, proposal, revision)
+                         VALUES ($1, $2, $3, $4, $5)
                          ON CONFLICT (id) DO NOTHING",
-                        &[&proposal.id, &state, &proposal.updated_ms, &text],
+                        &[&proposal.id, &state, &proposal.updated_ms, &text, &rev],
                     )
                     .await
                     .map_err(backend("write a proposal"))?,
+                // Compare and set on the state and the revision it was read at.
                 Some(from) => txn
                     .execute(
-                        "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4
-                         WHERE id = $1 AND state = $5",
-                        &[&proposal.id, &state, &proposal.updated_ms, &text, &from.as_str()],
+                        "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4, revision = $5
+                         WHERE id = $1 AND state = $6 AND revision = $7",
+                        &[
+                            &proposal.id,
+                            &state,
+                            &proposal.updated_ms,
+                            &text,
+                            &rev,
+                            &from.as_str(),
+                            &rev.wrapping_sub(1),
+                        ],
                     )
                     .await
                     .map_err(backend("write a proposal"))?,
