@@ -770,15 +770,7 @@ impl Book {
                 self.decided(&next, reviewer, &given);
                 return Ok(next);
             }
-            p = match self.store.get_proposal(id).await? {
-                Some(fresh) => fresh,
-                None => {
-                    return Err(DecideError::NotPending {
-                        id: id.to_owned(),
-                        state: "gone",
-                    })
-                }
-            };
+            p = self.reread(id).await?;
         }
         Err(DecideError::Refused(format!(
             "proposal `{id}` kept changing while this decision was being recorded: try again"
@@ -911,19 +903,22 @@ impl Book {
                 );
                 return Ok(next);
             }
-            p = match self.store.get_proposal(id).await? {
-                Some(fresh) => fresh,
-                None => {
-                    return Err(DecideError::NotPending {
-                        id: id.to_owned(),
-                        state: "gone",
-                    })
-                }
-            };
+            p = self.reread(id).await?;
         }
         Err(DecideError::Refused(format!(
             "proposal `{id}` kept changing while the withdrawal was being recorded: try again"
         )))
+    }
+
+    /// `id` as stored now, after a write over an older revision lost.
+    async fn reread(&self, id: &str) -> Result<Proposal, DecideError> {
+        self.store
+            .get_proposal(id)
+            .await?
+            .ok_or_else(|| DecideError::NotPending {
+                id: id.to_owned(),
+                state: "gone",
+            })
     }
 
     /// A pending proposal whose earliest approval expired before the quorum
