@@ -10,10 +10,10 @@
 //! |---|---|---|
 //! | cli | [`cli`] (`args`, `serve`, `check`, `policy`, `reconcile`, `review`, `tools`, `store`, `transparency`, `demo`, `client`, `files`, `log`) | yes |
 //! | front ends | `front` (`gateway`, `route`, `http`, `mcp`, `stream`, `respond`, `ops`, `control`, `bridge`, `tls`) | yes |
-//! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`) | yes |
+//! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`, `notify`) | yes |
 //! | enforce | [`enforce`] (`pipeline`, `call`, `learn`, `judge`, `reads`, `writes`, `gate`, `breakers`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`, `metrics`) | through traits |
 //! | store, audit | [`store`] (`redb_store`, `postgres`, `memory`), [`audit`] (`log`, `writer`, `recover`, `outbox`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`) | yes |
-//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `reviewers`, `signed_request`, `confirm`, `recovery`, `annotations`, `catalog`, `identity`, `config`, `time`) | no |
+//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `reviewers`, `signed_request`, `confirm`, `recovery`, `annotations`, `catalog`, `identity`, `notify`, `token`, `config`, `time`) | no |
 //! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two
@@ -34,7 +34,8 @@
 //!   breakers, the ledger, the approval book); the sealed permit; the one
 //!   module that words outcomes for the wire; the metrics.
 //! - [`upstream`]: upstream connections (stdio children, Streamable HTTP,
-//!   their TLS and credentials), id multiplexing, and the witness client.
+//!   their TLS and credentials), id multiplexing, the witness client, and the
+//!   delivery of webhook notifications.
 //! - `front`: the running gateway and its client sessions, the HTTP front
 //!   (`/mcp`, `/healthz`, `/metrics`, `/audit/*`), the control API (`/v1`),
 //!   the stdio bridge.

@@ -270,12 +270,33 @@ pub(crate) async fn command(config: &std::path::Path, json: bool) -> anyhow::Res
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        // The running gateway's own store, when one answers.
-        if let Some(store) = running_health(&gw)
-            .await
+        // The running gateway's own store and webhooks, when one answers.
+        let health = running_health(&gw).await;
+        if let Some(store) = health
+            .as_ref()
             .and_then(|h| h.get("store")?.as_str().map(str::to_owned))
         {
             println!("{:<20} store {store}", "(gateway)");
+        }
+        for w in health
+            .as_ref()
+            .and_then(|h| h.get("webhooks")?.as_array().cloned())
+            .unwrap_or_default()
+        {
+            let at = |k: &str| w[k].as_str().unwrap_or("never").to_owned();
+            println!(
+                "{:<20} webhook  last success {}  last failure {}{}  (delivered {}, retried {}, gave up {})",
+                w["webhook"].as_str().unwrap_or(""),
+                at("last_success"),
+                at("last_failure"),
+                w["last_error"]
+                    .as_str()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default(),
+                w["delivered"],
+                w["retried"],
+                w["gave_up"],
+            );
         }
         for h in &report {
             let state = if h.up { "up" } else { "down" };

@@ -44,6 +44,28 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             "ledger recovered after an unclean stop: calls in flight are now `unknown` until reconciled"
         );
     }
+    if recovery.unknown > 0 && !config.notify.webhooks.is_empty() {
+        // Queued before serving, durably: the delivery worker sends it.
+        let mut facts = serde_json::Map::new();
+        facts.insert("count".into(), serde_json::json!(recovery.unknown));
+        facts.insert(
+            "reason".into(),
+            serde_json::json!("the gateway stopped uncleanly while they were in flight"),
+        );
+        facts.insert(
+            "command".into(),
+            serde_json::json!("countersign reconcile --list"),
+        );
+        let notices = crate::core::notify::Event::incident(
+            crate::core::config::EventKind::OutcomeUnknown,
+            None,
+            facts,
+        )
+        .notices(&config.notify.webhooks, crate::core::time::now_ms());
+        if let Err(e) = store.notices_enqueue(notices).await {
+            tracing::error!("the notification of the recovered calls was not queued: {e}");
+        }
+    }
     let policy_dir = config.gateway.policies.clone();
     let reviewers_file = config.approvals.reviewers.clone();
     let policies = crate::cli::files::load_policies(&policy_dir, reviewers_file.as_deref()).map_err(|errors| {
@@ -113,6 +135,21 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         tracing::info!(url = %w.url, witness = %key.name, "checkpoints go to the witness");
         tokio::spawn(crate::upstream::witness::run(audit.clone(), w, key));
     }
+    // Reviewer notifications: delivered by a worker of their own, never on
+    // a call's path.
+    let deliverer = (!gw.config().notify.webhooks.is_empty()).then(|| {
+        let worker = crate::upstream::notify::Deliverer::new(
+            gw.pipeline().store().clone(),
+            &gw.config().notify,
+            Some(audit.clone()),
+            Arc::new(crate::core::time::SystemClock),
+        );
+        tracing::info!(
+            webhooks = gw.config().notify.webhooks.len(),
+            "notifications go to the webhooks"
+        );
+        tokio::spawn(worker.run(gw.pipeline().book().queued()))
+    });
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
     let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
     // TLS on the listener, when configured: the pair must load now, and is
@@ -188,6 +225,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(grace, server).await;
     sweeper.abort();
     reloader.abort();
+    if let Some(d) = deliverer {
+        d.abort();
+    }
     if let Some(f) = follower {
         f.abort();
     }

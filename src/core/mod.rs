@@ -40,6 +40,7 @@ pub mod confirm;
 pub mod decision;
 pub mod identity;
 pub mod ledger;
+pub mod notify;
 pub(crate) mod recovery;
 pub mod reviewers;
 pub mod signed_request;

@@ -16,6 +16,7 @@ use crate::core::approval::{
 };
 use crate::core::config::ApprovalsConfig;
 use crate::core::identity::Identity;
+use crate::core::notify::{self, Notice};
 use crate::core::reviewers::{Reviewer, Reviewers};
 use crate::core::time::{ms, parse_rfc3339, rfc3339, Clock};
 use crate::enforce::flight::{ApprovalCode, ApprovalNote};
@@ -148,6 +149,11 @@ pub struct Book {
     audit: Option<Arc<dyn AuditSink>>,
     /// Expiries are judged on this clock (tests move it by hand).
     clock: Arc<dyn Clock>,
+    /// `[[notify.webhooks]]`: told of proposals, in the commit that makes
+    /// each change.
+    webhooks: Vec<crate::core::config::WebhookConfig>,
+    /// Signalled when a write queued notices: the delivery worker wakes.
+    queued: Arc<tokio::sync::Notify>,
 }
 
 /// The fields every proposal entry of the audit log carries.
@@ -186,7 +192,88 @@ impl Book {
             events,
             audit,
             clock,
+            webhooks: Vec::new(),
+            queued: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Signalled whenever a proposal change queued notifications.
+    pub(crate) fn queued(&self) -> Arc<tokio::sync::Notify> {
+        self.queued.clone()
+    }
+
+    /// The same book, telling `webhooks` of proposals created, decided and
+    /// expired.
+    pub fn notifying(mut self, webhooks: Vec<crate::core::config::WebhookConfig>) -> Book {
+        self.webhooks = webhooks;
+        self
+    }
+
+    /// The notices `p`'s change announces (none without webhooks): created,
+    /// decided (approved, quorum met, denied, an approval withdrawn), or
+    /// expired.
+    fn announce(
+        &self,
+        p: &Proposal,
+        from: Option<ProposalState>,
+        withdrawn: Option<&str>,
+    ) -> Vec<Notice> {
+        if self.webhooks.is_empty() {
+            return Vec::new();
+        }
+        use crate::core::config::EventKind as K;
+        let by = |d: &Option<SignedDecision>| {
+            d.as_ref()
+                .map(|d| {
+                    (
+                        format!("reviewer {}", d.statement.reviewer),
+                        d.statement.reason.clone(),
+                    )
+                })
+                .unwrap_or_default()
+        };
+        let (kind, decision) = match (from, p.state, withdrawn) {
+            (None, ProposalState::Pending, _) => (K::ProposalCreated, None),
+            (Some(ProposalState::Pending), ProposalState::Pending, Some(who)) => (
+                K::ProposalDecided,
+                Some((
+                    "approval withdrawn".to_owned(),
+                    format!("reviewer {who}"),
+                    String::new(),
+                )),
+            ),
+            (Some(ProposalState::Pending), ProposalState::Approved, _) => {
+                let what = if p.quorum.is_single() {
+                    "approved"
+                } else {
+                    "quorum met"
+                };
+                let (who, reason) = match &p.confirmation {
+                    Some(c) => (
+                        format!("the person at the client ({})", c.principal),
+                        c.reason.clone(),
+                    ),
+                    None => by(&p.decision),
+                };
+                (K::ProposalDecided, Some((what.to_owned(), who, reason)))
+            }
+            (Some(ProposalState::Pending), ProposalState::Denied, _) => {
+                let (who, reason) = match &p.confirmation {
+                    Some(c) => (
+                        format!("the person at the client ({})", c.principal),
+                        c.reason.clone(),
+                    ),
+                    None => by(&p.decision),
+                };
+                (K::ProposalDecided, Some(("denied".to_owned(), who, reason)))
+            }
+            (Some(_), ProposalState::Expired, _) => (K::ProposalExpired, None),
+            _ => return Vec::new(),
+        };
+        let decision = decision
+            .as_ref()
+            .map(|(w, b, r)| (w.as_str(), b.as_str(), r.as_str()));
+        notify::Event::proposal(kind, p, decision).notices(&self.webhooks, self.clock.now_ms())
     }
 
     /// Record a proposal's change in the audit log.
@@ -252,10 +339,30 @@ impl Book {
         p: &mut Proposal,
         from: Option<ProposalState>,
     ) -> Result<bool, StoreError> {
+        self.write_telling(p, from, None).await
+    }
+
+    /// [`Book::write`], with the notices the change announces queued in
+    /// the same commit (`withdrawn`: the reviewer whose approval it takes
+    /// back).
+    async fn write_telling(
+        &self,
+        p: &mut Proposal,
+        from: Option<ProposalState>,
+        withdrawn: Option<&str>,
+    ) -> Result<bool, StoreError> {
         if from.is_some() {
             p.revision = p.revision.wrapping_add(1);
         }
-        let ok = self.store.put_proposal(p.clone(), from).await?;
+        let notices = self.announce(p, from, withdrawn);
+        let told = !notices.is_empty();
+        let ok = self
+            .store
+            .put_proposal_with(p.clone(), from, notices)
+            .await?;
+        if ok && told {
+            self.queued.notify_one();
+        }
         if ok {
             self.publish(
                 if from.is_none() {
@@ -886,7 +993,14 @@ impl Book {
             let mut next = p.clone();
             let gone = next.approvals.remove(at);
             next.updated_ms = now;
-            if self.write(&mut next, Some(ProposalState::Pending)).await? {
+            if self
+                .write_telling(
+                    &mut next,
+                    Some(ProposalState::Pending),
+                    Some(&reviewer.name),
+                )
+                .await?
+            {
                 tracing::info!(proposal = %id, reviewer = %reviewer.name, "approval withdrawn");
                 self.audit(
                     "approval_withdrawn",

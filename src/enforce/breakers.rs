@@ -18,6 +18,8 @@ use crate::core::recovery::{Admission, Breaker};
 /// for a state change, never across an await.
 pub(crate) struct Breakers {
     by_server: HashMap<String, Mutex<Breaker>>,
+    /// Tells the webhooks of circuits that open.
+    announcer: Option<std::sync::Arc<super::announce::Announcer>>,
 }
 
 impl Breakers {
@@ -31,7 +33,19 @@ impl Breakers {
                 (k.clone(), Mutex::new(b))
             })
             .collect();
-        Breakers { by_server }
+        Breakers {
+            by_server,
+            announcer: None,
+        }
+    }
+
+    /// The same breakers, telling `announcer` when a circuit opens.
+    pub(crate) fn announcing(
+        mut self,
+        announcer: std::sync::Arc<super::announce::Announcer>,
+    ) -> Breakers {
+        self.announcer = Some(announcer);
+        self
     }
 
     /// Each server's state: `closed`, `open` or `half-open`.
@@ -55,18 +69,21 @@ impl Breakers {
     /// refuses). The trial of a half-open circuit is taken here and only
     /// here, so that a call the ledger or the gate answered never uses it.
     pub(crate) fn admit<'a>(&'a self, server: &'a str) -> Option<Admitted<'a>> {
+        let announcer = self.announcer.as_deref();
         let Some(breaker) = self.by_server.get(server) else {
             return Some(Admitted {
                 server,
                 breaker: None,
                 trial: false,
+                announcer,
             });
         };
-        let admission = change(server, breaker, |b| b.admit(now()));
+        let admission = change(server, breaker, announcer, |b| b.admit(now()));
         (admission != Admission::Refuse).then_some(Admitted {
             server,
             breaker: Some(breaker),
             trial: admission == Admission::Trial,
+            announcer,
         })
     }
 }
@@ -78,14 +95,30 @@ fn now() -> Instant {
 }
 
 /// Change a breaker, logging the change of state it makes (every one).
-fn change<T>(server: &str, breaker: &Mutex<Breaker>, f: impl FnOnce(&mut Breaker) -> T) -> T {
+fn change<T>(
+    server: &str,
+    breaker: &Mutex<Breaker>,
+    announcer: Option<&super::announce::Announcer>,
+    f: impl FnOnce(&mut Breaker) -> T,
+) -> T {
     let now = now();
     let mut b = breaker.lock();
     let before = b.state_name(now);
     let out = f(&mut b);
     let after = b.state_name(now);
+    drop(b);
     if before != after {
         tracing::warn!(server, from = before, to = after, "circuit breaker");
+        if let (Some(a), "open") = (announcer, after) {
+            let mut facts = serde_json::Map::new();
+            facts.insert("server".into(), serde_json::json!(server));
+            facts.insert("from".into(), serde_json::json!(before));
+            facts.insert(
+                "reason".into(),
+                serde_json::json!(format!("too many failures while {before}")),
+            );
+            a.incident(crate::core::config::EventKind::CircuitOpen, None, facts);
+        }
     }
     out
 }
@@ -99,6 +132,7 @@ pub(crate) struct Admitted<'a> {
     server: &'a str,
     breaker: Option<&'a Mutex<Breaker>>,
     trial: bool,
+    announcer: Option<&'a super::announce::Announcer>,
 }
 
 impl Admitted<'_> {
@@ -106,7 +140,7 @@ impl Admitted<'_> {
     /// counts towards opening it.
     pub(crate) fn record(mut self, ok: bool) {
         if let Some(b) = self.breaker.take() {
-            change(self.server, b, |b| {
+            change(self.server, b, self.announcer, |b| {
                 if ok {
                     b.success();
                 } else {
@@ -120,7 +154,7 @@ impl Admitted<'_> {
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
         if let (true, Some(b)) = (self.trial, self.breaker) {
-            change(self.server, b, Breaker::release);
+            change(self.server, b, self.announcer, Breaker::release);
         }
     }
 }

@@ -43,6 +43,8 @@ pub(crate) struct Learner {
     /// One catalog fetch at a time per server. A tokio mutex: held across
     /// the `tools/list` requests.
     fetching: HashMap<String, tokio::sync::Mutex<()>>,
+    /// Tells the webhooks of changed definitions.
+    announcer: Option<Arc<super::announce::Announcer>>,
 }
 
 impl Learner {
@@ -72,7 +74,14 @@ impl Learner {
             audit,
             clock,
             fetching,
+            announcer: None,
         }
+    }
+
+    /// The same learner, telling `announcer` of changed definitions.
+    pub(crate) fn announcing(mut self, announcer: Arc<super::announce::Announcer>) -> Learner {
+        self.announcer = Some(announcer);
+        self
     }
 
     /// The catalog (shared with the upstream connections, which mark a
@@ -237,6 +246,20 @@ impl Learner {
             f.insert("changes".into(), json!(captured.changed));
             f.insert("vanished".into(), json!(captured.vanished));
             self.audit("tools_changed", f);
+            if let Some(a) = &self.announcer {
+                for ch in &captured.changed {
+                    let mut f = serde_json::Map::new();
+                    f.insert("server".into(), json!(server));
+                    f.insert("tool".into(), json!(ch.tool));
+                    f.insert("before".into(), json!(ch.before));
+                    f.insert("after".into(), json!(ch.after));
+                    f.insert(
+                        "command".into(),
+                        json!(format!("countersign tools accept {server}/{}", ch.tool)),
+                    );
+                    a.incident(crate::core::config::EventKind::ToolsChanged, None, f);
+                }
+            }
         }
         Stale::Tools(captured.touched())
     }

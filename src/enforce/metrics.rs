@@ -12,6 +12,8 @@
 //! | `countersign_circuit_state` | gauge (1 for the current state) | `server`, `state` |
 //! | `countersign_audit_lag_entries` | gauge | |
 //! | `countersign_ledger_unflushed` | gauge (1 or 0) | |
+//! | `countersign_notifications` | gauge (a count the store keeps) | `webhook`, `result` (`delivered`, `retried`, `gave_up`) |
+//! | `countersign_notifications_queued` | gauge | |
 //!
 //! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
 //! `cached`, `invalid_params`, or the code the agent got (`approval_pending`,
@@ -53,6 +55,8 @@ pub struct Metrics {
     circuit: Family<CircuitLabels, Gauge>,
     audit_lag: Gauge,
     ledger_unflushed: Gauge,
+    notifications: Family<CircuitLabels, Gauge>,
+    notifications_queued: Gauge,
 }
 
 /// What the scrape reads at the time of the scrape.
@@ -67,6 +71,11 @@ pub struct Sampled {
     pub audit_lag: i64,
     /// Whether ledger commits wait for their fsync (the store's `unflushed`).
     pub ledger_unflushed: bool,
+    /// Each webhook's delivery counts, as the store keeps them (on
+    /// PostgreSQL, those of every gateway).
+    pub notifications: Vec<(String, crate::core::notify::WebhookStatus)>,
+    /// Notifications waiting for delivery.
+    pub notifications_queued: i64,
 }
 
 impl Default for Metrics {
@@ -129,6 +138,18 @@ impl Metrics {
             "1 while ledger commits made without an fsync of their own wait for the next one",
             ledger_unflushed.clone(),
         );
+        let notifications = Family::<CircuitLabels, Gauge>::default();
+        registry.register(
+            "notifications",
+            "Webhook notifications by webhook and result (delivered, retried, gave_up), as the store counts them",
+            notifications.clone(),
+        );
+        let notifications_queued = Gauge::default();
+        registry.register(
+            "notifications_queued",
+            "Webhook notifications waiting for delivery",
+            notifications_queued.clone(),
+        );
         Metrics {
             registry,
             calls,
@@ -139,6 +160,8 @@ impl Metrics {
             circuit,
             audit_lag,
             ledger_unflushed,
+            notifications,
+            notifications_queued,
         }
     }
 
@@ -177,6 +200,18 @@ impl Metrics {
                 self.circuit
                     .get_or_create(&[("server", server.clone()), ("state", s.to_owned())])
                     .set(i64::from(s == *state));
+            }
+        }
+        self.notifications_queued.set(now.notifications_queued);
+        for (hook, st) in &now.notifications {
+            for (result, n) in [
+                ("delivered", st.delivered),
+                ("retried", st.retried),
+                ("gave_up", st.gave_up),
+            ] {
+                self.notifications
+                    .get_or_create(&[("webhook", hook.clone()), ("result", result.to_owned())])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
         }
         let mut out = String::new();

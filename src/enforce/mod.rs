@@ -24,11 +24,14 @@
 //!   revalidate, decide, expire).
 //! - [`client`]: approval in the client: elicitation in a session, and the
 //!   signed `requestState` of 2026-07-28.
+//! - [`announce`]: incidents told to the webhooks (a lost answer, a
+//!   changed tool, an open circuit).
 //! - [`upstream`]: how an upstream call fails.
 //! - [`reconcile`]: settling unknown outcomes.
 //! - [`answer`]: the one module that words outcomes for the wire.
 //! - [`metrics`]: the Prometheus metrics the pipeline keeps.
 
+pub(crate) mod announce;
 pub mod answer;
 pub(crate) mod book;
 pub(crate) mod breakers;

@@ -97,12 +97,15 @@ impl Pipeline {
         audit: Option<Arc<dyn AuditSink>>,
         clock: Arc<dyn Clock>,
     ) -> Pipeline {
-        let book = Arc::new(Book::new(
-            store.clone(),
-            config.approvals.clone(),
-            audit.clone(),
-            clock.clone(),
-        ));
+        let book = Arc::new(
+            Book::new(
+                store.clone(),
+                config.approvals.clone(),
+                audit.clone(),
+                clock.clone(),
+            )
+            .notifying(config.notify.webhooks.clone()),
+        );
         let flights = Idempotency::new(
             store.clone(),
             Retention {
@@ -112,19 +115,23 @@ impl Pipeline {
             clock.clone(),
         );
         let metrics = Arc::new(Metrics::new());
-        let breakers = Arc::new(Breakers::new(&config));
+        let announcer = Arc::new(super::announce::Announcer::new(
+            store.clone(),
+            config.notify.webhooks.clone(),
+            clock.clone(),
+            book.queued(),
+        ));
+        let breakers = Arc::new(Breakers::new(&config).announcing(announcer.clone()));
         let reads = Arc::new(Reads::new(
             config.clone(),
             clock.clone(),
             flights.clone(),
             breakers.clone(),
         ));
-        let learner = Arc::new(Learner::new(
-            config.clone(),
-            store,
-            audit.clone(),
-            clock.clone(),
-        ));
+        let learner = Arc::new(
+            Learner::new(config.clone(), store, audit.clone(), clock.clone())
+                .announcing(announcer.clone()),
+        );
         let judge = Arc::new(Judge::new(config.clone(), policies, metrics.clone()));
         // A key of its own until the gateway's is set: commands that run no
         // gateway never ask a client.
@@ -151,6 +158,7 @@ impl Pipeline {
             breakers: breakers.clone(),
             reads: reads.clone(),
             metrics: metrics.clone(),
+            announcer,
             gate,
         };
         Pipeline {

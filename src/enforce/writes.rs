@@ -48,10 +48,42 @@ pub(crate) struct Writes {
     pub(crate) breakers: Arc<Breakers>,
     pub(crate) reads: Arc<Reads>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Tells the webhooks of writes whose answer was lost.
+    pub(crate) announcer: Arc<super::announce::Announcer>,
     pub(crate) gate: Gate,
 }
 
 impl Writes {
+    /// Tell the webhooks that `c`'s answer was lost: it waits for
+    /// `reconcile`. The idempotency key only as a digest.
+    fn lost<U>(&self, c: &Call<'_, U>, reason: &str) {
+        use sha2::Digest;
+        let who = &c.ctx.caller.identity;
+        let mut f = serde_json::Map::new();
+        f.insert("requester".into(), json!(who.principal));
+        if let Some(client) = &who.client {
+            f.insert("client".into(), json!(client));
+        }
+        f.insert("tenant".into(), json!(who.tenant));
+        f.insert("server".into(), json!(c.ctx.server));
+        f.insert("tool".into(), json!(c.call.tool));
+        f.insert(
+            "key_digest".into(),
+            json!(format!(
+                "sha256:{}",
+                hex::encode(sha2::Sha256::digest(c.claim.client_key.as_bytes()))
+            )),
+        );
+        f.insert("call_digest".into(), json!(c.call.digest));
+        f.insert("reason".into(), json!(reason));
+        f.insert("command".into(), json!("countersign reconcile --list"));
+        self.announcer.incident(
+            crate::core::config::EventKind::OutcomeUnknown,
+            Some(&who.tenant),
+            f,
+        );
+    }
+
     /// Sign questions to the client with `asker` from now on.
     pub(crate) fn set_asker(&mut self, asker: Arc<Asker>) {
         self.gate.set_asker(asker);
@@ -344,6 +376,7 @@ impl Writes {
                     let reason = "the server answered that the request was cancelled";
                     c.trail
                         .record("outcome_unknown", vec![("reason", json!(reason))]);
+                    self.lost(c, reason);
                     return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
                         server: c.ctx.server.to_owned(),
                         reason: reason.to_owned(),
@@ -363,6 +396,7 @@ impl Writes {
                         );
                         c.trail
                             .record("outcome_unknown", vec![("reason", json!(reason))]);
+                        self.lost(c, &reason);
                         return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
                             server: c.ctx.server.to_owned(),
                             reason,
@@ -374,6 +408,7 @@ impl Writes {
                     ticket.unknown().await;
                     c.trail
                         .record("outcome_unknown", vec![("reason", json!("no answer"))]);
+                    self.lost(c, "no answer");
                 }
                 Attempt::Done(CallOutcome::Answered(resp))
             }
@@ -388,6 +423,7 @@ impl Writes {
                 tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {e}");
                 c.trail
                     .record("outcome_unknown", vec![("reason", json!(e.to_string()))]);
+                self.lost(c, &e.to_string());
                 Attempt::Done(failed(c.ctx.server, e, admitted))
             }
         }

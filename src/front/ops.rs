@@ -24,6 +24,13 @@ pub(super) async fn healthz(State(gw): State<Arc<Gateway>>) -> Response {
         },
         "sessions": gw.session_count(),
         "circuits": gw.pipeline().circuits(),
+        // Each webhook's last success and failure (`countersign check`
+        // prints them); names and times only, never a url or a secret.
+        "webhooks": crate::upstream::notify::status(
+            gw.pipeline().store().as_ref(),
+            &gw.config().notify,
+        )
+        .await,
     });
     (
         if store.is_ok() {
@@ -85,7 +92,11 @@ pub(super) async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) 
                 .into_response()
         }
     };
+    // A queue that cannot be read does not hide the other metrics.
+    let (notifications, queued) = store.notify_status().await.unwrap_or_default();
     let now = crate::enforce::metrics::Sampled {
+        notifications: notifications.into_iter().collect(),
+        notifications_queued: queued as i64,
         pending: pending as i64,
         unknown: unknown as i64,
         circuits: gw.pipeline().circuits().into_iter().collect(),

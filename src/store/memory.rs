@@ -4,9 +4,10 @@
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 
-use super::{check_transition, proposal_final, Recovery, Reservation, Store, StoreFuture};
+use super::{check_transition, proposal_final, Recovery, Reservation, Settle, Store, StoreFuture};
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
+use crate::core::notify::{Notice, WebhookStatus};
 
 /// A ledger in a map.
 #[derive(Default)]
@@ -15,6 +16,8 @@ pub struct MemoryStore {
     proposals: Mutex<BTreeMap<String, Proposal>>,
     outbox: Mutex<BTreeMap<u64, String>>,
     pins: Mutex<BTreeMap<String, String>>,
+    /// Notices by key, and each webhook's status.
+    notices: Mutex<(BTreeMap<String, Notice>, BTreeMap<String, WebhookStatus>)>,
 }
 
 impl MemoryStore {
@@ -93,13 +96,75 @@ impl Store for MemoryStore {
         proposal: Proposal,
         expect: Option<ProposalState>,
     ) -> StoreFuture<'_, bool> {
+        self.put_proposal_with(proposal, expect, Vec::new())
+    }
+
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
         let mut proposals = self.proposals();
         let current = proposals.get(&proposal.id).map(|p| (p.state, p.revision));
         let ok = super::proposal_expected(current, expect, &proposal);
         if ok {
             proposals.insert(proposal.id.clone(), proposal);
+            let mut queue = self.notices.lock();
+            for n in notices {
+                queue.0.insert(n.key(), n);
+            }
         }
         Box::pin(async move { Ok(ok) })
+    }
+
+    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
+        let mut queue = self.notices.lock();
+        for n in notices {
+            queue.0.insert(n.key(), n);
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn notices_claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Notice>> {
+        let mut queue = self.notices.lock();
+        let mut out = Vec::new();
+        for key in super::due(&queue.0, now_ms, limit) {
+            if let Some(n) = queue.0.get_mut(&key) {
+                n.lease = Some((owner.to_owned(), now_ms.saturating_add(lease_ms)));
+                out.push(n.clone());
+            }
+        }
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
+        let mut queue = self.notices.lock();
+        let (notices, status) = &mut *queue;
+        let key = notice.key();
+        let entry = status.entry(notice.webhook.clone()).or_default();
+        match super::settled(notice, &outcome, entry) {
+            Some(n) => {
+                notices.insert(key, n);
+            }
+            None => {
+                notices.remove(&key);
+            }
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
+        let queue = self.notices.lock();
+        let waiting = queue.0.values().filter(|n| !n.gave_up).count();
+        let out = (queue.1.clone(), waiting);
+        Box::pin(std::future::ready(Ok(out)))
     }
 
     fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {

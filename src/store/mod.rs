@@ -50,8 +50,11 @@ pub use memory::MemoryStore;
 pub use postgres::PgStore;
 pub use redb_store::RedbStore;
 
+use std::collections::BTreeMap;
+
 use crate::core::approval::{Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
+use crate::core::notify::{Notice, WebhookStatus};
 
 /// A storage failure. The pipeline fails closed on it: the call does not
 /// run.
@@ -116,6 +119,73 @@ pub enum StoreError {
     /// The writer thread is gone (the store is shutting down).
     #[error("ledger store: the ledger writer stopped")]
     WriterStopped,
+    /// This store keeps no notification queue (a wrapper in a test).
+    #[error("ledger store: this store keeps no notification queue")]
+    NoQueue,
+}
+
+/// How a delivery attempt of a [`Notice`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// The receiver took it (2xx) at this unix ms: the notice is done.
+    Delivered(i64),
+    /// It failed at `at_ms` with `error`; tried again at `retry_ms`, or
+    /// given up (`None`) once its retry window passed.
+    Failed {
+        /// Unix ms of the attempt.
+        at_ms: i64,
+        /// What went wrong (a status, a connection error), never a body.
+        error: String,
+        /// When to try again, if at all.
+        retry_ms: Option<i64>,
+    },
+}
+
+/// The notices of a queue that are due at `now_ms` and not leased by a
+/// live delivery, at most `limit`, oldest first (the embedded stores'
+/// claim; PostgreSQL's is the same in SQL).
+fn due(notices: &BTreeMap<String, Notice>, now_ms: i64, limit: usize) -> Vec<String> {
+    let mut due: Vec<&Notice> = notices
+        .values()
+        .filter(|n| !n.gave_up && n.next_ms <= now_ms)
+        .filter(|n| n.lease.as_ref().is_none_or(|(_, until)| *until < now_ms))
+        .collect();
+    due.sort_by_key(|n| (n.next_ms, n.created_ms));
+    due.into_iter().take(limit).map(Notice::key).collect()
+}
+
+/// A settled attempt, applied to the notice (`None`: delivered, forget it)
+/// and to its webhook's status.
+fn settled(mut n: Notice, outcome: &Settle, status: &mut WebhookStatus) -> Option<Notice> {
+    n.lease = None;
+    match outcome {
+        Settle::Delivered(at) => {
+            status.delivered += 1;
+            status.last_success_ms = Some(*at);
+            None
+        }
+        Settle::Failed {
+            at_ms,
+            error,
+            retry_ms,
+        } => {
+            n.attempts = n.attempts.saturating_add(1);
+            n.last_error = Some(error.clone());
+            status.last_failure_ms = Some(*at_ms);
+            status.last_error = Some(error.clone());
+            match retry_ms {
+                Some(next) => {
+                    status.retried += 1;
+                    n.next_ms = *next;
+                }
+                None => {
+                    status.gave_up += 1;
+                    n.gave_up = true;
+                }
+            }
+            Some(n)
+        }
+    }
 }
 
 /// A future returned by the store.
@@ -212,6 +282,54 @@ pub trait Store: Send + Sync {
         proposal: Proposal,
         expect: Option<ProposalState>,
     ) -> StoreFuture<'_, bool>;
+
+    /// [`Store::put_proposal`], and queue `notices` (the events it
+    /// announces, DESIGN.md section 19) in the same commit: the proposal
+    /// and its notifications are written together or not at all.
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
+        if notices.is_empty() {
+            return self.put_proposal(proposal, expect);
+        }
+        Box::pin(std::future::ready(Err(StoreError::NoQueue)))
+    }
+
+    /// Queue `notices` on their own, durably, before it returns (an event
+    /// of no store change: a circuit, a tool definition).
+    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
+        let _ = notices;
+        Box::pin(std::future::ready(Err(StoreError::NoQueue)))
+    }
+
+    /// Lease up to `limit` notices due now to `owner` for `lease_ms`: no
+    /// other gateway takes them until the lease lapses (then they are
+    /// taken over: the owner died mid-delivery).
+    fn notices_claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Notice>> {
+        let _ = (owner, now_ms, lease_ms, limit);
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
+    /// Record how an attempt of `notice` ended: delivered (forgotten),
+    /// tried again later, or given up (kept, never sent again).
+    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
+        let _ = (notice, outcome);
+        Box::pin(std::future::ready(Err(StoreError::NoQueue)))
+    }
+
+    /// Each webhook's status, and how many notices wait in the queue.
+    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
+        Box::pin(std::future::ready(Ok((BTreeMap::new(), 0))))
+    }
 
     /// Record tool definitions pinned on first use (DESIGN.md section 12),
     /// each `(key, value)` unless one is recorded under its key already:
@@ -663,6 +781,118 @@ mod tests {
         approval_conformance(&MemoryStore::default()).await;
         outbox_conformance(&MemoryStore::default()).await;
         pin_conformance(&MemoryStore::default()).await;
+        notify_conformance(&MemoryStore::default()).await;
+    }
+
+    /// The notification queue: notices commit with the proposal change
+    /// they announce (or not at all), are leased to one deliverer at a
+    /// time, come back when a lease lapses, and leave only when delivered;
+    /// each webhook's status counts what happened.
+    async fn notify_conformance(store: &dyn Store) {
+        let now = crate::core::time::now_ms();
+        let notice = |id: &str, hook: &str| Notice {
+            id: id.into(),
+            webhook: hook.into(),
+            event: serde_json::json!({"id": id, "kind": "proposal_created"}),
+            created_ms: now,
+            attempts: 0,
+            next_ms: now,
+            last_error: None,
+            gave_up: false,
+            lease: None,
+        };
+        let mut p = proposal("pn", ProposalState::Pending, None);
+        p.revision = 1;
+        // A refused write (nothing to compare with) queues nothing.
+        assert!(!store
+            .put_proposal_with(
+                p.clone(),
+                Some(ProposalState::Pending),
+                vec![notice("ev-0", "a")]
+            )
+            .await
+            .unwrap());
+        assert_eq!(store.notify_status().await.unwrap().1, 0);
+        assert!(store
+            .put_proposal_with(p, None, vec![notice("ev-1", "a"), notice("ev-1", "b")])
+            .await
+            .unwrap());
+        assert_eq!(store.notify_status().await.unwrap().1, 2);
+        let got = store.notices_claim("g1", now, 60_000, 10).await.unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(got
+            .iter()
+            .all(|n| n.lease.as_ref().is_some_and(|(o, _)| o == "g1")));
+        // Leased: nobody else takes them.
+        assert!(store
+            .notices_claim("g2", now, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        let a = got.iter().find(|n| n.webhook == "a").unwrap().clone();
+        let b = got.iter().find(|n| n.webhook == "b").unwrap().clone();
+        store
+            .notice_settle(a, Settle::Delivered(now))
+            .await
+            .unwrap();
+        store
+            .notice_settle(
+                b,
+                Settle::Failed {
+                    at_ms: now,
+                    error: "HTTP 500".into(),
+                    retry_ms: Some(now + 60_000),
+                },
+            )
+            .await
+            .unwrap();
+        let (status, queued) = store.notify_status().await.unwrap();
+        assert_eq!(queued, 1, "the delivered one is gone");
+        assert_eq!(status["a"].delivered, 1);
+        assert_eq!(status["a"].last_success_ms, Some(now));
+        assert_eq!(status["b"].retried, 1);
+        assert_eq!(status["b"].last_error.as_deref(), Some("HTTP 500"));
+        // Not due before its retry time.
+        assert!(store
+            .notices_claim("g2", now, 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        // Queued on its own; a lease that lapses (its deliverer died) is
+        // taken over.
+        store
+            .notices_enqueue(vec![notice("ev-2", "a")])
+            .await
+            .unwrap();
+        let first = store.notices_claim("g1", now, 1, 10).await.unwrap();
+        assert_eq!(first.len(), 1);
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        let later = crate::core::time::now_ms();
+        let taken = store.notices_claim("g2", later, 60_000, 10).await.unwrap();
+        assert_eq!(taken.len(), 1, "the lapsed lease is taken over");
+        assert_eq!(taken[0].id, "ev-2");
+        // Given up: kept for the record, never claimed again.
+        store
+            .notice_settle(
+                taken[0].clone(),
+                Settle::Failed {
+                    at_ms: later,
+                    error: "connection refused".into(),
+                    retry_ms: None,
+                },
+            )
+            .await
+            .unwrap();
+        let (status, queued) = store.notify_status().await.unwrap();
+        assert_eq!(status["a"].gave_up, 1);
+        assert_eq!(queued, 1, "only b's retry waits");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert!(store
+            .notices_claim("g3", crate::core::time::now_ms(), 60_000, 10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|n| n.id != "ev-2"));
     }
 
     async fn pin_conformance(store: &dyn Store) {
@@ -773,6 +1003,7 @@ mod tests {
         approval_conformance(&store).await;
         outbox_conformance(&store).await;
         pin_conformance(&store).await;
+        notify_conformance(&store).await;
         // The audit writer clears the outbox from its own thread, outside any
         // runtime, and drops the future: the request is made all the same.
         assert!(!store.outbox().await.unwrap().is_empty());
@@ -1025,6 +1256,49 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
         conformance(&store).await;
+    }
+
+    #[tokio::test]
+    async fn redb_notices_conform_and_survive_reopen_with_their_leases_void() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            notify_conformance(&store).await;
+            // A notice leased for a minute by a process that then dies.
+            let mut n = store.notices_claim("g1", 0, 0, 0).await.unwrap();
+            assert!(n.is_empty());
+            let now = crate::core::time::now_ms();
+            let mut dying = proposal("pd", ProposalState::Pending, None);
+            dying.id = "pd".into();
+            let notice = Notice {
+                id: "ev-9".into(),
+                webhook: "a".into(),
+                event: serde_json::json!({}),
+                created_ms: now,
+                attempts: 0,
+                next_ms: now,
+                last_error: None,
+                gave_up: false,
+                lease: None,
+            };
+            assert!(store
+                .put_proposal_with(dying, None, vec![notice])
+                .await
+                .unwrap());
+            n = store.notices_claim("g1", now, 60_000, 10).await.unwrap();
+            assert_eq!(n.len(), 1);
+        }
+        let store = RedbStore::open(&path).unwrap();
+        let (status, queued) = store.notify_status().await.unwrap();
+        assert_eq!(queued, 2, "b's retry and the leased one");
+        assert_eq!(status["a"].delivered, 1);
+        assert_eq!(status["b"].retried, 1);
+        // The next process takes the dead one's notice at once.
+        let now = crate::core::time::now_ms();
+        let taken = store.notices_claim("g2", now, 60_000, 10).await.unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].id, "ev-9");
     }
 
     #[tokio::test]

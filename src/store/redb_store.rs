@@ -18,10 +18,12 @@ use tokio::sync::oneshot;
 
 use super::{
     check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
-    Store, StoreError, StoreFuture,
+    Settle, Store, StoreError, StoreFuture,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
+use crate::core::notify::{Notice, WebhookStatus};
+use std::collections::BTreeMap;
 
 const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
 /// Approval proposals, in the same database: consuming an approval and
@@ -31,6 +33,10 @@ const PROPOSALS: TableDefinition<&str, &[u8]> = TableDefinition::new("proposals"
 const OUTBOX: TableDefinition<u64, &str> = TableDefinition::new("audit_outbox");
 /// Tool definitions pinned on first use (see [`Store::pin_first_use`]).
 const PINS: TableDefinition<&str, &str> = TableDefinition::new("tool_pins");
+/// Notifications waiting for delivery (or given up), by `EVENT/WEBHOOK`.
+const NOTICES: TableDefinition<&str, &[u8]> = TableDefinition::new("notices");
+/// Each webhook's delivery status, by name.
+const NOTIFY: TableDefinition<&str, &[u8]> = TableDefinition::new("notify_status");
 
 /// Most operations folded into one write transaction.
 const MAX_BATCH: usize = 256;
@@ -46,6 +52,8 @@ enum Op {
     PutProposal {
         proposal: Box<Proposal>,
         expect: Option<ProposalState>,
+        /// Queued in the same commit when the proposal is written.
+        notices: Vec<Notice>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
     GcProposals {
@@ -77,7 +85,10 @@ impl Op {
     fn durable(&self) -> bool {
         match self {
             Op::Transition { from, to, .. } => needs_durability(*from, to.state),
-            Op::PutProposal { proposal, .. } => proposal_durable(proposal),
+            // A notification is queued durably with what it announces.
+            Op::PutProposal {
+                proposal, notices, ..
+            } => proposal_durable(proposal) || !notices.is_empty(),
             // A pin is what later definitions are judged against: losing it
             // to a crash would let the next run trust a changed tool.
             Op::Pin { .. } => true,
@@ -94,6 +105,23 @@ enum Done {
     Reserve(Result<Reservation, StoreError>),
     Transition(Result<bool, StoreError>),
     Gc(Result<usize, StoreError>),
+}
+
+fn encode_notice(n: &Notice) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(n).map_err(|e| StoreError::Encode {
+        what: "notice",
+        reason: e.to_string(),
+    })
+}
+
+fn decode_json<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        what,
+        reason: e.to_string(),
+    })
 }
 
 fn encode_proposal(p: &Proposal) -> Result<Vec<u8>, StoreError> {
@@ -177,6 +205,31 @@ impl RedbStore {
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(PINS)
             .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(NOTICES)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(NOTIFY)
+            .map_err(|e| err("create table")(e.into()))?;
+        {
+            // One process per file: no delivery of a previous run is still
+            // in flight, so its leases are void (its notices go out now,
+            // not when the leases would have lapsed).
+            let mut notices = txn
+                .open_table(NOTICES)
+                .map_err(|e| err("open table")(e.into()))?;
+            let mut leased = Vec::new();
+            for entry in notices.iter().map_err(|e| err("scan")(e.into()))? {
+                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                let mut n: Notice = decode_json("notice", v.value())?;
+                if n.lease.take().is_some() {
+                    leased.push((k.value().to_owned(), n));
+                }
+            }
+            for (k, n) in leased {
+                notices
+                    .insert(k.as_str(), encode_notice(&n)?.as_slice())
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+        }
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         let db = Arc::new(db);
         let (queue, rx) = mpsc::channel();
@@ -351,6 +404,9 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
         let mut pins = txn
             .open_table(PINS)
             .map_err(|e| err("open table")(e.into()))?;
+        let mut notices = txn
+            .open_table(NOTICES)
+            .map_err(|e| err("open table")(e.into()))?;
         for op in batch {
             done.push(match op {
                 Op::Reserve {
@@ -386,8 +442,25 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                 Op::OutboxClear { upto, .. } => Done::Gc(outbox_clear(&mut outbox, *upto)),
                 Op::Gc { now_ms, .. } => Done::Gc(gc(&mut table, *now_ms)),
                 Op::PutProposal {
-                    proposal, expect, ..
-                } => Done::Transition(put_proposal(&mut proposals, proposal, *expect)),
+                    proposal,
+                    expect,
+                    notices: queued,
+                    ..
+                } => Done::Transition(put_proposal(&mut proposals, proposal, *expect).and_then(
+                    |wrote| {
+                        // INVARIANT: a notification commits with the
+                        // proposal change it announces, or not at all.
+                        if wrote {
+                            for n in queued {
+                                let bytes = encode_notice(n)?;
+                                notices
+                                    .insert(n.key().as_str(), bytes.as_slice())
+                                    .map_err(|e| err("write")(e.into()))?;
+                            }
+                        }
+                        Ok(wrote)
+                    },
+                )),
                 Op::GcProposals { before_ms, .. } => {
                     Done::Gc(gc_proposals(&mut proposals, *before_ms))
                 }
@@ -524,6 +597,44 @@ fn put_proposal(
     Ok(true)
 }
 
+/// Run `f` on blocking thread: redb's calls block.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Backend {
+            op: "notification queue",
+            reason: e.to_string(),
+        })?
+}
+
+/// One write transaction over the notification queue and the webhooks'
+/// status, fsynced when `durable`.
+fn queue_txn<T>(
+    db: &Database,
+    durable: bool,
+    f: impl FnOnce(&mut Table<'_>, &mut Table<'_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    });
+    let out = {
+        let mut notices = txn
+            .open_table(NOTICES)
+            .map_err(|e| err("open table")(e.into()))?;
+        let mut status = txn
+            .open_table(NOTIFY)
+            .map_err(|e| err("open table")(e.into()))?;
+        f(&mut notices, &mut status)?
+    };
+    txn.commit().map_err(|e| err("commit")(e.into()))?;
+    Ok(out)
+}
+
 fn outbox_clear(
     outbox: &mut redb::Table<'_, u64, &'static str>,
     upto: u64,
@@ -586,10 +697,133 @@ impl Store for RedbStore {
         proposal: Proposal,
         expect: Option<ProposalState>,
     ) -> StoreFuture<'_, bool> {
+        self.put_proposal_with(proposal, expect, Vec::new())
+    }
+
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
         self.submit(|reply| Op::PutProposal {
             proposal: Box::new(proposal),
             expect,
+            notices,
             reply,
+        })
+    }
+
+    // The queue's own writes are rare (one per event and attempt): they
+    // take redb's write lock on a blocking thread rather than the ledger
+    // writer's batches. Enqueueing is durable; a claim's lease and a
+    // settlement are not (lost to a crash, the notice is sent again, with
+    // the same id).
+    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || {
+            queue_txn(&db, true, |table, _| {
+                for n in &notices {
+                    table
+                        .insert(n.key().as_str(), encode_notice(n)?.as_slice())
+                        .map_err(|e| err("write")(e.into()))?;
+                }
+                Ok(())
+            })
+        }))
+    }
+
+    fn notices_claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Notice>> {
+        let db = self.db.clone();
+        let owner = owner.to_owned();
+        Box::pin(blocking(move || {
+            queue_txn(&db, false, |table, _| {
+                let mut all = std::collections::BTreeMap::new();
+                for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                    let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                    let n: Notice = decode_json("notice", v.value())?;
+                    all.insert(k.value().to_owned(), n);
+                }
+                let mut out = Vec::new();
+                for key in super::due(&all, now_ms, limit) {
+                    if let Some(mut n) = all.remove(&key) {
+                        n.lease = Some((owner.clone(), now_ms.saturating_add(lease_ms)));
+                        table
+                            .insert(key.as_str(), encode_notice(&n)?.as_slice())
+                            .map_err(|e| err("write")(e.into()))?;
+                        out.push(n);
+                    }
+                }
+                Ok(out)
+            })
+        }))
+    }
+
+    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || {
+            queue_txn(&db, false, |table, status| {
+                let name = notice.webhook.clone();
+                let key = notice.key();
+                let mut st: WebhookStatus = match status
+                    .get(name.as_str())
+                    .map_err(|e| err("read")(e.into()))?
+                {
+                    Some(v) => decode_json("webhook status", v.value())?,
+                    None => WebhookStatus::default(),
+                };
+                match super::settled(notice, &outcome, &mut st) {
+                    Some(n) => {
+                        table
+                            .insert(key.as_str(), encode_notice(&n)?.as_slice())
+                            .map_err(|e| err("write")(e.into()))?;
+                    }
+                    None => {
+                        table
+                            .remove(key.as_str())
+                            .map_err(|e| err("write")(e.into()))?;
+                    }
+                }
+                let bytes = serde_json::to_vec(&st).map_err(|e| StoreError::Encode {
+                    what: "webhook status",
+                    reason: e.to_string(),
+                })?;
+                status
+                    .insert(name.as_str(), bytes.as_slice())
+                    .map_err(|e| err("write")(e.into()))?;
+                Ok(())
+            })
+        }))
+    }
+
+    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
+        Box::pin(async move {
+            let notices = self.read(NOTICES)?;
+            let mut waiting = 0;
+            for entry in notices.iter().map_err(|e| err("scan")(e.into()))? {
+                let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                let n: Notice = decode_json("notice", v.value())?;
+                waiting += usize::from(!n.gave_up);
+            }
+            let mut out = BTreeMap::new();
+            for entry in self
+                .read(NOTIFY)?
+                .iter()
+                .map_err(|e| err("scan")(e.into()))?
+            {
+                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                out.insert(
+                    k.value().to_owned(),
+                    decode_json("webhook status", v.value())?,
+                );
+            }
+            Ok((out, waiting))
         })
     }
 

@@ -43,6 +43,9 @@ pub(crate) fn resolve(c: &Credential, what: &str) -> Result<String, String> {
 /// variable or file stops `serve` with the reason, rather than failing the
 /// first call.
 pub(crate) fn check_all(config: &Config) -> Result<(), String> {
+    for w in &config.notify.webhooks {
+        resolve(&w.secret, &format!("secret of webhook `{}`", w.name))?;
+    }
     for (server, s) in &config.servers {
         for (name, c) in &s.headers {
             resolve(c, &format!("header `{name}` of server `{server}`"))?;

@@ -6,6 +6,7 @@
 
 pub(crate) mod credentials;
 pub(crate) mod mux;
+pub(crate) mod notify;
 mod stdio;
 mod streamable_http;
 pub(crate) mod tls;

@@ -134,6 +134,20 @@ fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig,
     }
 }
 
+/// The client configuration for webhook `name` (`[[notify.webhooks]]`,
+/// its `tls`): Mozilla's roots unless it says otherwise.
+pub(crate) fn webhook_config(
+    name: &str,
+    tls: Option<&UpstreamTls>,
+) -> Result<ClientConfig, String> {
+    let default = UpstreamTls::default();
+    config_at(
+        &format!("[[notify.webhooks]] `{name}` tls:"),
+        &format!("webhook `{name}`"),
+        tls.unwrap_or(&default),
+    )
+}
+
 /// Build the TLS configuration of every `https://` upstream and identity
 /// provider once (at start): an unreadable `ca_file` or client key stops
 /// `serve` with the reason, rather than failing the first call.
@@ -145,6 +159,9 @@ pub(crate) fn check_all(config: &crate::core::config::Config) -> Result<(), Stri
     }
     for i in &config.auth.issuers {
         issuer_config(&i.name, i.tls.as_ref())?;
+    }
+    for w in &config.notify.webhooks {
+        webhook_config(&w.name, w.tls.as_ref())?;
     }
     Ok(())
 }

@@ -32,10 +32,12 @@ use group::{Durability, Group};
 
 use super::{
     check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
-    Store, StoreError, StoreEvent, StoreFuture,
+    Settle, Store, StoreError, StoreEvent, StoreFuture,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
+use crate::core::notify::{Notice, WebhookStatus};
+use std::collections::BTreeMap;
 
 /// The schema, one step per version. Never edit a step that shipped: add one.
 pub const MIGRATIONS: &[&str] = &[
@@ -74,6 +76,21 @@ pub const MIGRATIONS: &[&str] = &[
     "ALTER TABLE ledger ADD COLUMN epoch bigint NOT NULL DEFAULT 0;",
     // 4: a proposal's revision, the compare of every write over it.
     "ALTER TABLE proposals ADD COLUMN revision bigint NOT NULL DEFAULT 0;",
+    // 5: notifications waiting for delivery, leased to one gateway at a
+    // time, and each webhook's status.
+    "CREATE TABLE notices (
+        key text PRIMARY KEY,
+        next_ms bigint NOT NULL,
+        gave_up boolean NOT NULL DEFAULT false,
+        lease_owner text,
+        lease_until bigint,
+        notice text NOT NULL
+     );
+     CREATE INDEX notices_due ON notices (next_ms) WHERE NOT gave_up;
+     CREATE TABLE notify_status (
+        webhook text PRIMARY KEY,
+        status text NOT NULL
+     );",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -125,6 +142,23 @@ fn decode<T: serde::de::DeserializeOwned>(what: &'static str, text: &str) -> Res
         what,
         reason: e.to_string(),
     })
+}
+
+/// Queue `notices` in `txn` (a notice already queued stays as it is).
+async fn insert_notices(
+    txn: &deadpool_postgres::Transaction<'_>,
+    notices: &[Notice],
+) -> Result<(), StoreError> {
+    for n in notices {
+        txn.execute(
+            "INSERT INTO notices (key, next_ms, notice) VALUES ($1, $2, $3)
+             ON CONFLICT (key) DO NOTHING",
+            &[&n.key(), &n.next_ms, &encode("notice", n)?],
+        )
+        .await
+        .map_err(backend("queue a notice"))?;
+    }
+    Ok(())
 }
 
 /// A proposal's revision as the `revision` column holds it.
@@ -689,10 +723,142 @@ impl Store for PgStore {
         proposal: Proposal,
         expect: Option<ProposalState>,
     ) -> StoreFuture<'_, bool> {
+        self.put_proposal_with(proposal, expect, Vec::new())
+    }
+
+    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut client = self.client().await?;
             let txn = client.transaction().await.map_err(backend("begin"))?;
-            relaxed(&txn, proposal_durable(&proposal)).await?;
+            insert_notices(&txn, &notices).await?;
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(())
+        })
+    }
+
+    fn notices_claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Notice>> {
+        let owner = owner.to_owned();
+        Box::pin(async move {
+            let client = self.client().await?;
+            // Leases are judged on the database's clock, like the
+            // gateways' own: one gateway delivers each notice at a time,
+            // and a lapsed lease (its gateway died) is taken over.
+            let _ = now_ms;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = client
+                .query(
+                    &format!(
+                        "WITH due AS (
+                           SELECT key FROM notices
+                           WHERE NOT gave_up AND next_ms <= {NOW_MS}
+                             AND (lease_until IS NULL OR lease_until < {NOW_MS})
+                           ORDER BY next_ms LIMIT $3
+                           FOR UPDATE SKIP LOCKED)
+                         UPDATE notices n SET lease_owner = $1, lease_until = {NOW_MS} + $2
+                         FROM due WHERE n.key = due.key
+                         RETURNING n.notice, n.lease_until"
+                    ),
+                    &[&owner, &lease_ms, &limit],
+                )
+                .await
+                .map_err(backend("claim notices"))?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in rows {
+                let mut n: Notice = decode("notice", row.get::<_, &str>(0))?;
+                n.lease = Some((owner.clone(), row.get::<_, i64>(1)));
+                out.push(n);
+            }
+            Ok(out)
+        })
+    }
+
+    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            // Lost to a crash, a settlement only means the notice is sent
+            // again, with the same id.
+            relaxed(&txn, false).await?;
+            let name = notice.webhook.clone();
+            let key = notice.key();
+            let row = txn
+                .query_opt(
+                    "SELECT status FROM notify_status WHERE webhook = $1 FOR UPDATE",
+                    &[&name],
+                )
+                .await
+                .map_err(backend("read a webhook status"))?;
+            let mut status: WebhookStatus = match &row {
+                Some(r) => decode("webhook status", r.get::<_, &str>(0))?,
+                None => WebhookStatus::default(),
+            };
+            match super::settled(notice, &outcome, &mut status) {
+                Some(n) => {
+                    txn.execute(
+                        "UPDATE notices SET next_ms = $2, gave_up = $3, lease_owner = NULL,
+                         lease_until = NULL, notice = $4 WHERE key = $1",
+                        &[&key, &n.next_ms, &n.gave_up, &encode("notice", &n)?],
+                    )
+                    .await
+                    .map_err(backend("settle a notice"))?;
+                }
+                None => {
+                    txn.execute("DELETE FROM notices WHERE key = $1", &[&key])
+                        .await
+                        .map_err(backend("settle a notice"))?;
+                }
+            }
+            txn.execute(
+                "INSERT INTO notify_status (webhook, status) VALUES ($1, $2)
+                 ON CONFLICT (webhook) DO UPDATE SET status = EXCLUDED.status",
+                &[&name, &encode("webhook status", &status)?],
+            )
+            .await
+            .map_err(backend("write a webhook status"))?;
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(())
+        })
+    }
+
+    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query("SELECT webhook, status FROM notify_status", &[])
+                .await
+                .map_err(backend("read webhook status"))?;
+            let mut out = BTreeMap::new();
+            for r in rows {
+                out.insert(
+                    r.get::<_, String>(0),
+                    decode("webhook status", r.get::<_, &str>(1))?,
+                );
+            }
+            let waiting: i64 = client
+                .query_one("SELECT count(*) FROM notices WHERE NOT gave_up", &[])
+                .await
+                .map_err(backend("count notices"))?
+                .get(0);
+            Ok((out, usize::try_from(waiting).unwrap_or(0)))
+        })
+    }
+
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            relaxed(&txn, proposal_durable(&proposal) || !notices.is_empty()).await?;
             let text = encode("proposal", &proposal)?;
             let state = proposal.state.as_str();
             let rev = revision(&proposal)?;
@@ -726,6 +892,9 @@ impl Store for PgStore {
             };
             if n == 1 {
                 notify(&txn, PROPOSALS_CHANNEL, &proposal.id).await?;
+                // INVARIANT: a notification commits with the proposal
+                // change it announces, or not at all.
+                insert_notices(&txn, &notices).await?;
             }
             txn.commit().await.map_err(backend("commit"))?;
             Ok(n == 1)
