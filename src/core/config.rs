@@ -185,8 +185,9 @@ pub enum WebhookFormat {
     Slack,
 }
 
-/// One `[[notify.webhooks]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+/// One `[[notify.webhooks]]` entry. Its `Debug` form leaves out the url:
+/// a chat webhook's url is its secret.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// A short name (metrics, `check`, the audit log).
@@ -217,6 +218,21 @@ pub struct WebhookConfig {
     pub tls: Option<UpstreamTls>,
 }
 
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("name", &self.name)
+            .field("url", &"(not shown)")
+            .field("events", &self.events)
+            .field("tenants", &self.tenants)
+            .field("format", &self.format)
+            .field("secret", &self.secret)
+            .field("include_arguments", &self.include_arguments)
+            .field("redact", &self.redact)
+            .finish_non_exhaustive()
+    }
+}
+
 fn all_event_kinds() -> Vec<EventKind> {
     EventKind::ALL.to_vec()
 }
@@ -228,20 +244,7 @@ impl NotifyConfig {
         let mut names = std::collections::BTreeSet::new();
         for (i, w) in self.webhooks.iter().enumerate() {
             let at = format!("notify.webhooks[{i}] (`{}`)", w.name);
-            if w.name.is_empty()
-                || !w
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                return Err(invalid(
-                    path,
-                    format!("{at}: name may only use letters, digits, `-` and `_`"),
-                ));
-            }
-            if !names.insert(w.name.clone()) {
-                return Err(invalid(path, format!("{at}: the name is used twice")));
-            }
+            plain_new_name(&mut names, &w.name, &at, path)?;
             // A proposal's facts sent in clear to afar would be anyone's.
             if !https_or_loopback(&w.url) {
                 return Err(invalid(
@@ -1053,20 +1056,7 @@ impl AuthConfig {
         let mut names = std::collections::BTreeSet::new();
         for (i, iss) in self.issuers.iter().enumerate() {
             let at = format!("auth.issuers[{i}] (`{}`)", iss.name);
-            if iss.name.is_empty()
-                || !iss
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                return Err(invalid(
-                    path,
-                    format!("{at}: name may only use letters, digits, `-` and `_`"),
-                ));
-            }
-            if !names.insert(iss.name.clone()) {
-                return Err(invalid(path, format!("{at}: the name is used twice")));
-            }
+            plain_new_name(&mut names, &iss.name, &at, path)?;
             // Keys fetched over plain HTTP from afar could be anyone's.
             let urls = [
                 Some(("issuer", &iss.issuer)),
@@ -1127,6 +1117,31 @@ impl AuthConfig {
         }
         Ok(())
     }
+}
+
+/// `name` (of the entry `at`) uses only letters, digits, `-` and `_`, and
+/// no earlier entry of its list has it: names go into principals, labels
+/// and log lines.
+fn plain_new_name(
+    names: &mut std::collections::BTreeSet<String>,
+    name: &str,
+    at: &str,
+    path: &Path,
+) -> Result<(), ConfigError> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(invalid(
+            path,
+            format!("{at}: name may only use letters, digits, `-` and `_`"),
+        ));
+    }
+    if !names.insert(name.to_owned()) {
+        return Err(invalid(path, format!("{at}: the name is used twice")));
+    }
+    Ok(())
 }
 
 /// A value of `path` that is not acceptable: what is wrong and what to do.

@@ -253,13 +253,7 @@ async fn get(http: &reqwest::Client, name: &str, url: &str) -> Result<String, St
         .send()
         .await
         .map_err(|e| {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text.push_str(": ");
-                text.push_str(&s.to_string());
-                source = s.source();
-            }
+            let mut text = crate::upstream::error_chain(&e);
             if text.contains("UnknownIssuer") {
                 text.push_str(&format!(
                     " (the provider's certificate is not signed by a trusted CA: set tls.ca_file of issuer `{name}` to the CA that signed it)"

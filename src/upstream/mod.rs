@@ -12,6 +12,19 @@ mod streamable_http;
 pub(crate) mod tls;
 pub(crate) mod witness;
 
+/// An error with its causes, `a: b: c` (reqwest's and hyper's own messages
+/// stop at "error sending request" and keep the reason in their sources).
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -56,18 +56,6 @@ fn client(w: &WebhookConfig, timeout: Duration) -> Result<reqwest::Client, Strin
         .map_err(|e| format!("no HTTP client for webhook `{}`: {e}", w.name))
 }
 
-/// An error with its causes, never a body or a secret.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 impl Deliverer {
     /// A worker for `config`'s webhooks over `store`.
     pub(crate) fn new(
@@ -240,7 +228,7 @@ impl Deliverer {
             .send()
             .await
             // Without the url: a chat webhook's url is its secret.
-            .map_err(|e| chain(&e.without_url()))?;
+            .map_err(|e| super::error_chain(&e.without_url()))?;
         let status = response.status();
         if status.is_success() {
             Ok(status.as_u16())

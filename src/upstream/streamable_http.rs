@@ -4,6 +4,7 @@
 //! which the gateway mints) is kept here, and a standalone GET stream is
 //! opened after `notifications/initialized`.
 
+use super::error_chain;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -219,18 +220,6 @@ pub(super) struct Http {
 
 const SESSION: &str = "mcp-session-id";
 const PROTOCOL: &str = "mcp-protocol-version";
-
-/// An error with its causes, `a: b: c`.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
 
 /// What came back for one request, with the connection, which drives the
 /// body and goes back to the pool once the body has been read.

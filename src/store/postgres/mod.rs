@@ -828,7 +828,16 @@ impl Store for PgStore {
 
     fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
         Box::pin(async move {
-            let client = self.client().await?;
+            let mut conn = self.client().await?;
+            // One snapshot: the queue and the counts agree (a settlement
+            // moves both in one transaction).
+            let client = conn
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(backend("begin"))?;
             let rows = client
                 .query("SELECT webhook, status FROM notify_status", &[])
                 .await
@@ -845,6 +854,7 @@ impl Store for PgStore {
                 .await
                 .map_err(backend("count notices"))?
                 .get(0);
+            client.commit().await.map_err(backend("commit"))?;
             Ok((out, usize::try_from(waiting).unwrap_or(0)))
         })
     }
