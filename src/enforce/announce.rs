@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use crate::core::config::{EventKind, WebhookConfig};
-use crate::core::notify::Event;
+use crate::core::notify::{Event, Notice};
 use crate::core::time::Clock;
 use crate::store::Store;
 
@@ -40,19 +40,36 @@ impl Announcer {
         }
     }
 
-    /// Queue an event of `kind` (of `tenant`, if any) with `facts`: durable
-    /// once queued, delivered at least once from then on.
+    /// The notices of an event of `kind` (of `tenant`, if any) with
+    /// `facts`, for the caller to queue in the commit of what it announces
+    /// (then [`Announcer::queued`]).
+    pub(crate) fn notices(
+        &self,
+        kind: EventKind,
+        tenant: Option<&str>,
+        facts: Map<String, Value>,
+    ) -> Vec<Notice> {
+        if self.webhooks.is_empty() {
+            return Vec::new();
+        }
+        Event::incident(kind, tenant, facts).notices(&self.webhooks, self.clock.now_ms())
+    }
+
+    /// Notices were queued: wake the delivery worker.
+    pub(crate) fn queued(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Queue an event of `kind` (of `tenant`, if any) with `facts` on its
+    /// own (an event of no store change): durable once queued, delivered at
+    /// least once from then on.
     pub(crate) fn incident(
         &self,
         kind: EventKind,
         tenant: Option<&str>,
         facts: Map<String, Value>,
     ) {
-        if self.webhooks.is_empty() {
-            return;
-        }
-        let notices =
-            Event::incident(kind, tenant, facts).notices(&self.webhooks, self.clock.now_ms());
+        let notices = self.notices(kind, tenant, facts);
         if notices.is_empty() {
             return;
         }

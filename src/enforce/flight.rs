@@ -534,11 +534,23 @@ impl Ticket {
     }
 
     /// Sent, answer lost: `unknown` until an operator reconciles it.
-    pub async fn unknown(mut self) {
+    pub async fn unknown(self) {
+        self.unknown_telling(Vec::new()).await;
+    }
+
+    /// [`Ticket::unknown`], with `notices` (the webhooks' `outcome_unknown`)
+    /// queued in the same commit. Returns whether the move was recorded
+    /// (else the notices were not queued either).
+    pub(crate) async fn unknown_telling(
+        mut self,
+        notices: Vec<crate::core::notify::Notice>,
+    ) -> bool {
         let mut next = self.record.clone();
         next.state = State::Unknown;
         // Left `dispatched` on a failure: recovery makes it `unknown`.
-        let _ = self.finish(next, Settled::Verdict(Outcome::Unknown)).await;
+        self.finish_telling(next, Settled::Verdict(Outcome::Unknown), notices)
+            .await
+            .is_ok()
     }
 
     /// The store failed to record how a call ended: keep trying (every
@@ -599,6 +611,15 @@ impl Ticket {
     }
 
     async fn finish(&mut self, next: Record, settled: Settled) -> Result<(), StoreError> {
+        self.finish_telling(next, settled, Vec::new()).await
+    }
+
+    async fn finish_telling(
+        &mut self,
+        next: Record,
+        settled: Settled,
+        notices: Vec<crate::core::notify::Notice>,
+    ) -> Result<(), StoreError> {
         let from = if self.dispatched {
             State::Dispatched
         } else {
@@ -610,7 +631,7 @@ impl Ticket {
         let mut result = match self
             .svc
             .store
-            .transition(self.key.clone(), from, next.clone())
+            .transition_telling(self.key.clone(), from, next.clone(), None, notices)
             .await
         {
             Ok(true) => Ok(()),

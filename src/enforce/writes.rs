@@ -54,9 +54,9 @@ pub(crate) struct Writes {
 }
 
 impl Writes {
-    /// Tell the webhooks that `c`'s answer was lost: it waits for
-    /// `reconcile`. The idempotency key only as a digest.
-    fn lost<U>(&self, c: &Call<'_, U>, reason: &str) {
+    /// The facts of `c`'s `outcome_unknown` for the webhooks: who, which
+    /// tool, why, the idempotency key only as a digest.
+    fn lost_facts<U>(c: &Call<'_, U>, reason: &str) -> serde_json::Map<String, Value> {
         use sha2::Digest;
         let who = &c.ctx.caller.identity;
         let mut f = serde_json::Map::new();
@@ -77,11 +77,27 @@ impl Writes {
         f.insert("call_digest".into(), json!(c.call.digest));
         f.insert("reason".into(), json!(reason));
         f.insert("command".into(), json!("countersign reconcile --list"));
-        self.announcer.incident(
-            crate::core::config::EventKind::OutcomeUnknown,
-            Some(&who.tenant),
-            f,
-        );
+        f
+    }
+
+    /// `c` was sent and its answer is lost: its record moves to `unknown`,
+    /// and the webhooks' `outcome_unknown` is queued in the same commit. If
+    /// the move could not be recorded, the event is queued on its own.
+    async fn lost<U>(&self, c: &Call<'_, U>, ticket: Box<Ticket>, reason: &str) {
+        let kind = crate::core::config::EventKind::OutcomeUnknown;
+        let tenant = Some(c.ctx.caller.identity.tenant.as_str());
+        let notices = self
+            .announcer
+            .notices(kind, tenant, Self::lost_facts(c, reason));
+        let told = !notices.is_empty();
+        if ticket.unknown_telling(notices).await {
+            if told {
+                self.announcer.queued();
+            }
+        } else {
+            self.announcer
+                .incident(kind, tenant, Self::lost_facts(c, reason));
+        }
     }
 
     /// Sign questions to the client with `asker` from now on.
@@ -372,11 +388,10 @@ impl Writes {
                     // A cancellation answer is not the call's answer: the
                     // server may have run it first. Never final, never
                     // replayed: unknown until an operator reconciles it.
-                    ticket.unknown().await;
                     let reason = "the server answered that the request was cancelled";
+                    self.lost(c, ticket, reason).await;
                     c.trail
                         .record("outcome_unknown", vec![("reason", json!(reason))]);
-                    self.lost(c, reason);
                     return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
                         server: c.ctx.server.to_owned(),
                         reason: reason.to_owned(),
@@ -396,7 +411,12 @@ impl Writes {
                         );
                         c.trail
                             .record("outcome_unknown", vec![("reason", json!(reason))]);
-                        self.lost(c, &reason);
+                        // The ticket is spent: the event goes on its own.
+                        self.announcer.incident(
+                            crate::core::config::EventKind::OutcomeUnknown,
+                            Some(&c.ctx.caller.identity.tenant),
+                            Self::lost_facts(c, &reason),
+                        );
                         return Attempt::Done(CallOutcome::Failed(UpstreamError::Lost {
                             server: c.ctx.server.to_owned(),
                             reason,
@@ -405,10 +425,9 @@ impl Writes {
                     tracing::info!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "executed: the write ran and its answer is recorded");
                     c.trail.record("completed", answered_fields(&resp));
                 } else {
-                    ticket.unknown().await;
+                    self.lost(c, ticket, "no answer").await;
                     c.trail
                         .record("outcome_unknown", vec![("reason", json!("no answer"))]);
-                    self.lost(c, "no answer");
                 }
                 Attempt::Done(CallOutcome::Answered(resp))
             }
@@ -419,11 +438,10 @@ impl Writes {
                 Attempt::Retry(failed(c.ctx.server, e, admitted))
             }
             Err(e) => {
-                ticket.unknown().await;
+                self.lost(c, ticket, &e.to_string()).await;
                 tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {e}");
                 c.trail
                     .record("outcome_unknown", vec![("reason", json!(e.to_string()))]);
-                self.lost(c, &e.to_string());
                 Attempt::Done(failed(c.ctx.server, e, admitted))
             }
         }

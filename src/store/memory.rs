@@ -190,6 +190,17 @@ impl Store for MemoryStore {
         to: Record,
         outbox: Option<(u64, String)>,
     ) -> StoreFuture<'_, bool> {
+        self.transition_telling(key, from, to, outbox, Vec::new())
+    }
+
+    fn transition_telling(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
         let out = check_transition(from, to.state).map(|()| {
             let mut map = self.lock();
             match map.get_mut(&key) {
@@ -197,6 +208,10 @@ impl Store for MemoryStore {
                     *cur = to;
                     if let Some((id, entries)) = outbox {
                         self.outbox.lock().insert(id, entries);
+                    }
+                    let mut queue = self.notices.lock();
+                    for n in notices {
+                        queue.0.insert(n.key(), n);
                     }
                     true
                 }

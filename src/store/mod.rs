@@ -371,6 +371,23 @@ pub trait Store: Send + Sync {
         outbox: Option<(u64, String)>,
     ) -> StoreFuture<'_, bool>;
 
+    /// [`Store::transition_with`], and when it moves, queue `notices` (the
+    /// events the move announces: a write whose answer was lost) in the
+    /// same commit, durably.
+    fn transition_telling(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
+        if notices.is_empty() {
+            return self.transition_with(key, from, to, outbox);
+        }
+        Box::pin(std::future::ready(Err(StoreError::NoQueue)))
+    }
+
     /// The audit entries waiting in the outbox, by id.
     fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>>;
 
@@ -871,6 +888,48 @@ mod tests {
         let taken = store.notices_claim("g2", later, 60_000, 10).await.unwrap();
         assert_eq!(taken.len(), 1, "the lapsed lease is taken over");
         assert_eq!(taken[0].id, "ev-2");
+        // With a ledger move: queued only when the record moves.
+        let r = Record::reserve(&claim("dn"), 0, 60_000);
+        store.reserve("kn".into(), r.clone(), 0).await.unwrap();
+        assert!(dispatch(store, "kn", &r).await);
+        let unknown = with_state(r.clone(), State::Unknown);
+        let before = store.notify_status().await.unwrap().1;
+        assert!(!store
+            .transition_telling(
+                "kn".into(),
+                State::Reserved,
+                with_state(r.clone(), State::NotDispatched),
+                None,
+                vec![notice("ev-x", "a")]
+            )
+            .await
+            .unwrap());
+        assert_eq!(
+            store.notify_status().await.unwrap().1,
+            before,
+            "no move, no notice"
+        );
+        assert!(store
+            .transition_telling(
+                "kn".into(),
+                State::Dispatched,
+                unknown,
+                None,
+                vec![notice("ev-u", "a")]
+            )
+            .await
+            .unwrap());
+        assert_eq!(store.notify_status().await.unwrap().1, before + 1);
+        let u = store
+            .notices_claim("gu", crate::core::time::now_ms(), 60_000, 10)
+            .await
+            .unwrap();
+        let u: Vec<Notice> = u.into_iter().filter(|n| n.id == "ev-u").collect();
+        assert_eq!(u.len(), 1);
+        store
+            .notice_settle(u[0].clone(), Settle::Delivered(now))
+            .await
+            .unwrap();
         // Given up: kept for the record, never claimed again.
         store
             .notice_settle(
@@ -1292,7 +1351,7 @@ mod tests {
         let store = RedbStore::open(&path).unwrap();
         let (status, queued) = store.notify_status().await.unwrap();
         assert_eq!(queued, 2, "b's retry and the leased one");
-        assert_eq!(status["a"].delivered, 1);
+        assert_eq!(status["a"].delivered, 2, "ev-1 and the ledger move's ev-u");
         assert_eq!(status["b"].retried, 1);
         // The next process takes the dead one's notice at once.
         let now = crate::core::time::now_ms();

@@ -65,6 +65,8 @@ enum Op {
         from: State,
         to: Record,
         outbox: Option<(u64, String)>,
+        /// Queued in the same commit when the record moves.
+        notices: Vec<Notice>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
     OutboxClear {
@@ -84,7 +86,10 @@ enum Op {
 impl Op {
     fn durable(&self) -> bool {
         match self {
-            Op::Transition { from, to, .. } => needs_durability(*from, to.state),
+            // A notification is queued durably with what it announces.
+            Op::Transition {
+                from, to, notices, ..
+            } => needs_durability(*from, to.state) || !notices.is_empty(),
             // A notification is queued durably with what it announces.
             Op::PutProposal {
                 proposal, notices, ..
@@ -428,14 +433,23 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                     from,
                     to,
                     outbox: entries,
+                    notices: queued,
                     ..
                 } => Done::Transition(transition(&mut table, key, *from, to).and_then(|moved| {
-                    // INVARIANT: the outbox row commits in the same
-                    // transaction as the move it records, or not at all.
+                    // INVARIANT: the outbox row and the notifications commit
+                    // in the same transaction as the move they record, or
+                    // not at all.
                     if let (true, Some((id, text))) = (moved, entries) {
                         outbox
                             .insert(*id, text.as_str())
                             .map_err(|e| err("write")(e.into()))?;
+                    }
+                    if moved {
+                        for n in queued {
+                            notices
+                                .insert(n.key().as_str(), encode_notice(n)?.as_slice())
+                                .map_err(|e| err("write")(e.into()))?;
+                        }
                     }
                     Ok(moved)
                 })),
@@ -885,11 +899,23 @@ impl Store for RedbStore {
         to: Record,
         outbox: Option<(u64, String)>,
     ) -> StoreFuture<'_, bool> {
+        self.transition_telling(key, from, to, outbox, Vec::new())
+    }
+
+    fn transition_telling(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
         self.submit(|reply| Op::Transition {
             key,
             from,
             to,
             outbox,
+            notices,
             reply,
         })
     }

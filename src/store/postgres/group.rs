@@ -381,6 +381,8 @@ pub(super) struct TransitionOp {
     pub record: String,
     /// An audit outbox row (id, entries) to store with the move.
     pub outbox: Option<(i64, String)>,
+    /// Notifications to queue with the move (a JSON array of notices).
+    pub notices: Option<String>,
 }
 
 impl Kind for Transition {
@@ -396,11 +398,11 @@ impl Kind for Transition {
     // reservation made before a lapse is never dispatched (it ends
     // `not_dispatched`, and a retry reserves again); meanwhile another
     // gateway may have settled the lapsed gateway's records.
-    // INVARIANT: the outbox row commits with the move it records, and only
-    // with it.
+    // INVARIANT: the outbox row and the notifications commit with the move
+    // they record, and only with it.
     const SQL: &'static str = "WITH b AS (
-            SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::text[])
-              AS b(key, from_state, to_state, expires_ms, record, outbox_id, outbox)
+            SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::text[], $10::text[])
+              AS b(key, from_state, to_state, expires_ms, record, outbox_id, outbox, notices)
          ), moved AS (
             UPDATE ledger l
             SET state = b.to_state, expires_ms = b.expires_ms, gateway = $1, record = b.record
@@ -409,10 +411,16 @@ impl Kind for Transition {
               AND (b.to_state <> 'dispatched' OR (l.gateway = $1 AND l.epoch = $2 AND EXISTS (
                 SELECT 1 FROM gateways g WHERE g.id = $1 AND g.epoch = $2
                   AND g.lease_until_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint)))
-            RETURNING l.key, b.to_state, b.outbox_id, b.outbox
+            RETURNING l.key, b.to_state, b.outbox_id, b.outbox, b.notices
          ), kept AS (
             INSERT INTO audit_outbox (gateway, id, entries)
             SELECT $1, m.outbox_id, m.outbox FROM moved m WHERE m.outbox_id IS NOT NULL
+         ), told AS (
+            INSERT INTO notices (key, next_ms, notice)
+            SELECT (n->>'id') || '/' || (n->>'webhook'), (n->>'next_ms')::bigint, n::text
+            FROM moved m, jsonb_array_elements(m.notices::jsonb) n
+            WHERE m.notices IS NOT NULL
+            ON CONFLICT (key) DO NOTHING
          )
          SELECT m.key, CASE WHEN m.to_state IN ('complete', 'not_dispatched', 'unknown')
            THEN pg_notify('countersign_ledger', m.key)::text END
@@ -440,6 +448,7 @@ impl Kind for Transition {
                 .iter()
                 .map(|o| o.outbox.as_ref().map(|x| x.1.as_str()))
                 .collect();
+            let notices: Vec<Option<&str>> = ops.iter().map(|o| o.notices.as_deref()).collect();
             let gateway: &str = &self.0.gateway;
             let rows = client
                 .query(
@@ -454,6 +463,7 @@ impl Kind for Transition {
                         &records,
                         &outbox_ids,
                         &outboxes,
+                        &notices,
                     ],
                 )
                 .await?;

@@ -1008,8 +1008,25 @@ impl Store for PgStore {
         to: Record,
         outbox: Option<(u64, String)>,
     ) -> StoreFuture<'_, bool> {
+        self.transition_telling(key, from, to, outbox, Vec::new())
+    }
+
+    fn transition_telling(
+        &self,
+        key: String,
+        from: State,
+        to: Record,
+        outbox: Option<(u64, String)>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
         Box::pin(async move {
             check_transition(from, to.state)?;
+            let told = !notices.is_empty();
+            let notices = if told {
+                Some(encode("notice", &notices)?)
+            } else {
+                None
+            };
             // The lease and epoch check of a move to `dispatched`, the
             // outbox row and the notification are in the grouped statement
             // (`group::Transition`).
@@ -1020,8 +1037,10 @@ impl Store for PgStore {
                 expires_ms: to.expires_ms,
                 record: encode("record", &to)?,
                 outbox: outbox.map(|(id, text)| (i64::try_from(id).unwrap_or(i64::MAX), text)),
+                notices,
             };
-            if needs_durability(from, to.state) {
+            // A notification is queued durably with what it announces.
+            if needs_durability(from, to.state) || told {
                 self.flushed.write(op).await
             } else {
                 self.relaxed.write(op).await
