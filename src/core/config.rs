@@ -1119,6 +1119,14 @@ impl AuthConfig {
     }
 }
 
+/// A non-empty name of letters, digits, `-` and `_` only.
+fn is_plain(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 /// `name` (of the entry `at`) uses only letters, digits, `-` and `_`, and
 /// no earlier entry of its list has it: names go into principals, labels
 /// and log lines.
@@ -1128,11 +1136,7 @@ fn plain_new_name(
     at: &str,
     path: &Path,
 ) -> Result<(), ConfigError> {
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
+    if !is_plain(name) {
         return Err(invalid(
             path,
             format!("{at}: name may only use letters, digits, `-` and `_`"),
@@ -1212,11 +1216,7 @@ impl ServerConfig {
     fn check(&self, name: &str, path: &Path) -> Result<(), ConfigError> {
         // Server names become URL path segments (`/mcp/{name}`) and Cedar
         // entity ids: keep them to a plain alphabet.
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
+        if !is_plain(name) {
             return Err(invalid(
                 path,
                 format!("server name `{name}` may only use letters, digits, `-` and `_`"),

@@ -86,8 +86,14 @@ fn id() -> String {
 impl Event {
     /// A proposal event: `proposal_created`, `proposal_decided` (with
     /// `decision`: `approved`, `quorum met`, `denied`, `approval withdrawn`
-    /// and who), or `proposal_expired`.
-    pub fn proposal(kind: EventKind, p: &Proposal, decision: Option<(&str, &str, &str)>) -> Event {
+    /// and who), or `proposal_expired`. `pending_until`: when an undecided
+    /// proposal expires (unix ms), said as its `expires_at` while pending.
+    pub fn proposal(
+        kind: EventKind,
+        p: &Proposal,
+        decision: Option<(&str, &str, &str)>,
+        pending_until: i64,
+    ) -> Event {
         let mut f = Map::new();
         f.insert("proposal_id".into(), json!(p.id));
         f.insert("requester".into(), json!(p.requester));
@@ -101,9 +107,13 @@ impl Event {
         f.insert("call_digest".into(), json!(p.call_digest));
         f.insert("state".into(), json!(p.state.as_str()));
         f.insert("arguments".into(), p.arguments.clone());
-        if let Some(e) = p.expires_ms {
-            f.insert("expires_at".into(), json!(rfc3339(e)));
-        }
+        match p.expires_ms {
+            Some(e) => f.insert("expires_at".into(), json!(rfc3339(e))),
+            None if p.state == ProposalState::Pending => {
+                f.insert("expires_at".into(), json!(rfc3339(pending_until)))
+            }
+            None => None,
+        };
         if let Some(progress) = p.progress() {
             f.insert("progress".into(), json!(progress));
         }
@@ -231,9 +241,13 @@ pub fn sentence(event: &Value) -> String {
     let id = s(f, "proposal_id");
     match s(event, "kind") {
         "proposal_created" => format!(
-            "{who} of {} wants {tool} ({}){args}: proposal {id} waits for approval (call {}). Look at it with `countersign show {id}`.",
+            "{who} of {} wants {tool} ({}){args}: proposal {id} waits for approval{} (call {}). Look at it with `countersign show {id}`.",
             s(f, "tenant"),
             s(f, "risk"),
+            f.get("expires_at")
+                .and_then(Value::as_str)
+                .map(|e| format!(" until {e}"))
+                .unwrap_or_default(),
             s(f, "call_digest"),
         ),
         "proposal_decided" => format!(

@@ -273,7 +273,9 @@ impl Book {
         let decision = decision
             .as_ref()
             .map(|(w, b, r)| (w.as_str(), b.as_str(), r.as_str()));
-        notify::Event::proposal(kind, p, decision).notices(&self.webhooks, self.clock.now_ms())
+        let pending_until = p.created_ms.saturating_add(ms(self.config.pending_ttl));
+        notify::Event::proposal(kind, p, decision, pending_until)
+            .notices(&self.webhooks, self.clock.now_ms())
     }
 
     /// Record a proposal's change in the audit log.

@@ -805,9 +805,9 @@ mod tests {
     /// they announce (or not at all), are leased to one deliverer at a
     /// time, come back when a lease lapses, and leave only when delivered;
     /// each webhook's status counts what happened.
-    async fn notify_conformance(store: &dyn Store) {
-        let now = crate::core::time::now_ms();
-        let notice = |id: &str, hook: &str| Notice {
+    /// A fresh notice of event `id` for webhook `hook`, due at `now`.
+    fn notice_at(id: &str, hook: &str, now: i64) -> Notice {
+        Notice {
             id: id.into(),
             webhook: hook.into(),
             event: serde_json::json!({"id": id, "kind": "proposal_created"}),
@@ -817,7 +817,12 @@ mod tests {
             last_error: None,
             gave_up: false,
             lease: None,
-        };
+        }
+    }
+
+    async fn notify_conformance(store: &dyn Store) {
+        let now = crate::core::time::now_ms();
+        let notice = |id: &str, hook: &str| notice_at(id, hook, now);
         let mut p = proposal("pn", ProposalState::Pending, None);
         p.revision = 1;
         // A refused write (nothing to compare with) queues nothing.
@@ -1330,19 +1335,8 @@ mod tests {
             let now = crate::core::time::now_ms();
             let mut dying = proposal("pd", ProposalState::Pending, None);
             dying.id = "pd".into();
-            let notice = Notice {
-                id: "ev-9".into(),
-                webhook: "a".into(),
-                event: serde_json::json!({}),
-                created_ms: now,
-                attempts: 0,
-                next_ms: now,
-                last_error: None,
-                gave_up: false,
-                lease: None,
-            };
             assert!(store
-                .put_proposal_with(dying, None, vec![notice])
+                .put_proposal_with(dying, None, vec![notice_at("ev-9", "a", now)])
                 .await
                 .unwrap());
             n = store.notices_claim("g1", now, 60_000, 10).await.unwrap();
