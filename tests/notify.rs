@@ -332,16 +332,24 @@ async fn a_receiver_that_fails_twice_gets_the_event_three_times_with_one_id() {
             )
         };
         if metric(&m, "countersign_notifications_queued") == Some(0)
-            && count("delivered") == Some(1)
+            && count("delivered").is_some_and(|n| n >= 1)
         {
-            assert_eq!(count("retried"), Some(2), "{m}");
+            assert!(count("retried").is_some_and(|n| n >= 2), "{m}");
             assert_eq!(count("gave_up"), Some(0), "{m}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{m}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(rx.got().len(), 3, "{:?}", rx.got());
+    // That event three times, never a fourth (any other event would be
+    // another id).
+    let event = &got[0].event;
+    assert_eq!(
+        rx.got().iter().filter(|g| &g.event == event).count(),
+        3,
+        "{:?}",
+        rx.got()
+    );
     wait_for_audit(&gw, "two failures and a delivery", |entries| {
         let failed = entries
             .iter()
