@@ -45,8 +45,8 @@
 //! definitions (a server whose tools differ per session).
 //! Over HTTP, 2026-07-28 requests are checked like a real modern server does
 //! (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` against the body), and
-//! each execution record carries the `Authorization` and `X-Api-Key` headers
-//! the request came with. `--stubborn` ignores stdin EOF and SIGTERM (to test SIGKILL escalation).
+//! each execution record carries the `Authorization`, `X-Api-Key` and
+//! `traceparent` headers the request came with. `--stubborn` ignores stdin EOF and SIGTERM (to test SIGKILL escalation).
 //! `--modern-only` speaks only 2026-07-28: `initialize` gets the version error.
 //! `--page-size N` pages `tools/list`, N tools a page (`nextCursor`).
 //! `get_account` reports the version in the faults file's
@@ -130,6 +130,8 @@ struct Out {
     auth: Option<String>,
     /// The `X-Api-Key` header the request came with (HTTP).
     api_key: Option<String>,
+    /// The `traceparent` header the request came with (HTTP).
+    traceparent: Option<String>,
 }
 
 impl Out {
@@ -391,7 +393,7 @@ impl Server {
             _ => {}
         }
         self.note(
-            json!({"event":"executed","tool":name,"arguments":args,"raw_arguments":raw.as_ref().map(|r| &r.0),"raw_meta":raw.as_ref().and_then(|r| r.1.as_ref()),"pid":std::process::id(),"authorization":out.auth,"x_api_key":out.api_key}),
+            json!({"event":"executed","tool":name,"arguments":args,"raw_arguments":raw.as_ref().map(|r| &r.0),"raw_meta":raw.as_ref().and_then(|r| r.1.as_ref()),"pid":std::process::id(),"authorization":out.auth,"x_api_key":out.api_key,"traceparent_header":out.traceparent}),
         );
         let text = match name {
             "get_balance" => format!(
@@ -549,6 +551,7 @@ fn new_out(tx: mpsc::Sender<Value>, standalone: mpsc::Sender<Value>) -> Out {
         standalone,
         auth: None,
         api_key: None,
+        traceparent: None,
     }
 }
 
@@ -710,6 +713,7 @@ async fn http_post(State(st): State<Arc<Http>>, headers: HeaderMap, body: Bytes)
     };
     out.auth = header(&headers, "authorization").map(str::to_owned);
     out.api_key = header(&headers, "x-api-key").map(str::to_owned);
+    out.traceparent = header(&headers, "traceparent").map(str::to_owned);
     if msg.get("method").is_none() {
         out.answer(&msg);
         return StatusCode::ACCEPTED.into_response();

@@ -53,5 +53,6 @@ pub mod core;
 pub mod enforce;
 pub(crate) mod front;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;
 pub mod wire;

@@ -8,18 +8,69 @@
 
 use std::io::{self, Write};
 
-use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::{Format, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
 
 /// Start logging to stderr (never stdout: in stdio mode it is the
-/// protocol), filtered by `COUNTERSIGN_LOG` (default `info`).
-pub(crate) fn init() {
+/// protocol), filtered by `COUNTERSIGN_LOG` (default `info`). With
+/// `tracer`, spans of [`crate::telemetry::TARGET`] go to OpenTelemetry,
+/// and only they: the log filter never hides them, and no log event
+/// becomes a span event (log lines may name keys and principals).
+pub(crate) fn init(tracer: Option<opentelemetry_sdk::trace::SdkTracer>) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let is_trace = |m: &tracing::Metadata<'_>| m.target() == crate::telemetry::TARGET;
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .with_writer(Escaping(io::stderr))
-        .init();
+        .event_format(Traced(Format::default().with_ansi(false)))
+        .with_filter(tracing_subscriber::filter::filter_fn(move |m| !is_trace(m)))
+        .with_filter(filter);
+    let otel = tracer.map(|t| {
+        tracing_opentelemetry::layer()
+            .with_tracer(t)
+            .with_filter(tracing_subscriber::filter::filter_fn(is_trace))
+    });
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
+        .try_init();
+}
+
+/// The default line format, with the `trace_id` and `span_id` of the call
+/// it was written in at its end, when traces are on: a log line leads to
+/// its trace.
+struct Traced<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for Traced<F>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let ids = if crate::telemetry::on() {
+            crate::telemetry::ids(&tracing::Span::current())
+        } else {
+            None
+        };
+        let Some((trace_id, span_id)) = ids else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        let line = line.strip_suffix('\n').unwrap_or(&line);
+        writeln!(writer, "{line} trace_id={trace_id} span_id={span_id}")
+    }
 }
 
 /// A [`MakeWriter`] whose writers escape control characters.

@@ -26,6 +26,7 @@ pub(crate) mod reconcile;
 pub(crate) mod review;
 pub(crate) mod serve;
 pub(crate) mod store;
+pub(crate) mod telemetry;
 pub(crate) mod tools;
 pub(crate) mod transparency;
 
@@ -40,7 +41,10 @@ use args::{Cli, Command, StoreCommand};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    log::init();
+    // `serve` starts logging once its configuration says where traces go.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        log::init(None);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -79,7 +83,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve { config } => {
             let config = files::load_config(&config)?;
-            crate::cli::serve::serve(config).await?;
+            let traces = telemetry::settings(&config.telemetry, &|name| std::env::var(name).ok())
+                .map_err(|e| anyhow::anyhow!("[telemetry]: {e}"))?;
+            let export = match &traces {
+                Some(s) => Some(telemetry::start(s).map_err(|e| anyhow::anyhow!("{e}"))?),
+                None => None,
+            };
+            log::init(export.as_ref().map(|e| e.tracer.clone()));
+            if let Some(s) = &traces {
+                tracing::info!(endpoint = %s.endpoint, service = %s.service_name, sampler = %s.sampler.0, "traces: exporting over OTLP/HTTP");
+            }
+            let served = crate::cli::serve::serve(config).await;
+            if let Some(export) = export {
+                export.shutdown(Duration::from_secs(5)).await;
+            }
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Stdio {

@@ -438,6 +438,10 @@ pub struct Proposal {
     /// verifies the state against them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub asked_by: Vec<String>,
+    /// The W3C `traceparent` of the request that created it, when traces
+    /// were on: a later call under it links its span to that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// The person at the client answered a proposal (MCP elicitation, or a
@@ -926,6 +930,7 @@ mod tests {
             reason: None,
             confirmation: None,
             asked_by: Vec::new(),
+            trace: None,
         }
     }
 

@@ -59,6 +59,8 @@ pub struct Ask<'a> {
     pub key: &'a str,
     /// The idempotency key as the client sent it (or derived).
     pub client_key: &'a str,
+    /// The W3C `traceparent` of the asking request's span, when traced.
+    pub trace: Option<String>,
 }
 
 /// What a call that needs approval finds.
@@ -691,6 +693,7 @@ impl Book {
             reason: None,
             confirmation: None,
             asked_by: Vec::new(),
+            trace: ask.trace.clone(),
         };
         let mut p = p;
         if !self.write(&mut p, None).await? {
@@ -1463,6 +1466,7 @@ mod tests {
             reason: None,
             confirmation: None,
             asked_by: Vec::new(),
+            trace: None,
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::book::{Ask, Book, Found};
 use super::call::{claim, explicit_version, parse, risk, subject, Call, CallCtx};
@@ -143,12 +144,22 @@ impl Gate {
                 quorum: &quorum,
                 key: &c.claim.key,
                 client_key: &c.claim.client_key,
+                // The request's SERVER span (the current one here): a
+                // proposal remembers the request that asked for it.
+                trace: crate::telemetry::on()
+                    .then(|| crate::telemetry::traceparent(&tracing::Span::current()))
+                    .flatten()
+                    .map(|t| t.traceparent),
             };
             let reviewers = self.judge.policies();
             // Entries so far go first: the proposal this call may create
             // follows its cause in the log.
             c.trail.flush();
-            let proposal = match self.book.find(&ask, reviewers.reviewers()).await {
+            let found = self.book.find(&ask, reviewers.reviewers()).await;
+            if let Ok(Found::Usable(p) | Found::Wait(p)) = &found {
+                traced_under(p, ask.trace.as_deref());
+            }
+            let proposal = match found {
                 Ok(Found::Usable(p)) if p.confirmation.is_some() && !self.judge.may_confirm(c) => {
                     // A yes from the client counts only while the policies
                     // in force let the requester confirm this call.
@@ -212,43 +223,86 @@ impl Gate {
                 }
             }
             // Hold: wait for this proposal to be decided, sending progress.
-            let mut draining = self.draining.clone();
-            loop {
-                let left = hold_until.saturating_duration_since(Instant::now());
-                if left.is_zero() || *draining.borrow() {
-                    return Chosen::Refuse(Outcome::Approval(super::book::pending(&proposal)));
+            let span = crate::telemetry::stage!(
+                "approval wait",
+                countersign.proposal = %proposal.id,
+                countersign.outcome = tracing::field::Empty,
+            );
+            let held = self
+                .hold(
+                    c,
+                    &proposal,
+                    changes,
+                    token.as_ref(),
+                    &mut progress,
+                    hold_until,
+                )
+                .instrument(span.clone())
+                .await;
+            span.record(
+                "countersign.outcome",
+                if held.is_none() {
+                    "decided"
+                } else {
+                    "approval_pending"
+                },
+            );
+            if let Some(stop) = held {
+                return stop;
+            }
+        }
+    }
+
+    /// Hold the call until `proposal` is decided (`None`: look again) or
+    /// the hold ends (the answer), sending progress when it asked for it.
+    async fn hold<U>(
+        &self,
+        c: &Call<'_, U>,
+        proposal: &Proposal,
+        changes: &mut tokio::sync::broadcast::Receiver<super::book::Event>,
+        token: Option<&Value>,
+        progress: &mut u64,
+        hold_until: Instant,
+    ) -> Option<Chosen> {
+        let hold = self.config.approvals.hold;
+        let mut draining = self.draining.clone();
+        loop {
+            let left = hold_until.saturating_duration_since(Instant::now());
+            if left.is_zero() || *draining.borrow() {
+                return Some(Chosen::Refuse(Outcome::Approval(super::book::pending(
+                    proposal,
+                ))));
+            }
+            let tick = self.config.approvals.progress_interval.min(left);
+            tokio::select! {
+                _ = draining.changed() => {
+                    tracing::info!(proposal = %proposal.id, "shutting down: a held call answers approval_pending");
+                    return Some(Chosen::Refuse(Outcome::Approval(super::book::pending(proposal))));
                 }
-                let tick = self.config.approvals.progress_interval.min(left);
-                tokio::select! {
-                    _ = draining.changed() => {
-                        tracing::info!(proposal = %proposal.id, "shutting down: a held call answers approval_pending");
-                        return Chosen::Refuse(Outcome::Approval(super::book::pending(&proposal)));
+                change = changes.recv() => match change {
+                    Ok(e) if e.proposal.id == proposal.id && e.proposal.state != ProposalState::Pending => return None,
+                    Ok(_) => {}
+                    // Missed some: look again rather than wait blind.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return None,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Some(Chosen::Refuse(Outcome::Approval(super::book::pending(proposal))));
                     }
-                    change = changes.recv() => match change {
-                        Ok(e) if e.proposal.id == proposal.id && e.proposal.state != ProposalState::Pending => break,
-                        Ok(_) => {}
-                        // Missed some: look again rather than wait blind.
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                            return Chosen::Refuse(Outcome::Approval(super::book::pending(&proposal)));
-                        }
-                    },
-                    () = tokio::time::sleep(tick) => {
-                        if let (Some(token), Some(events)) = (&*token, &c.ctx.events) {
-                            progress += 1;
-                            let waited = hold.saturating_sub(hold_until.saturating_duration_since(Instant::now()));
-                            let params = json!({
-                                "progressToken": token,
-                                "progress": progress,
-                                "message": format!(
-                                    "waiting for a reviewer to approve proposal {} ({}s so far)",
-                                    proposal.id, waited.as_secs()
-                                ),
-                            });
-                            let _ = events
-                                .send(Message::notification("notifications/progress", Some(raw(&params))))
-                                .await;
-                        }
+                },
+                () = tokio::time::sleep(tick) => {
+                    if let (Some(token), Some(events)) = (token, &c.ctx.events) {
+                        *progress += 1;
+                        let waited = hold.saturating_sub(hold_until.saturating_duration_since(Instant::now()));
+                        let params = json!({
+                            "progressToken": token,
+                            "progress": *progress,
+                            "message": format!(
+                                "waiting for a reviewer to approve proposal {} ({}s so far)",
+                                proposal.id, waited.as_secs()
+                            ),
+                        });
+                        let _ = events
+                            .send(Message::notification("notifications/progress", Some(raw(&params))))
+                            .await;
                     }
                 }
             }
@@ -424,6 +478,22 @@ impl Gate {
                 probe.tool, probe.pointer
             )),
             Some(other) => Ok(canonical::jcs(other)),
+        }
+    }
+}
+
+/// The current (SERVER) span works under `p`: it names the proposal, and a
+/// request other than the one that asked for it links to that one's span
+/// (an approved call retried minutes later, in a trace of its own).
+fn traced_under(p: &Proposal, here: Option<&str>) {
+    if !crate::telemetry::on() {
+        return;
+    }
+    let span = tracing::Span::current();
+    span.record("countersign.proposal", p.id.as_str());
+    if let Some(there) = p.trace.as_deref() {
+        if Some(there) != here {
+            crate::telemetry::link(&span, there);
         }
     }
 }

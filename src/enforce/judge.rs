@@ -46,9 +46,25 @@ impl Judge {
     pub(crate) fn decide<U>(&self, c: &Call<'_, U>) -> Decision {
         let server = c.ctx.server;
         let who = &c.ctx.caller.identity;
+        let span = crate::telemetry::stage!(
+            "decision",
+            countersign.decision = tracing::field::Empty,
+            countersign.policies = tracing::field::Empty,
+        );
+        let _in_span = span.enter();
         let started = Instant::now();
         let decision = self.policies().decide(&facts(c));
         self.metrics.decision(started.elapsed());
+        if !span.is_none() {
+            let (verdict, policies) = match &decision {
+                Decision::Allow { policies } => ("allow", policies),
+                Decision::Approval { policies } => ("approval", policies),
+                Decision::Deny { policies, .. } => ("deny", policies),
+            };
+            let policies = policies.join(",");
+            span.record("countersign.decision", verdict);
+            span.record("countersign.policies", policies);
+        }
         match &decision {
             Decision::Allow { policies } => {
                 tracing::debug!(%server, tool = %c.call.tool, policies = %policies.join(","), "policy: allow");

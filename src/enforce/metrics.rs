@@ -14,6 +14,7 @@
 //! | `countersign_ledger_unflushed` | gauge (1 or 0) | |
 //! | `countersign_notifications` | gauge (a count the store keeps) | `webhook`, `result` (`delivered`, `retried`, `gave_up`) |
 //! | `countersign_notifications_queued` | gauge | |
+//! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
 //!
 //! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
 //! `cached`, `invalid_params`, or the code the agent got (`approval_pending`,
@@ -57,6 +58,7 @@ pub struct Metrics {
     ledger_unflushed: Gauge,
     notifications: Family<CircuitLabels, Gauge>,
     notifications_queued: Gauge,
+    trace_spans: Family<OpLabels, Gauge>,
 }
 
 /// What the scrape reads at the time of the scrape.
@@ -150,6 +152,12 @@ impl Metrics {
             "Webhook notifications waiting for delivery",
             notifications_queued.clone(),
         );
+        let trace_spans = Family::<OpLabels, Gauge>::default();
+        registry.register(
+            "trace_spans",
+            "Finished trace spans since start: exported, dropped (the export queue was full) or failed (the collector refused or did not answer)",
+            trace_spans.clone(),
+        );
         Metrics {
             registry,
             calls,
@@ -162,6 +170,7 @@ impl Metrics {
             ledger_unflushed,
             notifications,
             notifications_queued,
+            trace_spans,
         }
     }
 
@@ -213,6 +222,16 @@ impl Metrics {
                     .get_or_create(&[("webhook", hook.clone()), ("result", result.to_owned())])
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
+        }
+        let (exported, dropped, failed) = crate::telemetry::counts().read();
+        for (result, n) in [
+            ("exported", exported),
+            ("dropped", dropped),
+            ("failed", failed),
+        ] {
+            self.trace_spans
+                .get_or_create(&[("result", result)])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
         // Writing into a String cannot fail.

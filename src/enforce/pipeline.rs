@@ -311,6 +311,19 @@ impl Pipeline {
             Ok(c) => c,
             Err(o) => return o,
         };
+        if crate::telemetry::on() {
+            // On the request's SERVER span: the key as a digest only (a key
+            // may carry an order number or a customer's id); the arguments
+            // only when the operator opted in.
+            let span = tracing::Span::current();
+            span.record(
+                "countersign.key_digest",
+                crate::telemetry::key_digest(&claim.key),
+            );
+            if crate::telemetry::records_arguments() {
+                span.record("gen_ai.tool.call.arguments", call.arguments_jcs.as_str());
+            }
+        }
         self.learn(ctx, &call.tool).await;
         // Read once: the same view classifies the call and feeds the
         // policies.

@@ -81,6 +81,19 @@ impl UpstreamError {
         }
     }
 
+    /// A low-cardinality name of the failure (a trace's `error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Spawn { .. } => "spawn_failed",
+            UpstreamError::Connect { .. } => "connect_failed",
+            UpstreamError::Closed { .. } => "closed",
+            UpstreamError::Refused { .. } => "refused",
+            UpstreamError::SessionExpired { .. } => "session_expired",
+            UpstreamError::Lost { .. } => "lost",
+            UpstreamError::Timeout { .. } => "timeout",
+        }
+    }
+
     /// Whether the request may have reached the server (and so may have run).
     pub fn dispatched(&self) -> bool {
         self.class().possibly_executed()

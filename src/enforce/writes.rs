@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tracing::Instrument;
 
 use super::book::Book;
 use super::breakers::{Admitted, Breakers};
@@ -215,11 +216,25 @@ impl Writes {
     /// a conflict or a repeat of an unknown outcome, or lead the key.
     async fn lookup<U>(&self, c: &Call<'_, U>) -> Result<Lead, Stop> {
         let started = Instant::now();
+        let span = ledger_span("ledger lookup");
         let found = self
             .flights
             .lookup(c.claim.clone(), self.clock.now_ms())
+            .instrument(span.clone())
             .await;
         self.metrics.store("lookup", started.elapsed());
+        if !span.is_none() {
+            let state = match &found {
+                Ok(Lookup::Lead(_)) => "free",
+                Ok(Lookup::Replay { .. }) => "completed",
+                Ok(Lookup::Follow(_)) => "in_flight",
+                Ok(Lookup::Stop(Outcome::Unknown)) => "unknown",
+                Ok(Lookup::Stop(_)) => "refused",
+                Ok(Lookup::Elsewhere) => "in_flight_elsewhere",
+                Err(_) => "unavailable",
+            };
+            span.record("countersign.ledger_state", state);
+        }
         let found = found.map_err(|e| Stop::Done(ledger_unavailable(c, e)))?;
         match found {
             Lookup::Lead(lead) => Ok(lead),
@@ -255,8 +270,24 @@ impl Writes {
             // held the call for minutes.
             let now = self.clock.now_ms();
             let started = Instant::now();
-            let reserved = lead.reserve(proposal.clone(), now).await;
+            let span = ledger_span("ledger reserve");
+            let reserved = lead
+                .reserve(proposal.clone(), now)
+                .instrument(span.clone())
+                .await;
             self.metrics.store("reserve", started.elapsed());
+            if !span.is_none() {
+                let state = match &reserved {
+                    Ok(Reserve::Go(_)) => "reserved",
+                    Ok(Reserve::Lost(..)) => "free",
+                    Ok(Reserve::Bound(_)) => "bound_elsewhere",
+                    Err(_) => "unavailable",
+                };
+                span.record("countersign.ledger_state", state);
+                if let Some(p) = &proposal {
+                    span.record("countersign.proposal", p.as_str());
+                }
+            }
             match reserved {
                 Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
                 Ok(Reserve::Go(ticket)) => {
@@ -323,26 +354,44 @@ impl Writes {
         // The audit writer appends it to the log and clears the row once
         // its own file is fsynced; startup repairs a crash in between.
         let started = Instant::now();
-        let durable = match c.trail.stage_dispatch() {
-            None => ticket.dispatch().await,
-            Some((log, Ok(staged))) => {
-                let outbox = Some((staged.id, staged.text.clone()));
-                let r = ticket.dispatch_with(outbox).await;
-                match &r {
-                    Ok(()) => log.record_staged(staged),
-                    Err(_) => log.unstage(staged),
+        let span = ledger_span("ledger dispatch");
+        let durable = async {
+            match c.trail.stage_dispatch() {
+                None => ticket.dispatch().await.map_err(Some),
+                Some((log, Ok(staged))) => {
+                    let outbox = Some((staged.id, staged.text.clone()));
+                    let r = ticket.dispatch_with(outbox).await;
+                    match &r {
+                        Ok(()) => log.record_staged(staged),
+                        Err(_) => log.unstage(staged),
+                    }
+                    r.map_err(Some)
                 }
-                r
+                // An audit log without the ledger's outbox cannot make the
+                // dispatch entry durable with the dispatch (`serve` always
+                // attaches it): no evidence, no dispatch.
+                Some((_, Err(_))) => Err(None),
             }
-            // An audit log without the ledger's outbox cannot make the
-            // dispatch entry durable with the dispatch (`serve` always
-            // attaches it): no evidence, no dispatch.
-            Some((_, Err(_))) => {
+        }
+        .instrument(span.clone())
+        .await;
+        let durable = match durable {
+            Ok(()) => Ok(()),
+            Err(Some(e)) => Err(e),
+            Err(None) => {
                 tracing::error!("refusing a call: the audit log has no ledger outbox attached");
                 ticket.not_dispatched().await;
                 return Attempt::Done(CallOutcome::AuditUnavailable);
             }
         };
+        span.record(
+            "countersign.ledger_state",
+            if durable.is_ok() {
+                "dispatched"
+            } else {
+                "unavailable"
+            },
+        );
         self.metrics.store("dispatched", started.elapsed());
         if let Err(e) = durable {
             // Nothing was sent: free the key now, before answering, so a
@@ -398,8 +447,17 @@ impl Writes {
                     }));
                 } else if let Some(answer) = answer_of(&resp) {
                     let started = Instant::now();
-                    let recorded = ticket.complete(answer).await;
+                    let span = ledger_span("ledger complete");
+                    let recorded = ticket.complete(answer).instrument(span.clone()).await;
                     self.metrics.store("complete", started.elapsed());
+                    span.record(
+                        "countersign.ledger_state",
+                        if recorded.is_ok() {
+                            "completed"
+                        } else {
+                            "unavailable"
+                        },
+                    );
                     if let Err(e) = recorded {
                         // The call ran, but its answer is not in the ledger:
                         // acknowledging it now would let a retry be told
@@ -446,4 +504,16 @@ impl Writes {
             }
         }
     }
+}
+
+/// A ledger transition's span (none when traces are off).
+fn ledger_span(name: &'static str) -> tracing::Span {
+    let span = crate::telemetry::stage!(
+        "ledger",
+        countersign.ledger_state = tracing::field::Empty,
+        countersign.proposal = tracing::field::Empty,
+        otel.name = tracing::field::Empty,
+    );
+    span.record("otel.name", name);
+    span
 }

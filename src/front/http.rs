@@ -21,8 +21,9 @@ use axum::routing::get;
 use axum::Router;
 use futures_util::{stream, StreamExt};
 use serde_json::Value;
+use tracing::Instrument;
 
-use super::mcp::{self, RequestCtx};
+use super::mcp::{self, Origin, RequestCtx};
 use super::ops;
 use super::respond::{reject, rpc, sse_response};
 use super::stream::{follow, lock_replay, relay_request, Resumable};
@@ -149,6 +150,7 @@ fn accepts_sse(headers: &HeaderMap) -> bool {
 async fn post_mcp(
     State(gw): State<Arc<Gateway>>,
     Path(server): Path<String>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     headers: HeaderMap,
     body: HttpBody,
 ) -> Response {
@@ -178,6 +180,19 @@ async fn post_mcp(
         Ok(p) => p,
         Err(e) => return reject(Rejection::Parse(e), Value::Null),
     };
+    let origin = Origin {
+        client: peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a),
+        header: crate::telemetry::on()
+            .then(|| {
+                let traceparent = header_str(&headers, "traceparent")?.to_owned();
+                let tracestate = header_str(&headers, "tracestate").map(str::to_owned);
+                Some(crate::wire::trace::TraceContext {
+                    traceparent,
+                    tracestate,
+                })
+            })
+            .flatten(),
+    };
     if let Some(sid) = header_str(&headers, SESSION_HEADER) {
         let Some(session) = gw.session(&server, sid, &identity) else {
             return reject(Rejection::NoSuchSession, Value::Null);
@@ -189,23 +204,25 @@ async fn post_mcp(
             }
         }
         return match parsed {
-            Body::Single(msg) => in_session(&gw, &session, msg, accepts_sse(&headers)).await,
+            Body::Single(msg) => {
+                in_session(&gw, &session, msg, accepts_sse(&headers), &origin).await
+            }
             Body::Batch(members) => {
                 // Batching exists only in 2025-03-26; later versions removed it.
                 let version = session.protocol_version.lock().clone();
                 if version.as_deref() != Some("2025-03-26") {
                     return reject(Rejection::BatchVersion(version), Value::Null);
                 }
-                batch(&gw, &session, members).await
+                batch(&gw, &session, members, &origin).await
             }
         };
     }
     match parsed {
         Body::Single(msg) if msg.method() == "initialize" && msg.kind() == Kind::Request => {
-            initialize(&gw, &server, identity, &headers, msg).await
+            initialize(&gw, &server, identity, &headers, msg, &origin).await
         }
         Body::Single(msg) if declared_version(msg.params_value().as_ref()).is_some() => {
-            modern(&gw, &server, identity, &headers, msg).await
+            modern(&gw, &server, identity, &headers, msg, &origin).await
         }
         _ => reject(Rejection::NoSession, Value::Null),
     }
@@ -217,7 +234,20 @@ async fn initialize(
     identity: Arc<Identity>,
     headers: &HeaderMap,
     msg: Message,
+    origin: &Origin,
 ) -> Response {
+    let span = crate::telemetry::server_span(
+        &msg,
+        &crate::telemetry::Request {
+            server,
+            client: origin.client,
+            header: origin.header.clone(),
+            session_id: None,
+            protocol_version: msg
+                .params_value()
+                .and_then(|p| p.get("protocolVersion")?.as_str().map(str::to_owned)),
+        },
+    );
     // Checked before connecting: each session may hold an upstream child.
     let limit = gw.config().limits.max_sessions_per_identity;
     if gw.sessions_of(&identity) >= limit {
@@ -227,15 +257,24 @@ async fn initialize(
         );
     }
     let scope = header_str(headers, SCOPE_HEADER).map(str::to_owned);
-    match gw.open_session(server, identity, scope, msg).await {
+    let opened = gw
+        .open_session(server, identity, scope, msg)
+        .instrument(span.clone())
+        .await;
+    match opened {
         Opened::Session(session, resp) => {
+            crate::telemetry::record_answer(&span, &resp);
+            span.record("mcp.session.id", session.id.as_str());
             let mut r = rpc(StatusCode::OK, &resp);
             if let Ok(v) = HeaderValue::try_from(session.id.as_str()) {
                 r.headers_mut().insert(SESSION_HEADER, v);
             }
             r
         }
-        Opened::Refused(resp) => rpc(StatusCode::OK, &resp),
+        Opened::Refused(resp) => {
+            crate::telemetry::record_answer(&span, &resp);
+            rpc(StatusCode::OK, &resp)
+        }
     }
 }
 
@@ -244,6 +283,7 @@ async fn in_session(
     session: &Arc<Session>,
     msg: Message,
     sse: bool,
+    origin: &Origin,
 ) -> Response {
     match msg.kind() {
         Kind::Request if msg.method() == "initialize" => {
@@ -251,7 +291,8 @@ async fn in_session(
         }
         Kind::Request => {
             let stream = Resumable(session.clone());
-            relay_request(gw, session_request(session), msg, sse, Some(stream)).await
+            let rc = session_request(session, origin);
+            relay_request(gw, rc, msg, sse, Some(stream)).await
         }
         // The answer to a question the gateway itself asked (approval in the
         // client) stays here; every other response is the upstream's.
@@ -278,7 +319,7 @@ async fn in_session(
             StatusCode::ACCEPTED.into_response()
         }
         Kind::Notification | Kind::Response => {
-            let extra = session_request(session).extra;
+            let extra = session_request(session, origin).extra;
             forward(&session.conn(), &session.server, msg, &extra).await;
             StatusCode::ACCEPTED.into_response()
         }
@@ -302,6 +343,7 @@ async fn batch(
     gw: &Arc<Gateway>,
     session: &Arc<Session>,
     members: Vec<Result<Message, crate::wire::jsonrpc::ParseError>>,
+    origin: &Origin,
 ) -> Response {
     let mut answers = Vec::new();
     let mut calls = Vec::new();
@@ -312,7 +354,7 @@ async fn batch(
                 answers.push(Rejection::InitializeInBatch.message(msg.id.unwrap_or(Value::Null)))
             }
             Ok(msg) if msg.kind() == Kind::Request => {
-                let rc = session_request(session);
+                let rc = session_request(session, origin);
                 calls.push(async move { mcp::answer(gw, &rc, msg, None).await })
             }
             Ok(msg) => {
@@ -336,7 +378,7 @@ async fn batch(
         .into_response()
 }
 
-fn session_request(session: &Arc<Session>) -> RequestCtx {
+fn session_request(session: &Arc<Session>, origin: &Origin) -> RequestCtx {
     RequestCtx {
         server: session.server.clone(),
         caller: Caller {
@@ -355,6 +397,7 @@ fn session_request(session: &Arc<Session>) -> RequestCtx {
         },
         asks: session.asks.clone(),
         bridged: session.envelope.is_some(),
+        origin: origin.clone(),
     }
 }
 
@@ -366,6 +409,7 @@ async fn modern(
     identity: Arc<Identity>,
     headers: &HeaderMap,
     msg: Message,
+    origin: &Origin,
 ) -> Response {
     let id = msg.id.clone().unwrap_or(Value::Null);
     let checked = match check_modern(headers, &msg) {
@@ -375,7 +419,7 @@ async fn modern(
     let conn = match gw.modern_upstream(server).await {
         Ok(ModernUpstream::Speaks(conn)) => Some(conn),
         Ok(ModernUpstream::Legacy) if bridges(gw, server) => {
-            return bridged(gw, server, identity, headers, msg, &checked.meta).await;
+            return bridged(gw, server, identity, headers, msg, &checked.meta, origin).await;
         }
         Ok(ModernUpstream::Legacy) => {
             let rejection = Rejection::LegacyUpstream {
@@ -401,7 +445,8 @@ async fn modern(
             let target = Target::Shared {
                 server: server.to_owned(),
             };
-            let rc = RequestCtx::stateless(server, identity, target, extra, false);
+            let mut rc = RequestCtx::stateless(server, identity, target, extra, false);
+            rc.origin = origin.clone();
             relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }
         _ => {
@@ -438,6 +483,7 @@ async fn bridged(
     headers: &HeaderMap,
     msg: Message,
     meta: &Value,
+    origin: &Origin,
 ) -> Response {
     let id = msg.id.clone().unwrap_or(Value::Null);
     let bridge = match gw.bridged(server, &identity, meta, id.clone()).await {
@@ -451,7 +497,8 @@ async fn bridged(
         ),
         Kind::Request => {
             let target = Target::Session(bridge.session);
-            let rc = RequestCtx::stateless(server, identity, target, Vec::new(), true);
+            let mut rc = RequestCtx::stateless(server, identity, target, Vec::new(), true);
+            rc.origin = origin.clone();
             relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }
         _ => {

@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::enforce::answer;
 use crate::enforce::pipeline::{CallCtx, Caller};
@@ -35,6 +36,18 @@ pub(crate) struct RequestCtx {
     /// The upstream speaks the other era than the client (a session held
     /// by the gateway): every answer is rewritten in the client's era.
     pub bridged: bool,
+    /// Where the request came from, for its span.
+    pub origin: Origin,
+}
+
+/// Where a request came from: the peer's address and the HTTP trace
+/// context headers (read only when traces are on).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Origin {
+    /// The peer's socket address.
+    pub client: Option<std::net::SocketAddr>,
+    /// `traceparent`/`tracestate` headers.
+    pub header: Option<crate::wire::trace::TraceContext>,
 }
 
 impl RequestCtx {
@@ -59,18 +72,60 @@ impl RequestCtx {
             extra,
             asks: None,
             bridged,
+            origin: Origin::default(),
         }
     }
 }
 
 /// The answer the client gets to request `msg`: the upstream's response, or
 /// the gateway's account of what happened. Server messages related to the
-/// request (progress, server requests) go to `events`.
+/// request (progress, server requests) go to `events`. With traces on, all
+/// of it happens in the request's SERVER span.
 pub(crate) async fn answer(
     gw: &Gateway,
     rc: &RequestCtx,
     msg: Message,
     events: Option<mpsc::Sender<Message>>,
+) -> Message {
+    let span = crate::telemetry::server_span(&msg, &rc.span_request(&msg));
+    if span.is_none() {
+        return answer_in(gw, rc, msg, events, &span).await;
+    }
+    let reply = answer_in(gw, rc, msg, events, &span)
+        .instrument(span.clone())
+        .await;
+    crate::telemetry::record_answer(&span, &reply);
+    reply
+}
+
+impl RequestCtx {
+    /// What the request's span says of where it came from.
+    fn span_request(&self, msg: &Message) -> crate::telemetry::Request<'_> {
+        let (session_id, protocol_version) = match (&self.target, self.era) {
+            (Target::Session(s), Era::Handshake) => {
+                (Some(s.id.as_str()), s.protocol_version.lock().clone())
+            }
+            _ => (
+                None,
+                crate::wire::era::declared_version(msg.params_value().as_ref()),
+            ),
+        };
+        crate::telemetry::Request {
+            server: &self.server,
+            client: self.origin.client,
+            header: self.origin.header.clone(),
+            session_id,
+            protocol_version,
+        }
+    }
+}
+
+async fn answer_in(
+    gw: &Gateway,
+    rc: &RequestCtx,
+    msg: Message,
+    events: Option<mpsc::Sender<Message>>,
+    span: &tracing::Span,
 ) -> Message {
     let id = msg.id.clone().unwrap_or(Value::Null);
     // A session carried over a 2026-07-28 upstream: each request gets the
@@ -95,6 +150,9 @@ pub(crate) async fn answer(
             asks: rc.asks.clone(),
         };
         let outcome = gw.pipeline().tool_call(&ctx, msg).await;
+        if !span.is_none() {
+            record_outcome(span, &outcome);
+        }
         // Only an answer countersign words itself is shaped by the schema.
         let output_schema = answer::code_of(&outcome).is_some()
             && tool.is_some_and(|t| {
@@ -130,6 +188,30 @@ pub(crate) async fn answer(
         Err(e) => {
             tracing::warn!(server = %rc.server, %method, dispatched = e.dispatched(), "upstream call failed: {e}");
             answer::upstream_failure(id, &method, &e, rc.era)
+        }
+    }
+}
+
+/// countersign's attributes of a `tools/call` on its SERVER span: how it
+/// ended, whether it was a replay, and the proposal it waits on.
+fn record_outcome(span: &tracing::Span, outcome: &crate::enforce::outcome::CallOutcome) {
+    use crate::enforce::flight::Outcome;
+    use crate::enforce::outcome::CallOutcome;
+    span.record(
+        "countersign.outcome",
+        crate::enforce::metrics::outcome_label(outcome),
+    );
+    span.record(
+        "countersign.replayed",
+        matches!(outcome, CallOutcome::Replayed { .. }),
+    );
+    if let CallOutcome::Refused {
+        why: Outcome::Approval(note),
+        ..
+    } = outcome
+    {
+        if let Some(p) = &note.proposal_id {
+            span.record("countersign.proposal", p.as_str());
         }
     }
 }

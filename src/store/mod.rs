@@ -609,6 +609,7 @@ mod tests {
             reason: None,
             confirmation: None,
             asked_by: Vec::new(),
+            trace: None,
         }
     }
 

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::core::config::ServerConfig;
 use crate::enforce::permit::{Permit, Sent};
@@ -192,6 +193,57 @@ impl UpstreamConn {
     }
 
     async fn call_inner(
+        &self,
+        msg: Message,
+        events: Option<mpsc::Sender<Message>>,
+        timeout: Duration,
+        extra: &ExtraHeaders,
+    ) -> Result<Message, UpstreamError> {
+        let peer = match &self.transport {
+            Transport::Stdio(_) => None,
+            Transport::Http(h) => Some(h.peer()),
+        };
+        let Some((span, ctx)) = crate::telemetry::client_span(&self.server, &msg, peer) else {
+            return self.exchange(msg, events, timeout, extra).await;
+        };
+        // The CLIENT span's context goes upstream in `params._meta` (both
+        // eras) and, over HTTP, in the `traceparent` header. Only `_meta`
+        // changes: the arguments go out as the bytes that were hashed.
+        let mut msg = msg;
+        if let Some(params) = crate::wire::trace::with_context(msg.params.as_deref(), &ctx) {
+            msg.params = Some(params);
+        }
+        let mut headers;
+        let extra = match peer {
+            Some(_) => {
+                headers = extra.clone();
+                for (name, value) in [
+                    ("traceparent", Some(&ctx.traceparent)),
+                    ("tracestate", ctx.tracestate.as_ref()),
+                ] {
+                    if let Some(v) =
+                        value.and_then(|v| http::HeaderValue::try_from(v.as_str()).ok())
+                    {
+                        headers.push((http::HeaderName::from_static(name), v));
+                    }
+                }
+                &headers
+            }
+            None => extra,
+        };
+        let answer = self
+            .exchange(msg, events, timeout, extra)
+            .instrument(span.clone())
+            .await;
+        match &answer {
+            Ok(resp) => crate::telemetry::record_answer(&span, resp),
+            Err(e) => crate::telemetry::record_failure(&span, e.kind(), &e.to_string()),
+        }
+        answer
+    }
+
+    /// Send `msg` and wait for its answer.
+    async fn exchange(
         &self,
         msg: Message,
         events: Option<mpsc::Sender<Message>>,

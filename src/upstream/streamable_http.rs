@@ -210,6 +210,8 @@ pub(super) struct Http {
     /// Origin-form target (`/mcp`) and `Host` value, parsed once from the URL.
     path: Uri,
     host: HeaderValue,
+    /// The host and port, as a trace names them (`server.address`).
+    peer: (String, u16),
     pool: Arc<Pool>,
     headers: HeaderMap,
     max_event: usize,
@@ -298,6 +300,10 @@ impl Http {
             server: server.into(),
             path,
             host,
+            peer: (
+                tls_host.to_owned(),
+                parts.port_u16().unwrap_or(if https { 443 } else { 80 }),
+            ),
             pool: if https {
                 client
                     .tls_pool(server, &authority, tls_host, tls)
@@ -311,6 +317,11 @@ impl Http {
             protocol: Mutex::new(None),
             standalone: Mutex::new(None),
         })
+    }
+
+    /// The upstream's host and port.
+    pub(super) fn peer(&self) -> (&str, u16) {
+        (&self.peer.0, self.peer.1)
     }
 
     fn request(

@@ -134,6 +134,17 @@ fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig,
     }
 }
 
+/// The client configuration for the trace collector (`[telemetry]`, its
+/// `tls`): Mozilla's roots unless it says otherwise.
+pub(crate) fn collector_config(tls: Option<&UpstreamTls>) -> Result<ClientConfig, String> {
+    let default = UpstreamTls::default();
+    config_at(
+        "[telemetry.tls]",
+        "the trace collector",
+        tls.unwrap_or(&default),
+    )
+}
+
 /// The client configuration for webhook `name` (`[[notify.webhooks]]`,
 /// its `tls`): Mozilla's roots unless it says otherwise.
 pub(crate) fn webhook_config(
@@ -162,6 +173,9 @@ pub(crate) fn check_all(config: &crate::core::config::Config) -> Result<(), Stri
     }
     for w in &config.notify.webhooks {
         webhook_config(&w.name, w.tls.as_ref())?;
+    }
+    if config.telemetry.tls.is_some() {
+        collector_config(config.telemetry.tls.as_ref())?;
     }
     Ok(())
 }

@@ -6,3 +6,4 @@ pub mod era;
 pub mod jsonrpc;
 pub mod lines;
 pub mod sse;
+pub mod trace;
