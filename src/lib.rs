@@ -13,8 +13,8 @@
 //! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`, `notify`) | yes |
 //! | enforce | [`enforce`] (`pipeline`, `call`, `learn`, `judge`, `reads`, `writes`, `gate`, `breakers`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`, `metrics`) | through traits |
 //! | store, audit | [`store`] (`redb_store`, `postgres`, `memory`), [`audit`] (`log`, `writer`, `recover`, `outbox`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`) | yes |
-//! | core | [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `reviewers`, `signed_request`, `confirm`, `recovery`, `annotations`, `catalog`, `identity`, `notify`, `token`, `config`, `time`) | no |
-//! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`) | no |
+//! | core | [`telemetry`] (the spans of a call and their W3C context; no export), [`core`] (`canonical`, `ledger`, `decision`, `arguments`, `approval`, `reviewers`, `signed_request`, `confirm`, `recovery`, `annotations`, `catalog`, `identity`, `notify`, `token`, `config`, `time`) | no |
+//! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`, `trace`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two
 //!   MCP wire eras and their headers, SSE and line framing.
@@ -39,6 +39,9 @@
 //! - `front`: the running gateway and its client sessions, the HTTP front
 //!   (`/mcp`, `/healthz`, `/metrics`, `/audit/*`), the control API (`/v1`),
 //!   the stdio bridge.
+//! - [`telemetry`]: OpenTelemetry spans that follow the MCP semantic
+//!   conventions, off unless `serve` turns them on (`cli::telemetry` exports
+//!   them).
 //! - [`cli`]: the `countersign` command.
 //!
 //! Only what tests, benches, fuzz targets and the TUI use is public: the

@@ -616,6 +616,54 @@ async fn a_trace_context_in_meta_changes_neither_the_arguments_nor_the_digest() 
         e.iter().filter(|e| e["kind"] == "dispatched").count() == 4
     })
     .await;
+    // The gateway's CLIENT span to the HTTP upstream names it.
+    let spans = rx.wait("the CLIENT spans to phttp", |spans| {
+        spans.iter().any(|s| {
+            s["kind"] == "SPAN_KIND_CLIENT"
+                && s["name"] == "tools/call charge_card"
+                && attr(s, "countersign.server") == "phttp"
+        })
+    });
+    let to_http = find(&spans, |s| {
+        s["kind"] == "SPAN_KIND_CLIENT" && attr(s, "countersign.server") == "phttp"
+    })
+    .unwrap();
+    assert_eq!(attr(to_http, "server.address"), "127.0.0.1", "{to_http:#}");
+    assert!(attr(to_http, "server.port").is_i64(), "{to_http:#}");
+    assert_eq!(attr(to_http, "network.transport"), "tcp");
+
+    // A context in the HTTP header alone is continued too.
+    let header_trace = "0af7651916cd43dd8448eb211c80319c";
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let resp = c
+        .request(reqwest::Method::POST)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("traceparent", format!("00-{header_trace}-b7ad6b7169203331-01"))
+        .body(r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"get_balance","arguments":{"account":"acct_1"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer(resp).await.last()["result"]["isError"], false);
+    let spans = rx.wait("the span continuing the header's trace", |spans| {
+        gateway_span(
+            spans,
+            header_trace,
+            "SPAN_KIND_SERVER",
+            "tools/call get_balance",
+        )
+        .is_some()
+    });
+    let continued = gateway_span(
+        &spans,
+        header_trace,
+        "SPAN_KIND_SERVER",
+        "tools/call get_balance",
+    )
+    .unwrap();
+    assert_eq!(continued["parent_span_id"], "b7ad6b7169203331");
+
     // One digest per server, with or without the context.
     let entries = audit_entries(&gw.audit_dir());
     for server in ["payments", "phttp"] {

@@ -21,24 +21,32 @@ use tracing_subscriber::Layer;
 /// and only they: the log filter never hides them, and no log event
 /// becomes a span event (log lines may name keys and principals).
 pub(crate) fn init(tracer: Option<opentelemetry_sdk::trace::SdkTracer>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let is_trace = |m: &tracing::Metadata<'_>| m.target() == crate::telemetry::TARGET;
+    // Spans made for traces are not log lines, whatever the variable says.
+    if let Ok(off) = format!("{}=off", crate::telemetry::TARGET).parse() {
+        filter = filter.add_directive(off);
+    }
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .with_writer(Escaping(io::stderr))
         .event_format(Traced(Format::default().with_ansi(false)))
-        .with_filter(tracing_subscriber::filter::filter_fn(move |m| !is_trace(m)))
         .with_filter(filter);
-    let otel = tracer.map(|t| {
-        tracing_opentelemetry::layer()
-            .with_tracer(t)
-            .with_filter(tracing_subscriber::filter::filter_fn(is_trace))
-    });
-    let _ = tracing_subscriber::registry()
-        .with(fmt)
-        .with(otel)
-        .try_init();
+    let logs = tracing_subscriber::registry().with(fmt);
+    // Two types, not an `Option` layer: an absent layer declares an interest
+    // in every callsite, and each disabled `debug!` on the hot path would
+    // then be checked at every call. Both filters are static (per callsite).
+    let _ = match tracer {
+        Some(t) => logs
+            .with(
+                tracing_opentelemetry::layer().with_tracer(t).with_filter(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target(crate::telemetry::TARGET, tracing::Level::TRACE),
+                ),
+            )
+            .try_init(),
+        None => logs.try_init(),
+    };
 }
 
 /// The default line format, with the `trace_id` and `span_id` of the call

@@ -5,8 +5,9 @@ exporters POST to `/v1/traces`.
 
     otlp_receiver.py MODE OUT
 
-MODE is `ok` (answer every export) or `hang` (accept it, never answer: a
-collector that is down behind a live socket). Prints `listening on
+MODE is `ok` (answer every export), `hang` (accept it, never answer: a
+collector that is down behind a live socket) or `sink` (answer without
+decoding or writing anything: a collector for benchmarks). Prints `listening on
 127.0.0.1:PORT` on stderr once it listens. Appends one JSON line per export
 request to OUT:
 
@@ -84,6 +85,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         if MODE == "hang":
             time.sleep(3600)
+            return
+        if MODE == "sink":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         try:
             record = decode(body)
