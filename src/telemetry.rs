@@ -193,6 +193,13 @@ pub fn server_span(req: &Message, request: &Request<'_>) -> Span {
             span.add_link(cx.span().span_context().clone());
         }
     }
+    // The sampler decides now, when the span is built: a request whose
+    // trace is dropped makes no other span (they would be built, recorded
+    // and dropped too), and its upstream gets the client's context as it
+    // came.
+    if !span.context().span().span_context().is_sampled() {
+        return Span::none();
+    }
     span
 }
 

@@ -670,6 +670,7 @@ async fn a_trace_context_in_meta_changes_neither_the_arguments_nor_the_digest() 
         let digests: BTreeSet<&str> = entries
             .iter()
             .filter(|e| e.get("server").and_then(Value::as_str) == Some(server))
+            .filter(|e| e.get("tool").and_then(Value::as_str) == Some("charge_card"))
             .filter_map(|e| e.get("call_digest").and_then(Value::as_str))
             .collect();
         assert_eq!(digests.len(), 1, "{server}: {digests:?}");
@@ -725,4 +726,50 @@ async fn a_collector_that_never_answers_drops_spans_and_counts_them() {
         .filter(|l| l.contains("the export queue is full"))
         .count();
     assert_eq!(warned, 1, "logged once");
+}
+
+/// A trace the sampler drops makes no span and sends no context of the
+/// gateway's own: the server gets the client's `_meta` as it came.
+#[tokio::test]
+async fn a_dropped_trace_makes_no_span_and_passes_the_clients_context_on() {
+    const METRICS_TOKEN: &str = "scraper-token-sampling";
+    let rx = Receiver::start("ok");
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "\n[metrics]\ntoken_sha256 = \"{}\"\n\n[telemetry]\nendpoint = \"{}\"\nsampler = \"always_off\"\n",
+            sha(METRICS_TOKEN),
+            rx.endpoint()
+        ),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"charge_card",
+        "arguments":{{"amount":3,"account":"acct_1"}},"_meta":{{"traceparent":"{parent}"}}}}}}"#
+    );
+    let a = c.post_raw(body).await;
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    let executed: Vec<Value> = gw
+        .records()
+        .into_iter()
+        .filter(|r| r["event"] == "executed")
+        .collect();
+    assert_eq!(executed.len(), 1);
+    let meta: Value = serde_json::from_str(executed[0]["raw_meta"].as_str().unwrap()).unwrap();
+    assert_eq!(meta["traceparent"], parent, "passed on as it came");
+    let scrape = reqwest::Client::new()
+        .get(format!("{}/metrics", gw.base()))
+        .bearer_auth(METRICS_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for result in ["exported", "dropped", "failed"] {
+        let line = format!("countersign_trace_spans{{result=\"{result}\"}} 0");
+        assert!(scrape.lines().any(|l| l == line), "{line} in:\n{scrape}");
+    }
 }
