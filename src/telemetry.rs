@@ -128,20 +128,7 @@ pub fn server_span(req: &Message, request: &Request<'_>) -> Span {
     }
     let method = req.method();
     let params = req.params_value();
-    let named = |key: &str| {
-        params
-            .as_ref()
-            .and_then(|p| p.get(key)?.as_str().map(str::to_owned))
-    };
-    let (tool, prompt) = match method {
-        "tools/call" => (named("name"), None),
-        "prompts/get" => (None, named("name")),
-        _ => (None, None),
-    };
-    let name = match tool.as_deref().or(prompt.as_deref()) {
-        Some(target) => format!("{method} {target}"),
-        None => method.to_owned(),
-    };
+    let Named { tool, prompt, name } = named(method, params.as_ref());
     let id = req.id.as_ref().and_then(|id| match id {
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Number(n) => Some(n.to_string()),
@@ -177,7 +164,10 @@ pub fn server_span(req: &Message, request: &Request<'_>) -> Span {
         countersign.key_digest = tracing::field::Empty,
     );
     if method == "resources/read" || method == "resources/subscribe" {
-        if let Some(uri) = named("uri") {
+        if let Some(uri) = params
+            .as_ref()
+            .and_then(|p| p.get("uri")?.as_str().map(str::to_owned))
+        {
             span.record("mcp.resource.uri", uri);
         }
     }
@@ -201,6 +191,28 @@ pub fn server_span(req: &Message, request: &Request<'_>) -> Span {
         return Span::none();
     }
     span
+}
+
+/// The tool or prompt a request names, and its span's name:
+/// `{mcp.method.name} {target}`, or the method alone.
+struct Named {
+    tool: Option<String>,
+    prompt: Option<String>,
+    name: String,
+}
+
+fn named(method: &str, params: Option<&serde_json::Value>) -> Named {
+    let name_param = || params.and_then(|p| p.get("name")?.as_str().map(str::to_owned));
+    let (tool, prompt) = match method {
+        "tools/call" => (name_param(), None),
+        "prompts/get" => (None, name_param()),
+        _ => (None, None),
+    };
+    let name = match tool.as_deref().or(prompt.as_deref()) {
+        Some(target) => format!("{method} {target}"),
+        None => method.to_owned(),
+    };
+    Named { tool, prompt, name }
 }
 
 /// What the front end knows of a request for its span.
@@ -231,18 +243,7 @@ pub fn client_span(
         return None;
     }
     let method = req.method();
-    let params = req.params_value();
-    let tool = (method == "tools/call")
-        .then(|| {
-            params
-                .as_ref()
-                .and_then(|p| p.get("name")?.as_str().map(str::to_owned))
-        })
-        .flatten();
-    let name = match &tool {
-        Some(t) => format!("{method} {t}"),
-        None => method.to_owned(),
-    };
+    let Named { tool, name, .. } = named(method, req.params_value().as_ref());
     let span = tracing::info_span!(
         target: "countersign::trace",
         "upstream request",

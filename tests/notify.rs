@@ -205,15 +205,7 @@ fn charge(id: i64, key: &str) -> Value {
 }
 
 async fn metrics(gw: &Gateway) -> String {
-    reqwest::Client::new()
-        .get(format!("{}/metrics", gw.base()))
-        .bearer_auth("metrics-token")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    scrape_metrics(gw, "metrics-token").await
 }
 
 fn metric(text: &str, line_start: &str) -> Option<i64> {

@@ -142,6 +142,17 @@ fn children<'a>(spans: &'a [Value], parent: &Value) -> Vec<&'a Value> {
         .collect()
 }
 
+/// Wait until trace `trace` has the gateway's SERVER span for `tool` and
+/// the upstream's own SERVER span for it.
+fn wait_through(rx: &Receiver, what: &str, trace: &str, tool: &str) -> Vec<Value> {
+    let name = format!("tools/call {tool}");
+    rx.wait(what, |spans| {
+        spans.iter().any(|s| {
+            s["service"] == "pay-server" && s["trace_id"] == trace && s["name"] == name.as_str()
+        }) && gateway_span(spans, trace, "SPAN_KIND_SERVER", &name).is_some()
+    })
+}
+
 fn child<'a>(spans: &'a [Value], parent: &Value, name: &str) -> &'a Value {
     let kids = children(spans, parent);
     kids.iter()
@@ -254,19 +265,7 @@ fn four_traces(mode: &str) {
     // decision and CLIENT spans → the server's SERVER span.
     let read = run_client(&gw, &rx, mode, "read", &key, &account);
     assert_eq!(read.out["is_error"], false, "{}", read.out);
-    let spans = rx.wait("the read's trace", |spans| {
-        spans.iter().any(|s| {
-            s["service"] == "pay-server"
-                && s["trace_id"] == read.trace
-                && s["name"] == "tools/call get_balance"
-        }) && gateway_span(
-            spans,
-            &read.trace,
-            "SPAN_KIND_SERVER",
-            "tools/call get_balance",
-        )
-        .is_some()
-    });
+    let spans = wait_through(&rx, "the read's trace", &read.trace, "get_balance");
     let agent = find(&spans, |s| {
         s["service"] == "agent"
             && s["trace_id"] == read.trace
@@ -393,19 +392,7 @@ fn four_traces(mode: &str) {
     assert!(ok, "{out}{err}");
     let ran = run_client(&gw, &rx, mode, "write", &key, &account);
     assert_eq!(ran.out["is_error"], false, "{}", ran.out);
-    let spans = rx.wait("the approved write's trace", |spans| {
-        spans.iter().any(|s| {
-            s["service"] == "pay-server"
-                && s["trace_id"] == ran.trace
-                && s["name"] == "tools/call charge_card"
-        }) && gateway_span(
-            spans,
-            &ran.trace,
-            "SPAN_KIND_SERVER",
-            "tools/call charge_card",
-        )
-        .is_some()
-    });
+    let spans = wait_through(&rx, "the approved write's trace", &ran.trace, "charge_card");
     let approved = gateway_span(
         &spans,
         &ran.trace,
@@ -677,21 +664,35 @@ async fn a_trace_context_in_meta_changes_neither_the_arguments_nor_the_digest() 
     }
 }
 
+const METRICS_TOKEN: &str = "scraper-token-traces";
+
+/// A gateway whose `/metrics` answers [`METRICS_TOKEN`], exporting to `rx`
+/// with `telemetry` added to its `[telemetry]`.
+fn metered(rx: &Receiver, telemetry: &str) -> Gateway {
+    Gateway::start_with(Options {
+        extra: format!(
+            "\n[metrics]\ntoken_sha256 = \"{}\"\n\n[telemetry]\nendpoint = \"{}\"\n{telemetry}\n",
+            sha(METRICS_TOKEN),
+            rx.endpoint()
+        ),
+        ..Default::default()
+    })
+}
+
+async fn scrape(gw: &Gateway) -> String {
+    scrape_metrics(gw, METRICS_TOKEN).await
+}
+
 /// A collector that accepts and never answers: every call is answered,
 /// the spans that do not fit the queue are dropped and counted, and the
 /// drop is logged once.
 #[tokio::test]
 async fn a_collector_that_never_answers_drops_spans_and_counts_them() {
-    const METRICS_TOKEN: &str = "scraper-token-traces";
     let rx = Receiver::start("hang");
-    let gw = Gateway::start_with(Options {
-        extra: format!(
-            "\n[metrics]\ntoken_sha256 = \"{}\"\n\n[telemetry]\nendpoint = \"{}\"\nexport_interval = \"10ms\"\nmax_queue = 4\nmax_batch = 2\ntimeout = \"60s\"\n",
-            sha(METRICS_TOKEN),
-            rx.endpoint()
-        ),
-        ..Default::default()
-    });
+    let gw = metered(
+        &rx,
+        "export_interval = \"10ms\"\nmax_queue = 4\nmax_batch = 2\ntimeout = \"60s\"",
+    );
     let c = listed(&gw, "payments").await;
     for i in 0..30 {
         let a = c
@@ -699,15 +700,7 @@ async fn a_collector_that_never_answers_drops_spans_and_counts_them() {
             .await;
         assert_eq!(a.last()["result"]["isError"], false, "call {i}: {a:?}");
     }
-    let scrape = reqwest::Client::new()
-        .get(format!("{}/metrics", gw.base()))
-        .bearer_auth(METRICS_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let scrape = scrape(&gw).await;
     let count = |result: &str| -> u64 {
         scrape
             .lines()
@@ -732,16 +725,8 @@ async fn a_collector_that_never_answers_drops_spans_and_counts_them() {
 /// gateway's own: the server gets the client's `_meta` as it came.
 #[tokio::test]
 async fn a_dropped_trace_makes_no_span_and_passes_the_clients_context_on() {
-    const METRICS_TOKEN: &str = "scraper-token-sampling";
     let rx = Receiver::start("ok");
-    let gw = Gateway::start_with(Options {
-        extra: format!(
-            "\n[metrics]\ntoken_sha256 = \"{}\"\n\n[telemetry]\nendpoint = \"{}\"\nsampler = \"always_off\"\n",
-            sha(METRICS_TOKEN),
-            rx.endpoint()
-        ),
-        ..Default::default()
-    });
+    let gw = metered(&rx, "sampler = \"always_off\"");
     let mut c = Client::new(&gw.url("payments"));
     c.initialize().await;
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -759,15 +744,7 @@ async fn a_dropped_trace_makes_no_span_and_passes_the_clients_context_on() {
     assert_eq!(executed.len(), 1);
     let meta: Value = serde_json::from_str(executed[0]["raw_meta"].as_str().unwrap()).unwrap();
     assert_eq!(meta["traceparent"], parent, "passed on as it came");
-    let scrape = reqwest::Client::new()
-        .get(format!("{}/metrics", gw.base()))
-        .bearer_auth(METRICS_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let scrape = scrape(&gw).await;
     for result in ["exported", "dropped", "failed"] {
         let line = format!("countersign_trace_spans{{result=\"{result}\"}} 0");
         assert!(scrape.lines().any(|l| l == line), "{line} in:\n{scrape}");

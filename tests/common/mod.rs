@@ -866,3 +866,16 @@ pub fn review_cli(gw: &Gateway, key: &Path, args: &[&str]) -> (bool, String, Str
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `GET /metrics` with the scraper's `token`: the exposition text.
+pub async fn scrape_metrics(gw: &Gateway, token: &str) -> String {
+    reqwest::Client::new()
+        .get(format!("{}/metrics", gw.base()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
