@@ -750,3 +750,54 @@ async fn a_dropped_trace_makes_no_span_and_passes_the_clients_context_on() {
         assert!(scrape.lines().any(|l| l == line), "{line} in:\n{scrape}");
     }
 }
+
+/// Arguments and results are recorded only when the operator opts in:
+/// then as the canonical arguments (JCS) and the result's text.
+#[tokio::test]
+async fn arguments_and_results_are_recorded_only_when_opted_in() {
+    for opted_in in [false, true] {
+        let rx = Receiver::start("ok");
+        let gw = metered(
+            &rx,
+            &format!("export_interval = \"50ms\"\narguments = {opted_in}\nresults = {opted_in}"),
+        );
+        let c = listed(&gw, "payments").await;
+        let a = c
+            .call(
+                1,
+                "get_balance",
+                json!({"account": "acct-opt-in", "z": 1E3}),
+            )
+            .await;
+        assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+        let spans = rx.wait("the read's SERVER span", |spans| {
+            spans
+                .iter()
+                .any(|s| s["kind"] == "SPAN_KIND_SERVER" && s["name"] == "tools/call get_balance")
+        });
+        let server = find(&spans, |s| {
+            s["kind"] == "SPAN_KIND_SERVER" && s["name"] == "tools/call get_balance"
+        })
+        .unwrap();
+        let arguments = attr(server, "gen_ai.tool.call.arguments");
+        let result = attr(server, "gen_ai.tool.call.result");
+        if opted_in {
+            assert_eq!(
+                arguments, r#"{"account":"acct-opt-in","z":1000}"#,
+                "{server:#}"
+            );
+            let result: Value = serde_json::from_str(result.as_str().unwrap()).unwrap();
+            assert!(result["content"].is_array(), "{server:#}");
+        } else {
+            assert!(arguments.is_null() && result.is_null(), "{server:#}");
+            let exports = rx.exports();
+            assert!(!exports.is_empty());
+            for e in exports {
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(e["raw"].as_str().unwrap())
+                    .unwrap();
+                assert!(!String::from_utf8_lossy(&raw).contains("acct-opt-in"));
+            }
+        }
+    }
+}
