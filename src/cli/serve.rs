@@ -207,6 +207,13 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     };
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // As many serving threads as the CPUs the process may use now (or
+    // `TOKIO_WORKER_THREADS`, as for the main runtime).
+    let serving = std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = Arc::new(Threads::start(serving)?);
     let server = tokio::spawn(accept(
         listener,
         router(Arc::clone(&gw)),
@@ -214,6 +221,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         gw.config().limits.max_connections,
         tls,
         stop_rx,
+        threads.clone(),
     ));
     shutdown_signal().await;
     tracing::info!("shutting down");
@@ -222,7 +230,11 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     gw.pipeline().drain();
     let _ = stop_tx.send(());
     // Open SSE streams never end on their own: bound the drain.
-    let _ = tokio::time::timeout(grace, server).await;
+    let mut server = server;
+    if tokio::time::timeout(grace, &mut server).await.is_err() {
+        server.abort();
+        let _ = server.await;
+    }
     sweeper.abort();
     reloader.abort();
     if let Some(d) = deliverer {
@@ -233,6 +245,10 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     }
     if let Some(w) = tls_watcher {
         w.abort();
+    }
+    // Connections still open after the grace (SSE streams) end here.
+    if let Ok(threads) = Arc::try_unwrap(threads) {
+        let _ = tokio::task::spawn_blocking(move || threads.stop()).await;
     }
     gw.shutdown().await;
     // Last: the shutdown checkpoint signs everything recorded above.
@@ -254,6 +270,7 @@ async fn accept(
     max_connections: usize,
     tls: Option<tokio_rustls::TlsAcceptor>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
+    threads: Arc<Threads>,
 ) {
     // One permit per open connection: thousands of idle clients cannot use
     // up the process's descriptors and starve the rest.
@@ -294,8 +311,23 @@ async fn accept(
         let watcher = graceful.watcher();
         let http = http.clone();
         let tls = tls.clone();
-        tokio::spawn(async move {
+        // Off this runtime's reactor, onto the serving thread's.
+        let tcp = match tcp.into_std() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(%peer, "connection dropped: {e}");
+                continue;
+            }
+        };
+        threads.spawn(async move {
             let _slot = slot;
+            let tcp = match tokio::net::TcpStream::from_std(tcp) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(%peer, "connection dropped: {e}");
+                    return;
+                }
+            };
             let ended = match tls {
                 None => {
                     watcher
@@ -329,6 +361,68 @@ async fn accept(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// The threads client connections are served on: each runs a runtime of its
+/// own, and a connection lives on one of them, taken in turn, for its whole
+/// life. A call's client socket, its upstream connection (the pool gives a
+/// thread its own first) and the work between them are on one thread: no
+/// call is handed from one worker to another, which costs two context
+/// switches more per call than the floor when there are more workers than
+/// CPUs (a gateway confined after it started). Background work (sweeps,
+/// reloads, notifications) stays on the main runtime.
+pub(crate) struct Threads {
+    handles: Vec<tokio::runtime::Handle>,
+    next: std::sync::atomic::AtomicUsize,
+    stop: Vec<tokio::sync::oneshot::Sender<()>>,
+    joins: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Threads {
+    /// `n` serving threads (at least one).
+    pub(crate) fn start(n: usize) -> anyhow::Result<Threads> {
+        let mut t = Threads {
+            handles: Vec::new(),
+            next: std::sync::atomic::AtomicUsize::new(0),
+            stop: Vec::new(),
+            joins: Vec::new(),
+        };
+        for i in 0..n.max(1) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start a serving thread's runtime")?;
+            t.handles.push(rt.handle().clone());
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            t.stop.push(stop);
+            let join = std::thread::Builder::new()
+                .name(format!("serve-{i}"))
+                .spawn(move || {
+                    rt.block_on(async {
+                        let _ = stopped.await;
+                    });
+                })
+                .context("cannot start a serving thread")?;
+            t.joins.push(join);
+        }
+        Ok(t)
+    }
+
+    /// Run `fut` on the next thread.
+    fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.handles.len();
+        self.handles[i].spawn(fut);
+    }
+
+    /// Stop every thread: connections still open are dropped.
+    pub(crate) fn stop(self) {
+        for s in self.stop {
+            let _ = s.send(());
+        }
+        for j in self.joins {
+            let _ = j.join();
+        }
+    }
 }
 
 /// Over `limits.max_connections`: a plain 503 that says why, then close

@@ -37,7 +37,11 @@ use crate::wire::sse;
 /// per connection cost about 10 µs per relayed call.
 struct Pool {
     authority: String,
-    idle: Mutex<Vec<Conn>>,
+    /// Each idle connection with the thread that opened or last used it: a
+    /// connection's socket wakes the runtime it was registered with, so a
+    /// call takes one of its own thread's first (the gateway serves each
+    /// client connection on one thread; see `cli::serve`).
+    idle: Mutex<Vec<(std::thread::ThreadId, Conn)>>,
     /// For an `https://` upstream: its TLS client and the name its
     /// certificate must be valid for (also sent as SNI).
     tls: Option<Tls>,
@@ -90,7 +94,13 @@ async fn drive<F: std::future::Future>(driver: &mut Option<Driver>, fut: F) -> F
 impl Pool {
     async fn checkout(&self) -> std::io::Result<Conn> {
         loop {
-            let Some(mut conn) = self.idle.lock().pop() else {
+            let here = std::thread::current().id();
+            let taken = {
+                let mut idle = self.idle.lock();
+                let mine = idle.iter().rposition(|(t, _)| *t == here);
+                mine.map(|i| idle.swap_remove(i).1)
+            };
+            let Some(mut conn) = taken else {
                 break;
             };
             // Driven until ready: an idle connection is ready once its driver
@@ -131,7 +141,7 @@ impl Pool {
         }
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE {
-            idle.push(conn);
+            idle.push((std::thread::current().id(), conn));
         }
     }
 }
