@@ -265,15 +265,16 @@ impl Store for Flaky {
         }
         self.inner.reserve_with(key, record, now_ms, approval)
     }
-    fn put_proposal(
+    fn put_proposal_with(
         &self,
         proposal: Proposal,
         expect: Option<ProposalState>,
+        notices: Vec<countersign::core::notify::Notice>,
     ) -> StoreFuture<'_, bool> {
         if let Err(e) = self.failing(Fail::Proposals) {
             return boxed(Err(e));
         }
-        self.inner.put_proposal(proposal, expect)
+        self.inner.put_proposal_with(proposal, expect, notices)
     }
     fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
         self.inner.get_proposal(id)
@@ -299,12 +300,13 @@ impl Store for Flaky {
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
         self.inner.gc_proposals(before_ms)
     }
-    fn transition_with(
+    fn transition_telling(
         &self,
         key: String,
         from: State,
         to: Record,
         outbox: Option<(u64, String)>,
+        notices: Vec<countersign::core::notify::Notice>,
     ) -> StoreFuture<'_, bool> {
         let op = match to.state {
             State::Dispatched => Fail::Dispatch,
@@ -314,7 +316,9 @@ impl Store for Flaky {
         if op == Fail::Complete && *self.fail.lock().unwrap() == Fail::CompleteLanded {
             *self.fail.lock().unwrap() = Fail::None;
             return Box::pin(async move {
-                self.inner.transition_with(key, from, to, outbox).await?;
+                self.inner
+                    .transition_telling(key, from, to, outbox, notices)
+                    .await?;
                 Err(StoreError::Backend {
                     op: "injected failure",
                     reason: "the commit's reply was lost".into(),
@@ -326,7 +330,8 @@ impl Store for Flaky {
                 return boxed(Err(e));
             }
         }
-        self.inner.transition_with(key, from, to, outbox)
+        self.inner
+            .transition_telling(key, from, to, outbox, notices)
     }
     fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
         self.inner.outbox()

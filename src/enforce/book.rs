@@ -1349,12 +1349,13 @@ mod tests {
         ) -> StoreFuture<'_, Reservation> {
             yielding!(self, s => s.reserve_with(key, record, now_ms, approval))
         }
-        fn put_proposal(
+        fn put_proposal_with(
             &self,
             proposal: Proposal,
             expect: Option<ProposalState>,
+            notices: Vec<crate::core::notify::Notice>,
         ) -> StoreFuture<'_, bool> {
-            yielding!(self, s => s.put_proposal(proposal, expect))
+            yielding!(self, s => s.put_proposal_with(proposal, expect, notices))
         }
         fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
             yielding!(self, s => s.pin_first_use(pins))
@@ -1371,14 +1372,15 @@ mod tests {
         fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
             yielding!(self, s => s.gc_proposals(before_ms))
         }
-        fn transition_with(
+        fn transition_telling(
             &self,
             key: String,
             from: State,
             to: Record,
             outbox: Option<(u64, String)>,
+            notices: Vec<crate::core::notify::Notice>,
         ) -> StoreFuture<'_, bool> {
-            yielding!(self, s => s.transition_with(key, from, to, outbox))
+            yielding!(self, s => s.transition_telling(key, from, to, outbox, notices))
         }
         fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
             yielding!(self, s => s.outbox())

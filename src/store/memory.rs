@@ -91,14 +91,6 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(out) })
     }
 
-    fn put_proposal(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-    ) -> StoreFuture<'_, bool> {
-        self.put_proposal_with(proposal, expect, Vec::new())
-    }
-
     fn put_proposal_with(
         &self,
         proposal: Proposal,
@@ -181,16 +173,6 @@ impl Store for MemoryStore {
         proposals.retain(|_, p| !(proposal_final(p) && p.updated_ms < before_ms));
         let n = before - proposals.len();
         Box::pin(async move { Ok(n) })
-    }
-
-    fn transition_with(
-        &self,
-        key: String,
-        from: State,
-        to: Record,
-        outbox: Option<(u64, String)>,
-    ) -> StoreFuture<'_, bool> {
-        self.transition_telling(key, from, to, outbox, Vec::new())
     }
 
     fn transition_telling(

@@ -281,7 +281,9 @@ pub trait Store: Send + Sync {
         &self,
         proposal: Proposal,
         expect: Option<ProposalState>,
-    ) -> StoreFuture<'_, bool>;
+    ) -> StoreFuture<'_, bool> {
+        self.put_proposal_with(proposal, expect, Vec::new())
+    }
 
     /// [`Store::put_proposal`], and queue `notices` (the events it
     /// announces, DESIGN.md section 19) in the same commit: the proposal
@@ -291,12 +293,7 @@ pub trait Store: Send + Sync {
         proposal: Proposal,
         expect: Option<ProposalState>,
         notices: Vec<Notice>,
-    ) -> StoreFuture<'_, bool> {
-        if notices.is_empty() {
-            return self.put_proposal(proposal, expect);
-        }
-        Box::pin(std::future::ready(Err(StoreError::NoQueue)))
-    }
+    ) -> StoreFuture<'_, bool>;
 
     /// Queue `notices` on their own, durably, before it returns (an event
     /// of no store change: a circuit, a tool definition).
@@ -369,7 +366,9 @@ pub trait Store: Send + Sync {
         from: State,
         to: Record,
         outbox: Option<(u64, String)>,
-    ) -> StoreFuture<'_, bool>;
+    ) -> StoreFuture<'_, bool> {
+        self.transition_telling(key, from, to, outbox, Vec::new())
+    }
 
     /// [`Store::transition_with`], and when it moves, queue `notices` (the
     /// events the move announces: a write whose answer was lost) in the
@@ -381,12 +380,7 @@ pub trait Store: Send + Sync {
         to: Record,
         outbox: Option<(u64, String)>,
         notices: Vec<Notice>,
-    ) -> StoreFuture<'_, bool> {
-        if notices.is_empty() {
-            return self.transition_with(key, from, to, outbox);
-        }
-        Box::pin(std::future::ready(Err(StoreError::NoQueue)))
-    }
+    ) -> StoreFuture<'_, bool>;
 
     /// The audit entries waiting in the outbox, by id.
     fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>>;

@@ -706,14 +706,6 @@ impl Store for RedbStore {
         })
     }
 
-    fn put_proposal(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-    ) -> StoreFuture<'_, bool> {
-        self.put_proposal_with(proposal, expect, Vec::new())
-    }
-
     fn put_proposal_with(
         &self,
         proposal: Proposal,
@@ -890,16 +882,6 @@ impl Store for RedbStore {
 
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
         self.submit(|reply| Op::GcProposals { before_ms, reply })
-    }
-
-    fn transition_with(
-        &self,
-        key: String,
-        from: State,
-        to: Record,
-        outbox: Option<(u64, String)>,
-    ) -> StoreFuture<'_, bool> {
-        self.transition_telling(key, from, to, outbox, Vec::new())
     }
 
     fn transition_telling(

@@ -718,14 +718,6 @@ impl Store for PgStore {
         })
     }
 
-    fn put_proposal(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-    ) -> StoreFuture<'_, bool> {
-        self.put_proposal_with(proposal, expect, Vec::new())
-    }
-
     fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut client = self.client().await?;
@@ -999,16 +991,6 @@ impl Store for PgStore {
             txn.commit().await.map_err(backend("commit"))?;
             Ok(usize::try_from(gone).unwrap_or(usize::MAX))
         })
-    }
-
-    fn transition_with(
-        &self,
-        key: String,
-        from: State,
-        to: Record,
-        outbox: Option<(u64, String)>,
-    ) -> StoreFuture<'_, bool> {
-        self.transition_telling(key, from, to, outbox, Vec::new())
     }
 
     fn transition_telling(
