@@ -721,6 +721,76 @@ async fn a_collector_that_never_answers_drops_spans_and_counts_them() {
     assert_eq!(warned, 1, "logged once");
 }
 
+/// Set by the standard variables alone, with `parentbased_always_off`: a
+/// call whose client sent a sampled context is traced (under the variable's
+/// service name) and the upstream gets the gateway's context; a call
+/// without one is dropped, makes no span of the gateway's own, and reaches
+/// the upstream without a `traceparent`.
+#[tokio::test]
+async fn the_otel_variables_configure_it_and_a_dropped_trace_sends_no_context() {
+    let rx = Receiver::start("ok");
+    let gw = Gateway::start_with(Options {
+        gateway_env: vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), rx.endpoint()),
+            (
+                "OTEL_TRACES_SAMPLER".into(),
+                "parentbased_always_off".into(),
+            ),
+            ("OTEL_SERVICE_NAME".into(), "gw-from-env".into()),
+        ],
+        extra: "\n[telemetry]\nexport_interval = \"50ms\"\n".into(),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = format!("00-{client_trace}-00f067aa0ba902b7-01");
+    for (amount, meta) in [
+        (3, json!({ "traceparent": parent })),
+        (4, json!({ "progressToken": "p-4" })),
+    ] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{amount},"method":"tools/call","params":{{"name":"charge_card",
+            "arguments":{{"amount":{amount},"account":"acct_1"}},"_meta":{meta}}}}}"#
+        );
+        let a = c.post_raw(body).await;
+        assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    }
+    let executed: Vec<Value> = gw
+        .records()
+        .into_iter()
+        .filter(|r| r["event"] == "executed")
+        .collect();
+    assert_eq!(executed.len(), 2, "{executed:?}");
+    let meta_of = |amount: i64| -> Value {
+        let r = executed
+            .iter()
+            .find(|r| r["arguments"]["amount"] == amount)
+            .unwrap();
+        serde_json::from_str(r["raw_meta"].as_str().unwrap_or("{}")).unwrap()
+    };
+    let sampled = meta_of(3)["traceparent"].as_str().unwrap().to_owned();
+    assert!(
+        sampled.contains(client_trace) && sampled != parent,
+        "{sampled}"
+    );
+    assert!(
+        meta_of(4).get("traceparent").is_none(),
+        "a dropped trace sends no context of the gateway's own: {}",
+        meta_of(4)
+    );
+    let spans = rx.wait("the sampled call's SERVER span", |spans| {
+        spans
+            .iter()
+            .any(|s| s["trace_id"] == client_trace && s["kind"] == "SPAN_KIND_SERVER")
+    });
+    let server = find(&spans, |s| {
+        s["trace_id"] == client_trace && s["kind"] == "SPAN_KIND_SERVER"
+    })
+    .unwrap();
+    assert_eq!(server["service"], "gw-from-env", "OTEL_SERVICE_NAME");
+}
+
 /// A trace the sampler drops makes no span and sends no context of the
 /// gateway's own: the server gets the client's `_meta` as it came.
 #[tokio::test]

@@ -236,18 +236,21 @@ async fn initialize(
     msg: Message,
     origin: &Origin,
 ) -> Response {
-    let span = crate::telemetry::server_span(
-        &msg,
-        &crate::telemetry::Request {
-            server,
-            client: origin.client,
-            header: origin.header.clone(),
-            session_id: None,
-            protocol_version: msg
-                .params_value()
-                .and_then(|p| p.get("protocolVersion")?.as_str().map(str::to_owned)),
-        },
-    );
+    let span = match crate::telemetry::on() {
+        true => crate::telemetry::server_span(
+            &msg,
+            &crate::telemetry::Request {
+                server,
+                client: origin.client,
+                header: origin.header.clone(),
+                session_id: None,
+                protocol_version: msg
+                    .params_value()
+                    .and_then(|p| p.get("protocolVersion")?.as_str().map(str::to_owned)),
+            },
+        ),
+        false => tracing::Span::none(),
+    };
     // Checked before connecting: each session may hold an upstream child.
     let limit = gw.config().limits.max_sessions_per_identity;
     if gw.sessions_of(&identity) >= limit {

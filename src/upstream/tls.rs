@@ -245,4 +245,21 @@ mod tests {
         config.auth.issuers[0].tls = None;
         assert!(check_all(&config).is_ok(), "Mozilla's roots by default");
     }
+
+    #[test]
+    fn the_collectors_tls_settings_are_checked_at_start_and_named() {
+        let mut config = crate::core::config::Config::parse(
+            "[telemetry]\nendpoint = \"https://collector.example.com:4318\"\n\
+             tls = { ca_file = \"/nonexistent/collector-ca.pem\" }\n",
+            Path::new("test.toml"),
+        )
+        .unwrap();
+        let e = check_all(&config).unwrap_err();
+        assert!(
+            e.contains("[telemetry.tls] ca_file `/nonexistent/collector-ca.pem`"),
+            "{e}"
+        );
+        config.telemetry.tls = None;
+        assert!(check_all(&config).is_ok(), "Mozilla's roots by default");
+    }
 }
