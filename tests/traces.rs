@@ -108,6 +108,24 @@ impl Receiver {
     }
 }
 
+/// `charge_card` with `arguments` (JSON text, sent as written) and `meta`,
+/// which must succeed.
+async fn charge(c: &Client, id: impl std::fmt::Display, arguments: &str, meta: &Value) {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"charge_card","arguments":{arguments},"_meta":{meta}}}}}"#
+    );
+    let a = c.post_raw(body).await;
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+}
+
+/// The example server's execution records.
+fn executed(gw: &Gateway) -> Vec<Value> {
+    gw.records()
+        .into_iter()
+        .filter(|r| r["event"] == "executed")
+        .collect()
+}
+
 fn peers() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
 }
@@ -545,19 +563,11 @@ async fn a_trace_context_in_meta_changes_neither_the_arguments_nor_the_digest() 
         .into_iter()
         .enumerate()
         {
-            let body = format!(
-                r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"charge_card",
-                "arguments":{{"z":1E30,"amount":4.50,"account":"acct_1"}},"_meta":{meta}}}}}"#
-            );
-            let a = c.post_raw(body).await;
-            assert_eq!(a.last()["result"]["isError"], false, "{server}: {a:?}");
+            let arguments = r#"{"z":1E30,"amount":4.50,"account":"acct_1"}"#;
+            charge(&c, i, arguments, &meta).await;
         }
     }
-    let executed: Vec<Value> = gw
-        .records()
-        .into_iter()
-        .filter(|r| r["event"] == "executed")
-        .collect();
+    let executed = executed(&gw);
     assert_eq!(executed.len(), 4, "{executed:?}");
     for r in &executed {
         assert_eq!(
@@ -749,18 +759,10 @@ async fn the_otel_variables_configure_it_and_a_dropped_trace_sends_no_context() 
         (3, json!({ "traceparent": parent })),
         (4, json!({ "progressToken": "p-4" })),
     ] {
-        let body = format!(
-            r#"{{"jsonrpc":"2.0","id":{amount},"method":"tools/call","params":{{"name":"charge_card",
-            "arguments":{{"amount":{amount},"account":"acct_1"}},"_meta":{meta}}}}}"#
-        );
-        let a = c.post_raw(body).await;
-        assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+        let arguments = format!(r#"{{"amount":{amount},"account":"acct_1"}}"#);
+        charge(&c, amount, &arguments, &meta).await;
     }
-    let executed: Vec<Value> = gw
-        .records()
-        .into_iter()
-        .filter(|r| r["event"] == "executed")
-        .collect();
+    let executed = executed(&gw);
     assert_eq!(executed.len(), 2, "{executed:?}");
     let meta_of = |amount: i64| -> Value {
         let r = executed
@@ -800,17 +802,9 @@ async fn a_dropped_trace_makes_no_span_and_passes_the_clients_context_on() {
     let mut c = Client::new(&gw.url("payments"));
     c.initialize().await;
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let body = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"charge_card",
-        "arguments":{{"amount":3,"account":"acct_1"}},"_meta":{{"traceparent":"{parent}"}}}}}}"#
-    );
-    let a = c.post_raw(body).await;
-    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
-    let executed: Vec<Value> = gw
-        .records()
-        .into_iter()
-        .filter(|r| r["event"] == "executed")
-        .collect();
+    let meta = json!({ "traceparent": parent });
+    charge(&c, 1, r#"{"amount":3,"account":"acct_1"}"#, &meta).await;
+    let executed = executed(&gw);
     assert_eq!(executed.len(), 1);
     let meta: Value = serde_json::from_str(executed[0]["raw_meta"].as_str().unwrap()).unwrap();
     assert_eq!(meta["traceparent"], parent, "passed on as it came");
