@@ -359,6 +359,76 @@ async fn a_gateway_killed_after_dispatch_leaves_an_unknown_that_another_reconcil
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
 }
 
+/// A retry through gateway B waits for the call gateway A sent; when B's
+/// wait ends first, B moves the record to `unknown` before it answers
+/// `outcome_unknown`, so A, whose answer comes later, cannot complete it
+/// behind B's back: both answers and the ledger say unknown, and
+/// `reconcile --list` lists the key. (Before, B answered unknown while A
+/// then recorded the answer, and the key was in no list.)
+#[tokio::test]
+async fn an_unknown_answer_for_a_call_held_elsewhere_is_what_the_ledger_says() {
+    let schema = Schema::new();
+    let (pdir, key) = default_policies_with_alice();
+    std::fs::write(pdir.path().join("default.cedar"), ALLOW_ALL).unwrap();
+    // A waits for its server up to 30 s; B waits for A's flight its own
+    // call timeout and 5 s, about 6 s.
+    let start = |call_timeout: &str| {
+        on(
+            &schema,
+            Options {
+                call_timeout: call_timeout.into(),
+                policies: Some(pdir.path().to_owned()),
+                ..Default::default()
+            },
+        )
+    };
+    let (a, b) = (start("30s"), start("1s"));
+    a.fault("charge_card", "delay", 9_000);
+    let body = |id: i64| stateless_charge(id, "acct_h", 6, "held-there");
+    let url_a = a.url("payments");
+    let on_a = tokio::spawn(async move { post_stateless(&url_a, &body(1)).await });
+    eventually("A's server runs the call", || {
+        a.executions("charge_card") == 1
+    })
+    .await;
+    let on_b = post_stateless(&b.url("payments"), &body(2)).await;
+    assert_eq!(code(&on_b), "outcome_unknown", "{on_b:?}");
+    assert_eq!(
+        psql(&format!(
+            "SELECT state FROM {}.ledger WHERE key LIKE '%held-there%'",
+            schema.0
+        )),
+        "unknown",
+        "the ledger says unknown when B says so"
+    );
+    let on_a = on_a.await.unwrap();
+    assert_eq!(
+        code(&on_a),
+        "outcome_unknown",
+        "A's late answer does not contradict the ledger: {on_a:?}"
+    );
+    assert_eq!(
+        psql(&format!(
+            "SELECT state FROM {}.ledger WHERE key LIKE '%held-there%'",
+            schema.0
+        )),
+        "unknown"
+    );
+    let listed = std::process::Command::new(countersign_bin())
+        .args(["reconcile", "--list", "--reviewer-key"])
+        .arg(&key)
+        .args(["--gateway", &a.base()])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success() && out.contains("held-there"),
+        "{out}{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 1);
+}
+
 #[test]
 fn offline_reconcile_refuses_a_shared_ledger_and_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();

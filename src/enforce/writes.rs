@@ -161,8 +161,9 @@ impl Writes {
 
     /// Wait for a record another process leads (sharing the store) to
     /// settle: woken by its own settlement (LISTEN/NOTIFY), never by polling;
-    /// a lagged receiver just looks again. At the deadline, or without a
-    /// way to hear, the call ends `outcome_unknown`.
+    /// a lagged receiver just looks again. `Ok` means look again. At the
+    /// deadline, or without a way to hear, the call ends as
+    /// [`Writes::unsettled_elsewhere`] says.
     async fn wait_elsewhere<U>(
         &self,
         c: &Call<'_, U>,
@@ -170,11 +171,11 @@ impl Writes {
         deadline: Instant,
     ) -> Result<(), CallOutcome> {
         let Some(mut rx) = changes else {
-            return Err(self.unsettled_elsewhere(c).await);
+            return self.unsettled_elsewhere(c).await;
         };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(self.unsettled_elsewhere(c).await);
+            return self.unsettled_elsewhere(c).await;
         }
         let key = c.claim.key.clone();
         let settled_there = async {
@@ -191,24 +192,64 @@ impl Writes {
         };
         match tokio::time::timeout(left, settled_there).await {
             Ok(()) => Ok(()),
-            Err(_) => Err(self.unsettled_elsewhere(c).await),
+            Err(_) => self.unsettled_elsewhere(c).await,
         }
     }
 
     /// The answer for a key another gateway still holds at the end of the
-    /// wait. Still `reserved` there: nothing was sent, and saying
-    /// `outcome_unknown` would be a definitive answer the ledger contradicts
-    /// once the key is freed (found by the chaos run on PostgreSQL); the
-    /// agent is told to send it again. Unreadable: the ledger is
-    /// unavailable, as for any lookup that fails (nothing was sent from
-    /// here, and a retry follows the ledger). `dispatched`: unknown.
-    async fn unsettled_elsewhere<U>(&self, c: &Call<'_, U>) -> CallOutcome {
-        match self.flights.store().get(&c.claim.key).await {
-            Ok(Some(r)) if r.state == crate::core::ledger::State::Reserved => {
-                refused(c, Outcome::NotDispatched)
+    /// wait (`Ok`: the record moved meanwhile, look again).
+    /// - Still `reserved` there: nothing was sent, and saying
+    ///   `outcome_unknown` would be a definitive answer the ledger
+    ///   contradicts once the key is freed (found by the chaos run on
+    ///   PostgreSQL); the agent is told to send it again.
+    /// - Unreadable: the ledger is unavailable, as for any lookup that fails
+    ///   (nothing was sent from here, and a retry follows the ledger).
+    /// - `dispatched`: the record is moved to `unknown` first (compare-and-
+    ///   set, with the webhooks' `outcome_unknown` in the same commit), and
+    ///   only then is the call answered `outcome_unknown`. Answering unknown
+    ///   while the record stays `dispatched` let the holder complete it
+    ///   afterwards (its answer was confirmed after a database restart), so
+    ///   `reconcile --list` never listed a key an agent was told is unknown
+    ///   (found by the chaos run on PostgreSQL). The holder's own
+    ///   compare-and-set then fails, and it answers unknown too.
+    async fn unsettled_elsewhere<U>(&self, c: &Call<'_, U>) -> Result<(), CallOutcome> {
+        use crate::core::ledger::State;
+        let store = self.flights.store();
+        let rec = match store.get(&c.claim.key).await {
+            Ok(Some(r)) => r,
+            // Settled and gone meanwhile: the lookup says what it is now.
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(ledger_unavailable(c, e)),
+        };
+        match rec.state {
+            State::Reserved => Err(refused(c, Outcome::NotDispatched)),
+            State::Dispatched => {
+                let reason = "another gateway sent the call and did not record its end in time";
+                let kind = crate::core::config::EventKind::OutcomeUnknown;
+                let tenant = Some(c.ctx.caller.identity.tenant.as_str());
+                let notices = self
+                    .announcer
+                    .notices(kind, tenant, Self::lost_facts(c, reason));
+                let told = !notices.is_empty();
+                let mut next = rec;
+                next.state = State::Unknown;
+                match store
+                    .transition_telling(c.claim.key.clone(), State::Dispatched, next, None, notices)
+                    .await
+                {
+                    Ok(true) => {
+                        if told {
+                            self.announcer.queued();
+                        }
+                        tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {reason}");
+                        Err(refused(c, Outcome::Unknown))
+                    }
+                    Ok(false) => Ok(()),
+                    Err(e) => Err(ledger_unavailable(c, e)),
+                }
             }
-            Err(e) => ledger_unavailable(c, e),
-            _ => refused(c, Outcome::Unknown),
+            // Settled meanwhile (unknown, complete, freed): look again.
+            _ => Ok(()),
         }
     }
 

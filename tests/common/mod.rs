@@ -339,6 +339,8 @@ pub struct Options {
     pub gateway: String,
     /// Extra lines for the `[limits]` table.
     pub limits: String,
+    /// `call_timeout` of the `payments` server.
+    pub call_timeout: String,
 }
 
 impl Default for Options {
@@ -352,6 +354,7 @@ impl Default for Options {
             approvals: "hold = \"0s\"\n".into(),
             gateway: String::new(),
             limits: String::new(),
+            call_timeout: "5s".into(),
         }
     }
 }
@@ -429,7 +432,7 @@ max_arguments_bytes = 32768
 [servers.payments]
 command = "{bin}"
 args = ["--record", "{record}", "--faults", "{faults}"]
-call_timeout = "5s"
+call_timeout = "{call_timeout}"
 "#,
             listen = opts.listen,
             policies = policies.display(),
@@ -441,6 +444,7 @@ call_timeout = "5s"
             approvals = opts.approvals,
             gateway_extra = opts.gateway,
             limits_extra = opts.limits,
+            call_timeout = opts.call_timeout,
             bin = example_server_bin().display(),
             record = record.display(),
             faults = faults.display(),
