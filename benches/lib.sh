@@ -18,6 +18,8 @@ PIDS=()
 # BENCH_LOGS=DIR keeps the gateways' logs there.
 bench_cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Gone before their folder is: a gateway's audit writer still appends at exit.
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS" && cp "$WORK"/*.log "$BENCH_LOGS"/ 2>/dev/null || true; fi
   rm -rf "$WORK"
 }

@@ -14,7 +14,7 @@ C=${1:-64}; N=${2:-20000}; G=${3:-2}
 source "$(dirname "$0")/lib.sh"
 SCHEMA="cs_bench_$$"
 PSQL=(psql -h 127.0.0.1 -U postgres -d test -qAtc)
-trap 'bench_cleanup; "${PSQL[@]}" "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true' EXIT
+trap 'bench_cleanup; [ -n "${KEEP_SCHEMA:-}" ] || "${PSQL[@]}" "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true' EXIT
 "${PSQL[@]}" "CREATE SCHEMA $SCHEMA" >/dev/null
 allow_all "$WORK/policies"
 GPORTS=(); GPIDS=()

@@ -124,20 +124,28 @@ pub(super) enum Durability {
 }
 
 impl Durability {
-    /// How a writer's session is set up. Besides the commit's durability:
-    /// a writer lives as long as the gateway, and a plan cached while the
-    /// ledger was empty (a hash join over a scan of the whole table) would
-    /// stay in use as the table grows; each batch is planned for the
-    /// table as it is.
+    /// How a writer's session is set up: the commit's durability, and the
+    /// plan. A writer runs one statement, which finds its rows by key, for
+    /// as long as the gateway lives. Its plan is made once (a generic plan)
+    /// with joins other than the nested loop and full scans switched off,
+    /// so it is the nested loop over the unnested batch into the key index
+    /// whatever the table's statistics said when it was made. Left to
+    /// itself, the plan cache kept the plan of an empty ledger (a hash join
+    /// over a scan of the whole table) as the table grew; planning each
+    /// batch anew instead (a custom plan) cost the database as much CPU as
+    /// running it (0.35 ms of 0.7 ms for a batch of eight transitions).
     fn session(self) -> &'static str {
         match self {
             Durability::Flushed => {
-                "SET plan_cache_mode = force_custom_plan;
+                "SET plan_cache_mode = force_generic_plan;
+                 SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_seqscan = off;
                  SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit')
                    WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)"
             }
             Durability::Relaxed => {
-                "SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off"
+                "SET plan_cache_mode = force_generic_plan;
+                 SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_seqscan = off;
+                 SET synchronous_commit = off"
             }
         }
     }
@@ -470,5 +478,112 @@ impl Kind for Transition {
             let moved: HashSet<&str> = rows.iter().map(|r| r.get::<_, &str>(0)).collect();
             Ok(keys.iter().map(|k| moved.contains(k)).collect())
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The plan a writer runs, as `EXPLAIN` shows it, for a batch of
+    /// `n` keys.
+    async fn plan(client: &Client, n: usize) -> String {
+        let keys: Vec<String> = (0..n).map(|i| format!("'k{i}'")).collect();
+        let fill = |v: &str| format!("array_fill({v}, array[{n}])");
+        // EXPLAIN takes no parameters: the batch is spelled out.
+        let sql = format!(
+            "EXPLAIN EXECUTE tr('gw', 1, ARRAY[{}]::text[], {}, {}, {}, {}, {}, {}, {})",
+            keys.join(","),
+            fill("'reserved'::text"),
+            fill("'dispatched'::text"),
+            fill("0::bigint"),
+            fill("'{}'::text"),
+            fill("null::bigint"),
+            fill("null::text"),
+            fill("null::text"),
+        );
+        client
+            .simple_query(&sql)
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// A writer's plan is made once per connection and is the nested loop
+    /// into the key index, whether it was made on an empty ledger or on a
+    /// large one: never a scan of the whole table (which the plan cache
+    /// kept once, as the ledger grew, when left to itself).
+    #[tokio::test]
+    async fn a_writer_finds_its_rows_by_key_on_an_empty_ledger_and_on_a_large_one() {
+        let schema = format!("cs_test_{:016x}", rand::random::<u64>());
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(5432)
+            .user("postgres")
+            .dbname("test");
+        let (client, conn) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL at 127.0.0.1:5432 (database test): `.ci/run` starts it");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; SET search_path = {schema}"
+            ))
+            .await
+            .unwrap();
+        for m in super::super::MIGRATIONS {
+            client.batch_execute(m).await.unwrap();
+        }
+        client
+            .batch_execute(Durability::Flushed.session())
+            .await
+            .unwrap();
+        client
+            .batch_execute(&format!(
+                "PREPARE tr(text, bigint, text[], text[], text[], bigint[], text[], bigint[], text[], text[]) AS {}",
+                Transition::SQL
+            ))
+            .await
+            .unwrap();
+        let empty = plan(&client, 64).await;
+        client
+            .batch_execute(
+                "INSERT INTO ledger (key, state, expires_ms, gateway, record)
+                   SELECT 'x' || i, 'complete', 0, 'gw', '{}' FROM generate_series(1, 20000) i;
+                 ANALYZE ledger",
+            )
+            .await
+            .unwrap();
+        let large = plan(&client, 2).await;
+        let _ = client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await;
+        for (when, plan) in [("empty", &empty), ("large", &large)] {
+            assert!(
+                plan.contains("Index Scan using ledger_pkey on ledger")
+                    && plan.contains("Nested Loop"),
+                "{when} ledger:\n{plan}"
+            );
+            assert!(
+                !plan.contains("Seq Scan on ledger") && !plan.contains("Hash Join"),
+                "{when} ledger:\n{plan}"
+            );
+        }
+        // The same plan, but for the planner's cost estimates.
+        let shape = |plan: &str| {
+            plan.lines()
+                .map(|l| l.split("  (cost=").next().unwrap_or(l).to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shape(&empty), shape(&large), "one plan for either ledger");
     }
 }
