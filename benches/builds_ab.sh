@@ -31,35 +31,22 @@ start() { # NAME PORT BIN
 }
 start a "$P_A" "$BEFORE"
 start b "$P_B" "$BIN"
-pid_of() { pgrep -f -- "--config $WORK/$1.toml" | head -1; }
-usage() {
-  local cpu sw
-  cpu=$(awk '{print $14 + $15}' "/proc/$1/stat")
-  sw=$(cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}')
-  echo "$cpu $sw"
-}
-TICK=$(getconf CLK_TCK)
 EXTRA=()
 [ "$TOOL" = echo ] || EXTRA=(--unique-keys)
 ab() { taskset -c 0 "$PERF/mcp-load" --url "http://127.0.0.1:$1/mcp/stub" --ab "http://127.0.0.1:$SPORT/mcp" \
   --header "Authorization: Bearer $TOKEN" --tool "$TOOL" "${EXTRA[@]}" --concurrency "$2" --batch "$3" --rounds "$4"; }
+# measure GATEWAY C BATCH ROUNDS TURN: one A/B run of that gateway, with its CPU and switches per call.
+measure() {
+  local port_var=P_${1^^} pid cpu0 sw0 cpu1 sw1 out calls=$(($3 * $4))
+  pid=$(pid_of "$1")
+  read -r cpu0 sw0 < <(usage "$pid")
+  out=$(ab "${!port_var}" "$2" "$3" "$4")
+  read -r cpu1 sw1 < <(usage "$pid")
+  echo "$out" | jq -r --arg k "$1" --arg t "$5" --arg c "$2" --argjson n "$calls" \
+    --argjson cpu "$(( (cpu1 - cpu0) * 1000000 / TICK ))" --argjson sw "$((sw1 - sw0))" \
+    '"\($k) (turn \($t)): c=\($c) added p50 \(.diff_p50_us_median|floor) us, \(.a.throughput_median|floor) calls/s, \((.a.throughput_median/.b.throughput_median*100)|floor)% of direct, CPU \($cpu / $n | floor) us/call, \($sw / $n * 100 | floor / 100) switches/call, errors \(.errors)"'
+}
 for turn in $(seq "$TURNS"); do
-  for g in a b; do
-    port_var=P_${g^^}; pid=$(pid_of "$g")
-    read -r cpu0 sw0 < <(usage "$pid")
-    out=$(ab "${!port_var}" 1 1000 10)
-    read -r cpu1 sw1 < <(usage "$pid")
-    echo "$out" | jq -r --arg k "$g" --arg t "$turn" \
-      --argjson cpu "$(( (cpu1 - cpu0) * 1000000 / TICK ))" --argjson sw "$((sw1 - sw0))" \
-      '"\($k) (turn \($t)): c=1 added p50 \(.diff_p50_us_median|floor) us, ratio \(.ratio_p50_median*100|floor/100), CPU \($cpu / 10000 | floor) us/call, \($sw / 10000 * 100 | floor / 100) switches/call, errors \(.errors)"'
-  done
-  for g in a b; do
-    port_var=P_${g^^}; pid=$(pid_of "$g")
-    read -r cpu0 sw0 < <(usage "$pid")
-    out=$(ab "${!port_var}" 16 2000 6)
-    read -r cpu1 sw1 < <(usage "$pid")
-    echo "$out" | jq -r --arg k "$g" --arg t "$turn" \
-      --argjson cpu "$(( (cpu1 - cpu0) * 1000000 / TICK ))" --argjson sw "$((sw1 - sw0))" \
-      '"\($k) (turn \($t)): c=16 \(.a.throughput_median|floor) calls/s, \((.a.throughput_median/.b.throughput_median*100)|floor)% of direct, CPU \($cpu / 12000 | floor) us/call, \($sw / 12000 * 100 | floor / 100) switches/call, errors \(.errors)"'
-  done
+  for g in a b; do measure "$g" 1 1000 10 "$turn"; done
+  for g in a b; do measure "$g" 16 2000 6 "$turn"; done
 done

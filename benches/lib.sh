@@ -62,3 +62,15 @@ T
   for _ in $(seq 200); do grep -qs 'listening on' "$WORK/$1.log" && return; sleep 0.05; done
   echo "gateway $1 did not start:" >&2; cat "$WORK/$1.log" >&2; exit 1
 }
+
+# pid_of NAME: the pid of the gateway started as NAME.
+pid_of() { pgrep -f -- "--config $WORK/$1.toml" | head -1; }
+
+# usage PID: "CPU_TICKS SWITCHES" of every thread of PID (/proc/PID/stat, /proc/PID/task/*/status).
+usage() {
+  local cpu sw
+  cpu=$(awk '{print $14 + $15}' "/proc/$1/stat")
+  sw=$(cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}')
+  echo "$cpu $sw"
+}
+TICK=$(getconf CLK_TCK)

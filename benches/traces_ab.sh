@@ -26,15 +26,6 @@ BIN=$BEFORE gateway before "$P_BEFORE" "$WORK/policies" "$SPORT"
 gateway off "$P_OFF" "$WORK/policies" "$SPORT"
 gateway on "$P_ON" "$WORK/policies" "$SPORT" "" "[telemetry]
 endpoint = \"http://127.0.0.1:$RPORT\""
-pid_of() { pgrep -f -- "--config $WORK/$1.toml" | head -1; }
-# usage PID: "CPU_TICKS SWITCHES" of every thread of PID.
-usage() {
-  local cpu sw
-  cpu=$(awk '{print $14 + $15}' "/proc/$1/stat")
-  sw=$(cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}')
-  echo "$cpu $sw"
-}
-TICK=$(getconf CLK_TCK)
 ab() { taskset -c 0 "$PERF/mcp-load" --url "http://127.0.0.1:$1/mcp/stub" --ab "http://127.0.0.1:$SPORT/mcp" \
   --header "Authorization: Bearer $TOKEN" --tool echo --concurrency "$2" --batch "$3" --rounds "$4"; }
 for turn in $(seq "$TURNS"); do

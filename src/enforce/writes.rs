@@ -85,20 +85,33 @@ impl Writes {
     /// and the webhooks' `outcome_unknown` is queued in the same commit. If
     /// the move could not be recorded, the event is queued on its own.
     async fn lost<U>(&self, c: &Call<'_, U>, ticket: Box<Ticket>, reason: &str) {
-        let kind = crate::core::config::EventKind::OutcomeUnknown;
-        let tenant = Some(c.ctx.caller.identity.tenant.as_str());
-        let notices = self
-            .announcer
-            .notices(kind, tenant, Self::lost_facts(c, reason));
+        let notices = self.unknown_notices(c, reason);
         let told = !notices.is_empty();
         if ticket.unknown_telling(notices).await {
             if told {
                 self.announcer.queued();
             }
         } else {
-            self.announcer
-                .incident(kind, tenant, Self::lost_facts(c, reason));
+            self.announcer.incident(
+                crate::core::config::EventKind::OutcomeUnknown,
+                Some(&c.ctx.caller.identity.tenant),
+                Self::lost_facts(c, reason),
+            );
         }
+    }
+
+    /// The webhooks' `outcome_unknown` notices for `c`, to commit with the
+    /// move that makes its record `unknown`.
+    fn unknown_notices<U>(
+        &self,
+        c: &Call<'_, U>,
+        reason: &str,
+    ) -> Vec<crate::core::notify::Notice> {
+        self.announcer.notices(
+            crate::core::config::EventKind::OutcomeUnknown,
+            Some(&c.ctx.caller.identity.tenant),
+            Self::lost_facts(c, reason),
+        )
     }
 
     /// Sign questions to the client with `asker` from now on.
@@ -225,11 +238,7 @@ impl Writes {
             State::Reserved => Err(refused(c, Outcome::NotDispatched)),
             State::Dispatched => {
                 let reason = "another gateway sent the call and did not record its end in time";
-                let kind = crate::core::config::EventKind::OutcomeUnknown;
-                let tenant = Some(c.ctx.caller.identity.tenant.as_str());
-                let notices = self
-                    .announcer
-                    .notices(kind, tenant, Self::lost_facts(c, reason));
+                let notices = self.unknown_notices(c, reason);
                 let told = !notices.is_empty();
                 let mut next = rec;
                 next.state = State::Unknown;
