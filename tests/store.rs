@@ -393,6 +393,16 @@ async fn an_unknown_answer_for_a_call_held_elsewhere_is_what_the_ledger_says() {
     .await;
     let on_b = post_stateless(&b.url("payments"), &body(2)).await;
     assert_eq!(code(&on_b), "outcome_unknown", "{on_b:?}");
+    wait_for_audit(&b, "B's own outcome_unknown, with why", |entries| {
+        entries.iter().any(|e| {
+            e["kind"] == "outcome_unknown"
+                && e["idempotency_key"] == "held-there"
+                && e["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("another gateway sent the call"))
+        })
+    })
+    .await;
     assert_eq!(
         psql(&format!(
             "SELECT state FROM {}.ledger WHERE key LIKE '%held-there%'",

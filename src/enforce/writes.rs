@@ -251,7 +251,15 @@ impl Writes {
                             self.announcer.queued();
                         }
                         tracing::warn!(server = %c.ctx.server, tool = %c.call.tool, key = %c.claim.client_key, "outcome unknown: {reason}");
-                        Err(refused(c, Outcome::Unknown))
+                        // Its own entry: this gateway settled the record
+                        // (not a repeat of an unknown the ledger held).
+                        c.trail
+                            .record("outcome_unknown", vec![("reason", json!(reason))]);
+                        Err(CallOutcome::Refused {
+                            why: Outcome::Unknown,
+                            key: c.claim.client_key.clone(),
+                            tool: c.call.tool.clone(),
+                        })
                     }
                     Ok(false) => Ok(()),
                     Err(e) => Err(ledger_unavailable(c, e)),
