@@ -37,11 +37,11 @@ use crate::wire::sse;
 /// per connection cost about 10 µs per relayed call.
 struct Pool {
     authority: String,
-    /// Each idle connection with the thread that opened or last used it: a
-    /// connection's socket wakes the runtime it was registered with, so a
-    /// call takes one of its own thread's first (the gateway serves each
-    /// client connection on one thread; see `cli::serve`).
-    idle: Mutex<Vec<(std::thread::ThreadId, Conn)>>,
+    /// Idle connections, the most recently used last. A call takes one its
+    /// own thread opened first (see [`Conn::home`]), then any other: a
+    /// connection of another thread costs a wake-up across threads, a new
+    /// one a TCP handshake.
+    idle: Mutex<Vec<Conn>>,
     /// For an `https://` upstream: its TLS client and the name its
     /// certificate must be valid for (also sent as SNI).
     tls: Option<Tls>,
@@ -69,6 +69,11 @@ type Driver = hyper::client::conn::http1::Connection<TokioIo<Box<dyn Io>>, Full<
 struct Conn {
     sender: SendRequest<Full<Bytes>>,
     driver: Option<Driver>,
+    /// The thread that opened it: its socket is registered with that
+    /// thread's runtime, which is woken when the socket is ready (the
+    /// gateway serves each client connection on one thread; see
+    /// `cli::serve`).
+    home: std::thread::ThreadId,
 }
 
 /// Run `fut` while driving the connection. The driver is polled first, so a
@@ -97,8 +102,10 @@ impl Pool {
             let here = std::thread::current().id();
             let taken = {
                 let mut idle = self.idle.lock();
-                let mine = idle.iter().rposition(|(t, _)| *t == here);
-                mine.map(|i| idle.swap_remove(i).1)
+                match idle.iter().rposition(|c| c.home == here) {
+                    Some(i) => Some(idle.remove(i)),
+                    None => idle.pop(),
+                }
             };
             let Some(mut conn) = taken else {
                 break;
@@ -141,7 +148,7 @@ impl Pool {
         }
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE {
-            idle.push((std::thread::current().id(), conn));
+            idle.push(conn);
         }
     }
 }
@@ -155,6 +162,7 @@ async fn handshake<T: Io + 'static>(io: T) -> std::io::Result<Conn> {
     Ok(Conn {
         sender,
         driver: Some(driver),
+        home: std::thread::current().id(),
     })
 }
 
@@ -664,5 +672,112 @@ impl Http {
                 self.pool.checkin(conn);
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// A current-thread runtime on a thread of its own, as a serving thread
+    /// runs; it runs until the sender is dropped.
+    fn serving_thread() -> (tokio::runtime::Handle, tokio::sync::oneshot::Sender<()>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            rt.block_on(async {
+                let _ = stopped.await;
+            })
+        });
+        (handle, stop)
+    }
+
+    /// Run `step` on the runtime `rt`, from the test's own runtime.
+    fn on<F, Fut>(
+        main: &tokio::runtime::Runtime,
+        rt: &tokio::runtime::Handle,
+        pool: &Arc<Pool>,
+        step: F,
+    ) -> Fut::Output
+    where
+        F: FnOnce(Arc<Pool>) -> Fut,
+        Fut: std::future::Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
+        main.block_on(rt.spawn(step(pool.clone()))).unwrap()
+    }
+
+    /// A call takes an idle connection its own thread opened before one
+    /// another thread opened, and takes another thread's rather than open a
+    /// new one.
+    #[test]
+    fn a_thread_takes_its_own_idle_connection_first_then_any() {
+        // Accepts and holds connections (the client's handshake sends nothing).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in listener.incoming() {
+                held.push(s);
+            }
+        });
+        let pool = Arc::new(Pool {
+            authority,
+            idle: Mutex::new(Vec::new()),
+            tls: None,
+        });
+        let (a, _stop_a) = serving_thread();
+        let (b, _stop_b) = serving_thread();
+        let main = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+
+        // A opens one and leaves it idle.
+        let (home, thread_a) = on(&main, &a, &pool, |pool| async move {
+            let conn = pool.checkout().await.unwrap();
+            let home = conn.home;
+            pool.checkin(conn);
+            (home, std::thread::current().id())
+        });
+        assert_eq!(home, thread_a, "opened on A");
+
+        // B has none of its own: it takes A's, then opens one of its own
+        // while it holds A's. Both go back idle, B's last.
+        let (first, left_idle, second, thread_b) = on(&main, &b, &pool, |pool| async move {
+            let first = pool.checkout().await.unwrap();
+            let left_idle = pool.idle.lock().len();
+            let second = pool.checkout().await.unwrap();
+            let homes = (
+                first.home,
+                left_idle,
+                second.home,
+                std::thread::current().id(),
+            );
+            pool.checkin(first);
+            pool.checkin(second);
+            homes
+        });
+        assert_eq!(
+            first, thread_a,
+            "B reused A's idle connection instead of opening one"
+        );
+        assert_eq!(left_idle, 0, "B took the one idle connection");
+        assert_eq!(second, thread_b, "the one B opened is B's");
+        assert_eq!(pool.idle.lock().len(), 2);
+
+        // A takes its own, though B's went back last.
+        let home = on(&main, &a, &pool, |pool| async move {
+            let conn = pool.checkout().await.unwrap();
+            let home = conn.home;
+            pool.checkin(conn);
+            home
+        });
+        assert_eq!(home, thread_a, "A took B's connection before its own");
     }
 }
