@@ -170,6 +170,24 @@ pub struct AuditLog {
     pub redact: Vec<String>,
 }
 
+/// Stamp each entry that carries no `time` with now: when it was recorded,
+/// not when the writer thread gets to it. A call's entries are stamped as
+/// they happen (see `trail`); had the writer stamped an entry recorded just
+/// before them (a `tools_learned` on a call's first use), a late drain would
+/// give it a later time than the call's, and the log's times would step
+/// back from cause to effect.
+fn stamp(entries: &mut [(&'static str, Map<String, Value>)]) {
+    let mut now: Option<Value> = None;
+    for (_, f) in entries.iter_mut() {
+        if !f.get("time").is_some_and(Value::is_string) {
+            let t = now.get_or_insert_with(|| {
+                Value::from(crate::core::time::rfc3339(crate::core::time::now_ms()))
+            });
+            f.insert("time".into(), t.clone());
+        }
+    }
+}
+
 impl AuditLog {
     /// The gateway's signing key (for the `requestState` of questions to
     /// clients; see [`crate::core::confirm`]).
@@ -292,17 +310,18 @@ impl AuditLog {
         })
     }
 
-    /// Append an entry (buffered).
+    /// Append an entry (buffered), stamped now unless it carries its time.
     pub fn record(&self, kind: &'static str, fields: Map<String, Value>) {
         self.record_all(vec![(kind, fields)]);
     }
 
     /// Append entries, in order (buffered). One message to the writer: a
     /// call's entries cost one wake-up of the writer thread, not one each.
-    pub fn record_all(&self, entries: Vec<(&'static str, Map<String, Value>)>) {
+    pub fn record_all(&self, mut entries: Vec<(&'static str, Map<String, Value>)>) {
         if entries.is_empty() {
             return;
         }
+        stamp(&mut entries);
         let queued = {
             let mut q = self.queue.lock();
             q.extend(entries);
@@ -334,8 +353,9 @@ impl AuditLog {
     /// Append entries, in order, and return once all are on disk.
     pub async fn record_all_durable(
         &self,
-        entries: Vec<(&'static str, Map<String, Value>)>,
+        mut entries: Vec<(&'static str, Map<String, Value>)>,
     ) -> Result<(), String> {
+        stamp(&mut entries);
         let (done, wait) = oneshot::channel();
         {
             let tx = self.tx.lock();
@@ -589,6 +609,38 @@ mod tests {
             lines(),
             2,
             "log_started and the entry, without closing the log"
+        );
+    }
+
+    #[test]
+    fn an_entry_is_stamped_when_recorded_not_when_the_writer_gets_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(settings(dir.path())).unwrap();
+        log.record("tools_learned", Map::new());
+        let recorded = crate::core::time::now_ms();
+        // The writer is held off the queue for a while, as a busy machine
+        // would hold it; the delay is the point, not a wait for an event.
+        {
+            let _held = log.queue.lock();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        log.close();
+        let entry = segments(dir.path())
+            .unwrap()
+            .iter()
+            .flat_map(|s| {
+                std::fs::read_to_string(s)
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<Map<String, Value>>(l).ok())
+                    .collect::<Vec<_>>()
+            })
+            .find(|e| e["kind"] == "tools_learned")
+            .expect("the entry is written");
+        let t = crate::core::time::parse_rfc3339(entry["time"].as_str().unwrap()).unwrap();
+        assert!(
+            t <= recorded,
+            "stamped at {t}, after it was recorded ({recorded})"
         );
     }
 
