@@ -483,6 +483,21 @@ mod tests {
         std::fs::metadata(path).map_or(0, |m| m.len())
     }
 
+    /// Every entry of the log in `dir`, in order.
+    fn entries(dir: &Path) -> Vec<Map<String, Value>> {
+        segments(dir)
+            .unwrap()
+            .iter()
+            .flat_map(|s| {
+                std::fs::read_to_string(s)
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     fn settings(dir: &Path) -> Settings {
         Settings {
             dir: dir.to_owned(),
@@ -625,16 +640,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
         }
         log.close();
-        let entry = segments(dir.path())
-            .unwrap()
-            .iter()
-            .flat_map(|s| {
-                std::fs::read_to_string(s)
-                    .unwrap()
-                    .lines()
-                    .filter_map(|l| serde_json::from_str::<Map<String, Value>>(l).ok())
-                    .collect::<Vec<_>>()
-            })
+        let entry = entries(dir.path())
+            .into_iter()
             .find(|e| e["kind"] == "tools_learned")
             .expect("the entry is written");
         let t = crate::core::time::parse_rfc3339(entry["time"].as_str().unwrap()).unwrap();
@@ -687,17 +694,7 @@ mod tests {
             store.outbox().await.unwrap().is_empty(),
             "the rows are cleared"
         );
-        let all: Vec<Map<String, Value>> = segments(dir.path())
-            .unwrap()
-            .iter()
-            .flat_map(|s| {
-                std::fs::read_to_string(s)
-                    .unwrap()
-                    .lines()
-                    .filter_map(|l| serde_json::from_str(l).ok())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let all = entries(dir.path());
         let recovered: Vec<_> = all
             .iter()
             .filter(|e| e.get("recovered").is_some())
