@@ -483,19 +483,16 @@ mod tests {
         std::fs::metadata(path).map_or(0, |m| m.len())
     }
 
-    /// Every entry of the log in `dir`, in order.
+    /// Every entry of the log in `dir`, in order, read as `audit verify`
+    /// reads it; a line that is not an entry fails the test.
     fn entries(dir: &Path) -> Vec<Map<String, Value>> {
-        segments(dir)
-            .unwrap()
-            .iter()
-            .flat_map(|s| {
-                std::fs::read_to_string(s)
-                    .unwrap()
-                    .lines()
-                    .filter_map(|l| serde_json::from_str(l).ok())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        let mut all = Vec::new();
+        super::super::verify::each_line(dir, |line, place| {
+            all.push(serde_json::from_slice(line).unwrap_or_else(|e| panic!("{place}: {e}")));
+            true
+        })
+        .unwrap();
+        all
     }
 
     fn settings(dir: &Path) -> Settings {
