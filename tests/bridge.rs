@@ -5,83 +5,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::bridge::Bridge;
 use common::*;
 use serde_json::{json, Value};
-
-struct Bridge {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Bridge {
-    fn start(gw: &Gateway) -> Bridge {
-        Bridge::start_with(gw, &[])
-    }
-
-    fn start_with(gw: &Gateway, extra: &[&str]) -> Bridge {
-        let mut child = Command::new(countersign_bin())
-            .args(["stdio", "--server", "payments", "--gateway", &gw.base()])
-            .args(extra)
-            .env("COUNTERSIGN_TOKEN", TOKEN)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout: ChildStdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Bridge {
-            child,
-            stdin,
-            lines: rx,
-        }
-    }
-
-    fn send(&mut self, line: &str) {
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    fn recv(&self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(20))
-            .expect("no answer from the bridge");
-        serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("stdout carried a non-JSON line ({e}): {line}"))
-    }
-
-    /// Read until the response with `id`.
-    fn answer(&self, id: Value) -> Value {
-        loop {
-            let v = self.recv();
-            if v.get("id") == Some(&id) && v.get("method").is_none() {
-                return v;
-            }
-        }
-    }
-}
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn bridge_relays_survives_bad_lines_and_a_gateway_restart() {

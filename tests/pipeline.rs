@@ -285,6 +285,9 @@ impl Store for Flaky {
     fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
         self.inner.first_use_pins()
     }
+    fn use_nonce(&self, nonce: String, until: i64, now: i64) -> StoreFuture<'_, bool> {
+        self.inner.use_nonce(nonce, until, now)
+    }
     fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
         if let Err(e) = self.failing(Fail::Proposals) {
             return boxed(Err(e));

@@ -144,7 +144,7 @@ async fn a_client_value_cannot_forge_a_log_line() {
     );
     let line = log.iter().find(|l| l.contains("outcome unknown")).unwrap();
     assert!(
-        line.contains("\\n2026-01-01T00:00:00Z"),
+        line.contains("\\u{a}2026-01-01T00:00:00Z"),
         "escaped in place: {line}"
     );
     assert!(

@@ -336,6 +336,12 @@ pub fn check_entry_line(line: &[u8]) -> Result<[u8; 32], String> {
 fn checked_digest(line: &[u8], stated: Option<[u8; 32]>) -> Result<[u8; 32], String> {
     let mut digest = digest_without_hash(line);
     if stated.is_none() || digest != stated {
+        // Not the writer's own bytes: read strictly. A key twice (say a
+        // second `tool` put in front of the real one) would let this parser
+        // see one value and a reader of the exported line another.
+        let text = std::str::from_utf8(line).map_err(|_| "not UTF-8".to_owned())?;
+        crate::core::canonical::check_unambiguous(text, 256)
+            .map_err(|e| format!("not an entry the writer could have written: {e}"))?;
         let mut entry: Map<String, Value> =
             serde_json::from_slice(line).map_err(|e| format!("not a JSON object ({e})"))?;
         entry.remove("hash");
@@ -705,6 +711,16 @@ mod tests {
         let b = run(&edited, None).unwrap_err();
         assert_eq!(b.seq, 3);
         assert!(b.reason.contains("edited"), "{b:?}");
+
+        // A second `tool` in front of the real one: a parser that keeps the
+        // last copy hashes the original, one that keeps the first reads
+        // `get_balance`. The line is refused, not read either way.
+        let mut twice = lines.clone();
+        let text = String::from_utf8(twice[2].clone()).unwrap();
+        twice[2] = format!("{{\"tool\":\"get_balance\",{}", &text[1..]).into_bytes();
+        let b = run(&twice, None).unwrap_err();
+        assert_eq!(b.seq, 3);
+        assert!(b.reason.contains("duplicate key `tool`"), "{b:?}");
 
         let mut deleted = lines.clone();
         deleted.remove(3);

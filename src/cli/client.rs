@@ -85,8 +85,13 @@ impl Client {
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
         let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        let resp = self
-            .signed(method, path, bytes)
+        self.send(self.signed(method, path, bytes)).await
+    }
+
+    /// Send a request made by [`Client::signed`]; the JSON answer, or the
+    /// gateway's error message.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let resp = request
             .send()
             .await
             .map_err(|e| anyhow::anyhow!("cannot reach the gateway at {}: {e} (is `countersign serve` running? set --gateway)", self.base))?;
@@ -180,6 +185,19 @@ impl Client {
         reason: &str,
         ttl: std::time::Duration,
     ) -> anyhow::Result<Value> {
+        let request = self.decision_request(id, verdict, reason, ttl).await?;
+        Ok(self.send(request).await?["proposal"].clone())
+    }
+
+    /// The signed request of a decision on the proposal exactly as the
+    /// gateway shows it, not sent yet.
+    pub async fn decision_request(
+        &self,
+        id: &str,
+        verdict: Verdict,
+        reason: &str,
+        ttl: std::time::Duration,
+    ) -> anyhow::Result<reqwest::RequestBuilder> {
         let shown = self.proposal(id).await?;
         let policy_set = shown["policy_set"].as_str().map(str::to_owned);
         let proposal: Proposal = serde_json::from_value(strip_view(shown))
@@ -198,14 +216,11 @@ impl Client {
         );
         let signature = statement.sign(&self.key)?;
         let body = json!({ "statement": statement, "signature": signature });
-        let v = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/v1/proposals/{id}/decision"),
-                Some(&body),
-            )
-            .await?;
-        Ok(v["proposal"].clone())
+        Ok(self.signed(
+            reqwest::Method::POST,
+            &format!("/v1/proposals/{id}/decision"),
+            body.to_string().into_bytes(),
+        ))
     }
 }
 

@@ -1,10 +1,12 @@
 //! Log output: one event, one line, whatever a client put in its fields.
 //!
 //! Values that come from clients (tool names, methods, ids, reasons) reach
-//! log lines. A newline in one would start a forged line of its own, and an
-//! ESC sequence would recolour or rewrite the operator's terminal. Every
-//! control character of an event is written escaped (`\n`, `\u{1b}`), except
-//! the newline that ends it; colours are off, so no ESC is ever ours.
+//! log lines. A newline in one would start a forged line of its own, an
+//! ESC sequence would recolour or rewrite the operator's terminal, and a
+//! bidi override would reorder what follows. Every character of an event
+//! that does not display itself is written escaped (`\u{a}`, `\u{1b}`,
+//! `\u{202e}`, by [`crate::core::legible::visible`]), except the newline
+//! that ends it; colours are off, so no ESC is ever ours.
 
 use std::io::{self, Write};
 
@@ -120,14 +122,10 @@ pub(crate) fn escape(buf: &[u8]) -> String {
         Some(body) => (body, "\n"),
         None => (text.as_ref(), ""),
     };
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in body.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
+    // The rule every display of agent text follows: controls, bidi
+    // overrides, zero-width and other invisible characters come out as
+    // `\u{..}` (a log line's own escapes are left as they are).
+    let mut out = crate::core::legible::visible(body).into_owned();
     out.push_str(end);
     out
 }
@@ -136,13 +134,16 @@ pub(crate) fn escape(buf: &[u8]) -> String {
 mod tests {
     #[test]
     fn a_client_value_cannot_start_a_line_or_send_escapes() {
-        let event = "2026-11-30T10:00:00Z  WARN upstream call failed method=x\n2026-01-01T00:00:00Z WARN countersign::forged\u{1b}[2J\u{0}\n";
+        let event = "2026-11-30T10:00:00Z  WARN upstream call failed method=x\n2026-01-01T00:00:00Z WARN countersign::forged\u{1b}[2J\u{0}\u{202e}\n";
         let out = super::escape(event.as_bytes());
         assert_eq!(out.matches('\n').count(), 1, "{out}");
         assert!(out.ends_with('\n'));
-        assert!(!out.contains('\u{1b}') && !out.contains('\u{0}'), "{out}");
         assert!(
-            out.contains("\\n2026-01-01T00:00:00Z WARN countersign::forged\\u{1b}[2J\\u{0}"),
+            !out.contains('\u{1b}') && !out.contains('\u{0}') && !out.contains('\u{202e}'),
+            "{out}"
+        );
+        assert!(
+            out.contains("\\u{a}2026-01-01T00:00:00Z WARN countersign::forged\\u{1b}[2J\\u{0}"),
             "{out}"
         );
     }

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::cli::args::ReviewerArgs;
 use crate::cli::client::{load_key, Client};
 use crate::core::approval::Verdict;
+use crate::core::legible;
 use crate::core::reviewers::{format_public_key, KeyFile};
 
 /// `countersign keygen --out FILE [--name NAME]`: a new reviewer key, written
@@ -122,17 +123,13 @@ pub(crate) async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String>
             flags.push(format!("{} retries joined", p["joined"]));
         }
         rows.push([
-            p["id"].as_str().unwrap_or("").to_owned(),
+            shown(p, "id"),
             age(p["created_ms"].as_i64().unwrap_or(0)),
             requester(p),
-            p["tenant"].as_str().unwrap_or("").to_owned(),
-            format!(
-                "{}/{}",
-                p["server"].as_str().unwrap_or(""),
-                p["tool"].as_str().unwrap_or("")
-            ),
-            p["risk"].as_str().unwrap_or("").to_owned(),
-            flags.join(", "),
+            shown(p, "tenant"),
+            format!("{}/{}", shown(p, "server"), shown(p, "tool")),
+            shown(p, "risk"),
+            legible::visible(&flags.join(", ")).into_owned(),
         ]);
     }
     Ok(columns(&rows))
@@ -163,14 +160,22 @@ fn columns<const N: usize>(rows: &[[String; N]]) -> String {
     out
 }
 
+/// A string field of the gateway's answer as people may see it: whatever
+/// an agent chose in it (names, tenants, reasons) through
+/// [`legible::text`].
+fn shown(p: &Value, field: &str) -> String {
+    legible::text(p[field].as_str().unwrap_or("")).into_owned()
+}
+
 /// One line per change (`[{pointer, before, after}]`):
-/// `  /pointer   before -> after`.
+/// `  /pointer   before -> after`. Pointers hold the agent's keys, and
+/// values its strings: both are shown legible.
 pub(crate) fn describe_changes(changes: &Value) -> String {
     let show = |v: &Value| {
         if v.is_null() {
             "(absent)".to_owned()
         } else {
-            v.to_string()
+            legible::json(v)
         }
     };
     changes
@@ -180,7 +185,7 @@ pub(crate) fn describe_changes(changes: &Value) -> String {
         .map(|ch| {
             format!(
                 "  {:<20} {} -> {}\n",
-                ch["pointer"].as_str().unwrap_or(""),
+                legible::text(ch["pointer"].as_str().unwrap_or("")),
                 show(&ch["before"]),
                 show(&ch["after"])
             )
@@ -194,47 +199,57 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
     if as_json {
         return Ok(serde_json::to_string_pretty(&p)?);
     }
+    // Everything below that an agent chose (keys, values, names) is shown
+    // through `legible`: a reviewer reads what would run, never what a
+    // crafted string makes the terminal draw.
     let mut out = format!(
         "{}\n\n{}.\n\nstate      {}\nrequester  {} (tenant {})\ntool       {}/{}\ndefinition {}\nrisk       {}\ndigest     {}\nversion    {}\ncreated    {}\n",
-        p["id"].as_str().unwrap_or(""),
-        p["summary"].as_str().unwrap_or(""),
-        p["state"].as_str().unwrap_or(""),
+        shown(&p, "id"),
+        // Made legible by the gateway; kept free of raw controls here too.
+        legible::visible(p["summary"].as_str().unwrap_or("")),
+        shown(&p, "state"),
         requester(&p),
-        p["tenant"].as_str().unwrap_or(""),
-        p["server"].as_str().unwrap_or(""),
-        p["tool"].as_str().unwrap_or(""),
-        p["tool_definition"]
-            .as_str()
-            .unwrap_or("(not listed by the server)"),
-        p["risk"].as_str().unwrap_or(""),
-        p["call_digest"].as_str().unwrap_or(""),
-        p["resource_version"].as_str().unwrap_or("(none)"),
-        p["created_at"].as_str().unwrap_or(""),
+        shown(&p, "tenant"),
+        shown(&p, "server"),
+        shown(&p, "tool"),
+        legible::text(
+            p["tool_definition"]
+                .as_str()
+                .unwrap_or("(not listed by the server)")
+        ),
+        shown(&p, "risk"),
+        shown(&p, "call_digest"),
+        legible::text(p["resource_version"].as_str().unwrap_or("(none)")),
+        shown(&p, "created_at"),
     );
     if let Some(policies) = p["policies"].as_array().filter(|a| !a.is_empty()) {
-        let names: Vec<&str> = policies.iter().filter_map(Value::as_str).collect();
+        let names: Vec<String> = policies
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|n| legible::text(n).into_owned())
+            .collect();
         out.push_str(&format!("asked by   {}\n", names.join(", ")));
     }
     if let Some(progress) = p["progress"].as_str() {
-        out.push_str(&format!("approvals  {progress}\n"));
+        out.push_str(&format!("approvals  {}\n", legible::visible(progress)));
     }
     out.push_str("\narguments\n");
     if let Some(args) = p["arguments"].as_object() {
         for (k, v) in args {
-            out.push_str(&format!("  {k:<20} {v}\n"));
+            out.push_str(&format!("  {:<20} {}\n", legible::key(k), legible::json(v)));
         }
     }
     if let Some(d) = p.get("definition_change").filter(|d| !d.is_null()) {
         out.push_str(&format!(
             "\nthe tool's definition is not the pinned one ({}); what changed:\n{}",
-            d["pinned"].as_str().unwrap_or(""),
+            legible::text(d["pinned"].as_str().unwrap_or("")),
             describe_changes(&d["changes"])
         ));
     }
     if let Some(rev) = p.get("revises").filter(|r| !r.is_null()) {
         out.push_str(&format!(
             "\nrevises {}\n{}",
-            rev["proposal_id"].as_str().unwrap_or(""),
+            legible::text(rev["proposal_id"].as_str().unwrap_or("")),
             describe_changes(&rev["changes"])
         ));
     }
@@ -244,26 +259,26 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
         .filter(|_| quorum)
     {
         for g in p[list].as_array().into_iter().flatten() {
+            let st = &g["statement"];
             out.push_str(&format!(
                 "{word:<10} by {} at {}, under policy set {}\n",
-                g["statement"]["reviewer"].as_str().unwrap_or(""),
-                g["statement"]["issued_at"].as_str().unwrap_or(""),
-                g["statement"]["policy_set"]
-                    .as_str()
-                    .unwrap_or("(not named)"),
+                shown(st, "reviewer"),
+                shown(st, "issued_at"),
+                legible::text(st["policy_set"].as_str().unwrap_or("(not named)")),
             ));
         }
     }
     if let Some(d) = p.get("decision").filter(|d| !d.is_null()) {
+        let st = &d["statement"];
         out.push_str(&format!(
             "\ndecision   {} by {} at {}{}\n",
-            d["statement"]["decision"].as_str().unwrap_or(""),
-            d["statement"]["reviewer"].as_str().unwrap_or(""),
-            d["statement"]["issued_at"].as_str().unwrap_or(""),
-            d["statement"]["reason"]
+            shown(st, "decision"),
+            shown(st, "reviewer"),
+            shown(st, "issued_at"),
+            st["reason"]
                 .as_str()
                 .filter(|r| !r.is_empty())
-                .map(|r| format!(": {r}"))
+                .map(|r| format!(": {}", legible::text(r)))
                 .unwrap_or_default()
         ));
     }
@@ -286,9 +301,9 @@ pub(crate) async fn decide(
     Ok(match (verdict, p["state"].as_str()) {
         (Verdict::Approve, Some("approved")) => format!(
             "approved {id}: {}/{} for {} may run once, until {}{progress}\n",
-            p["server"].as_str().unwrap_or(""),
-            p["tool"].as_str().unwrap_or(""),
-            p["requester"].as_str().unwrap_or(""),
+            shown(&p, "server"),
+            shown(&p, "tool"),
+            shown(&p, "requester"),
             p["expires_at"].as_str().unwrap_or("")
         ),
         (Verdict::Approve, _) => {
@@ -333,10 +348,12 @@ pub(crate) async fn reconcile(c: &Client, body: &Value) -> anyhow::Result<String
 /// The requester as a reviewer reads it: `alice`, or `okta:alice via
 /// claude-code` when the token named its OAuth client.
 fn requester(p: &Value) -> String {
-    let who = p["requester"].as_str().unwrap_or("");
+    // The client name is the token's `azp`: whoever registered the OAuth
+    // client chose it.
+    let who = shown(p, "requester");
     match p["client"].as_str() {
-        Some(c) => format!("{who} via {c}"),
-        None => who.to_owned(),
+        Some(c) => format!("{who} via {}", legible::text(c)),
+        None => who,
     }
 }
 

@@ -442,6 +442,12 @@ pub struct Proposal {
     /// were on: a later call under it links its span to that one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// The digests ([`Statement::digest`]) of approvals withdrawn from it.
+    /// Such a statement is never accepted again: sent once more, it would
+    /// undo the withdrawal. A reviewer who changes their mind again signs a
+    /// new statement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub withdrawn: Vec<String>,
 }
 
 /// The person at the client answered a proposal (MCP elicitation, or a
@@ -671,6 +677,16 @@ impl Statement {
         Ok(bytes)
     }
 
+    /// `sha256:` and the hex SHA-256 of [`Statement::signing_bytes`]: what
+    /// names this very statement.
+    pub fn digest(&self) -> Result<String, ApprovalError> {
+        use sha2::Digest as _;
+        Ok(format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(self.signing_bytes()?))
+        ))
+    }
+
     /// Sign with a reviewer key; returns base64 of the signature.
     pub fn sign(&self, key: &SigningKey) -> Result<String, ApprovalError> {
         let sig = key.sign(&self.signing_bytes()?);
@@ -838,7 +854,12 @@ pub fn consume(
 /// from the gateway's canonical copy (never from text the agent supplied):
 /// "agent-7 of acme wants payments/charge_card (a write) with account acct-1,
 /// amount 120, currency EUR".
+///
+/// Every part an agent chose (keys, values, the tool's name, the OAuth
+/// client's name) goes through [`crate::core::legible`]: a key or a value
+/// built to erase or reorder the sentence on a terminal shows as what it is.
 pub fn summary(p: &Proposal) -> String {
+    use crate::core::legible;
     let risk = match p.risk {
         Risk::Read => "a read",
         Risk::Write => "a write",
@@ -847,17 +868,23 @@ pub fn summary(p: &Proposal) -> String {
     let args: Vec<String> = match &p.arguments {
         Value::Object(m) if !m.is_empty() => m
             .iter()
-            .map(|(k, v)| match v {
-                // A string that would break the sentence (a newline, a tab,
-                // any control character) is shown quoted and escaped, so a
-                // reviewer sees exactly what is there.
-                Value::String(s) if s.chars().any(char::is_control) => format!("{k} {v}"),
-                Value::String(s) => format!("{k} {s}"),
-                other => format!("{k} {other}"),
+            .map(|(k, v)| {
+                let k = legible::key(k);
+                match v {
+                    // A string that would break the sentence (a newline,
+                    // a tab, anything that does not display itself) is
+                    // shown quoted and escaped, so a reviewer sees exactly
+                    // what is there.
+                    Value::String(s) if legible::text(s) != s.as_str() => {
+                        format!("{k} {}", legible::json(v))
+                    }
+                    Value::String(s) => format!("{k} {s}"),
+                    other => format!("{k} {}", legible::json(other)),
+                }
             })
             .collect(),
         Value::Object(_) => vec!["no arguments".into()],
-        other => vec![other.to_string()],
+        other => vec![legible::json(other)],
     };
     let mut text = args.join(", ");
     if text.chars().count() > 160 {
@@ -869,17 +896,17 @@ pub fn summary(p: &Proposal) -> String {
     let via = p
         .client
         .as_deref()
-        .map(|c| format!(" via {c}"))
+        .map(|c| format!(" via {}", legible::text(c)))
         .unwrap_or_default();
     format!(
         "{}{via} of {} wants {}/{} ({risk}) with {text}{}",
-        p.requester,
-        p.tenant,
-        p.server,
-        p.tool,
+        legible::text(&p.requester),
+        legible::text(&p.tenant),
+        legible::text(&p.server),
+        legible::text(&p.tool),
         p.resource_version
             .as_deref()
-            .map(|v| format!(", against resource version {v}"))
+            .map(|v| format!(", against resource version {}", legible::text(v)))
             .unwrap_or_default()
     )
 }
@@ -931,6 +958,7 @@ mod tests {
             confirmation: None,
             asked_by: Vec::new(),
             trace: None,
+            withdrawn: Vec::new(),
         }
     }
 

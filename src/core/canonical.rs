@@ -544,12 +544,29 @@ fn digest_of(server: &str, tool: &str, arguments_jcs: &str) -> String {
 /// duplicate keys, lone surrogates, inexact numbers and depth. Returns the
 /// size in bytes of `arguments` as sent (0 when absent).
 fn check_strict(text: &str, max_depth: usize) -> Result<usize, CanonicalError> {
+    strict_pass(text, max_depth, true)
+}
+
+/// Check that `text` is JSON that every parser reads the same way: no key
+/// twice in one object (parsers disagree on which one wins), no lone
+/// surrogate, nesting at most `max_depth`. For JSON other than a call's
+/// `params` that the gateway must read exactly as it was written, such as
+/// an audit line whose bytes no longer match its hash: a line with a
+/// second `"tool"` in front of the real one is refused, not read as
+/// whichever copy this parser keeps. Numbers are not held to a double
+/// here.
+pub fn check_unambiguous(text: &str, max_depth: usize) -> Result<(), CanonicalError> {
+    strict_pass(text, max_depth, false).map(drop)
+}
+
+fn strict_pass(text: &str, max_depth: usize, exact_numbers: bool) -> Result<usize, CanonicalError> {
     let mut s = Strict {
         b: text.as_bytes(),
         i: 0,
         max_depth,
         path: Vec::new(),
         arguments_len: 0,
+        exact_numbers,
     };
     s.value(0)?;
     s.ws();
@@ -565,6 +582,8 @@ struct Strict<'a> {
     max_depth: usize,
     path: Vec<String>,
     arguments_len: usize,
+    /// Numbers must name a double exactly (a call's arguments).
+    exact_numbers: bool,
 }
 
 impl Strict<'_> {
@@ -790,6 +809,9 @@ impl Strict<'_> {
             } else {
                 break;
             }
+        }
+        if !self.exact_numbers {
+            return Ok(());
         }
         let literal = self.slice(start, self.i)?.to_owned();
         check_number(&literal).map_err(|becomes| CanonicalError::InexactNumber {

@@ -29,6 +29,8 @@
 //! - [`token`]: OAuth access tokens (JWT, RFC 9068): what is checked, and
 //!   the identity they stand for.
 //! - [`time`]: unix milliseconds, RFC 3339, and the pipeline's clock.
+//! - [`legible`]: agent text as people may see it (terminal, chat, logs,
+//!   the console): escapes, unusual keys, lookalike tool names.
 
 pub mod annotations;
 pub mod approval;
@@ -40,6 +42,7 @@ pub mod confirm;
 pub mod decision;
 pub mod identity;
 pub mod ledger;
+pub mod legible;
 pub mod notify;
 pub(crate) mod recovery;
 pub mod reviewers;

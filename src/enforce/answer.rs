@@ -446,6 +446,10 @@ pub enum Rejection {
         /// The limit.
         limit: usize,
     },
+    /// A client message that could be taken for a `tools/call` outside the
+    /// pipeline (a notification, a lookalike method), or a notification
+    /// outside `notifications/`: never relayed.
+    Unrelayable(crate::wire::toolcall::Unrelayable),
     /// A 2026-07-28 request to an upstream that speaks only the handshake
     /// era.
     LegacyUpstream {
@@ -552,6 +556,7 @@ impl Rejection {
                 &format!("countersign gateway answered HTTP {status} without a JSON-RPC message"),
                 None,
             ),
+            Rejection::Unrelayable(why) => invalid(&format!("refused, nothing was sent: {why}")),
             Rejection::LegacyUpstream { server, requested } => Message::error(
                 id,
                 code::UNSUPPORTED_PROTOCOL_VERSION,

@@ -694,6 +694,7 @@ impl Book {
             confirmation: None,
             asked_by: Vec::new(),
             trace: ask.trace.clone(),
+            withdrawn: Vec::new(),
         };
         let mut p = p;
         if !self.write(&mut p, None).await? {
@@ -770,6 +771,9 @@ impl Book {
         let key = reviewer
             .verify_with(|k| statement.verify(k, signature))
             .map_err(|e| refused(e.unwrap_or(ApprovalError::BadSignature)))?;
+        // A statement whose approval was withdrawn stays withdrawn: sent
+        // again (a replay, or a client retrying an old body), it is refused.
+        let digest = statement.digest().map_err(refused)?;
         let public_key = crate::core::reviewers::format_public_key(key);
         let now = self.clock.now_ms();
         let skew = ms(self.config.clock_skew);
@@ -829,6 +833,11 @@ impl Book {
                     id: p.id.clone(),
                     state: ProposalState::Expired.as_str(),
                 });
+            }
+            if p.withdrawn.contains(&digest) {
+                return Err(DecideError::Refused(format!(
+                    "this approval of proposal `{id}` was withdrawn: the same signed statement is never accepted again (approve anew to sign a new one)"
+                )));
             }
             if let Some(g) = p
                 .approvals
@@ -997,6 +1006,9 @@ impl Book {
             };
             let mut next = p.clone();
             let gone = next.approvals.remove(at);
+            if let Ok(d) = gone.signed.statement.digest() {
+                next.withdrawn.push(d);
+            }
             next.updated_ms = now;
             if self
                 .write_telling(
@@ -1363,6 +1375,9 @@ mod tests {
         fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
             yielding!(self, s => s.first_use_pins())
         }
+        fn use_nonce(&self, n: String, until: i64, now: i64) -> StoreFuture<'_, bool> {
+            yielding!(self, s => s.use_nonce(n, until, now))
+        }
         fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
             yielding!(self, s => s.get_proposal(id))
         }
@@ -1469,6 +1484,7 @@ mod tests {
             confirmation: None,
             asked_by: Vec::new(),
             trace: None,
+            withdrawn: Vec::new(),
         }
     }
 

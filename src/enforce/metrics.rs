@@ -15,6 +15,7 @@
 //! | `countersign_notifications` | gauge (a count the store keeps) | `webhook`, `result` (`delivered`, `retried`, `gave_up`) |
 //! | `countersign_notifications_queued` | gauge | |
 //! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
+//! | `countersign_refusals_total` | counter | `what` (`tool_call_without_id`, `tool_call_lookalike`, `notification_method`, `origin`, `token`, `control`, `control_replay`, `rate_limited`, `body_timeout`, ...) |
 //!
 //! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
 //! `cached`, `invalid_params`, or the code the agent got (`approval_pending`,
@@ -59,6 +60,7 @@ pub struct Metrics {
     notifications: Family<CircuitLabels, Gauge>,
     notifications_queued: Gauge,
     trace_spans: Family<OpLabels, Gauge>,
+    refusals: Family<OpLabels, Counter>,
 }
 
 /// What the scrape reads at the time of the scrape.
@@ -158,7 +160,14 @@ impl Metrics {
             "Finished trace spans since start: exported, dropped (the export queue was full) or failed (the collector refused or did not answer)",
             trace_spans.clone(),
         );
+        let refusals = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "refusals",
+            "Requests refused at the door before anything ran, by what was refused",
+            refusals.clone(),
+        );
         Metrics {
+            refusals,
             registry,
             calls,
             decision,
@@ -184,6 +193,12 @@ impl Metrics {
                 ("outcome", outcome_label(outcome).to_owned()),
             ])
             .inc();
+    }
+
+    /// A front refused something before it reached the pipeline or an
+    /// upstream (`what` is one of a fixed set of labels).
+    pub fn refused(&self, what: &'static str) {
+        self.refusals.get_or_create(&[("what", what)]).inc();
     }
 
     /// A decision took `d`.

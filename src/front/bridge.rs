@@ -471,6 +471,22 @@ impl State {
             .await
             .map_err(|e| Failure::Broken(e.to_string()))?;
         match parse_body(&bytes) {
+            // A notification gets no answer over stdio (JSON-RPC): the
+            // gateway's refusal of one (a `tools/call` without an id, say)
+            // goes to the log.
+            Ok(Body::Single(m)) if msg.is_some_and(|r| r.kind() == Kind::Notification) => {
+                let why = m
+                    .error
+                    .as_ref()
+                    .and_then(|e| serde_json::from_str::<Value>(e.get()).ok())
+                    .and_then(|e| e.get("message")?.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                tracing::warn!(
+                    method = %crate::core::legible::text(msg.map_or("", |r| r.method())),
+                    "the gateway refused a notification (HTTP {status}): {why}"
+                );
+                Ok(())
+            }
             Ok(Body::Single(mut m)) => {
                 // The gateway answers some refusals (401, 400) with id null; give
                 // the client its own id back so it can match the answer.

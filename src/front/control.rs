@@ -55,12 +55,17 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
 }
 
 fn problem(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
+    let mut r = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
         json!({ "error": { "code": code, "message": message.into() } }).to_string(),
     )
-        .into_response()
+        .into_response();
+    // The code again, for the front's own accounting (`refused`).
+    if let Ok(v) = header::HeaderValue::from_str(code) {
+        r.headers_mut().insert("countersign-refusal", v);
+    }
+    r
 }
 
 fn ok(body: Value) -> Response {
@@ -74,10 +79,11 @@ fn ok(body: Value) -> Response {
 
 /// Who signed this request, or why it is refused. Checks, in order: the
 /// peer is loopback (unless remote control is on), the header parses, the
-/// reviewer is registered, the signed time is within `clock_skew`, and the
-/// signature covers this method, path and body.
-#[expect(clippy::result_large_err, reason = "the refusal is the response")]
-fn authenticate(
+/// reviewer is registered, the signed time is within `clock_skew`, the
+/// signature covers this method, path, nonce and body, and, for a request
+/// that changes something, the nonce was never used (recorded in the store
+/// until the time window has passed).
+async fn authenticate(
     gw: &Gateway,
     peer: Option<SocketAddr>,
     method: &Method,
@@ -134,6 +140,39 @@ fn authenticate(
                 |e| e.to_string(),
             ))
         })?;
+    // Replay: a captured approval or withdrawal, sent again within the
+    // window, would redo what the reviewer since undid. Each request that
+    // changes something is good once; its nonce is kept until its signed
+    // time falls out of the window, in the store (so a restart or another
+    // gateway remembers it too). Reads change nothing and are not recorded.
+    if method != Method::GET && method != Method::HEAD {
+        let until = signed
+            .saturating_add(cfg.clock_skew.as_millis() as i64)
+            .saturating_add(1000);
+        let key = format!("control/{}/{}", reviewer.name, auth.nonce);
+        match gw.pipeline().store().use_nonce(key, until, now).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(problem(
+                    StatusCode::UNAUTHORIZED,
+                    "replayed",
+                    format!(
+                        "this signed request (nonce {}) was already used: a control request is good once, and nothing changed (sign a new one: the CLI and TUI do)",
+                        auth.nonce
+                    ),
+                ))
+            }
+            Err(e) => {
+                // Fail closed: without the record, a replay cannot be told
+                // from a first use.
+                return Err(problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store",
+                    format!("the request's nonce could not be recorded ({e}): nothing changed; try again"),
+                ));
+            }
+        }
+    }
     Ok(reviewer)
 }
 
@@ -164,7 +203,31 @@ impl FromRequest<Arc<Gateway>> for Signed {
                     format!("the body could not be read (limits.max_body_bytes): {e}"),
                 )
             })?;
-        let reviewer = authenticate(gw, peer, &parts.method, &parts.uri, &parts.headers, &body)?;
+        let reviewer = authenticate(gw, peer, &parts.method, &parts.uri, &parts.headers, &body)
+            .await
+            .inspect_err(|r| {
+                let what = match r.status() {
+                    StatusCode::UNAUTHORIZED
+                        if r.headers()
+                            .get("countersign-refusal")
+                            .is_some_and(|v| v == "replayed") =>
+                    {
+                        "control_replay"
+                    }
+                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => "control",
+                    _ => return,
+                };
+                gw.refused(
+                    what,
+                    None,
+                    &format!(
+                        "{} {}: refused with {}",
+                        parts.method,
+                        parts.uri.path(),
+                        r.status()
+                    ),
+                );
+            })?;
         Ok(Signed { reviewer, body })
     }
 }

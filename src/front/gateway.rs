@@ -267,6 +267,8 @@ pub(crate) struct Gateway {
     rate: Option<governor::DefaultKeyedRateLimiter<(String, String)>>,
     /// The audit dir (`serve`), for the read-only transparency endpoints.
     audit_dir: Option<std::path::PathBuf>,
+    /// What the fronts turned away: counted, and audited at a bounded rate.
+    refusals: super::refusals::Refusals,
 }
 
 impl Gateway {
@@ -313,6 +315,7 @@ impl Gateway {
             discovered: Mutex::new(HashMap::new()),
             rate,
             audit_dir,
+            refusals: Default::default(),
         })
     }
 
@@ -324,6 +327,30 @@ impl Gateway {
     /// Authentication: static tokens and identity providers.
     pub(crate) fn auth(&self) -> &super::auth::Auth {
         &self.auth
+    }
+
+    /// A front refused something before it reached the pipeline or an
+    /// upstream: counted, and audited at a bounded rate
+    /// ([`super::refusals`]).
+    pub(crate) fn refused(&self, what: &'static str, server: Option<&str>, detail: &str) {
+        self.refusals.refused(&self.pipeline, what, server, detail);
+    }
+
+    /// Count, log and (at a bounded rate) audit a client message that may
+    /// not be relayed ([`crate::wire::toolcall`]).
+    pub(crate) fn refuse_unrelayable(
+        &self,
+        server: &str,
+        msg: &Message,
+        why: crate::wire::toolcall::Unrelayable,
+    ) {
+        let method = crate::core::legible::text(msg.method());
+        tracing::warn!(server, method = %method, "client message refused, nothing sent: {why}");
+        self.refused(
+            why.label(),
+            Some(server),
+            &format!("method `{method}`: {why}"),
+        );
     }
 
     /// The enforcement pipeline of `tools/call`.

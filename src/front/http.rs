@@ -311,7 +311,10 @@ async fn in_session(
                     )
                     .await;
                 }
-                None => forward(&session.conn(), &session.server, msg, &Vec::new()).await,
+                None => {
+                    return forward(gw, Some(&session.conn()), &session.server, msg, &Vec::new())
+                        .await
+                }
             }
             StatusCode::ACCEPTED.into_response()
         }
@@ -323,14 +326,38 @@ async fn in_session(
         }
         Kind::Notification | Kind::Response => {
             let extra = session_request(session, origin).extra;
-            forward(&session.conn(), &session.server, msg, &extra).await;
-            StatusCode::ACCEPTED.into_response()
+            forward(gw, Some(&session.conn()), &session.server, msg, &extra).await
         }
     }
 }
 
-/// A client notification or response, relayed as it is.
-async fn forward(conn: &UpstreamConn, server: &str, msg: Message, extra: &ExtraHeaders) {
+/// A client notification or response, relayed as it is: 202. A message
+/// that could be taken for a `tools/call` (a `tools/call` without an id, a
+/// lookalike method) or a notification outside `notifications/` is never
+/// sent: it is refused with 400 and a JSON-RPC error without an id (as the
+/// transport says for input a server does not accept), and counted. With
+/// no `conn` (the upstream is not reachable), a relayable message is
+/// dropped and logged.
+async fn forward(
+    gw: &Gateway,
+    conn: Option<&UpstreamConn>,
+    server: &str,
+    msg: Message,
+    extra: &ExtraHeaders,
+) -> Response {
+    // Fail closed on the wire: this is where every client notification and
+    // response of every era and path meets the rule.
+    if let Some(why) = Passthrough::refusal(&msg) {
+        gw.refuse_unrelayable(server, &msg, why);
+        return reject(Rejection::Unrelayable(why), Value::Null);
+    }
+    let Some(conn) = conn else {
+        tracing::warn!(
+            server,
+            "client notification dropped: the upstream is not reachable"
+        );
+        return StatusCode::ACCEPTED.into_response();
+    };
     let sent = match Passthrough::checked(server, msg) {
         Ok(msg) => conn.send(msg, extra).await,
         Err(e) => Err(e),
@@ -338,6 +365,7 @@ async fn forward(conn: &UpstreamConn, server: &str, msg: Message, extra: &ExtraH
     if let Err(e) = sent {
         tracing::warn!(server, "client message not delivered upstream: {e}");
     }
+    StatusCode::ACCEPTED.into_response()
 }
 
 /// A JSON-RPC batch (2025-03-26): each member handled as if sent alone, the
@@ -360,8 +388,10 @@ async fn batch(
                 let rc = session_request(session, origin);
                 calls.push(async move { mcp::answer(gw, &rc, msg, None).await })
             }
+            // A member that may not be relayed gets no answer (it is a
+            // notification, or a response): it is dropped and counted.
             Ok(msg) => {
-                forward(&session.conn(), &session.server, msg, &Vec::new()).await;
+                let _ = forward(gw, Some(&session.conn()), &session.server, msg, &Vec::new()).await;
             }
         }
     }
@@ -419,6 +449,10 @@ async fn modern(
         Ok(c) => c,
         Err(problem) => return reject(Rejection::Header(problem), id),
     };
+    // Refused before any upstream is connected for it.
+    if msg.kind() != Kind::Request && Passthrough::refusal(&msg).is_some() {
+        return forward(gw, None, server, msg, &Vec::new()).await;
+    }
     let conn = match gw.modern_upstream(server).await {
         Ok(ModernUpstream::Speaks(conn)) => Some(conn),
         Ok(ModernUpstream::Legacy) if bridges(gw, server) => {
@@ -452,16 +486,7 @@ async fn modern(
             rc.origin = origin.clone();
             relay_request(gw, rc, msg, accepts_sse(headers), None).await
         }
-        _ => {
-            match conn {
-                Some(conn) => forward(&conn, server, msg, &extra).await,
-                None => tracing::warn!(
-                    server,
-                    "client notification dropped: the upstream is not reachable"
-                ),
-            }
-            StatusCode::ACCEPTED.into_response()
-        }
+        _ => forward(gw, conn.as_deref(), server, msg, &extra).await,
     }
 }
 
@@ -506,8 +531,7 @@ async fn bridged(
         }
         _ => {
             let conn = bridge.session.conn();
-            forward(&conn, server, msg, &Vec::new()).await;
-            StatusCode::ACCEPTED.into_response()
+            forward(gw, Some(&conn), server, msg, &Vec::new()).await
         }
     }
 }

@@ -174,6 +174,12 @@ async fn answer_in(
         }
         return reply;
     }
+    // A request that could be taken for a `tools/call` (`Tools/Call`,
+    // `tools.call`, lookalike letters) is answered here and never sent.
+    if let Some(why) = crate::upstream::Passthrough::refusal(&msg) {
+        gw.refuse_unrelayable(&rc.server, &msg, why);
+        return answer::Rejection::Unrelayable(why).message(id);
+    }
     let method = msg.method().to_owned();
     let timeout = gw.pipeline().call_timeout(&rc.server);
     match route.call(&rc.server, msg, events, timeout).await {

@@ -23,6 +23,8 @@
 //! - [`issuers`]: the identity providers' keys over time (JWKS, discovery,
 //!   refetch on an unknown `kid`).
 //! - [`tls`]: TLS on the listener, with the certificate reloaded from disk.
+//! - [`refusals`]: what the fronts turn away, counted and (when it
+//!   repeats) audited at a bounded rate.
 
 pub(crate) mod auth;
 pub(crate) mod bridge;
@@ -32,6 +34,7 @@ pub(crate) mod http;
 pub(crate) mod issuers;
 pub(crate) mod mcp;
 pub(crate) mod ops;
+pub(crate) mod refusals;
 pub(crate) mod respond;
 pub(crate) mod route;
 pub(crate) mod stream;

@@ -45,6 +45,7 @@ pub(super) fn reject(rejection: Rejection, id: Value) -> Response {
         | Rejection::AlreadyInitialized
         | Rejection::InitializeInBatch
         | Rejection::Header(_)
+        | Rejection::Unrelayable(_)
         | Rejection::LegacyUpstream { .. } => StatusCode::BAD_REQUEST,
     };
     let mut r = rpc(status, &rejection.message(id));

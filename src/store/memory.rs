@@ -16,6 +16,8 @@ pub struct MemoryStore {
     proposals: Mutex<BTreeMap<String, Proposal>>,
     outbox: Mutex<BTreeMap<u64, String>>,
     pins: Mutex<BTreeMap<String, String>>,
+    /// Used nonces and until when they are kept.
+    nonces: Mutex<BTreeMap<String, i64>>,
     /// Notices by key, and each webhook's status.
     notices: Mutex<(BTreeMap<String, Notice>, BTreeMap<String, WebhookStatus>)>,
 }
@@ -41,6 +43,16 @@ impl Store for MemoryStore {
             }
         }
         Box::pin(std::future::ready(Ok(wrote)))
+    }
+
+    fn use_nonce(&self, nonce: String, expires_ms: i64, now_ms: i64) -> StoreFuture<'_, bool> {
+        let mut nonces = self.nonces.lock();
+        nonces.retain(|_, until| *until > now_ms);
+        let fresh = !nonces.contains_key(&nonce);
+        if fresh {
+            nonces.insert(nonce, expires_ms);
+        }
+        Box::pin(std::future::ready(Ok(fresh)))
     }
 
     fn first_use_pins<'a>(&'a self) -> StoreFuture<'a, Vec<String>> {

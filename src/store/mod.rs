@@ -337,6 +337,14 @@ pub trait Store: Send + Sync {
     /// Every pin recorded on first use.
     fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>>;
 
+    /// Use `nonce` once: record it until `expires_ms` unless it is recorded
+    /// already and has not expired at `now_ms`. `true` when this call
+    /// recorded it, `false` when it was seen before (a replay). Committed
+    /// durably before it returns: a request replayed after a restart, or
+    /// at another gateway sharing the store, finds it. Nonces past their
+    /// expiry may be dropped.
+    fn use_nonce(&self, nonce: String, expires_ms: i64, now_ms: i64) -> StoreFuture<'_, bool>;
+
     /// A proposal by id.
     fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>>;
 
@@ -604,6 +612,7 @@ mod tests {
             confirmation: None,
             asked_by: Vec::new(),
             trace: None,
+            withdrawn: Vec::new(),
         }
     }
 
@@ -973,6 +982,21 @@ mod tests {
         let mut all = store.first_use_pins().await.unwrap();
         all.sort();
         assert_eq!(all, ["first", "other"]);
+        nonce_conformance(store).await;
+    }
+
+    /// A nonce is used once until it expires; nonces are not pins.
+    async fn nonce_conformance(store: &dyn Store) {
+        let use_once = |n: &str, until: i64, now: i64| store.use_nonce(n.to_owned(), until, now);
+        assert!(use_once("alice/n1", 1_000, 100).await.unwrap());
+        assert!(!use_once("alice/n1", 1_000, 200).await.unwrap(), "a replay");
+        assert!(use_once("alice/n2", 1_000, 200).await.unwrap());
+        assert!(use_once("bob/n1", 1_000, 200).await.unwrap());
+        // Past its expiry it can no longer be told from a new one (the
+        // request's signed time refuses such a replay first).
+        assert!(use_once("alice/n1", 5_000, 1_001).await.unwrap());
+        assert!(!use_once("alice/n1", 5_000, 1_002).await.unwrap());
+        assert_eq!(store.first_use_pins().await.unwrap().len(), 2);
     }
 
     const LEASE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -1281,6 +1305,13 @@ mod tests {
         }
         let store = RedbStore::open(&path).unwrap();
         assert_eq!(store.first_use_pins().await.unwrap().len(), 2);
+        assert!(
+            !store
+                .use_nonce("alice/n1".into(), 5_000, 1_003)
+                .await
+                .unwrap(),
+            "a nonce used before the restart is still used"
+        );
     }
 
     #[tokio::test]

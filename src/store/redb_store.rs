@@ -37,6 +37,8 @@ const PINS: TableDefinition<&str, &str> = TableDefinition::new("tool_pins");
 const NOTICES: TableDefinition<&str, &[u8]> = TableDefinition::new("notices");
 /// Each webhook's delivery status, by name.
 const NOTIFY: TableDefinition<&str, &[u8]> = TableDefinition::new("notify_status");
+/// Nonces of signed control requests, and until when (unix ms) each is kept.
+const NONCES: TableDefinition<&str, i64> = TableDefinition::new("used_nonces");
 
 /// Most operations folded into one write transaction.
 const MAX_BATCH: usize = 256;
@@ -213,6 +215,8 @@ impl RedbStore {
         txn.open_table(NOTICES)
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(NOTIFY)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(NONCES)
             .map_err(|e| err("create table")(e.into()))?;
         {
             // One process per file: no delivery of a previous run is still
@@ -838,6 +842,36 @@ impl Store for RedbStore {
             return Box::pin(std::future::ready(Ok(0)));
         }
         self.submit(|reply| Op::Pin { pins, reply })
+    }
+
+    fn use_nonce(&self, nonce: String, expires_ms: i64, now_ms: i64) -> StoreFuture<'_, bool> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || {
+            // Its own fsynced commit: a replay after a crash finds it.
+            let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+            txn.set_durability(Durability::Immediate);
+            let fresh = {
+                let mut table = txn
+                    .open_table(NONCES)
+                    .map_err(|e| err("open table")(e.into()))?;
+                let seen = table
+                    .get(nonce.as_str())
+                    .map_err(|e| err("read")(e.into()))?
+                    .is_some_and(|until| until.value() > now_ms);
+                if !seen {
+                    table
+                        .insert(nonce.as_str(), expires_ms)
+                        .map_err(|e| err("write")(e.into()))?;
+                    // Expired nonces can no longer match: drop them.
+                    table
+                        .retain(|_, until| until > now_ms)
+                        .map_err(|e| err("write")(e.into()))?;
+                }
+                !seen
+            };
+            txn.commit().map_err(|e| err("commit")(e.into()))?;
+            Ok(fresh)
+        }))
     }
 
     fn first_use_pins<'a>(&'a self) -> StoreFuture<'a, Vec<String>> {

@@ -35,6 +35,7 @@ use crate::core::config::ServerConfig;
 use crate::enforce::permit::{Permit, Sent};
 use crate::upstream::mux::Mux;
 use crate::wire::jsonrpc::{raw, Kind, Message};
+pub use crate::wire::toolcall::Unrelayable;
 
 pub use streamable_http::HttpClient;
 
@@ -47,8 +48,8 @@ enum Transport {
     Http(Box<streamable_http::Http>),
 }
 
-/// A client message relayed as it is: anything but a `tools/call` request,
-/// which reaches an upstream only as a [`Permit`].
+/// A client message relayed as it is: anything that cannot be taken for a
+/// `tools/call`, which reaches an upstream only as a [`Permit`].
 ///
 /// ```
 /// use countersign::upstream::Passthrough;
@@ -57,6 +58,12 @@ enum Transport {
 /// assert!(Passthrough::new(list).is_ok());
 /// let call = Message::request(2.into(), "tools/call", Some(raw(&"{}".into())));
 /// assert!(Passthrough::new(call).is_err(), "a tools/call needs the pipeline's permit");
+/// // Without an id it is a notification, and a lenient server runs it all the same.
+/// let note = Message::notification("tools/call", Some(raw(&"{}".into())));
+/// assert!(Passthrough::new(note).is_err());
+/// // Spelled so that a forgiving dispatcher could take it for one.
+/// let alike = Message::request(3.into(), "Tools/Call ", None);
+/// assert!(Passthrough::new(alike).is_err());
 /// ```
 ///
 /// The general [`UpstreamConn::call`] takes a `Passthrough`, so a plain
@@ -92,27 +99,38 @@ enum Transport {
 pub struct Passthrough(Message);
 
 impl Passthrough {
-    /// `msg`, unless it is a `tools/call` request (then `msg` back).
+    /// `msg`, unless it could be taken for a `tools/call` in any form, or
+    /// is a notification outside `notifications/` (then `msg` back, and
+    /// why).
     #[expect(
         clippy::result_large_err,
         reason = "the refused message itself comes back"
     )]
     pub fn new(msg: Message) -> Result<Passthrough, Message> {
+        match Passthrough::refusal(&msg) {
+            Some(_) => Err(msg),
+            None => Ok(Passthrough(msg)),
+        }
+    }
+
+    /// Why `msg` may not pass through, if it may not
+    /// ([`crate::wire::toolcall::unrelayable`]).
+    pub fn refusal(msg: &Message) -> Option<Unrelayable> {
         // INVARIANT: tool calls go through the enforcement pipeline; this
         // is the one door for everything else.
-        if msg.kind() == Kind::Request && msg.method() == "tools/call" {
-            return Err(msg);
-        }
-        Ok(Passthrough(msg))
+        crate::wire::toolcall::unrelayable(msg)
     }
 
     /// [`Passthrough::new`], a refusal worded as an upstream error of
     /// `server` (nothing was sent).
     pub fn checked(server: &str, msg: Message) -> Result<Passthrough, UpstreamError> {
-        Passthrough::new(msg).map_err(|_| UpstreamError::Closed {
-            server: server.to_owned(),
-            reason: "internal: a tools/call outside the enforcement pipeline was refused".into(),
-        })
+        match Passthrough::refusal(&msg) {
+            None => Ok(Passthrough(msg)),
+            Some(why) => Err(UpstreamError::Closed {
+                server: server.to_owned(),
+                reason: format!("refused, nothing sent: {why}"),
+            }),
+        }
     }
 }
 

@@ -6,4 +6,5 @@ pub mod era;
 pub mod jsonrpc;
 pub mod lines;
 pub mod sse;
+pub mod toolcall;
 pub mod trace;

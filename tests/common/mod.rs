@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod bridge;
 pub mod pg;
 pub mod pki;
 

@@ -5,12 +5,23 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Tabs, Wrap};
 use ratatui::Frame;
+use std::borrow::Cow;
+
+use countersign::core::legible;
 use serde_json::Value;
 
 use crate::app::{App, Link, Modal, View};
 
-fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+/// A string field as it is, for decisions; never drawn as it is.
+fn raw<'a>(v: &'a Value, k: &str) -> &'a str {
     v.get(k).and_then(Value::as_str).unwrap_or("")
+}
+
+/// A string field as people may see it: agents choose names, keys and
+/// values, and a terminal obeys what they hold, so everything drawn goes
+/// through [`legible`] (an ESC or a bidi override shows as `\u{1b}`).
+fn s<'a>(v: &'a Value, k: &str) -> Cow<'a, str> {
+    legible::text(raw(v, k))
 }
 
 /// A short duration: `45s`, `12m`, `3h`, `2d`.
@@ -179,12 +190,12 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
             Span::raw(age),
             Span::raw(expires),
             Span::raw(match p["client"].as_str() {
-                Some(c) => format!("{} via {c}", s(p, "requester")),
-                None => s(p, "requester").to_owned(),
+                Some(c) => format!("{} via {}", s(p, "requester"), legible::text(c)),
+                None => s(p, "requester").into_owned(),
             }),
-            Span::raw(s(p, "tenant").to_owned()),
+            Span::raw(s(p, "tenant").into_owned()),
             Span::raw(format!("{}/{}", s(p, "server"), s(p, "tool"))),
-            Span::styled(s(p, "risk").to_owned(), risk_style(s(p, "risk"))),
+            Span::styled(s(p, "risk").into_owned(), risk_style(raw(p, "risk"))),
             Span::raw(flags.join(" ")),
         ])
     });
@@ -206,11 +217,15 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(table, area);
 }
 
-/// Argument rows, nested values indented under their key.
+/// Argument rows, nested values indented under their key. Keys that are
+/// not printable identifiers are quoted and marked, and values escaped
+/// ([`legible`]): a key built to erase the line above cannot make a
+/// reviewer read another amount.
 pub fn argument_lines(v: &Value, depth: usize, out: &mut Vec<Line<'static>>) {
     if let Value::Object(m) = v {
         for (k, val) in m {
             let pad = "  ".repeat(depth);
+            let k = legible::key(k);
             match val {
                 Value::Object(_) => {
                     out.push(Line::from(format!("  {pad}{k}")));
@@ -218,12 +233,15 @@ pub fn argument_lines(v: &Value, depth: usize, out: &mut Vec<Line<'static>>) {
                 }
                 Value::String(t) => out.push(Line::from(vec![
                     Span::raw(format!("  {pad}{k:<18} ")),
-                    Span::styled(t.clone(), Style::default().add_modifier(Modifier::BOLD)),
+                    Span::styled(
+                        legible::text(t).into_owned(),
+                        Style::default().add_modifier(Modifier::BOLD),
+                    ),
                 ])),
                 other => out.push(Line::from(vec![
                     Span::raw(format!("  {pad}{k:<18} ")),
                     Span::styled(
-                        other.to_string(),
+                        legible::json(other),
                         Style::default().add_modifier(Modifier::BOLD),
                     ),
                 ])),
@@ -244,11 +262,17 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
     ));
     if app.raw {
         let canonical = countersign::core::canonical::jcs(&p["arguments"]);
+        // JSON escapes kept; whatever else does not display itself
+        // (C1, bidi, zero-width) written out, line by line.
         let text = format!(
             "canonical arguments (what the server receives, digest {}):\n{canonical}\n\n{}",
             s(p, "call_digest"),
             serde_json::to_string_pretty(p).unwrap_or_default()
-        );
+        )
+        .lines()
+        .map(legible::visible)
+        .collect::<Vec<_>>()
+        .join("\n");
         f.render_widget(
             Paragraph::new(text).block(block).wrap(Wrap { trim: false }),
             area,
@@ -257,14 +281,15 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
     }
     let mut lines = vec![
         Line::from(Span::styled(
-            s(p, "summary").to_owned(),
+            // Made legible by the gateway; kept free of raw controls here.
+            legible::visible(raw(p, "summary")).into_owned(),
             Style::default().add_modifier(Modifier::BOLD),
         )),
         Line::from(""),
     ];
     // Only a standing approval or an undecided proposal has a countdown; a
     // consumed approval can never be used again, whatever its expiry said.
-    let expiry = match (s(p, "state"), p["expires_ms"].as_i64()) {
+    let expiry = match (raw(p, "state"), p["expires_ms"].as_i64()) {
         ("approved", Some(e)) => format!("approval expires in {}", short(e - app.now_ms)),
         ("pending", _) | ("", None) => {
             p["pending_expires_ms"].as_i64().map_or(String::new(), |e| {
@@ -276,17 +301,19 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
     };
     lines.push(Line::from(vec![
         Span::raw("risk "),
-        Span::styled(s(p, "risk").to_owned(), risk_style(s(p, "risk"))),
+        Span::styled(s(p, "risk").into_owned(), risk_style(raw(p, "risk"))),
         Span::raw(format!(
             " · resource version {} · {expiry}",
-            p["resource_version"].as_str().unwrap_or("none")
+            legible::text(p["resource_version"].as_str().unwrap_or("none"))
         )),
     ]));
     lines.push(Line::from(format!(
         "tool definition {}",
-        p["tool_definition"]
-            .as_str()
-            .unwrap_or("(not listed by the server)")
+        legible::text(
+            p["tool_definition"]
+                .as_str()
+                .unwrap_or("(not listed by the server)")
+        )
     )));
     if let Some(d) = p.get("definition_change").filter(|d| !d.is_null()) {
         lines.push(Line::from(Span::styled(
@@ -317,23 +344,26 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
     // Where a quorum stands, and who approved under which policy set.
     if let Some(progress) = p["progress"].as_str() {
         lines.push(Line::from(Span::styled(
-            progress.to_owned(),
+            legible::visible(progress).into_owned(),
             Style::default().add_modifier(Modifier::BOLD),
         )));
         for g in p["approvals"].as_array().into_iter().flatten() {
+            let st = &g["statement"];
             lines.push(Line::from(format!(
                 "  approved by {} at {} under policy set {}",
-                g["statement"]["reviewer"].as_str().unwrap_or("?"),
-                g["statement"]["issued_at"].as_str().unwrap_or("?"),
-                g["statement"]["policy_set"]
-                    .as_str()
-                    .map_or("(not named)", |d| d.get(..19).unwrap_or(d)),
+                s(st, "reviewer"),
+                s(st, "issued_at"),
+                legible::text(
+                    st["policy_set"]
+                        .as_str()
+                        .map_or("(not named)", |d| d.get(..19).unwrap_or(d))
+                ),
             )));
         }
     }
     if let Some(d) = app.possible_duplicate(p) {
         lines.push(Line::from(Span::styled(
-            format!("possible duplicate: {d}"),
+            format!("possible duplicate: {}", legible::visible(&d)),
             Style::default().fg(Color::Yellow),
         )));
     }
@@ -368,7 +398,7 @@ fn change_lines(changes: &Value, lines: &mut Vec<Line<'_>>) {
             if v.is_null() {
                 "(absent)".to_owned()
             } else {
-                v.to_string()
+                legible::json(v)
             }
         };
         lines.push(Line::from(format!(
@@ -391,11 +421,11 @@ fn outcomes(app: &App, f: &mut Frame, area: Rect) {
     }
     let rows = app.outcomes.iter().map(|o| {
         Row::new(vec![
-            s(o, "tenant").to_owned(),
-            s(o, "principal").to_owned(),
-            s(o, "key").to_owned(),
+            s(o, "tenant").into_owned(),
+            s(o, "principal").into_owned(),
+            s(o, "key").into_owned(),
             format!("{}/{}", s(o, "server"), s(o, "tool")),
-            s(o, "created_at").to_owned(),
+            s(o, "created_at").into_owned(),
         ])
     });
     let table = list(
@@ -425,20 +455,21 @@ fn history(app: &App, f: &mut Frame, area: Rect) {
             .filter_map(|g| g.pointer("/statement/reviewer").and_then(Value::as_str))
             .collect();
         let by = match p.pointer("/confirmation/principal").and_then(Value::as_str) {
-            Some(who) => format!("{who} (client)"),
+            Some(who) => format!("{} (client)", legible::text(who)),
             None if approvers.len() > 1 && p.get("quorum").is_some_and(|q| !q.is_null()) => {
-                approvers.join(", ")
+                legible::text(&approvers.join(", ")).into_owned()
             }
-            None => p
-                .pointer("/decision/statement/reviewer")
-                .and_then(Value::as_str)
-                .unwrap_or("-")
-                .to_owned(),
+            None => legible::text(
+                p.pointer("/decision/statement/reviewer")
+                    .and_then(Value::as_str)
+                    .unwrap_or("-"),
+            )
+            .into_owned(),
         };
         Row::new(vec![
-            s(p, "id").to_owned(),
-            s(p, "state").to_owned(),
-            s(p, "requester").to_owned(),
+            s(p, "id").into_owned(),
+            s(p, "state").into_owned(),
+            s(p, "requester").into_owned(),
             format!("{}/{}", s(p, "server"), s(p, "tool")),
             by,
             short(app.now_ms - p["updated_ms"].as_i64().unwrap_or(app.now_ms)),
@@ -468,8 +499,8 @@ fn audit(app: &App, f: &mut Frame, area: Rect) {
         .iter()
         .rev()
         .map(|e| {
-            let time = s(e, "time");
-            let clock = time.get(11..19).unwrap_or(time);
+            let time = raw(e, "time");
+            let clock = legible::text(time.get(11..19).unwrap_or(time));
             Line::from(format!(
                 "{:>6} {} {:<18} {} {}",
                 e["seq"].as_u64().unwrap_or(0),
@@ -516,7 +547,7 @@ fn modal(app: &App, m: &Modal, f: &mut Frame) {
     let summary = |id: &str| {
         app.proposals
             .get(id)
-            .map(|p| s(p, "summary").to_owned())
+            .map(|p| legible::visible(raw(p, "summary")).into_owned())
             .unwrap_or_default()
     };
     let (title, body) = match m {
@@ -555,7 +586,7 @@ fn modal(app: &App, m: &Modal, f: &mut Frame) {
             let key = app
                 .outcomes
                 .get(*index)
-                .map(|o| s(o, "key").to_owned())
+                .map(|o| s(o, "key").into_owned())
                 .unwrap_or_default();
             (
                 format!(
@@ -634,6 +665,68 @@ mod tests {
         a.event(key(KeyCode::Char('3')));
         let history = render(&a, 100, 24);
         assert!(history.contains("alice, dave"), "{history}");
+    }
+
+    /// A proposal built to deceive: a key that erases the line above it
+    /// and poses as `amount`, values with a bell, a bidi override and a
+    /// zero-width joiner, an OAuth client name that clears the screen.
+    fn hostile() -> Value {
+        let mut p = proposal("p-9", "pending", 995_000, 900);
+        p["arguments"] = json!({
+            "amount": 900,
+            "zz\r\u{1b}[2K\u{1b}[1A\u{1b}[2K\r  amount              ": 9,
+            "memo": "ok\u{7}\u{202e}9 tnuoma\u{200d}",
+        });
+        p["client"] = json!("cli\u{1b}[2J");
+        p["tool"] = json!("charge\u{200b}_card");
+        p["summary"] = json!("agent-7 of acme wants payments/charge_card\u{1b}[2K");
+        p
+    }
+
+    /// Whether a drawn screen holds a character that a terminal would obey
+    /// instead of showing.
+    fn obeyed(screen: &str) -> Option<char> {
+        screen.chars().find(|c| {
+            (*c != '\n' && c.is_control())
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
+    }
+
+    #[test]
+    fn a_deceiving_proposal_is_drawn_as_what_it_is() {
+        let mut a = app();
+        a.event(Input::Net(Net::Proposal(hostile())));
+        let list = render(&a, 100, 24);
+        assert_eq!(obeyed(&list), None, "{list}");
+        // The tool column cuts it, but the invisible space shows.
+        assert!(list.contains(r"payments/charge\u{200b"), "{list}");
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Down));
+        a.event(key(KeyCode::Enter));
+        let detail = render(&a, 100, 24);
+        assert_eq!(obeyed(&detail), None, "{detail}");
+        // The real amount is on its own line, and the key that posed as
+        // `amount` is quoted, escaped and marked.
+        assert!(
+            detail.lines().any(|l| {
+                let cells = l.trim_start_matches('"').trim_start();
+                cells.starts_with("amount") && cells.contains(" 900")
+            }),
+            "{detail}"
+        );
+        assert!(
+            detail.contains(r#""zz\u{d}\u{1b}[2K\u{1b}[1A\u{1b}[2K\u{d}  amount"#),
+            "{detail}"
+        );
+        assert!(detail.contains("(unusual key)"), "{detail}");
+        assert!(
+            detail.contains(r"ok\u{7}\u{202e}9 tnuoma\u{200d}"),
+            "{detail}"
+        );
+        insta::assert_snapshot!("deceiving_detail", detail);
+        a.event(key(KeyCode::Char('v')));
+        let raw = render(&a, 100, 24);
+        assert_eq!(obeyed(&raw), None, "{raw}");
     }
 
     #[test]

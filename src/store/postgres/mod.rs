@@ -91,6 +91,13 @@ pub const MIGRATIONS: &[&str] = &[
         webhook text PRIMARY KEY,
         status text NOT NULL
      );",
+    // 6: nonces of signed control requests, each usable once until it
+    // expires (a captured request replayed at any gateway is refused).
+    "CREATE TABLE used_nonces (
+        nonce text PRIMARY KEY,
+        expires_ms bigint NOT NULL
+     );
+     CREATE INDEX used_nonces_expiry ON used_nonces (expires_ms);",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -922,6 +929,31 @@ impl Store for PgStore {
             }
             txn.commit().await.map_err(backend("commit"))?;
             Ok(usize::try_from(wrote).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn use_nonce(&self, nonce: String, expires_ms: i64, now_ms: i64) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            // One statement: two gateways given the same nonce at once
+            // cannot both record it. An expired row is taken over.
+            let row = client
+                .query_opt(
+                    "INSERT INTO used_nonces (nonce, expires_ms) VALUES ($1, $2)
+                     ON CONFLICT (nonce) DO UPDATE SET expires_ms = EXCLUDED.expires_ms
+                       WHERE used_nonces.expires_ms <= $3
+                     RETURNING 1",
+                    &[&nonce, &expires_ms, &now_ms],
+                )
+                .await
+                .map_err(backend("use a nonce"))?;
+            // Now and then, drop what can no longer match.
+            if rand::random::<u8>() < 8 {
+                let _ = client
+                    .execute("DELETE FROM used_nonces WHERE expires_ms <= $1", &[&now_ms])
+                    .await;
+            }
+            Ok(row.is_some())
         })
     }
 
