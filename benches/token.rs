@@ -37,6 +37,7 @@ fn main() {
         principal_claim: "sub".into(),
         tenant_claim: Some("tid".into()),
         tenant: None,
+        tenants: Vec::new(),
         groups_claim: None,
         scopes: BTreeMap::new(),
         accept_plain_jwt: false,
@@ -61,7 +62,6 @@ fn main() {
     let check = Check {
         issuer: &cfg,
         keys: &keys,
-        kid_elsewhere: false,
         audiences: &audiences,
         server: "s",
         leeway_secs: 30,

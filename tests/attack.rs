@@ -404,3 +404,299 @@ async fn a_replayed_approval_is_refused_by_another_gateway_on_postgres() {
     assert!(e.contains("already used"), "{e}");
     assert!(approvers(&at_b, &id).await.is_empty());
 }
+
+/// Whether `text` holds a character a terminal would obey instead of
+/// showing (a line break aside).
+fn obeyed(text: &str) -> Option<char> {
+    text.chars().find(|c| {
+        (*c != '\n' && c.is_control())
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+#[tokio::test]
+async fn show_and_pending_draw_a_deceiving_proposal_as_what_it_is() {
+    let (pdir, alice) = default_policies_with_alice();
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    });
+    let c = listed(&gw, "payments").await;
+    // The key erases the real line above it and poses as `amount 9`.
+    let args = json!({
+        "account": "acct_1",
+        "amount": 900,
+        "zz\r\u{1b}[2K\u{1b}[1A\u{1b}[2K\r  amount              ": 9,
+        "memo": "ok\u{7}\u{202e}9 tnuoma\u{200d}",
+    });
+    let held = c.call(1, "charge_card", args).await;
+    assert_eq!(code(&held), "approval_pending", "{held:?}");
+    let id = countersign(&held)["proposal_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (ok, shown, err) = review_cli(&gw, &alice, &["show", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(obeyed(&shown), None, "{shown}");
+    let amount = shown
+        .lines()
+        .find(|l| l.trim_start().starts_with("amount"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(amount.trim_end().ends_with(" 900"), "{amount}");
+    assert!(
+        shown.contains(
+            r#""zz\u{d}\u{1b}[2K\u{1b}[1A\u{1b}[2K\u{d}  amount              " (unusual key) 9"#
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(r#""ok\u0007\u202e9 tnuoma\u200d""#),
+        "{shown}"
+    );
+    let (ok, list, err) = review_cli(&gw, &alice, &["pending"]);
+    assert!(ok, "{err}");
+    assert_eq!(obeyed(&list), None, "{list}");
+    assert!(list.contains(&id), "{list}");
+    assert_eq!(gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn a_batch_runs_no_more_than_the_rate_limits_burst() {
+    let gw = Gateway::start_with(Options {
+        limits: "requests_per_second = 1\n".into(),
+        extra: format!("\n[metrics]\ntoken_sha256 = \"{}\"\n", sha(METRICS_TOKEN)),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("payments"));
+    c.protocol = "2025-03-26".into();
+    c.initialize().await;
+    let batch: Vec<Value> = (0..500)
+        .map(|i| {
+            json!({"jsonrpc":"2.0","id":i,"method":"tools/call","params":{"name":"refund",
+                "arguments":{"charge":format!("ch_{i}")}}})
+        })
+        .collect();
+    // The limiter has to let the batch's POST itself in: wait as long as
+    // its 429 says, then send it.
+    let a = loop {
+        let a = c.post(&Value::Array(batch.clone())).await;
+        if a.status != 429 {
+            break a;
+        }
+        let wait: u64 = a.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(wait.max(1))).await;
+    };
+    assert_eq!(a.status, 200, "{a:?}");
+    let answers = a.last().as_array().unwrap().clone();
+    assert_eq!(answers.len(), 500);
+    let limited = answers
+        .iter()
+        .filter(|m| {
+            m["error"]["message"]
+                .as_str()
+                .is_some_and(|t| t.contains("too many requests"))
+        })
+        .count();
+    let ran = gw.executions("refund");
+    // A burst is twice the rate: 2. The POST took one.
+    assert!(ran <= 2, "{ran} ran under a 1/s limit");
+    assert_eq!(ran + limited, 500, "every member is answered");
+    assert!(refusals(&gw, "rate_limited").await >= 498);
+}
+
+#[tokio::test]
+async fn a_call_to_an_unlisted_lookalike_tool_is_refused_before_any_proposal() {
+    let (pdir, alice) = default_policies_with_alice();
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    });
+    let c = listed(&gw, "payments").await;
+    for (id, name) in [
+        (1, "ｃｈａｒｇｅ_card"),
+        (2, "chаrge_card"),
+        (3, "wire_money"),
+    ] {
+        let a = c
+            .call(id, name, json!({"account":"acct_1","amount":900}))
+            .await;
+        assert_eq!(code(&a), "tool_unavailable", "{name}: {a:?}");
+    }
+    let a = c
+        .call(
+            4,
+            "ｃｈａｒｇｅ_card",
+            json!({"account":"acct_1","amount":900}),
+        )
+        .await;
+    assert_eq!(countersign(&a)["looks_like"], "charge_card", "{a:?}");
+    let (ok, list, err) = review_cli(&gw, &alice, &["pending"]);
+    assert!(ok, "{err}");
+    assert!(list.contains("no pending proposals"), "{list}");
+    assert_eq!(gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn a_line_with_a_key_twice_fails_audit_verify() {
+    let mut gw = Gateway::start();
+    let c = listed(&gw, "payments").await;
+    let a = c.call(1, "refund", json!({"charge":"ch_1"})).await;
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    assert!(gw.terminate().success());
+    let dir = gw.audit_dir();
+    let (ok, out, err) = run_cli(&["audit", "verify", "--dir", dir.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let segment = audit_segments(&dir).pop().unwrap();
+    let text = std::fs::read_to_string(&segment).unwrap();
+    let (at, line) = text
+        .lines()
+        .enumerate()
+        .find(|(_, l)| {
+            l.contains("\"kind\":\"call_received\"") && l.contains("\"tool\":\"refund\"")
+        })
+        .unwrap();
+    let edited: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == at {
+                format!("{{\"tool\":\"get_balance\",{}", &line[1..])
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    std::fs::write(&segment, edited.join("\n") + "\n").unwrap();
+    let (ok, out, err) = run_cli(&["audit", "verify", "--dir", dir.to_str().unwrap()]);
+    assert!(!ok, "{out}{err}");
+    let said = out + &err;
+    assert!(said.contains("duplicate key `tool`"), "{said}");
+}
+
+#[tokio::test]
+async fn a_csv_export_shows_agent_text_as_text_not_as_a_formula() {
+    let mut gw = Gateway::start();
+    let c = listed(&gw, "payments").await;
+    let formula = "=HYPERLINK(\"http://evil.example\",\"click\")";
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund",
+        "arguments":{"charge":"ch_1"},"_meta":{"dev.countersign/idempotency-key":formula}}});
+    let a = c.post(&call).await;
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    assert!(gw.terminate().success());
+    let dir = gw.audit_dir();
+    let (ok, out, err) = run_cli(&[
+        "audit",
+        "export",
+        "--format",
+        "csv",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let mut rows = csv::Reader::from_reader(out.as_bytes());
+    let cells: Vec<String> = rows
+        .records()
+        .flat_map(|r| r.unwrap().iter().map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    assert!(
+        cells.iter().any(|c| c == &format!("'{formula}")),
+        "{cells:?}"
+    );
+    for cell in &cells {
+        assert!(
+            !cell.starts_with(['=', '+', '-', '@', '\t', '\r']),
+            "a cell a spreadsheet would run: {cell}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_trickled_in_is_cut_off_and_nothing_runs() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gateway::start_with(Options {
+        gateway: "body_read_timeout = \"300ms\"\n".into(),
+        extra: format!("\n[metrics]\ntoken_sha256 = \"{}\"\n", sha(METRICS_TOKEN)),
+        ..Default::default()
+    });
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund",
+        "arguments":{"charge":"ch_1"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}})
+    .to_string();
+    let mut s = tokio::net::TcpStream::connect(&gw.addr).await.unwrap();
+    let head = format!(
+        "POST /mcp/payments HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {TOKEN}\r\n\
+         content-type: application/json\r\naccept: application/json, text/event-stream\r\n\
+         mcp-protocol-version: 2026-07-28\r\nmcp-method: tools/call\r\nmcp-name: refund\r\n\
+         content-length: {}\r\n\r\n",
+        gw.addr,
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    // One byte of the body, then nothing: the gateway answers on its own.
+    s.write_all(&body.as_bytes()[..1]).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+        if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}") {
+            break;
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_read_timeout"), "{answer}");
+    assert_eq!(gw.executions("refund"), 0);
+    assert_eq!(refusals(&gw, "body_timeout").await, 1);
+}
+
+#[tokio::test]
+async fn refused_tokens_and_origins_are_counted_and_audited() {
+    let gw = lenient_gateway(
+        &std::env::temp_dir().join(format!("cs-unused-{}.jsonl", std::process::id())),
+    );
+    for _ in 0..3 {
+        let r = reqwest::Client::new()
+            .post(gw.url("payments"))
+            .bearer_auth("forged-token")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    let r = reqwest::Client::new()
+        .post(gw.url("payments"))
+        .bearer_auth(TOKEN)
+        .header("origin", "https://evil.example")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(refusals(&gw, "token").await, 3);
+    assert_eq!(refusals(&gw, "origin").await, 1);
+    // Repeated refusals: one audit entry per kind and interval, which
+    // never holds the token.
+    wait_for_audit(&gw, "the refusals", |es| {
+        es.iter()
+            .any(|e| e["kind"] == "refused" && e["what"] == "token")
+            && es
+                .iter()
+                .any(|e| e["kind"] == "refused" && e["what"] == "origin")
+    })
+    .await;
+    let entries = audit_entries(&gw.audit_dir());
+    let tokens: Vec<_> = entries
+        .iter()
+        .filter(|e| e["kind"] == "refused" && e["what"] == "token")
+        .collect();
+    assert_eq!(tokens.len(), 1, "{tokens:?}");
+    assert!(!serde_json::to_string(&entries)
+        .unwrap()
+        .contains("forged-token"));
+}

@@ -132,7 +132,7 @@ async fn a_paged_tool_list_is_learned_whole() {
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert_eq!(names.len(), 9, "{names:?}");
+    assert_eq!(names.len(), 10, "{names:?}");
     assert!(names.contains(&"notify_later"), "{names:?}");
 }
 
@@ -266,7 +266,7 @@ async fn a_changed_tool_is_held_with_its_diff_until_tools_accept() {
     // The operator pins what the server lists, into the policy folder.
     let (ok, out, err) = tools(&gw, &["pin"]).await;
     assert!(ok, "{out}{err}");
-    assert!(out.contains("pinned 9 tools"), "{out}");
+    assert!(out.contains("pinned 10 tools"), "{out}");
     assert!(pdir.path().join("tools.lock").exists());
     lock_reloaded(&gw, 1).await;
     let mut c = Client::new(&gw.url("payments"));

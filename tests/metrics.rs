@@ -102,12 +102,12 @@ async fn metrics_need_their_token_parse_and_move_as_calls_run() {
     let text = scrape(&gw, Some(METRICS_TOKEN)).await.1;
     assert!(!text.contains("made_up_tool_name_123"), "{text}");
     assert_eq!(
-        calls(&after, "(unlisted)", "approval_pending"),
+        calls(&after, "(unlisted)", "tool_unavailable"),
         1.0,
         "{text}"
     );
-    // The charge, and the unlisted tool (a possible write, so it waits too).
-    assert_eq!(value(&after, "countersign_pending_proposals", &[]), 2.0);
+    // The charge; the unlisted tool is refused before any proposal.
+    assert_eq!(value(&after, "countersign_pending_proposals", &[]), 1.0);
     assert_eq!(value(&after, "countersign_unknown_outcomes", &[]), 0.0);
     assert_eq!(
         value(

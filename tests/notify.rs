@@ -650,3 +650,86 @@ async fn a_changed_tool_definition_is_announced() {
     );
     assert!(body["tenant"].is_null(), "no tenant's: {body}");
 }
+
+/// `[notify]` with one webhook `ops` at `url` whose table also holds
+/// `hook` (a format, which arguments it may see).
+fn notify_hook(url: &str, hook: &str) -> String {
+    format!(
+        "\n[notify]\n\n[[notify.webhooks]]\nname = \"ops\"\nurl = \"{url}\"\n\
+         secret = {{ env = \"CS_WEBHOOK_SECRET\" }}\n{hook}\n"
+    )
+}
+
+#[tokio::test]
+async fn agent_text_in_a_slack_message_is_never_a_mention_a_link_or_markup() {
+    let rx = Receiver::start(&[]).await;
+    let (pdir, _alice) = default_policies_with_alice();
+    let gw = gateway(
+        pdir.path(),
+        notify_hook(&rx.url(), "format = \"slack\"\ninclude_arguments = true"),
+        "hold = \"0s\"\n",
+    );
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"charge_card","arguments":{"account":"<!channel> *urgent* `x`","amount":12,
+        "note":"<https://evil.example/approve|Approve here> https://evil.example/go"}}});
+    let held = c.post(&call).await;
+    assert_eq!(code(&held), "approval_pending", "{held:?}");
+    rx.until("proposal_created", |g| !g.is_empty()).await;
+    // A Slack message is `text` and `blocks`, with no kind of its own.
+    let body = rx.got()[0].json();
+    for text in [
+        body["text"].as_str().unwrap(),
+        body["blocks"][0]["text"]["text"].as_str().unwrap(),
+    ] {
+        // Slack reads `<...>` as a mention or a link: none of the agent's.
+        assert!(
+            !text.contains("<!channel>") && !text.contains("<https://"),
+            "{text}"
+        );
+        assert!(text.contains("&lt;!channel&gt;"), "{text}");
+        assert!(
+            text.contains(
+                r#"`"&lt;https://evil.example/approve|Approve here&gt; https://evil.example/go"`"#
+            ),
+            "the agent's text is a code span, never a link: {text}"
+        );
+        // A backquote of the agent's own cannot close the span.
+        assert!(text.contains(r"\u{60}x\u{60}"), "{text}");
+    }
+    // Slack turns no URL of the blocks into a link.
+    assert_eq!(body["blocks"][0]["text"]["verbatim"], true, "{body}");
+    assert_eq!(body["blocks"][1]["elements"][0]["verbatim"], true, "{body}");
+}
+
+#[tokio::test]
+async fn a_redacted_argument_is_an_hmac_under_the_webhooks_secret_not_a_plain_hash() {
+    let rx = Receiver::start(&[]).await;
+    let (pdir, _alice) = default_policies_with_alice();
+    let gw = gateway(
+        pdir.path(),
+        notify_hook(
+            &rx.url(),
+            "include_arguments = true\nredact = [\"account\"]",
+        ),
+        "hold = \"0s\"\n",
+    );
+    let mut c = Client::new(&gw.url("payments"));
+    c.initialize().await;
+    assert_eq!(code(&c.post(&charge(1, "r-1")).await), "approval_pending");
+    rx.until("proposal_created", |g| !g.is_empty()).await;
+    let body = rx.of_kind("proposal_created")[0].json();
+    let shown = body["facts"]["arguments"]["account"].as_str().unwrap();
+    let tag = ring::hmac::sign(
+        &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, SECRET.as_bytes()),
+        br#""acct_secret_42""#,
+    );
+    assert_eq!(shown, format!("hmac-sha256:{}", hex::encode(tag.as_ref())));
+    // Whoever guesses the account cannot confirm it by hashing it.
+    use sha2::Digest as _;
+    let plain = hex::encode(sha2::Sha256::digest(br#""acct_secret_42""#));
+    assert!(!rx.got()[0].body.contains(&plain), "{}", rx.got()[0].body);
+    assert!(!rx.got()[0].body.contains("acct_secret_42"));
+    assert_eq!(body["facts"]["arguments"]["amount"], 12);
+}

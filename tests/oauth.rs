@@ -440,3 +440,150 @@ async fn keys_of_a_provider_that_is_down_keep_working_and_a_new_kid_waits_for_it
     publish(&s.jwks_a, &[&a, &next]);
     accepted_within_10s(&s.gw, &rotated).await;
 }
+
+/// POST `initialize` to `path` (a path the client chose) without a token:
+/// the status and every `WWW-Authenticate` value.
+async fn challenges_at(gw: &Gateway, path: &str) -> (u16, Vec<String>) {
+    let resp = reqwest::Client::new()
+        .post(format!("{}{path}", gw.base()))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let all = resp
+        .headers()
+        .get_all("www-authenticate")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect();
+    (resp.status().as_u16(), all)
+}
+
+#[tokio::test]
+async fn a_crafted_server_name_cannot_add_a_resource_metadata_to_the_challenge() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let (status, all) = challenges_at(
+        &s.gw,
+        "/mcp/x%22,%20resource_metadata=%22http:%2f%2fevil.example",
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(all.len(), 1, "{all:?}");
+    let challenge = &all[0];
+    assert_eq!(
+        challenge.matches("resource_metadata=").count(),
+        1,
+        "{challenge}"
+    );
+    assert!(!challenge.contains("evil.example"), "{challenge}");
+    // An unknown server gets the gateway's own metadata.
+    assert_eq!(
+        challenge,
+        &format!(
+            "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource\"",
+            s.gw.base()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_token_with_a_crit_header_is_refused_with_401_and_nothing_runs() {
+    let (a, b) = (key("a1"), key("b1"));
+    let s = start(&a, &b);
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = json!({"alg":"ES256","typ":"at+jwt","kid":"a1","crit":["b64"],"b64":false});
+    let input = format!(
+        "{}.{}",
+        b64.encode(header.to_string()),
+        b64.encode(claims(ISS_A, "alice").to_string())
+    );
+    let sig = jsonwebtoken::crypto::sign(input.as_bytes(), &a.encoding, Algorithm::ES256).unwrap();
+    let token = format!("{input}.{sig}");
+    let (status, challenge, body) = try_initialize(&s.gw, Some(&token)).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("`crit`"), "{body}");
+    assert!(challenge.unwrap().contains("error=\"invalid_token\""));
+    let mut c = client(&s.gw, &token);
+    c.session = None;
+    let call = c
+        .post(
+            &json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":"a","amount":5},
+            "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}),
+        )
+        .await;
+    assert_eq!(call.status, 401, "{call:?}");
+    assert_eq!(s.gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn an_issuer_speaks_only_for_its_tenants_and_a_shared_kid_locks_nobody_out() {
+    // Both providers publish a key named `k1`: each token is checked with
+    // the keys of the issuer its `iss` names.
+    let (a, b) = (key("k1"), key("k1"));
+    let dir = tempfile::tempdir().unwrap();
+    let (jwks_a, jwks_b) = (dir.path().join("a.jwks"), dir.path().join("b.jwks"));
+    publish(&jwks_a, &[&a]);
+    publish(&jwks_b, &[&b]);
+    let issuer = |name: &str, iss: &str, file: &Path, tenants: &str| {
+        format!(
+            "\n[[auth.issuers]]\nname = \"{name}\"\nissuer = \"{iss}\"\njwks_file = \"{}\"\n\
+             audience = [\"{AUD}\"]\ntenant_claim = \"tid\"\ntenants = {tenants}\n",
+            file.display()
+        )
+    };
+    let gw = Gateway::start_with(Options {
+        extra: format!(
+            "{}{}",
+            issuer("a", ISS_A, &jwks_a, "[\"acme\"]"),
+            issuer("b", ISS_B, &jwks_b, "[\"globex\"]")
+        ),
+        ..Default::default()
+    });
+    let (status, _, body) = try_initialize(&gw, Some(&sign(&a, &claims(ISS_A, "alice")))).await;
+    assert_eq!(status, 200, "issuer a, tenant acme: {body}");
+    let mut globex = claims(ISS_B, "bob");
+    globex["tid"] = json!("globex");
+    let (status, _, body) = try_initialize(&gw, Some(&sign(&b, &globex))).await;
+    assert_eq!(status, 200, "issuer b, same kid, tenant globex: {body}");
+    // Issuer b may not mint a token for acme, though its key signed it.
+    let (status, challenge, body) =
+        try_initialize(&gw, Some(&sign(&b, &claims(ISS_B, "mallory")))).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body.contains("issuer `b` may not issue tokens for tenant `acme`"),
+        "{body}"
+    );
+    assert!(challenge.unwrap().contains("invalid_token"));
+    // The overlap is logged, once the second issuer's keys are loaded.
+    gw.wait_for_log("is published by issuers").await;
+}
+
+#[tokio::test]
+async fn pending_shows_an_oauth_clients_name_as_text_not_terminal_codes() {
+    let (a, b) = (key("a1"), key("b1"));
+    let (pdir, alice_key) = default_policies_with_alice();
+    let s = start_with(&a, &b, Some(pdir.path()));
+    let mut c = claims(ISS_A, "sam");
+    c["azp"] = json!("claude\u{1b}[2J\u{1b}[H\u{202e}edoc");
+    let mut agent = client(&s.gw, &sign(&a, &c));
+    agent.initialize().await;
+    let held = agent
+        .call(1, "charge_card", json!({"account":"a","amount":7}))
+        .await;
+    assert_eq!(code(&held), "approval_pending", "{held:?}");
+    let (ok, list, err) = review_cli(&s.gw, &alice_key, &["pending"]);
+    assert!(ok, "{err}");
+    assert!(
+        !list
+            .chars()
+            .any(|ch| (ch != '\n' && ch.is_control()) || ch == '\u{202e}'),
+        "{list}"
+    );
+    assert!(
+        list.contains(r"a:sam via claude\u{1b}[2J\u{1b}[H\u{202e}edoc"),
+        "{list}"
+    );
+}

@@ -142,6 +142,8 @@ impl Upstream for Up {
                 {"name": "get_account", "annotations": read},
                 {"name": "refund", "annotations": write},
                 {"name": "charge_card", "annotations": write},
+                // No annotations: MCP's defaults make it destructive.
+                {"name": "transfer"},
             ])
         });
         Ok(Message::response(
@@ -1705,7 +1707,8 @@ async fn a_dismissed_question_leaves_the_proposal_to_reviewers() {
 #[tokio::test]
 async fn destructive_tools_and_clients_without_elicitation_get_the_reviewer_path() {
     let f = confirm_fixture();
-    // `transfer` is not listed: MCP's defaults make it destructive.
+    // `transfer` is listed without annotations: MCP's defaults make it
+    // destructive.
     let o = f
         .modern("transfer", json!({"to": "x"}), "t-1", true, None)
         .await;

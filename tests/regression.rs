@@ -20,6 +20,13 @@ async fn a_null_or_fractional_request_id_is_refused_and_runs_nothing() {
         assert_eq!(a.status, 400, "{id}: {a:?}");
         assert_eq!(a.last()["error"]["code"], -32600, "{id}: {a:?}");
     }
+    // Counted as malformed: an id of the wrong type is one way to try to
+    // slip a call past the pipeline.
+    wait_for_audit(&gw, "the refusal", |es| {
+        es.iter()
+            .any(|e| e["kind"] == "refused" && e["what"] == "malformed")
+    })
+    .await;
     // The same call with an integer id runs, so nothing else refused them.
     let ok = c.call(2, "refund", json!({"charge":"ch_1"})).await;
     assert_eq!(ok.last()["result"]["isError"], false, "{ok:?}");

@@ -71,6 +71,18 @@ fn text(e: &Map<String, Value>, k: &str) -> String {
     }
 }
 
+/// A CSV cell that a spreadsheet shows as text. Agents choose tool names,
+/// idempotency keys and more: a cell starting with `=`, `+`, `-`, `@`, a
+/// tab or a carriage return would be read as a formula when the export is
+/// opened (`=HYPERLINK(...)`), so it gets a leading `'`, as OWASP's CSV
+/// injection guidance says.
+fn csv_cell(cell: String) -> String {
+    match cell.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{cell}"),
+        _ => cell,
+    }
+}
+
 fn failure(kind: &str) -> bool {
     matches!(
         kind,
@@ -210,7 +222,7 @@ impl<'a> Sink<'a> {
     fn entry(&mut self, line: &[u8], e: &Map<String, Value>) -> std::io::Result<()> {
         match self {
             Sink::Csv(w) => w
-                .write_record(CSV_COLUMNS.iter().map(|c| text(e, c)))
+                .write_record(CSV_COLUMNS.iter().map(|c| csv_cell(text(e, c))))
                 .map_err(csv_io),
             Sink::Plain(out, Format::Ocsf) => writeln!(out, "{}", ocsf(e)),
             Sink::Plain(out, _) => out.write_all(line).and_then(|()| out.write_all(b"\n")),

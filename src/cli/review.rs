@@ -113,6 +113,9 @@ pub(crate) async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String>
         if p.get("definition_change").is_some_and(|d| !d.is_null()) {
             flags.push("tool definition changed".to_owned());
         }
+        if let Some(l) = p["looks_like"].as_str() {
+            flags.push(format!("name looks like {}", legible::text(l)));
+        }
         if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
             flags.push(format!("revises {r}"));
         }
@@ -222,6 +225,12 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
         legible::text(p["resource_version"].as_str().unwrap_or("(none)")),
         shown(&p, "created_at"),
     );
+    if let Some(l) = p["looks_like"].as_str() {
+        out.push_str(&format!(
+            "beware     the tool's name looks like `{}`, another tool of this server: it is not that tool\n",
+            legible::text(l)
+        ));
+    }
     if let Some(policies) = p["policies"].as_array().filter(|a| !a.is_empty()) {
         let names: Vec<String> = policies
             .iter()

@@ -448,6 +448,10 @@ pub struct Proposal {
     /// new statement.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub withdrawn: Vec<String>,
+    /// Another tool of the server whose name this one's looks like (the
+    /// same UTS #39 skeleton), shown to reviewers beside the tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub looks_like: Option<String>,
 }
 
 /// The person at the client answered a proposal (MCP elicitation, or a
@@ -898,8 +902,18 @@ pub fn summary(p: &Proposal) -> String {
         .as_deref()
         .map(|c| format!(" via {}", legible::text(c)))
         .unwrap_or_default();
+    let alike = p
+        .looks_like
+        .as_deref()
+        .map(|l| {
+            format!(
+                ", a tool whose name only looks like `{}`,",
+                legible::text(l)
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "{}{via} of {} wants {}/{} ({risk}) with {text}{}",
+        "{}{via} of {} wants {}/{}{alike} ({risk}) with {text}{}",
         legible::text(&p.requester),
         legible::text(&p.tenant),
         legible::text(&p.server),
@@ -959,6 +973,7 @@ mod tests {
             asked_by: Vec::new(),
             trace: None,
             withdrawn: Vec::new(),
+            looks_like: None,
         }
     }
 

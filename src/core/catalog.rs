@@ -254,8 +254,13 @@ pub struct ToolView {
     pub digest: Option<String>,
     /// Listed with another definition than the pinned one.
     pub changed: bool,
-    /// Pinned, but a complete listing no longer holds it.
+    /// Not in the server's complete listing (pinned and gone, or never
+    /// listed at all): whatever answers to the name is not a tool anyone
+    /// reviewed, and no proposal is made for it.
     pub unavailable: bool,
+    /// Another listed tool whose name this one's looks like (the same UTS
+    /// #39 skeleton: `ｃｈａｒｇｅ_card` and `charge_card`), for reviewers.
+    pub lookalike: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -266,6 +271,9 @@ struct Listed {
     /// The names in the last complete listing fetched for each client
     /// profile (see [`Catalog::replace`]).
     by_profile: HashMap<String, std::collections::BTreeSet<String>>,
+    /// Listed names that look like another listed name, and that name
+    /// (found when a listing is taken, not on a call's path).
+    lookalikes: HashMap<String, String>,
 }
 
 /// Per-server catalog of tool definitions and pins.
@@ -417,6 +425,17 @@ impl Catalog {
         for def in defs {
             entry.tools.insert(def.name().to_owned(), def);
         }
+        entry.lookalikes = entry
+            .tools
+            .keys()
+            .filter_map(|name| {
+                let other = crate::core::legible::confusable_with(
+                    name,
+                    entry.tools.keys().map(String::as_str),
+                )?;
+                Some((name.clone(), other.to_owned()))
+            })
+            .collect();
         out
     }
 
@@ -501,14 +520,30 @@ impl Catalog {
                     digest: Some(def.digest.clone()),
                     changed,
                     unavailable: false,
+                    lookalike: on_server.and_then(|s| s.lookalikes.get(tool).cloned()),
                 }
             }
-            None => ToolView {
-                annotations: Annotations::default().with_overrides(overrides),
-                digest: None,
-                changed: false,
-                unavailable: on_server.is_some_and(|s| s.complete) && pin.is_some(),
-            },
+            // Not listed: once the gateway has read a complete listing, a
+            // name it lacks is refused before any proposal (a lookalike of a
+            // listed tool, or one the server hides, never reaches a
+            // reviewer). Without a complete listing (the server cannot list
+            // its tools) the call is judged write-capable, as before.
+            None => {
+                let complete = on_server.filter(|s| s.complete);
+                ToolView {
+                    annotations: Annotations::default().with_overrides(overrides),
+                    digest: None,
+                    changed: false,
+                    unavailable: complete.is_some(),
+                    lookalike: complete.and_then(|s| {
+                        crate::core::legible::confusable_with(
+                            tool,
+                            s.tools.keys().map(String::as_str),
+                        )
+                        .map(str::to_owned)
+                    }),
+                }
+            }
         }
     }
 
@@ -627,12 +662,38 @@ mod tests {
         assert_eq!(later.vanished, ["pay"]);
         assert!(c.view("s", "pay").unavailable);
         assert!(
-            !c.view("s", "never").unavailable,
-            "never pinned: the server decides"
+            c.view("s", "never").unavailable,
+            "never listed: refused before any proposal"
         );
         // A relayed page adds and never takes away.
         c.capture("s", r#"{"tools":[{"name":"pay","description":"charges","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":false}}]}"#);
         assert!(!c.view("s", "pay").unavailable);
+    }
+
+    #[test]
+    fn an_unlisted_lookalike_is_unavailable_and_named_and_a_listed_one_flagged() {
+        let c = Catalog::default();
+        assert!(
+            !c.view("s", "charge_card").unavailable,
+            "no complete listing yet: the server decides"
+        );
+        c.replace("s", &[tool("charge_card", "charges", false)], "p");
+        let v = c.view("s", "ｃｈａｒｇｅ_card");
+        assert!(v.unavailable);
+        assert_eq!(v.lookalike.as_deref(), Some("charge_card"));
+        assert_eq!(c.view("s", "charge_card").lookalike, None);
+        // A server that lists both: the lookalike is flagged, not refused.
+        c.replace(
+            "s",
+            &[
+                tool("charge_card", "charges", false),
+                tool("chаrge_card", "charges too", false),
+            ],
+            "p",
+        );
+        let v = c.view("s", "chаrge_card");
+        assert!(!v.unavailable);
+        assert_eq!(v.lookalike.as_deref(), Some("charge_card"));
     }
 
     #[test]

@@ -457,6 +457,11 @@ pub struct IssuerConfig {
     /// A fixed tenant for every token of this issuer (a single-tenant
     /// provider), instead of `tenant_claim`.
     pub tenant: Option<String>,
+    /// The tenants this issuer may speak for (empty: any). A token naming
+    /// another tenant is refused (401): one provider cannot mint tokens for
+    /// a tenant another provider serves.
+    #[serde(default)]
+    pub tenants: Vec<String>,
     /// The claim listing the principal's groups (`groups`, `roles`).
     pub groups_claim: Option<String>,
     /// Scopes a server requires of this issuer's tokens, by server name
@@ -810,6 +815,12 @@ pub struct GatewayConfig {
     /// byte would otherwise hold a connection open forever).
     #[serde(deserialize_with = "duration")]
     pub header_read_timeout: Duration,
+    /// A client must send a request's whole body within this time once its
+    /// header is in, or it is answered 408 and nothing runs (a body trickled
+    /// in at a byte a second would otherwise hold a connection and a
+    /// request slot for as long as it likes).
+    #[serde(deserialize_with = "duration")]
+    pub body_read_timeout: Duration,
     /// PEM certificate chain for TLS on the listener (with `tls_key`); the
     /// files are watched and a new pair is taken without a restart.
     pub tls_cert: Option<PathBuf>,
@@ -831,6 +842,7 @@ impl Default for GatewayConfig {
             shutdown_grace: Duration::from_secs(2),
             session_idle_timeout: Duration::from_secs(30 * 60),
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
             tls_cert: None,
             tls_key: None,
             public_url: None,
@@ -1325,6 +1337,12 @@ impl GatewayConfig {
         if self.header_read_timeout.is_zero() {
             return Err(invalid(path, "gateway.header_read_timeout must be more than 0s (a header that never ends holds its connection)"
                     .into(),));
+        }
+        if self.body_read_timeout.is_zero() {
+            return Err(invalid(
+                path,
+                "gateway.body_read_timeout must be more than 0s (a body that never ends holds its connection)".into(),
+            ));
         }
         Ok(())
     }

@@ -12,10 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
 use crate::core::approval::{Proposal, ProposalState};
 use crate::core::config::{EventKind, WebhookConfig, WebhookFormat};
+use crate::core::legible;
 use crate::core::time::rfc3339;
 
 /// One event for one webhook, as the store queues it until it is delivered
@@ -186,15 +186,25 @@ impl Event {
     }
 }
 
-fn digest(v: &Value) -> String {
+/// A redacted value: `hmac-sha256:` and the hex HMAC-SHA256, under the
+/// webhook's secret, of the value's JCS. Keyed: a short value (a card
+/// number, an account id) cannot be found by hashing every candidate,
+/// which a plain SHA-256 would allow; the receiver, who holds the secret,
+/// can still match a value it knows.
+fn redacted(v: &Value, secret: &[u8]) -> String {
     let mut bytes = Vec::new();
     crate::core::canonical::jcs_into(v, &mut bytes);
-    format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    format!(
+        "hmac-sha256:{}",
+        hex::encode(ring::hmac::sign(&key, &bytes).as_ref())
+    )
 }
 
 /// The event as `w` may see it: without the arguments unless it includes
-/// them, and then with the values it redacts replaced by their digest.
-pub fn visible(event: &Value, w: &WebhookConfig) -> Value {
+/// them, and then with the values it redacts replaced by their HMAC under
+/// the webhook's `secret`.
+pub fn visible(event: &Value, w: &WebhookConfig, secret: &[u8]) -> Value {
     let mut e = event.clone();
     if let Some(facts) = e.get_mut("facts").and_then(Value::as_object_mut) {
         match facts.remove("arguments") {
@@ -203,7 +213,7 @@ pub fn visible(event: &Value, w: &WebhookConfig) -> Value {
                 if let Some(map) = args.as_object_mut() {
                     for name in &w.redact {
                         if let Some(v) = map.get_mut(name) {
-                            *v = json!(digest(v));
+                            *v = json!(redacted(v, secret));
                         }
                     }
                 }
@@ -220,80 +230,121 @@ fn s<'a>(facts: &'a Value, k: &str) -> &'a str {
 }
 
 /// The plain sentence a reviewer reads, the one the TUI shows: who, what,
-/// where, and what to run.
+/// where, and what to run. Every value in it is the event's, shown through
+/// [`crate::core::legible`]: an agent's control characters, bidi overrides
+/// and invisible characters are written out.
 pub fn sentence(event: &Value) -> String {
+    let legible = |s: &str| legible::text(s).into_owned();
+    sentence_with(event, &legible, &legible)
+}
+
+/// The sentence with each value of the event that others chose (names,
+/// arguments, reasons: much of it an agent's) written by `shown`, and the
+/// gateway's own (ids, digests, states, times) by `ours`.
+fn sentence_with(
+    event: &Value,
+    shown: &dyn Fn(&str) -> String,
+    ours: &dyn Fn(&str) -> String,
+) -> String {
     let f = &event["facts"];
+    let v = |k: &str| shown(s(f, k));
+    let o = |k: &str| ours(s(f, k));
     let who = match f.get("client").and_then(Value::as_str) {
-        Some(c) => format!("{} via {c}", s(f, "requester")),
-        None => s(f, "requester").to_owned(),
+        Some(c) => format!("{} via {}", v("requester"), shown(c)),
+        None => v("requester"),
     };
-    let tool = format!("{}/{}", s(f, "server"), s(f, "tool"));
+    let tool = format!("{}/{}", v("server"), v("tool"));
     let args = match f.get("arguments").and_then(Value::as_object) {
         Some(m) if !m.is_empty() => format!(
             " with {}",
             m.iter()
-                .map(|(k, v)| format!("{k} {}", crate::core::canonical::jcs(v)))
+                .map(|(k, a)| format!(
+                    "{} {}",
+                    shown(&legible::key(k)),
+                    shown(&crate::core::canonical::jcs(a))
+                ))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
         _ => String::new(),
     };
-    let id = s(f, "proposal_id");
+    let id = o("proposal_id");
     match s(event, "kind") {
         "proposal_created" => format!(
             "{who} of {} wants {tool} ({}){args}: proposal {id} waits for approval{} (call {}). Look at it with `countersign show {id}`.",
-            s(f, "tenant"),
-            s(f, "risk"),
+            v("tenant"),
+            o("risk"),
             f.get("expires_at")
                 .and_then(Value::as_str)
-                .map(|e| format!(" until {e}"))
+                .map(|e| format!(" until {}", ours(e)))
                 .unwrap_or_default(),
-            s(f, "call_digest"),
+            o("call_digest"),
         ),
         "proposal_decided" => format!(
             "Proposal {id} ({tool} for {who} of {}): {} by {}{}{}.",
-            s(f, "tenant"),
-            s(f, "decision"),
-            s(f, "by"),
+            v("tenant"),
+            o("decision"),
+            v("by"),
             f.get("reason")
                 .and_then(Value::as_str)
-                .map(|r| format!(": {r}"))
+                .map(|r| format!(": {}", shown(r)))
                 .unwrap_or_default(),
             f.get("progress")
                 .and_then(Value::as_str)
-                .map(|p| format!(" ({p})"))
+                .map(|p| format!(" ({})", shown(p)))
                 .unwrap_or_default(),
         ),
         "proposal_expired" => format!(
             "Proposal {id} ({tool} for {who} of {}) expired: {}.",
-            s(f, "tenant"),
-            f.get("reason").and_then(Value::as_str).unwrap_or("nobody decided it in time"),
+            v("tenant"),
+            shown(f.get("reason").and_then(Value::as_str).unwrap_or("nobody decided it in time")),
         ),
         "outcome_unknown" if f.get("count").is_some() => format!(
             "{} calls may have run: {}. Settle them with `countersign reconcile`.",
-            f["count"],
-            s(f, "reason"),
+            ours(&f["count"].to_string()),
+            v("reason"),
         ),
         "outcome_unknown" => format!(
             "A call to {tool} by {who} of {} may have run: its answer was lost (key {}). Settle it with `countersign reconcile`.",
-            s(f, "tenant"),
-            s(f, "key_digest"),
+            v("tenant"),
+            o("key_digest"),
         ),
         "tools_changed" => format!(
             "{tool}'s definition changed: its calls need approval until an operator accepts it (`countersign tools accept {tool}`).",
         ),
         "circuit_open" => format!(
             "The circuit to server {} opened: its calls fail fast until it recovers ({}).",
-            s(f, "server"),
-            s(f, "reason"),
+            v("server"),
+            v("reason"),
         ),
-        other => format!("countersign event {other}"),
+        other => format!("countersign event {}", ours(other)),
     }
 }
 
-/// The body sent to `w` for `event`.
-pub fn body(event: &Value, w: &WebhookConfig) -> String {
-    let shown = visible(event, w);
+/// A value of an event as a Slack message shows it: legible, then in an
+/// inline code span with `&`, `<` and `>` escaped as Slack asks. A code
+/// span is never a link, a mention or formatting, so agent text cannot
+/// ping `<!channel>`, draw a fake "Approve here" link or bold a lie; a
+/// backquote of its own would end the span, so it is written `\u{60}`.
+fn slack_value(s: &str) -> String {
+    if s.is_empty() {
+        return String::new();
+    }
+    let text = legible::text(s).replace('`', "\\u{60}");
+    format!("`{}`", slack_escape(&text))
+}
+
+/// Slack's three control characters, escaped (its formatting reference).
+fn slack_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The body sent to `w` for `event` (`secret`: the webhook's, which keys
+/// the redactions).
+pub fn body(event: &Value, w: &WebhookConfig, secret: &[u8]) -> String {
+    let shown = visible(event, w, secret);
     match w.format {
         WebhookFormat::Json => {
             let mut v = shown;
@@ -309,26 +360,28 @@ pub fn body(event: &Value, w: &WebhookConfig) -> String {
 
 /// A Slack incoming-webhook message: `text` (the fallback and the
 /// notification), and Block Kit `blocks`: the sentence, then a context line
-/// with the event id and the command to run.
+/// with the event id and the command to run. Every value of the event is
+/// shown by `slack_value`, and the blocks' text is `verbatim` (Slack turns
+/// no URL or channel name in it into a link).
 pub fn slack(event: &Value) -> Value {
-    let text = sentence(event);
+    let text = sentence_with(event, &slack_value, &|s| slack_escape(&legible::text(s)));
     let f = &event["facts"];
     let mut context = vec![
-        format!("event `{}`", s(event, "id")),
-        format!("`{}`", s(event, "kind")),
+        format!("event {}", slack_value(s(event, "id"))),
+        slack_value(s(event, "kind")),
     ];
     if let Some(c) = f.get("command").and_then(Value::as_str) {
-        context.push(format!("`{c}`"));
+        context.push(slack_value(c));
     }
     if let Some(e) = f.get("expires_at").and_then(Value::as_str) {
-        context.push(format!("expires {e}"));
+        context.push(format!("expires {}", slack_value(e)));
     }
     json!({
         "text": text,
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": text, "verbatim": true}},
             {"type": "context", "elements": [
-                {"type": "mrkdwn", "text": context.join(" · ")}
+                {"type": "mrkdwn", "text": context.join(" · "), "verbatim": true}
             ]}
         ]
     })
@@ -401,7 +454,7 @@ mod tests {
     fn arguments_only_as_far_as_the_webhook_allows() {
         let e = event();
         let mut w = hook(WebhookFormat::Json);
-        let b = body(&e, &w);
+        let b = body(&e, &w, b"s");
         assert!(!b.contains("acct_1") && !b.contains("4242"), "{b}");
         assert!(
             b.contains("corp:alice via claude-code of acme wants payments/charge_card (write)"),
@@ -410,14 +463,34 @@ mod tests {
         assert!(b.contains("countersign show p-1"), "{b}");
         w.include_arguments = true;
         w.redact = vec!["card".into()];
-        let b = body(&e, &w);
+        let b = body(&e, &w, b"s");
         assert!(b.contains("acct_1") && !b.contains("4242"), "{b}");
-        assert!(b.contains("\"card\":\"sha256:"), "{b}");
+        // Keyed: the value under this webhook's secret, which a plain hash
+        // of a guessed card number does not give, and another secret does
+        // not either.
+        let tag = ring::hmac::sign(
+            &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"s"),
+            b"\"4242\"",
+        );
+        assert!(
+            b.contains(&format!(
+                "\"card\":\"hmac-sha256:{}\"",
+                hex::encode(tag.as_ref())
+            )),
+            "{b}"
+        );
+        assert!(!body(&e, &w, b"other").contains(&hex::encode(tag.as_ref())));
+        use sha2::Digest as _;
+        assert!(
+            !b.contains(&hex::encode(sha2::Sha256::digest(b"\"4242\""))),
+            "{b}"
+        );
     }
 
     #[test]
     fn a_slack_message_has_the_shape_of_an_incoming_webhook_payload() {
-        let v: Value = serde_json::from_str(&body(&event(), &hook(WebhookFormat::Slack))).unwrap();
+        let v: Value =
+            serde_json::from_str(&body(&event(), &hook(WebhookFormat::Slack), b"s")).unwrap();
         // Incoming webhooks take `text` (required as the fallback when
         // blocks are given) and `blocks`; nothing else is sent.
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();

@@ -50,9 +50,15 @@ pub enum TokenError {
         /// The key id the token names (`(none)` when absent).
         kid: String,
     },
-    /// The key id is published by two configured issuers.
-    #[error("key `{0}` is published by more than one configured issuer: refused")]
-    SharedKey(String),
+    /// The token names a tenant its issuer may not speak for
+    /// (`[[auth.issuers]] tenants`).
+    #[error("issuer `{issuer}` may not issue tokens for tenant `{tenant}` (its `tenants` list)")]
+    TenantNotAllowed {
+        /// The issuer's name.
+        issuer: String,
+        /// The tenant the token named.
+        tenant: String,
+    },
     /// No key of the issuer could be loaded at all.
     #[error("no usable key of issuer `{0}` (its JWKS could not be fetched or read)")]
     NoKeys(String),
@@ -153,6 +159,11 @@ impl Keys {
         self.by_kid.contains_key(kid)
     }
 
+    /// Every key id.
+    pub fn kids(&self) -> impl Iterator<Item = &str> {
+        self.by_kid.keys().map(String::as_str)
+    }
+
     /// How many keys.
     pub fn len(&self) -> usize {
         self.by_kid.len()
@@ -224,6 +235,15 @@ pub fn peek(token: &str) -> Result<Unverified, TokenError> {
         "EdDSA" => Algorithm::EdDSA,
         other => return Err(TokenError::Algorithm(other.to_owned())),
     };
+    // RFC 7515 section 4.1.11: `crit` lists header extensions the
+    // recipient must understand, or reject the token. This gateway
+    // understands none, so any `crit` is refused (a `b64: false` token, say,
+    // would otherwise be checked over other bytes than its issuer meant).
+    if let Some(crit) = header.get("crit") {
+        return Err(TokenError::Malformed(format!(
+            "the header's `crit` ({crit}) names extensions this gateway does not understand (RFC 7515 section 4.1.11)"
+        )));
+    }
     let typ = header.get("typ").and_then(Value::as_str).map(str::to_owned);
     let kid = header.get("kid").and_then(Value::as_str).map(str::to_owned);
     let payload: Value = b64
@@ -259,8 +279,6 @@ pub struct Check<'a> {
     pub issuer: &'a IssuerConfig,
     /// The issuer's keys.
     pub keys: &'a Keys,
-    /// Whether another configured issuer publishes this `kid`.
-    pub kid_elsewhere: bool,
     /// The audiences this gateway is for this server (RFC 8707).
     pub audiences: &'a [String],
     /// The server asked for.
@@ -290,11 +308,8 @@ pub fn verify(token: &str, seen: &Unverified, check: &Check<'_>) -> Result<Verif
             kid: kid.to_owned(),
         });
     };
-    // A key this issuer publishes that another configured issuer publishes
-    // too: whichever signed, the token could be either's.
-    if check.kid_elsewhere {
-        return Err(TokenError::SharedKey(kid.to_owned()));
-    }
+    // The key is this issuer's own (the keys are those of the issuer `iss`
+    // names): a `kid` another provider publishes too changes nothing here.
     // The key says which algorithm it is for: a token may not pick another.
     if *key_alg != seen.alg {
         return Err(TokenError::Algorithm(format!(
@@ -336,6 +351,14 @@ pub fn verify(token: &str, seen: &Unverified, check: &Check<'_>) -> Result<Verif
         // Config::check requires one of the two.
         (None, None) => return Err(TokenError::Tenant("tenant".into())),
     };
+    // A provider speaks only for its own tenants: without the list, any
+    // provider configured here could mint a token for any tenant.
+    if !cfg.tenants.is_empty() && !cfg.tenants.contains(&tenant) {
+        return Err(TokenError::TenantNotAllowed {
+            issuer: cfg.name.clone(),
+            tenant,
+        });
+    }
     let groups = cfg
         .groups_claim
         .as_ref()
@@ -442,6 +465,7 @@ mod tests {
             principal_claim: "sub".into(),
             tenant_claim: Some("tid".into()),
             tenant: None,
+            tenants: Vec::new(),
             groups_claim: Some("groups".into()),
             scopes: BTreeMap::from([("pay".to_owned(), vec!["pay:write".to_owned()])]),
             accept_plain_jwt: false,
@@ -476,7 +500,6 @@ mod tests {
             &Check {
                 issuer: cfg,
                 keys,
-                kid_elsewhere: false,
                 audiences: &[AUD.to_owned()],
                 server: "pay",
                 leeway_secs: 5,
@@ -581,7 +604,7 @@ mod tests {
     }
 
     #[test]
-    fn typ_tenant_scope_and_a_shared_kid_are_checked() {
+    fn typ_tenant_scope_and_the_issuers_tenants_are_checked() {
         let s = signer("k1");
         let (keys, _) = Keys::from_jwks(&s.jwks).unwrap();
         let mut cfg = issuer();
@@ -604,20 +627,41 @@ mod tests {
             check(&sign(&s, "k1", "at+jwt", &c), &keys, &cfg).unwrap_err(),
             TokenError::Scope { ref missing, .. } if missing == "pay:write"
         ));
+        // An issuer limited to other tenants may not speak for `acme`.
         let token = sign(&s, "k1", "at+jwt", &claims());
-        let seen = peek(&token).unwrap();
-        let shared = verify(
-            &token,
-            &seen,
-            &Check {
-                issuer: &cfg,
-                keys: &keys,
-                kid_elsewhere: true,
-                audiences: &[AUD.to_owned()],
-                server: "pay",
-                leeway_secs: 5,
-            },
+        cfg.tenants = vec!["globex".into()];
+        assert_eq!(
+            check(&token, &keys, &cfg).unwrap_err(),
+            TokenError::TenantNotAllowed {
+                issuer: "idp".into(),
+                tenant: "acme".into()
+            }
         );
-        assert_eq!(shared.unwrap_err(), TokenError::SharedKey("k1".into()));
+        cfg.tenants.push("acme".into());
+        assert!(check(&token, &keys, &cfg).is_ok());
+    }
+
+    #[test]
+    fn a_crit_header_is_refused_whatever_it_names() {
+        let s = signer("k1");
+        let (keys, _) = Keys::from_jwks(&s.jwks).unwrap();
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let header =
+            json!({"alg": "ES256", "typ": "at+jwt", "kid": "k1", "crit": ["exp"], "exp": 1});
+        let input = format!(
+            "{}.{}",
+            b64.encode(header.to_string()),
+            b64.encode(claims().to_string())
+        );
+        let sig = jsonwebtoken::crypto::sign(input.as_bytes(), &s.key, Algorithm::ES256).unwrap();
+        let token = format!("{input}.{sig}");
+        let e = peek(&token).unwrap_err();
+        assert!(
+            matches!(e, TokenError::Malformed(ref m) if m.contains("`crit`")),
+            "{e:?}"
+        );
+        // The same token without `crit` is fine: nothing else refused it.
+        let plain = sign(&s, "k1", "at+jwt", &claims());
+        assert!(check(&plain, &keys, &issuer()).is_ok());
     }
 }

@@ -98,17 +98,32 @@ pub fn render(outcome: CallOutcome, id: Value, shape: impl Into<Shape>) -> Messa
         ),
         CallOutcome::Joined(answer) => marked(id, &answer, None, era),
         CallOutcome::Refused { why, key, tool } => refusal(id, why, &key, &tool, shape),
-        CallOutcome::ToolUnavailable { server, tool } => tool_error(
-            id,
-            codes::TOOL_UNAVAILABLE,
-            &format!(
-                "The call did not run: server `{server}` no longer lists tool `{tool}`. \
-                 List tools again and use one the server offers; an operator can accept the change \
-                 with `countersign tools pin`."
-            ),
-            json!({ "server": server, "tool": tool }),
-            shape,
-        ),
+        CallOutcome::ToolUnavailable {
+            server,
+            tool,
+            lookalike,
+        } => {
+            let shown = crate::core::legible::text(&tool);
+            let alike = lookalike
+                .as_deref()
+                .map(|l| format!(" (the name only looks like `{}`, which it is not)", legible_owned(l)))
+                .unwrap_or_default();
+            let mut details = json!({ "server": server, "tool": tool });
+            if let Some(l) = lookalike {
+                details["looks_like"] = json!(l);
+            }
+            tool_error(
+                id,
+                codes::TOOL_UNAVAILABLE,
+                &format!(
+                    "The call did not run: server `{server}` does not list tool `{shown}`{alike}. \
+                     List tools again and use one the server offers; if a pinned tool went away, \
+                     an operator can accept the change with `countersign tools pin`."
+                ),
+                details,
+                shape,
+            )
+        }
         CallOutcome::CircuitOpen { server } => tool_error(
             id,
             codes::UPSTREAM_UNAVAILABLE,
@@ -399,6 +414,8 @@ pub enum Rejection {
     /// The body could not be read (malformed chunking, shorter than its
     /// `Content-Length`, the connection broke).
     BodyUnreadable(String),
+    /// The body did not arrive within `gateway.body_read_timeout`.
+    BodyTimeout(std::time::Duration),
     /// Not a JSON-RPC message.
     Parse(ParseError),
     /// `Mcp-Session-Id` names no session of this caller.
@@ -495,6 +512,10 @@ impl Rejection {
             Rejection::BodyUnreadable(reason) => invalid(&format!(
                 "the request body could not be read ({reason}): send a complete body"
             )),
+            Rejection::BodyTimeout(limit) => invalid(&format!(
+                "the request body did not arrive within gateway.body_read_timeout ({}): nothing was run",
+                humantime::format_duration(*limit)
+            )),
             Rejection::Parse(e) => Message::error(id.clone(), e.code(), &e.to_string(), None),
             Rejection::NoSuchSession => invalid(
                 "session not found (expired, closed, or the gateway restarted): send initialize again",
@@ -565,6 +586,10 @@ impl Rejection {
             ),
         }
     }
+}
+
+fn legible_owned(s: &str) -> String {
+    crate::core::legible::text(s).into_owned()
 }
 
 fn header_text(problem: &HeaderProblem) -> String {

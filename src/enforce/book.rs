@@ -49,6 +49,8 @@ pub struct Ask<'a> {
     pub tool_definition: Option<&'a str>,
     /// How the definition differs from the pinned one, when it does.
     pub definition_change: Option<DefinitionChange>,
+    /// Another listed tool whose name this one's looks like.
+    pub looks_like: Option<String>,
     /// Risk from the effective annotations.
     pub risk: Risk,
     /// The policies that asked for approval.
@@ -695,6 +697,7 @@ impl Book {
             asked_by: Vec::new(),
             trace: ask.trace.clone(),
             withdrawn: Vec::new(),
+            looks_like: ask.looks_like.clone(),
         };
         let mut p = p;
         if !self.write(&mut p, None).await? {
@@ -1485,6 +1488,7 @@ mod tests {
             asked_by: Vec::new(),
             trace: None,
             withdrawn: Vec::new(),
+            looks_like: None,
         }
     }
 

@@ -139,6 +139,7 @@ impl Gate {
                 resource_version: version.as_deref(),
                 tool_definition: tool.digest.as_deref(),
                 definition_change: self.learner.catalog().change_of(c.ctx.server, &c.call.tool),
+                looks_like: tool.lookalike.clone(),
                 risk: risk(c.annotations),
                 policies: &policies,
                 quorum: &quorum,

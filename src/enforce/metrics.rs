@@ -15,7 +15,7 @@
 //! | `countersign_notifications` | gauge (a count the store keeps) | `webhook`, `result` (`delivered`, `retried`, `gave_up`) |
 //! | `countersign_notifications_queued` | gauge | |
 //! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
-//! | `countersign_refusals_total` | counter | `what` (`tool_call_without_id`, `tool_call_lookalike`, `notification_method`, `origin`, `token`, `control`, `control_replay`, `rate_limited`, `body_timeout`, ...) |
+//! | `countersign_refusals_total` | counter | `what` (`tool_call_without_id`, `tool_call_lookalike`, `notification_method`, `malformed`, `origin`, `token`, `control`, `control_replay`, `rate_limited`, `body_timeout`, ...) |
 //!
 //! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
 //! `cached`, `invalid_params`, or the code the agent got (`approval_pending`,

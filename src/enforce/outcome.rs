@@ -42,12 +42,15 @@ pub enum CallOutcome {
         /// The tool called.
         tool: String,
     },
-    /// The tool was pinned, and the server no longer lists it: nothing sent.
+    /// The server's complete listing lacks the tool (pinned and gone, or
+    /// never listed): nothing sent, no proposal made.
     ToolUnavailable {
         /// The server.
         server: String,
         /// The tool.
         tool: String,
+        /// A listed tool whose name this one's looks like.
+        lookalike: Option<String>,
     },
     /// The upstream is refused fast while its circuit is open: nothing sent.
     CircuitOpen {

@@ -348,13 +348,19 @@ impl Pipeline {
             trail: &trail,
         };
         if c.tool.unavailable {
-            // A pinned tool the server no longer lists: whatever now answers
-            // to that name is not what was reviewed.
-            c.trail
-                .record("rejected", vec![("reason", json!("tool_unavailable"))]);
+            // A tool the server's complete listing lacks (pinned and gone,
+            // never listed, or a lookalike of a listed name): whatever
+            // answers to that name is not a tool anyone reviewed, and no
+            // proposal is made that a reviewer could misread.
+            let mut fields = vec![("reason", json!("tool_unavailable"))];
+            if let Some(l) = &c.tool.lookalike {
+                fields.push(("looks_like", json!(l)));
+            }
+            c.trail.record("rejected", fields);
             return CallOutcome::ToolUnavailable {
                 server: ctx.server.to_owned(),
                 tool: call.tool.clone(),
+                lookalike: c.tool.lookalike.clone(),
             };
         }
         if let Some(reply) = &call.reserved.reply {

@@ -163,10 +163,6 @@ impl Auth {
             return Err(TokenError::Issuer(seen.issuer.clone()));
         };
         let keys = self.issuers.keys(issuer, seen.kid.as_deref()).await;
-        let kid_elsewhere = seen
-            .kid
-            .as_deref()
-            .is_some_and(|k| self.issuers.kid_elsewhere(issuer, k));
         let audiences = if issuer.config.audience.is_empty() {
             vec![self.public_url(), self.resource(Some(server))]
         } else {
@@ -178,7 +174,6 @@ impl Auth {
             &Check {
                 issuer: &issuer.config,
                 keys: &keys,
-                kid_elsewhere,
                 audiences: &audiences,
                 server,
                 leeway_secs: self.leeway_secs,
@@ -219,10 +214,19 @@ impl Auth {
         })
     }
 
-    /// The answer to a refused request for `server`: the status and words
-    /// of the rejection, and the challenge that tells the client where to
-    /// sign in.
-    pub(crate) fn refuse(&self, server: &str, refusal: &Refusal) -> Response {
+    /// A refusal in words that hold no secret (never the token), for the
+    /// log and the audit log.
+    pub(crate) fn describe(&self, refusal: &Refusal) -> String {
+        match refusal {
+            Refusal::Missing => "no bearer token, or one no identity has".into(),
+            Refusal::Token(e) => crate::core::legible::text(&e.to_string()).into_owned(),
+        }
+    }
+
+    /// The answer to a refused request for `server` (`None`: the path named
+    /// no configured server): the status and words of the rejection, and
+    /// the challenge that tells the client where to sign in.
+    pub(crate) fn refuse(&self, server: Option<&str>, refusal: &Refusal) -> Response {
         let (rejection, error, scope) = match refusal {
             Refusal::Missing => (Rejection::Token, None, None),
             Refusal::Token(TokenError::Scope {
@@ -244,25 +248,57 @@ impl Auth {
             ),
         };
         if let Refusal::Token(e) = refusal {
-            tracing::warn!(server, "access token refused: {e}");
+            tracing::warn!(
+                server = server.unwrap_or("(not configured)"),
+                "access token refused: {e}"
+            );
         }
         let mut r = reject(rejection, Value::Null);
         if !self.has_issuers() {
             return r;
         }
+        // The path segment is the client's text: only a configured server's
+        // name goes into the challenge (a crafted one could close the quoted
+        // string and add a `resource_metadata` of its own); any other path
+        // is sent to the gateway's own metadata.
         let mut challenge = format!(
             "Bearer resource_metadata=\"{}\"",
-            self.metadata_url(Some(server))
+            quoted(&self.metadata_url(server))
         );
         if let Some(e) = error {
             challenge.push_str(&format!(", error=\"{e}\""));
         }
         if let Some(s) = scope {
-            challenge.push_str(&format!(", scope=\"{s}\""));
+            challenge.push_str(&format!(", scope=\"{}\"", quoted(&s)));
         }
         if let Ok(v) = HeaderValue::from_str(&challenge) {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
         }
         r
+    }
+}
+
+/// `s` as the inside of an RFC 9110 quoted-string: `"` and `\` escaped, and
+/// anything a header may not hold dropped.
+fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c == '\t' || (' '..='~').contains(&c) => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_quoted_value_cannot_close_its_quotes() {
+        assert_eq!(super::quoted("a\"b\\c\r\nd"), "a\\\"b\\\\cd");
     }
 }

@@ -194,8 +194,20 @@ impl FromRequest<Arc<Gateway>> for Signed {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(a)| *a);
-        let body = axum::body::to_bytes(body, gw.config().limits.max_body_bytes)
+        let within = gw.config().gateway.body_read_timeout;
+        let read = axum::body::to_bytes(body, gw.config().limits.max_body_bytes);
+        let body = tokio::time::timeout(within, read)
             .await
+            .map_err(|_| {
+                problem(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!(
+                        "the body did not arrive within gateway.body_read_timeout ({}): nothing changed",
+                        humantime::format_duration(within)
+                    ),
+                )
+            })?
             .map_err(|e| {
                 problem(
                     StatusCode::PAYLOAD_TOO_LARGE,

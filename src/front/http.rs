@@ -68,9 +68,21 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
 
 /// Origin, token and server checks shared by every `/mcp` method.
 async fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity>, Response> {
+    // The server name is the client's text: named in a refusal's audit
+    // entry only when it is one of ours.
+    let known = gw.config().servers.contains_key(server).then_some(server);
     if !origin_allowed(gw, headers) {
         // A browser page from a foreign origin (DNS rebinding) must not drive
         // a gateway that listens on localhost.
+        let origin = headers
+            .get(header::ORIGIN)
+            .map(|o| String::from_utf8_lossy(o.as_bytes()).into_owned())
+            .unwrap_or_default();
+        gw.refused(
+            "origin",
+            known,
+            &format!("origin `{}`", crate::core::legible::text(&origin)),
+        );
         return Err(reject(Rejection::Origin, Value::Null));
     }
     let auth = headers
@@ -79,11 +91,15 @@ async fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Id
     let now = gw.pipeline().clock().now_ms();
     let identity = match gw.auth().identify(auth, server, now).await {
         Ok(identity) => identity,
-        Err(refusal) => return Err(gw.auth().refuse(server, &refusal)),
+        Err(refusal) => {
+            gw.refused("token", known, &gw.auth().describe(&refusal));
+            return Err(gw.auth().refuse(known, &refusal));
+        }
     };
     // Per identity, before anything is parsed or sent: one agent in a loop
     // cannot take the gateway (or the upstreams behind it) from the others.
     if let Err(retry_after) = gw.rate_check(&identity) {
+        gw.refused("rate_limited", known, "over limits.requests_per_second");
         return Err(reject(
             Rejection::RateLimited {
                 per_second: gw.config().limits.requests_per_second,
@@ -159,7 +175,21 @@ async fn post_mcp(
         Err(r) => return r,
     };
     let limit = gw.config().limits.max_body_bytes;
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    // The header timeout ends at the header: a body trickled in a byte at a
+    // time is cut off here, before anything of it is parsed or run.
+    let within = gw.config().gateway.body_read_timeout;
+    let read = match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
+        Ok(read) => read,
+        Err(_) => {
+            gw.refused(
+                "body_timeout",
+                Some(&server),
+                "the request body did not arrive in time",
+            );
+            return reject(Rejection::BodyTimeout(within), Value::Null);
+        }
+    };
+    let bytes = match read {
         Ok(b) => b,
         Err(e) => {
             let e = e.into_inner();
@@ -178,7 +208,12 @@ async fn post_mcp(
     };
     let parsed = match parse_client_body(&bytes) {
         Ok(p) => p,
-        Err(e) => return reject(Rejection::Parse(e), Value::Null),
+        Err(e) => {
+            // Not a message (an id of the wrong type, say): nothing of it
+            // goes anywhere, and it is counted.
+            gw.refused("malformed", Some(&server), &e.to_string());
+            return reject(Rejection::Parse(e), Value::Null);
+        }
     };
     let origin = Origin {
         client: peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a),
@@ -378,6 +413,10 @@ async fn batch(
 ) -> Response {
     let mut answers = Vec::new();
     let mut calls = Vec::new();
+    // The HTTP request was admitted once by the rate limiter; each request
+    // in it after the first is one more request to the limiter, so a batch
+    // of 500 runs no more than a burst of single requests would.
+    let mut admitted = false;
     for member in members {
         match member {
             Err(e) => answers.push(Rejection::Parse(e).message(Value::Null)),
@@ -385,6 +424,21 @@ async fn batch(
                 answers.push(Rejection::InitializeInBatch.message(msg.id.unwrap_or(Value::Null)))
             }
             Ok(msg) if msg.kind() == Kind::Request => {
+                if std::mem::replace(&mut admitted, true) {
+                    if let Err(retry_after) = gw.rate_check(&session.identity) {
+                        gw.refused(
+                            "rate_limited",
+                            Some(&session.server),
+                            "a batch member over limits.requests_per_second",
+                        );
+                        let limited = Rejection::RateLimited {
+                            per_second: gw.config().limits.requests_per_second,
+                            retry_after,
+                        };
+                        answers.push(limited.message(msg.id.unwrap_or(Value::Null)));
+                        continue;
+                    }
+                }
                 let rc = session_request(session, origin);
                 calls.push(async move { mcp::answer(gw, &rc, msg, None).await })
             }

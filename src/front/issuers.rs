@@ -111,11 +111,21 @@ impl Issuers {
         self.issuers.iter().find(|i| i.config.issuer == iss)
     }
 
-    /// Whether an issuer other than `of` publishes `kid`.
-    pub(crate) fn kid_elsewhere(&self, of: &Issuer, kid: &str) -> bool {
-        self.issuers
-            .iter()
-            .any(|i| !std::ptr::eq(i, of) && i.keys.lock().has(kid))
+    /// The other issuers that publish a `kid` that `of` publishes too. Keys
+    /// are looked up per issuer (the token's `iss` chooses), so an overlap
+    /// refuses nothing; it is logged, because two providers that share key
+    /// ids may share keys.
+    fn kids_elsewhere(&self, of: &Issuer, keys: &Keys) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for other in self.issuers.iter().filter(|i| !std::ptr::eq(*i, of)) {
+            let theirs = other.keys.lock().clone();
+            for kid in keys.kids() {
+                if theirs.has(kid) {
+                    out.push((other.config.name.clone(), kid.to_owned()));
+                }
+            }
+        }
+        out
     }
 
     /// Load every issuer's keys (at start): a failure is logged, and the
@@ -171,6 +181,9 @@ impl Issuers {
                         return;
                     }
                     tracing::info!(issuer = %name, keys = keys.len(), "issuer keys loaded");
+                    for (other, kid) in self.kids_elsewhere(issuer, &keys) {
+                        tracing::warn!(issuer = %name, other = %other, kid = %kid, "key id `{kid}` is published by issuers `{name}` and `{other}`: each token is checked with the keys of the issuer its `iss` names, so this refuses nothing, but check that the two providers do not share a key");
+                    }
                     *issuer.keys.lock() = Arc::new(keys);
                     *issuer.loaded.lock() = Some(Instant::now());
                 }

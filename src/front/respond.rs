@@ -29,6 +29,7 @@ pub(super) fn reject(rejection: Rejection, id: Value) -> Response {
         Rejection::UnknownServer { .. } | Rejection::NoSuchSession => StatusCode::NOT_FOUND,
         Rejection::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Rejection::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
+        Rejection::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         Rejection::StreamTaken => StatusCode::CONFLICT,
         Rejection::LastEventId(_) => StatusCode::BAD_REQUEST,
         Rejection::NoAnswer | Rejection::BatchNotRelayed(_) | Rejection::NoMessage { .. } => {

@@ -613,6 +613,7 @@ mod tests {
             asked_by: Vec::new(),
             trace: None,
             withdrawn: Vec::new(),
+            looks_like: None,
         }
     }
 

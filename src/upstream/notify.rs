@@ -211,7 +211,7 @@ impl Deliverer {
             &w.secret,
             &format!("secret of webhook `{}`", w.name),
         )?;
-        let body = notify::body(&n.event, w);
+        let body = notify::body(&n.event, w, secret.as_bytes());
         let timestamp = self.clock.now_ms() / 1000;
         let signature = notify::signature(secret.as_bytes(), timestamp, &body);
         let response = http

@@ -174,6 +174,9 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
         if p.get("definition_change").is_some_and(|d| !d.is_null()) {
             flags.push("tool changed".into());
         }
+        if p["looks_like"].is_string() {
+            flags.push("lookalike!".into());
+        }
         if app.possible_duplicate(p).is_some() {
             flags.push("dup?".into());
         }
@@ -315,6 +318,15 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
                 .unwrap_or("(not listed by the server)")
         )
     )));
+    if p["looks_like"].is_string() {
+        lines.push(Line::from(Span::styled(
+            format!(
+                "the tool's name looks like `{}`, another tool of this server: it is not that tool",
+                s(p, "looks_like")
+            ),
+            Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
+        )));
+    }
     if let Some(d) = p.get("definition_change").filter(|d| !d.is_null()) {
         lines.push(Line::from(Span::styled(
             format!(
