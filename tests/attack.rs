@@ -16,39 +16,55 @@ const METRICS_TOKEN: &str = "tok-metrics";
 
 /// A gateway with the lenient server as `lenient` (it speaks 2026-07-28
 /// too) and as `legacy` (handshake era only, so 2026-07-28 clients are
-/// carried over a session the gateway holds), recording `wire_money`
-/// executions in `record`.
-fn lenient_gateway(record: &std::path::Path) -> Gateway {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/lenient_server.py");
-    let python = peer_python();
-    let server = |name: &str, extra: &str| {
-        format!(
-            "\n[servers.{name}]\ncommand = \"{}\"\nargs = [\"{}\", \"{}\"{extra}]\n",
-            python.display(),
-            script.display(),
-            record.display()
-        )
-    };
-    Gateway::start_with(Options {
-        extra: format!(
-            "{}{}\n[metrics]\ntoken_sha256 = \"{}\"\n",
-            server("lenient", ""),
-            server("legacy", ", \"--handshake-only\""),
-            sha(METRICS_TOKEN)
-        ),
-        ..Default::default()
-    })
+/// carried over a session the gateway holds), and the file where the server
+/// records its `wire_money` executions.
+struct Lenient {
+    gw: Gateway,
+    record: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
-/// What the lenient server ran: (with an id, without one).
-fn wire_money_runs(record: &std::path::Path) -> (usize, usize) {
-    let text = std::fs::read_to_string(record).unwrap_or_default();
-    let runs: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let without = runs.iter().filter(|r| r["id"].is_null()).count();
-    (runs.len() - without, without)
+impl Lenient {
+    fn start() -> Lenient {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("runs.jsonl");
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/lenient_server.py");
+        let python = peer_python();
+        let server = |name: &str, extra: &str| {
+            format!(
+                "\n[servers.{name}]\ncommand = \"{}\"\nargs = [\"{}\", \"{}\"{extra}]\n",
+                python.display(),
+                script.display(),
+                record.display()
+            )
+        };
+        let gw = Gateway::start_with(Options {
+            extra: format!(
+                "{}{}\n[metrics]\ntoken_sha256 = \"{}\"\n",
+                server("lenient", ""),
+                server("legacy", ", \"--handshake-only\""),
+                sha(METRICS_TOKEN)
+            ),
+            ..Default::default()
+        });
+        Lenient {
+            gw,
+            record,
+            _dir: dir,
+        }
+    }
+
+    /// What the lenient server ran: (with an id, without one).
+    fn wire_money_runs(&self) -> (usize, usize) {
+        let text = std::fs::read_to_string(&self.record).unwrap_or_default();
+        let runs: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let without = runs.iter().filter(|r| r["id"].is_null()).count();
+        (runs.len() - without, without)
+    }
 }
 
 /// `countersign_refusals_total{what}` as the gateway counts it.
@@ -67,10 +83,9 @@ fn wire_money_note() -> Value {
 
 #[tokio::test]
 async fn a_tool_call_without_an_id_in_a_session_never_reaches_a_lenient_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let record = dir.path().join("runs.jsonl");
-    let gw = lenient_gateway(&record);
-    let c = listed(&gw, "lenient").await;
+    let l = Lenient::start();
+    let Lenient { gw, .. } = &l;
+    let c = listed(gw, "lenient").await;
     let refused = c.post(&wire_money_note()).await;
     assert_eq!(refused.status, 400, "{refused:?}");
     assert_eq!(refused.last()["error"]["code"], -32600, "{refused:?}");
@@ -82,15 +97,15 @@ async fn a_tool_call_without_an_id_in_a_session_never_reaches_a_lenient_server()
     // upstream, the server would have run it before answering this.
     let after = c.call(2, "get_balance", json!({"account":"a"})).await;
     assert_eq!(after.last()["result"]["isError"], false, "{after:?}");
-    assert_eq!(wire_money_runs(&record), (0, 0));
-    assert_eq!(refusals(&gw, "tool_call_without_id").await, 1);
+    assert_eq!(l.wire_money_runs(), (0, 0));
+    assert_eq!(refusals(gw, "tool_call_without_id").await, 1);
     // The same call as a request goes through the pipeline, and runs once.
     let call = c
         .call(3, "wire_money", json!({"to":"mallory","amount":900}))
         .await;
     assert_eq!(call.last()["result"]["isError"], false, "{call:?}");
-    assert_eq!(wire_money_runs(&record), (1, 0));
-    wait_for_audit(&gw, "the refusal", |es| {
+    assert_eq!(l.wire_money_runs(), (1, 0));
+    wait_for_audit(gw, "the refusal", |es| {
         es.iter()
             .any(|e| e["kind"] == "refused" && e["what"] == "tool_call_without_id")
     })
@@ -99,10 +114,9 @@ async fn a_tool_call_without_an_id_in_a_session_never_reaches_a_lenient_server()
 
 #[tokio::test]
 async fn a_method_spelled_like_tools_call_is_refused_and_never_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let record = dir.path().join("runs.jsonl");
-    let gw = lenient_gateway(&record);
-    let c = listed(&gw, "lenient").await;
+    let l = Lenient::start();
+    let Lenient { gw, .. } = &l;
+    let c = listed(gw, "lenient").await;
     // The lenient server maps `TOOLS/CALL` and `tools/call ` to its handler.
     for (id, method) in [
         (5, "TOOLS/CALL"),
@@ -122,15 +136,14 @@ async fn a_method_spelled_like_tools_call_is_refused_and_never_runs() {
             "{a:?}"
         );
     }
-    assert_eq!(wire_money_runs(&record), (0, 0));
-    assert_eq!(refusals(&gw, "tool_call_lookalike").await, 3);
+    assert_eq!(l.wire_money_runs(), (0, 0));
+    assert_eq!(refusals(gw, "tool_call_lookalike").await, 3);
 }
 
 #[tokio::test]
 async fn a_tool_call_without_an_id_in_a_batch_is_dropped_and_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let record = dir.path().join("runs.jsonl");
-    let gw = lenient_gateway(&record);
+    let l = Lenient::start();
+    let Lenient { gw, .. } = &l;
     let mut c = Client::new(&gw.url("lenient"));
     c.protocol = "2025-03-26".into();
     c.initialize().await;
@@ -147,16 +160,15 @@ async fn a_tool_call_without_an_id_in_a_batch_is_dropped_and_counted() {
     // Another request after the batch, on the same pipe.
     let after = c.call(9, "get_balance", json!({"account":"a"})).await;
     assert_eq!(after.last()["result"]["isError"], false, "{after:?}");
-    assert_eq!(wire_money_runs(&record), (0, 0));
-    assert_eq!(refusals(&gw, "tool_call_without_id").await, 1);
-    assert_eq!(refusals(&gw, "tool_call_lookalike").await, 1);
+    assert_eq!(l.wire_money_runs(), (0, 0));
+    assert_eq!(refusals(gw, "tool_call_without_id").await, 1);
+    assert_eq!(refusals(gw, "tool_call_lookalike").await, 1);
 }
 
 #[tokio::test]
 async fn a_tool_call_without_an_id_in_the_stateless_era_never_reaches_a_lenient_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let record = dir.path().join("runs.jsonl");
-    let gw = lenient_gateway(&record);
+    let l = Lenient::start();
+    let Lenient { gw, .. } = &l;
     let meta = json!({"io.modelcontextprotocol/protocolVersion":"2026-07-28",
         "io.modelcontextprotocol/clientCapabilities":{},
         "io.modelcontextprotocol/clientInfo":{"name":"attacker","version":"1"}});
@@ -177,16 +189,15 @@ async fn a_tool_call_without_an_id_in_the_stateless_era_never_reaches_a_lenient_
             "{server}: {after:?}"
         );
     }
-    assert_eq!(wire_money_runs(&record), (0, 0));
-    assert_eq!(refusals(&gw, "tool_call_without_id").await, 2);
+    assert_eq!(l.wire_money_runs(), (0, 0));
+    assert_eq!(refusals(gw, "tool_call_without_id").await, 2);
 }
 
 #[tokio::test]
 async fn a_tool_call_without_an_id_through_the_stdio_bridge_never_reaches_a_lenient_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let record = dir.path().join("runs.jsonl");
-    let gw = lenient_gateway(&record);
-    let mut b = Bridge::for_server(&gw, "lenient", &[]);
+    let l = Lenient::start();
+    let Lenient { gw, .. } = &l;
+    let mut b = Bridge::for_server(gw, "lenient", &[]);
     b.send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"stdio-attacker","version":"1"}}}"#);
     assert_eq!(
         b.answer(json!(1))["result"]["serverInfo"]["name"],
@@ -200,8 +211,8 @@ async fn a_tool_call_without_an_id_through_the_stdio_bridge_never_reaches_a_leni
     let next = b.recv();
     assert_eq!(next["id"], 2, "{next}");
     assert_eq!(next["result"]["isError"], false, "{next}");
-    assert_eq!(wire_money_runs(&record), (0, 0));
-    assert_eq!(refusals(&gw, "tool_call_without_id").await, 1);
+    assert_eq!(l.wire_money_runs(), (0, 0));
+    assert_eq!(refusals(gw, "tool_call_without_id").await, 1);
 }
 
 /// Two reviewers must approve a charge: the policy folder and the key files
@@ -258,7 +269,7 @@ async fn held_charge(gw: &Gateway) -> String {
         .call(1, "charge_card", json!({"account":"acct_1","amount":900}))
         .await;
     assert_eq!(code(&a), "approval_pending", "{a:?}");
-    countersign(&a)["proposal_id"].as_str().unwrap().to_owned()
+    proposal_id(&a)
 }
 
 /// Who has approved proposal `id` so far, as the gateway says.
@@ -431,10 +442,7 @@ async fn show_and_pending_draw_a_deceiving_proposal_as_what_it_is() {
     });
     let held = c.call(1, "charge_card", args).await;
     assert_eq!(code(&held), "approval_pending", "{held:?}");
-    let id = countersign(&held)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = proposal_id(&held);
     let (ok, shown, err) = review_cli(&gw, &alice, &["show", &id]);
     assert!(ok, "{err}");
     assert_eq!(obeyed(&shown), None, "{shown}");
@@ -654,9 +662,8 @@ async fn a_body_trickled_in_is_cut_off_and_nothing_runs() {
 
 #[tokio::test]
 async fn refused_tokens_and_origins_are_counted_and_audited() {
-    let gw = lenient_gateway(
-        &std::env::temp_dir().join(format!("cs-unused-{}.jsonl", std::process::id())),
-    );
+    let l = Lenient::start();
+    let Lenient { gw, .. } = &l;
     for _ in 0..3 {
         let r = reqwest::Client::new()
             .post(gw.url("payments"))
@@ -678,11 +685,11 @@ async fn refused_tokens_and_origins_are_counted_and_audited() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
-    assert_eq!(refusals(&gw, "token").await, 3);
-    assert_eq!(refusals(&gw, "origin").await, 1);
+    assert_eq!(refusals(gw, "token").await, 3);
+    assert_eq!(refusals(gw, "origin").await, 1);
     // Repeated refusals: one audit entry per kind and interval, which
     // never holds the token.
-    wait_for_audit(&gw, "the refusals", |es| {
+    wait_for_audit(gw, "the refusals", |es| {
         es.iter()
             .any(|e| e["kind"] == "refused" && e["what"] == "token")
             && es

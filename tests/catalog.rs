@@ -362,7 +362,7 @@ async fn an_approval_given_before_the_tool_changed_does_not_run_it_after() {
     let args = json!({"account":"acct_1","amount":10});
     let a = keyed(&c, 1, "charge_card", args.clone(), "k-1").await;
     assert_eq!(code(&a), "approval_pending", "{a:?}");
-    let id = countersign(&a)["proposal_id"].as_str().unwrap().to_owned();
+    let id = proposal_id(&a);
     let (ok, out, err) = review_cli(&gw, &key, &["approve", &id]);
     assert!(ok, "{out}{err}");
     server_redefines(

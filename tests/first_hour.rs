@@ -280,10 +280,7 @@ async fn reviewers_can_live_outside_the_policy_checkout_and_are_hot_reloaded() {
         "_meta":{"dev.countersign/idempotency-key":"local-1"}}});
     let held = c.post(&charge).await;
     assert_eq!(common::code(&held), "approval_pending", "{held:?}");
-    let id = common::countersign(&held)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = common::proposal_id(&held);
     // The README's step: keygen appends the entry to the local file.
     let key = local.path().join("keys/alice.key");
     let (ok, entry, err) = common::run_cli_async(&[

@@ -223,10 +223,7 @@ async fn a_held_write_is_announced_signed_once_when_created_and_once_when_decide
     c.initialize().await;
     let held = c.post(&charge(1, "n-1")).await;
     assert_eq!(code(&held), "approval_pending", "{held:?}");
-    let id = countersign(&held)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = proposal_id(&held);
     rx.until("proposal_created", |g| !g.is_empty()).await;
     let created = rx.of_kind("proposal_created");
     assert_eq!(created.len(), 1);
@@ -422,10 +419,7 @@ async fn a_gateway_killed_before_delivery_delivers_after_its_restart_once() {
     let mut c = Client::new(&gw.url("payments"));
     c.initialize().await;
     let held = c.post(&charge(1, "k-1")).await;
-    let id = countersign(&held)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = proposal_id(&held);
     wait_for_audit(&gw, "a failed attempt", |entries| {
         entries.iter().any(|e| e["kind"] == "notification_failed")
     })
@@ -511,12 +505,7 @@ async fn two_gateways_on_postgresql_deliver_each_event_once() {
             "_meta":{"dev.countersign/idempotency-key":format!("pg-n-{i}")}}});
         let held = clients[(i % 2) as usize].post(&call).await;
         assert_eq!(code(&held), "approval_pending", "{held:?}");
-        proposals.insert(
-            countersign(&held)["proposal_id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
+        proposals.insert(proposal_id(&held));
     }
     assert_eq!(proposals.len(), 50);
     rx.until("50 proposals announced", |g| g.len() >= 50).await;

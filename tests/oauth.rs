@@ -366,10 +366,7 @@ async fn the_same_subject_of_two_issuers_cannot_use_each_others_approval() {
     from_a.initialize().await;
     let held = from_a.post(&call(1)).await;
     assert_eq!(code(&held), "approval_pending", "{held:?}");
-    let approved = countersign(&held)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let approved = proposal_id(&held);
     let (ok, out, err) = review_cli(&s.gw, &reviewer, &["approve", &approved]);
     assert!(ok, "{out}{err}");
     // b:sam sends the very same call, with the same key: not approved.
@@ -377,10 +374,7 @@ async fn the_same_subject_of_two_issuers_cannot_use_each_others_approval() {
     from_b.initialize().await;
     let other = from_b.post(&call(2)).await;
     assert_eq!(code(&other), "approval_pending", "{other:?}");
-    let own = countersign(&other)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let own = proposal_id(&other);
     assert_ne!(own, approved, "b:sam got a:sam's proposal");
     assert_eq!(s.gw.executions("charge_card"), 0);
     // a:sam's approved call runs; b:sam's is still held after that.

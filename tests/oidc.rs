@@ -159,10 +159,7 @@ async fn an_agent_service_signs_in_and_its_approved_write_runs_once() {
         "_meta":{"dev.countersign/idempotency-key":"oidc-1"}}});
     let held = c.post(&call).await;
     assert_eq!(code(&held), "approval_pending", "{held:?}");
-    let id = countersign(&held)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = proposal_id(&held);
     // The reviewer sees who asked, and through which client.
     let (ok, shown, err) = review_cli(&gw, &alice, &["show", &id]);
     assert!(ok, "{err}");

@@ -347,10 +347,7 @@ async fn a_first_approval_that_expires_before_the_second_makes_a_new_proposal() 
     assert!(!ok && err.contains("expired"), "{err}");
     let again = c.post(&charge(2, 500, "exp-1")).await;
     assert_eq!(code(&again), "approval_pending", "{again:?}");
-    let fresh = countersign(&again)["proposal_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let fresh = proposal_id(&again);
     assert_ne!(fresh, id, "a new proposal");
     assert_eq!(shown(&gw, &folder, &id)["state"], "expired");
     assert_eq!(gw.executions("charge_card"), 0);

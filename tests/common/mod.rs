@@ -203,6 +203,14 @@ pub fn countersign(a: &Answer) -> Value {
     a.last()["result"]["structuredContent"]["countersign"].clone()
 }
 
+/// The proposal a held call waits on (panics when the answer names none).
+pub fn proposal_id(a: &Answer) -> String {
+    countersign(a)["proposal_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no proposal in {a:?}"))
+        .to_owned()
+}
+
 /// The `countersign` code the answer carries ("" when none).
 pub fn code(a: &Answer) -> String {
     countersign(a)["code"].as_str().unwrap_or("").to_owned()
