@@ -5,13 +5,15 @@
 //!
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
-//!       [--server BIN] [--work DIR] [--http] [--postgres URL] [--json]
+//!       [--server BIN] [--work DIR] [--http] [--modern] [--postgres URL] [--json]
 //! ```
 //!
 //! Each agent sends `charge_card` calls, one explicit idempotency key per
-//! call (its arguments unique to it), and retries each key with identical
-//! arguments until it gets a definitive answer: a result, or
-//! `outcome_unknown`. A connection error, a 5xx, `upstream_unavailable` and
+//! call (its arguments unique to it, the amount a sum in binary floating
+//! point that needs up to 17 digits, `1944.7800000000002`), and retries each
+//! key with identical arguments until it gets a definitive answer: a result,
+//! or `outcome_unknown`. With `--modern` it speaks 2026-07-28 (no session,
+//! the metadata headers on each request); else the handshake era. A connection error, a 5xx, `upstream_unavailable` and
 //! a lost session are retried (a new session when the gateway forgot the
 //! old one). Meanwhile, spread over the run, `--kills` times: the gateway
 //! is killed with SIGKILL and restarted on the same data; the upstream is
@@ -30,7 +32,9 @@
 //! the gateway's ledger:
 //! - no key executed twice;
 //! - no answer acknowledged as a success without an execution;
-//! - no acknowledged answer that changed when the agent sent the key again;
+//! - no acknowledged answer that changed when the agent sent the key again:
+//!   its result, but for `_meta`, byte for byte (the server's numbers and
+//!   escapes as it wrote them);
 //! - every key answered `outcome_unknown` is listed by `reconcile --list`.
 //!
 //! Everything runs on loopback, bounded in calls and time (10 minutes, or
@@ -65,6 +69,8 @@ struct Opts {
     work: Option<PathBuf>,
     json: bool,
     http: bool,
+    /// `--modern`: the agents speak 2026-07-28.
+    modern: bool,
     /// `--postgres URL`: two gateways on this database (a schema of the
     /// run's own), instead of one on redb.
     postgres: Option<String>,
@@ -88,6 +94,7 @@ fn opts() -> Result<Opts, String> {
         work: None,
         json: false,
         http: false,
+        modern: false,
         postgres: None,
     };
     let mut args = std::env::args().skip(1);
@@ -103,6 +110,7 @@ fn opts() -> Result<Opts, String> {
             "--work" => o.work = Some(value()?.into()),
             "--json" => o.json = true,
             "--http" => o.http = true,
+            "--modern" => o.modern = true,
             "--deadline-secs" => DEADLINE_SECS.store(
                 value()?
                     .parse()
@@ -349,10 +357,13 @@ struct Agent {
     urls: Vec<String>,
     current: usize,
     session: Option<String>,
+    /// 2026-07-28: no session, the metadata on each request.
+    modern: bool,
 }
 
 enum Sent {
-    /// A result: (is an error, text).
+    /// A result: (is an error, the result's members but `_meta`, each as
+    /// the gateway sent its bytes).
     Answer(bool, String),
     /// No definitive answer: send again.
     Retry,
@@ -398,12 +409,25 @@ impl Agent {
     }
 
     async fn send(&mut self, key: &str, args: &Value) -> Sent {
-        if self.session.is_none() && !self.initialize().await {
+        if !self.modern && self.session.is_none() && !self.initialize().await {
             return Sent::Retry;
         }
+        let mut meta = json!({"dev.countersign/idempotency-key": key});
+        if self.modern {
+            meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+            meta["io.modelcontextprotocol/clientCapabilities"] = json!({});
+            meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "chaos", "version": "1"});
+        }
         let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
-            "name":"charge_card","arguments":args,"_meta":{"dev.countersign/idempotency-key":key}}});
-        let Ok(resp) = self.post(&body).send().await else {
+            "name":"charge_card","arguments":args,"_meta":meta}});
+        let mut request = self.post(&body);
+        if self.modern {
+            request = request
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", "charge_card");
+        }
+        let Ok(resp) = request.send().await else {
             return Sent::Retry;
         };
         if resp.status().as_u16() == 404 {
@@ -440,10 +464,23 @@ impl Agent {
             .as_str()
             .unwrap_or("")
             .to_owned();
-        let text = result["content"][0]["text"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned();
+        // What a replay must repeat: the result as the gateway sent its
+        // bytes, `_meta` aside (a replay is marked there).
+        let text = countersign::wire::jsonrpc::Message::parse(data.as_bytes())
+            .ok()
+            .and_then(|m| m.result)
+            .and_then(|r| {
+                let members = countersign::wire::members::members(r.get())?;
+                Some(
+                    members
+                        .iter()
+                        .filter(|m| m.key != "_meta")
+                        .map(|m| format!("{}:{}", m.raw_key, m.value))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                )
+            })
+            .unwrap_or_default();
         let is_error = result["isError"] == true;
         if is_error && code != "outcome_unknown" {
             // upstream_unavailable and the like: nothing ran; send again.
@@ -453,10 +490,18 @@ impl Agent {
     }
 }
 
+/// The amount of call `k`: a sum in binary floating point, whose shortest
+/// text often needs 17 digits (a parser that is not correctly rounded
+/// moves it to a neighbouring double).
+fn amount_of(k: usize) -> f64 {
+    1944.41 + k as f64 * 0.37
+}
+
 async fn agent(
     n: usize,
     keys: Vec<usize>,
     urls: Vec<String>,
+    modern: bool,
     seen: Arc<Mutex<Seen>>,
     done: Arc<AtomicUsize>,
 ) {
@@ -466,12 +511,13 @@ async fn agent(
         urls,
         current,
         session: None,
+        modern,
     };
     let started = Instant::now();
     for k in keys {
         let key = format!("chaos-{k}");
         let args =
-            json!({"account": format!("acct-{n}"), "amount": k as u64 + 1, "currency": "EUR"});
+            json!({"account": format!("acct-{n}"), "amount": amount_of(k), "currency": "EUR"});
         let mut acked: Option<String> = None;
         loop {
             if started.elapsed() > deadline() {
@@ -604,6 +650,7 @@ async fn run() -> Result<bool, String> {
             n,
             keys,
             setup.urls.clone(),
+            o.modern,
             seen.clone(),
             done.clone(),
         )));
@@ -760,7 +807,9 @@ async fn run() -> Result<bool, String> {
     let mut per_call: HashMap<(String, u64), usize> = HashMap::new();
     for e in &runs {
         let account = e["arguments"]["account"].as_str().unwrap_or("").to_owned();
-        let amount = e["arguments"]["amount"].as_u64().unwrap_or(0);
+        // The double the server read, by its bits: a call whose amount
+        // reached it as a neighbouring double is not the call sent.
+        let amount = e["arguments"]["amount"].as_f64().map_or(0, f64::to_bits);
         *per_call.entry((account, amount)).or_default() += 1;
     }
     // Whether the call under `key` (its arguments are its own) ran.
@@ -769,12 +818,12 @@ async fn run() -> Result<bool, String> {
             .trim_start_matches("chaos-")
             .parse()
             .unwrap_or(usize::MAX);
-        per_call.contains_key(&(format!("acct-{}", k % o.agents), k as u64 + 1))
+        per_call.contains_key(&(format!("acct-{}", k % o.agents), amount_of(k).to_bits()))
     };
     let duplicates: Vec<String> = per_call
         .iter()
         .filter(|(_, n)| **n > 1)
-        .map(|((a, m), n)| format!("{a} amount {m}: {n} executions"))
+        .map(|((a, m), n)| format!("{a} amount {}: {n} executions", f64::from_bits(*m)))
         .collect();
     let lost_acks: Vec<String> = seen.acked.keys().filter(|key| !ran(key)).cloned().collect();
     let unlisted: Vec<String> = seen
@@ -809,6 +858,7 @@ async fn run() -> Result<bool, String> {
         "seconds": started.elapsed().as_secs_f64(),
         "work": setup.dir.display().to_string(),
         "store": if o.postgres.is_some() { "postgres, two gateways" } else { "redb" },
+        "era": if o.modern { "2026-07-28" } else { "handshake" },
     });
     if o.json {
         println!("{summary}");

@@ -368,8 +368,12 @@ impl Server {
             // tool the listing lacks): a related message
             // first, so the answer is a stream; over HTTP in a session the
             // stream closes before the answer instead (see `http_post`).
+            // Over stdio the answer comes a while after the note: long
+            // enough for a gateway that polls (`gateway.sse_poll_after`) to
+            // close its client's stream in between, as the suite checks.
             let note = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"working on it"}});
             let _ = out.tx.send(note).await;
+            tokio::time::sleep(std::time::Duration::from_millis(RECONNECTION_DELAY_MS)).await;
             return Some(Outcome::Reply(ok(id, reconnected(), modern)));
         }
         if !TOOLS.contains(&format!("\"name\":\"{name}\"")) || name.is_empty() {
@@ -485,7 +489,14 @@ impl Server {
             }
             _ => String::new(),
         };
-        let result = json!({"content":[{"type":"text","text":text}],"isError":false});
+        let mut result = json!({"content":[{"type":"text","text":text}],"isError":false});
+        if name == "charge_card" {
+            // The charge as data, its amount the number the server read:
+            // what a client stores, and what a replay must give back as it
+            // was (the chaos driver compares it byte for byte).
+            result["structuredContent"] =
+                json!({"amount": args["amount"], "account": args["account"]});
+        }
         self.finish(id, result, fault, modern).await
     }
 
@@ -617,6 +628,9 @@ struct Http {
 
 /// The conformance suite's SSE polling tool (SEP-1699).
 const RECONNECTION_TOOL: &str = "test_reconnection";
+
+/// How long `test_reconnection` works between its note and its answer.
+const RECONNECTION_DELAY_MS: u64 = 600;
 
 fn reconnected() -> Value {
     json!({"content":[{"type":"text","text":"reconnected: the answer came after the stream was resumed"}],"isError":false})

@@ -581,3 +581,131 @@ async fn pending_shows_an_oauth_clients_name_as_text_not_terminal_codes() {
         "{list}"
     );
 }
+
+/// A JWKS endpoint on 127.0.0.1 that counts the fetches it answers; its
+/// keys can be changed while it runs.
+struct JwksServer {
+    port: u16,
+    keys: std::sync::Arc<std::sync::Mutex<String>>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl JwksServer {
+    async fn start(keys: &[&Key]) -> JwksServer {
+        use std::sync::atomic::Ordering;
+        let set = |keys: &[&Key]| {
+            json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() }).to_string()
+        };
+        let held = std::sync::Arc::new(std::sync::Mutex::new(set(keys)));
+        let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (h, f) = (held.clone(), fetches.clone());
+        let app = axum::Router::new().route(
+            "/jwks",
+            axum::routing::get(move || {
+                let (h, f) = (h.clone(), f.clone());
+                async move {
+                    f.fetch_add(1, Ordering::SeqCst);
+                    h.lock().unwrap().clone()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        JwksServer {
+            port,
+            keys: held,
+            fetches,
+            task,
+        }
+    }
+
+    fn publish(&self, keys: &[&Key]) {
+        *self.keys.lock().unwrap() =
+            json!({ "keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>() }).to_string();
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for JwksServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A gateway whose issuer `a` publishes its keys at `jwks`, with the
+/// default `refetch_interval` (30 s).
+fn with_jwks_uri(jwks: &JwksServer) -> Gateway {
+    Gateway::start_with(Options {
+        extra: format!(
+            "\n[[auth.issuers]]\nname = \"a\"\nissuer = \"{ISS_A}\"\njwks_uri = \"http://127.0.0.1:{}/jwks\"\n\
+             audience = [\"{AUD}\"]\ntenant_claim = \"tid\"\n",
+            jwks.port
+        ),
+        ..Default::default()
+    })
+}
+
+// The JWKS server runs on the test's runtime while the gateway starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_rotated_right_after_start_is_taken_on_its_first_use() {
+    let old = key("old");
+    let jwks = JwksServer::start(&[&old]).await;
+    let gw = with_jwks_uri(&jwks);
+    gw.wait_for_log("issuer keys loaded").await;
+    assert_eq!(jwks.fetches(), 1, "the start-up fetch");
+    // The provider rotates and signs with the new key at once.
+    let new = key("new");
+    jwks.publish(&[&old, &new]);
+    let (status, _, body) = try_initialize(&gw, Some(&sign(&new, &claims(ISS_A, "alice")))).await;
+    assert_eq!(status, 200, "the first token under the new key: {body}");
+    assert_eq!(jwks.fetches(), 2);
+}
+
+// The JWKS server runs on the test's runtime while the gateway starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_made_up_kids_makes_at_most_one_fetch_per_interval() {
+    let real = key("real");
+    let jwks = JwksServer::start(&[&real]).await;
+    let gw = with_jwks_uri(&jwks);
+    gw.wait_for_log("issuer keys loaded").await;
+    let forged = key("forged");
+    let client = reqwest::Client::new();
+    let sends = (0..1000).map(|i| {
+        let k = Key {
+            kid: format!("random-{i}-{:x}", rand::random::<u64>()),
+            encoding: forged.encoding.clone(),
+            jwk: json!({}),
+        };
+        let token = sign(&k, &claims(ISS_A, "mallory"));
+        let url = gw.url("payments");
+        let client = client.clone();
+        async move {
+            client
+                .post(url)
+                .bearer_auth(token)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    });
+    let statuses = futures_util::future::join_all(sends).await;
+    assert!(statuses.iter().all(|s| *s == 401), "{statuses:?}");
+    // The start-up fetch, and one for the first unknown kid: the other 999
+    // find it made within the interval.
+    assert_eq!(jwks.fetches(), 2);
+    // The real key still works, from the cache.
+    let (status, _, body) = try_initialize(&gw, Some(&sign(&real, &claims(ISS_A, "alice")))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(jwks.fetches(), 2);
+}

@@ -821,6 +821,13 @@ pub struct GatewayConfig {
     /// request slot for as long as it likes).
     #[serde(deserialize_with = "duration")]
     pub body_read_timeout: Duration,
+    /// SSE polling (the 2025-11-25 transport): a handshake-era answer
+    /// stream still open after this long is closed after the events sent so
+    /// far (the first of them an id and a `retry`); the client resumes it
+    /// with a GET and `Last-Event-ID` and gets the rest, the answer
+    /// included. Frees connections held by long calls. Off by default.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub sse_poll_after: Option<Duration>,
     /// PEM certificate chain for TLS on the listener (with `tls_key`); the
     /// files are watched and a new pair is taken without a restart.
     pub tls_cert: Option<PathBuf>,
@@ -843,6 +850,7 @@ impl Default for GatewayConfig {
             session_idle_timeout: Duration::from_secs(30 * 60),
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
+            sse_poll_after: None,
             tls_cert: None,
             tls_key: None,
             public_url: None,

@@ -13,6 +13,7 @@ use super::upstream::UpstreamError;
 use crate::core::ledger::Answer;
 use crate::wire::era::{Era, HeaderProblem, HANDSHAKE_VERSIONS, MODERN_VERSIONS};
 use crate::wire::jsonrpc::{code, raw, Message, ParseError};
+use crate::wire::members;
 
 /// Codes of `structuredContent.countersign.code`.
 pub mod codes {
@@ -259,24 +260,23 @@ pub fn into_era(msg: &mut Message, era: Era, method: &str) {
     let Some(result) = msg.result.as_ref() else {
         return;
     };
-    let Ok(mut value) = serde_json::from_str::<Value>(result.get()) else {
-        return;
-    };
-    in_era(&mut value, era);
-    if let Some(obj) = value.as_object_mut() {
-        match era {
-            Era::Modern if CACHEABLE.contains(&method) => {
-                obj.entry("cacheScope").or_insert_with(|| json!("private"));
-                obj.entry("ttlMs").or_insert_with(|| json!(0));
-            }
-            Era::Modern => {}
-            Era::Handshake => {
-                obj.remove("cacheScope");
-                obj.remove("ttlMs");
-            }
+    // Spliced as `marked` is: the server's own bytes, with the era's members.
+    let mut text = in_era_raw(result.get(), era);
+    let edited = match era {
+        Era::Modern if CACHEABLE.contains(&method) => {
+            members::with_default(&text, "cacheScope", r#""private""#)
+                .and_then(|t| members::with_default(&t, "ttlMs", "0"))
         }
+        Era::Modern => None,
+        Era::Handshake => members::without_member(&text, "cacheScope")
+            .and_then(|t| members::without_member(&t, "ttlMs")),
+    };
+    if let Some(t) = edited {
+        text = t;
     }
-    msg.result = Some(raw(&value));
+    if let Ok(r) = serde_json::value::RawValue::from_string(text) {
+        msg.result = Some(r);
+    }
 }
 
 /// The gateway's answer to a 2026-07-28 `server/discover` for a server it
@@ -639,18 +639,36 @@ fn replay(id: Value, answer: &Answer, key: &str, answered_at: &str, era: Era) ->
 fn marked(id: Value, answer: &Answer, mark: Option<(&str, Value)>, era: Era) -> Message {
     match answer {
         Answer::Result(text) => {
-            let mut result: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-            if let (Some(obj), Some((mark, value))) = (result.as_object_mut(), mark) {
-                let meta = obj.entry("_meta").or_insert_with(|| json!({}));
-                if let Some(meta) = meta.as_object_mut() {
-                    meta.insert(mark.into(), value);
+            // Spliced, never re-serialized: a replay carries the server's
+            // own bytes (its numbers, escapes and spellings), plus the mark
+            // and the era's `resultType`.
+            let mut result = text.clone();
+            if let Some((mark, value)) = mark {
+                if let Some(m) = members::with_meta(&result, mark, &value.to_string()) {
+                    result = m;
                 }
             }
-            in_era(&mut result, era);
-            Message::response(id, raw(&result))
+            let result = in_era_raw(&result, era);
+            match serde_json::value::RawValue::from_string(result) {
+                Ok(r) => Message::response(id, r),
+                // The stored text is the server's own valid JSON; were it
+                // not, `null` says so rather than a guess.
+                Err(_) => Message::response(id, raw(&Value::Null)),
+            }
         }
         Answer::Error(e) => error_message(id, e),
     }
+}
+
+/// A result's text in `era`: with `resultType` for 2026-07-28 (unless the
+/// server wrote one), without it for the handshake era. Every other byte
+/// is the server's; text that is not an object is left as it is.
+fn in_era_raw(text: &str, era: Era) -> String {
+    let edited = match era {
+        Era::Modern => members::with_default(text, "resultType", r#""complete""#),
+        Era::Handshake => members::without_member(text, "resultType"),
+    };
+    edited.unwrap_or_else(|| text.to_owned())
 }
 
 /// Verdicts that end a call without running it.

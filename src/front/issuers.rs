@@ -1,8 +1,14 @@
 //! The identity providers' keys over time: each `[[auth.issuers]]` entry's
 //! JWKS, from a file or fetched (OIDC discovery, then RFC 8414 metadata, or
 //! a `jwks_uri`), cached, and fetched again when a token names a `kid` the
-//! cache lacks (at most once per `auth.refetch_interval`) or when the keys
-//! are older than `auth.keys_max_age`.
+//! cache lacks or when the keys are older than `auth.keys_max_age`.
+//!
+//! A rotation is an ordinary event: a token under a new key fetches the
+//! keys at once, unless another fetch *for an unknown `kid`* ran within
+//! `auth.refetch_interval` (so a flood of made-up `kid`s makes at most one
+//! fetch per interval). The start-up fetch and the `keys_max_age` refresh
+//! do not count against that limit, so a key rotated right after a restart
+//! is taken on its first use.
 //!
 //! A provider that cannot be reached leaves the cached keys in use; with no
 //! usable key at all, tokens are refused and the log says why (fail
@@ -24,8 +30,13 @@ pub(crate) struct Issuer {
     /// (a private CA); or why there is none, which refuses every fetch.
     http: Result<reqwest::Client, String>,
     keys: Mutex<Arc<Keys>>,
-    /// When the keys were last fetched (or tried), for the rate limit.
+    /// When the keys were last fetched (or tried) for any reason: a
+    /// refresh for age waits this long after it, so a provider that is down
+    /// is not asked on every token.
     fetched: Mutex<Option<Instant>>,
+    /// When the keys were last fetched (or tried) because a token named a
+    /// `kid` the cache lacked: the limit on fetches a stranger can cause.
+    fetched_for_kid: Mutex<Option<Instant>>,
     /// When keys were last loaded successfully, for `keys_max_age`.
     loaded: Mutex<Option<Instant>>,
     /// One fetch at a time.
@@ -67,6 +78,7 @@ impl Issuers {
                     config: c.clone(),
                     keys: Mutex::new(Arc::new(Keys::default())),
                     fetched: Mutex::new(None),
+                    fetched_for_kid: Mutex::new(None),
                     loaded: Mutex::new(None),
                     fetching: tokio::sync::Mutex::new(()),
                 })
@@ -132,7 +144,7 @@ impl Issuers {
     /// issuer's tokens are refused until its keys can be fetched.
     pub(crate) async fn load(&self) {
         for i in &self.issuers {
-            self.refresh(i, true).await;
+            self.refresh(i, Why::Start).await;
         }
     }
 
@@ -146,28 +158,40 @@ impl Issuers {
             .lock()
             .is_none_or(|at| at.elapsed() >= self.keys_max_age);
         let unknown = kid.is_some_and(|k| !current.has(k));
-        if unknown || stale || current.is_empty() {
-            self.refresh(issuer, false).await;
+        if unknown || current.is_empty() {
+            self.refresh(issuer, Why::UnknownKid).await;
+            return issuer.keys.lock().clone();
+        }
+        if stale {
+            self.refresh(issuer, Why::Age).await;
             return issuer.keys.lock().clone();
         }
         current
     }
 
-    /// Fetch `issuer`'s keys, unless it was tried within the rate limit
-    /// (`force` at start). Keys that load replace the cache; a failure
-    /// leaves it as it is.
-    async fn refresh(&self, issuer: &Issuer, force: bool) {
+    /// Fetch `issuer`'s keys, unless the limit for `why` holds it back.
+    /// Keys that load replace the cache; a failure leaves it as it is.
+    async fn refresh(&self, issuer: &Issuer, why: Why) {
         let _one = issuer.fetching.lock().await;
-        if !force {
-            let recent = issuer
-                .fetched
-                .lock()
-                .is_some_and(|at| at.elapsed() < self.refetch_interval);
-            if recent {
-                return;
-            }
+        let within = |at: &Mutex<Option<Instant>>| {
+            at.lock()
+                .is_some_and(|at| at.elapsed() < self.refetch_interval)
+        };
+        // A stranger can name any `kid`: those fetches are limited on their
+        // own clock. Another waiting on this lock finds the fetch just made.
+        let held_back = match why {
+            Why::Start => false,
+            Why::UnknownKid => within(&issuer.fetched_for_kid),
+            Why::Age => within(&issuer.fetched),
+        };
+        if held_back {
+            return;
         }
-        *issuer.fetched.lock() = Some(Instant::now());
+        let now = Instant::now();
+        *issuer.fetched.lock() = Some(now);
+        if why == Why::UnknownKid {
+            *issuer.fetched_for_kid.lock() = Some(now);
+        }
         let name = &issuer.config.name;
         match Self::fetch(issuer).await {
             Ok(text) => match Keys::from_jwks(&text) {
@@ -212,6 +236,18 @@ impl Issuers {
         };
         get(http, &cfg.name, &uri).await
     }
+}
+
+/// Why an issuer's keys are fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// At start: always.
+    Start,
+    /// A token named a `kid` the cache lacks (or there are no keys): at most
+    /// once per `auth.refetch_interval`, counted only against itself.
+    UnknownKid,
+    /// The keys are older than `auth.keys_max_age`.
+    Age,
 }
 
 /// `jwks_uri` from the issuer's metadata: OpenID Connect discovery, then

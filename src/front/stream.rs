@@ -104,6 +104,7 @@ pub(super) async fn relay_request(
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Message>(64);
     let events = sse.then(|| tx.clone());
+    let poll_after = gw.config().gateway.sse_poll_after;
     let era = rc.era;
     let gw = gw.clone();
     // Run here, in the connection's own task, until the first message: a
@@ -150,6 +151,19 @@ pub(super) async fn relay_request(
         let (number, priming) = lock_replay(&session).open();
         if cut_early {
             lock_replay(&session).cut(number);
+        }
+        // SSE polling (2025-11-25): a stream still open after
+        // `gateway.sse_poll_after` is closed where it stands; the client
+        // resumes it with a GET and `Last-Event-ID`, and gets the rest from
+        // what the session keeps. The gateway does for a stdio upstream what
+        // an HTTP server closing its stream mid-call does.
+        if let Some(after) = poll_after {
+            let s = session.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                lock_replay(&s).cut(number);
+                s.sse_sent.notify_waiters();
+            });
         }
         // The stream outlives the connection: what the call sends after the
         // client went away is kept for its resumption.

@@ -5,6 +5,7 @@
 pub mod era;
 pub mod jsonrpc;
 pub mod lines;
+pub mod members;
 pub mod sse;
 pub mod toolcall;
 pub mod trace;

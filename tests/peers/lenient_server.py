@@ -36,6 +36,18 @@ TOOLS = [
         "annotations": {"readOnlyHint": False, "destructiveHint": True},
     },
     {
+        "name": "statement",
+        "description": "A statement, written as Python's json writes it: shortest float reprs, ASCII escapes.",
+        "inputSchema": {"type": "object", "properties": {"account": {"type": "string"}}},
+        "annotations": {"readOnlyHint": False, "destructiveHint": False},
+    },
+    {
+        "name": "statement_read",
+        "description": "The same statement, as a read.",
+        "inputSchema": {"type": "object", "properties": {"account": {"type": "string"}}},
+        "annotations": {"readOnlyHint": True},
+    },
+    {
         "name": "get_balance",
         "description": "Read a balance.",
         "inputSchema": {"type": "object", "properties": {"account": {"type": "string"}}},
@@ -69,6 +81,21 @@ def tools_call(name=None, arguments=None, **_rest):
         with open(RECORD, "a") as f:
             f.write(json.dumps({"tool": name, "arguments": arguments, "id": CURRENT["id"]}) + "\n")
         return {"content": [{"type": "text", "text": "sent"}], "isError": False}
+    if name in ("statement", "statement_read"):
+        note = "Caf\u00e9 \"quoted\" \\ back\nslash\ttab \U0001F600 " * 40
+        with open(RECORD + ".statements", "a") as f:
+            f.write(name + "\n")
+        return {
+            "content": [{"type": "text", "text": note}],
+            "structuredContent": {
+                "balance": 1944.4099999999999,
+                "previous": 1825.4299999999998,
+                "tiny": 5e-324,
+                "big": 1e21,
+                "note": note,
+            },
+            "isError": False,
+        }
     if name == "get_balance":
         return {"content": [{"type": "text", "text": "100"}], "isError": False}
     raise ValueError("unknown tool")
