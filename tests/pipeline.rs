@@ -27,6 +27,7 @@ use countersign::enforce::outcome::CallOutcome;
 use countersign::enforce::permit::{Permit, Sent, ToolConn, Upstream};
 use countersign::enforce::pipeline::{CallCtx, Caller, Pipeline};
 use countersign::enforce::upstream::UpstreamError;
+use countersign::enforce::Proof;
 use countersign::enforce::Under;
 use countersign::store::{MemoryStore, Recovery, Reservation, Store, StoreError, StoreFuture};
 use countersign::wire::era::Era;
@@ -550,7 +551,14 @@ impl Fixture {
         };
         self.pipeline
             .book()
-            .decide(&p.id, statement, &signature, &bob, under, |_| Ok(()))
+            .decide(
+                &p.id,
+                statement,
+                Proof::Ed25519(&signature),
+                &bob,
+                under,
+                |_| Ok(()),
+            )
             .await
             .unwrap();
     }
@@ -1770,7 +1778,14 @@ async fn the_first_answer_wins_exactly_once_and_the_other_is_too_late() {
     let e = f
         .pipeline
         .book()
-        .decide(&id, statement, &signature, &bob, under, |_| Ok(()))
+        .decide(
+            &id,
+            statement,
+            Proof::Ed25519(&signature),
+            &bob,
+            under,
+            |_| Ok(()),
+        )
         .await
         .unwrap_err();
     assert!(

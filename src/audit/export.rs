@@ -40,7 +40,7 @@ pub(crate) enum Format {
 }
 
 /// CSV columns, in order.
-pub(crate) const CSV_COLUMNS: [&str; 15] = [
+pub(crate) const CSV_COLUMNS: [&str; 16] = [
     "seq",
     "time",
     "kind",
@@ -54,11 +54,25 @@ pub(crate) const CSV_COLUMNS: [&str; 15] = [
     "policies",
     "proposal_id",
     "reviewer",
+    "key_kind",
     "code",
     "hash",
 ];
 
+/// Which kind of key signed an entry's reviewer statement: `passkey`,
+/// `ed25519`, or nothing when it holds none.
+fn key_kind(e: &Map<String, Value>) -> &'static str {
+    match e.get("approval") {
+        Some(a) if a.get("passkey").is_some_and(|p| !p.is_null()) => "passkey",
+        Some(a) if a.is_object() => "ed25519",
+        _ => "",
+    }
+}
+
 fn text(e: &Map<String, Value>, k: &str) -> String {
+    if k == "key_kind" {
+        return key_kind(e).to_owned();
+    }
     match e.get(k) {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -121,6 +135,10 @@ pub(crate) fn ocsf(e: &Map<String, Value>) -> Value {
         },
         "unmapped": Value::Object(e.clone()),
     });
+    if !key_kind(e).is_empty() {
+        event["actor"]["authorizations"] =
+            json!([{ "decision": text(e, "kind"), "key_kind": key_kind(e) }]);
+    }
     if e.contains_key("principal") {
         event["actor"] = json!({ "user": {
             "name": text(e, "principal"), "uid": text(e, "principal"), "domain": text(e, "tenant"),

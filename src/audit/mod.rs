@@ -617,6 +617,9 @@ impl Verifier {
     fn check_statement(&self, d: &Value) -> Result<(), String> {
         let statement: Statement = serde_json::from_value(d["statement"].clone())
             .map_err(|e| format!("an embedded approval statement does not parse: {e}"))?;
+        if let Some(proof) = d.get("passkey").filter(|p| !p.is_null()) {
+            return self.check_passkey_statement(&statement, proof);
+        }
         let sig = d["signature"].as_str().unwrap_or("");
         let embedded =
             crate::core::reviewers::parse_public_key(d["public_key"].as_str().unwrap_or(""))
@@ -643,6 +646,65 @@ impl Verifier {
                 statement.reviewer, e
             )
         })
+    }
+
+    /// A statement signed with a passkey, from the stored fields alone: the
+    /// statement's digest must be the assertion's challenge, the origin and
+    /// relying party the ones recorded (the relying party the origin's
+    /// host), and the signature must verify with the credential's key: the
+    /// one in the reviewers file when given (it must be listed for that
+    /// reviewer), else the one recorded with the decision.
+    fn check_passkey_statement(&self, statement: &Statement, proof: &Value) -> Result<(), String> {
+        let who = &statement.reviewer;
+        let proof: crate::core::approval::PasskeyProof = serde_json::from_value(proof.clone())
+            .map_err(|e| format!("the passkey proof of reviewer `{who}` does not parse: {e}"))?;
+        let host = proof
+            .origin
+            .split_once("://")
+            .map(|(_, rest)| rest.split([':', '/']).next().unwrap_or(""))
+            .unwrap_or("");
+        if host != proof.rp_id {
+            return Err(format!(
+                "the passkey proof of reviewer `{who}` names relying party `{}` for origin `{}`",
+                proof.rp_id, proof.origin
+            ));
+        }
+        let recorded = crate::core::passkey::PasskeyKey {
+            id: proof.assertion.credential_id.clone(),
+            public_key: proof.credential_public_key.clone(),
+            alg: proof.alg,
+        };
+        let key = match &self.reviewers {
+            Some(r) => {
+                let reviewer = r.get(who).ok_or_else(|| {
+                    format!("the approval statement is signed by `{who}`, who is not in the reviewers file")
+                })?;
+                reviewer
+                    .passkey(&proof.assertion.credential_id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!(
+                            "the approval statement of reviewer `{who}` is signed with passkey `{}`, which is not theirs in the reviewers file",
+                            proof.assertion.credential_id
+                        )
+                    })?
+            }
+            None => recorded,
+        };
+        let digest = statement
+            .digest_bytes()
+            .map_err(|e| format!("the approval statement of reviewer `{who}`: {e}"))?;
+        crate::core::passkey::verify_assertion(
+            &key,
+            &proof.assertion,
+            &crate::core::passkey::Expect {
+                challenge: &digest,
+                origin: &proof.origin,
+                rp_id: &proof.rp_id,
+            },
+        )
+        .map(drop)
+        .map_err(|e| format!("the passkey approval of reviewer `{who}` does not verify: {e}"))
     }
 }
 

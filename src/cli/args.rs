@@ -161,6 +161,16 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// Reviewers of the web console: `invite` prints a one-time enrolment
+    /// link; `enrolled` prints the `[[reviewers]]` entry of every finished
+    /// enrolment.
+    Reviewer {
+        #[command(subcommand)]
+        command: ReviewerCommand,
+        /// Configuration file (its data dir keeps the invitations).
+        #[arg(long, short, global = true, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
     /// Initialize every configured upstream and report up/down with latency.
     Check {
         /// Configuration file.
@@ -293,6 +303,28 @@ pub(crate) struct ReviewerArgs {
         env = "COUNTERSIGN_GATEWAY"
     )]
     pub(crate) gateway: String,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ReviewerCommand {
+    /// A one-time link on which NAME makes a passkey for the review console.
+    Invite {
+        /// The reviewer's name, as `reviewers.toml` will list it.
+        name: String,
+        /// Groups for the entry, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        /// Tenants whose calls the reviewer may decide, comma-separated
+        /// (default every tenant, `*`).
+        #[arg(long, value_delimiter = ',', default_value = "*")]
+        tenants: Vec<String>,
+        /// How long the link is good for (default `review.invite_ttl`, 24h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<std::time::Duration>,
+    },
+    /// The `[[reviewers]]` entries of every finished enrolment, to add to
+    /// `reviewers.toml`.
+    Enrolled,
 }
 
 #[derive(Subcommand)]

@@ -6,6 +6,8 @@
 //! - [`policy`]: `policy check|test|schema`.
 //! - [`reconcile`]: settling unknown outcomes on a stopped gateway's ledger.
 //! - [`review`]: `keygen|pending|show|approve|deny` for reviewers.
+//! - [`console`]: `reviewer invite|enrolled`: enrolment links of the review
+//!   console.
 //! - [`client`]: the signed client of the control API (also the TUI's).
 //! - [`files`]: reading the configuration and the policy folder.
 //! - [`args`]: the command line as clap types.
@@ -18,6 +20,7 @@
 pub(crate) mod args;
 pub(crate) mod check;
 pub mod client;
+pub(crate) mod console;
 pub(crate) mod demo;
 pub mod files;
 pub(crate) mod log;
@@ -169,5 +172,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Tools { command, config } => crate::cli::tools::command(command, &config).await,
         Command::Check { config, json } => crate::cli::check::command(&config, json).await,
+        Command::Reviewer { command, config } => crate::cli::console::command(command, &config),
     }
 }

@@ -169,6 +169,14 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     })?;
     let local = listener.local_addr()?;
     gw.auth().listening_on(local, tls.is_some());
+    if gw.config().review.enabled {
+        // A WebAuthn relying party is a domain: an IP-address origin is
+        // refused here, with what to set instead.
+        let (origin, rp_id) = crate::core::config::console_of(gw.config(), local, tls.is_some())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        tracing::info!(%origin, rp_id = %rp_id, "review console at {origin}/review/");
+        gw.open_console(origin, rp_id);
+    }
     // Tests and scripts wait for this exact line on stderr.
     eprintln!("countersign: listening on {local}");
     if tls.is_some() {

@@ -131,6 +131,17 @@ pub enum Risk {
     Destructive,
 }
 
+impl Risk {
+    /// `read`, `write` or `destructive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Risk::Read => "read",
+            Risk::Write => "write",
+            Risk::Destructive => "destructive",
+        }
+    }
+}
+
 /// One difference between two JSON values (see [`diff`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
@@ -350,11 +361,49 @@ impl std::fmt::Display for Missing {
 pub struct SignedDecision {
     /// The statement, exactly as signed (its JCS is what the signature covers).
     pub statement: Statement,
-    /// Base64 ed25519 signature over the statement's JCS.
+    /// Base64 ed25519 signature over the statement's JCS (empty when a
+    /// passkey signed: see `passkey`).
     pub signature: String,
-    /// The reviewer's public key at the time (`ed25519:...`), so the
-    /// signature stays verifiable after the reviewer is removed.
+    /// The reviewer's public key at the time (`ed25519:...`, or
+    /// `passkey:CREDENTIAL_ID`), so the signature stays verifiable after the
+    /// reviewer is removed.
     pub public_key: String,
+    /// When a passkey signed: the WebAuthn assertion whose challenge is the
+    /// statement's digest, and what it was made for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passkey: Option<PasskeyProof>,
+}
+
+impl SignedDecision {
+    /// `ed25519` or `passkey`: which kind of key signed.
+    pub fn key_kind(&self) -> &'static str {
+        if self.passkey.is_some() {
+            "passkey"
+        } else {
+            "ed25519"
+        }
+    }
+}
+
+/// A decision signed with a passkey: the assertion's four fields, the
+/// credential's public key (a COSE_Key, base64url) and algorithm as
+/// `reviewers.toml` listed them when it was accepted, and the origin and
+/// relying party id the assertion was checked for. Enough to check it
+/// again offline (`core::passkey::verify_assertion`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PasskeyProof {
+    /// What the browser returned.
+    #[serde(flatten)]
+    pub assertion: crate::core::passkey::Assertion,
+    /// The credential's public key, a COSE_Key, base64url.
+    pub credential_public_key: String,
+    /// Its algorithm.
+    pub alg: crate::core::passkey::Alg,
+    /// The console's origin.
+    pub origin: String,
+    /// The relying party id.
+    pub rp_id: String,
 }
 
 /// A call waiting for (or holding) a human decision. The arguments are the
@@ -684,11 +733,13 @@ impl Statement {
     /// `sha256:` and the hex SHA-256 of [`Statement::signing_bytes`]: what
     /// names this very statement.
     pub fn digest(&self) -> Result<String, ApprovalError> {
+        Ok(format!("sha256:{}", hex::encode(self.digest_bytes()?)))
+    }
+
+    /// The SHA-256 of [`Statement::signing_bytes`]: a passkey's challenge.
+    pub fn digest_bytes(&self) -> Result<[u8; 32], ApprovalError> {
         use sha2::Digest as _;
-        Ok(format!(
-            "sha256:{}",
-            hex::encode(sha2::Sha256::digest(self.signing_bytes()?))
-        ))
+        Ok(sha2::Sha256::digest(self.signing_bytes()?).into())
     }
 
     /// Sign with a reviewer key; returns base64 of the signature.
@@ -1189,6 +1240,7 @@ mod tests {
                 statement: st,
                 signature: String::new(),
                 public_key: String::new(),
+                passkey: None,
             },
             groups: groups(&["leads"]),
             expires_ms: 10,

@@ -13,6 +13,8 @@
 //! - [`approval`]: proposals, the signed approval statement, consumption,
 //!   argument diffs.
 //! - [`reviewers`]: reviewer keys, key files and `reviewers.toml`.
+//! - [`passkey`]: passkeys (WebAuthn) as reviewer keys: the relying party's
+//!   checks of an assertion and a registration, pure.
 //! - [`signed_request`]: the signatures of control API requests.
 //! - [`confirm`]: approval in the client: the question, the answer, and
 //!   the signed `requestState` of the 2026-07-28 era.
@@ -44,6 +46,7 @@ pub mod identity;
 pub mod ledger;
 pub mod legible;
 pub mod notify;
+pub mod passkey;
 pub(crate) mod recovery;
 pub mod reviewers;
 pub mod signed_request;

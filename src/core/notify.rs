@@ -376,15 +376,20 @@ pub fn slack(event: &Value) -> Value {
     if let Some(e) = f.get("expires_at").and_then(Value::as_str) {
         context.push(format!("expires {}", slack_value(e)));
     }
-    json!({
-        "text": text,
-        "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": text, "verbatim": true}},
-            {"type": "context", "elements": [
-                {"type": "mrkdwn", "text": context.join(" · "), "verbatim": true}
-            ]}
-        ]
-    })
+    let mut blocks = vec![
+        json!({"type": "section", "text": {"type": "mrkdwn", "text": text, "verbatim": true}}),
+        json!({"type": "context", "elements": [
+            {"type": "mrkdwn", "text": context.join(" · "), "verbatim": true}
+        ]}),
+    ];
+    // The review console's page of the proposal: the gateway's own URL,
+    // never an agent's text.
+    if let Some(url) = f.get("review_url").and_then(Value::as_str) {
+        blocks.push(json!({"type": "actions", "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": "Review"}, "url": url, "action_id": "review"}
+        ]}));
+    }
+    json!({ "text": text, "blocks": blocks })
 }
 
 /// The signature header's value for `body` sent at `timestamp` (unix

@@ -113,17 +113,29 @@ pub struct Reviewer {
     pub groups: Vec<String>,
     /// Tenants whose proposals this reviewer sees; `*` is every tenant.
     pub tenants: Vec<String>,
+    /// Their passkeys (the review console): a key each, by credential id.
+    pub passkeys: Vec<crate::core::passkey::PasskeyKey>,
 }
 
 impl Reviewer {
+    /// The passkey with this credential id, when it is one of theirs.
+    pub fn passkey(&self, credential_id: &str) -> Option<&crate::core::passkey::PasskeyKey> {
+        self.passkeys.iter().find(|k| k.id == credential_id)
+    }
+
     /// Whether the reviewer may see and decide the tenant's proposals.
     pub fn covers(&self, tenant: &str) -> bool {
         self.tenants.iter().any(|t| t == "*" || t == tenant)
     }
 
-    /// Whether `public_key` (`ed25519:...`) is one of the reviewer's keys.
+    /// Whether `public_key` (`ed25519:...`, or `passkey:CREDENTIAL_ID`) is
+    /// one of the reviewer's keys: an approval counts only while the key
+    /// that made it is in the file.
     pub fn has_key(&self, public_key: &str) -> bool {
-        self.keys.iter().any(|k| format_public_key(k) == public_key)
+        match public_key.strip_prefix("passkey:") {
+            Some(id) => self.passkey(id).is_some(),
+            None => self.keys.iter().any(|k| format_public_key(k) == public_key),
+        }
     }
 
     /// The first of the reviewer's keys for which `check` succeeds, or the
@@ -160,14 +172,18 @@ impl Reviewers {
         for r in file.reviewers {
             check_reviewer_name(&r.name).map_err(|e| (None, e.to_string()))?;
             let texts: Vec<&String> = r.public_key.iter().chain(&r.public_keys).collect();
-            if texts.is_empty() {
+            if texts.is_empty() && r.passkeys.is_empty() {
                 return Err((
                     None,
                     format!(
-                        "reviewer `{}` has no key: set `public_key` (or `public_keys` for several)",
+                        "reviewer `{}` has no key: set `public_key` (or `public_keys` for several), or `passkeys` from an enrolment",
                         r.name
                     ),
                 ));
+            }
+            for k in &r.passkeys {
+                k.check()
+                    .map_err(|e| (None, format!("reviewer `{}`: {e}", r.name)))?;
             }
             let keys = texts
                 .into_iter()
@@ -188,6 +204,7 @@ impl Reviewers {
                 keys,
                 groups: r.groups,
                 tenants: r.tenants,
+                passkeys: r.passkeys,
             };
             if by_name.insert(name.clone(), reviewer).is_some() {
                 return Err((None, format!("reviewer `{name}` is listed twice")));
@@ -199,6 +216,11 @@ impl Reviewers {
     /// A reviewer by name.
     pub fn get(&self, name: &str) -> Option<&Reviewer> {
         self.by_name.get(name)
+    }
+
+    /// Every reviewer, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Reviewer> {
+        self.by_name.values()
     }
 
     /// How many.
@@ -222,6 +244,9 @@ struct ReviewerEntry {
     /// Several keys of the same person (besides or instead of `public_key`).
     #[serde(default)]
     public_keys: Vec<String>,
+    /// Passkeys from enrolments in the review console.
+    #[serde(default)]
+    passkeys: Vec<crate::core::passkey::PasskeyKey>,
     #[serde(default)]
     groups: Vec<String>,
     tenants: Vec<String>,

@@ -31,6 +31,24 @@ pub struct Event {
     pub proposal: Proposal,
 }
 
+/// What signed a decision.
+#[derive(Debug, Clone, Copy)]
+pub enum Proof<'a> {
+    /// A base64 ed25519 signature over the statement's JCS (the CLI, the
+    /// TUI).
+    Ed25519(&'a str),
+    /// A passkey's assertion whose challenge is the statement's digest
+    /// (the review console), for the console's origin and relying party.
+    Passkey {
+        /// The assertion.
+        assertion: &'a crate::core::passkey::Assertion,
+        /// The console's origin.
+        origin: &'a str,
+        /// The relying party id.
+        rp_id: &'a str,
+    },
+}
+
 /// The call asking, as the book needs it.
 pub struct Ask<'a> {
     /// Requester.
@@ -158,6 +176,11 @@ pub struct Book {
     webhooks: Vec<crate::core::config::WebhookConfig>,
     /// Signalled when a write queued notices: the delivery worker wakes.
     queued: Arc<tokio::sync::Notify>,
+    /// The last signature counter seen per passkey credential.
+    passkey_counters: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
+    /// `ORIGIN/review/p/` when the review console is on: proposal events
+    /// carry their page's URL.
+    review_url: std::sync::OnceLock<String>,
 }
 
 /// The fields every proposal entry of the audit log carries.
@@ -198,6 +221,8 @@ impl Book {
             clock,
             webhooks: Vec::new(),
             queued: Arc::new(tokio::sync::Notify::new()),
+            passkey_counters: Default::default(),
+            review_url: std::sync::OnceLock::new(),
         }
     }
 
@@ -278,8 +303,14 @@ impl Book {
             .as_ref()
             .map(|(w, b, r)| (w.as_str(), b.as_str(), r.as_str()));
         let pending_until = p.created_ms.saturating_add(ms(self.config.pending_ttl));
-        notify::Event::proposal(kind, p, decision, pending_until)
-            .notices(&self.webhooks, self.clock.now_ms())
+        let mut event = notify::Event::proposal(kind, p, decision, pending_until);
+        if let Some(prefix) = self.review_url.get() {
+            event.facts.insert(
+                "review_url".into(),
+                Value::from(format!("{prefix}{}", p.id)),
+            );
+        }
+        event.notices(&self.webhooks, self.clock.now_ms())
     }
 
     /// Record a proposal's change in the audit log.
@@ -291,6 +322,12 @@ impl Book {
             }
             a.record(kind, f);
         }
+    }
+
+    /// The review console is at this origin: proposal events carry
+    /// `review_url` (this prefix and the proposal id).
+    pub(crate) fn set_review_url(&self, prefix: String) {
+        let _ = self.review_url.set(prefix);
     }
 
     /// Now, on the book's clock (the one expiries are judged on).
@@ -743,7 +780,7 @@ impl Book {
         &self,
         id: &str,
         statement: Statement,
-        signature: &str,
+        proof: Proof<'_>,
         reviewer: &Reviewer,
         under: Under<'_>,
         may_approve: impl Fn(&Proposal) -> Result<(), String>,
@@ -771,13 +808,27 @@ impl Book {
         }
         // The signature is checked before anything else is trusted in it;
         // any of the reviewer's keys may have made it.
-        let key = reviewer
-            .verify_with(|k| statement.verify(k, signature))
-            .map_err(|e| refused(e.unwrap_or(ApprovalError::BadSignature)))?;
+        let (signature, public_key, passkey) = match proof {
+            Proof::Ed25519(signature) => {
+                let key = reviewer
+                    .verify_with(|k| statement.verify(k, signature))
+                    .map_err(|e| refused(e.unwrap_or(ApprovalError::BadSignature)))?;
+                let public_key = crate::core::reviewers::format_public_key(key);
+                (signature.to_owned(), public_key, None)
+            }
+            Proof::Passkey {
+                assertion,
+                origin,
+                rp_id,
+            } => (
+                String::new(),
+                format!("passkey:{}", assertion.credential_id),
+                Some(self.check_passkey(&statement, reviewer, assertion, origin, rp_id)?),
+            ),
+        };
         // A statement whose approval was withdrawn stays withdrawn: sent
         // again (a replay, or a client retrying an old body), it is refused.
         let digest = statement.digest().map_err(refused)?;
-        let public_key = crate::core::reviewers::format_public_key(key);
         let now = self.clock.now_ms();
         let skew = ms(self.config.clock_skew);
         let issued = parse_rfc3339(&statement.issued_at).ok_or_else(|| {
@@ -819,8 +870,9 @@ impl Book {
         let given = Given {
             signed: SignedDecision {
                 statement: statement.clone(),
-                signature: signature.to_owned(),
+                signature,
                 public_key,
+                passkey,
             },
             groups: reviewer.groups.clone(),
             expires_ms: expires.min(issued.saturating_add(ms(self.config.ttl))),
@@ -899,6 +951,65 @@ impl Book {
         Err(DecideError::Refused(format!(
             "proposal `{id}` kept changing while this decision was being recorded: try again"
         )))
+    }
+
+    /// A passkey's assertion over `statement` (W3C WebAuthn 7.2): its
+    /// challenge is the statement's digest, its credential one of the
+    /// reviewer's in `reviewers.toml`, and its counter above the last one
+    /// seen for that credential (when the authenticator keeps one: a cloned
+    /// authenticator falls behind).
+    fn check_passkey(
+        &self,
+        statement: &Statement,
+        reviewer: &Reviewer,
+        assertion: &crate::core::passkey::Assertion,
+        origin: &str,
+        rp_id: &str,
+    ) -> Result<crate::core::approval::PasskeyProof, DecideError> {
+        let refused = DecideError::Refused;
+        let key = reviewer.passkey(&assertion.credential_id).ok_or_else(|| {
+            refused(format!(
+                "passkey `{}` is not one of reviewer `{}`'s in reviewers.toml",
+                assertion.credential_id, reviewer.name
+            ))
+        })?;
+        let digest = statement
+            .digest_bytes()
+            .map_err(|e| refused(e.to_string()))?;
+        let verified = crate::core::passkey::verify_assertion(
+            key,
+            assertion,
+            &crate::core::passkey::Expect {
+                challenge: &digest,
+                origin,
+                rp_id,
+            },
+        )
+        .map_err(|e| refused(format!("the passkey's assertion is refused: {e}")))?;
+        self.passkey_counter(&key.id, verified.counter)
+            .map_err(refused)?;
+        Ok(crate::core::approval::PasskeyProof {
+            assertion: assertion.clone(),
+            credential_public_key: key.public_key.clone(),
+            alg: key.alg,
+            origin: origin.to_owned(),
+            rp_id: rp_id.to_owned(),
+        })
+    }
+
+    /// Record `counter` for credential `id`: it must exceed the last one
+    /// seen, unless both are 0 (an authenticator without a counter, as
+    /// synced passkeys are). Kept for this gateway's life.
+    pub(crate) fn passkey_counter(&self, id: &str, counter: u32) -> Result<(), String> {
+        let mut seen = self.passkey_counters.lock();
+        let last = seen.get(id).copied().unwrap_or(0);
+        if (counter != 0 || last != 0) && counter <= last {
+            return Err(format!(
+                "the passkey's signature counter went from {last} to {counter}: the authenticator may have been cloned"
+            ));
+        }
+        seen.insert(id.to_owned(), counter);
+        Ok(())
     }
 
     /// Log and audit a decision just written: for a single reviewer, the
@@ -1524,8 +1635,15 @@ mod tests {
             policy_set: POLICY_SET,
             reviewers,
         };
-        book.decide("p-1", st, &sig, &reviewer, under, |_| Ok(()))
-            .await
+        book.decide(
+            "p-1",
+            st,
+            Proof::Ed25519(&sig),
+            &reviewer,
+            under,
+            |_| Ok(()),
+        )
+        .await
     }
 
     #[derive(Debug, Clone)]

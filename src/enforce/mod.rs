@@ -50,6 +50,6 @@ pub mod reconcile;
 pub mod upstream;
 pub(crate) mod writes;
 
-/// What a reviewer's decision is judged under (for callers of
+/// What a reviewer's decision is judged under, and what signed it (for callers of
 /// [`pipeline::Pipeline::book`]'s `decide`).
-pub use book::Under;
+pub use book::{Proof, Under};

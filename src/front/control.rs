@@ -363,9 +363,37 @@ async fn decide(
             )
         }
     };
+    match decide_with(
+        &gw,
+        &id,
+        statement,
+        crate::enforce::book::Proof::Ed25519(&parsed.signature),
+        &reviewer,
+    )
+    .await
+    {
+        Ok(p) => ok(json!({ "proposal": view(&p, &gw) })),
+        Err(e) => {
+            tracing::warn!(proposal = %id, reviewer = %reviewer.name, "decision refused: {e}");
+            decide_problem(&e)
+        }
+    }
+}
+
+/// Accept `reviewer`'s decision on proposal `id`, signed by `proof`,
+/// under the policies and reviewers in force: the book checks the
+/// statement and the signature, and approving is itself authorized
+/// (DESIGN.md section 4: the reviewer, the tool with its effective
+/// annotations, the requester and arguments). The control API and the
+/// review console decide through here alike.
+pub(crate) async fn decide_with(
+    gw: &Gateway,
+    id: &str,
+    statement: Statement,
+    proof: crate::enforce::book::Proof<'_>,
+    reviewer: &Reviewer,
+) -> Result<Proposal, DecideError> {
     let policies = gw.pipeline().policies();
-    // Approving is itself authorized (DESIGN.md section 4): the reviewer,
-    // the tool with its effective annotations, the requester and arguments.
     let may_approve = |p: &Proposal| {
         let groups = gw
             .config()
@@ -398,14 +426,13 @@ async fn decide(
                 approval_refusal(&reviewer.name, &reviewer.groups, p, &tool.annotations, &d, &policies)
             })
     };
-    match gw
-        .pipeline()
+    gw.pipeline()
         .book()
         .decide(
-            &id,
+            id,
             statement,
-            &parsed.signature,
-            &reviewer,
+            proof,
+            reviewer,
             crate::enforce::book::Under {
                 policy_set: policies.digest(),
                 reviewers: policies.reviewers(),
@@ -413,13 +440,6 @@ async fn decide(
             may_approve,
         )
         .await
-    {
-        Ok(p) => ok(json!({ "proposal": view(&p, &gw) })),
-        Err(e) => {
-            tracing::warn!(proposal = %id, reviewer = %reviewer.name, "decision refused: {e}");
-            decide_problem(&e)
-        }
-    }
 }
 
 /// The answer to a refused decision or withdrawal.

@@ -63,6 +63,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
             get(get_mcp).post(post_mcp).delete(delete_mcp),
         )
         .with_state(Arc::clone(&gw))
+        .merge(crate::front::review::router(Arc::clone(&gw)))
         .merge(crate::front::control::router(gw))
 }
 

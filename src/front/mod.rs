@@ -25,6 +25,8 @@
 //! - [`tls`]: TLS on the listener, with the certificate reloaded from disk.
 //! - [`refusals`]: what the fronts turn away, counted and (when it
 //!   repeats) audited at a bounded rate.
+//! - [`review`]: the reviewer web console (`/review/`): passkey enrolment,
+//!   sign-in and decisions.
 
 pub(crate) mod auth;
 pub(crate) mod bridge;
@@ -36,6 +38,7 @@ pub(crate) mod mcp;
 pub(crate) mod ops;
 pub(crate) mod refusals;
 pub(crate) mod respond;
+pub(crate) mod review;
 pub(crate) mod route;
 pub(crate) mod stream;
 pub(crate) mod tls;

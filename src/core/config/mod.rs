@@ -4,6 +4,9 @@
 //! silently ignored would turn a guarded write into an unguarded one), and
 //! every error carries the file, line and column that `toml` reports.
 
+mod review;
+pub use review::{console_of, console_origin, ReviewConfig};
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -98,6 +101,9 @@ pub struct Config {
     /// `[telemetry]`: OpenTelemetry traces.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// `[review]`: the reviewer web console.
+    #[serde(default)]
+    pub review: ReviewConfig,
 }
 
 /// `[telemetry]` (DESIGN.md section 18): OpenTelemetry traces over
@@ -1183,6 +1189,7 @@ impl Config {
         self.auth.check(&self.identities, path)?;
         self.notify.check(path)?;
         self.telemetry.check(path)?;
+        self.review.check(path)?;
         Ok(())
     }
 }

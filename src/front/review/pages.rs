@@ -1,0 +1,397 @@
+//! The console's pages, server-rendered with maud (which escapes every
+//! value it writes). What an agent chose is passed through
+//! `core::legible` first, so a control or invisible character shows as
+//! `\u{..}` here as in the terminal. The automation contract of DESIGN.md
+//! section 21 is kept here: `data-action` on every control, `data-role` on
+//! status messages, the reviewer entry, proposals and the quorum line.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use maud::{html, Markup, DOCTYPE};
+
+use super::enrol::Invite;
+use super::{console, hardened, session, Console};
+use crate::core::approval::{summary, Change, Proposal, ProposalState};
+use crate::core::legible;
+use crate::core::reviewers::Reviewer;
+use crate::core::time::rfc3339;
+use crate::front::gateway::Gateway;
+
+/// A page, hardened.
+pub(crate) fn html(page: Markup) -> Response {
+    html_status(StatusCode::OK, page)
+}
+
+/// A page with `status`, hardened.
+pub(crate) fn html_status(status: StatusCode, page: Markup) -> Response {
+    hardened(
+        (
+            status,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            page.into_string(),
+        )
+            .into_response(),
+    )
+}
+
+/// The frame of every page: the style sheet, the one script, the CSRF
+/// token for it, who is signed in, and the status line.
+fn layout(
+    title: &str,
+    who: Option<(&Reviewer, &str)>,
+    status: Option<&str>,
+    body: Markup,
+) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some((_, csrf)) = who {
+                    meta name="csrf-token" content=(csrf);
+                }
+                title { (title) " · countersign review" }
+                link rel="stylesheet" href="/review/assets/console.css";
+                script src="/review/assets/console.js" defer {}
+            }
+            body {
+                header {
+                    a href="/review/" class="brand" { "countersign review" }
+                    @if let Some((r, csrf)) = who {
+                        nav {
+                            a href="/review/" data-action="pending" { "Pending" }
+                            " "
+                            a href="/review/history" data-action="history" { "History" }
+                            " "
+                            span class="who" { (r.name) }
+                            form method="post" action="/review/sign-out" class="inline" {
+                                input type="hidden" name="csrf" value=(csrf);
+                                button type="submit" data-action="sign-out" { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main {
+                    p data-role="status" role="status" aria-live="polite" { @if let Some(s) = status { (s) } }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// The signed-in reviewer of a page request, or the sign-in page.
+#[expect(clippy::result_large_err, reason = "the other page is the response")]
+fn signed_in(
+    gw: &Gateway,
+    headers: &HeaderMap,
+) -> Result<(Arc<Console>, Reviewer, session::Session), Response> {
+    let c = console(gw)?.clone();
+    match session::reviewer_of(gw, &c, headers) {
+        Ok((r, s)) => Ok((c, r, s)),
+        Err(session::NotSignedIn::NoSession) => {
+            Err(hardened((StatusCode::SEE_OTHER, [(header::LOCATION, "/review/sign-in")]).into_response()))
+        }
+        Err(session::NotSignedIn::Revoked(name)) => Err(html_status(
+            StatusCode::UNAUTHORIZED,
+            sign_in_with(&c, Some(&format!(
+                "reviewer `{name}` (or this passkey) is no longer in reviewers.toml: the session ended"
+            ))),
+        )),
+    }
+}
+
+/// `GET /review`.
+pub(crate) async fn to_list() -> Response {
+    hardened((StatusCode::SEE_OTHER, [(header::LOCATION, "/review/")]).into_response())
+}
+
+/// The one-line account of where a proposal's approvals stand.
+fn quorum_line(p: &Proposal) -> String {
+    if let Some(progress) = p.progress() {
+        return legible::visible(&progress).into_owned();
+    }
+    match p.state {
+        ProposalState::Pending => "needs one approval".into(),
+        other => other.as_str().to_owned(),
+    }
+}
+
+fn requester(p: &Proposal) -> String {
+    match &p.client {
+        Some(c) => format!("{} via {}", legible::text(&p.requester), legible::text(c)),
+        None => legible::text(&p.requester).into_owned(),
+    }
+}
+
+fn age(now_ms: i64, then_ms: i64) -> String {
+    let secs = ((now_ms - then_ms) / 1000).max(0) as u64;
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
+fn item(p: &Proposal, now_ms: i64) -> Markup {
+    html! {
+        li data-role="proposal" data-id=(p.id) class=(format!("risk-{}", p.risk.as_str())) {
+            a href=(format!("/review/p/{}", p.id)) {
+                span class="tool" { (legible::text(&p.server)) "/" (legible::text(&p.tool)) }
+                " "
+                span class="risk" { (p.risk.as_str()) }
+            }
+            p class="sentence" { (legible::visible(&summary(p))) }
+            p class="meta" {
+                (p.id) " · " (requester(p)) " · " (legible::text(&p.tenant)) " · " (age(now_ms, p.created_ms)) " ago"
+                @if p.looks_like.is_some() { " · " strong { "lookalike name" } }
+                @if p.definition_change.is_some() { " · tool definition changed" }
+                @if p.revises.is_some() { " · a revision" }
+                " · " span { (quorum_line(p)) }
+            }
+        }
+    }
+}
+
+async fn proposals(gw: &Gateway, reviewer: &Reviewer) -> Result<Vec<Proposal>, String> {
+    let mut all = gw
+        .pipeline()
+        .book()
+        .list()
+        .await
+        .map_err(|e| e.to_string())?;
+    all.retain(|p| reviewer.covers(&p.tenant));
+    all.sort_by_key(|p| std::cmp::Reverse(p.created_ms));
+    Ok(all)
+}
+
+/// `GET /review/`: pending proposals of the reviewer's tenants, newest first.
+pub(crate) async fn list(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let (_c, r, s) = match signed_in(&gw, &headers) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let now = gw.pipeline().clock().now_ms();
+    let (items, status) = match proposals(&gw, &r).await {
+        Ok(all) => (
+            all.into_iter()
+                .filter(|p| p.state == ProposalState::Pending)
+                .collect::<Vec<_>>(),
+            None,
+        ),
+        Err(e) => (
+            Vec::new(),
+            Some(format!("the proposals could not be read: {e}")),
+        ),
+    };
+    html(layout(
+        "Pending",
+        Some((&r, &s.csrf)),
+        status.as_deref(),
+        html! {
+            h1 { "Waiting for you" }
+            @if items.is_empty() {
+                p class="empty" { "No proposals waiting. New ones appear here as agents ask." }
+            } @else {
+                ul class="proposals" { @for p in &items { (item(p, now)) } }
+            }
+        },
+    ))
+}
+
+/// `GET /review/history`: decided proposals, newest first.
+pub(crate) async fn history(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let (_c, r, s) = match signed_in(&gw, &headers) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let now = gw.pipeline().clock().now_ms();
+    let items: Vec<Proposal> = proposals(&gw, &r)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.state != ProposalState::Pending)
+        .collect();
+    html(layout(
+        "History",
+        Some((&r, &s.csrf)),
+        None,
+        html! {
+            h1 { "Decided" }
+            @if items.is_empty() { p class="empty" { "Nothing decided yet." } }
+            ul class="proposals" {
+                @for p in &items {
+                    (item(p, now))
+                }
+            }
+        },
+    ))
+}
+
+fn changes(list: &[Change]) -> Markup {
+    let shown = |v: &Option<serde_json::Value>| match v {
+        Some(v) => legible::json(v),
+        None => "(absent)".into(),
+    };
+    html! {
+        table class="changes" {
+            thead { tr { th { "where" } th { "before" } th { "now" } } }
+            tbody {
+                @for c in list {
+                    tr { td { code { (legible::text(&c.pointer)) } } td { code { (shown(&c.before)) } } td { code { (shown(&c.after)) } } }
+                }
+            }
+        }
+    }
+}
+
+/// `GET /review/p/{id}`: one proposal, in full, with the decision controls.
+pub(crate) async fn proposal(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let (_c, r, s) = match signed_in(&gw, &headers) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let p = match gw.pipeline().book().get(&id).await {
+        Ok(Some(p)) if r.covers(&p.tenant) => p,
+        Ok(_) => {
+            return html_status(
+                StatusCode::NOT_FOUND,
+                layout(
+                    "Not found",
+                    Some((&r, &s.csrf)),
+                    Some(&format!("no proposal `{}`", legible::text(&id))),
+                    html! {},
+                ),
+            )
+        }
+        Err(e) => {
+            return html_status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                layout(
+                    "Unavailable",
+                    Some((&r, &s.csrf)),
+                    Some(&e.to_string()),
+                    html! {},
+                ),
+            )
+        }
+    };
+    let now = gw.pipeline().clock().now_ms();
+    let pending_until = p.created_ms.saturating_add(
+        i64::try_from(gw.config().approvals.pending_ttl.as_millis()).unwrap_or(i64::MAX),
+    );
+    let mine = p.approvals.iter().any(|g| g.reviewer() == r.name);
+    let default_ttl = humantime::format_duration(super::decide::default_ttl(&gw)).to_string();
+    html(layout(
+        &p.id,
+        Some((&r, &s.csrf)),
+        None,
+        html! {
+            article class="proposal" data-role="proposal" data-id=(p.id) {
+                h1 { (legible::text(&p.server)) "/" (legible::text(&p.tool)) " " span class=(format!("risk risk-{}", p.risk.as_str())) { (p.risk.as_str()) } }
+                p class="sentence" { (legible::visible(&summary(&p))) "." }
+                @if let Some(l) = &p.looks_like {
+                    p class="warning" { "This tool's name only looks like " code { (legible::text(l)) } ", another tool of this server. It is not that tool." }
+                }
+                dl {
+                    dt { "State" } dd { (p.state.as_str()) }
+                    dt { "Requester" } dd { (requester(&p)) " (tenant " (legible::text(&p.tenant)) ")" }
+                    dt { "Approvals" } dd data-role="quorum" { (quorum_line(&p)) }
+                    @match p.expires_ms {
+                        Some(e) => { dt { "Approval usable until" } dd { (rfc3339(e)) } }
+                        None => { dt { "Undecided until" } dd { (rfc3339(pending_until)) " (" (age(pending_until.max(now), now)) " left)" } }
+                    }
+                    dt { "Call digest" } dd { code class="digest" { (p.call_digest) } }
+                    dt { "Tool definition" } dd { code class="digest" { (p.tool_definition.as_deref().unwrap_or("(not listed by the server)")) } }
+                    @if let Some(v) = &p.resource_version { dt { "Resource version" } dd { (legible::text(v)) } }
+                    @if !p.policies.is_empty() { dt { "Asked by" } dd { (legible::text(&p.policies.join(", "))) } }
+                }
+                h2 { "Arguments, as the server will receive them" }
+                table class="arguments" {
+                    tbody {
+                        @if let Some(args) = p.arguments.as_object() {
+                            @for (k, v) in args {
+                                tr { th scope="row" { (legible::key(k)) } td { code { (legible::json(v)) } } }
+                            }
+                        }
+                    }
+                }
+                @if let Some(rev) = &p.revises {
+                    h2 { "Changed since proposal " (rev.proposal_id) }
+                    (changes(&rev.changes))
+                }
+                @if let Some(d) = &p.definition_change {
+                    h2 { "The tool's definition is not the pinned one" }
+                    p { "Pinned: " code class="digest" { (d.pinned) } }
+                    (changes(&d.changes))
+                }
+                @if p.state == ProposalState::Pending {
+                    form class="decide" data-proposal=(p.id) {
+                        label for="reason" { "Reason (recorded; a denial needs one)" }
+                        textarea id="reason" name="reason" rows="2" {}
+                        label for="ttl" { "Usable for (default " (default_ttl) ")" }
+                        input id="ttl" name="ttl" type="text" inputmode="text" placeholder=(format!("{default_ttl} (default)"));
+                        div class="buttons" {
+                            button type="button" data-action="approve" class="approve" { "Approve with passkey" }
+                            button type="button" data-action="deny" class="deny" { "Deny with passkey" }
+                            @if mine {
+                                button type="button" data-action="withdraw" { "Withdraw my approval" }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    ))
+}
+
+/// The sign-in page.
+pub(crate) fn sign_in(c: &Console) -> Markup {
+    sign_in_with(c, None)
+}
+
+fn sign_in_with(_c: &Console, status: Option<&str>) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        status,
+        html! {
+            h1 { "Sign in" }
+            p { "Reviewers sign in with their passkey: the phone, laptop or security key that holds it will ask for a fingerprint, face or PIN." }
+            button type="button" data-action="sign-in" class="primary" { "Sign in with a passkey" }
+        },
+    )
+}
+
+/// An enrolment page for `invite`; with `entry` once enrolled.
+pub(crate) fn enrol(_c: &Console, invite: &Invite, entry: Option<&str>) -> Markup {
+    layout(
+        "Enrol",
+        None,
+        None,
+        html! {
+            h1 { "Make your reviewer passkey" }
+            p { "You were invited as reviewer " strong { (invite.name) } " (groups " (invite.groups.join(", ")) "; tenants " (invite.tenants.join(", ")) ")." }
+            p { "Your device makes a passkey for this console; its private key never leaves the device. It counts once an operator adds the entry below to " code { "reviewers.toml" } "." }
+            button type="button" data-action="enrol" class="primary" { "Make a passkey" }
+            pre data-role="reviewer-entry" { @if let Some(e) = entry { (e) } }
+            p class="hint" { "Send this entry to the operator, or run " code { "countersign reviewer enrolled" } " on the gateway. A reviewer who has an entry already gets the " code { "passkeys" } " line added to it." }
+        },
+    )
+}
+
+/// An enrolment link that cannot be used.
+pub(crate) fn enrol_refused(_c: &Console, why: &str) -> Markup {
+    layout(
+        "Enrol",
+        None,
+        Some(why),
+        html! {
+            h1 { "This enrolment link cannot be used" }
+        },
+    )
+}

@@ -1,0 +1,208 @@
+//! Console sessions: a `__Host-` cookie (Secure, HttpOnly, SameSite=Strict,
+//! at most 12 h), a CSRF token per session, and the Origin check on every
+//! state change.
+//!
+//! - Session fixation: an id is minted only by a successful passkey sign-in,
+//!   never taken from the browser; a new sign-in gets a new id.
+//! - Revocation: every request looks the reviewer up in the reviewers file
+//!   in force; a session whose reviewer, or whose passkey, left the file is
+//!   over.
+//! - CSRF: a state-changing request must come from the console's own
+//!   origin (`Origin`) and carry the session's token (`x-csrf-token`, or the
+//!   form's `csrf`); SameSite=Strict keeps the cookie off cross-site
+//!   requests besides.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use parking_lot::Mutex;
+
+use super::Console;
+use crate::core::reviewers::Reviewer;
+use crate::front::gateway::Gateway;
+
+/// The session cookie: `__Host-` binds it to this origin, path `/`, Secure
+/// (browsers accept Secure cookies on `http://localhost`).
+pub(crate) const COOKIE: &str = "__Host-countersign-review";
+
+/// One signed-in reviewer.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    /// The reviewer's name.
+    pub(crate) reviewer: String,
+    /// The passkey that signed in.
+    pub(crate) credential_id: String,
+    /// The CSRF token of this session.
+    pub(crate) csrf: String,
+    /// When it ends.
+    pub(crate) until: Instant,
+}
+
+/// The sessions of this gateway.
+pub(crate) struct Sessions {
+    by_id: Mutex<HashMap<String, Session>>,
+    ttl: Duration,
+}
+
+fn random_token() -> String {
+    use base64::Engine;
+    crate::core::passkey::b64url().encode(rand::random::<[u8; 32]>())
+}
+
+impl Sessions {
+    pub(crate) fn new(ttl: Duration) -> Sessions {
+        Sessions {
+            by_id: Mutex::new(HashMap::new()),
+            ttl,
+        }
+    }
+
+    /// Open a session for `reviewer` signed in with `credential_id`: its id
+    /// (for the cookie) and the session.
+    pub(crate) fn open(&self, reviewer: &str, credential_id: &str) -> (String, Session) {
+        let id = random_token();
+        let s = Session {
+            reviewer: reviewer.to_owned(),
+            credential_id: credential_id.to_owned(),
+            csrf: random_token(),
+            until: Instant::now() + self.ttl,
+        };
+        let mut all = self.by_id.lock();
+        all.retain(|_, s| s.until > Instant::now());
+        all.insert(id.clone(), s.clone());
+        (id, s)
+    }
+
+    /// The live session `id`.
+    pub(crate) fn get(&self, id: &str) -> Option<Session> {
+        let mut all = self.by_id.lock();
+        match all.get(id) {
+            Some(s) if s.until > Instant::now() => Some(s.clone()),
+            Some(_) => {
+                all.remove(id);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// End session `id`.
+    pub(crate) fn close(&self, id: &str) {
+        self.by_id.lock().remove(id);
+    }
+
+    /// How long a session lasts.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+/// The session id the request's cookie names.
+pub(crate) fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            let (k, v) = pair.trim().split_once('=')?;
+            (k == COOKIE).then(|| v.to_owned())
+        })
+}
+
+/// The `Set-Cookie` value of a new session.
+pub(crate) fn set_cookie(id: &str, ttl: Duration) -> String {
+    format!(
+        "{COOKIE}={id}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={}",
+        ttl.as_secs()
+    )
+}
+
+/// The `Set-Cookie` value that ends a session.
+pub(crate) fn clear_cookie() -> String {
+    format!("{COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
+/// Why a request has no reviewer behind it.
+#[derive(Debug)]
+pub(crate) enum NotSignedIn {
+    /// No cookie, or one no session has (or had, and it ended).
+    NoSession,
+    /// The session's reviewer, or its passkey, is no longer in the
+    /// reviewers file: the session ended with it.
+    Revoked(String),
+}
+
+/// The reviewer signed in on this request, as the reviewers file in force
+/// has them.
+pub(crate) fn reviewer_of(
+    gw: &Gateway,
+    console: &Console,
+    headers: &HeaderMap,
+) -> Result<(Reviewer, Session), NotSignedIn> {
+    let id = cookie(headers).ok_or(NotSignedIn::NoSession)?;
+    let session = console.sessions.get(&id).ok_or(NotSignedIn::NoSession)?;
+    let policies = gw.pipeline().policies();
+    // Revocation: the file decides, on every request.
+    let reviewer = policies
+        .reviewers()
+        .get(&session.reviewer)
+        .filter(|r| r.passkey(&session.credential_id).is_some())
+        .cloned();
+    match reviewer {
+        Some(r) => Ok((r, session)),
+        None => {
+            console.sessions.close(&id);
+            Err(NotSignedIn::Revoked(session.reviewer))
+        }
+    }
+}
+
+/// Whether a state-changing request is the console's own: its `Origin` is
+/// the console's (a page of another site cannot post here), and it carries
+/// the session's CSRF token.
+pub(crate) fn same_origin_and_token(
+    console: &Console,
+    headers: &HeaderMap,
+    token: Option<&str>,
+    session: &Session,
+) -> Result<(), String> {
+    let origin = headers
+        .get(axum::http::header::ORIGIN)
+        .and_then(|v| v.to_str().ok());
+    if origin != Some(console.origin.as_str()) {
+        return Err(format!(
+            "this request does not come from the console's own pages (Origin {}, not {}): nothing changed",
+            origin.unwrap_or("(none)"),
+            console.origin
+        ));
+    }
+    let sent = token.or_else(|| headers.get("x-csrf-token").and_then(|v| v.to_str().ok()));
+    // Compared in constant time: the token is a secret of the session.
+    let ok = sent.is_some_and(|t| {
+        use subtle::ConstantTimeEq;
+        bool::from(t.as_bytes().ct_eq(session.csrf.as_bytes()))
+    });
+    if !ok {
+        return Err("the request lacks this session's CSRF token: reload the page and try again; nothing changed".into());
+    }
+    Ok(())
+}
+
+/// Only the console's own origin may post to its unauthenticated
+/// endpoints (sign-in, enrolment) too.
+pub(crate) fn same_origin(console: &Console, headers: &HeaderMap) -> Result<(), String> {
+    let origin = headers
+        .get(axum::http::header::ORIGIN)
+        .and_then(|v| v.to_str().ok());
+    if origin == Some(console.origin.as_str()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "this request does not come from the console's own pages (Origin {}, not {})",
+            origin.unwrap_or("(none)"),
+            console.origin
+        ))
+    }
+}

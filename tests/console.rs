@@ -1,0 +1,560 @@
+//! The review console in a real browser: Debian's Chromium driven by
+//! Playwright, with a CDP virtual authenticator (ctap2, internal, resident
+//! keys, user verification), against the real gateway and the example
+//! server. Invite, enrol, sign in, approve and deny with a passkey, quorums
+//! mixed with CLI reviewers, and every refusal with nothing run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// A gateway with the console on, its policy folder (the shipped policies,
+/// `extra_policy` beside them, `reviewers.toml` as `reviewers`), and the
+/// browser's state between runs.
+struct Console {
+    gw: Gateway,
+    policies: tempfile::TempDir,
+    state: tempfile::TempDir,
+    base: String,
+}
+
+impl Console {
+    fn start(extra_policy: &str, reviewers: &str) -> Console {
+        Console::start_with(extra_policy, reviewers, "")
+    }
+
+    fn start_with(extra_policy: &str, reviewers: &str, extra_config: &str) -> Console {
+        let policies = tempfile::tempdir().unwrap();
+        let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
+        for f in ["schema.cedarschema", "default.cedar"] {
+            std::fs::copy(shipped.join(f), policies.path().join(f)).unwrap();
+        }
+        if !extra_policy.is_empty() {
+            std::fs::write(policies.path().join("extra.cedar"), extra_policy).unwrap();
+        }
+        std::fs::write(policies.path().join("reviewers.toml"), reviewers).unwrap();
+        let gw = Gateway::start_with(Options {
+            policies: Some(policies.path().to_owned()),
+            extra: format!("\n[review]\nenabled = true\n{extra_config}"),
+            ..Default::default()
+        });
+        let port = gw.addr.rsplit(':').next().unwrap().to_owned();
+        Console {
+            base: format!("http://localhost:{port}"),
+            gw,
+            policies,
+            state: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Run `steps` in the browser as user `who` (their authenticator and
+    /// cookies kept between runs): one result per step.
+    fn browser(&self, who: &str, steps: Value) -> Vec<Value> {
+        let plan = json!({
+            "state": self.state.path().join(format!("{who}.json")),
+            "base": self.base,
+            "steps": steps,
+        });
+        let out = Command::new("node")
+            .current_dir(peers_cache().join("browser"))
+            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/console_browser.mjs"))
+            .arg(plan.to_string())
+            .output()
+            .expect("node: `.ci/setup-peers` installs playwright-core and Chromium");
+        assert!(
+            out.status.success(),
+            "the browser run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// `countersign reviewer invite NAME ...`: the enrolment link's path.
+    fn invite(&self, name: &str, groups: &str, ttl: &str) -> String {
+        let out = self.gw.cli(&[
+            "reviewer",
+            "invite",
+            name,
+            "--groups",
+            groups,
+            "--tenants",
+            "acme",
+            "--ttl",
+            ttl,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let link = String::from_utf8(out.stdout).unwrap();
+        let at = link.find("/review/enrol/").unwrap();
+        link[at..].trim().to_owned()
+    }
+
+    /// Enrol `who` through `link` in the browser: the entry it shows.
+    fn enrol(&self, who: &str, link: &str) -> String {
+        let r = self.browser(who, json!([{"goto": link}, {"click": "enrol"}]));
+        let entry = r[1]["entry"].as_str().unwrap_or_default().to_owned();
+        assert!(entry.starts_with("[[reviewers]]"), "{r:?}");
+        entry
+    }
+
+    /// Write `reviewers.toml` and wait until the gateway has loaded it.
+    async fn reviewers(&self, text: &str) {
+        let count = || {
+            self.gw
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("policies reloaded"))
+                .count()
+        };
+        let before = count();
+        std::fs::write(self.policies.path().join("reviewers.toml"), text).unwrap();
+        eventually("the reviewers file reloaded", || count() > before).await;
+    }
+
+    fn sign_in(&self, who: &str) {
+        let r = self.browser(
+            who,
+            json!([{"goto": "/review/sign-in"}, {"click": "sign-in"}]),
+        );
+        assert!(r[1]["url"].as_str().unwrap().ends_with("/review/"), "{r:?}");
+    }
+}
+
+/// A charge held for approval by the agent's session: the client and the
+/// proposal id.
+async fn held(gw: &Gateway, key: &str, amount: i64) -> (Client, Value, String) {
+    let c = listed(gw, "payments").await;
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card",
+        "arguments":{"account":"acct_1","amount":amount},"_meta":{"dev.countersign/idempotency-key":key}}});
+    let a = c.post(&call).await;
+    assert_eq!(code(&a), "approval_pending", "{a:?}");
+    let id = proposal_id(&a);
+    (c, call, id)
+}
+
+/// An ed25519 reviewer made with `countersign keygen`: the key file and the
+/// entry.
+fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
+    let key = dir.join(format!("{name}.key"));
+    let out = Command::new(countersign_bin())
+        .args([
+            "keygen",
+            "--name",
+            name,
+            "--groups",
+            "finance",
+            "--tenants",
+            "acme",
+            "--out",
+        ])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    (key, String::from_utf8(out.stdout).unwrap())
+}
+
+#[tokio::test]
+async fn invite_enrol_sign_in_and_approve_a_held_charge_that_then_runs_once() {
+    let console = Console::start("", "");
+    let link = console.invite("alice", "leads", "1h");
+    let entry = console.enrol("alice", &link);
+    assert!(
+        entry.contains("name = \"alice\"") && entry.contains("alg = \"ES256\""),
+        "{entry}"
+    );
+    // `reviewer enrolled` prints the same entry on the gateway's host.
+    let out = console.gw.cli(&["reviewer", "enrolled"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(entry.trim()),
+        "{out:?}"
+    );
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let (c, call, id) = held(&console.gw, "ch-1", 120).await;
+    let shots = std::env::var_os("COUNTERSIGN_SCREENSHOTS").map(PathBuf::from);
+    let shot = |name: &str| {
+        shots
+            .as_ref()
+            .unwrap_or(&console.state.path().to_owned())
+            .join(name)
+    };
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": "/review/"},
+            {"text": format!("[data-role=proposal][data-id='{id}']")},
+            {"goto": format!("/review/p/{id}")},
+            {"text": "[data-role=quorum]"},
+            {"viewport": [1280, 900]},
+            {"screenshot": shot("console-desktop.png")},
+            {"viewport": [390, 844]},
+            {"layout": "approve"},
+            {"screenshot": shot("console-phone.png")},
+            {"fill": {"reason": "invoice 42 checked"}},
+            {"click": "approve"},
+        ]),
+    );
+    assert!(
+        r[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("payments/charge_card"),
+        "{r:?}"
+    );
+    assert_eq!(r[3]["text"], "needs one approval", "{r:?}");
+    // A phone shows the proposal and the approve button, no horizontal scroll.
+    assert_eq!(r[7]["scrollWidth"], r[7]["clientWidth"], "{r:?}");
+    assert_eq!(r[7]["visible"], true, "{r:?}");
+    assert!(
+        r[10]["status"]
+            .as_str()
+            .unwrap()
+            .starts_with("approved, recorded"),
+        "{r:?}"
+    );
+    // The agent's retry runs it, once; another retry is a replay. (A new
+    // connection: the gateway closed the idle one while the browser ran.)
+    let mut c = c;
+    c.http = reqwest::Client::new();
+    let ran = c.post(&call).await;
+    assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
+    let again = c.post(&call).await;
+    assert!(again.last()["result"]["_meta"]["dev.countersign/replayed"].is_object());
+    assert_eq!(console.gw.executions("charge_card"), 1);
+    // The audit log holds the passkey statement, and verifies offline
+    // against the reviewers file.
+    wait_for_audit(&console.gw, "the passkey approval", |es| {
+        es.iter().any(|e| {
+            e["kind"] == "approval_granted"
+                && e["approval"]["passkey"]["client_data_json"].is_string()
+        })
+    })
+    .await;
+    let mut gw = console.gw;
+    assert!(gw.terminate().success());
+    let dir = gw.audit_dir();
+    let reviewers = console.policies.path().join("reviewers.toml");
+    let (ok, out, err) = run_cli(&[
+        "audit",
+        "verify",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--reviewers",
+        reviewers.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}{err}");
+    // The export says which kind of key signed.
+    let (ok, csv, err) = run_cli(&[
+        "audit",
+        "export",
+        "--format",
+        "csv",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(csv.lines().next().unwrap().contains("key_kind"), "{csv}");
+    assert!(
+        csv.lines()
+            .any(|l| l.contains("approval_granted") && l.contains(",passkey,")),
+        "{csv}"
+    );
+    // And someone else's code checks the proof from the exported fields:
+    // py_webauthn (Duo Labs), with the public key from reviewers.toml.
+    let (ok, jsonl, err) = run_cli(&[
+        "audit",
+        "export",
+        "--format",
+        "jsonl",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let granted = jsonl
+        .lines()
+        .find(|l| l.contains("\"approval_granted\"") && l.contains("\"passkey\""))
+        .unwrap();
+    let export = console.state.path().join("granted.json");
+    std::fs::write(&export, granted).unwrap();
+    let (ok, out, err) = run_peer_script(
+        "verify_passkey_approval.py",
+        &[export.to_str().unwrap(), reviewers.to_str().unwrap()],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("verified: alice approved"), "{out}");
+}
+
+#[tokio::test]
+async fn a_two_reviewer_rule_is_met_by_a_passkey_and_a_cli_reviewer_in_either_order() {
+    let two = "@id(\"charges-need-two\")\n@approvals(\"2\")\npermit (principal, action == Action::\"call\", resource == Tool::\"payments/charge_card\")\nwhen { context.approved };\n";
+    let console = Console::start(two, "");
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    let (bob_key, bob) = keygen(console.state.path(), "bob");
+    console.reviewers(&format!("{entry}\n{bob}")).await;
+    console.sign_in("alice");
+    for (n, passkey_first) in [(1, true), (2, false)] {
+        let (c, call, id) = held(&console.gw, &format!("two-{n}"), 100 + n).await;
+        let by_passkey = || {
+            let r = console.browser(
+                "alice",
+                json!([{"goto": format!("/review/p/{id}")}, {"click": "approve"}]),
+            );
+            r[1]["status"].as_str().unwrap().to_owned()
+        };
+        let by_cli = || {
+            let (ok, out, err) =
+                review_cli(&console.gw, &bob_key, &["approve", &id, "--reason", "ok"]);
+            assert!(ok, "{out}{err}");
+            out
+        };
+        let (first, second) = if passkey_first {
+            let a = by_passkey();
+            (a, by_cli())
+        } else {
+            let b = by_cli();
+            (b, by_passkey())
+        };
+        assert!(
+            first.contains("1 of 2 approvals") || first.contains("waits for more reviewers"),
+            "{first}"
+        );
+        assert!(second.contains("approved"), "{second}");
+        let mut c = c;
+        c.http = reqwest::Client::new();
+        let ran = c.post(&call).await;
+        assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
+        assert_eq!(console.gw.executions("charge_card"), n as usize);
+    }
+}
+
+#[tokio::test]
+async fn a_denial_with_a_reason_gives_approval_denied_and_nothing_runs() {
+    let console = Console::start("", "");
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let (c, call, id) = held(&console.gw, "deny-1", 50).await;
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": format!("/review/p/{id}")},
+            {"click": "deny"},
+            {"fill": {"reason": "not this account"}},
+            {"click": "deny"},
+        ]),
+    );
+    // Without a reason the gateway says it needs one; with one it is denied.
+    assert!(
+        r[1]["status"].as_str().unwrap().contains("needs a reason"),
+        "{r:?}"
+    );
+    assert!(
+        r[3]["status"]
+            .as_str()
+            .unwrap()
+            .starts_with("denied, recorded"),
+        "{r:?}"
+    );
+    let mut c = c;
+    c.http = reqwest::Client::new();
+    let a = c.post(&call).await;
+    assert_eq!(code(&a), "approval_denied", "{a:?}");
+    assert!(a.response_text().contains("not this account"), "{a:?}");
+    assert_eq!(console.gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn every_refusal_has_a_precise_message_and_nothing_runs() {
+    let console = Console::start("", "");
+    // A passkey not (yet) in reviewers.toml cannot sign in.
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    let r = console.browser(
+        "alice",
+        json!([{"goto": "/review/sign-in"}, {"click": "sign-in"}]),
+    );
+    assert!(
+        r[1]["status"]
+            .as_str()
+            .unwrap()
+            .contains("is not in reviewers.toml"),
+        "{r:?}"
+    );
+    // An enrolment link used twice, and one after it expired.
+    let link = console.invite("carol", "leads", "1h");
+    console.enrol("carol", &link);
+    let r = console.browser("carol", json!([{"goto": link}]));
+    assert_eq!(r[0]["code"], 410, "{r:?}");
+    assert!(
+        r[0]["status"]
+            .as_str()
+            .unwrap()
+            .contains("was used already"),
+        "{r:?}"
+    );
+    let expired = console.invite("dora", "leads", "1ms");
+    let r = console.browser("dora", json!([{"goto": expired}]));
+    assert!(
+        r[0]["status"].as_str().unwrap().contains("expired"),
+        "{r:?}"
+    );
+
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let (_, _, a) = held(&console.gw, "r-a", 10).await;
+    let (_, _, b) = held(&console.gw, "r-b", 20).await;
+    // An assertion made for proposal A's statement, sent for proposal B.
+    let r = console.browser(
+        "alice",
+        json!([
+            {"capture": a},
+            {"goto": format!("/review/p/{b}")},
+            {"post": {"path": format!("/review/p/{b}/decide"), "body": "captured"}},
+        ]),
+    );
+    assert_eq!(r[0]["captured"], true, "{r:?}");
+    assert_eq!(r[2]["status"], 422, "{r:?}");
+    assert!(
+        r[2]["body"].as_str().unwrap().contains(&a),
+        "names the other proposal: {r:?}"
+    );
+    // User verification off; an assertion made at another origin (a
+    // phishing page on this host, with the same relying party id).
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": format!("/review/p/{b}")},
+            {"uv": false},
+            {"assertion": {"path": format!("/review/p/{b}"), "decision": "approve", "uv": "discouraged"}},
+            {"uv": true},
+            {"assertion": {"path": format!("/review/p/{b}"), "decision": "approve", "elsewhere": true}},
+        ]),
+    );
+    assert_eq!(r[2]["status"], 422, "{r:?}");
+    assert!(
+        r[2]["body"]
+            .as_str()
+            .unwrap()
+            .contains("user verification (UV) is not set"),
+        "{r:?}"
+    );
+    assert_eq!(r[4]["status"], 422, "{r:?}");
+    assert!(
+        r[4]["body"]
+            .as_str()
+            .unwrap()
+            .contains("is not the console's"),
+        "{r:?}"
+    );
+    // A cross-site POST without the CSRF token, and one without the Origin
+    // of the console.
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": format!("/review/p/{b}")},
+            {"post": {"path": format!("/review/p/{b}/withdraw"), "csrf": false}},
+        ]),
+    );
+    assert_eq!(r[1]["status"], 403, "{r:?}");
+    assert!(
+        r[1]["body"].as_str().unwrap().contains("CSRF token"),
+        "{r:?}"
+    );
+    let cookie = {
+        let state: Value = serde_json::from_slice(
+            &std::fs::read(console.state.path().join("alice.json")).unwrap(),
+        )
+        .unwrap();
+        state["cookies"][0]["value"].as_str().unwrap().to_owned()
+    };
+    let forged = reqwest::Client::new()
+        .post(format!("{}/review/p/{b}/withdraw", console.base))
+        .header("cookie", format!("__Host-countersign-review={cookie}"))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    assert!(forged
+        .text()
+        .await
+        .unwrap()
+        .contains("does not come from the console's own pages"));
+    // The session after the reviewer left the file: over.
+    console.reviewers("").await;
+    let r = console.browser("alice", json!([{"goto": "/review/"}]));
+    assert_eq!(r[0]["code"], 401, "{r:?}");
+    assert!(
+        r[0]["status"]
+            .as_str()
+            .unwrap()
+            .contains("no longer in reviewers.toml"),
+        "{r:?}"
+    );
+    assert_eq!(console.gw.executions("charge_card"), 0);
+}
+
+#[tokio::test]
+async fn a_webhook_event_carries_the_review_url_that_opens_the_proposal() {
+    use std::sync::{Arc, Mutex};
+    let got: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let sink = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: String| {
+            let sink = sink.clone();
+            async move {
+                sink.lock()
+                    .unwrap()
+                    .push(serde_json::from_str(&body).unwrap());
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let hook = format!(
+        "\n[notify]\n[[notify.webhooks]]\nname = \"ops\"\nurl = \"http://127.0.0.1:{port}/hook\"\nsecret = \"s3cret-0123456789\"\n"
+    );
+    let console = Console::start_with("", "", &hook);
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    console.reviewers(&entry).await;
+    let (_, _, id) = held(&console.gw, "hook-1", 30).await;
+    eventually("the proposal_created event", || {
+        !got.lock().unwrap().is_empty()
+    })
+    .await;
+    let event = got.lock().unwrap()[0].clone();
+    let url = event["facts"]["review_url"].as_str().unwrap().to_owned();
+    assert_eq!(url, format!("{}/review/p/{id}", console.base));
+    let path = &url[console.base.len()..];
+    // Signed out it leads to the sign-in; signed in, to the proposal.
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": path},
+            {"click": "sign-in"},
+            {"goto": path},
+            {"text": "[data-role=proposal]"},
+        ]),
+    );
+    assert!(
+        r[0]["url"].as_str().unwrap().ends_with("/review/sign-in"),
+        "{r:?}"
+    );
+    assert!(
+        r[3]["text"]
+            .as_str()
+            .unwrap()
+            .contains("payments/charge_card"),
+        "{r:?}"
+    );
+}
