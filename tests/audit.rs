@@ -405,7 +405,7 @@ async fn exports_round_trip_as_jsonl_csv_and_ocsf() {
     let mut rows = csv.lines();
     assert_eq!(
         rows.next().unwrap(),
-        "seq,time,kind,principal,tenant,server,tool,call_digest,idempotency_key,decision,policies,proposal_id,reviewer,code,hash"
+        "seq,time,kind,principal,tenant,server,tool,call_digest,idempotency_key,decision,policies,proposal_id,reviewer,key_kind,code,hash"
     );
     assert_eq!(rows.count(), all.len());
     assert!(

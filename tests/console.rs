@@ -558,3 +558,37 @@ async fn a_webhook_event_carries_the_review_url_that_opens_the_proposal() {
         "{r:?}"
     );
 }
+
+/// A WebAuthn relying party is a domain name: a console whose origin would
+/// be an IP address (here from `gateway.public_url`) is refused at start,
+/// with what to set instead, and no console opens on a bad origin.
+#[test]
+fn serve_refuses_a_console_whose_origin_is_an_ip_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    let write = |public_url: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[gateway]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicies = \"{}\"\npublic_url = \"{public_url}\"\n\n[review]\nenabled = true\n",
+                dir.path().join("data").display(),
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+    };
+    write("http://127.0.0.1:7373/mcp");
+    let (ok, out, err) = run_cli(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("needs a domain name") && err.contains("http://127.0.0.1:7373"),
+        "{err}"
+    );
+    assert!(!err.contains("listening on"), "{err}");
+    // A name that is not localhost needs https: browsers offer passkeys to
+    // secure origins only.
+    write("http://review.example.com/mcp");
+    let (ok, _, err) = run_cli(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("must be https://"), "{err}");
+}

@@ -802,6 +802,110 @@ mod tests {
         assert!(b.reason.contains("does not verify"), "{b:?}");
     }
 
+    /// A log of three entries whose second is a decision signed with a
+    /// passkey, `tamper` applied to its proof before the entry is hashed
+    /// (so only the passkey check can catch it); and the reviewers file.
+    fn passkey_log(tamper: impl Fn(&mut Map<String, Value>)) -> (Vec<Vec<u8>>, Reviewers) {
+        use crate::core::approval::{Statement, Verdict, STATEMENT_TYPE};
+        use crate::core::passkey::tests::{Soft, ORIGIN, RP};
+        let soft = Soft::es256();
+        let statement = Statement {
+            kind: STATEMENT_TYPE.into(),
+            proposal_id: "p-0000000000000001".into(),
+            server: "payments".into(),
+            tool: "charge_card".into(),
+            call_digest: "sha256:aa".into(),
+            requester: "agent-7".into(),
+            tenant: "acme".into(),
+            resource_version: None,
+            tool_definition: None,
+            expires_at: "2026-11-30T10:15:00Z".into(),
+            policy_set: Some("sha256:bb".into()),
+            decision: Verdict::Approve,
+            reviewer: "alice".into(),
+            reason: String::new(),
+            issued_at: "2026-11-30T10:00:00Z".into(),
+        };
+        let digest = statement.digest_bytes().unwrap();
+        let assertion = soft.assert(&digest, ORIGIN, RP, 0x05, 1);
+        let mut proof = serde_json::to_value(&assertion).unwrap();
+        proof["credential_public_key"] = json!(soft.key.public_key);
+        proof["alg"] = json!("ES256");
+        proof["origin"] = json!(ORIGIN);
+        proof["rp_id"] = json!(RP);
+        let mut approval = Map::new();
+        approval.insert(
+            "statement".into(),
+            serde_json::to_value(&statement).unwrap(),
+        );
+        approval.insert("signature".into(), json!(""));
+        approval.insert(
+            "public_key".into(),
+            json!(format!("passkey:{}", soft.key.id)),
+        );
+        approval.insert("passkey".into(), proof);
+        tamper(&mut approval);
+        let reviewers = Reviewers::parse(&format!(
+            "[[reviewers]]\nname = \"alice\"\ntenants = [\"acme\"]\npasskeys = [{{ id = \"{}\", public_key = \"{}\", alg = \"ES256\" }}]\n",
+            soft.key.id, soft.key.public_key
+        ))
+        .unwrap();
+        let mut prev = String::new();
+        let mut lines = Vec::new();
+        for seq in 1..=2u64 {
+            let mut e = Map::new();
+            e.insert("seq".into(), json!(seq));
+            e.insert("time".into(), json!("2026-11-30T10:00:00Z"));
+            if seq == 1 {
+                e.insert("kind".into(), json!(LOG_STARTED));
+            } else {
+                e.insert("kind".into(), json!("approval_granted"));
+                e.insert("approval".into(), Value::Object(approval.clone()));
+            }
+            e.insert("prev".into(), json!(prev));
+            let h = entry_hash(&e);
+            e.insert("hash".into(), json!(h));
+            prev = h;
+            lines.push(serde_json::to_vec(&e).unwrap());
+        }
+        (lines, reviewers)
+    }
+
+    #[test]
+    fn a_passkey_approval_verifies_offline_and_a_flipped_byte_names_its_entry() {
+        let run_with = |lines: &[Vec<u8>], reviewers: Reviewers| {
+            let mut v = Verifier::new(None, Some(reviewers));
+            for (i, l) in lines.iter().enumerate() {
+                v.feed(l, &format!("line {}", i + 1))?;
+            }
+            Ok::<_, Break>(v.statements)
+        };
+        let (lines, reviewers) = passkey_log(|_| {});
+        assert_eq!(run_with(&lines, reviewers).unwrap(), 1);
+        for field in ["client_data_json", "authenticator_data", "signature"] {
+            let (lines, reviewers) = passkey_log(|a| {
+                let text = a["passkey"][field].as_str().unwrap().to_owned();
+                let mut bytes = crate::core::passkey::b64url().decode(text).unwrap();
+                bytes[5] ^= 1;
+                a["passkey"][field] = json!(crate::core::passkey::b64url().encode(bytes));
+            });
+            let b = run_with(&lines, reviewers).unwrap_err();
+            assert_eq!(b.seq, 2, "{field}: {b:?}");
+            assert!(
+                b.reason
+                    .contains("passkey approval of reviewer `alice` does not verify"),
+                "{field}: {b:?}"
+            );
+        }
+        // A passkey the reviewers file does not list for alice.
+        let (lines, _) = passkey_log(|_| {});
+        let other = Reviewers::parse("[[reviewers]]\nname = \"alice\"\ntenants = [\"acme\"]\npublic_key = \"ed25519:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\"\n");
+        if let Ok(other) = other {
+            let b = run_with(&lines, other).unwrap_err();
+            assert!(b.reason.contains("which is not theirs"), "{b:?}");
+        }
+    }
+
     #[test]
     fn redaction_replaces_values_by_their_digest_and_the_digest_stays() {
         let args = json!({"card": {"number": "4111"}, "amount": 5});

@@ -325,6 +325,8 @@ async fn enrol(
         return Err((StatusCode::GONE, Unusable::Used.to_string()));
     }
     let base = invites(&c.dir).join(&hash);
+    // Best effort: the spent nonce above is what refuses a second use; the
+    // rename only tells `reviewer enrolled` and an operator which are spent.
     let _ = std::fs::rename(base.with_extension("json"), base.with_extension("used"));
     let text = entry(&invite, &key);
     let folder = enrolled_dir(&c.dir);
@@ -339,12 +341,15 @@ async fn enrol(
                 &text,
             )
         })
-        .map_err(|e| {
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the entry could not be kept ({e}); here it is all the same"),
-            )
-        })
-        .ok();
+        // The nonce is spent, so the reviewer must still see the entry to
+        // hand to an administrator; the operator learns the copy is missing.
+        .unwrap_or_else(|e| {
+            tracing::warn!(
+                reviewer = %invite.name,
+                error = %e,
+                "the enrolled passkey entry could not be written to {}; the reviewer was shown it",
+                folder.display()
+            );
+        });
     Ok((invite, key, text))
 }

@@ -38,6 +38,11 @@ impl Failures {
 
     fn failed(&self, key: &str) {
         let mut all = self.0.lock();
+        // Many addresses failing once each must not grow this without bound:
+        // entries whose window has passed say nothing any more.
+        if all.len() >= 4096 {
+            all.retain(|_, (_, since)| since.elapsed() < WINDOW);
+        }
         let entry = all.entry(key.to_owned()).or_insert((0, Instant::now()));
         if entry.1.elapsed() >= WINDOW {
             *entry = (0, Instant::now());
@@ -225,4 +230,28 @@ pub(crate) async fn sign_out(
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Failures, FAILURES};
+
+    #[test]
+    fn a_credential_or_address_is_refused_after_its_failures_and_others_are_not() {
+        let f = Failures::default();
+        for _ in 0..FAILURES - 1 {
+            f.failed("credential:a");
+        }
+        assert!(f.allowed("credential:a"), "below the limit");
+        f.failed("credential:a");
+        assert!(!f.allowed("credential:a"), "at the limit");
+        assert!(
+            f.allowed("credential:b"),
+            "another credential is unaffected"
+        );
+        assert!(
+            f.allowed("address:192.0.2.1"),
+            "an address is counted apart"
+        );
+    }
 }
