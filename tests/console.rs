@@ -347,8 +347,12 @@ async fn a_denial_with_a_reason_gives_approval_denied_and_nothing_runs() {
         json!([
             {"goto": format!("/review/p/{id}")},
             {"click": "deny"},
-            {"fill": {"reason": "not this account"}},
-            {"click": "deny"},
+            // The second time by keyboard alone: Tab to the reason, type it,
+            // Tab to deny, press Enter.
+            {"tab_to": "reason"},
+            {"type": "not this account"},
+            {"tab_to": "deny"},
+            {"press": "Enter"},
         ]),
     );
     // Without a reason the gateway says it needs one; with one it is denied.
@@ -356,8 +360,10 @@ async fn a_denial_with_a_reason_gives_approval_denied_and_nothing_runs() {
         r[1]["status"].as_str().unwrap().contains("needs a reason"),
         "{r:?}"
     );
+    assert_eq!(r[2]["focused"], true, "{r:?}");
+    assert_eq!(r[4]["focused"], true, "{r:?}");
     assert!(
-        r[3]["status"]
+        r[5]["status"]
             .as_str()
             .unwrap()
             .starts_with("denied, recorded"),

@@ -900,10 +900,8 @@ mod tests {
         // A passkey the reviewers file does not list for alice.
         let (lines, _) = passkey_log(|_| {});
         let other = Reviewers::parse("[[reviewers]]\nname = \"alice\"\ntenants = [\"acme\"]\npublic_key = \"ed25519:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\"\n");
-        if let Ok(other) = other {
-            let b = run_with(&lines, other).unwrap_err();
-            assert!(b.reason.contains("which is not theirs"), "{b:?}");
-        }
+        let b = run_with(&lines, other.unwrap()).unwrap_err();
+        assert!(b.reason.contains("which is not theirs"), "{b:?}");
     }
 
     #[test]

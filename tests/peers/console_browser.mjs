@@ -15,6 +15,10 @@
 //   {"click": ACTION}                 -> clicks [data-action=ACTION]; waits for
 //                                        the status line or a navigation
 //   {"fill": {NAME: VALUE, ...}}      -> fills inputs by name
+//   {"tab_to": ACTION_OR_NAME}        -> presses Tab (at most 40 times) until the focused
+//                                        element has that data-action or name; {focused, presses}
+//   {"type": TEXT}                    -> types into the focused element
+//   {"press": KEY}                    -> presses KEY (e.g. "Enter"), then as for click
 //   {"text": SELECTOR}                -> {text} of the first match
 //   {"uv": BOOL}                      -> the authenticator's user verification
 //   {"viewport": [W, H]}              -> resizes the page
@@ -99,6 +103,27 @@ for (const step of plan.steps) {
   } else if (step.fill !== undefined) {
     for (const [name, value] of Object.entries(step.fill)) await page.fill(`[name="${name}"]`, value);
     results.push({});
+  } else if (step.tab_to !== undefined) {
+    // The keyboard alone: is the control reachable in tab order?
+    const focusedIs = (want) => page.evaluate((w) => {
+      const e = document.activeElement;
+      return !!e && (e.getAttribute('data-action') === w || e.getAttribute('name') === w);
+    }, want);
+    let presses = 0;
+    let focused = false;
+    while (presses < 40 && !(focused = await focusedIs(step.tab_to))) {
+      await page.keyboard.press('Tab');
+      presses += 1;
+    }
+    results.push({ focused, presses });
+  } else if (step.type !== undefined) {
+    await page.keyboard.type(step.type);
+    results.push({});
+  } else if (step.press !== undefined) {
+    const before = page.url();
+    await page.keyboard.press(step.press);
+    await settled(before);
+    results.push({ url: page.url(), status: await statusText() });
   } else if (step.text !== undefined) {
     results.push({ text: await page.locator(step.text).first().textContent({ timeout: 5000 }).catch(() => null) });
   } else if (step.uv !== undefined) {

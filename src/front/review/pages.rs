@@ -136,7 +136,7 @@ fn age(now_ms: i64, then_ms: i64) -> String {
 fn item(p: &Proposal, now_ms: i64) -> Markup {
     html! {
         li data-role="proposal" data-id=(p.id) class=(format!("risk-{}", p.risk.as_str())) {
-            a href=(format!("/review/p/{}", p.id)) {
+            a href=(format!("/review/p/{}", p.id)) data-action="open" {
                 span class="tool" { (legible::text(&p.server)) "/" (legible::text(&p.tool)) }
                 " "
                 span class="risk" { (p.risk.as_str()) }
@@ -147,7 +147,7 @@ fn item(p: &Proposal, now_ms: i64) -> Markup {
                 @if p.looks_like.is_some() { " · " strong { "lookalike name" } }
                 @if p.definition_change.is_some() { " · tool definition changed" }
                 @if p.revises.is_some() { " · a revision" }
-                " · " span { (quorum_line(p)) }
+                " · " span data-role="quorum" { (quorum_line(p)) }
             }
         }
     }
