@@ -393,6 +393,22 @@ async fn every_refusal_has_a_precise_message_and_nothing_runs() {
             .contains("is not in reviewers.toml"),
         "{r:?}"
     );
+    // The failed sign-in is audited with the passkey and the address.
+    let refused = audit_entries(&console.gw.audit_dir())
+        .into_iter()
+        .find(|e| e["kind"] == "console_sign_in_refused")
+        .expect("a refused sign-in in the audit log");
+    assert!(
+        refused["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is not in reviewers.toml"),
+        "{refused:?}"
+    );
+    assert_eq!(refused["address"], "127.0.0.1", "{refused:?}");
+    assert!(refused["credential_id"]
+        .as_str()
+        .is_some_and(|c| !c.is_empty()));
     // An enrolment link used twice, and one after it expired.
     let link = console.invite("carol", "leads", "1h");
     console.enrol("carol", &link);
@@ -410,6 +426,34 @@ async fn every_refusal_has_a_precise_message_and_nothing_runs() {
     assert!(
         r[0]["status"].as_str().unwrap().contains("expired"),
         "{r:?}"
+    );
+    // Each invitation is audited: made, used, lapsed, and each refused use.
+    let log = audit_entries(&console.gw.audit_dir());
+    let kinds_for = |who: &str| -> Vec<String> {
+        log.iter()
+            .filter(|e| e.get("reviewer").is_some_and(|r| r == who))
+            .map(|e| e["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let carol = kinds_for("carol");
+    let invited = carol.iter().position(|k| k == "reviewer_invited");
+    let enrolled = carol.iter().position(|k| k == "reviewer_enrolled");
+    assert!(invited.is_some() && invited < enrolled, "{carol:?}");
+    let dora = kinds_for("dora");
+    assert!(dora.contains(&"enrolment_expired".to_owned()), "{dora:?}");
+    assert!(!dora.contains(&"reviewer_invited".to_owned()), "{dora:?}");
+    let refusals: Vec<_> = log
+        .iter()
+        .filter(|e| e["kind"] == "enrolment_refused")
+        .map(|e| e["reason"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        refusals.iter().any(|r| r.contains("was used already")),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals.iter().any(|r| r.contains("expired")),
+        "{refusals:?}"
     );
 
     console.reviewers(&entry).await;

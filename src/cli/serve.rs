@@ -192,6 +192,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
             loop {
                 tick.tick().await;
                 gw.sweep_idle().await;
+                crate::front::review::enrol::note_invites(&gw).await;
                 let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
                 match gw.pipeline().store().gc(now).await {
                     Ok(0) => {}

@@ -5,7 +5,9 @@
 //! An invite is a file `DATA_DIR/review/invites/HASH.json`, named by the
 //! SHA-256 of its token (the token itself is stored nowhere). It is used
 //! once (its use is recorded in the store, durably, and the file renamed),
-//! and it expires. Nothing is trusted because of an enrolment: the passkey
+//! and it expires. The gateway audits each one when it first sees it
+//! (`reviewer_invited`), its use (`reviewer_enrolled`), its lapse unused
+//! (`enrolment_expired`) and every refused use (`enrolment_refused`). Nothing is trusted because of an enrolment: the passkey
 //! counts only once its entry is in the reviewers file, reviewed in git.
 
 use std::path::{Path, PathBuf};
@@ -119,7 +121,9 @@ pub(crate) fn find(dir: &Path, token: &str, now_ms: i64) -> Result<Invite, Unusa
     if base.with_extension("used").exists() {
         return Err(Unusable::Used);
     }
-    let text = std::fs::read(base.with_extension("json")).map_err(|_| Unusable::Unknown)?;
+    let text = std::fs::read(base.with_extension("json"))
+        .or_else(|_| std::fs::read(base.with_extension("expired")))
+        .map_err(|_| Unusable::Unknown)?;
     let invite: Invite = serde_json::from_slice(&text).map_err(|_| Unusable::Unknown)?;
     if invite.expires_ms <= now_ms {
         return Err(Unusable::Expired(invite.expires_ms));
@@ -159,6 +163,83 @@ fn audit(gw: &Gateway, kind: &'static str, fields: &[(&str, Value)]) {
     gw.pipeline().audit(kind, f);
 }
 
+/// Audit every invitation once, whoever made it (`countersign reviewer
+/// invite` writes files and cannot reach the gateway's log): run by the
+/// sweeper and whenever a link is opened.
+pub(crate) async fn note_invites(gw: &Gateway) {
+    let Some(c) = gw.console() else { return };
+    let Ok(entries) = std::fs::read_dir(invites(&c.dir)) else {
+        return;
+    };
+    let hashes: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter_map(|p| p.file_stem().and_then(|s| s.to_str()).map(str::to_owned))
+        .collect();
+    for hash in hashes {
+        note(gw, &c.dir, &hash).await;
+    }
+}
+
+/// Audit invitation `hash`: `reviewer_invited` the first time a gateway
+/// sees it while it is good (once across restarts and gateways: a nonce in
+/// the store), and `enrolment_expired` when it lapsed unused (its file is
+/// renamed `.expired`, which also keeps it from being noted again).
+async fn note(gw: &Gateway, dir: &Path, hash: &str) {
+    let path = invites(dir).join(format!("{hash}.json"));
+    let Some(invite) = std::fs::read(&path)
+        .ok()
+        .and_then(|t| serde_json::from_slice::<Invite>(&t).ok())
+    else {
+        return;
+    };
+    let now = now(gw);
+    let fields = |extra: (&'static str, Value)| {
+        [
+            ("reviewer", Value::from(invite.name.clone())),
+            ("groups", json!(invite.groups)),
+            ("tenants", json!(invite.tenants)),
+            (
+                "invited",
+                Value::from(crate::core::time::rfc3339(invite.created_ms)),
+            ),
+            // The SHA-256 of the link's token, as the file is named: it
+            // identifies the invitation and gives nothing towards the link.
+            ("invite", Value::from(hash.to_owned())),
+            extra,
+        ]
+    };
+    if invite.expires_ms > now {
+        match gw
+            .pipeline()
+            .store()
+            .use_nonce(format!("invited/{hash}"), invite.expires_ms, now)
+            .await
+        {
+            Ok(true) => audit(
+                gw,
+                "reviewer_invited",
+                &fields((
+                    "expires",
+                    Value::from(crate::core::time::rfc3339(invite.expires_ms)),
+                )),
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("an invitation could not be noted, it is audited later: {e}"),
+        }
+    } else if std::fs::rename(&path, path.with_extension("expired")).is_ok() {
+        audit(
+            gw,
+            "enrolment_expired",
+            &fields((
+                "expired",
+                Value::from(crate::core::time::rfc3339(invite.expires_ms)),
+            )),
+        );
+    }
+}
+
 /// `GET /review/enrol/{token}`.
 pub(crate) async fn page(
     State(gw): State<Arc<Gateway>>,
@@ -168,6 +249,7 @@ pub(crate) async fn page(
         Ok(c) => c,
         Err(r) => return r,
     };
+    note(&gw, &c.dir, &hash_of(&token)).await;
     match find(&c.dir, &token, now(&gw)) {
         Ok(invite) => pages::html(pages::enrol(c, &invite, None)),
         Err(why) => {

@@ -147,7 +147,21 @@ pub(crate) async fn finish(
             c.failures.failed(&address);
             c.failures.failed(&credential);
             let shown = crate::core::legible::text(&why).into_owned();
-            gw.refused("console_sign_in", None, &shown);
+            // Every tried sign-in that fails is its own audit entry (the
+            // limit above bounds them per address and per passkey); the
+            // attempts over the limit are counted by the sampled `refused`.
+            let mut fields = serde_json::Map::new();
+            fields.insert(
+                "credential_id".into(),
+                Value::from(assertion.credential_id.clone()),
+            );
+            fields.insert(
+                "address".into(),
+                Value::from(address.trim_start_matches("address:")),
+            );
+            fields.insert("reason".into(), Value::from(shown.clone()));
+            gw.pipeline().audit("console_sign_in_refused", fields);
+            gw.pipeline().metrics().refused("console_sign_in");
             tracing::warn!("review console sign-in refused: {shown}");
             refusal(StatusCode::UNAUTHORIZED, "sign_in_refused", why)
         }
