@@ -642,3 +642,77 @@ fn serve_refuses_a_console_whose_origin_is_an_ip_address() {
     assert!(!ok);
     assert!(err.contains("must be https://"), "{err}");
 }
+
+/// What the browser was told to keep, and what every page says about
+/// itself: the session cookie as Chromium stored it (`__Host-`, Secure,
+/// HttpOnly, SameSite=Strict, at most 12 hours), a strict CSP with no inline
+/// script, no framing and no caching; and a session id the server did not
+/// mint is no session (no fixation).
+#[tokio::test]
+async fn the_session_cookie_and_the_pages_are_hardened() {
+    let console = Console::start("", "");
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(console.state.path().join("alice.json")).unwrap())
+            .unwrap();
+    let cookies = state["cookies"].as_array().unwrap();
+    assert_eq!(cookies.len(), 1, "{cookies:?}");
+    let c = &cookies[0];
+    assert_eq!(c["name"], "__Host-countersign-review", "{c}");
+    assert_eq!(c["path"], "/", "{c}");
+    assert_eq!(c["httpOnly"], true, "{c}");
+    assert_eq!(c["secure"], true, "{c}");
+    assert_eq!(c["sameSite"], "Strict", "{c}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let expires = c["expires"].as_f64().unwrap();
+    assert!(expires > now && expires <= now + 12.0 * 3600.0 + 5.0, "{c}");
+    let (_, _, id) = held(&console.gw, "h-1", 10).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let page = http
+        .get(format!("{}/review/p/{id}", console.base))
+        .header(
+            "cookie",
+            format!("__Host-countersign-review={}", c["value"].as_str().unwrap()),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let h = page.headers().clone();
+    let csp = h["content-security-policy"].to_str().unwrap().to_owned();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(
+        !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"),
+        "{csp}"
+    );
+    assert_eq!(h["cache-control"], "no-store");
+    let body = page.text().await.unwrap();
+    assert!(body.contains("payments/charge_card"), "{body}");
+    // Every script is a file of the console's own; none is inline.
+    assert!(body.contains("<script"), "the WebAuthn script: {body}");
+    for tag in body.split("<script").skip(1) {
+        let open = &tag[..tag.find('>').unwrap()];
+        assert!(
+            open.contains("src=\"/review/"),
+            "inline script: <script{open}>"
+        );
+    }
+    // A session id chosen by someone else opens nothing.
+    let fixed = http
+        .get(format!("{}/review/p/{id}", console.base))
+        .header("cookie", "__Host-countersign-review=chosen-by-an-attacker")
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(fixed.status(), 200);
+    assert!(!fixed.text().await.unwrap().contains("payments/charge_card"));
+}
