@@ -716,3 +716,20 @@ async fn the_session_cookie_and_the_pages_are_hardened() {
     assert_ne!(fixed.status(), 200);
     assert!(!fixed.text().await.unwrap().contains("payments/charge_card"));
 }
+
+/// Off unless switched on: without `[review] enabled`, every console path
+/// answers 404 and says how to switch it on; nothing is served.
+#[tokio::test]
+async fn the_console_is_off_unless_enabled() {
+    let gw = Gateway::start_with(Options::default());
+    for path in ["/review/", "/review/sign-in", "/review/enrol/x"] {
+        let r = reqwest::get(format!("http://{}{path}", gw.addr))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        assert!(
+            r.text().await.unwrap().contains("[review] enabled"),
+            "{path}"
+        );
+    }
+}

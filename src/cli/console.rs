@@ -28,14 +28,12 @@ pub(crate) fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result
             let tenants: Vec<String> = tenants.into_iter().filter(|t| !t.is_empty()).collect();
             let ttl = ttl.unwrap_or(cfg.review.invite_ttl);
             let now = crate::core::time::now_ms();
-            let token =
-                crate::front::review::enrol::write_invite(&dir, &name, &groups, &tenants, ttl, now)
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "cannot write the invitation under `{}`: {e}",
-                            dir.display()
-                        )
-                    })?;
+            let token = crate::front::review::invite::write_invite(
+                &dir, &name, &groups, &tenants, ttl, now,
+            )
+            .map_err(|e| {
+                anyhow::anyhow!("cannot write the invitation under `{}`: {e}", dir.display())
+            })?;
             // The link: at the console's origin when the config names it;
             // else the path, for the gateway's address.
             let origin = match crate::core::config::console_of(
@@ -63,7 +61,7 @@ pub(crate) fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result
             Ok(ExitCode::SUCCESS)
         }
         ReviewerCommand::Enrolled => {
-            let folder = crate::front::review::enrol::enrolled_dir(&dir);
+            let folder = crate::front::review::invite::enrolled_dir(&dir);
             let mut files: Vec<_> = match std::fs::read_dir(&folder) {
                 Ok(entries) => entries
                     .filter_map(Result::ok)

@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use crate::core::config::Config;
 use crate::front::gateway::Gateway;
 use crate::front::http::router;
+use crate::front::review::Console;
 
 /// How often idle sessions, ledger retention and approval expiry are swept
 /// (more often when `session_idle_timeout` is short, so a session never
@@ -169,14 +170,16 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     })?;
     let local = listener.local_addr()?;
     gw.auth().listening_on(local, tls.is_some());
-    if gw.config().review.enabled {
+    let console = if gw.config().review.enabled {
         // A WebAuthn relying party is a domain: an IP-address origin is
         // refused here, with what to set instead.
         let (origin, rp_id) = crate::core::config::console_of(gw.config(), local, tls.is_some())
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(%origin, rp_id = %rp_id, "review console at {origin}/review/");
-        gw.open_console(origin, rp_id);
-    }
+        Some(Console::open(Arc::clone(&gw), origin, rp_id))
+    } else {
+        None
+    };
     // Tests and scripts wait for this exact line on stderr.
     eprintln!("countersign: listening on {local}");
     if tls.is_some() {
@@ -186,13 +189,16 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
 
     let sweeper = {
         let gw = Arc::clone(&gw);
+        let console = console.clone();
         tokio::spawn(async move {
             let mut tick =
                 tokio::time::interval(sweep_every(gw.config().gateway.session_idle_timeout));
             loop {
                 tick.tick().await;
                 gw.sweep_idle().await;
-                crate::front::review::enrol::note_invites(&gw).await;
+                if let Some(c) = &console {
+                    crate::front::review::enrol::note_invites(c).await;
+                }
                 let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
                 match gw.pipeline().store().gc(now).await {
                     Ok(0) => {}
@@ -225,7 +231,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let threads = Arc::new(Threads::start(serving)?);
     let server = tokio::spawn(accept(
         listener,
-        router(Arc::clone(&gw)),
+        router(Arc::clone(&gw), console),
         gw.config().gateway.header_read_timeout,
         gw.config().limits.max_connections,
         tls,

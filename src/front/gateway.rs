@@ -269,8 +269,6 @@ pub(crate) struct Gateway {
     audit_dir: Option<std::path::PathBuf>,
     /// What the fronts turned away: counted, and audited at a bounded rate.
     refusals: super::refusals::Refusals,
-    /// The review console, once `serve` knows its origin (`[review]`).
-    console: std::sync::OnceLock<Arc<super::review::Console>>,
 }
 
 impl Gateway {
@@ -318,7 +316,6 @@ impl Gateway {
             rate,
             audit_dir,
             refusals: Default::default(),
-            console: std::sync::OnceLock::new(),
         })
     }
 
@@ -337,27 +334,6 @@ impl Gateway {
     /// ([`super::refusals`]).
     pub(crate) fn refused(&self, what: &'static str, server: Option<&str>, detail: &str) {
         self.refusals.refused(&self.pipeline, what, server, detail);
-    }
-
-    /// The review console, when it is on.
-    pub(crate) fn console(&self) -> Option<&Arc<super::review::Console>> {
-        self.console.get()
-    }
-
-    /// Open the review console at `origin` (relying party `rp_id`);
-    /// webhook events for proposals then carry their page's URL.
-    pub(crate) fn open_console(&self, origin: String, rp_id: String) {
-        let console = super::review::Console::new(
-            origin.clone(),
-            rp_id,
-            &self.config.gateway.data_dir,
-            self.config.review.session_ttl,
-        );
-        if self.console.set(Arc::new(console)).is_ok() {
-            self.pipeline
-                .book()
-                .set_review_url(format!("{origin}/review/p/"));
-        }
     }
 
     /// Count, log and (at a bounded rate) audit a client message that may

@@ -42,8 +42,11 @@ const PROTOCOL_HEADER: &str = "mcp-protocol-version";
 /// Header by which the stdio bridge names its stable session scope.
 pub(crate) const SCOPE_HEADER: &str = "countersign-session-scope";
 
-/// The gateway's routes.
-pub(crate) fn router(gw: Arc<Gateway>) -> Router {
+/// The gateway's routes, with the review console's when it is on.
+pub(crate) fn router(
+    gw: Arc<Gateway>,
+    console: Option<Arc<crate::front::review::Console>>,
+) -> Router {
     Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
@@ -63,7 +66,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
             get(get_mcp).post(post_mcp).delete(delete_mcp),
         )
         .with_state(Arc::clone(&gw))
-        .merge(crate::front::review::router(Arc::clone(&gw)))
+        .merge(crate::front::review::router(console))
         .merge(crate::front::control::router(gw))
 }
 

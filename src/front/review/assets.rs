@@ -5,6 +5,8 @@ use axum::extract::Path;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use super::reply::hardened;
+
 const SCRIPT: &str = include_str!("assets/console.js");
 const STYLE: &str = include_str!("assets/console.css");
 
@@ -15,8 +17,7 @@ pub(crate) async fn serve(Path(file): Path<String>) -> Response {
         "console.css" => (STYLE, "text/css; charset=utf-8"),
         _ => return (StatusCode::NOT_FOUND, "no such asset\n").into_response(),
     };
-    let mut r =
-        super::hardened((StatusCode::OK, [(header::CONTENT_TYPE, kind)], body).into_response());
+    let mut r = hardened((StatusCode::OK, [(header::CONTENT_TYPE, kind)], body).into_response());
     // Assets hold nothing private: a browser may keep them a while.
     r.headers_mut().insert(
         header::CACHE_CONTROL,

@@ -11,7 +11,6 @@
 //! the decision, durably, and only then says so.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -20,12 +19,13 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{console, json_answer, refusal, session, Console};
+use super::console::Console;
+use super::reply::{json_answer, refusal};
+use super::session;
 use crate::core::approval::{ProposalState, Statement, Verdict};
 use crate::core::passkey::{self, Assertion};
 use crate::core::reviewers::Reviewer;
 use crate::enforce::book::{DecideError, Proof};
-use crate::front::gateway::Gateway;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,12 +50,8 @@ struct Signed {
 /// reviewer and passkey are in the reviewers file, from the console's own
 /// origin, with the session's CSRF token.
 #[expect(clippy::result_large_err, reason = "the refusal is the response")]
-fn reviewer<'c>(
-    gw: &'c Gateway,
-    headers: &HeaderMap,
-) -> Result<(&'c Arc<Console>, Reviewer, session::Session), Response> {
-    let c = console(gw)?;
-    let (r, s) = session::reviewer_of(gw, c, headers).map_err(|why| match why {
+fn reviewer(c: &Console, headers: &HeaderMap) -> Result<(Reviewer, session::Session), Response> {
+    let (r, s) = c.signed_in(headers).map_err(|why| match why {
         session::NotSignedIn::NoSession => refusal(StatusCode::UNAUTHORIZED, "signed_out", "sign in first (your session ended or never began)"),
         session::NotSignedIn::Revoked(name) => refusal(
             StatusCode::UNAUTHORIZED,
@@ -63,22 +59,23 @@ fn reviewer<'c>(
             format!("reviewer `{name}` (or this passkey) is no longer in reviewers.toml: the session ended"),
         ),
     })?;
-    session::same_origin_and_token(c, headers, None, &s).map_err(|e| {
-        gw.refused("console_csrf", None, &e);
+    session::same_origin_and_token(&c.origin, headers, None, &s).map_err(|e| {
+        c.gw.refused("console_csrf", None, &e);
         refusal(StatusCode::FORBIDDEN, "csrf", e)
     })?;
-    Ok((c, r, s))
+    Ok((r, s))
 }
 
 /// `POST /review/p/{id}/statement`: the statement to sign, and the
 /// challenge that is its digest.
 pub(crate) async fn statement(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let (c, reviewer, s) = match reviewer(&gw, &headers) {
+    let gw = &c.gw;
+    let (reviewer, s) = match reviewer(&c, &headers) {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -169,12 +166,13 @@ pub(crate) async fn statement(
 /// `POST /review/p/{id}/decide`: the statement and the passkey's assertion
 /// over its digest.
 pub(crate) async fn decide(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let (c, reviewer, _) = match reviewer(&gw, &headers) {
+    let gw = &c.gw;
+    let (reviewer, _) = match reviewer(&c, &headers) {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -194,7 +192,7 @@ pub(crate) async fn decide(
         origin: &c.origin,
         rp_id: &c.rp_id,
     };
-    match crate::front::control::decide_with(&gw, &id, signed.statement, proof, &reviewer).await {
+    match crate::front::control::decide_with(gw, &id, signed.statement, proof, &reviewer).await {
         Ok(p) => {
             let message = match (verdict, p.state) {
                 (Verdict::Approve, ProposalState::Approved) => {
@@ -225,11 +223,12 @@ pub(crate) async fn decide(
 
 /// `POST /review/p/{id}/withdraw`.
 pub(crate) async fn withdraw(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let (_, reviewer, _) = match reviewer(&gw, &headers) {
+    let gw = &c.gw;
+    let (reviewer, _) = match reviewer(&c, &headers) {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -250,9 +249,4 @@ fn status_of(e: &DecideError) -> StatusCode {
         DecideError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::UNPROCESSABLE_ENTITY,
     }
-}
-
-/// How long an approval lasts by default, for the page.
-pub(crate) fn default_ttl(gw: &Gateway) -> Duration {
-    gw.config().approvals.ttl
 }

@@ -2,154 +2,31 @@
 //! invitee makes a passkey (a resident key, with user verification), and
 //! the `[[reviewers]]` entry the operator adds to `reviewers.toml`.
 //!
-//! An invite is a file `DATA_DIR/review/invites/HASH.json`, named by the
-//! SHA-256 of its token (the token itself is stored nowhere). It is used
-//! once (its use is recorded in the store, durably, and the file renamed),
-//! and it expires. The gateway audits each one when it first sees it
-//! (`reviewer_invited`), its use (`reviewer_enrolled`), its lapse unused
-//! (`enrolment_expired`) and every refused use (`enrolment_refused`). Nothing is trusted because of an enrolment: the passkey
-//! counts only once its entry is in the reviewers file, reviewed in git.
+//! An invitation ([`super::invite`]) is used once (its use is recorded in
+//! the store, durably, before anything else) and it expires. The gateway
+//! audits each one when it first sees it (`reviewer_invited`), its use
+//! (`reviewer_enrolled`), its lapse unused (`enrolment_expired`) and every
+//! refused use (`enrolment_refused`). Nothing is trusted because of an
+//! enrolment: the passkey counts only once its entry is in the reviewers
+//! file, reviewed in git.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::{console, json_answer, pages, refusal, session, Console};
+use super::console::Console;
+use super::invite::{enrolled_dir, entry, find, hash_of, invites, Invite, Unusable};
+use super::pages;
+use super::reply::{json_answer, refusal};
+use super::session;
 use crate::core::passkey::{self, Alg, Expect, PasskeyKey, Registration};
 use crate::front::gateway::Gateway;
-
-/// One invitation, as its file holds it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Invite {
-    /// The reviewer's name in `reviewers.toml`.
-    pub(crate) name: String,
-    /// Their groups.
-    pub(crate) groups: Vec<String>,
-    /// Their tenants.
-    pub(crate) tenants: Vec<String>,
-    /// Unix ms: made.
-    pub(crate) created_ms: i64,
-    /// Unix ms: no longer good after this.
-    pub(crate) expires_ms: i64,
-}
-
-fn hash_of(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-fn invites(dir: &Path) -> PathBuf {
-    dir.join("invites")
-}
-
-/// Where finished enrolments are kept (`countersign reviewer enrolled`).
-pub(crate) fn enrolled_dir(dir: &Path) -> PathBuf {
-    dir.join("enrolled")
-}
-
-/// Write an invitation under `dir` (`DATA_DIR/review`); its token (32
-/// random bytes, base64url), which only the link carries.
-pub(crate) fn write_invite(
-    dir: &Path,
-    name: &str,
-    groups: &[String],
-    tenants: &[String],
-    ttl: Duration,
-    now_ms: i64,
-) -> std::io::Result<String> {
-    let token = passkey::b64url().encode(rand::random::<[u8; 32]>());
-    let invite = Invite {
-        name: name.to_owned(),
-        groups: groups.to_vec(),
-        tenants: tenants.to_vec(),
-        created_ms: now_ms,
-        expires_ms: now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)),
-    };
-    let folder = invites(dir);
-    std::fs::create_dir_all(&folder)?;
-    let path = folder.join(format!("{}.json", hash_of(&token)));
-    let text = serde_json::to_vec_pretty(&invite).map_err(std::io::Error::other)?;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts.open(&path)?;
-    std::io::Write::write_all(&mut f, &text)?;
-    f.sync_all()?;
-    Ok(token)
-}
-
-/// Why an enrolment link does not work.
-#[derive(Debug)]
-pub(crate) enum Unusable {
-    /// No invitation has this token.
-    Unknown,
-    /// It was used.
-    Used,
-    /// It expired.
-    Expired(i64),
-}
-
-impl std::fmt::Display for Unusable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unusable::Unknown => f.write_str("this enrolment link is not valid: ask for a new one (`countersign reviewer invite`)"),
-            Unusable::Used => f.write_str("this enrolment link was used already: each link enrols one passkey; ask for a new one"),
-            Unusable::Expired(at) => write!(
-                f,
-                "this enrolment link expired at {}: ask for a new one",
-                crate::core::time::rfc3339(*at)
-            ),
-        }
-    }
-}
-
-/// The invitation behind `token`, while it may be used.
-pub(crate) fn find(dir: &Path, token: &str, now_ms: i64) -> Result<Invite, Unusable> {
-    let base = invites(dir).join(hash_of(token));
-    if base.with_extension("used").exists() {
-        return Err(Unusable::Used);
-    }
-    let text = std::fs::read(base.with_extension("json"))
-        .or_else(|_| std::fs::read(base.with_extension("expired")))
-        .map_err(|_| Unusable::Unknown)?;
-    let invite: Invite = serde_json::from_slice(&text).map_err(|_| Unusable::Unknown)?;
-    if invite.expires_ms <= now_ms {
-        return Err(Unusable::Expired(invite.expires_ms));
-    }
-    Ok(invite)
-}
-
-/// The `[[reviewers]]` entry of an enrolment.
-pub(crate) fn entry(invite: &Invite, key: &PasskeyKey) -> String {
-    let list = |items: &[String]| {
-        let quoted: Vec<String> = items
-            .iter()
-            .map(|i| toml::Value::String(i.clone()).to_string())
-            .collect();
-        format!("[{}]", quoted.join(", "))
-    };
-    format!(
-        "[[reviewers]]\nname = {}\ngroups = {}\ntenants = {}\npasskeys = [{{ id = \"{}\", public_key = \"{}\", alg = \"{}\" }}]\n",
-        toml::Value::String(invite.name.clone()),
-        list(&invite.groups),
-        list(&invite.tenants),
-        key.id,
-        key.public_key,
-        key.alg.as_str()
-    )
-}
 
 fn now(gw: &Gateway) -> i64 {
     gw.pipeline().clock().now_ms()
@@ -166,8 +43,8 @@ fn audit(gw: &Gateway, kind: &'static str, fields: &[(&str, Value)]) {
 /// Audit every invitation once, whoever made it (`countersign reviewer
 /// invite` writes files and cannot reach the gateway's log): run by the
 /// sweeper and whenever a link is opened.
-pub(crate) async fn note_invites(gw: &Gateway) {
-    let Some(c) = gw.console() else { return };
+pub(crate) async fn note_invites(c: &Console) {
+    let gw = &c.gw;
     let Ok(entries) = std::fs::read_dir(invites(&c.dir)) else {
         return;
     };
@@ -242,23 +119,20 @@ async fn note(gw: &Gateway, dir: &Path, hash: &str) {
 
 /// `GET /review/enrol/{token}`.
 pub(crate) async fn page(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     UrlPath(token): UrlPath<String>,
 ) -> Response {
-    let c = match console(&gw) {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    note(&gw, &c.dir, &hash_of(&token)).await;
-    match find(&c.dir, &token, now(&gw)) {
-        Ok(invite) => pages::html(pages::enrol(c, &invite, None)),
+    let gw = &c.gw;
+    note(gw, &c.dir, &hash_of(&token)).await;
+    match find(&c.dir, &token, now(gw)) {
+        Ok(invite) => pages::html(pages::enrol(&c, &invite, None)),
         Err(why) => {
             audit(
-                &gw,
+                gw,
                 "enrolment_refused",
                 &[("reason", Value::from(why.to_string()))],
             );
-            pages::html_status(StatusCode::GONE, pages::enrol_refused(c, &why.to_string()))
+            pages::html_status(StatusCode::GONE, pages::enrol_refused(&c, &why.to_string()))
         }
     }
 }
@@ -266,18 +140,15 @@ pub(crate) async fn page(
 /// `POST /review/enrol/{token}/options`: the options of
 /// `navigator.credentials.create`.
 pub(crate) async fn options(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     UrlPath(token): UrlPath<String>,
     headers: HeaderMap,
 ) -> Response {
-    let c = match console(&gw) {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if let Err(e) = session::same_origin(c, &headers) {
+    let gw = &c.gw;
+    if let Err(e) = session::same_origin(&c.origin, &headers) {
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
-    let invite = match find(&c.dir, &token, now(&gw)) {
+    let invite = match find(&c.dir, &token, now(gw)) {
         Ok(i) => i,
         Err(why) => return refusal(StatusCode::GONE, "enrolment", why.to_string()),
     };
@@ -305,22 +176,19 @@ pub(crate) async fn options(
 /// `POST /review/enrol/{token}`: the new credential; its `[[reviewers]]`
 /// entry.
 pub(crate) async fn finish(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     UrlPath(token): UrlPath<String>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let c = match console(&gw) {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if let Err(e) = session::same_origin(c, &headers) {
+    let gw = &c.gw;
+    if let Err(e) = session::same_origin(&c.origin, &headers) {
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
-    match enrol(&gw, c, &token, &body).await {
+    match enrol(gw, &c, &token, &body).await {
         Ok((invite, key, entry)) => {
             audit(
-                &gw,
+                gw,
                 "reviewer_enrolled",
                 &[
                     ("reviewer", Value::from(invite.name.clone())),
@@ -336,7 +204,7 @@ pub(crate) async fn finish(
         }
         Err((status, why)) => {
             audit(
-                &gw,
+                gw,
                 "enrolment_refused",
                 &[(
                     "reason",

@@ -12,8 +12,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
-use super::enrol::Invite;
-use super::{console, hardened, session, Console};
+use super::console::Console;
+use super::invite::Invite;
+use super::reply::hardened;
+use super::session;
 use crate::core::approval::{summary, Change, Proposal, ProposalState};
 use crate::core::legible;
 use crate::core::reviewers::Reviewer;
@@ -86,19 +88,15 @@ fn layout(
 
 /// The signed-in reviewer of a page request, or the sign-in page.
 #[expect(clippy::result_large_err, reason = "the other page is the response")]
-fn signed_in(
-    gw: &Gateway,
-    headers: &HeaderMap,
-) -> Result<(Arc<Console>, Reviewer, session::Session), Response> {
-    let c = console(gw)?.clone();
-    match session::reviewer_of(gw, &c, headers) {
-        Ok((r, s)) => Ok((c, r, s)),
+fn signed_in(c: &Console, headers: &HeaderMap) -> Result<(Reviewer, session::Session), Response> {
+    match c.signed_in(headers) {
+        Ok((r, s)) => Ok((r, s)),
         Err(session::NotSignedIn::NoSession) => {
             Err(hardened((StatusCode::SEE_OTHER, [(header::LOCATION, "/review/sign-in")]).into_response()))
         }
         Err(session::NotSignedIn::Revoked(name)) => Err(html_status(
             StatusCode::UNAUTHORIZED,
-            sign_in_with(&c, Some(&format!(
+            sign_in_with(c, Some(&format!(
                 "reviewer `{name}` (or this passkey) is no longer in reviewers.toml: the session ended"
             ))),
         )),
@@ -166,13 +164,14 @@ async fn proposals(gw: &Gateway, reviewer: &Reviewer) -> Result<Vec<Proposal>, S
 }
 
 /// `GET /review/`: pending proposals of the reviewer's tenants, newest first.
-pub(crate) async fn list(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let (_c, r, s) = match signed_in(&gw, &headers) {
+pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    let gw = &c.gw;
+    let (r, s) = match signed_in(&c, &headers) {
         Ok(x) => x,
         Err(resp) => return resp,
     };
     let now = gw.pipeline().clock().now_ms();
-    let (items, status) = match proposals(&gw, &r).await {
+    let (items, status) = match proposals(gw, &r).await {
         Ok(all) => (
             all.into_iter()
                 .filter(|p| p.state == ProposalState::Pending)
@@ -200,13 +199,14 @@ pub(crate) async fn list(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> 
 }
 
 /// `GET /review/history`: decided proposals, newest first.
-pub(crate) async fn history(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let (_c, r, s) = match signed_in(&gw, &headers) {
+pub(crate) async fn history(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    let gw = &c.gw;
+    let (r, s) = match signed_in(&c, &headers) {
         Ok(x) => x,
         Err(resp) => return resp,
     };
     let now = gw.pipeline().clock().now_ms();
-    let items: Vec<Proposal> = proposals(&gw, &r)
+    let items: Vec<Proposal> = proposals(gw, &r)
         .await
         .unwrap_or_default()
         .into_iter()
@@ -247,11 +247,12 @@ fn changes(list: &[Change]) -> Markup {
 
 /// `GET /review/p/{id}`: one proposal, in full, with the decision controls.
 pub(crate) async fn proposal(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let (_c, r, s) = match signed_in(&gw, &headers) {
+    let gw = &c.gw;
+    let (r, s) = match signed_in(&c, &headers) {
         Ok(x) => x,
         Err(resp) => return resp,
     };
@@ -285,7 +286,7 @@ pub(crate) async fn proposal(
         i64::try_from(gw.config().approvals.pending_ttl.as_millis()).unwrap_or(i64::MAX),
     );
     let mine = p.approvals.iter().any(|g| g.reviewer() == r.name);
-    let default_ttl = humantime::format_duration(super::decide::default_ttl(&gw)).to_string();
+    let default_ttl = humantime::format_duration(c.default_ttl()).to_string();
     html(layout(
         &p.id,
         Some((&r, &s.csrf)),

@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderMap;
 use parking_lot::Mutex;
 
-use super::Console;
-use crate::core::reviewers::Reviewer;
-use crate::front::gateway::Gateway;
+use crate::core::reviewers::{Reviewer, Reviewers};
 
 /// The session cookie: `__Host-` binds it to this origin, path `/`, Secure
 /// (browsers accept Secure cookies on `http://localhost`).
@@ -134,48 +132,45 @@ pub(crate) enum NotSignedIn {
     Revoked(String),
 }
 
-/// The reviewer signed in on this request, as the reviewers file in force
-/// has them.
+/// The reviewer signed in on this request, as `reviewers` (the file in
+/// force) has them.
 pub(crate) fn reviewer_of(
-    gw: &Gateway,
-    console: &Console,
+    sessions: &Sessions,
+    reviewers: &Reviewers,
     headers: &HeaderMap,
 ) -> Result<(Reviewer, Session), NotSignedIn> {
     let id = cookie(headers).ok_or(NotSignedIn::NoSession)?;
-    let session = console.sessions.get(&id).ok_or(NotSignedIn::NoSession)?;
-    let policies = gw.pipeline().policies();
+    let session = sessions.get(&id).ok_or(NotSignedIn::NoSession)?;
     // Revocation: the file decides, on every request.
-    let reviewer = policies
-        .reviewers()
+    let reviewer = reviewers
         .get(&session.reviewer)
         .filter(|r| r.passkey(&session.credential_id).is_some())
         .cloned();
     match reviewer {
         Some(r) => Ok((r, session)),
         None => {
-            console.sessions.close(&id);
+            sessions.close(&id);
             Err(NotSignedIn::Revoked(session.reviewer))
         }
     }
 }
 
 /// Whether a state-changing request is the console's own: its `Origin` is
-/// the console's (a page of another site cannot post here), and it carries
-/// the session's CSRF token.
+/// `origin`, the console's (a page of another site cannot post here), and
+/// it carries the session's CSRF token.
 pub(crate) fn same_origin_and_token(
-    console: &Console,
+    origin: &str,
     headers: &HeaderMap,
     token: Option<&str>,
     session: &Session,
 ) -> Result<(), String> {
-    let origin = headers
+    let sent_origin = headers
         .get(axum::http::header::ORIGIN)
         .and_then(|v| v.to_str().ok());
-    if origin != Some(console.origin.as_str()) {
+    if sent_origin != Some(origin) {
         return Err(format!(
-            "this request does not come from the console's own pages (Origin {}, not {}): nothing changed",
-            origin.unwrap_or("(none)"),
-            console.origin
+            "this request does not come from the console's own pages (Origin {}, not {origin}): nothing changed",
+            sent_origin.unwrap_or("(none)"),
         ));
     }
     let sent = token.or_else(|| headers.get("x-csrf-token").and_then(|v| v.to_str().ok()));
@@ -190,19 +185,18 @@ pub(crate) fn same_origin_and_token(
     Ok(())
 }
 
-/// Only the console's own origin may post to its unauthenticated
+/// Only the console's own `origin` may post to its unauthenticated
 /// endpoints (sign-in, enrolment) too.
-pub(crate) fn same_origin(console: &Console, headers: &HeaderMap) -> Result<(), String> {
-    let origin = headers
+pub(crate) fn same_origin(origin: &str, headers: &HeaderMap) -> Result<(), String> {
+    let sent_origin = headers
         .get(axum::http::header::ORIGIN)
         .and_then(|v| v.to_str().ok());
-    if origin == Some(console.origin.as_str()) {
+    if sent_origin == Some(origin) {
         Ok(())
     } else {
         Err(format!(
-            "this request does not come from the console's own pages (Origin {}, not {})",
-            origin.unwrap_or("(none)"),
-            console.origin
+            "this request does not come from the console's own pages (Origin {}, not {origin})",
+            sent_origin.unwrap_or("(none)"),
         ))
     }
 }

@@ -5,69 +5,31 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use base64::Engine;
-use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use super::{console, hardened, json_answer, pages, refusal, session};
+use super::console::Console;
+use super::pages;
+use super::reply::{hardened, json_answer, refusal};
+use super::session;
 use crate::core::passkey::{self, Assertion, Expect};
 use crate::front::gateway::Gateway;
 
-/// Failed sign-ins allowed per credential and per address in [`WINDOW`].
-const FAILURES: u32 = 5;
-const WINDOW: Duration = Duration::from_secs(300);
-
-/// Failed sign-ins, by `credential:ID` and `address:IP`.
-#[derive(Default)]
-pub(crate) struct Failures(Mutex<HashMap<String, (u32, Instant)>>);
-
-impl Failures {
-    /// Whether `key` may try again.
-    fn allowed(&self, key: &str) -> bool {
-        self.0
-            .lock()
-            .get(key)
-            .is_none_or(|(n, since)| *n < FAILURES || since.elapsed() >= WINDOW)
-    }
-
-    fn failed(&self, key: &str) {
-        let mut all = self.0.lock();
-        // Many addresses failing once each must not grow this without bound:
-        // entries whose window has passed say nothing any more.
-        if all.len() >= 4096 {
-            all.retain(|_, (_, since)| since.elapsed() < WINDOW);
-        }
-        let entry = all.entry(key.to_owned()).or_insert((0, Instant::now()));
-        if entry.1.elapsed() >= WINDOW {
-            *entry = (0, Instant::now());
-        }
-        entry.0 += 1;
-    }
-}
-
 /// `GET /review/sign-in`.
-pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> Response {
-    match console(&gw) {
-        Ok(c) => pages::html(pages::sign_in(c)),
-        Err(r) => r,
-    }
+pub(crate) async fn page(State(c): State<Arc<Console>>) -> Response {
+    pages::html(pages::sign_in(&c))
 }
 
 /// `POST /review/sign-in/options`: the options of
 /// `navigator.credentials.get` for a sign-in (a discoverable passkey, user
 /// verification required).
-pub(crate) async fn options(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let c = match console(&gw) {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if let Err(e) = session::same_origin(c, &headers) {
+pub(crate) async fn options(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    if let Err(e) = session::same_origin(&c.origin, &headers) {
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
     let challenge = c.challenge("sign-in".into());
@@ -85,16 +47,13 @@ pub(crate) async fn options(State(gw): State<Arc<Gateway>>, headers: HeaderMap) 
 
 /// `POST /review/sign-in`: the assertion; a session when it verifies.
 pub(crate) async fn finish(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let c = match console(&gw) {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if let Err(e) = session::same_origin(c, &headers) {
+    let gw = &c.gw;
+    if let Err(e) = session::same_origin(&c.origin, &headers) {
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
     let address = format!(
@@ -123,7 +82,7 @@ pub(crate) async fn finish(
             "too many failed sign-ins from here or with this passkey: wait a few minutes",
         );
     }
-    match verify(&gw, c, &assertion) {
+    match verify(gw, &c, &assertion) {
         Ok(name) => {
             let (id, s) = c.sessions.open(&name, &assertion.credential_id);
             let mut fields = serde_json::Map::new();
@@ -170,7 +129,7 @@ pub(crate) async fn finish(
 
 /// The reviewer whose passkey made `a` over a challenge this console issued
 /// for a sign-in.
-fn verify(gw: &Gateway, c: &super::Console, a: &Assertion) -> Result<String, String> {
+fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, String> {
     let client = passkey::b64url()
         .decode(&a.client_data_json)
         .map_err(|_| "clientDataJSON is not base64url".to_owned())?;
@@ -215,18 +174,17 @@ fn verify(gw: &Gateway, c: &super::Console, a: &Assertion) -> Result<String, Str
 
 /// `POST /review/sign-out` (a form with the CSRF token).
 pub(crate) async fn sign_out(
-    State(gw): State<Arc<Gateway>>,
+    State(c): State<Arc<Console>>,
     headers: HeaderMap,
     form: axum::extract::Form<HashMap<String, String>>,
 ) -> Response {
-    let c = match console(&gw) {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    if let Ok((_, s)) = session::reviewer_of(&gw, c, &headers) {
-        if let Err(e) =
-            session::same_origin_and_token(c, &headers, form.get("csrf").map(String::as_str), &s)
-        {
+    if let Ok((_, s)) = c.signed_in(&headers) {
+        if let Err(e) = session::same_origin_and_token(
+            &c.origin,
+            &headers,
+            form.get("csrf").map(String::as_str),
+            &s,
+        ) {
             return refusal(StatusCode::FORBIDDEN, "csrf", e);
         }
     }
@@ -244,28 +202,4 @@ pub(crate) async fn sign_out(
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Failures, FAILURES};
-
-    #[test]
-    fn a_credential_or_address_is_refused_after_its_failures_and_others_are_not() {
-        let f = Failures::default();
-        for _ in 0..FAILURES - 1 {
-            f.failed("credential:a");
-        }
-        assert!(f.allowed("credential:a"), "below the limit");
-        f.failed("credential:a");
-        assert!(!f.allowed("credential:a"), "at the limit");
-        assert!(
-            f.allowed("credential:b"),
-            "another credential is unaffected"
-        );
-        assert!(
-            f.allowed("address:192.0.2.1"),
-            "an address is counted apart"
-        );
-    }
 }

@@ -1,0 +1,140 @@
+//! Invitations to enrol, as files: `DATA_DIR/review/invites/HASH.json`,
+//! named by the SHA-256 of the link's token (the token itself is stored
+//! nowhere), renamed `.used` once used and `.expired` once audited as lapsed;
+//! and the `[[reviewers]]` entries finished enrolments made, under
+//! `DATA_DIR/review/enrolled/`. `countersign reviewer invite|enrolled` and
+//! the console's enrolment pages share this layout.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::core::passkey::{self, PasskeyKey};
+
+/// One invitation, as its file holds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Invite {
+    /// The reviewer's name in `reviewers.toml`.
+    pub(crate) name: String,
+    /// Their groups.
+    pub(crate) groups: Vec<String>,
+    /// Their tenants.
+    pub(crate) tenants: Vec<String>,
+    /// Unix ms: made.
+    pub(crate) created_ms: i64,
+    /// Unix ms: no longer good after this.
+    pub(crate) expires_ms: i64,
+}
+
+pub(crate) fn hash_of(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+pub(crate) fn invites(dir: &Path) -> PathBuf {
+    dir.join("invites")
+}
+
+/// Where finished enrolments are kept (`countersign reviewer enrolled`).
+pub(crate) fn enrolled_dir(dir: &Path) -> PathBuf {
+    dir.join("enrolled")
+}
+
+/// Write an invitation under `dir` (`DATA_DIR/review`); its token (32
+/// random bytes, base64url), which only the link carries.
+pub(crate) fn write_invite(
+    dir: &Path,
+    name: &str,
+    groups: &[String],
+    tenants: &[String],
+    ttl: Duration,
+    now_ms: i64,
+) -> std::io::Result<String> {
+    let token = passkey::b64url().encode(rand::random::<[u8; 32]>());
+    let invite = Invite {
+        name: name.to_owned(),
+        groups: groups.to_vec(),
+        tenants: tenants.to_vec(),
+        created_ms: now_ms,
+        expires_ms: now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)),
+    };
+    let folder = invites(dir);
+    std::fs::create_dir_all(&folder)?;
+    let path = folder.join(format!("{}.json", hash_of(&token)));
+    let text = serde_json::to_vec_pretty(&invite).map_err(std::io::Error::other)?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(&path)?;
+    std::io::Write::write_all(&mut f, &text)?;
+    f.sync_all()?;
+    Ok(token)
+}
+
+/// Why an enrolment link does not work.
+#[derive(Debug)]
+pub(crate) enum Unusable {
+    /// No invitation has this token.
+    Unknown,
+    /// It was used.
+    Used,
+    /// It expired.
+    Expired(i64),
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unusable::Unknown => f.write_str("this enrolment link is not valid: ask for a new one (`countersign reviewer invite`)"),
+            Unusable::Used => f.write_str("this enrolment link was used already: each link enrols one passkey; ask for a new one"),
+            Unusable::Expired(at) => write!(
+                f,
+                "this enrolment link expired at {}: ask for a new one",
+                crate::core::time::rfc3339(*at)
+            ),
+        }
+    }
+}
+
+/// The invitation behind `token`, while it may be used.
+pub(crate) fn find(dir: &Path, token: &str, now_ms: i64) -> Result<Invite, Unusable> {
+    let base = invites(dir).join(hash_of(token));
+    if base.with_extension("used").exists() {
+        return Err(Unusable::Used);
+    }
+    let text = std::fs::read(base.with_extension("json"))
+        .or_else(|_| std::fs::read(base.with_extension("expired")))
+        .map_err(|_| Unusable::Unknown)?;
+    let invite: Invite = serde_json::from_slice(&text).map_err(|_| Unusable::Unknown)?;
+    if invite.expires_ms <= now_ms {
+        return Err(Unusable::Expired(invite.expires_ms));
+    }
+    Ok(invite)
+}
+
+/// The `[[reviewers]]` entry of an enrolment.
+pub(crate) fn entry(invite: &Invite, key: &PasskeyKey) -> String {
+    let list = |items: &[String]| {
+        let quoted: Vec<String> = items
+            .iter()
+            .map(|i| toml::Value::String(i.clone()).to_string())
+            .collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    format!(
+        "[[reviewers]]\nname = {}\ngroups = {}\ntenants = {}\npasskeys = [{{ id = \"{}\", public_key = \"{}\", alg = \"{}\" }}]\n",
+        toml::Value::String(invite.name.clone()),
+        list(&invite.groups),
+        list(&invite.tenants),
+        key.id,
+        key.public_key,
+        key.alg.as_str()
+    )
+}
