@@ -338,6 +338,20 @@ fn check_authenticator_data<'a>(
     Ok((flags, counter, &data[37..]))
 }
 
+/// The challenge `clientDataJSON` (base64url) claims, unchecked: it names
+/// which issued challenge a response answers. The ceremony's check
+/// ([`verify_assertion`], [`read_registration`]) compares it again, with
+/// the type and the origin, before anything is trusted.
+pub fn claimed_challenge(client_data_json: &str) -> Result<String, &'static str> {
+    let client = b64url()
+        .decode(client_data_json)
+        .map_err(|_| "clientDataJSON is not base64url")?;
+    serde_json::from_slice::<serde_json::Value>(&client)
+        .ok()
+        .and_then(|v| v["challenge"].as_str().map(str::to_owned))
+        .ok_or("clientDataJSON holds no challenge")
+}
+
 /// Verify an assertion made with `key` (W3C WebAuthn Level 3, 7.2): the
 /// credential, `clientDataJSON` (type `webauthn.get`, the challenge, the
 /// origin), `authenticatorData` (the rpIdHash, UP, UV), and the signature

@@ -229,18 +229,8 @@ async fn enrol(
             format!("the body is not a registration: {e}"),
         )
     })?;
-    let client = passkey::b64url()
-        .decode(&reg.client_data_json)
-        .map_err(|_| {
-            (
-                StatusCode::BAD_REQUEST,
-                "clientDataJSON is not base64url".to_owned(),
-            )
-        })?;
-    let challenge = serde_json::from_slice::<Value>(&client)
-        .ok()
-        .and_then(|v| v["challenge"].as_str().map(str::to_owned))
-        .unwrap_or_default();
+    let challenge = passkey::claimed_challenge(&reg.client_data_json)
+        .map_err(|e| (StatusCode::BAD_REQUEST, e.to_owned()))?;
     let hash = hash_of(token);
     if !c.take_challenge(&challenge, &format!("enrol:{hash}")) {
         return Err((

@@ -130,13 +130,7 @@ pub(crate) async fn finish(
 /// The reviewer whose passkey made `a` over a challenge this console issued
 /// for a sign-in.
 fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, String> {
-    let client = passkey::b64url()
-        .decode(&a.client_data_json)
-        .map_err(|_| "clientDataJSON is not base64url".to_owned())?;
-    let challenge = serde_json::from_slice::<Value>(&client)
-        .ok()
-        .and_then(|v| v["challenge"].as_str().map(str::to_owned))
-        .unwrap_or_default();
+    let challenge = passkey::claimed_challenge(&a.client_data_json)?;
     // A challenge answers once: a captured sign-in cannot be replayed.
     if !c.take_challenge(&challenge, "sign-in") {
         return Err("the sign-in's challenge is not one this console issued, or it was used or expired: start again".into());
