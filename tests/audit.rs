@@ -503,3 +503,82 @@ async fn arguments_are_recorded_as_configured_and_segments_rotate() {
         .unwrap();
     assert_eq!(charge["arguments"]["amount"], 10, "other fields stay");
 }
+
+/// An unattended read is one entry, its `completed`: who called what, the
+/// arguments' digest (never the arguments), the decision with its policies,
+/// when it was received and answered, and no idempotency key (it has none).
+/// A read the policies deny keeps the separate entries of any call, with
+/// its derived key, so nothing about an exception is lost.
+#[tokio::test]
+async fn a_read_is_one_entry_and_a_denied_read_keeps_its_entries() {
+    let (pdir, _key) = common::default_policies_with_alice();
+    std::fs::write(
+        pdir.path().join("frozen.cedar"),
+        "@id(\"frozen-account\")\nforbid (principal, action == Action::\"call\", resource == Tool::\"payments/get_balance\")\nwhen { context.arguments has account && context.arguments.account == \"acct-frozen\" };\n",
+    )
+    .unwrap();
+    let mut gw = common::Gateway::start_with(common::Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    });
+    let mut c = common::Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let read = c.call(2, "get_balance", json!({"account":"acct-1"})).await;
+    assert_eq!(read.last()["result"]["isError"], false, "{read:?}");
+    let denied = c
+        .call(3, "get_balance", json!({"account":"acct-frozen"}))
+        .await;
+    assert!(
+        denied.last().to_string().contains("policy_denied"),
+        "{denied:?}"
+    );
+    assert!(gw.terminate().success());
+    let all = entries(&audit_dir(&gw));
+    let balance: Vec<&Map<String, Value>> = all
+        .iter()
+        .filter(|e| e.get("tool") == Some(&json!("get_balance")))
+        .collect();
+    let kinds: Vec<&str> = balance
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["completed", "call_received", "decision"],
+        "{balance:?}"
+    );
+    let e = balance[0];
+    assert_eq!(e["decision"], "allow");
+    assert_eq!(e["policies"], json!(["default/read-only"]));
+    assert_eq!(e["is_error"], false);
+    let digest = format!(
+        "sha256:{}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+            br#"{"account":"acct-1"}"#
+        ))
+    );
+    assert_eq!(e["arguments_digest"], digest.as_str());
+    for f in [
+        "call_digest",
+        "principal",
+        "tenant",
+        "server",
+        "received_at",
+        "time",
+    ] {
+        assert!(e.contains_key(f), "{f} missing in {e:?}");
+    }
+    assert!(!e.contains_key("arguments"), "{e:?}");
+    assert!(!e.contains_key("idempotency_key"), "{e:?}");
+    assert!(e["received_at"].as_str() <= e["time"].as_str(), "{e:?}");
+    // The denied read: its entries as any call's, with its derived key.
+    for e in &balance[1..] {
+        let key = e["idempotency_key"].as_str().unwrap_or_default();
+        assert!(key.starts_with("derived:"), "{e:?}");
+    }
+    assert_eq!(balance[1]["arguments"], json!({"account":"acct-frozen"}));
+    assert_eq!(balance[2]["decision"], "deny");
+    assert_eq!(balance[2]["policies"], json!(["frozen/frozen-account"]));
+    let (ok, out) = verify(&audit_dir(&gw), &[]);
+    assert!(ok, "{out}");
+}

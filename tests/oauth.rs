@@ -202,7 +202,7 @@ async fn a_valid_token_acts_as_its_user_and_client() {
         "the call's entries name the user and client",
         |entries| {
             entries.iter().any(|e| {
-                e["kind"] == "call_received"
+                e["kind"] == "completed"
                     && e["principal"] == "a:alice"
                     && e["tenant"] == "acme"
                     && e["client"] == "claude-code"

@@ -9,8 +9,18 @@
 //! on disk with it), and when the call ends. One wake-up of the writer
 //! thread per call instead of one per entry halved the audit's cost on a
 //! relayed read.
+//!
+//! An unattended read the policies allow is one entry, its `completed`:
+//! what was called and by whom, the arguments' digest, the decision and
+//! its policies, the outcome, and when it was received (`received_at`) and
+//! answered (`time`). Each entry
+//! is hashed into the chain and into the Merkle tree, so three entries per
+//! read (`call_received`, `decision`, `completed`) cost more than the whole
+//! relay. A read that ends any other way (denied, held for approval,
+//! refused by a breaker) is written as the separate entries every other
+//! call has, so nothing about an exception is lost.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Map, Value};
 
@@ -21,30 +31,68 @@ use crate::core::decision::Decision;
 use crate::core::identity::Identity;
 
 /// The audit trail of one call.
-pub(crate) struct Trail {
-    log: Option<(Arc<dyn AuditSink>, Map<String, Value>)>,
+pub(crate) struct Trail<'c> {
+    log: Option<Log<'c>>,
     // A std mutex: held for a push or a drain, never across an await.
-    pending: parking_lot::Mutex<Vec<(&'static str, Map<String, Value>)>>,
+    pending: parking_lot::Mutex<Pending>,
+}
+
+struct Log<'c> {
+    sink: Arc<dyn AuditSink>,
+    /// The fields every entry carries (but the key).
+    base: Map<String, Value>,
+    /// The idempotency key, once the call has one (a read without a key
+    /// never derives one).
+    key: OnceLock<String>,
+    call: &'c CanonicalCall,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Entries to hand over, with their own fields (the base is added at
+    /// hand-over).
+    entries: Vec<(&'static str, Map<String, Value>)>,
+    /// An unattended read so far: its `call_received` and `decision`,
+    /// not yet written (they go into its `completed` entry).
+    read: Option<ReadSoFar>,
+}
+
+struct ReadSoFar {
+    received_at: Value,
+    arguments_digest: String,
+    /// `call_received`'s flag, for the separate entries.
+    explicit: bool,
+    /// The allow decision's policies, once decided.
+    allowed: Option<Vec<String>>,
+    decided_at: Option<Value>,
 }
 
 fn now() -> Value {
     Value::from(crate::core::time::rfc3339(crate::core::time::now_ms()))
 }
 
-impl Trail {
-    /// The trail of `call` by `who` under `client_key`.
+fn arguments_digest(call: &CanonicalCall) -> String {
+    use sha2::Digest;
+    format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(call.arguments_jcs.as_bytes()))
+    )
+}
+
+impl<'c> Trail<'c> {
+    /// The trail of `call` by `who`, under `client_key` when the call has
+    /// one now (see [`Trail::keyed`]).
     pub(crate) fn new(
         audit: Option<&Arc<dyn AuditSink>>,
         who: &Identity,
         server: &str,
-        call: &CanonicalCall,
-        client_key: &str,
-    ) -> Trail {
+        call: &'c CanonicalCall,
+        client_key: Option<&str>,
+    ) -> Trail<'c> {
         Trail {
             log: audit.map(|a| {
-                let mut base = Map::with_capacity(8);
+                let mut base = Map::new();
                 base.insert("call_digest".into(), json!(call.digest));
-                base.insert("idempotency_key".into(), json!(client_key));
                 base.insert("principal".into(), json!(who.principal));
                 base.insert("tenant".into(), json!(who.tenant));
                 // The OAuth client the requester's token was issued to.
@@ -53,43 +101,77 @@ impl Trail {
                 }
                 base.insert("server".into(), json!(server));
                 base.insert("tool".into(), json!(call.tool));
-                (a.clone(), base)
+                let key = OnceLock::new();
+                if let Some(k) = client_key {
+                    let _ = key.set(k.to_owned());
+                }
+                Log {
+                    sink: a.clone(),
+                    base,
+                    key,
+                    call,
+                }
             }),
-            pending: parking_lot::Mutex::new(Vec::new()),
+            pending: parking_lot::Mutex::new(Pending::default()),
         }
     }
 
-    fn take(&self) -> Vec<(&'static str, Map<String, Value>)> {
-        std::mem::take(&mut *self.pending.lock())
+    /// The call's idempotency key, known now (a read that turned out to
+    /// need the ledger). Entries handed over from now on carry it.
+    pub(crate) fn keyed(&self, client_key: &str) {
+        if let Some(log) = &self.log {
+            let _ = log.key.set(client_key.to_owned());
+        }
+    }
+
+    /// Everything pending, each entry with the base fields, a read so far
+    /// written as its separate entries.
+    fn take(&self) -> Entries {
+        let Some(log) = &self.log else {
+            return Vec::new();
+        };
+        let mut p = self.pending.lock();
+        p.write_out_read(log);
+        std::mem::take(&mut p.entries)
+            .into_iter()
+            .map(|(kind, extra)| (kind, log.with_base(extra)))
+            .collect()
     }
 
     fn push(&self, kind: &'static str, mut f: Map<String, Value>) {
         f.insert("time".into(), now());
-        self.pending.lock().push((kind, f));
-    }
-
-    fn fields(base: &Map<String, Value>, extra: Vec<(&str, Value)>) -> Map<String, Value> {
-        let mut f = base.clone();
-        for (k, v) in extra {
-            f.insert(k.to_owned(), v);
-        }
-        f
+        self.pending.lock().entries.push((kind, f));
     }
 
     /// Record an entry: stamped now, handed to the writer with the
     /// dispatch, at a flush, or when the call ends.
     pub(crate) fn record(&self, kind: &'static str, extra: Vec<(&str, Value)>) {
-        if let Some((_, base)) = &self.log {
-            self.push(kind, Self::fields(base, extra));
+        let Some(log) = &self.log else {
+            return;
+        };
+        let mut f = Map::new();
+        for (k, v) in extra {
+            f.insert(k.to_owned(), v);
         }
+        f.insert("time".into(), now());
+        let mut p = self.pending.lock();
+        if kind == "completed" {
+            if let Some(read) = p.read.take_if(|r| r.allowed.is_some()) {
+                p.entries.push(("completed", read.into_entry(f)));
+                return;
+            }
+        }
+        // Anything else a read meets is written after its `call_received`.
+        p.write_out_read(log);
+        p.entries.push((kind, f));
     }
 
     /// Hand what is pending to the writer now (before entries that others
     /// record, such as a proposal this call creates, so the log keeps
     /// cause before effect).
     pub(crate) fn flush(&self) {
-        if let Some((log, _)) = &self.log {
-            log.record_all(self.take());
+        if let Some(log) = &self.log {
+            log.sink.record_all(self.take());
         }
     }
 
@@ -98,24 +180,41 @@ impl Trail {
     /// audit log; `Some(Err(entries))` when the log has no outbox (then the
     /// caller makes them durable itself).
     pub(crate) fn stage_dispatch(&self) -> Option<(Arc<dyn AuditSink>, Result<Staged, Entries>)> {
-        let (log, base) = self.log.as_ref()?;
-        self.push("dispatched", base.clone());
-        Some((log.clone(), log.stage(self.take())))
+        let log = self.log.as_ref()?;
+        self.push("dispatched", Map::new());
+        Some((log.sink.clone(), log.sink.stage(self.take())))
     }
 
-    /// `call_received`, with the arguments as `audit.arguments` says.
-    pub(crate) fn received(&self, call: &CanonicalCall, explicit: bool, read_only: bool) {
-        if let Some((log, base)) = &self.log {
-            let mut f = base.clone();
-            f.insert("explicit_key".into(), json!(explicit));
-            f.insert("read_only".into(), json!(read_only));
-            log.arguments_fields_jcs(&call.arguments, &call.arguments_jcs, &mut f);
-            self.push("call_received", f);
+    /// `call_received`, with the arguments as `audit.arguments` says. An
+    /// unattended read (`read_only` without a key) waits for its decision
+    /// and outcome, to be written as one `completed` entry.
+    pub(crate) fn received(&self, explicit: bool, read_only: bool) {
+        let Some(log) = &self.log else {
+            return;
+        };
+        if read_only && !explicit {
+            self.pending.lock().read = Some(ReadSoFar {
+                received_at: now(),
+                arguments_digest: arguments_digest(log.call),
+                explicit,
+                allowed: None,
+                decided_at: None,
+            });
+            return;
         }
+        self.push("call_received", log.received_fields(explicit, read_only));
     }
 
     /// `decision`, with the determining policy ids.
     pub(crate) fn decision(&self, d: &Decision) {
+        if let Decision::Allow { policies } = d {
+            let mut p = self.pending.lock();
+            if let Some(read) = p.read.as_mut().filter(|r| r.allowed.is_none()) {
+                read.allowed = Some(policies.clone());
+                read.decided_at = Some(now());
+                return;
+            }
+        }
         let (decision, policies, errors) = match d {
             Decision::Allow { policies } => ("allow", policies, None),
             Decision::Approval { policies } => ("approval", policies, None),
@@ -125,16 +224,81 @@ impl Trail {
         if let Some(errors) = errors.filter(|e| !e.is_empty()) {
             extra.push(("errors", json!(errors)));
         }
+        // A read that is not allowed outright is written as any call is:
+        // its `call_received` first (`record` writes it out).
         self.record("decision", extra);
     }
 }
 
-impl Drop for Trail {
+impl Pending {
+    /// A read so far, written out as the separate entries of any call,
+    /// before what is pending.
+    fn write_out_read(&mut self, log: &Log<'_>) {
+        if let Some(read) = self.read.take() {
+            let mut separate = read.separate(log);
+            separate.append(&mut self.entries);
+            self.entries = separate;
+        }
+    }
+}
+
+impl Log<'_> {
+    fn with_base(&self, extra: Map<String, Value>) -> Map<String, Value> {
+        let mut f = self.base.clone();
+        if let Some(k) = self.key.get() {
+            f.insert("idempotency_key".into(), json!(k));
+        }
+        f.extend(extra);
+        f
+    }
+
+    fn received_fields(&self, explicit: bool, read_only: bool) -> Map<String, Value> {
+        let mut f = Map::new();
+        f.insert("explicit_key".into(), json!(explicit));
+        f.insert("read_only".into(), json!(read_only));
+        self.sink
+            .arguments_fields_jcs(&self.call.arguments, &self.call.arguments_jcs, &mut f);
+        f
+    }
+}
+
+impl ReadSoFar {
+    /// The read as one entry: the base, the arguments' digest, the
+    /// decision, `received_at`, and the outcome's fields in `done`.
+    fn into_entry(self, mut done: Map<String, Value>) -> Map<String, Value> {
+        done.insert("arguments_digest".into(), json!(self.arguments_digest));
+        done.insert("decision".into(), json!("allow"));
+        done.insert("policies".into(), json!(self.allowed.unwrap_or_default()));
+        done.insert("received_at".into(), self.received_at);
+        done
+    }
+
+    /// The read as the separate entries of any call (it ended otherwise
+    /// than answered): `call_received`, and `decision` when it was made.
+    fn separate(self, log: &Log<'_>) -> Vec<(&'static str, Map<String, Value>)> {
+        let mut received = log.received_fields(self.explicit, true);
+        received.insert("time".into(), self.received_at);
+        let mut out = vec![("call_received", received)];
+        if let (Some(policies), Some(at)) = (self.allowed, self.decided_at) {
+            let mut d = Map::new();
+            d.insert("decision".into(), json!("allow"));
+            d.insert("policies".into(), json!(policies));
+            d.insert("time".into(), at);
+            out.push(("decision", d));
+        }
+        out
+    }
+}
+
+impl Drop for Trail<'_> {
     /// The call ended (answered, refused or cancelled): hand its entries to
     /// the writer.
     fn drop(&mut self) {
-        if let Some((log, _)) = &self.log {
-            log.record_all(self.take());
+        if let Some(log) = &self.log {
+            let entries = self.take();
+            if !entries.is_empty() {
+                log.sink.record_all(entries);
+            }
         }
     }
 }

@@ -204,6 +204,15 @@ pub fn idempotency_key(
     scope: Option<&str>,
     digest: &str,
 ) -> Result<(String, bool), BadKey> {
+    Ok(match explicit_key(reserved)? {
+        Some(k) => (k, true),
+        None => (derived_key(principal, tenant, scope, digest), false),
+    })
+}
+
+/// The key the client sent, first that applies (see [`idempotency_key`]),
+/// or `None`.
+pub fn explicit_key(reserved: &Reserved) -> Result<Option<String>, BadKey> {
     let sources: [(&'static str, Option<&Value>); 4] = [
         (
             "_meta[\"dev.countersign/idempotency-key\"]",
@@ -224,15 +233,21 @@ pub fn idempotency_key(
     for (source_name, value) in sources {
         let Some(value) = value else { continue };
         return match value.as_str() {
-            Some(k) if !k.is_empty() && k.chars().count() <= 256 => Ok((k.to_owned(), true)),
+            Some(k) if !k.is_empty() && k.chars().count() <= 256 => Ok(Some(k.to_owned())),
             _ => Err(BadKey { source_name }),
         };
     }
+    Ok(None)
+}
+
+/// The key of a call that carries none: a digest of who calls, in which
+/// scope, and the call's digest.
+pub fn derived_key(principal: &str, tenant: &str, scope: Option<&str>, digest: &str) -> String {
     let basis = serde_json::json!([principal, tenant, scope, digest]);
     let derived = hex::encode(Sha256::digest(
         crate::core::canonical::jcs(&basis).as_bytes(),
     ));
-    Ok((format!("derived:{derived}"), false))
+    format!("derived:{derived}")
 }
 
 #[cfg(test)]

@@ -71,7 +71,25 @@ pub(crate) struct Call<'a, U> {
     pub(crate) annotations: Annotations,
     /// The tool as the catalog had it when the call arrived.
     pub(crate) tool: ToolView,
-    pub(crate) trail: &'a Trail,
+    pub(crate) trail: &'a Trail<'a>,
+}
+
+impl<U> Call<'_, U> {
+    /// The idempotency key as the client knows it: an unattended read
+    /// carries none, and derives it only when an answer must show it.
+    pub(crate) fn client_key(&self) -> String {
+        if self.claim.client_key.is_empty() {
+            let who = &self.ctx.caller.identity;
+            ledger::derived_key(
+                &who.principal,
+                &who.tenant,
+                self.ctx.caller.scope.as_deref(),
+                &self.call.digest,
+            )
+        } else {
+            self.claim.client_key.clone()
+        }
+    }
 }
 
 /// Stage 1, strict parse and canonical form: the forwarded `params` are
@@ -112,15 +130,39 @@ pub(crate) fn claim(
     server: &str,
     call: &CanonicalCall,
 ) -> Result<(Claim, bool), CallOutcome> {
+    let explicit = explicit_key(call)?;
+    Ok(claim_with(caller, server, call, explicit))
+}
+
+/// The key the client sent, if any; a malformed one refuses the call.
+#[expect(
+    clippy::result_large_err,
+    reason = "the Err side is the call's outcome itself, returned once per call"
+)]
+pub(crate) fn explicit_key(call: &CanonicalCall) -> Result<Option<String>, CallOutcome> {
+    ledger::explicit_key(&call.reserved).map_err(|e| CallOutcome::Invalid(e.to_string()))
+}
+
+/// The claim of a call whose explicit key (if any) is known.
+pub(crate) fn claim_with(
+    caller: &Caller,
+    server: &str,
+    call: &CanonicalCall,
+    explicit: Option<String>,
+) -> (Claim, bool) {
     let who = &caller.identity;
-    let (client_key, explicit) = ledger::idempotency_key(
-        &call.reserved,
-        &who.principal,
-        &who.tenant,
-        caller.scope.as_deref(),
-        &call.digest,
-    )
-    .map_err(|e| CallOutcome::Invalid(e.to_string()))?;
+    let (client_key, explicit) = match explicit {
+        Some(k) => (k, true),
+        None => (
+            ledger::derived_key(
+                &who.principal,
+                &who.tenant,
+                caller.scope.as_deref(),
+                &call.digest,
+            ),
+            false,
+        ),
+    };
     let claim = Claim {
         key: ledger::storage_key(&who.tenant, &who.principal, &client_key),
         client_key,
@@ -129,7 +171,35 @@ pub(crate) fn claim(
         server: server.to_owned(),
         tool: call.tool.clone(),
     };
-    Ok((claim, explicit))
+    (claim, explicit)
+}
+
+/// The claim of an unattended read that carries no key: it never touches
+/// the ledger, so no key is derived (see [`Call::client_key`]); identical
+/// reads in flight share one upstream call under `key`, which is the
+/// caller's and the digest's and cannot be a ledger key (those are JSON
+/// arrays).
+pub(crate) fn read_claim(caller: &Caller, server: &str, call: &CanonicalCall) -> Claim {
+    let who = &caller.identity;
+    let scope = caller.scope.as_deref().unwrap_or("");
+    Claim {
+        // Length-prefixed: no two callers' fields run into each other.
+        key: format!(
+            "read {}:{}{}:{}{}:{}{}",
+            who.tenant.len(),
+            who.tenant,
+            who.principal.len(),
+            who.principal,
+            scope.len(),
+            scope,
+            call.digest
+        ),
+        client_key: String::new(),
+        explicit: false,
+        digest: call.digest.clone(),
+        server: server.to_owned(),
+        tool: call.tool.clone(),
+    }
 }
 
 pub(crate) fn subject<'b, U>(c: &'b Call<'b, U>) -> super::client::Subject<'b> {
@@ -259,7 +329,7 @@ pub(crate) fn refused<U>(c: &Call<'_, U>, why: Outcome) -> CallOutcome {
     }
     CallOutcome::Refused {
         why,
-        key: c.claim.client_key.clone(),
+        key: c.client_key(),
         tool: c.call.tool.clone(),
     }
 }
@@ -275,7 +345,7 @@ pub(crate) fn concluded<U>(c: &Call<'_, U>, found: Lookup) -> CallOutcome {
                 .record("replayed", vec![("first_answered_at", json!(answered_at))]);
             CallOutcome::Replayed {
                 answer,
-                key: c.claim.client_key.clone(),
+                key: c.client_key(),
                 answered_at,
             }
         }
@@ -294,20 +364,20 @@ pub(crate) fn settled<U>(c: &Call<'_, U>, s: Settled, write: bool) -> CallOutcom
             answered_at,
         } if write => CallOutcome::Replayed {
             answer,
-            key: c.claim.client_key.clone(),
+            key: c.client_key(),
             answered_at,
         },
         Settled::Answered { answer, .. } => CallOutcome::Joined(answer),
         Settled::Verdict(why) => CallOutcome::Refused {
             why,
-            key: c.claim.client_key.clone(),
+            key: c.client_key(),
             tool: c.call.tool.clone(),
         },
         // Only a write's follower waits for another process; anything else
         // that meets one never runs it again.
         Settled::Elsewhere => CallOutcome::Refused {
             why: Outcome::Unknown,
-            key: c.claim.client_key.clone(),
+            key: c.client_key(),
             tool: c.call.tool.clone(),
         },
     }

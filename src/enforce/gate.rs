@@ -439,9 +439,9 @@ impl Gate {
             &c.ctx.caller.identity,
             c.ctx.server,
             &call,
-            &claim.client_key,
+            Some(&claim.client_key),
         );
-        trail.received(&call, false, true);
+        trail.received(false, true);
         let pc = Call {
             ctx: c.ctx,
             request: &request,

@@ -38,7 +38,9 @@ use serde_json::{json, Value};
 
 use super::book::Book;
 use super::breakers::Breakers;
-use super::call::{claim, ledger_unavailable, parse, refused, subject, Call};
+use super::call::{
+    claim_with, explicit_key, ledger_unavailable, parse, read_claim, refused, subject, Call,
+};
 pub use super::call::{CallCtx, Caller};
 use super::client::{Asker, Replied};
 use super::flight::{Idempotency, Outcome, Retention};
@@ -307,9 +309,28 @@ impl Pipeline {
         call: &CanonicalCall,
         listed: &mut bool,
     ) -> CallOutcome {
-        let (claim, explicit) = match claim(ctx.caller, ctx.server, call) {
-            Ok(c) => c,
+        let explicit_key = match explicit_key(call) {
+            Ok(k) => k,
             Err(o) => return o,
+        };
+        self.learn(ctx, &call.tool).await;
+        // Read once: the same view classifies the call and feeds the
+        // policies.
+        let tool = self.catalog().view(ctx.server, &call.tool);
+        *listed = tool.digest.is_some();
+        let annotations = tool.annotations;
+        // An unattended read derives no idempotency key: it never touches
+        // the ledger (a read the policies hold or deny gets its key then).
+        // With traces on, the span wants the key's digest, so it is
+        // derived as for any call.
+        let unattended = annotations.read_only
+            && explicit_key.is_none()
+            && call.reserved.reply.is_none()
+            && !crate::telemetry::on();
+        let (claim, explicit) = if unattended {
+            (read_claim(ctx.caller, ctx.server, call), false)
+        } else {
+            claim_with(ctx.caller, ctx.server, call, explicit_key)
         };
         if crate::telemetry::on() {
             // On the request's SERVER span: the key as a digest only (a key
@@ -324,20 +345,14 @@ impl Pipeline {
                 span.record("gen_ai.tool.call.arguments", call.arguments_jcs.as_str());
             }
         }
-        self.learn(ctx, &call.tool).await;
-        // Read once: the same view classifies the call and feeds the
-        // policies.
-        let tool = self.catalog().view(ctx.server, &call.tool);
-        *listed = tool.digest.is_some();
-        let annotations = tool.annotations;
         let trail = Trail::new(
             self.audit.as_ref(),
             &ctx.caller.identity,
             ctx.server,
             call,
-            &claim.client_key,
+            (!unattended).then_some(claim.client_key.as_str()),
         );
-        trail.received(call, explicit, annotations.read_only);
+        trail.received(explicit, annotations.read_only);
         let c = Call {
             ctx,
             request: &request,
@@ -368,17 +383,28 @@ impl Pipeline {
                 return stop;
             }
         }
-        if annotations.read_only && !explicit {
-            match self.judge.decide(&c) {
-                Decision::Allow { .. } => return self.reads.read(&c).await,
-                Decision::Deny { .. } => return refused(&c, Outcome::Denied),
-                // A read the policies want approved goes through the
-                // approval book and the ledger like a write: its yes is
-                // single-use too.
-                Decision::Approval { .. } => {}
-            }
+        if !annotations.read_only || explicit {
+            return self.writes.write(&c).await;
         }
-        self.writes.write(&c).await
+        let decision = self.judge.decide(&c);
+        if let Decision::Allow { .. } = decision {
+            return self.reads.read(&c).await;
+        }
+        // Held or denied: the read has a key from now on.
+        let keyed;
+        let c = if unattended {
+            keyed = claim_with(ctx.caller, ctx.server, call, None).0;
+            trail.keyed(&keyed.client_key);
+            Call { claim: &keyed, ..c }
+        } else {
+            c
+        };
+        match decision {
+            Decision::Deny { .. } => refused(&c, Outcome::Denied),
+            // A read the policies want approved goes through the approval
+            // book and the ledger like a write: its yes is single-use too.
+            _ => self.writes.write(&c).await,
+        }
     }
 
     /// Stage "the client's answer" (2026-07-28): a retry carrying the
@@ -400,7 +426,7 @@ impl Pipeline {
                 };
                 let outcome = CallOutcome::Refused {
                     why,
-                    key: c.claim.client_key.clone(),
+                    key: c.client_key(),
                     tool: c.call.tool.clone(),
                 };
                 if let Some(detail) = detail {

@@ -319,19 +319,31 @@ async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
         .unwrap();
     assert!(answer.contains("charged 120 to acct_42"), "{answer}");
     assert_eq!(executions(gw.dir.path()), 1);
-    // The reason typed is recorded with the approval.
-    let audit = std::fs::read_dir(gw.dir.path().join("data/audit"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
-                .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
-                .collect::<String>()
-        })
-        .unwrap_or_default();
-    assert!(
+    // The reason typed is recorded with the approval (buffered entries
+    // reach the file within milliseconds: wait for it).
+    let audit_text = || {
+        std::fs::read_dir(gw.dir.path().join("data/audit"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
+                    .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                    .collect::<String>()
+            })
+            .unwrap_or_default()
+    };
+    let granted = |audit: &str| {
         audit
             .lines()
-            .any(|l| l.contains("approval_granted") && l.contains("ticket 42")),
+            .any(|l| l.contains("approval_granted") && l.contains("ticket 42"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut audit = audit_text();
+    while !granted(&audit) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        audit = audit_text();
+    }
+    assert!(
+        granted(&audit),
         "no approval_granted entry with the reason: {audit}"
     );
 
