@@ -11,8 +11,8 @@
 //! relayed read.
 //!
 //! An unattended read the policies allow is one entry, its `completed`:
-//! what was called and by whom, the arguments' digest, the decision and
-//! its policies, the outcome, and when it was received (`received_at`) and
+//! what was called and by whom (the call's digest covers the arguments),
+//! the decision and its policies, the outcome, and when it was received (`received_at`) and
 //! answered (`time`). Each entry
 //! is hashed into the chain and into the Merkle tree, so three entries per
 //! read (`call_received`, `decision`, `completed`) cost more than the whole
@@ -59,7 +59,6 @@ struct Pending {
 
 struct ReadSoFar {
     received_at: Value,
-    arguments_digest: String,
     /// `call_received`'s flag, for the separate entries.
     explicit: bool,
     /// The allow decision's policies, once decided.
@@ -69,14 +68,6 @@ struct ReadSoFar {
 
 fn now() -> Value {
     Value::from(crate::core::time::rfc3339(crate::core::time::now_ms()))
-}
-
-fn arguments_digest(call: &CanonicalCall) -> String {
-    use sha2::Digest;
-    format!(
-        "sha256:{}",
-        hex::encode(sha2::Sha256::digest(call.arguments_jcs.as_bytes()))
-    )
 }
 
 impl<'c> Trail<'c> {
@@ -195,7 +186,6 @@ impl<'c> Trail<'c> {
         if read_only && !explicit {
             self.pending.lock().read = Some(ReadSoFar {
                 received_at: now(),
-                arguments_digest: arguments_digest(log.call),
                 explicit,
                 allowed: None,
                 decided_at: None,
@@ -263,10 +253,10 @@ impl Log<'_> {
 }
 
 impl ReadSoFar {
-    /// The read as one entry: the base, the arguments' digest, the
-    /// decision, `received_at`, and the outcome's fields in `done`.
+    /// The read as one entry: the base (with the call's digest, which
+    /// covers server, tool and arguments), the decision, `received_at`, and
+    /// the outcome's fields in `done`.
     fn into_entry(self, mut done: Map<String, Value>) -> Map<String, Value> {
-        done.insert("arguments_digest".into(), json!(self.arguments_digest));
         done.insert("decision".into(), json!("allow"));
         done.insert("policies".into(), json!(self.allowed.unwrap_or_default()));
         done.insert("received_at".into(), self.received_at);

@@ -126,28 +126,23 @@ fn now() -> String {
 
 impl Writer {
     pub(super) fn append(&mut self, kind: &str, fields: Map<String, Value>) -> std::io::Result<()> {
-        let mut e = Map::with_capacity(fields.len() + 6);
+        // The entry is the fields handed in, with the chain fields (the
+        // writer's alone) set here: whatever a caller put under those names
+        // is replaced. `time` may come with the entry (stamped when the
+        // event happened).
+        let mut e = fields;
         e.insert("seq".into(), json!(self.seq + 1));
         e.insert("kind".into(), json!(kind));
-        if let Some(g) = &self.settings.gateway {
-            e.insert("gateway".into(), json!(g));
-        }
-        let mut stamped = false;
-        for (k, v) in fields {
-            // The chain fields are the writer's alone; `time` may come with
-            // the entry (stamped when the event happened).
-            match k.as_str() {
-                "seq" | "kind" | "prev" | "hash" | "gateway" => {}
-                "time" => {
-                    stamped = v.is_string();
-                    e.insert(k, v);
-                }
-                _ => {
-                    e.insert(k, v);
-                }
+        match &self.settings.gateway {
+            Some(g) => {
+                e.insert("gateway".into(), json!(g));
+            }
+            None => {
+                e.remove("gateway");
             }
         }
-        if !stamped {
+        e.remove("hash");
+        if !e.get("time").is_some_and(Value::is_string) {
             e.insert("time".into(), json!(now()));
         }
         e.insert("prev".into(), json!(self.head));
@@ -158,7 +153,7 @@ impl Writer {
         let mut jcs = Vec::with_capacity(640);
         let slot = crate::core::canonical::jcs_object_into_at(&e, &mut jcs, "hash");
         let digest: Hash = sha2::Sha256::digest(&jcs).into();
-        let hash = format!("sha256:{}", hex::encode(digest));
+        let hash = crate::core::canonical::sha256_text(&digest);
         let member = format!("\"hash\":\"{hash}\"");
         let mut line = Vec::with_capacity(jcs.len() + member.len() + 2);
         slot.splice(&jcs, member.as_bytes(), &mut line);

@@ -509,6 +509,17 @@ fn jcs_object_visit(
 fn jcs_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
     let bytes = s.as_bytes();
+    // Most strings (names, digests, times) need no escape: one branch-free
+    // pass over the bytes (which the compiler vectorizes) says so, and they
+    // are copied whole.
+    let plain = !bytes.iter().fold(false, |any, &b| {
+        any | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if plain {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let escape: &[u8] = match b {
@@ -549,12 +560,24 @@ fn digest_of(server: &str, tool: &str, arguments_jcs: &str) -> String {
     let mut h = Sha256::new();
     h.update(b"{\"arguments\":");
     h.update(arguments_jcs.as_bytes());
-    h.update(b",\"server\":");
-    h.update(jcs(&Value::String(server.to_owned())).as_bytes());
-    h.update(b",\"tool\":");
-    h.update(jcs(&Value::String(tool.to_owned())).as_bytes());
-    h.update(b"}");
-    format!("sha256:{}", hex::encode(h.finalize()))
+    let mut names = Vec::with_capacity(server.len() + tool.len() + 24);
+    names.extend_from_slice(b",\"server\":");
+    jcs_string(server, &mut names);
+    names.extend_from_slice(b",\"tool\":");
+    jcs_string(tool, &mut names);
+    names.push(b'}');
+    h.update(&names);
+    sha256_text(&h.finalize().into())
+}
+
+/// `sha256:` and the lower-case hex of a SHA-256 digest, without the
+/// per-character iterator of `hex::encode`.
+pub fn sha256_text(digest: &[u8; 32]) -> String {
+    let mut text = [0u8; 71];
+    text[..7].copy_from_slice(b"sha256:");
+    // 64 hex digits fit the 64 bytes after the prefix exactly.
+    let _ = hex::encode_to_slice(digest, &mut text[7..]);
+    String::from_utf8_lossy(&text).into_owned()
 }
 
 /// Walk the JSON text and enforce what `serde_json` lets through:
@@ -887,6 +910,28 @@ fn decimal(text: &str) -> Option<(bool, String, i64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sha256_text_is_the_prefixed_lower_hex() {
+        let d: [u8; 32] = Sha256::digest(b"abc").into();
+        assert_eq!(sha256_text(&d), format!("sha256:{}", hex::encode(d)));
+    }
+
+    #[test]
+    fn strings_with_and_without_escapes_write_as_json_stringify() {
+        for (s, want) in [
+            ("plain", r#""plain""#),
+            ("a\"b", r#""a\"b""#),
+            ("back\\slash", r#""back\\slash""#),
+            ("tab\tend", r#""tab\tend""#),
+            ("\u{1}", r#""\u0001""#),
+            ("é ✓", "\"é ✓\""),
+        ] {
+            let mut out = Vec::new();
+            jcs_string(s, &mut out);
+            assert_eq!(String::from_utf8(out).unwrap(), want, "{s:?}");
+        }
+    }
     use serde_json::json;
 
     fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {

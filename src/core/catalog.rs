@@ -32,6 +32,7 @@ use crate::core::annotations::Annotations;
 pub use crate::core::approval::{diff, Change, DefinitionChange};
 use crate::core::canonical::jcs;
 use crate::core::config::ToolConfig;
+use crate::core::FastMap;
 
 /// The lock file in the policy folder.
 pub const LOCK_FILE: &str = "tools.lock";
@@ -265,7 +266,7 @@ pub struct ToolView {
 
 #[derive(Debug, Default)]
 struct Listed {
-    tools: HashMap<String, Definition>,
+    tools: FastMap<String, Definition>,
     /// A complete listing (every page, fetched by the gateway) was read.
     complete: bool,
     /// The names in the last complete listing fetched for each client
@@ -280,10 +281,10 @@ struct Listed {
 #[derive(Debug, Default)]
 pub struct Catalog {
     overrides: HashMap<String, BTreeMap<String, ToolConfig>>,
-    listed: RwLock<HashMap<String, Listed>>,
+    listed: RwLock<FastMap<String, Listed>>,
     /// When the gateway last fetched each server's whole list itself (unix
     /// ms); absent when never, or when the server said its list changed.
-    fetched: RwLock<HashMap<String, i64>>,
+    fetched: RwLock<FastMap<String, i64>>,
     /// Servers that said their list changed since the last fetch: their
     /// cached reads start over with the next fetch.
     said_changed: RwLock<std::collections::HashSet<String>>,

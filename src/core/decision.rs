@@ -192,12 +192,14 @@ fn reads_call_context_in(text: &str) -> bool {
 /// What a call's entities are built from (`entities`), as a cache key.
 fn entity_key(call: &Call<'_>) -> String {
     let a = call.annotations;
-    serde_json::json!([
-        call.identity.principal,
-        call.identity.tenant,
-        call.identity.groups,
-        call.identity.scopes,
-        call.identity.client,
+    // A JSON array (unambiguous), serialized from the fields as they are:
+    // no `Value` is built on the hot path.
+    serde_json::to_string(&(
+        &call.identity.principal,
+        &call.identity.tenant,
+        &call.identity.groups,
+        &call.identity.scopes,
+        &call.identity.client,
         call.server,
         call.tool,
         [
@@ -205,10 +207,10 @@ fn entity_key(call: &Call<'_>) -> String {
             a.destructive,
             a.idempotent,
             a.open_world,
-            call.definition_changed
-        ]
-    ])
-    .to_string()
+            call.definition_changed,
+        ],
+    ))
+    .unwrap_or_default()
 }
 
 /// Most cached entity sets before the cache starts over.
@@ -639,13 +641,16 @@ impl Policies {
 
     /// The policies that can apply to a call of `server/tool`.
     fn slice(&self, server: &str, tool: &str) -> std::sync::Arc<Slice> {
+        // Length-prefixed, so no two (server, tool) pairs share a key; the
+        // Cedar uid is built only for a pair not seen yet.
+        let key = format!("{}:{server}{tool}", server.len());
+        let mut slices = self.slices.lock();
+        if let Some(s) = slices.get(&key) {
+            return s.clone();
+        }
         let tool_uid = uid("Tool", &format!("{server}/{tool}"))
             .map(|u| u.to_string())
             .unwrap_or_default();
-        let mut slices = self.slices.lock();
-        if let Some(s) = slices.get(&tool_uid) {
-            return s.clone();
-        }
         let server_uid = uid("Server", server)
             .map(|u| u.to_string())
             .unwrap_or_default();
@@ -667,7 +672,7 @@ impl Policies {
             reads_call_context,
         });
         // One slice per tool ever called.
-        slices.insert(tool_uid, slice.clone());
+        slices.insert(key, slice.clone());
         slice
     }
 

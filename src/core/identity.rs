@@ -5,7 +5,6 @@
 //! is a digest the caller cannot steer, so map lookup timing reveals nothing
 //! useful about valid tokens.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -40,13 +39,13 @@ impl Identity {
 /// Token digest → identity.
 #[derive(Debug, Default)]
 pub struct Identities {
-    by_digest: HashMap<[u8; 32], Arc<Identity>>,
+    by_digest: crate::core::FastMap<[u8; 32], Arc<Identity>>,
 }
 
 impl Identities {
     /// Build the table from config (digests were checked by `Config::check`).
     pub fn from_config(entries: &[IdentityConfig]) -> Identities {
-        let mut by_digest = HashMap::new();
+        let mut by_digest = crate::core::FastMap::default();
         for e in entries {
             let mut digest = [0u8; 32];
             if hex::decode_to_slice(&e.token_sha256, &mut digest).is_ok() {

@@ -43,6 +43,13 @@ pub mod config;
 pub mod confirm;
 pub mod decision;
 pub mod identity;
+
+/// A map for keys no client chooses (configured server names, tool names
+/// an upstream listed, token digests of configured identities), hashed
+/// with foldhash instead of SipHash: a lookup on every call costs a fraction.
+/// Maps whose keys a client can choose (the ledger's single-flight keys,
+/// sessions, caches by principal) keep std's DoS-resistant SipHash.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub mod ledger;
 pub mod legible;
 pub mod notify;

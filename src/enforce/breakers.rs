@@ -6,7 +6,7 @@
 //! The rules of one breaker are [`crate::core::recovery::Breaker`]'s; this
 //! service owns the breakers, their clock and the log of their changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -17,7 +17,7 @@ use crate::core::recovery::{Admission, Breaker};
 /// One circuit breaker per configured server. A blocking mutex each: held
 /// for a state change, never across an await.
 pub(crate) struct Breakers {
-    by_server: HashMap<String, Mutex<Breaker>>,
+    by_server: crate::core::FastMap<String, Mutex<Breaker>>,
     /// Tells the webhooks of circuits that open.
     announcer: Option<std::sync::Arc<super::announce::Announcer>>,
 }

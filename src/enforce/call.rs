@@ -416,10 +416,16 @@ pub(crate) fn shared(outcome: &CallOutcome) -> Settled {
 pub(crate) fn is_error(answer: &Message) -> bool {
     answer.error.is_some()
         || answer.result.as_ref().is_some_and(|r| {
-            serde_json::from_str::<Value>(r.get())
+            // Only `isError` is read: the rest is skipped, not built.
+            #[derive(serde::Deserialize)]
+            struct Flag<'a> {
+                #[serde(rename = "isError", borrow, default)]
+                is_error: Option<&'a serde_json::value::RawValue>,
+            }
+            serde_json::from_str::<Flag<'_>>(r.get())
                 .ok()
-                .and_then(|v| v.get("isError")?.as_bool())
-                .unwrap_or(false)
+                .and_then(|f| f.is_error)
+                .is_some_and(|v| v.get() == "true")
         })
 }
 

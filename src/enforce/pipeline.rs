@@ -379,12 +379,14 @@ impl Pipeline {
             };
         }
         if let Some(reply) = &call.reserved.reply {
-            if let Some(stop) = self.reply(&c, reply).await {
+            if let Some(stop) = Box::pin(self.reply(&c, reply)).await {
                 return stop;
             }
         }
+        // The write path's future is large and the read path's small: boxed,
+        // a read does not carry (and move) the write path's state.
         if !annotations.read_only || explicit {
-            return self.writes.write(&c).await;
+            return Box::pin(self.writes.write(&c)).await;
         }
         let decision = self.judge.decide(&c);
         if let Decision::Allow { .. } = decision {
@@ -403,7 +405,7 @@ impl Pipeline {
             Decision::Deny { .. } => refused(&c, Outcome::Denied),
             // A read the policies want approved goes through the approval
             // book and the ledger like a write: its yes is single-use too.
-            _ => self.writes.write(&c).await,
+            _ => Box::pin(self.writes.write(&c)).await,
         }
     }
 

@@ -167,6 +167,9 @@ fn accepts_sse(headers: &HeaderMap) -> bool {
         .is_none_or(|a| a.contains("text/event-stream") || a.contains("*/*"))
 }
 
+/// The handler's future is moved by value by the router: the paths off
+/// the common one (batch, initialize, 2026-07-28, a session's relay) are
+/// boxed where they are awaited, so it stays small.
 async fn post_mcp(
     State(gw): State<Arc<Gateway>>,
     Path(server): Path<String>,
@@ -252,16 +255,16 @@ async fn post_mcp(
                 if version.as_deref() != Some("2025-03-26") {
                     return reject(Rejection::BatchVersion(version), Value::Null);
                 }
-                batch(&gw, &session, members, &origin).await
+                Box::pin(batch(&gw, &session, members, &origin)).await
             }
         };
     }
     match parsed {
         Body::Single(msg) if msg.method() == "initialize" && msg.kind() == Kind::Request => {
-            initialize(&gw, &server, identity, &headers, msg, &origin).await
+            Box::pin(initialize(&gw, &server, identity, &headers, msg, &origin)).await
         }
         Body::Single(msg) if declared_version(msg.params_value().as_ref()).is_some() => {
-            modern(&gw, &server, identity, &headers, msg, &origin).await
+            Box::pin(modern(&gw, &server, identity, &headers, msg, &origin)).await
         }
         _ => reject(Rejection::NoSession, Value::Null),
     }
@@ -334,7 +337,7 @@ async fn in_session(
         Kind::Request => {
             let stream = Resumable(session.clone());
             let rc = session_request(session, origin);
-            relay_request(gw, rc, msg, sse, Some(stream)).await
+            Box::pin(relay_request(gw, rc, msg, sse, Some(stream))).await
         }
         // The answer to a question the gateway itself asked (approval in the
         // client) stays here; every other response is the upstream's.
@@ -342,17 +345,23 @@ async fn in_session(
             let open = session.asks.as_ref().and_then(|a| a.take(msg.id.as_ref()));
             match open {
                 Some(open) => {
-                    crate::enforce::client::answered(
+                    Box::pin(crate::enforce::client::answered(
                         gw.pipeline().book(),
                         &session.identity,
                         open,
                         &msg,
-                    )
+                    ))
                     .await;
                 }
                 None => {
-                    return forward(gw, Some(&session.conn()), &session.server, msg, &Vec::new())
-                        .await
+                    return Box::pin(forward(
+                        gw,
+                        Some(&session.conn()),
+                        &session.server,
+                        msg,
+                        &Vec::new(),
+                    ))
+                    .await
                 }
             }
             StatusCode::ACCEPTED.into_response()
@@ -365,7 +374,14 @@ async fn in_session(
         }
         Kind::Notification | Kind::Response => {
             let extra = session_request(session, origin).extra;
-            forward(gw, Some(&session.conn()), &session.server, msg, &extra).await
+            Box::pin(forward(
+                gw,
+                Some(&session.conn()),
+                &session.server,
+                msg,
+                &extra,
+            ))
+            .await
         }
     }
 }
@@ -542,7 +558,7 @@ async fn modern(
             };
             let mut rc = RequestCtx::stateless(server, identity, target, extra, false);
             rc.origin = origin.clone();
-            relay_request(gw, rc, msg, accepts_sse(headers), None).await
+            Box::pin(relay_request(gw, rc, msg, accepts_sse(headers), None)).await
         }
         _ => forward(gw, conn.as_deref(), server, msg, &extra).await,
     }
@@ -585,7 +601,7 @@ async fn bridged(
             let target = Target::Session(bridge.session);
             let mut rc = RequestCtx::stateless(server, identity, target, Vec::new(), true);
             rc.origin = origin.clone();
-            relay_request(gw, rc, msg, accepts_sse(headers), None).await
+            Box::pin(relay_request(gw, rc, msg, accepts_sse(headers), None)).await
         }
         _ => {
             let conn = bridge.session.conn();

@@ -34,8 +34,13 @@ struct Inline {
 }
 
 impl Inline {
-    fn new(fut: impl std::future::Future<Output = ()> + Send + 'static, outlives: bool) -> Inline {
+    fn new(
+        fut: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+        outlives: bool,
+    ) -> Inline {
         use futures_util::FutureExt;
+        // The call's future is large: boxed by the caller where it is made,
+        // it is copied once, not once per wrapper.
         // A panic ends the call, not the client's connection: its sender is
         // dropped, and the handler answers that no answer came.
         let fut = std::panic::AssertUnwindSafe(fut).catch_unwind().map(|_| ());
@@ -113,10 +118,10 @@ pub(super) async fn relay_request(
     // cancel the call (it may resume through the session), so dropping this
     // handler moves the rest of the call into a task of its own.
     let mut call = Inline::new(
-        async move {
+        Box::pin(async move {
             let final_answer = mcp::answer(&gw, &rc, msg, events).await;
             let _ = tx.send(final_answer).await;
-        },
+        }),
         era != Era::Modern,
     );
     // The upstream's word that it answers as a stream (a marker, never
