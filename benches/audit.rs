@@ -4,7 +4,9 @@
 //! a durable append (the one a write call waits for).
 //!
 //! `taskset -c 0 cargo bench --bench audit`; `BENCH_PARTS=1` instead times
-//! the parts of one entry (the JCS writer against serde_jcs).
+//! the parts of one entry (the JCS writer against serde_jcs);
+//! `BENCH_SHAPE=read` writes entries shaped like an unattended read's one
+//! `completed` entry instead (what a log of mostly reads holds).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -13,7 +15,36 @@ use countersign::audit::log::{AuditLog, Settings};
 use countersign::audit::ArgumentMode;
 use serde_json::{json, Map, Value};
 
+/// An unattended read's one entry, as the gateway writes it.
+fn read_entry(i: u64) -> Map<String, Value> {
+    let mut f = Map::new();
+    f.insert(
+        "call_digest".into(),
+        json!(format!(
+            "sha256:0de1b961e2d4da72965c05ca9235aa5f2672806edafb6c3474effa4b1cb{:05x}",
+            i % 0xfffff
+        )),
+    );
+    f.insert("principal".into(), json!("agent-7"));
+    f.insert("tenant".into(), json!("acme"));
+    f.insert("server".into(), json!("payments"));
+    f.insert("tool".into(), json!("get_balance"));
+    f.insert("decision".into(), json!("allow"));
+    f.insert("policies".into(), json!(["default/read-only"]));
+    f.insert("is_error".into(), json!(false));
+    f.insert("received_at".into(), json!("2026-12-04T10:00:00.123Z"));
+    f
+}
+
+fn reads() -> bool {
+    static READS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READS.get_or_init(|| std::env::var("BENCH_SHAPE").is_ok_and(|s| s == "read"))
+}
+
 fn entry(i: u64) -> Map<String, Value> {
+    if reads() {
+        return read_entry(i);
+    }
     let mut f = Map::new();
     f.insert(
         "call_digest".into(),
@@ -92,7 +123,14 @@ fn main() {
     let log = AuditLog::open(settings.clone()).expect("open");
     let start = Instant::now();
     for i in 0..n {
-        log.record("call_received", entry(i));
+        log.record(
+            if reads() {
+                "completed"
+            } else {
+                "call_received"
+            },
+            entry(i),
+        );
     }
     log.close();
     let append = start.elapsed();

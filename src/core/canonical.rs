@@ -577,7 +577,9 @@ pub fn sha256_text(digest: &[u8; 32]) -> String {
     text[..7].copy_from_slice(b"sha256:");
     // 64 hex digits fit the 64 bytes after the prefix exactly.
     let _ = hex::encode_to_slice(digest, &mut text[7..]);
-    String::from_utf8_lossy(&text).into_owned()
+    std::str::from_utf8(&text)
+        .map(str::to_owned)
+        .unwrap_or_default()
 }
 
 /// Walk the JSON text and enforce what `serde_json` lets through:

@@ -179,21 +179,26 @@ pub(crate) fn claim_with(
 /// reads in flight share one upstream call under `key`, which is the
 /// caller's and the digest's and cannot be a ledger key (those are JSON
 /// arrays).
+/// `read`, then tenant, principal and scope each after its length (so no
+/// two callers' fields run into each other), then the digest.
+fn read_key(tenant: &str, principal: &str, scope: &str, digest: &str) -> String {
+    use std::fmt::Write;
+    let mut key =
+        String::with_capacity(24 + tenant.len() + principal.len() + scope.len() + digest.len());
+    key.push_str("read ");
+    for part in [tenant, principal, scope] {
+        let _ = write!(key, "{}:", part.len());
+        key.push_str(part);
+    }
+    key.push_str(digest);
+    key
+}
+
 pub(crate) fn read_claim(caller: &Caller, server: &str, call: &CanonicalCall) -> Claim {
     let who = &caller.identity;
     let scope = caller.scope.as_deref().unwrap_or("");
     Claim {
-        // Length-prefixed: no two callers' fields run into each other.
-        key: format!(
-            "read {}:{}{}:{}{}:{}{}",
-            who.tenant.len(),
-            who.tenant,
-            who.principal.len(),
-            who.principal,
-            scope.len(),
-            scope,
-            call.digest
-        ),
+        key: read_key(&who.tenant, &who.principal, scope, &call.digest),
         client_key: String::new(),
         explicit: false,
         digest: call.digest.clone(),

@@ -326,6 +326,8 @@ pub struct Gateway {
     /// Every line the gateway wrote to stderr.
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     env: Vec<(String, String)>,
+    /// What the gateway runs under (see [`Options::wrapper`]).
+    wrapper: Vec<String>,
     pub addr: String,
     pub dir: tempfile::TempDir,
     pub http_upstream: Option<HttpUpstream>,
@@ -350,6 +352,9 @@ pub struct Options {
     pub limits: String,
     /// `call_timeout` of the `payments` server.
     pub call_timeout: String,
+    /// A command the gateway runs under (`valgrind --tool=callgrind ...`):
+    /// its program and arguments, before the gateway's own.
+    pub wrapper: Vec<String>,
 }
 
 impl Default for Options {
@@ -362,6 +367,7 @@ impl Default for Options {
             policies: None,
             approvals: "hold = \"0s\"\n".into(),
             gateway: String::new(),
+            wrapper: Vec::new(),
             limits: String::new(),
             call_timeout: "5s".into(),
         }
@@ -471,6 +477,7 @@ call_timeout = "{call_timeout}"
             child: None,
             log: Default::default(),
             env: opts.gateway_env,
+            wrapper: opts.wrapper,
             addr: String::new(),
             dir,
             http_upstream,
@@ -496,7 +503,15 @@ call_timeout = "{call_timeout}"
     }
 
     fn spawn(&mut self) {
-        let mut child = Command::new(countersign_bin())
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(countersign_bin());
+                c
+            }
+            None => Command::new(countersign_bin()),
+        };
+        let mut child = command
             .args(["serve", "--config"])
             .arg(self.config_path())
             .env("COUNTERSIGN_LOG", "info")
