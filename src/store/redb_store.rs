@@ -401,21 +401,14 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
     });
     let mut done = Vec::with_capacity(batch.len());
     {
-        let mut table = txn
-            .open_table(LEDGER)
-            .map_err(|e| err("open table")(e.into()))?;
-        let mut proposals = txn
-            .open_table(PROPOSALS)
-            .map_err(|e| err("open table")(e.into()))?;
-        let mut outbox = txn
-            .open_table(OUTBOX)
-            .map_err(|e| err("open table")(e.into()))?;
-        let mut pins = txn
-            .open_table(PINS)
-            .map_err(|e| err("open table")(e.into()))?;
-        let mut notices = txn
-            .open_table(NOTICES)
-            .map_err(|e| err("open table")(e.into()))?;
+        // Each table is opened when an operation first needs it: a table
+        // opened in a write transaction costs its root's bookkeeping at
+        // commit, and most batches touch one or two of the five.
+        let mut ledger = None;
+        let mut proposals_slot = None;
+        let mut outbox_slot = None;
+        let mut pins_slot = None;
+        let mut notices_slot = None;
         for op in batch {
             done.push(match op {
                 Op::Reserve {
@@ -425,8 +418,8 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                     approval,
                     ..
                 } => Done::Reserve(reserve(
-                    &mut table,
-                    &mut proposals,
+                    opened(&mut ledger, &txn, LEDGER)?,
+                    opened(&mut proposals_slot, &txn, PROPOSALS)?,
                     key,
                     record,
                     *now_ms,
@@ -439,50 +432,64 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                     outbox: entries,
                     notices: queued,
                     ..
-                } => Done::Transition(transition(&mut table, key, *from, to).and_then(|moved| {
-                    // INVARIANT: the outbox row and the notifications commit
-                    // in the same transaction as the move they record, or
-                    // not at all.
-                    if let (true, Some((id, text))) = (moved, entries) {
-                        outbox
-                            .insert(*id, text.as_str())
-                            .map_err(|e| err("write")(e.into()))?;
-                    }
-                    if moved {
-                        for n in queued {
-                            notices
-                                .insert(n.key().as_str(), encode_notice(n)?.as_slice())
-                                .map_err(|e| err("write")(e.into()))?;
-                        }
-                    }
-                    Ok(moved)
-                })),
-                Op::OutboxClear { upto, .. } => Done::Gc(outbox_clear(&mut outbox, *upto)),
-                Op::Gc { now_ms, .. } => Done::Gc(gc(&mut table, *now_ms)),
+                } => Done::Transition(
+                    transition(opened(&mut ledger, &txn, LEDGER)?, key, *from, to).and_then(
+                        |moved| {
+                            // INVARIANT: the outbox row and the notifications commit
+                            // in the same transaction as the move they record, or
+                            // not at all.
+                            if let (true, Some((id, text))) = (moved, entries) {
+                                opened(&mut outbox_slot, &txn, OUTBOX)?
+                                    .insert(*id, text.as_str())
+                                    .map_err(|e| err("write")(e.into()))?;
+                            }
+                            if moved {
+                                for n in queued {
+                                    opened(&mut notices_slot, &txn, NOTICES)?
+                                        .insert(n.key().as_str(), encode_notice(n)?.as_slice())
+                                        .map_err(|e| err("write")(e.into()))?;
+                                }
+                            }
+                            Ok(moved)
+                        },
+                    ),
+                ),
+                Op::OutboxClear { upto, .. } => {
+                    Done::Gc(outbox_clear(opened(&mut outbox_slot, &txn, OUTBOX)?, *upto))
+                }
+                Op::Gc { now_ms, .. } => Done::Gc(gc(opened(&mut ledger, &txn, LEDGER)?, *now_ms)),
                 Op::PutProposal {
                     proposal,
                     expect,
                     notices: queued,
                     ..
-                } => Done::Transition(put_proposal(&mut proposals, proposal, *expect).and_then(
-                    |wrote| {
+                } => Done::Transition(
+                    put_proposal(
+                        opened(&mut proposals_slot, &txn, PROPOSALS)?,
+                        proposal,
+                        *expect,
+                    )
+                    .and_then(|wrote| {
                         // INVARIANT: a notification commits with the
                         // proposal change it announces, or not at all.
                         if wrote {
                             for n in queued {
                                 let bytes = encode_notice(n)?;
-                                notices
+                                opened(&mut notices_slot, &txn, NOTICES)?
                                     .insert(n.key().as_str(), bytes.as_slice())
                                     .map_err(|e| err("write")(e.into()))?;
                             }
                         }
                         Ok(wrote)
-                    },
+                    }),
+                ),
+                Op::GcProposals { before_ms, .. } => Done::Gc(gc_proposals(
+                    opened(&mut proposals_slot, &txn, PROPOSALS)?,
+                    *before_ms,
                 )),
-                Op::GcProposals { before_ms, .. } => {
-                    Done::Gc(gc_proposals(&mut proposals, *before_ms))
+                Op::Pin { pins: new, .. } => {
+                    Done::Gc(pin_first(opened(&mut pins_slot, &txn, PINS)?, new))
                 }
-                Op::Pin { pins: new, .. } => Done::Gc(pin_first(&mut pins, new)),
             });
         }
     }
@@ -491,6 +498,21 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
 }
 
 type Table<'t> = redb::Table<'t, &'static str, &'static [u8]>;
+
+/// The table in `slot`, opened in `txn` on first use.
+fn opened<'s, 't, K: redb::Key + 'static, V: redb::Value + 'static>(
+    slot: &'s mut Option<redb::Table<'t, K, V>>,
+    txn: &'t redb::WriteTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<&'s mut redb::Table<'t, K, V>, StoreError> {
+    let table = match slot.take() {
+        Some(t) => t,
+        None => txn
+            .open_table(def)
+            .map_err(|e| err("open table")(e.into()))?,
+    };
+    Ok(slot.insert(table))
+}
 
 fn pin_first(
     pins: &mut redb::Table<'_, &'static str, &'static str>,
