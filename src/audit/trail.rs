@@ -242,6 +242,16 @@ impl Log<'_> {
         f
     }
 
+    /// [`Log::with_base`], taking the base fields (the trail's last entry).
+    fn taking_base(&mut self, extra: Map<String, Value>) -> Map<String, Value> {
+        let mut f = std::mem::take(&mut self.base);
+        if let Some(k) = self.key.get() {
+            f.insert("idempotency_key".into(), json!(k));
+        }
+        f.extend(extra);
+        f
+    }
+
     fn received_fields(&self, explicit: bool, read_only: bool) -> Map<String, Value> {
         let mut f = Map::new();
         f.insert("explicit_key".into(), json!(explicit));
@@ -284,11 +294,30 @@ impl Drop for Trail<'_> {
     /// The call ended (answered, refused or cancelled): hand its entries to
     /// the writer.
     fn drop(&mut self) {
-        if let Some(log) = &self.log {
-            let entries = self.take();
-            if !entries.is_empty() {
-                log.sink.record_all(entries);
-            }
+        let Some(log) = &mut self.log else {
+            return;
+        };
+        let pending = self.pending.get_mut();
+        pending.write_out_read(log);
+        let extras = std::mem::take(&mut pending.entries);
+        if extras.is_empty() {
+            return;
         }
+        // The last entry takes the base fields instead of a copy of them
+        // (a read's only entry copies nothing).
+        let last = extras.len() - 1;
+        let entries: Entries = extras
+            .into_iter()
+            .enumerate()
+            .map(|(i, (kind, extra))| {
+                let fields = if i == last {
+                    log.taking_base(extra)
+                } else {
+                    log.with_base(extra)
+                };
+                (kind, fields)
+            })
+            .collect();
+        log.sink.record_all(entries);
     }
 }
