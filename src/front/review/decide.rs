@@ -66,6 +66,21 @@ fn reviewer(c: &Console, headers: &HeaderMap) -> Result<(Reviewer, session::Sess
     Ok((r, s))
 }
 
+/// A JSON body of the shape `shape`, or a 400 that names the shape.
+#[expect(
+    clippy::result_large_err,
+    reason = "the Err side is the handler's answer itself, returned once per request"
+)]
+fn body_of<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Response> {
+    serde_json::from_slice(body).map_err(|e| {
+        refusal(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("the body must be {shape}: {e}"),
+        )
+    })
+}
+
 /// `POST /review/p/{id}/statement`: the statement to sign, and the
 /// challenge that is its digest.
 pub(crate) async fn statement(
@@ -79,15 +94,9 @@ pub(crate) async fn statement(
         Ok(x) => x,
         Err(r) => return r,
     };
-    let ask: Ask = match serde_json::from_slice(&body) {
+    let ask: Ask = match body_of(&body, "{decision, reason, ttl}") {
         Ok(a) => a,
-        Err(e) => {
-            return refusal(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("the body must be {{decision, reason, ttl}}: {e}"),
-            )
-        }
+        Err(r) => return r,
     };
     if ask.decision == Verdict::Deny && ask.reason.trim().is_empty() {
         return refusal(
@@ -176,15 +185,9 @@ pub(crate) async fn decide(
         Ok(x) => x,
         Err(r) => return r,
     };
-    let signed: Signed = match serde_json::from_slice(&body) {
+    let signed: Signed = match body_of(&body, "{statement, assertion}") {
         Ok(s) => s,
-        Err(e) => {
-            return refusal(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("the body must be {{statement, assertion}}: {e}"),
-            )
-        }
+        Err(r) => return r,
     };
     let verdict = signed.statement.decision;
     let proof = Proof::Passkey {
