@@ -59,8 +59,6 @@ struct Pending {
 
 struct ReadSoFar {
     received_at: Value,
-    /// `call_received`'s flag, for the separate entries.
-    explicit: bool,
     /// The allow decision's policies, once decided.
     allowed: Option<Vec<String>>,
     decided_at: Option<Value>,
@@ -186,7 +184,6 @@ impl<'c> Trail<'c> {
         if read_only && !explicit {
             self.pending.lock().read = Some(ReadSoFar {
                 received_at: now(),
-                explicit,
                 allowed: None,
                 decided_at: None,
             });
@@ -276,7 +273,8 @@ impl ReadSoFar {
     /// The read as the separate entries of any call (it ended otherwise
     /// than answered): `call_received`, and `decision` when it was made.
     fn separate(self, log: &Log<'_>) -> Vec<(&'static str, Map<String, Value>)> {
-        let mut received = log.received_fields(self.explicit, true);
+        // Only a read without a key is held back (see `received`).
+        let mut received = log.received_fields(false, true);
         received.insert("time".into(), self.received_at);
         let mut out = vec![("call_received", received)];
         if let (Some(policies), Some(at)) = (self.allowed, self.decided_at) {
