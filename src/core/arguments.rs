@@ -185,11 +185,11 @@ pub fn typed_value(
             RestrictedExpression::new_long(n.as_i64().ok_or_else(|| mismatch("Long"))?)
         }
         (ArgType::Long, _) => return Err(mismatch("Long")),
-        (ArgType::Decimal, Value::Number(_)) => RestrictedExpression::new_decimal(
-            as_decimal(&crate::core::canonical::jcs(v)).ok_or_else(|| {
+        (ArgType::Decimal, Value::Number(_)) => {
+            decimal(as_decimal(&crate::core::canonical::jcs(v)).ok_or_else(|| {
                 mismatch("decimal (at most 4 fractional digits, magnitude below 922337203685477)")
-            })?,
-        ),
+            })?)
+        }
         (ArgType::Decimal, _) => return Err(mismatch("decimal")),
         (ArgType::String, Value::String(s)) => RestrictedExpression::new_string(s.clone()),
         (ArgType::String, _) => return Err(mismatch("String")),
@@ -228,6 +228,32 @@ pub fn typed_value(
     }))
 }
 
+/// The Cedar decimal of `text` (see [`as_decimal`]). Cedar's
+/// `RestrictedExpression::new_decimal` parses the extension's name with its
+/// whole grammar on every call, about 48,000 instructions under callgrind,
+/// more than the rest of a decision; so each thread builds a decimal once per
+/// distinct text and clones it after. The text is the caller's: the map keeps
+/// std's keyed hasher, and is emptied at 1,024 texts, so it stays bounded.
+fn decimal(text: String) -> RestrictedExpression {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    thread_local! {
+        static MADE: RefCell<HashMap<String, RestrictedExpression>> = RefCell::new(HashMap::new());
+    }
+    MADE.with(|made| {
+        let mut made = made.borrow_mut();
+        if let Some(e) = made.get(&text) {
+            return e.clone();
+        }
+        if made.len() >= 1024 {
+            made.clear();
+        }
+        let e = RestrictedExpression::new_decimal(&text);
+        made.insert(text, e.clone());
+        e
+    })
+}
+
 /// Largest magnitude of a Cedar decimal (i64 / 10^4).
 const DECIMAL_LIMIT: f64 = 922_337_203_685_477.0;
 
@@ -262,7 +288,7 @@ pub fn map_value(v: &Value, path: &str) -> Result<Option<RestrictedExpression>, 
             // The JCS text: the spelling the server receives.
             let text = crate::core::canonical::jcs(v);
             match as_decimal(&text) {
-                Some(d) => RestrictedExpression::new_decimal(d),
+                Some(d) => decimal(d),
                 None => RestrictedExpression::new_string(text),
             }
         }

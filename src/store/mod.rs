@@ -39,6 +39,7 @@
 //! gateway that wrote them (a gateway's `recover` is of its own rows). See
 //! the module for the lease that fences a paused gateway.
 
+mod journal;
 mod memory;
 pub mod postgres;
 mod redb_store;
@@ -1277,9 +1278,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
         assert!(!store.unflushed(), "nothing committed yet");
-        // A reservation commits without an fsync of its own.
+        // A reservation is kept in memory only (a crash frees it anyway).
         let r = Record::reserve(&claim("d1"), 0, 1000);
-        store.reserve("k".into(), r, 0).await.unwrap();
+        store.reserve("k".into(), r.clone(), 0).await.unwrap();
+        assert!(!store.unflushed(), "nothing on disk waits");
+        // Freeing it is journaled without an fsync of its own.
+        assert!(store
+            .transition(
+                "k".into(),
+                State::Reserved,
+                with_state(r, State::NotDispatched)
+            )
+            .await
+            .unwrap());
         assert!(store.unflushed(), "shown before the caller is answered");
         // The idle flush carries it within 100 ms.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -1379,6 +1390,64 @@ mod tests {
         let taken = store.notices_claim("g2", now, 60_000, 10).await.unwrap();
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].id, "ev-9");
+    }
+
+    #[tokio::test]
+    async fn redb_journal_survives_a_crash_and_applies_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        let r = Record::reserve(&claim("d1"), 0, 1000);
+        let mut done = with_state(r.clone(), State::Complete);
+        done.answer = Some(Answer::Result("{}".into()));
+        {
+            let store = RedbStore::open(&path).unwrap();
+            for k in ["a", "b", "c"] {
+                store.reserve(k.into(), r.clone(), 0).await.unwrap();
+            }
+            let id = |k: &str| u64::from(k.as_bytes()[0]);
+            for k in ["a", "b"] {
+                assert!(store
+                    .transition_with(
+                        k.into(),
+                        State::Reserved,
+                        with_state(r.clone(), State::Dispatched),
+                        Some((id(k), format!("[{k}]")))
+                    )
+                    .await
+                    .unwrap());
+            }
+            assert!(store
+                .transition("b".into(), State::Dispatched, done.clone())
+                .await
+                .unwrap());
+            assert_eq!(store.outbox_clear(id("a")).await.unwrap(), 1);
+            // Nothing of this is in redb yet: it is in the journal.
+            assert!(
+                std::fs::metadata(path.with_extension("journal"))
+                    .unwrap()
+                    .len()
+                    > 16
+            );
+            store.crash_on_drop();
+        }
+        for round in 0..2 {
+            // Replayed at the first open, and not again at the second (the
+            // clean stop in between left an empty journal).
+            let store = RedbStore::open(&path).unwrap();
+            let state = |k: &'static str| {
+                let store = &store;
+                async move { store.get(k).await.unwrap().map(|r| r.state) }
+            };
+            assert_eq!(state("a").await, Some(State::Dispatched), "round {round}");
+            assert_eq!(store.get("b").await.unwrap(), Some(done.clone()));
+            assert_eq!(state("c").await, None, "a reservation is not kept");
+            assert_eq!(
+                store.outbox().await.unwrap(),
+                vec![(u64::from(b'b'), "[b]".to_owned())]
+            );
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.recover().await.unwrap().unknown, 1);
     }
 
     #[tokio::test]

@@ -9,12 +9,16 @@
 //! fsync on its hot path (the `dispatched` record). Reads use their own read
 //! transactions and never wait for the writer.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
+use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
+
+use super::journal::{self, Frames, ItemRef, Journal};
 
 use super::{
     check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
@@ -23,7 +27,6 @@ use super::{
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
 use crate::core::notify::{Notice, WebhookStatus};
-use std::collections::BTreeMap;
 
 const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
 /// Approval proposals, in the same database: consuming an approval and
@@ -39,6 +42,9 @@ const NOTICES: TableDefinition<&str, &[u8]> = TableDefinition::new("notices");
 const NOTIFY: TableDefinition<&str, &[u8]> = TableDefinition::new("notify_status");
 /// Nonces of signed control requests, and until when (unix ms) each is kept.
 const NONCES: TableDefinition<&str, i64> = TableDefinition::new("used_nonces");
+/// The store's own bookkeeping: the journal's generation.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const JOURNAL_GENERATION: &str = "journal_generation";
 
 /// Most operations folded into one write transaction.
 const MAX_BATCH: usize = 256;
@@ -83,9 +89,40 @@ enum Op {
         pins: Vec<(String, String)>,
         reply: oneshot::Sender<Result<usize, StoreError>>,
     },
+    /// Fold the journal into redb now (before a scan of redb's ledger).
+    Checkpoint {
+        reply: oneshot::Sender<Result<usize, StoreError>>,
+    },
 }
 
 impl Op {
+    /// Whether the journal takes it (the write path's ledger changes):
+    /// otherwise it needs redb's tables in one transaction.
+    fn journaled(&self) -> bool {
+        match self {
+            Op::Reserve { approval, .. } => approval.is_none(),
+            Op::Transition { notices, .. } => notices.is_empty(),
+            Op::OutboxClear { .. } => true,
+            Op::PutProposal { .. }
+            | Op::GcProposals { .. }
+            | Op::Gc { .. }
+            | Op::Pin { .. }
+            | Op::Checkpoint { .. } => false,
+        }
+    }
+
+    /// Whether it reads or writes the ledger or the outbox.
+    fn touches_ledger(&self) -> bool {
+        match self {
+            Op::Reserve { .. }
+            | Op::Transition { .. }
+            | Op::OutboxClear { .. }
+            | Op::Gc { .. }
+            | Op::Checkpoint { .. } => true,
+            Op::PutProposal { .. } | Op::GcProposals { .. } | Op::Pin { .. } => false,
+        }
+    }
+
     fn durable(&self) -> bool {
         match self {
             // A notification is queued durably with what it announces.
@@ -102,7 +139,8 @@ impl Op {
             Op::Reserve { .. }
             | Op::Gc { .. }
             | Op::GcProposals { .. }
-            | Op::OutboxClear { .. } => false,
+            | Op::OutboxClear { .. }
+            | Op::Checkpoint { .. } => false,
         }
     }
 }
@@ -155,6 +193,12 @@ pub struct RedbStore {
     writer: Option<std::thread::JoinHandle<()>>,
     /// Set by the writer while commits since the last fsync wait for one.
     dirty: Arc<AtomicBool>,
+    /// The writer's changes not yet in redb (see [`Pending`]).
+    pending: Arc<Mutex<Pending>>,
+    /// Set to stop the writer as a crash would: without the checkpoint and
+    /// the flush of a clean stop (tests of the journal's replay).
+    #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
+    crash: Arc<AtomicBool>,
 }
 
 impl Drop for RedbStore {
@@ -239,15 +283,41 @@ impl RedbStore {
                     .map_err(|e| err("write")(e.into()))?;
             }
         }
+        // What the journal holds of the last run (all of it after a crash,
+        // nothing after a clean stop) goes into redb now, in the same
+        // durable commit, which also starts the journal's next generation.
+        let journal_path = journal::path_for(path);
+        let generation = txn
+            .open_table(META)
+            .map_err(|e| err("create table")(e.into()))?
+            .get(JOURNAL_GENERATION)
+            .map_err(|e| err("read")(e.into()))?
+            .map_or(0, |g| g.value());
+        replay(&txn, journal::read(&journal_path, generation)?)?;
+        set_generation(&txn, generation + 1)?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
+        let journal = Journal::create(&journal_path, generation + 1)?;
         let db = Arc::new(db);
         let (queue, rx) = mpsc::channel();
         let writer_db = db.clone();
         let dirty = Arc::new(AtomicBool::new(false));
         let writer_dirty = dirty.clone();
+        let pending = Arc::new(Mutex::new(Pending::default()));
+        let writer_pending = pending.clone();
+        let crash = Arc::new(AtomicBool::new(false));
+        let writer_crash = crash.clone();
         let writer = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer(&writer_db, &rx, &writer_dirty))
+            .spawn(move || {
+                writer(
+                    &writer_db,
+                    &rx,
+                    &writer_dirty,
+                    &writer_pending,
+                    journal,
+                    &writer_crash,
+                )
+            })
             .map_err(|e| StoreError::Backend {
                 op: "start the ledger writer",
                 reason: e.to_string(),
@@ -257,7 +327,15 @@ impl RedbStore {
             queue: Some(queue),
             writer: Some(writer),
             dirty,
+            pending,
+            crash,
         })
+    }
+
+    /// Stop, when dropped, as a crash would (see [`RedbStore::crash`]).
+    #[cfg(test)]
+    pub(super) fn crash_on_drop(&self) {
+        self.crash.store(true, Ordering::Release);
     }
 
     /// A read-only view of the ledger (never waits for the writer).
@@ -296,16 +374,102 @@ impl RedbStore {
 /// comes along to carry them.
 const IDLE_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
 
-fn writer(db: &Database, rx: &mpsc::Receiver<Op>, shown: &AtomicBool) {
-    // Whether commits since the last fsync are waiting for one.
-    let mut dirty = false;
+/// The journal is folded into redb once it holds this many bytes...
+const CHECKPOINT_BYTES: u64 = 1 << 20;
+/// ... or changes to this many keys (bounds the memory of [`Pending`]).
+const CHECKPOINT_KEYS: usize = 4096;
+
+/// What the writer changed since its last checkpoint and redb does not hold
+/// yet: what the journal holds, and reservations (kept only here: a crash
+/// frees a reserved key anyway). Readers look here first, then in redb. The
+/// writer clears it only after the checkpoint's commit, so a reader that
+/// misses here finds the change in redb.
+#[derive(Default, Clone)]
+struct Pending {
+    ledger: HashMap<String, Record>,
+    outbox: BTreeMap<u64, String>,
+    /// Outbox rows up to this id are gone (from redb at the checkpoint).
+    cleared: Option<u64>,
+}
+
+impl Pending {
+    /// A copy of the outbox part alone (what outbox reads need).
+    fn outbox_only(&self) -> Pending {
+        Pending {
+            ledger: HashMap::new(),
+            outbox: self.outbox.clone(),
+            cleared: self.cleared,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ledger.is_empty() && self.outbox.is_empty() && self.cleared.is_none()
+    }
+
+    fn apply(&mut self, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Put(k, r) => {
+                    self.ledger.insert(k, r);
+                }
+                Effect::Outbox(id, text) => {
+                    self.outbox.insert(id, text);
+                }
+                Effect::Clear(upto) => {
+                    self.outbox.retain(|id, _| *id > upto);
+                    self.cleared = Some(self.cleared.map_or(upto, |c| c.max(upto)));
+                }
+            }
+        }
+    }
+}
+
+/// A change a journaled batch makes, applied to [`Pending`] once its frames
+/// are written (and fsynced, when the batch is durable).
+enum Effect {
+    Put(String, Record),
+    Outbox(u64, String),
+    Clear(u64),
+}
+
+/// The ledger writer thread's state.
+struct Writer<'a> {
+    db: &'a Database,
+    journal: Journal,
+    pending: &'a Mutex<Pending>,
+    shown: &'a AtomicBool,
+    /// Frames appended since the journal's last fsync.
+    journal_unsynced: bool,
+    /// redb commits made since its last fsync.
+    redb_unsynced: bool,
+    /// A journal write or fsync failed: what the file holds is unknown, so
+    /// every later operation fails (closed) until a restart replays it.
+    broken: Option<StoreError>,
+}
+
+fn writer(
+    db: &Database,
+    rx: &mpsc::Receiver<Op>,
+    shown: &AtomicBool,
+    pending: &Mutex<Pending>,
+    journal: Journal,
+    crash: &AtomicBool,
+) {
+    let mut w = Writer {
+        db,
+        journal,
+        pending,
+        shown,
+        journal_unsynced: false,
+        redb_unsynced: false,
+        broken: None,
+    };
     loop {
-        let first = if dirty {
+        let first = if w.unsynced() {
             match rx.recv_timeout(IDLE_FLUSH) {
                 Ok(op) => op,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    dirty = !flush(db);
-                    shown.store(dirty, Ordering::Release);
+                    w.flush();
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -323,49 +487,326 @@ fn writer(db: &Database, rx: &mpsc::Receiver<Op>, shown: &AtomicBool) {
                 Err(_) => break,
             }
         }
-        let durable = batch.iter().any(Op::durable);
-        // A durable commit also makes every earlier non-durable one durable.
-        // Shown before any caller is answered: whoever saw its commit
-        // answered can tell whether it is on disk yet.
-        dirty = !durable;
-        shown.store(dirty, Ordering::Release);
-        match apply_batch(db, &batch, durable) {
-            Ok(done) => {
-                for (op, d) in batch.into_iter().zip(done) {
-                    match (op, d) {
-                        (Op::Reserve { reply, .. }, Done::Reserve(r)) => drop(reply.send(r)),
-                        (Op::Transition { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
-                        (
-                            Op::Gc { reply, .. }
-                            | Op::GcProposals { reply, .. }
-                            | Op::OutboxClear { reply, .. },
-                            Done::Gc(r),
-                        ) => drop(reply.send(r)),
-                        (Op::PutProposal { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
-                        (Op::Pin { reply, .. }, Done::Gc(r)) => drop(reply.send(r)),
-                        _ => {}
-                    }
-                }
-            }
-            Err(e) => {
-                // The whole transaction failed: nothing of it happened.
-                tracing::error!("ledger commit failed: {e}");
-                for op in batch {
-                    match op {
-                        Op::Reserve { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::Transition { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::Gc { reply, .. }
-                        | Op::GcProposals { reply, .. }
-                        | Op::OutboxClear { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::PutProposal { reply, .. } => drop(reply.send(Err(e.clone()))),
-                        Op::Pin { reply, .. } => drop(reply.send(Err(e.clone()))),
-                    }
-                }
+        w.run(batch);
+        let keys = w.pending.lock().ledger.len();
+        if w.broken.is_none() && (w.journal.len() >= CHECKPOINT_BYTES || keys >= CHECKPOINT_KEYS) {
+            if let Err(e) = w.checkpoint(&[]) {
+                tracing::error!("ledger checkpoint failed: {e}");
             }
         }
     }
-    if dirty {
-        flush(db);
+    if crash.load(Ordering::Acquire) {
+        return;
+    }
+    // A clean stop leaves everything in redb and an empty journal.
+    if w.broken.is_none() {
+        if let Err(e) = w.checkpoint(&[]) {
+            tracing::error!("ledger checkpoint at shutdown failed: {e}");
+        }
+    }
+    w.flush();
+}
+
+impl Writer<'_> {
+    fn unsynced(&self) -> bool {
+        self.journal_unsynced || self.redb_unsynced
+    }
+
+    fn show(&self) {
+        self.shown.store(self.unsynced(), Ordering::Release);
+    }
+
+    /// fsync what waits for it (the idle flush).
+    fn flush(&mut self) {
+        if self.journal_unsynced && self.broken.is_none() {
+            match self.journal.sync() {
+                Ok(()) => self.journal_unsynced = false,
+                Err(e) => {
+                    tracing::error!("ledger journal flush failed: {e}");
+                    self.broken = Some(e);
+                }
+            }
+        }
+        if self.redb_unsynced && flush(self.db) {
+            self.redb_unsynced = false;
+        }
+        self.show();
+    }
+
+    /// Apply `batch` and answer each of its callers.
+    fn run(&mut self, batch: Vec<Op>) {
+        let result = match &self.broken {
+            Some(e) => Err(e.clone()),
+            None if batch.iter().all(Op::journaled) => self.journaled(&batch),
+            None => self.committed(&batch),
+        };
+        // Shown before any caller is answered: whoever saw its change
+        // answered can tell whether it is on disk yet.
+        self.show();
+        match result {
+            Ok(done) => reply(batch, done),
+            Err(e) => {
+                tracing::error!("ledger write failed: {e}");
+                fail(batch, &e);
+            }
+        }
+    }
+
+    /// The record of `key` as this batch sees it: its own earlier changes,
+    /// then [`Pending`], then redb.
+    fn current(
+        &self,
+        effects: &[Effect],
+        view: &mut Option<redb::ReadTransaction>,
+        key: &str,
+    ) -> Result<Option<Record>, StoreError> {
+        for e in effects.iter().rev() {
+            if let Effect::Put(k, r) = e {
+                if k == key {
+                    return Ok(Some(r.clone()));
+                }
+            }
+        }
+        if let Some(r) = self.pending.lock().ledger.get(key) {
+            return Ok(Some(r.clone()));
+        }
+        let txn = match view {
+            Some(t) => t,
+            None => view.insert(
+                self.db
+                    .begin_read()
+                    .map_err(|e| err("begin read")(e.into()))?,
+            ),
+        };
+        let table = txn
+            .open_table(LEDGER)
+            .map_err(|e| err("open table")(e.into()))?;
+        read(&table, key)
+    }
+
+    /// The outbox rows as this batch sees them.
+    fn outbox_now(
+        &self,
+        effects: &[Effect],
+        view: &mut Option<redb::ReadTransaction>,
+    ) -> Result<BTreeMap<u64, String>, StoreError> {
+        let pending = self.pending.lock().outbox_only();
+        let txn = match view {
+            Some(t) => t,
+            None => view.insert(
+                self.db
+                    .begin_read()
+                    .map_err(|e| err("begin read")(e.into()))?,
+            ),
+        };
+        let mut rows = outbox_rows(txn, &pending)?;
+        for e in effects {
+            match e {
+                Effect::Outbox(id, text) => {
+                    rows.insert(*id, text.clone());
+                }
+                Effect::Clear(upto) => rows.retain(|id, _| id > upto),
+                Effect::Put(..) => {}
+            }
+        }
+        Ok(rows)
+    }
+
+    /// A batch of the write path's ledger changes, through the journal: one
+    /// append, and one fsync when an operation needs it.
+    fn journaled(&mut self, batch: &[Op]) -> Result<Vec<Done>, StoreError> {
+        let generation = self.journal.generation();
+        let mut effects = Vec::new();
+        let mut frames = Frames::default();
+        let mut view = None;
+        let mut durable = false;
+        let mut done = Vec::with_capacity(batch.len());
+        for op in batch {
+            done.push(match op {
+                Op::Reserve {
+                    key,
+                    record,
+                    now_ms,
+                    ..
+                } => Done::Reserve(self.current(&effects, &mut view, key).map(|cur| {
+                    match cur.filter(|r| r.binds(*now_ms)) {
+                        Some(existing) => Reservation::Bound(existing),
+                        None => {
+                            // Not journaled: a reservation is lost to a crash
+                            // anyway (recovery frees reserved keys).
+                            effects.push(Effect::Put(key.clone(), record.clone()));
+                            Reservation::Reserved
+                        }
+                    }
+                })),
+                Op::Transition {
+                    key,
+                    from,
+                    to,
+                    outbox,
+                    ..
+                } => Done::Transition((|| {
+                    check_transition(*from, to.state)?;
+                    match self.current(&effects, &mut view, key)? {
+                        Some(cur) if cur.state == *from => {}
+                        _ => return Ok(false),
+                    }
+                    let bytes = encode(to)?;
+                    let mut items = vec![ItemRef::Record { key, bytes: &bytes }];
+                    // INVARIANT: the outbox row is in the same frame as the
+                    // move it records: both apply, or neither.
+                    if let Some((id, text)) = outbox {
+                        items.push(ItemRef::Outbox { id: *id, text });
+                    }
+                    frames.push(generation, &items);
+                    durable |= needs_durability(*from, to.state);
+                    effects.push(Effect::Put(key.clone(), to.clone()));
+                    if let Some((id, text)) = outbox {
+                        effects.push(Effect::Outbox(*id, text.clone()));
+                    }
+                    Ok(true)
+                })()),
+                Op::OutboxClear { upto, .. } => {
+                    Done::Gc(self.outbox_now(&effects, &mut view).map(|rows| {
+                        frames.push(generation, &[ItemRef::Clear { upto: *upto }]);
+                        effects.push(Effect::Clear(*upto));
+                        rows.range(..=*upto).count()
+                    }))
+                }
+                _ => Done::Gc(Err(StoreError::Backend {
+                    op: "ledger journal",
+                    reason: "an operation the journal does not take".into(),
+                })),
+            });
+        }
+        drop(view);
+        if let Err(e) = self.write(&frames, durable) {
+            self.broken = Some(e.clone());
+            return Err(e);
+        }
+        self.pending.lock().apply(effects);
+        Ok(done)
+    }
+
+    /// Append `frames`, and when `durable`, fsync them (after anything redb
+    /// committed before them).
+    fn write(&mut self, frames: &Frames, durable: bool) -> Result<(), StoreError> {
+        if !frames.is_empty() {
+            self.journal.append(frames)?;
+            self.journal_unsynced = true;
+        }
+        if durable {
+            // INVARIANT: what redb committed before this batch (an approval
+            // consumed with its reservation) is on disk before the
+            // `dispatched` it led to: a crash never leaves a dispatch whose
+            // approval is still unused.
+            if self.redb_unsynced {
+                if !flush(self.db) {
+                    return Err(StoreError::Backend {
+                        op: "ledger flush",
+                        reason: "the fsync before a dispatch failed".into(),
+                    });
+                }
+                self.redb_unsynced = false;
+            }
+            // INVARIANT: a batch holding a `dispatched` (or the end of a
+            // dispatched call) is fsynced before any of its callers is
+            // answered.
+            if self.journal_unsynced {
+                self.journal.sync()?;
+                self.journal_unsynced = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// A batch that needs redb's tables (approvals, proposals, pins,
+    /// notifications, collection): one transaction. When it reads or writes
+    /// the ledger, [`Pending`] is folded into the same transaction first.
+    fn committed(&mut self, batch: &[Op]) -> Result<Vec<Done>, StoreError> {
+        if batch.iter().any(Op::touches_ledger) && !self.pending.lock().is_empty() {
+            return self.checkpoint(batch);
+        }
+        let durable = batch.iter().any(Op::durable);
+        let done = apply_batch(self.db, batch, durable, None)?;
+        self.redb_unsynced = !durable;
+        Ok(done)
+    }
+
+    /// Fold [`Pending`] into redb, then apply `batch`, in one durable
+    /// transaction that also starts the journal's next generation; then
+    /// empty the journal.
+    fn checkpoint(&mut self, batch: &[Op]) -> Result<Vec<Done>, StoreError> {
+        let snapshot = self.pending.lock().clone();
+        let next = self.journal.generation() + 1;
+        let done = apply_batch(self.db, batch, true, Some((&snapshot, next)))?;
+        self.redb_unsynced = false;
+        // The journal's content is in redb now (the writer alone changes
+        // `Pending`, so the snapshot was all of it).
+        *self.pending.lock() = Pending::default();
+        if let Err(e) = self.journal.reset(next) {
+            self.broken = Some(e.clone());
+            return Err(e);
+        }
+        self.journal_unsynced = false;
+        Ok(done)
+    }
+}
+
+/// The outbox rows redb holds that `pending` has not cleared, with
+/// `pending`'s own rows.
+fn outbox_rows(
+    txn: &redb::ReadTransaction,
+    pending: &Pending,
+) -> Result<BTreeMap<u64, String>, StoreError> {
+    let table = txn
+        .open_table(OUTBOX)
+        .map_err(|e| err("open table")(e.into()))?;
+    let mut rows = BTreeMap::new();
+    for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+        let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+        if pending.cleared.is_none_or(|c| k.value() > c) {
+            rows.insert(k.value(), v.value().to_owned());
+        }
+    }
+    rows.extend(pending.outbox.iter().map(|(k, v)| (*k, v.clone())));
+    Ok(rows)
+}
+
+fn reply(batch: Vec<Op>, done: Vec<Done>) {
+    for (op, d) in batch.into_iter().zip(done) {
+        match (op, d) {
+            (Op::Reserve { reply, .. }, Done::Reserve(r)) => drop(reply.send(r)),
+            (Op::Transition { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
+            (
+                Op::Gc { reply, .. }
+                | Op::GcProposals { reply, .. }
+                | Op::OutboxClear { reply, .. },
+                Done::Gc(r),
+            ) => drop(reply.send(r)),
+            (Op::PutProposal { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
+            (Op::Pin { reply, .. } | Op::Checkpoint { reply, .. }, Done::Gc(r)) => {
+                drop(reply.send(r))
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The whole batch failed: nothing of it happened.
+fn fail(batch: Vec<Op>, e: &StoreError) {
+    for op in batch {
+        match op {
+            Op::Reserve { reply, .. } => drop(reply.send(Err(e.clone()))),
+            Op::Transition { reply, .. } => drop(reply.send(Err(e.clone()))),
+            Op::Gc { reply, .. }
+            | Op::GcProposals { reply, .. }
+            | Op::OutboxClear { reply, .. } => drop(reply.send(Err(e.clone()))),
+            Op::PutProposal { reply, .. } => drop(reply.send(Err(e.clone()))),
+            Op::Pin { reply, .. } | Op::Checkpoint { reply, .. } => {
+                drop(reply.send(Err(e.clone())))
+            }
+        }
     }
 }
 
@@ -385,8 +826,87 @@ fn flush(db: &Database) -> bool {
     result.is_ok()
 }
 
-fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, StoreError> {
+/// Write `pending` into `txn` (records, outbox clears, outbox rows, in the
+/// order they were made) and record `generation` as the journal's next.
+fn fold(
+    txn: &redb::WriteTransaction,
+    pending: &Pending,
+    generation: u64,
+) -> Result<(), StoreError> {
+    let mut ledger = txn
+        .open_table(LEDGER)
+        .map_err(|e| err("open table")(e.into()))?;
+    for (k, r) in &pending.ledger {
+        ledger
+            .insert(k.as_str(), encode(r)?.as_slice())
+            .map_err(|e| err("write")(e.into()))?;
+    }
+    let mut outbox = txn
+        .open_table(OUTBOX)
+        .map_err(|e| err("open table")(e.into()))?;
+    if let Some(upto) = pending.cleared {
+        outbox_clear(&mut outbox, upto)?;
+    }
+    for (id, text) in &pending.outbox {
+        outbox
+            .insert(*id, text.as_str())
+            .map_err(|e| err("write")(e.into()))?;
+    }
+    set_generation(txn, generation)
+}
+
+/// Apply a journal's items, in order, in `txn`.
+fn replay(txn: &redb::WriteTransaction, items: Vec<journal::Item>) -> Result<(), StoreError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let mut ledger = txn
+        .open_table(LEDGER)
+        .map_err(|e| err("open table")(e.into()))?;
+    let mut outbox = txn
+        .open_table(OUTBOX)
+        .map_err(|e| err("open table")(e.into()))?;
+    for item in items {
+        match item {
+            journal::Item::Record { key, bytes } => {
+                // Checked before it is trusted: a record that does not decode
+                // fails the open instead of failing a later lookup.
+                decode(&bytes)?;
+                ledger
+                    .insert(key.as_str(), bytes.as_slice())
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+            journal::Item::Outbox { id, text } => {
+                outbox
+                    .insert(id, text.as_str())
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+            journal::Item::Clear { upto } => {
+                outbox_clear(&mut outbox, upto)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_generation(txn: &redb::WriteTransaction, generation: u64) -> Result<(), StoreError> {
+    txn.open_table(META)
+        .map_err(|e| err("open table")(e.into()))?
+        .insert(JOURNAL_GENERATION, generation)
+        .map_err(|e| err("write")(e.into()))?;
+    Ok(())
+}
+
+fn apply_batch(
+    db: &Database,
+    batch: &[Op],
+    durable: bool,
+    checkpoint: Option<(&Pending, u64)>,
+) -> Result<Vec<Done>, StoreError> {
     let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+    if let Some((pending, generation)) = checkpoint {
+        fold(&txn, pending, generation)?;
+    }
     // INVARIANT: a batch holding a `dispatched` (or reconciliation) commits
     // with fsync before any of its callers is answered.
     // Otherwise not durable yet: the next durable commit (another dispatch,
@@ -490,6 +1010,7 @@ fn apply_batch(db: &Database, batch: &[Op], durable: bool) -> Result<Vec<Done>, 
                 Op::Pin { pins: new, .. } => {
                     Done::Gc(pin_first(opened(&mut pins_slot, &txn, PINS)?, new))
                 }
+                Op::Checkpoint { .. } => Done::Gc(Ok(0)),
             });
         }
     }
@@ -713,7 +1234,14 @@ impl Store for RedbStore {
     }
 
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(async move { read(&self.read_table()?, key) })
+        Box::pin(async move {
+            // The writer's changes not yet in redb first (cleared only
+            // after their checkpoint commits, so a miss finds them there).
+            if let Some(r) = self.pending.lock().ledger.get(key) {
+                return Ok(Some(r.clone()));
+            }
+            read(&self.read_table()?, key)
+        })
     }
 
     fn reserve_with(
@@ -960,19 +1488,14 @@ impl Store for RedbStore {
 
     fn outbox<'a>(&'a self) -> StoreFuture<'a, Vec<(u64, String)>> {
         Box::pin(async move {
+            // Pending first, then redb: a checkpoint in between has
+            // committed before it cleared what this copy holds.
+            let pending = self.pending.lock().outbox_only();
             let txn = self
                 .db
                 .begin_read()
                 .map_err(|e| err("begin read")(e.into()))?;
-            let table = txn
-                .open_table(OUTBOX)
-                .map_err(|e| err("open table")(e.into()))?;
-            let mut out = Vec::new();
-            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
-                out.push((k.value(), v.value().to_owned()));
-            }
-            Ok(out)
+            Ok(outbox_rows(&txn, &pending)?.into_iter().collect())
         })
     }
 
@@ -982,6 +1505,8 @@ impl Store for RedbStore {
 
     fn recover<'a>(&'a self) -> StoreFuture<'a, Recovery> {
         Box::pin(async move {
+            // Recovery scans redb's ledger: the journal goes into it first.
+            self.submit(|reply| Op::Checkpoint { reply }).await?;
             let txn = self.db.begin_write().map_err(|e| err("begin")(e.into()))?;
             let mut rec = Recovery::default();
             {
@@ -1022,16 +1547,19 @@ impl Store for RedbStore {
 
     fn list<'a>(&'a self, state: Option<State>) -> StoreFuture<'a, Vec<(String, Record)>> {
         Box::pin(async move {
+            // Pending first, then redb (as in `outbox`).
+            let pending = self.pending.lock().ledger.clone();
             let table = self.read_table()?;
-            let mut out = Vec::new();
+            let mut all = BTreeMap::new();
             for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
                 let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
-                let r = decode(v.value())?;
-                if state.is_none_or(|s| r.state == s) {
-                    out.push((k.value().to_owned(), r));
-                }
+                all.insert(k.value().to_owned(), decode(v.value())?);
             }
-            Ok(out)
+            all.extend(pending);
+            Ok(all
+                .into_iter()
+                .filter(|(_, r)| state.is_none_or(|s| r.state == s))
+                .collect())
         })
     }
 }
