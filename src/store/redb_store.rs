@@ -1,13 +1,18 @@
 //! The embedded ledger store: redb (ACID, copy-on-write B-trees, fsync on
-//! durable commit, one process at a time per file).
+//! durable commit, one process at a time per file), with a journal in front
+//! of it for the write path (see [`super::journal`]).
 //!
 //! All writes go through one writer thread, which takes every operation
-//! waiting in its queue into a single transaction: concurrent dispatches share
-//! one fsync (group commit), and a batch is durable only if one of its
-//! operations needs it. Non-durable commits are fsynced by the next durable
-//! one, or by an idle flush at most 100 ms later, so a write call costs one
-//! fsync on its hot path (the `dispatched` record). Reads use their own read
-//! transactions and never wait for the writer.
+//! waiting in its queue into one batch: concurrent dispatches share one fsync
+//! (group commit), and a batch is durable only if one of its operations needs
+//! it. The write path's ledger changes (reservations, moves, audit outbox
+//! rows) go to the journal: one frame per batch, `fdatasync`ed for a
+//! `dispatched` or the end of a dispatched call. Everything else (approvals,
+//! proposals, pins, notifications, collection) is a redb transaction, with
+//! the journal folded into it first when it reads the ledger. Non-durable
+//! changes are fsynced by the next durable one, or by an idle flush at most
+//! 100 ms later. Reads look at the writer's changes not yet in redb, then
+//! use their own read transactions, and never wait for the writer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
