@@ -112,3 +112,64 @@ async fn sigterm_stops_the_gateway_and_its_children() {
     }
     assert!(gone, "the upstream child {pid} outlived the gateway");
 }
+
+#[test]
+fn keygen_appends_its_entry_to_a_reviewers_file_whose_folder_does_not_exist_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(".countersign/reviewers.toml");
+    for (name, groups) in [("alice", "leads"), ("bob", "finance")] {
+        let out = Command::new(countersign_bin())
+            .arg("keygen")
+            .arg("--out")
+            .arg(dir.path().join(format!("keys/{name}.key")))
+            .args(["--name", name, "--groups", groups, "--append"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains("appended this entry"));
+    }
+    // Both entries, as TOML the gateway reads.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let parsed: toml::Value = toml::from_str(&text).unwrap();
+    let names: Vec<&str> = parsed["reviewers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["alice", "bob"], "{text}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(file.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+}
+
+#[test]
+fn deny_without_a_reason_says_that_the_reason_is_missing_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(countersign_bin())
+        .args(["deny", "p-1"])
+        .env("COUNTERSIGN_KEY", dir.path().join("alice.key"))
+        .env("COUNTERSIGN_GATEWAY", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("deny needs a reason"), "{err}");
+    assert!(err.contains("--reason"), "{err}");
+    // Not clap's usage line, which marked --key and --gateway as missing too.
+    assert!(
+        !err.contains("Usage:") && !err.contains("--key <KEY>"),
+        "{err}"
+    );
+}

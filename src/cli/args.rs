@@ -96,6 +96,11 @@ pub(crate) enum Command {
         /// (default every tenant, `*`).
         #[arg(long, value_delimiter = ',', default_value = "*")]
         tenants: Vec<String>,
+        /// Also append the entry to this reviewers file, making the file and
+        /// its folder if they are missing (e.g. `.countersign/reviewers.toml`
+        /// before the first `serve`).
+        #[arg(long, value_name = "FILE")]
+        append: Option<PathBuf>,
     },
     /// List proposals waiting for a decision.
     Pending {
@@ -134,9 +139,12 @@ pub(crate) enum Command {
         id: String,
         #[command(flatten)]
         reviewer: ReviewerArgs,
-        /// Why (the agent is told).
+        /// Why (the agent is told). Required: checked after parsing, so
+        /// that its absence is said alone (clap's usage line would also list
+        /// `--key` and `--gateway` as missing when they come from the
+        /// environment).
         #[arg(long)]
-        reason: String,
+        reason: Option<String>,
     },
     /// Take your approval of a proposal back, while it still waits for more
     /// reviewers (a quorum not met yet).

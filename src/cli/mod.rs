@@ -137,7 +137,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             name,
             groups,
             tenants,
-        } => crate::cli::review::keygen_command(&out, &name, &groups, &tenants),
+            append,
+        } => crate::cli::review::keygen_command(&out, &name, &groups, &tenants, append.as_deref()),
         Command::Pending { reviewer, json } => {
             crate::cli::review::pending_command(&reviewer, json).await
         }
@@ -157,6 +158,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             reviewer,
             reason,
         } => {
+            let Some(reason) = reason.filter(|r| !r.trim().is_empty()) else {
+                anyhow::bail!(
+                    "deny needs a reason: countersign deny {id} --reason \"...\" (the agent is told why its call was refused)"
+                );
+            };
             let ttl = Duration::from_secs(0);
             crate::cli::review::decide_command(&reviewer, &id, Verdict::Deny, &reason, ttl).await
         }

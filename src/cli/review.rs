@@ -109,22 +109,7 @@ pub(crate) async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String>
     let mut rows =
         vec![["ID", "AGE", "REQUESTER", "TENANT", "TOOL", "RISK", "FLAGS"].map(str::to_owned)];
     for p in &list {
-        let mut flags = Vec::new();
-        if p.get("definition_change").is_some_and(|d| !d.is_null()) {
-            flags.push("tool definition changed".to_owned());
-        }
-        if let Some(l) = p["looks_like"].as_str() {
-            flags.push(format!("name looks like {}", legible::text(l)));
-        }
-        if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
-            flags.push(format!("revises {r}"));
-        }
-        if let Some(progress) = p["progress"].as_str() {
-            flags.push(progress.to_owned());
-        }
-        if p["joined"].as_u64().unwrap_or(0) > 0 {
-            flags.push(format!("{} retries joined", p["joined"]));
-        }
+        let flags = crate::core::approval::flags(p);
         rows.push([
             shown(p, "id"),
             age(p["created_ms"].as_i64().unwrap_or(0)),
@@ -372,15 +357,57 @@ pub(crate) fn keygen_command(
     name: &str,
     groups: &[String],
     tenants: &[String],
+    append: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     let entry = keygen(out, name, groups, tenants)?;
-    eprintln!(
-        "countersign: wrote the private key to {} (mode 0600); add this entry to the gateway's \
-         reviewers file (approvals.reviewers, by default policies/reviewers.toml):",
-        out.display()
-    );
+    match append {
+        Some(file) => {
+            append_entry(file, &entry)?;
+            eprintln!(
+                "countersign: wrote the private key to {} (mode 0600) and appended this entry to {}:",
+                out.display(),
+                file.display()
+            );
+        }
+        None => eprintln!(
+            "countersign: wrote the private key to {} (mode 0600); add this entry to the gateway's \
+             reviewers file (approvals.reviewers, by default policies/reviewers.toml):",
+            out.display()
+        ),
+    }
     print!("{entry}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Append a `[[reviewers]]` entry to `file`, making the file and its folder
+/// (mode 0700, like the data dir the gateway makes) when missing, with a
+/// blank line before it when the file does not end with one.
+fn append_entry(file: &Path, entry: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            let mut b = std::fs::DirBuilder::new();
+            b.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+            b.create(dir)
+                .map_err(|e| anyhow::anyhow!("cannot make {}: {e}", dir.display()))?;
+        }
+    }
+    let before = std::fs::read_to_string(file).unwrap_or_default();
+    let sep = if before.is_empty() || before.ends_with("\n\n") {
+        ""
+    } else if before.ends_with('\n') {
+        "\n"
+    } else {
+        "\n\n"
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .and_then(|mut f| f.write_all(format!("{sep}{entry}").as_bytes()))
+        .map_err(|e| anyhow::anyhow!("cannot append to {}: {e}", file.display()))
 }
 
 /// `countersign pending`.

@@ -1328,3 +1328,59 @@ mod tests {
         }
     }
 }
+
+/// The flags a reviewer sees beside a proposal in a list, from its `/v1`
+/// JSON: the same words in `countersign pending` and in the TUI's FLAGS
+/// column, so that the two never disagree about what a proposal is.
+/// Names the proposal's own text carries are made legible (no terminal
+/// escapes).
+pub fn flags(p: &Value) -> Vec<String> {
+    let mut flags = Vec::new();
+    if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
+        flags.push(format!("revises {}", super::legible::text(r)));
+    }
+    if p.get("definition_change").is_some_and(|d| !d.is_null()) {
+        flags.push("tool definition changed".to_owned());
+    }
+    if let Some(l) = p["looks_like"].as_str() {
+        flags.push(format!("name looks like {}", super::legible::text(l)));
+    }
+    if let Some(progress) = p["progress"].as_str() {
+        flags.push(super::legible::text(progress).into_owned());
+    }
+    match p["joined"].as_u64().unwrap_or(0) {
+        0 => {}
+        1 => flags.push("1 retry joined".to_owned()),
+        n => flags.push(format!("{n} retries joined")),
+    }
+    flags
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use super::flags;
+    use serde_json::json;
+
+    #[test]
+    fn flags_count_retries_in_the_right_number_and_name_what_changed() {
+        assert!(flags(&json!({"joined": 0})).is_empty());
+        assert_eq!(flags(&json!({"joined": 1})), vec!["1 retry joined"]);
+        assert_eq!(flags(&json!({"joined": 3})), vec!["3 retries joined"]);
+        assert_eq!(
+            flags(&json!({
+                "revises": {"proposal_id": "p-1"},
+                "definition_change": {"before": "a"},
+                "looks_like": "charge_card",
+                "progress": "1 of 2 approvals",
+                "joined": 2
+            })),
+            vec![
+                "revises p-1",
+                "tool definition changed",
+                "name looks like charge_card",
+                "1 of 2 approvals",
+                "2 retries joined"
+            ]
+        );
+    }
+}

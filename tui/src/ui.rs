@@ -167,27 +167,10 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
         let expires = p["pending_expires_ms"]
             .as_i64()
             .map_or("-".into(), |e| short(e - app.now_ms));
-        let mut flags = Vec::new();
-        if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
-            flags.push(format!("revises {r}"));
-        }
-        if p.get("definition_change").is_some_and(|d| !d.is_null()) {
-            flags.push("tool changed".into());
-        }
-        if p["looks_like"].is_string() {
-            flags.push("lookalike!".into());
-        }
+        // The same words as `countersign pending` (one function for both).
+        let mut flags = countersign::core::approval::flags(p);
         if app.possible_duplicate(p).is_some() {
             flags.push("dup?".into());
-        }
-        // A quorum: how many of how many reviewers approved so far.
-        if let Some(q) = p.get("quorum").filter(|q| !q.is_null()) {
-            let have = p["approvals"].as_array().map_or(0, Vec::len);
-            let needed = q["approvals"]
-                .as_u64()
-                .unwrap_or(1)
-                .max(q["from"].as_array().map_or(0, |f| f.len() as u64));
-            flags.push(format!("{have}/{needed} approvals"));
         }
         Row::new(vec![
             Span::raw(age),
@@ -199,7 +182,7 @@ fn pending(app: &App, f: &mut Frame, area: Rect) {
             Span::raw(s(p, "tenant").into_owned()),
             Span::raw(format!("{}/{}", s(p, "server"), s(p, "tool"))),
             Span::styled(s(p, "risk").into_owned(), risk_style(raw(p, "risk"))),
-            Span::raw(flags.join(" ")),
+            Span::raw(legible::visible(&flags.join(", ")).into_owned()),
         ])
     });
     let table = list(
@@ -570,10 +553,17 @@ fn modal(app: &App, m: &Modal, f: &mut Frame) {
             on_ttl,
         } => {
             let (r_cursor, t_cursor) = if *on_ttl { ("", "▏") } else { ("▏", "") };
-            let ttl_shown = if ttl.is_empty() && !*on_ttl {
-                "15m (default)"
+            // An empty field means the default: say which, focused or not.
+            let default = humantime::format_duration(crate::app::DEFAULT_TTL).to_string();
+            let ttl_shown = match (ttl.is_empty(), *on_ttl) {
+                (false, _) => ttl.clone(),
+                (true, false) => format!("{default} (default)"),
+                (true, true) => String::new(),
+            };
+            let t_cursor = if ttl.is_empty() && *on_ttl {
+                format!("{t_cursor} (empty: {default}, the default; e.g. 10m, 1h)")
             } else {
-                ttl.as_str()
+                t_cursor.to_owned()
             };
             (
                 format!(" approve {id} "),
@@ -807,6 +797,11 @@ mod tests {
         let mut a = app();
         a.event(key(KeyCode::Char('a')));
         insta::assert_snapshot!("confirm_approve", render(&a, 80, 24));
+        // On the TTL field, still empty: the default is named there too.
+        a.event(key(KeyCode::Tab));
+        let screen = render(&a, 80, 24);
+        assert!(screen.contains("Usable for: ▏ (empty: 15m"), "{screen}");
+        insta::assert_snapshot!("confirm_approve_ttl_focused", screen);
         a.event(key(KeyCode::Esc));
         a.event(key(KeyCode::Char('d')));
         for c in "wrong account".chars() {
