@@ -793,6 +793,20 @@ mod tests {
     }
 
     #[test]
+    fn flags_say_what_countersign_pending_says() {
+        let mut joined = proposal("p-9", "pending", 990_000, 7);
+        joined["joined"] = serde_json::json!(1);
+        let mut a = App::new("alice", "http://127.0.0.1:7373", 1_000_000);
+        a.event(Input::Net(Net::Snapshot(vec![joined.clone()])));
+        a.event(Input::Net(Net::Linked));
+        let screen = render(&a, 120, 12);
+        // The same words as the CLI's FLAGS column (one function for both).
+        let cli = countersign::core::approval::flags(&joined).join(", ");
+        assert_eq!(cli, "1 retry joined");
+        assert!(screen.contains(&cli), "{screen}");
+    }
+
+    #[test]
     fn approve_and_deny_prompts() {
         let mut a = app();
         a.event(key(KeyCode::Char('a')));
