@@ -410,6 +410,40 @@ pub(crate) enum PolicyCommand {
         #[arg(long, default_value = "policies")]
         dir: PathBuf,
     },
+    /// What a policy change would move: the shadow set's disagreements on
+    /// the calls the gateway saw (`--shadow`), or decision cases decided
+    /// under two policy folders (`BASE HEAD --cases FILE`).
+    Diff {
+        /// The policy folder before the change.
+        #[arg(required_unless_present = "shadow", requires = "head")]
+        base: Option<PathBuf>,
+        /// The policy folder after the change.
+        head: Option<PathBuf>,
+        /// Summarize the `shadow_disagreement` entries of the audit log.
+        #[arg(long, conflicts_with_all = ["base", "cases"])]
+        shadow: bool,
+        /// With --shadow: the window, back from now.
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        since: std::time::Duration,
+        /// With --shadow: the audit dir (repeat it to merge several
+        /// gateways' logs); default the one of --config.
+        #[arg(long)]
+        dir: Vec<PathBuf>,
+        /// With --shadow and no --dir: the configuration naming the audit dir.
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+        /// With BASE HEAD: the decision cases to decide (the `policy test`
+        /// format).
+        #[arg(long)]
+        cases: Option<PathBuf>,
+        /// text, json or markdown (for a pull-request comment).
+        #[arg(long, value_enum, default_value = "text")]
+        format: crate::cli::policy_diff::Format,
+        /// Exit 1 when a call would move towards allow (`loosen`), or move at
+        /// all (`any`). Without it the exit is 0 whatever moved.
+        #[arg(long, value_enum)]
+        fail_on: Option<crate::cli::policy_diff::FailOn>,
+    },
 }
 
 /// Run the command line.

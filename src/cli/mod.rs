@@ -25,6 +25,7 @@ pub(crate) mod demo;
 pub mod files;
 pub(crate) mod log;
 pub(crate) mod policy;
+pub(crate) mod policy_diff;
 pub(crate) mod reconcile;
 pub(crate) mod review;
 pub(crate) mod serve;

@@ -48,16 +48,17 @@ struct Cases {
     case: Vec<Case>,
 }
 
+/// One decision case of a `policy test` file.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Case {
-    name: String,
+pub(crate) struct Case {
+    pub(crate) name: String,
     principal: String,
     tenant: String,
     #[serde(default)]
     groups: Vec<String>,
-    server: String,
-    tool: String,
+    pub(crate) server: String,
+    pub(crate) tool: String,
     #[serde(default)]
     annotations: AnnotationCase,
     /// The tool's definition differs from its pin.
@@ -91,53 +92,70 @@ enum Expect {
     Deny,
 }
 
-/// Run the decision cases of `file` against the folder `dir`. Prints one
-/// line per case; returns whether all passed.
-pub(crate) fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
-    let policies = crate::cli::files::load_policies(dir, None).map_err(|errors| {
+/// The policies of `dir`, or every load error in one message.
+pub(crate) fn load(dir: &Path) -> anyhow::Result<crate::core::decision::Policies> {
+    crate::cli::files::load_policies(dir, None).map_err(|errors| {
         anyhow::anyhow!(
-            "the policies do not load:\n{}",
+            "the policies in `{}` do not load:\n{}",
+            dir.display(),
             errors
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("\n")
         )
-    })?;
+    })
+}
+
+/// The cases of a `policy test` file.
+pub(crate) fn cases(file: &Path) -> anyhow::Result<Vec<Case>> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| anyhow::anyhow!("cannot read `{}`: {e}", file.display()))?;
     let cases: Cases = toml::from_str(&text)
         .map_err(|e| anyhow::anyhow!("invalid case file `{}`:\n{e}", file.display()))?;
+    Ok(cases.case)
+}
+
+/// Decide case `c` under `policies`.
+pub(crate) fn decide(policies: &crate::core::decision::Policies, c: &Case) -> Decision {
+    let d = Annotations::default();
+    let annotations = Annotations {
+        read_only: c.annotations.read_only.unwrap_or(d.read_only),
+        destructive: c.annotations.destructive.unwrap_or(d.destructive),
+        idempotent: c.annotations.idempotent.unwrap_or(d.idempotent),
+        open_world: c.annotations.open_world.unwrap_or(d.open_world),
+    };
+    let identity = Identity {
+        principal: c.principal.clone(),
+        tenant: c.tenant.clone(),
+        groups: c.groups.clone(),
+        ..Default::default()
+    };
+    let arguments = c
+        .arguments
+        .clone()
+        .unwrap_or(Value::Object(Default::default()));
+    let digest = canonical::call_digest(&c.server, &c.tool, &arguments);
+    policies.decide(&Call {
+        identity: &identity,
+        server: &c.server,
+        tool: &c.tool,
+        annotations,
+        definition_changed: c.definition_changed,
+        arguments: &arguments,
+        digest: &digest,
+        resource_version: None,
+    })
+}
+
+/// Run the decision cases of `file` against the folder `dir`. Prints one
+/// line per case; returns whether all passed.
+pub(crate) fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
+    let policies = load(dir)?;
+    let cases = cases(file)?;
     let mut failed = 0;
-    for c in &cases.case {
-        let d = Annotations::default();
-        let annotations = Annotations {
-            read_only: c.annotations.read_only.unwrap_or(d.read_only),
-            destructive: c.annotations.destructive.unwrap_or(d.destructive),
-            idempotent: c.annotations.idempotent.unwrap_or(d.idempotent),
-            open_world: c.annotations.open_world.unwrap_or(d.open_world),
-        };
-        let identity = Identity {
-            principal: c.principal.clone(),
-            tenant: c.tenant.clone(),
-            groups: c.groups.clone(),
-            ..Default::default()
-        };
-        let arguments = c
-            .arguments
-            .clone()
-            .unwrap_or(Value::Object(Default::default()));
-        let digest = canonical::call_digest(&c.server, &c.tool, &arguments);
-        let decision = policies.decide(&Call {
-            identity: &identity,
-            server: &c.server,
-            tool: &c.tool,
-            annotations,
-            definition_changed: c.definition_changed,
-            arguments: &arguments,
-            digest: &digest,
-            resource_version: None,
-        });
+    for c in &cases {
+        let decision = decide(&policies, c);
         let (got, detail) = match &decision {
             Decision::Allow { policies } => (Expect::Allow, policies.join(", ")),
             Decision::Approval { policies } => (Expect::Approval, policies.join(", ")),
@@ -192,7 +210,7 @@ pub(crate) fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
             );
         }
     }
-    println!("{} passed, {failed} failed", cases.case.len() - failed);
+    println!("{} passed, {failed} failed", cases.len() - failed);
     Ok(failed == 0)
 }
 
@@ -296,6 +314,44 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
     let ok = match command {
         PolicyCommand::Check { dir } => crate::cli::policy::check(&dir),
         PolicyCommand::Test { file, dir } => crate::cli::policy::test(&dir, &file)?,
+        PolicyCommand::Diff {
+            base,
+            head,
+            shadow,
+            since,
+            dir,
+            config,
+            cases,
+            format,
+            fail_on,
+        } => {
+            use crate::cli::policy_diff as diff;
+            let report = match (shadow, base, head) {
+                (true, _, _) => {
+                    let dirs = if dir.is_empty() {
+                        vec![crate::cli::files::load_config(&config)?.audit_dir()]
+                    } else {
+                        dir
+                    };
+                    let since_ms = crate::core::time::now_ms()
+                        .saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
+                    diff::from_audit(&dirs, since_ms, since)?
+                }
+                (false, Some(base), Some(head)) => {
+                    let Some(cases) = cases else {
+                        anyhow::bail!(
+                            "policy diff BASE HEAD needs calls to decide: give --cases FILE (the `policy test` format, e.g. {}/tests.toml). \
+                             To see a change on real traffic instead, put the new folder in `[policy] shadow` and run `policy diff --shadow`.",
+                            base.display()
+                        );
+                    };
+                    diff::from_cases(&base, &head, &cases)?
+                }
+                _ => anyhow::bail!("policy diff needs BASE and HEAD folders, or --shadow"),
+            };
+            print!("{}", report.render(format)?);
+            !report.fails(fail_on)
+        }
         PolicyCommand::Schema { server, config } => {
             let config = crate::cli::files::load_config(&config)?;
             anyhow::ensure!(

@@ -152,6 +152,13 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         tokio::spawn(worker.run(gw.pipeline().book().queued()))
     });
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
+    // The shadow set: loaded now if it loads, and watched like the set in
+    // force. It never stops the gateway.
+    let shadow_watcher = gw.config().policy.shadow.clone().map(|dir| {
+        let seen = fingerprint(&dir, None);
+        load_shadow(&gw, &dir);
+        tokio::spawn(watch_shadow(Arc::clone(&gw), dir, seen))
+    });
     let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
     // TLS on the listener, when configured: the pair must load now, and is
     // taken again whenever the files change.
@@ -252,6 +259,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     }
     sweeper.abort();
     reloader.abort();
+    if let Some(w) = &shadow_watcher {
+        w.abort();
+    }
     if let Some(d) = deliverer {
         d.abort();
     }
@@ -471,6 +481,61 @@ async fn follow_store(
                 tracing::warn!(missed = n, "store notifications fell behind: a call held here may wait for its hold to end");
             }
             Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// The shadow policy folder (`[policy] shadow`): loaded at start and
+/// whenever it changes. A set that does not load is logged with file and
+/// line and ignored: the previous shadow set (or none) stays, enforcement is
+/// untouched, and the gateway never stops for it.
+async fn watch_shadow(
+    gw: Arc<Gateway>,
+    dir: std::path::PathBuf,
+    mut seen: Vec<(std::path::PathBuf, u64, Option<std::time::SystemTime>)>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let now = fingerprint(&dir, None);
+        if now != seen {
+            seen = now;
+            load_shadow(&gw, &dir);
+        }
+    }
+}
+
+/// Load the shadow set from `dir` and put it in the shadow, or log why not.
+fn load_shadow(gw: &Gateway, dir: &std::path::Path) {
+    let reviewers = gw.config().approvals.reviewers.clone();
+    match crate::cli::files::load_policies(dir, reviewers.as_deref()) {
+        Ok(p) => {
+            tracing::info!(policies = p.len(), dir = %dir.display(), digest = %p.digest(), "shadow policies loaded (decided beside the policies in force, never enforced)");
+            let mut f = serde_json::Map::new();
+            f.insert("shadow".into(), true.into());
+            f.insert("policies".into(), p.len().into());
+            f.insert("policy_set".into(), p.digest().into());
+            gw.pipeline().audit("policy_reloaded", f);
+            gw.pipeline().set_shadow(Some(p));
+        }
+        Err(errors) => {
+            for e in &errors {
+                tracing::error!(
+                    "shadow policies in `{}` not loaded, enforcement unchanged: {e}",
+                    dir.display()
+                );
+            }
+            let mut f = serde_json::Map::new();
+            f.insert("shadow".into(), true.into());
+            f.insert(
+                "errors".into(),
+                errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .into(),
+            );
+            gw.pipeline().audit("policy_reload_refused", f);
         }
     }
 }

@@ -10,6 +10,7 @@ use parking_lot::RwLock;
 
 use super::call::{facts, Call};
 use super::metrics::Metrics;
+use super::shadow::Shadow;
 use crate::core::config::Config;
 use crate::core::decision::{Decision, Policies};
 
@@ -18,6 +19,8 @@ pub(crate) struct Judge {
     config: Arc<Config>,
     policies: RwLock<Arc<Policies>>,
     metrics: Arc<Metrics>,
+    /// The shadow set decided beside it (`[policy] shadow`).
+    shadow: Shadow,
 }
 
 impl Judge {
@@ -26,6 +29,7 @@ impl Judge {
         Judge {
             config,
             policies: RwLock::new(Arc::new(policies)),
+            shadow: Shadow::new(metrics.clone()),
             metrics,
         }
     }
@@ -38,6 +42,11 @@ impl Judge {
     /// Put a new policy set in force (a successful reload).
     pub(crate) fn set_policies(&self, policies: Policies) {
         *self.policies.write() = Arc::new(policies);
+    }
+
+    /// The shadow set (`[policy] shadow`).
+    pub(crate) fn shadow(&self) -> &Shadow {
+        &self.shadow
     }
 
     /// The policy decision (DESIGN.md section 4) with the policies in force
@@ -53,7 +62,9 @@ impl Judge {
         );
         let _in_span = span.enter();
         let started = Instant::now();
-        let decision = self.policies().decide(&facts(c));
+        let in_force = self.policies();
+        let facts = facts(c);
+        let decision = in_force.decide(&facts);
         self.metrics.decision(started.elapsed());
         if !span.is_none() {
             let (verdict, policies) = match &decision {
@@ -77,6 +88,8 @@ impl Judge {
             }
         }
         c.trail.decision(&decision);
+        // After the decision's own entry: the log keeps cause before effect.
+        self.shadow.compare(c, &facts, &decision, &in_force);
         decision
     }
 

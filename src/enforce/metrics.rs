@@ -15,6 +15,7 @@
 //! | `countersign_notifications` | gauge (a count the store keeps) | `webhook`, `result` (`delivered`, `retried`, `gave_up`) |
 //! | `countersign_notifications_queued` | gauge | |
 //! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
+//! | `countersign_shadow_disagreements_total` | counter | `server`, `tool`, `from`, `to` (`allow`, `approval`, `deny`) |
 //! | `countersign_refusals_total` | counter | `what` (`tool_call_without_id`, `tool_call_lookalike`, `notification_method`, `malformed`, `origin`, `token`, `control`, `control_replay`, `rate_limited`, `body_timeout`, ...) |
 //!
 //! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
@@ -36,6 +37,7 @@ use super::outcome::CallOutcome;
 type CallLabels = [(&'static str, String); 3];
 type OpLabels = [(&'static str, &'static str); 1];
 type CircuitLabels = [(&'static str, String); 2];
+type ShadowLabels = [(&'static str, String); 4];
 
 /// The label of a tool the server does not list: client-chosen names never
 /// become label values, so a client cannot grow the metrics without bound.
@@ -61,6 +63,7 @@ pub struct Metrics {
     notifications_queued: Gauge,
     trace_spans: Family<OpLabels, Gauge>,
     refusals: Family<OpLabels, Counter>,
+    shadow: Family<ShadowLabels, Counter>,
 }
 
 /// What the scrape reads at the time of the scrape.
@@ -166,7 +169,14 @@ impl Metrics {
             "Requests refused at the door before anything ran, by what was refused",
             refusals.clone(),
         );
+        let shadow = Family::<ShadowLabels, Counter>::default();
+        registry.register(
+            "shadow_disagreements",
+            "Calls the shadow policy set would decide otherwise than the set in force, by server, tool and direction",
+            shadow.clone(),
+        );
         Metrics {
+            shadow,
             refusals,
             registry,
             calls,
@@ -199,6 +209,19 @@ impl Metrics {
     /// upstream (`what` is one of a fixed set of labels).
     pub fn refused(&self, what: &'static str) {
         self.refusals.get_or_create(&[("what", what)]).inc();
+    }
+
+    /// The shadow set would decide a call `to` where the set in force
+    /// decided `from`. `tool` must be a listed name or [`UNLISTED_TOOL`].
+    pub fn shadow_disagreement(&self, server: &str, tool: &str, from: &str, to: &str) {
+        self.shadow
+            .get_or_create(&[
+                ("server", server.to_owned()),
+                ("tool", tool.to_owned()),
+                ("from", from.to_owned()),
+                ("to", to.to_owned()),
+            ])
+            .inc();
     }
 
     /// A decision took `d`.

@@ -47,6 +47,7 @@ pub mod permit;
 pub mod pipeline;
 pub(crate) mod reads;
 pub mod reconcile;
+pub(crate) mod shadow;
 pub mod upstream;
 pub(crate) mod writes;
 

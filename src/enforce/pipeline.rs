@@ -243,6 +243,17 @@ impl Pipeline {
         self.judge.set_policies(policies);
     }
 
+    /// Decide every call under `policies` too, without enforcing them (the
+    /// shadow set, `[policy] shadow`), or stop (`None`).
+    pub fn set_shadow(&self, policies: Option<Policies>) {
+        self.judge.shadow().set(policies);
+    }
+
+    /// The shadow policy set, when one is loaded.
+    pub fn shadow(&self) -> Option<Arc<Policies>> {
+        self.judge.shadow().policies()
+    }
+
     /// Each server's circuit breaker state: `closed`, `open` or `half-open`.
     pub fn circuits(&self) -> std::collections::BTreeMap<String, &'static str> {
         self.breakers.states()

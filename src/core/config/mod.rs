@@ -104,6 +104,18 @@ pub struct Config {
     /// `[review]`: the reviewer web console.
     #[serde(default)]
     pub review: ReviewConfig,
+    /// `[policy]`: a shadow policy set.
+    #[serde(default)]
+    pub policy: PolicyConfig,
+}
+
+/// `[policy]` (DESIGN.md section 22).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// A second policy folder decided beside `gateway.policies` on every
+    /// call and never enforced: its disagreements are counted and audited.
+    pub shadow: Option<PathBuf>,
 }
 
 /// `[telemetry]` (DESIGN.md section 18): OpenTelemetry traces over

@@ -1,0 +1,357 @@
+//! `countersign policy diff`: what a policy change would move (DESIGN.md
+//! section 22), as text, JSON, or Markdown fit for a pull-request comment.
+//!
+//! - `--shadow` summarizes the `shadow_disagreement` entries of the audit log
+//!   over a window: per tool and direction, with a few call digests as
+//!   examples. The calls are ones the gateway saw; no argument leaves it.
+//! - `BASE HEAD --cases FILE` decides decision cases (the `policy test`
+//!   format) under two policy folders, and shows which would move.
+//!
+//! `--fail-on loosen` exits 1 when anything would move towards allow
+//! (deny → approval → allow), `--fail-on any` on any move; otherwise the
+//! exit is 0 whatever moved.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::core::decision::Decision;
+
+/// How the report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    Text,
+    Json,
+    Markdown,
+}
+
+/// When the command fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FailOn {
+    /// Any call would move towards allow.
+    Loosen,
+    /// Any call would move.
+    Any,
+}
+
+/// Examples kept per group.
+const EXAMPLES: usize = 3;
+
+/// One group of moved decisions: a tool and a direction.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub(crate) struct Move {
+    pub(crate) server: String,
+    pub(crate) tool: String,
+    pub(crate) from: String,
+    pub(crate) to: String,
+    /// Towards allow.
+    pub(crate) loosens: bool,
+    pub(crate) calls: u64,
+    /// Call digests (shadow) or case names (cases).
+    pub(crate) examples: Vec<String>,
+}
+
+/// What would move, and where the evidence comes from.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub(crate) struct Report {
+    /// `shadow` or `cases`.
+    pub(crate) source: &'static str,
+    /// Said in the heading: the window, or the two folders.
+    pub(crate) over: String,
+    /// Calls (or cases) looked at: disagreements for `shadow`, every case
+    /// for `cases`.
+    pub(crate) looked_at: u64,
+    pub(crate) moves: Vec<Move>,
+}
+
+fn rank(verdict: &str) -> u8 {
+    match verdict {
+        "allow" => 2,
+        "approval" => 1,
+        _ => 0,
+    }
+}
+
+/// Whether `from` → `to` moves towards allow.
+pub(crate) fn loosens(from: &str, to: &str) -> bool {
+    rank(to) > rank(from)
+}
+
+/// (server, tool, from, to).
+type GroupKey = (String, String, String, String);
+
+/// Groups moves by (server, tool, from, to), in that order: how many, and
+/// the first few examples.
+#[derive(Default)]
+struct Groups(BTreeMap<GroupKey, (u64, Vec<String>)>);
+
+impl Groups {
+    fn add(&mut self, server: &str, tool: &str, from: &str, to: &str, example: &str) {
+        let g = self
+            .0
+            .entry((server.into(), tool.into(), from.into(), to.into()))
+            .or_default();
+        g.0 += 1;
+        if g.1.len() < EXAMPLES {
+            g.1.push(example.to_owned());
+        }
+    }
+
+    fn moves(self) -> Vec<Move> {
+        self.0
+            .into_iter()
+            .map(|((server, tool, from, to), (calls, examples))| Move {
+                loosens: loosens(&from, &to),
+                server,
+                tool,
+                from,
+                to,
+                calls,
+                examples,
+            })
+            .collect()
+    }
+}
+
+/// The shadow set's disagreements in the audit logs of `dirs`, from
+/// `since_ms` on.
+pub(crate) fn from_audit(
+    dirs: &[PathBuf],
+    since_ms: i64,
+    window: Duration,
+) -> anyhow::Result<Report> {
+    let mut buf = Vec::new();
+    crate::audit::export::export(
+        dirs,
+        crate::audit::export::Format::Jsonl,
+        Some(since_ms),
+        None,
+        &mut buf,
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut groups = Groups::default();
+    let mut looked_at = 0;
+    for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let e: Map<String, Value> = serde_json::from_slice(line)?;
+        if e.get("kind").and_then(Value::as_str) != Some("shadow_disagreement") {
+            continue;
+        }
+        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+        looked_at += 1;
+        groups.add(
+            &s("server"),
+            &s("tool"),
+            &s("from"),
+            &s("to"),
+            &s("call_digest"),
+        );
+    }
+    Ok(Report {
+        source: "shadow",
+        over: format!(
+            "the shadow policy set, on the calls of the last {}",
+            humantime::format_duration(window)
+        ),
+        looked_at,
+        moves: groups.moves(),
+    })
+}
+
+fn verdict(d: &Decision) -> &'static str {
+    crate::enforce::shadow::verdict(d)
+}
+
+/// The cases of `file` decided under `base` and under `head`.
+pub(crate) fn from_cases(base: &Path, head: &Path, file: &Path) -> anyhow::Result<Report> {
+    let before = crate::cli::policy::load(base)?;
+    let after = crate::cli::policy::load(head)?;
+    let cases = crate::cli::policy::cases(file)?;
+    let mut groups = Groups::default();
+    for c in &cases {
+        let (from, to) = (
+            verdict(&crate::cli::policy::decide(&before, c)),
+            verdict(&crate::cli::policy::decide(&after, c)),
+        );
+        if from != to {
+            groups.add(&c.server, &c.tool, from, to, &c.name);
+        }
+    }
+    Ok(Report {
+        source: "cases",
+        over: format!(
+            "the cases of {}, under {} and then {}",
+            file.display(),
+            base.display(),
+            head.display()
+        ),
+        looked_at: cases.len() as u64,
+        moves: groups.moves(),
+    })
+}
+
+impl Report {
+    fn moved(&self) -> u64 {
+        self.moves.iter().map(|m| m.calls).sum()
+    }
+
+    fn loosened(&self) -> u64 {
+        self.moves
+            .iter()
+            .filter(|m| m.loosens)
+            .map(|m| m.calls)
+            .sum()
+    }
+
+    fn unit(&self) -> &'static str {
+        if self.source == "shadow" {
+            "calls"
+        } else {
+            "cases"
+        }
+    }
+
+    /// Whether `fail_on` says this report fails.
+    pub(crate) fn fails(&self, fail_on: Option<FailOn>) -> bool {
+        match fail_on {
+            None => false,
+            Some(FailOn::Loosen) => self.loosened() > 0,
+            Some(FailOn::Any) => self.moved() > 0,
+        }
+    }
+
+    /// The report as `format` says.
+    pub(crate) fn render(&self, format: Format) -> anyhow::Result<String> {
+        Ok(match format {
+            Format::Json => serde_json::to_string_pretty(self)? + "\n",
+            Format::Text => self.text(),
+            Format::Markdown => self.markdown(),
+        })
+    }
+
+    fn text(&self) -> String {
+        let mut out = format!(
+            "policy diff over {}: {} of {} {} would be decided otherwise ({} towards allow)\n",
+            self.over,
+            self.moved(),
+            self.looked_at,
+            self.unit(),
+            self.loosened()
+        );
+        for m in &self.moves {
+            out.push_str(&format!(
+                "  {}/{}  {} -> {}{}  {}  e.g. {}\n",
+                m.server,
+                m.tool,
+                m.from,
+                m.to,
+                if m.loosens { " (loosens)" } else { "" },
+                m.calls,
+                m.examples.join(", ")
+            ));
+        }
+        out
+    }
+
+    fn markdown(&self) -> String {
+        // Names come from the audit log or the case file: backticks and
+        // pipes would break out of the table's cells.
+        let cell = |s: &str| s.replace(['`', '|', '\n', '\r'], " ");
+        let mut out = String::from("### countersign policy diff\n\n");
+        out.push_str(&format!(
+            "Over {}: **{}** of {} {} would be decided otherwise, **{}** of them towards allow.\n",
+            cell(&self.over),
+            self.moved(),
+            self.looked_at,
+            self.unit(),
+            self.loosened()
+        ));
+        if self.moves.is_empty() {
+            out.push_str("\nNo decision moves.\n");
+            return out;
+        }
+        out.push_str("\n| tool | from | to | ");
+        out.push_str(self.unit());
+        out.push_str(" | examples |\n|---|---|---|---:|---|\n");
+        for m in &self.moves {
+            out.push_str(&format!(
+                "| `{}/{}` | {} | {}{} | {} | {} |\n",
+                cell(&m.server),
+                cell(&m.tool),
+                m.from,
+                m.to,
+                if m.loosens { " (loosens)" } else { "" },
+                m.calls,
+                m.examples
+                    .iter()
+                    .map(|e| format!("`{}`", cell(e)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let mut g = Groups::default();
+        for i in 0..20 {
+            g.add(
+                "payments",
+                "refund",
+                "approval",
+                "allow",
+                &format!("sha256:{i:02}"),
+            );
+        }
+        g.add("payments", "transfer", "approval", "deny", "sha256:aa");
+        Report {
+            source: "shadow",
+            over: "the shadow policy set, on the calls of the last 1day".into(),
+            looked_at: 21,
+            moves: g.moves(),
+        }
+    }
+
+    #[test]
+    fn directions_towards_allow_loosen() {
+        assert!(loosens("approval", "allow"));
+        assert!(loosens("deny", "approval"));
+        assert!(loosens("deny", "allow"));
+        assert!(!loosens("allow", "approval"));
+        assert!(!loosens("approval", "deny"));
+    }
+
+    #[test]
+    fn groups_count_every_call_and_keep_three_examples() {
+        let r = report();
+        assert_eq!(r.moves.len(), 2);
+        assert_eq!(r.moves[0].calls, 20);
+        assert_eq!(r.moves[0].examples.len(), EXAMPLES);
+        assert_eq!(r.moved(), 21);
+        assert_eq!(r.loosened(), 20);
+        assert!(r.fails(Some(FailOn::Loosen)));
+        assert!(r.fails(Some(FailOn::Any)));
+        assert!(!r.fails(None));
+        let tighter = Report {
+            moves: r.moves[1..].to_vec(),
+            ..r.clone()
+        };
+        assert!(!tighter.fails(Some(FailOn::Loosen)));
+        assert!(tighter.fails(Some(FailOn::Any)));
+    }
+
+    #[test]
+    fn markdown_escapes_what_would_break_the_table() {
+        let mut r = report();
+        r.moves[1].tool = "a|b`c".into();
+        let md = r.render(Format::Markdown).unwrap();
+        assert!(md.contains("`payments/a b c`"), "{md}");
+    }
+}
