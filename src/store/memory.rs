@@ -4,7 +4,10 @@
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 
-use super::{check_transition, proposal_final, Recovery, Reservation, Settle, Store, StoreFuture};
+use super::{
+    check_transition, inputs_stale, proposal_final, InputRow, Recovery, Reservation, Settle, Store,
+    StoreFuture,
+};
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
 use crate::core::notify::{Notice, WebhookStatus};
@@ -20,6 +23,8 @@ pub struct MemoryStore {
     nonces: Mutex<BTreeMap<String, i64>>,
     /// Notices by key, and each webhook's status.
     notices: Mutex<(BTreeMap<String, Notice>, BTreeMap<String, WebhookStatus>)>,
+    /// Decision inputs by key.
+    inputs: Mutex<BTreeMap<String, InputRow>>,
 }
 
 impl MemoryStore {
@@ -270,5 +275,49 @@ impl Store for MemoryStore {
                 .map(|(k, r)| (k.clone(), r.clone()))
                 .collect())
         })
+    }
+
+    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
+        let mut inputs = self.inputs.lock();
+        for r in rows {
+            inputs.insert(r.key.clone(), r);
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn inputs_since(
+        &self,
+        since_ms: i64,
+        tenant: Option<String>,
+    ) -> StoreFuture<'_, Vec<InputRow>> {
+        let out = self
+            .inputs
+            .lock()
+            .values()
+            .filter(|r| r.time_ms >= since_ms && tenant.as_ref().is_none_or(|t| *t == r.tenant))
+            .cloned()
+            .collect();
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
+        let mut inputs = self.inputs.lock();
+        let before = inputs.len();
+        inputs.retain(|_, r| r.tenant != tenant);
+        let n = before - inputs.len();
+        Box::pin(std::future::ready(Ok(n)))
+    }
+
+    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
+        let mut inputs = self.inputs.lock();
+        let stale = inputs_stale(
+            inputs.values().map(|r| (r.key.as_str(), r.time_ms)),
+            before_ms,
+            max_rows,
+        );
+        for k in &stale {
+            inputs.remove(k);
+        }
+        Box::pin(std::future::ready(Ok(stale.len())))
     }
 }

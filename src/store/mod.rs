@@ -411,6 +411,72 @@ pub trait Store: Send + Sync {
 
     /// All records, optionally only those in `state`.
     fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>>;
+
+    /// Keep `rows` of decision inputs (`[policy] inputs`, DESIGN.md section
+    /// 22). Not durable: a crash may lose the last ones, which only makes a
+    /// later `policy diff` see fewer calls.
+    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
+        drop(rows);
+        Box::pin(std::future::ready(Err(inputs_unsupported())))
+    }
+
+    /// Decision inputs from `since_ms` on, oldest first, of one tenant or
+    /// of all.
+    fn inputs_since(
+        &self,
+        since_ms: i64,
+        tenant: Option<String>,
+    ) -> StoreFuture<'_, Vec<InputRow>> {
+        let _ = (since_ms, tenant);
+        Box::pin(std::future::ready(Err(inputs_unsupported())))
+    }
+
+    /// Forget every decision input of `tenant`; returns how many.
+    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
+        drop(tenant);
+        Box::pin(std::future::ready(Err(inputs_unsupported())))
+    }
+
+    /// Forget decision inputs older than `before_ms`, then the oldest beyond
+    /// `max_rows`; returns how many.
+    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
+        let _ = (before_ms, max_rows);
+        Box::pin(std::future::ready(Err(inputs_unsupported())))
+    }
+}
+
+/// One call's decision inputs as the store keeps them: `key` orders them by
+/// time (`{time_ms:020}-{unique}`), `inputs` is their JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRow {
+    pub key: String,
+    pub tenant: String,
+    pub time_ms: i64,
+    pub inputs: String,
+}
+
+fn inputs_unsupported() -> StoreError {
+    StoreError::Backend {
+        op: "decision inputs",
+        reason: "this store does not keep decision inputs".into(),
+    }
+}
+
+/// Which of `rows` (sorted by key, oldest first) `inputs_gc` removes.
+fn inputs_stale<'r>(
+    rows: impl Iterator<Item = (&'r str, i64)> + Clone,
+    before_ms: i64,
+    max_rows: usize,
+) -> Vec<String> {
+    let total = rows.clone().count();
+    let mut out = Vec::new();
+    for (i, (key, time_ms)) in rows.enumerate() {
+        // Old, or among the oldest beyond the cap.
+        if time_ms < before_ms || total - i > max_rows {
+            out.push(key.to_owned());
+        }
+    }
+    out
 }
 
 /// Whether a proposal is in a final state that retention may forget.
@@ -805,6 +871,62 @@ mod tests {
         outbox_conformance(&MemoryStore::default()).await;
         pin_conformance(&MemoryStore::default()).await;
         notify_conformance(&MemoryStore::default()).await;
+        inputs_conformance(&MemoryStore::default()).await;
+    }
+
+    fn input(tenant: &str, time_ms: i64, n: u32) -> InputRow {
+        InputRow {
+            key: format!("{time_ms:020}-{n}"),
+            tenant: tenant.into(),
+            time_ms,
+            inputs: format!("{{\"n\":{n}}}"),
+        }
+    }
+
+    /// Decision inputs: kept in time order, read from a time on and per
+    /// tenant, erased per tenant, collected by age and by count (oldest
+    /// first).
+    async fn inputs_conformance(store: &dyn Store) {
+        let rows: Vec<InputRow> = (0..6)
+            .map(|i| {
+                input(
+                    if i % 2 == 0 { "acme" } else { "globex" },
+                    1_000 * i64::from(i),
+                    i,
+                )
+            })
+            .collect();
+        store.inputs_put(rows.clone()).await.unwrap();
+        assert_eq!(store.inputs_since(0, None).await.unwrap(), rows);
+        assert_eq!(
+            store.inputs_since(3_000, None).await.unwrap(),
+            rows[3..].to_vec()
+        );
+        let acme = store.inputs_since(0, Some("acme".into())).await.unwrap();
+        assert_eq!(
+            acme.iter().map(|r| r.time_ms).collect::<Vec<_>>(),
+            [0, 2_000, 4_000]
+        );
+        // Retention: older than 1 s goes; then at most 3 rows, the newest.
+        assert_eq!(store.inputs_gc(1_000, 100).await.unwrap(), 1);
+        assert_eq!(store.inputs_gc(0, 3).await.unwrap(), 2);
+        assert_eq!(
+            store.inputs_since(0, None).await.unwrap(),
+            rows[3..].to_vec()
+        );
+        // Erase per tenant.
+        assert_eq!(store.inputs_erase("globex".into()).await.unwrap(), 2);
+        assert_eq!(
+            store.inputs_since(0, None).await.unwrap(),
+            vec![rows[4].clone()]
+        );
+        // A tenant with any text in it reads back whole.
+        let odd = InputRow {
+            tenant: "a:b\nc".into(),
+            ..input("", 9_000, 9)
+        };
+        store.inputs_put(vec![odd.clone()]).await.unwrap();
+        assert_eq!(store.inputs_since(9_000, None).await.unwrap(), vec![odd]);
     }
 
     /// The notification queue: notices commit with the proposal change
@@ -1085,6 +1207,7 @@ mod tests {
         assert_eq!(migrated.from, 0);
         assert_eq!(migrated.to, postgres::MIGRATIONS.len());
         conformance(&store).await;
+        inputs_conformance(&store).await;
         approval_conformance(&store).await;
         outbox_conformance(&store).await;
         pin_conformance(&store).await;
@@ -1358,6 +1481,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
         conformance(&store).await;
+        inputs_conformance(&store).await;
     }
 
     #[tokio::test]

@@ -26,8 +26,8 @@ use tokio::sync::oneshot;
 use super::journal::{self, Frames, ItemRef, Journal};
 
 use super::{
-    check_transition, needs_durability, proposal_durable, proposal_final, Recovery, Reservation,
-    Settle, Store, StoreError, StoreFuture,
+    check_transition, inputs_stale, needs_durability, proposal_durable, proposal_final, InputRow,
+    Recovery, Reservation, Settle, Store, StoreError, StoreFuture,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
@@ -47,6 +47,10 @@ const NOTICES: TableDefinition<&str, &[u8]> = TableDefinition::new("notices");
 const NOTIFY: TableDefinition<&str, &[u8]> = TableDefinition::new("notify_status");
 /// Nonces of signed control requests, and until when (unix ms) each is kept.
 const NONCES: TableDefinition<&str, i64> = TableDefinition::new("used_nonces");
+/// Decision inputs (`[policy] inputs`) by `{time_ms:020}-{unique}`: the
+/// row's tenant and JSON, as `{tenant's length}:{tenant}{json}` (a tenant
+/// comes from a token's claim: any text).
+const INPUTS: TableDefinition<&str, &str> = TableDefinition::new("decision_inputs");
 /// The store's own bookkeeping: the journal's generation.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const JOURNAL_GENERATION: &str = "journal_generation";
@@ -1201,6 +1205,45 @@ fn queue_txn<T>(
     Ok(out)
 }
 
+/// One non-durable write transaction over the decision inputs.
+fn inputs_txn<T>(
+    db: &Database,
+    f: impl FnOnce(&mut redb::Table<'_, &'static str, &'static str>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+    txn.set_durability(Durability::None);
+    let out = {
+        let mut table = txn
+            .open_table(INPUTS)
+            .map_err(|e| err("open table")(e.into()))?;
+        f(&mut table)?
+    };
+    txn.commit().map_err(|e| err("commit")(e.into()))?;
+    Ok(out)
+}
+
+/// The time in an inputs key (`{time_ms:020}-...`).
+fn key_time(key: &str) -> i64 {
+    key.get(..20).and_then(|t| t.parse().ok()).unwrap_or(0)
+}
+
+fn input_row(key: &str, value: &str) -> Result<InputRow, StoreError> {
+    let corrupt = || StoreError::Corrupt {
+        what: "decision inputs",
+        reason: format!("row {key} does not start with its tenant"),
+    };
+    let (len, rest) = value.split_once(':').ok_or_else(corrupt)?;
+    let len: usize = len.parse().map_err(|_| corrupt())?;
+    let tenant = rest.get(..len).ok_or_else(corrupt)?;
+    let inputs = rest.get(len..).ok_or_else(corrupt)?;
+    Ok(InputRow {
+        key: key.to_owned(),
+        tenant: tenant.to_owned(),
+        time_ms: key_time(key),
+        inputs: inputs.to_owned(),
+    })
+}
+
 fn outbox_clear(
     outbox: &mut redb::Table<'_, u64, &'static str>,
     upto: u64,
@@ -1548,6 +1591,100 @@ impl Store for RedbStore {
 
     fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
         self.submit(|reply| Op::Gc { now_ms, reply })
+    }
+
+    // Decision inputs are written in batches by a background task, on a
+    // blocking thread and in their own non-durable transactions: never on
+    // the ledger writer's path.
+    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || {
+            inputs_txn(&db, |table| {
+                for r in &rows {
+                    table
+                        .insert(
+                            r.key.as_str(),
+                            format!("{}:{}{}", r.tenant.len(), r.tenant, r.inputs).as_str(),
+                        )
+                        .map_err(|e| err("write")(e.into()))?;
+                }
+                Ok(())
+            })
+        }))
+    }
+
+    fn inputs_since(
+        &self,
+        since_ms: i64,
+        tenant: Option<String>,
+    ) -> StoreFuture<'_, Vec<InputRow>> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || {
+            let txn = db.begin_read().map_err(|e| err("begin read")(e.into()))?;
+            let table = match txn.open_table(INPUTS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(err("open table")(e.into())),
+            };
+            let from = format!("{:020}", since_ms.max(0));
+            let mut out = Vec::new();
+            for entry in table
+                .range(from.as_str()..)
+                .map_err(|e| err("scan")(e.into()))?
+            {
+                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                let row = input_row(k.value(), v.value())?;
+                if tenant.as_ref().is_none_or(|t| *t == row.tenant) {
+                    out.push(row);
+                }
+            }
+            Ok(out)
+        }))
+    }
+
+    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || {
+            inputs_txn(&db, |table| {
+                let mut gone = Vec::new();
+                for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                    let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                    if input_row(k.value(), v.value())?.tenant == tenant {
+                        gone.push(k.value().to_owned());
+                    }
+                }
+                for k in &gone {
+                    table
+                        .remove(k.as_str())
+                        .map_err(|e| err("delete")(e.into()))?;
+                }
+                Ok(gone.len())
+            })
+        }))
+    }
+
+    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || {
+            inputs_txn(&db, |table| {
+                let mut rows = Vec::new();
+                for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                    let (k, _) = entry.map_err(|e| err("scan")(e.into()))?;
+                    rows.push(k.value().to_owned());
+                }
+                let stale = inputs_stale(
+                    rows.iter().map(|k| (k.as_str(), key_time(k))),
+                    before_ms,
+                    max_rows,
+                );
+                for k in &stale {
+                    table
+                        .remove(k.as_str())
+                        .map_err(|e| err("delete")(e.into()))?;
+                }
+                Ok(stale.len())
+            })
+        }))
     }
 
     fn list<'a>(&'a self, state: Option<State>) -> StoreFuture<'a, Vec<(String, Record)>> {
