@@ -460,3 +460,141 @@ fn policy_diff_between_two_commits_of_a_policy_folder_shows_what_moves() {
     ]);
     assert!(!ok && err.contains("--cases"), "{err}");
 }
+
+#[tokio::test]
+async fn kept_decision_inputs_feed_policy_diff_and_are_exported_and_erased_per_tenant() {
+    let dirs = tempfile::tempdir().unwrap();
+    let base = dirs.path().join("base");
+    let head = dirs.path().join("head");
+    folder(&base, "");
+    folder(&head, LOOSEN_REFUNDS);
+    let mut gw = common::Gateway::start_with(common::Options {
+        policies: Some(base.clone()),
+        extra: "\n[policy]\ninputs = true\ninputs_retention = \"1h\"\n".into(),
+        ..Default::default()
+    });
+    let c = {
+        let mut c = common::Client::new(&gw.url("payments"));
+        c.initialize().await;
+        c.post(&json!({"jsonrpc":"2.0","id":0,"method":"tools/list"}))
+            .await;
+        c
+    };
+    for i in 0..3 {
+        let a = keyed(
+            &c,
+            i,
+            "refund",
+            json!({"charge": format!("ch_{i}")}),
+            &format!("r-{i}"),
+        )
+        .await;
+        assert_eq!(code(&a), "approval_pending");
+        // The same call again: recorded once.
+        keyed(
+            &c,
+            10 + i,
+            "refund",
+            json!({"charge": format!("ch_{i}")}),
+            &format!("r-{i}"),
+        )
+        .await;
+    }
+    let read = c.call(20, "get_balance", json!({"account": "a"})).await;
+    assert_eq!(read.last()["result"]["isError"], false);
+    // globex's call, to erase apart.
+    let mut g = common::Client::new(&gw.url("payments"));
+    g.token = common::GLOBEX_TOKEN.into();
+    g.initialize().await;
+    keyed(
+        &g,
+        1,
+        "transfer",
+        json!({"from": "a", "to": "b", "amount": 5}),
+        "t-1",
+    )
+    .await;
+    // A clean stop writes what waits, and leaves the redb file to the
+    // commands.
+    gw.wait_for_log("decision inputs are kept").await;
+    gw.terminate();
+    let config = gw.config_path().display().to_string();
+
+    let (ok, out, err) = common::run_cli(&["policy", "inputs", "export", "--config", &config]);
+    assert!(ok, "{err}");
+    let rows: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        rows.len(),
+        5,
+        "3 refunds once each, a read, a transfer: {out}"
+    );
+    let refund = rows.iter().find(|r| r["tool"] == "refund").unwrap();
+    assert_eq!(refund["principal"], "agent-7");
+    assert_eq!(refund["tenant"], "acme");
+    assert_eq!(refund["groups"], json!(["agents"]));
+    assert_eq!(refund["decision"], "approval");
+    assert!(refund["arguments"]["charge"].is_string(), "{refund}");
+
+    // policy diff from the store: the refunds would loosen, the transfer would be denied.
+    let (ok, out, err) = common::run_cli(&[
+        "policy",
+        "diff",
+        &base.display().to_string(),
+        &head.display().to_string(),
+        "--config",
+        &config,
+        "--format",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["looked_at"], 5, "{report}");
+    let moves = report["moves"].as_array().unwrap();
+    let refunds = moves.iter().find(|m| m["tool"] == "refund").unwrap();
+    assert_eq!(
+        (
+            refunds["from"].as_str(),
+            refunds["to"].as_str(),
+            refunds["calls"].as_u64()
+        ),
+        (Some("approval"), Some("allow"), Some(3))
+    );
+    assert!(
+        moves
+            .iter()
+            .any(|m| m["tool"] == "transfer" && m["to"] == "deny"),
+        "{report}"
+    );
+
+    // Erase one tenant: the other's stay.
+    let (ok, _, err) = common::run_cli(&[
+        "policy", "inputs", "erase", "--tenant", "globex", "--config", &config,
+    ]);
+    assert!(ok && err.contains("erased 1"), "{err}");
+    let (_, out, _) = common::run_cli(&["policy", "inputs", "export", "--config", &config]);
+    assert_eq!(out.lines().count(), 4);
+    assert!(!out.contains("globex"));
+    let (_, out, _) = common::run_cli(&[
+        "policy", "inputs", "export", "--tenant", "acme", "--config", &config,
+    ]);
+    assert_eq!(out.lines().count(), 4);
+
+    // Without kept inputs and without cases, it says what to turn on.
+    let off = dirs.path().join("off.toml");
+    std::fs::write(&off, "[gateway]\ndata_dir = \"x\"\n").unwrap();
+    let (ok, _, err) = common::run_cli(&[
+        "policy",
+        "diff",
+        &base.display().to_string(),
+        &head.display().to_string(),
+        "--config",
+        &off.display().to_string(),
+    ]);
+    assert!(
+        !ok && err.contains("[policy] inputs = true") && err.contains("--cases"),
+        "{err}"
+    );
+}

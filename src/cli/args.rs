@@ -422,7 +422,8 @@ pub(crate) enum PolicyCommand {
         /// Summarize the `shadow_disagreement` entries of the audit log.
         #[arg(long, conflicts_with_all = ["base", "cases"])]
         shadow: bool,
-        /// With --shadow: the window, back from now.
+        /// The window, back from now: of the audit log with --shadow, of the
+        /// kept decision inputs with BASE HEAD.
         #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
         since: std::time::Duration,
         /// With --shadow: the audit dir (repeat it to merge several
@@ -433,9 +434,14 @@ pub(crate) enum PolicyCommand {
         #[arg(long, short, default_value = "countersign.toml")]
         config: PathBuf,
         /// With BASE HEAD: the decision cases to decide (the `policy test`
-        /// format).
-        #[arg(long)]
+        /// format), instead of the kept decision inputs.
+        #[arg(long, conflicts_with = "inputs")]
         cases: Option<PathBuf>,
+        /// With BASE HEAD: decision inputs exported by `policy inputs
+        /// export` (JSON lines), instead of reading them from the store of
+        /// --config.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
         /// text, json or markdown (for a pull-request comment).
         #[arg(long, value_enum, default_value = "text")]
         format: crate::cli::policy_diff::Format,
@@ -443,6 +449,37 @@ pub(crate) enum PolicyCommand {
         /// all (`any`). Without it the exit is 0 whatever moved.
         #[arg(long, value_enum)]
         fail_on: Option<crate::cli::policy_diff::FailOn>,
+    },
+    /// The decision inputs the gateway keeps (`[policy] inputs`): export
+    /// or erase them, per tenant. On redb, with the gateway stopped.
+    Inputs {
+        #[command(subcommand)]
+        command: InputsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum InputsCommand {
+    /// Print kept decision inputs as JSON lines (for `policy diff
+    /// --inputs`, or a subject access request).
+    Export {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only those newer than this.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
+        /// Configuration file (the store).
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
+    },
+    /// Forget every kept decision input of a tenant.
+    Erase {
+        #[arg(long)]
+        tenant: String,
+        /// Configuration file (the store).
+        #[arg(long, short, default_value = "countersign.toml")]
+        config: PathBuf,
     },
 }
 

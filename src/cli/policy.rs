@@ -322,10 +322,13 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
             dir,
             config,
             cases,
+            inputs,
             format,
             fail_on,
         } => {
             use crate::cli::policy_diff as diff;
+            let since_ms = crate::core::time::now_ms()
+                .saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
             let report = match (shadow, base, head) {
                 (true, _, _) => {
                     let dirs = if dir.is_empty() {
@@ -333,24 +336,89 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                     } else {
                         dir
                     };
-                    let since_ms = crate::core::time::now_ms()
-                        .saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
                     diff::from_audit(&dirs, since_ms, since)?
                 }
-                (false, Some(base), Some(head)) => {
-                    let Some(cases) = cases else {
-                        anyhow::bail!(
-                            "policy diff BASE HEAD needs calls to decide: give --cases FILE (the `policy test` format, e.g. {}/tests.toml). \
-                             To see a change on real traffic instead, put the new folder in `[policy] shadow` and run `policy diff --shadow`.",
-                            base.display()
-                        );
-                    };
-                    diff::from_cases(&base, &head, &cases)?
-                }
+                (false, Some(base), Some(head)) => match (cases, inputs) {
+                    (Some(cases), _) => diff::from_cases(&base, &head, &cases)?,
+                    (None, Some(file)) => {
+                        let text = std::fs::read_to_string(&file).map_err(|e| {
+                            anyhow::anyhow!("cannot read `{}`: {e}", file.display())
+                        })?;
+                        let rows = diff::parse_inputs(&text)?;
+                        diff::from_inputs(&base, &head, &rows, &file.display().to_string())?
+                    }
+                    (None, None) => {
+                        let kept = config
+                            .exists()
+                            .then(|| crate::cli::files::load_config(&config))
+                            .transpose()?;
+                        let Some(kept) = kept.filter(|c| c.policy.inputs) else {
+                            anyhow::bail!(
+                                "policy diff BASE HEAD needs calls to decide, and no decision inputs are kept: \
+                                 turn on `[policy] inputs = true` in the gateway's configuration ({}) to keep them, \
+                                 or give --cases FILE (the `policy test` format, e.g. {}/tests.toml)",
+                                config.display(),
+                                base.display()
+                            );
+                        };
+                        let (store, _) = crate::cli::store::open(&kept).await?;
+                        let rows = store
+                            .inputs_since(since_ms, None)
+                            .await
+                            .map_err(|e| anyhow::anyhow!("{e}"))?;
+                        let rows = rows
+                            .iter()
+                            .map(|r| diff::parse_inputs(&r.inputs).map(|mut v| v.remove(0)))
+                            .collect::<anyhow::Result<Vec<_>>>()?;
+                        diff::from_inputs(
+                            &base,
+                            &head,
+                            &rows,
+                            &format!(
+                                "the decision inputs of the last {}",
+                                humantime::format_duration(since)
+                            ),
+                        )?
+                    }
+                },
                 _ => anyhow::bail!("policy diff needs BASE and HEAD folders, or --shadow"),
             };
             print!("{}", report.render(format)?);
             !report.fails(fail_on)
+        }
+        PolicyCommand::Inputs { command } => {
+            use crate::cli::args::InputsCommand;
+            match command {
+                InputsCommand::Export {
+                    tenant,
+                    since,
+                    config,
+                } => {
+                    let config = crate::cli::files::load_config(&config)?;
+                    let (store, _) = crate::cli::store::open(&config).await?;
+                    let since_ms = since.map_or(0, |s| {
+                        crate::core::time::now_ms()
+                            .saturating_sub(i64::try_from(s.as_millis()).unwrap_or(i64::MAX))
+                    });
+                    let rows = store
+                        .inputs_since(since_ms, tenant)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    for r in rows {
+                        println!("{}", r.inputs);
+                    }
+                }
+                InputsCommand::Erase { tenant, config } => {
+                    let config = crate::cli::files::load_config(&config)?;
+                    let (store, _) = crate::cli::store::open(&config).await?;
+                    let n = store
+                        .inputs_erase(tenant.clone())
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    eprintln!("countersign: erased {n} decision inputs of tenant {tenant}");
+                }
+            }
+            true
         }
         PolicyCommand::Schema { server, config } => {
             let config = crate::cli::files::load_config(&config)?;

@@ -57,7 +57,7 @@ pub(crate) struct Move {
 /// What would move, and where the evidence comes from.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub(crate) struct Report {
-    /// `shadow` or `cases`.
+    /// `shadow`, `cases` or `inputs`.
     pub(crate) source: &'static str,
     /// Said in the heading: the window, or the two folders.
     pub(crate) over: String,
@@ -192,6 +192,46 @@ pub(crate) fn from_cases(base: &Path, head: &Path, file: &Path) -> anyhow::Resul
     })
 }
 
+/// Decision inputs from JSON lines (`policy inputs export`, or one row).
+pub(crate) fn parse_inputs(text: &str) -> anyhow::Result<Vec<crate::enforce::inputs::Inputs>> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| anyhow::anyhow!("decision inputs, line {}: {e}", i + 1))
+        })
+        .collect()
+}
+
+/// Kept decision inputs decided under `base` and under `head`.
+pub(crate) fn from_inputs(
+    base: &Path,
+    head: &Path,
+    rows: &[crate::enforce::inputs::Inputs],
+    what: &str,
+) -> anyhow::Result<Report> {
+    let before = crate::cli::policy::load(base)?;
+    let after = crate::cli::policy::load(head)?;
+    let mut groups = Groups::default();
+    for i in rows {
+        let (from, to) = (verdict(&i.decide(&before)), verdict(&i.decide(&after)));
+        if from != to {
+            groups.add(&i.server, &i.tool, from, to, &i.call_digest);
+        }
+    }
+    Ok(Report {
+        source: "inputs",
+        over: format!(
+            "{what}, under {} and then {}",
+            base.display(),
+            head.display()
+        ),
+        looked_at: rows.len() as u64,
+        moves: groups.moves(),
+    })
+}
+
 impl Report {
     fn moved(&self) -> u64 {
         self.moves.iter().map(|m| m.calls).sum()
@@ -206,10 +246,10 @@ impl Report {
     }
 
     fn unit(&self) -> &'static str {
-        if self.source == "shadow" {
-            "calls"
-        } else {
+        if self.source == "cases" {
             "cases"
+        } else {
+            "calls"
         }
     }
 

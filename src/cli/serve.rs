@@ -152,6 +152,15 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         tokio::spawn(worker.run(gw.pipeline().book().queued()))
     });
     let reloader = tokio::spawn(watch_policies(Arc::clone(&gw), policy_dir));
+    if gw.config().policy.inputs {
+        gw.pipeline()
+            .start_inputs(Arc::new(crate::core::time::SystemClock));
+        tracing::info!(
+            retention = %humantime::format_duration(gw.config().policy.inputs_retention),
+            max_rows = gw.config().policy.inputs_max_rows,
+            "decision inputs are kept for policy diff"
+        );
+    }
     // The shadow set: loaded now if it loads, and watched like the set in
     // force. It never stops the gateway.
     let shadow_watcher = gw.config().policy.shadow.clone().map(|dir| {
@@ -258,6 +267,8 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         let _ = server.await;
     }
     sweeper.abort();
+    // The decision inputs recorded so far are kept.
+    gw.pipeline().flush_inputs().await;
     reloader.abort();
     if let Some(w) = &shadow_watcher {
         w.abort();

@@ -21,6 +21,11 @@ pub(crate) struct Judge {
     metrics: Arc<Metrics>,
     /// The shadow set decided beside it (`[policy] shadow`).
     shadow: Shadow,
+    /// Where decision inputs go (`[policy] inputs`), once started.
+    recorder: std::sync::OnceLock<super::inputs::Recorder>,
+    /// Keyed calls whose inputs were recorded (a revalidation or a retry of
+    /// the same call is not recorded again).
+    recorded: parking_lot::Mutex<super::shadow::Seen>,
 }
 
 impl Judge {
@@ -30,6 +35,8 @@ impl Judge {
             config,
             policies: RwLock::new(Arc::new(policies)),
             shadow: Shadow::new(metrics.clone()),
+            recorder: std::sync::OnceLock::new(),
+            recorded: Default::default(),
             metrics,
         }
     }
@@ -42,6 +49,18 @@ impl Judge {
     /// Put a new policy set in force (a successful reload).
     pub(crate) fn set_policies(&self, policies: Policies) {
         *self.policies.write() = Arc::new(policies);
+    }
+
+    /// Record each call's decision inputs with `recorder` from now on.
+    pub(crate) fn record_inputs(&self, recorder: super::inputs::Recorder) {
+        let _ = self.recorder.set(recorder);
+    }
+
+    /// Write the decision inputs recorded so far (a clean stop).
+    pub(crate) async fn flush_inputs(&self) {
+        if let Some(r) = self.recorder.get() {
+            r.flush().await;
+        }
     }
 
     /// The shadow set (`[policy] shadow`).
@@ -90,6 +109,16 @@ impl Judge {
         c.trail.decision(&decision);
         // After the decision's own entry: the log keeps cause before effect.
         self.shadow.compare(c, &facts, &decision, &in_force);
+        if let Some(recorder) = self.recorder.get() {
+            // A keyed call once; a read without a key per call.
+            if c.claim.client_key.is_empty() || self.recorded.lock().first(c.claim.key.clone()) {
+                recorder.record(super::inputs::Inputs::of(
+                    &facts,
+                    super::shadow::verdict(&decision),
+                    crate::core::time::now_ms(),
+                ));
+            }
+        }
         decision
     }
 

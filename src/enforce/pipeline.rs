@@ -249,6 +249,26 @@ impl Pipeline {
         self.judge.shadow().set(policies);
     }
 
+    /// Keep each call's decision inputs in the store (`[policy] inputs`):
+    /// starts the task that writes them and collects old ones. Call it in a
+    /// runtime, once.
+    pub fn start_inputs(&self, clock: Arc<dyn Clock>) {
+        let p = &self.config.policy;
+        let (recorder, task) = super::inputs::Recorder::new(
+            self.store().clone(),
+            clock,
+            p.inputs_retention,
+            p.inputs_max_rows,
+        );
+        tokio::spawn(task);
+        self.judge.record_inputs(recorder);
+    }
+
+    /// Write the decision inputs recorded so far (at a clean stop).
+    pub async fn flush_inputs(&self) {
+        self.judge.flush_inputs().await;
+    }
+
     /// The shadow policy set, when one is loaded.
     pub fn shadow(&self) -> Option<Arc<Policies>> {
         self.judge.shadow().policies()

@@ -37,15 +37,16 @@ pub(crate) struct Shadow {
     metrics: Arc<Metrics>,
 }
 
+/// Keys seen lately, at most [`SEEN_MAX`] (the oldest are forgotten first).
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     set: HashSet<String>,
     order: VecDeque<String>,
 }
 
 impl Seen {
     /// Whether `key` is new (and remember it).
-    fn first(&mut self, key: String) -> bool {
+    pub(crate) fn first(&mut self, key: String) -> bool {
         if self.set.contains(&key) {
             return false;
         }

@@ -110,12 +110,32 @@ pub struct Config {
 }
 
 /// `[policy]` (DESIGN.md section 22).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// A second policy folder decided beside `gateway.policies` on every
     /// call and never enforced: its disagreements are counted and audited.
     pub shadow: Option<PathBuf>,
+    /// Keep what each call's decision needed (principal, groups, tenant,
+    /// tool, annotations, definition-changed, the arguments as Cedar saw
+    /// them) in the store, for `policy diff BASE HEAD`. Off by default.
+    pub inputs: bool,
+    /// How long decision inputs are kept.
+    #[serde(deserialize_with = "duration")]
+    pub inputs_retention: Duration,
+    /// Most decision inputs kept; the oldest go first.
+    pub inputs_max_rows: usize,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            shadow: None,
+            inputs: false,
+            inputs_retention: Duration::from_secs(7 * 24 * 3600),
+            inputs_max_rows: 100_000,
+        }
+    }
 }
 
 /// `[telemetry]` (DESIGN.md section 18): OpenTelemetry traces over
