@@ -18,6 +18,7 @@
 //! - [`log`]: log lines that client values cannot forge.
 
 pub(crate) mod args;
+pub(crate) mod cases;
 pub(crate) mod check;
 pub mod client;
 pub(crate) mod console;

@@ -164,21 +164,34 @@ fn verdict(d: &Decision) -> &'static str {
     crate::enforce::shadow::verdict(d)
 }
 
-/// The cases of `file` decided under `base` and under `head`.
-pub(crate) fn from_cases(base: &Path, head: &Path, file: &Path) -> anyhow::Result<Report> {
-    let before = crate::cli::policy::load(base)?;
-    let after = crate::cli::policy::load(head)?;
-    let cases = crate::cli::policy::cases(file)?;
+/// `rows` decided under the folders `base` and `head` by `decide`; each
+/// row's server, tool and example come from `name`.
+fn decided_twice<R>(
+    base: &Path,
+    head: &Path,
+    rows: &[R],
+    decide: impl Fn(&crate::core::decision::Policies, &R) -> Decision,
+    name: impl Fn(&R) -> (&str, &str, &str),
+) -> anyhow::Result<Vec<Move>> {
+    let before = crate::cli::cases::load(base)?;
+    let after = crate::cli::cases::load(head)?;
     let mut groups = Groups::default();
-    for c in &cases {
-        let (from, to) = (
-            verdict(&crate::cli::policy::decide(&before, c)),
-            verdict(&crate::cli::policy::decide(&after, c)),
-        );
+    for r in rows {
+        let (from, to) = (verdict(&decide(&before, r)), verdict(&decide(&after, r)));
         if from != to {
-            groups.add(&c.server, &c.tool, from, to, &c.name);
+            let (server, tool, example) = name(r);
+            groups.add(server, tool, from, to, example);
         }
     }
+    Ok(groups.moves())
+}
+
+/// The cases of `file` decided under `base` and under `head`.
+pub(crate) fn from_cases(base: &Path, head: &Path, file: &Path) -> anyhow::Result<Report> {
+    let cases = crate::cli::cases::cases(file)?;
+    let moves = decided_twice(base, head, &cases, crate::cli::cases::decide, |c| {
+        (&c.server, &c.tool, &c.name)
+    })?;
     Ok(Report {
         source: "cases",
         over: format!(
@@ -188,7 +201,7 @@ pub(crate) fn from_cases(base: &Path, head: &Path, file: &Path) -> anyhow::Resul
             head.display()
         ),
         looked_at: cases.len() as u64,
-        moves: groups.moves(),
+        moves,
     })
 }
 
@@ -211,15 +224,13 @@ pub(crate) fn from_inputs(
     rows: &[crate::enforce::inputs::Inputs],
     what: &str,
 ) -> anyhow::Result<Report> {
-    let before = crate::cli::policy::load(base)?;
-    let after = crate::cli::policy::load(head)?;
-    let mut groups = Groups::default();
-    for i in rows {
-        let (from, to) = (verdict(&i.decide(&before)), verdict(&i.decide(&after)));
-        if from != to {
-            groups.add(&i.server, &i.tool, from, to, &i.call_digest);
-        }
-    }
+    let moves = decided_twice(
+        base,
+        head,
+        rows,
+        |p, i| i.decide(p),
+        |i| (&i.server, &i.tool, &i.call_digest),
+    )?;
     Ok(Report {
         source: "inputs",
         over: format!(
@@ -228,7 +239,7 @@ pub(crate) fn from_inputs(
             head.display()
         ),
         looked_at: rows.len() as u64,
-        moves: groups.moves(),
+        moves,
     })
 }
 

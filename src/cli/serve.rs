@@ -536,19 +536,26 @@ fn load_shadow(gw: &Gateway, dir: &std::path::Path) {
                     dir.display()
                 );
             }
-            let mut f = serde_json::Map::new();
+            let mut f = refused(&errors);
             f.insert("shadow".into(), true.into());
-            f.insert(
-                "errors".into(),
-                errors
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .into(),
-            );
             gw.pipeline().audit("policy_reload_refused", f);
         }
     }
+}
+
+/// The fields of a `policy_reload_refused` entry: the errors, each with
+/// its file and line.
+fn refused(errors: &[impl ToString]) -> serde_json::Map<String, serde_json::Value> {
+    let mut f = serde_json::Map::new();
+    f.insert(
+        "errors".into(),
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    f
 }
 
 /// What the policy folder looks like: its files with sizes and mtimes.
@@ -621,16 +628,8 @@ async fn watch_policies(gw: Arc<Gateway>, dir: std::path::PathBuf) {
                 for e in &errors {
                     tracing::error!("policy reload refused, previous policies stay in force: {e}");
                 }
-                let mut f = serde_json::Map::new();
-                f.insert(
-                    "errors".into(),
-                    errors
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .into(),
-                );
-                gw.pipeline().audit("policy_reload_refused", f);
+                gw.pipeline()
+                    .audit("policy_reload_refused", refused(&errors));
             }
         }
     }
