@@ -5,6 +5,7 @@
 //! so both transports behave the same towards clients.
 
 pub(crate) mod credentials;
+pub mod delegation;
 pub(crate) mod mux;
 pub(crate) mod notify;
 mod stdio;

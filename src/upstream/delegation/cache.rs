@@ -1,0 +1,205 @@
+//! Exchanged tokens, kept in memory only, per (issuer, subject, client,
+//! server, scopes): never shared across principals, never written anywhere.
+//! A token is used until shortly before its own expiry, and never past the
+//! expiry of the caller's token it was exchanged for: once the person's own
+//! token is no longer valid, nothing minted from it is used.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use super::exchange::Exchanged;
+
+/// Whose token, for what: two principals never share an entry, nor one
+/// principal two servers or two scope sets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    pub issuer: String,
+    pub subject: String,
+    pub client: String,
+    pub server: String,
+    /// Sorted.
+    pub scopes: Vec<String>,
+}
+
+impl CacheKey {
+    /// The key, with `scopes` in a canonical order.
+    pub fn new(
+        issuer: &str,
+        subject: &str,
+        client: &str,
+        server: &str,
+        scopes: &[String],
+    ) -> CacheKey {
+        let mut scopes = scopes.to_vec();
+        scopes.sort();
+        scopes.dedup();
+        CacheKey {
+            issuer: issuer.into(),
+            subject: subject.into(),
+            client: client.into(),
+            server: server.into(),
+            scopes,
+        }
+    }
+}
+
+struct Entry {
+    token: Exchanged,
+    /// Usable until (unix ms): the token's expiry less the margin, and no
+    /// later than the caller's token.
+    until_ms: i64,
+}
+
+/// The cache.
+pub struct TokenCache {
+    entries: Mutex<HashMap<CacheKey, Entry>>,
+    /// How long before its expiry a token is exchanged again.
+    margin_ms: i64,
+    /// Most entries kept (expired ones go first, then the soonest to end).
+    max: usize,
+}
+
+impl TokenCache {
+    /// Tokens used until `margin_ms` before their expiry, `max` at most.
+    pub fn new(margin_ms: i64, max: usize) -> TokenCache {
+        TokenCache {
+            entries: Mutex::new(HashMap::new()),
+            margin_ms,
+            max: max.max(1),
+        }
+    }
+
+    /// The token for `key`, if one is still usable at `now_ms`.
+    pub fn get(&self, key: &CacheKey, now_ms: i64) -> Option<Exchanged> {
+        let mut entries = self.entries.lock();
+        match entries.get(key) {
+            Some(e) if now_ms < e.until_ms => Some(e.token.clone()),
+            Some(_) => {
+                entries.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Keep `token` for `key`, exchanged for a caller token that expires at
+    /// `caller_exp_ms`. A token without a known expiry is not kept: it is
+    /// exchanged again for the next call.
+    pub fn put(&self, key: CacheKey, token: Exchanged, caller_exp_ms: Option<i64>, now_ms: i64) {
+        let Some(exp) = token.expires_at_ms else {
+            return;
+        };
+        let until_ms = exp
+            .saturating_sub(self.margin_ms)
+            .min(caller_exp_ms.unwrap_or(i64::MAX));
+        if until_ms <= now_ms {
+            return;
+        }
+        let mut entries = self.entries.lock();
+        if entries.len() >= self.max && !entries.contains_key(&key) {
+            entries.retain(|_, e| e.until_ms > now_ms);
+            if entries.len() >= self.max {
+                if let Some(first) = entries
+                    .iter()
+                    .min_by_key(|(_, e)| e.until_ms)
+                    .map(|(k, _)| k.clone())
+                {
+                    entries.remove(&first);
+                }
+            }
+        }
+        entries.insert(key, Entry { token, until_ms });
+    }
+
+    /// Forget every token of `subject` at `issuer` (its caller token was
+    /// refused).
+    pub fn forget(&self, issuer: &str, subject: &str) {
+        self.entries
+            .lock()
+            .retain(|k, _| !(k.issuer == issuer && k.subject == subject));
+    }
+
+    /// Entries kept.
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(id: &str, exp: Option<i64>) -> Exchanged {
+        Exchanged {
+            access_token: format!("tok-{id}"),
+            expires_at_ms: exp,
+            scope: None,
+            id: id.into(),
+        }
+    }
+
+    fn key(subject: &str) -> CacheKey {
+        CacheKey::new("okta", subject, "countersign", "github", &["repo".into()])
+    }
+
+    #[test]
+    fn a_token_serves_its_own_subject_until_shortly_before_it_expires() {
+        let c = TokenCache::new(30_000, 100);
+        c.put(key("alice"), token("a", Some(100_000)), None, 0);
+        assert_eq!(c.get(&key("alice"), 69_999).unwrap().id, "a");
+        assert!(
+            c.get(&key("alice"), 70_000).is_none(),
+            "within the margin: exchanged again"
+        );
+        assert!(c.get(&key("bob"), 0).is_none(), "never another principal's");
+        // Another server or scope set is another entry.
+        c.put(key("alice"), token("a2", Some(100_000)), None, 0);
+        let other = CacheKey::new("okta", "alice", "countersign", "jira", &["repo".into()]);
+        assert!(c.get(&other, 0).is_none());
+        // Scope order does not matter.
+        let same = CacheKey::new(
+            "okta",
+            "alice",
+            "countersign",
+            "github",
+            &["repo".into(), "repo".into()],
+        );
+        assert_eq!(c.get(&same, 0).unwrap().id, "a2");
+    }
+
+    #[test]
+    fn never_past_the_callers_own_token_and_never_without_an_expiry() {
+        let c = TokenCache::new(0, 100);
+        c.put(key("alice"), token("a", Some(100_000)), Some(50_000), 0);
+        assert!(c.get(&key("alice"), 49_999).is_some());
+        assert!(
+            c.get(&key("alice"), 50_000).is_none(),
+            "the caller's token expired"
+        );
+        c.put(key("bob"), token("b", None), None, 0);
+        assert!(c.get(&key("bob"), 0).is_none(), "no known expiry: not kept");
+        c.put(key("carol"), token("c", Some(100_000)), None, 0);
+        c.forget("okta", "carol");
+        assert!(c.get(&key("carol"), 0).is_none());
+    }
+
+    #[test]
+    fn the_cache_stays_bounded() {
+        let c = TokenCache::new(0, 3);
+        for (i, who) in ["a", "b", "c", "d"].iter().enumerate() {
+            c.put(key(who), token(who, Some(1_000 + i as i64)), None, 0);
+        }
+        assert_eq!(c.len(), 3);
+        assert!(
+            c.get(&key("a"), 0).is_none(),
+            "the soonest to end went first"
+        );
+        assert!(c.get(&key("d"), 0).is_some());
+    }
+}

@@ -1,0 +1,382 @@
+//! One RFC 8693 token exchange at a provider's token endpoint: the caller's
+//! access token as the subject token, the upstream as the audience, the
+//! gateway authenticated as its own OAuth client (`client_secret_basic`).
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde::Deserialize;
+use sha2::Digest;
+
+/// RFC 8693 section 2.1.
+const GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// RFC 8693 section 3.
+const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+
+/// How to exchange tokens for one upstream.
+#[derive(Clone)]
+pub struct Exchange {
+    /// The provider's token endpoint (from its metadata).
+    pub token_endpoint: String,
+    /// The gateway's OAuth client at the provider.
+    pub client_id: String,
+    /// Its secret (`client_secret_basic`).
+    pub client_secret: String,
+    /// The upstream the token is for (`audience`).
+    pub audience: String,
+    /// The scopes the upstream needs, and no more.
+    pub scopes: Vec<String>,
+    /// The gateway's own token, sent as `actor_token` when the provider
+    /// wants the actor named.
+    pub actor_token: Option<String>,
+    /// How long the provider may take.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for Exchange {
+    // The secret and the actor token stay out of every Debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchange")
+            .field("token_endpoint", &self.token_endpoint)
+            .field("client_id", &self.client_id)
+            .field("audience", &self.audience)
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An exchanged token.
+#[derive(Clone)]
+pub struct Exchanged {
+    /// The token to send upstream as `Authorization: Bearer`.
+    pub access_token: String,
+    /// When it expires (unix ms): from `expires_in`, else from its `exp`
+    /// claim when it is a JWT; `None` when neither says.
+    pub expires_at_ms: Option<i64>,
+    /// The scopes granted (`scope`), when the provider said.
+    pub scope: Option<String>,
+    /// What may be recorded of it: its `jti`, or its SHA-256.
+    pub id: String,
+}
+
+impl std::fmt::Debug for Exchanged {
+    // Never the token itself.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchanged")
+            .field("id", &self.id)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Exchanged {
+    /// What the audit log may record of this token: its id (`jti` or a
+    /// digest) and its scopes.
+    pub fn evidence(&self) -> serde_json::Value {
+        serde_json::json!({"token": self.id, "scope": self.scope})
+    }
+}
+
+/// Why an exchange gave no token. None of them carries a token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExchangeError {
+    /// The provider refused (RFC 6749 section 5.2: `invalid_grant`,
+    /// `unauthorized_client`, `invalid_target`, ...).
+    #[error("the identity provider refused the token exchange: {error}{}", description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Refused {
+        error: String,
+        description: Option<String>,
+    },
+    /// The provider could not be reached, or did not answer in time.
+    #[error("the identity provider's token endpoint is unreachable: {0}")]
+    Unreachable(String),
+    /// The provider answered something that is not a token response.
+    #[error("the identity provider's answer is not a token: {0}")]
+    Invalid(String),
+}
+
+impl ExchangeError {
+    /// A short reason for the agent's answer (`invalid_grant`, `timeout`,
+    /// `unreachable`, `invalid_response`).
+    pub fn reason(&self) -> String {
+        match self {
+            ExchangeError::Refused { error, .. } => error.clone(),
+            ExchangeError::Unreachable(e) if e.contains("timed out") => "timeout".into(),
+            ExchangeError::Unreachable(_) => "unreachable".into(),
+            ExchangeError::Invalid(_) => "invalid_response".into(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: Option<String>,
+    token_type: Option<String>,
+    issued_token_type: Option<String>,
+    expires_in: Option<i64>,
+    scope: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorResponse {
+    error: String,
+    error_description: Option<String>,
+}
+
+impl Exchange {
+    /// The form body of the exchange of `subject_token` (RFC 8693 section
+    /// 2.1): the token to trade, for whom (`audience`), for what (`scope`).
+    fn form(&self, subject_token: &str) -> String {
+        let mut f = form_urlencoded::Serializer::new(String::new());
+        f.append_pair("grant_type", GRANT_TYPE);
+        f.append_pair("subject_token", subject_token);
+        f.append_pair("subject_token_type", ACCESS_TOKEN_TYPE);
+        f.append_pair("requested_token_type", ACCESS_TOKEN_TYPE);
+        f.append_pair("audience", &self.audience);
+        if !self.scopes.is_empty() {
+            f.append_pair("scope", &self.scopes.join(" "));
+        }
+        if let Some(actor) = &self.actor_token {
+            f.append_pair("actor_token", actor);
+            f.append_pair("actor_token_type", ACCESS_TOKEN_TYPE);
+        }
+        f.finish()
+    }
+
+    /// `client_secret_basic` (RFC 6749 section 2.3.1): id and secret, each
+    /// form-encoded, in HTTP Basic.
+    fn basic(&self) -> String {
+        let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        let pair = format!("{}:{}", enc(&self.client_id), enc(&self.client_secret));
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )
+    }
+
+    /// Trade `subject_token` for a token for the upstream, at `now_ms`.
+    pub async fn exchange(
+        &self,
+        http: &reqwest::Client,
+        subject_token: &str,
+        now_ms: i64,
+    ) -> Result<Exchanged, ExchangeError> {
+        let resp = http
+            .post(&self.token_endpoint)
+            .header("authorization", self.basic())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("accept", "application/json")
+            .timeout(self.timeout)
+            .body(self.form(subject_token))
+            .send()
+            .await
+            .map_err(|e| {
+                ExchangeError::Unreachable(if e.is_timeout() {
+                    format!("timed out after {:?}", self.timeout)
+                } else {
+                    crate::upstream::error_chain(&e)
+                })
+            })?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| ExchangeError::Unreachable(crate::upstream::error_chain(&e)))?;
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<ErrorResponse>(&body) {
+                Ok(e) => ExchangeError::Refused {
+                    error: e.error,
+                    description: e.error_description,
+                },
+                Err(_) => ExchangeError::Invalid(format!("HTTP {status} without an OAuth error")),
+            });
+        }
+        let t: TokenResponse = serde_json::from_slice(&body)
+            .map_err(|e| ExchangeError::Invalid(format!("not a token response: {e}")))?;
+        let Some(access_token) = t.access_token.filter(|t| !t.is_empty()) else {
+            return Err(ExchangeError::Invalid("no access_token".into()));
+        };
+        // The token must be usable as a bearer access token: another
+        // issued type (an ID token, a SAML assertion) is not sent upstream.
+        if t.token_type
+            .as_deref()
+            .is_some_and(|k| !k.eq_ignore_ascii_case("bearer"))
+        {
+            return Err(ExchangeError::Invalid(format!(
+                "token_type `{}`, not Bearer",
+                t.token_type.unwrap_or_default()
+            )));
+        }
+        if t.issued_token_type
+            .as_deref()
+            .is_some_and(|k| k != ACCESS_TOKEN_TYPE)
+        {
+            return Err(ExchangeError::Invalid(format!(
+                "issued_token_type `{}`, not an access token",
+                t.issued_token_type.unwrap_or_default()
+            )));
+        }
+        let claims = jwt_claims(&access_token);
+        let expires_at_ms = t
+            .expires_in
+            .map(|s| now_ms.saturating_add(s.saturating_mul(1000)))
+            .or_else(|| {
+                claims
+                    .as_ref()
+                    .and_then(|c| c.get("exp")?.as_i64())
+                    .map(|s| s.saturating_mul(1000))
+            });
+        let id = claims
+            .as_ref()
+            .and_then(|c| c.get("jti")?.as_str().map(|j| format!("jti:{j}")))
+            .unwrap_or_else(|| {
+                format!(
+                    "sha256:{}",
+                    hex::encode(sha2::Sha256::digest(access_token.as_bytes()))
+                )
+            });
+        Ok(Exchanged {
+            access_token,
+            expires_at_ms,
+            scope: t.scope,
+            id,
+        })
+    }
+}
+
+/// The claims of a JWT, read without checking it (the upstream checks it;
+/// the gateway only wants its `exp` and `jti`). `None` for an opaque token.
+fn jwt_claims(token: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exchange(endpoint: &str) -> Exchange {
+        Exchange {
+            token_endpoint: endpoint.into(),
+            client_id: "countersign".into(),
+            client_secret: "s3cret:with/chars".into(),
+            audience: "https://mcp.github.example".into(),
+            scopes: vec!["repo".into(), "read:org".into()],
+            actor_token: None,
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn the_request_names_the_subject_the_audience_and_only_the_scopes_needed() {
+        let e = exchange("http://x/token");
+        let form: std::collections::HashMap<String, String> =
+            form_urlencoded::parse(e.form("caller-token").as_bytes())
+                .into_owned()
+                .collect();
+        assert_eq!(form["grant_type"], GRANT_TYPE);
+        assert_eq!(form["subject_token"], "caller-token");
+        assert_eq!(form["subject_token_type"], ACCESS_TOKEN_TYPE);
+        assert_eq!(form["requested_token_type"], ACCESS_TOKEN_TYPE);
+        assert_eq!(form["audience"], "https://mcp.github.example");
+        assert_eq!(form["scope"], "repo read:org");
+        assert!(!form.contains_key("actor_token"));
+        // client_secret_basic encodes id and secret before Base64.
+        let basic = e.basic();
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(basic.trim_start_matches("Basic "))
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(decoded).unwrap(),
+            "countersign:s3cret%3Awith%2Fchars"
+        );
+        // No secret in Debug.
+        assert!(!format!("{e:?}").contains("s3cret"));
+    }
+
+    /// A token endpoint answering `status` with `body`, on a free port.
+    async fn endpoint(status: u16, body: &'static str) -> String {
+        use axum::routing::post;
+        let app = axum::Router::new().route(
+            "/token",
+            post(move || async move {
+                (
+                    axum::http::StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "application/json")],
+                    body,
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/token")
+    }
+
+    #[tokio::test]
+    async fn a_token_response_gives_the_token_its_expiry_and_its_evidence() {
+        // A JWT whose payload has exp and jti (the signature is not read).
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(br#"{"exp":2000000000,"jti":"j-1","sub":"alice"}"#);
+        let jwt: &'static str =
+            Box::leak(format!("eyJhbGciOiJub25lIn0.{payload}.c2ln").into_boxed_str());
+        let body: &'static str = Box::leak(
+            format!(r#"{{"access_token":"{jwt}","token_type":"Bearer","issued_token_type":"{ACCESS_TOKEN_TYPE}","expires_in":300,"scope":"repo"}}"#)
+                .into_boxed_str(),
+        );
+        let url = endpoint(200, body).await;
+        let got = exchange(&url)
+            .exchange(&reqwest::Client::new(), "t", 1_000_000)
+            .await
+            .unwrap();
+        assert_eq!(got.access_token, jwt);
+        assert_eq!(got.expires_at_ms, Some(1_300_000), "expires_in wins");
+        assert_eq!(got.id, "jti:j-1");
+        assert_eq!(
+            got.evidence(),
+            serde_json::json!({"token": "jti:j-1", "scope": "repo"})
+        );
+        assert!(!format!("{got:?}").contains(jwt), "no token in Debug");
+    }
+
+    #[tokio::test]
+    async fn refusals_unreachable_providers_and_odd_answers_are_precise_errors() {
+        let url = endpoint(
+            400,
+            r#"{"error":"invalid_grant","error_description":"subject token expired"}"#,
+        )
+        .await;
+        let e = exchange(&url)
+            .exchange(&reqwest::Client::new(), "t", 0)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "invalid_grant");
+        assert!(e.to_string().contains("subject token expired"), "{e}");
+        let url = endpoint(200, r#"{"access_token":"x","token_type":"N_A","issued_token_type":"urn:ietf:params:oauth:token-type:id_token"}"#).await;
+        let e = exchange(&url)
+            .exchange(&reqwest::Client::new(), "t", 0)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "invalid_response", "{e}");
+        let url = endpoint(500, "oops").await;
+        let e = exchange(&url)
+            .exchange(&reqwest::Client::new(), "t", 0)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "invalid_response");
+        // Nothing listens there.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let e = exchange(&format!("http://{closed}/token"))
+            .exchange(&reqwest::Client::new(), "t", 0)
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "unreachable", "{e}");
+    }
+}
