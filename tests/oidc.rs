@@ -516,3 +516,90 @@ async fn a_provider_that_refuses_exchanges_or_is_down_gives_a_precise_reason() {
     let e = exchange.exchange(&http, &subject, 0).await.unwrap_err();
     assert_eq!(e.reason(), "unreachable", "{e}");
 }
+
+/// A child process killed on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn an_sdk_server_accepts_the_exchanged_token_as_the_person_and_refuses_the_callers_own() {
+    use countersign::upstream::delegation::exchange::Exchange;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let keys = dir.path().join("keys.json");
+    let _p = provider(port, &keys, "k1");
+    let up = free_port();
+    let audience = format!("http://127.0.0.1:{up}/mcp");
+    let record = dir.path().join("record.jsonl");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/delegated_server.py");
+    let _server = Killed(
+        Command::new(peer_python())
+            .arg(script)
+            .arg(up.to_string())
+            .arg(&keys)
+            .arg(issuer(port))
+            .arg(&audience)
+            .arg("countersign")
+            .arg(&record)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    eventually("the SDK server listens", || {
+        std::net::TcpStream::connect(("127.0.0.1", up)).is_ok()
+    })
+    .await;
+    let subject = token(port, "https://gw.example/mcp/payments").await;
+    let exchange = Exchange {
+        token_endpoint: format!("{}/token", issuer(port)),
+        client_id: "countersign".into(),
+        client_secret: "exchange-secret".into(),
+        audience: audience.clone(),
+        scopes: vec!["repo".into()],
+        actor_token: None,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let got = exchange
+        .exchange(
+            &reqwest::Client::new(),
+            &subject,
+            countersign::core::time::now_ms(),
+        )
+        .await
+        .unwrap();
+    // The caller's own token is not for this server: refused.
+    let mut own = Client::new(&audience);
+    own.token = subject.clone();
+    let refused = own
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}))
+        .await;
+    assert_eq!(refused.status, 401, "{refused:?}");
+    // The exchanged one reaches it as the person, with the gateway as actor.
+    let mut c = Client::new(&audience);
+    c.token = got.access_token.clone();
+    c.initialize().await;
+    let who = c.call(2, "whoami", json!({})).await;
+    assert_eq!(
+        who.last()["result"]["content"][0]["text"],
+        "agent-svc",
+        "{who:?}"
+    );
+    let line: Value = serde_json::from_str(
+        std::fs::read_to_string(&record)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(line["sub"], "agent-svc");
+    assert_eq!(line["act"]["sub"], "countersign");
+}

@@ -1,0 +1,93 @@
+"""An MCP server built on the Python SDK (not on anything of ours) that
+accepts only delegated tokens, for the delegation tests: the SDK's bearer
+middleware with a token verifier that checks, with PyJWT, each token's
+signature against the provider's key, its issuer, its audience (this
+server), its expiry, its scope, and that it names the gateway as the actor.
+
+    delegated_server.py PORT KEYS_FILE ISSUER AUDIENCE ACTOR RECORD
+
+KEYS_FILE is the provider's JWKS (tests/peers/oidc_provider.mjs writes it);
+every call appends a JSON line to RECORD: the tool, the token's `sub`, its
+`act`, and its `jti`. Tools:
+- `whoami` (readOnlyHint): the token's subject;
+- `create_issue(title)`: a write, recorded like every call.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import jwt
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from mcp_types import ToolAnnotations
+
+PORT = int(sys.argv[1])
+KEYS = json.loads(Path(sys.argv[2]).read_text())
+ISSUER, AUDIENCE, ACTOR = sys.argv[3], sys.argv[4], sys.argv[5]
+RECORD = Path(sys.argv[6])
+KEY = jwt.PyJWK(KEYS["keys"][0])
+
+
+class Verifier:
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            claims = jwt.decode(
+                token,
+                KEY.key,
+                algorithms=["ES256"],
+                audience=AUDIENCE,
+                issuer=ISSUER,
+                options={"require": ["exp", "sub", "aud", "iss"]},
+            )
+        except jwt.PyJWTError:
+            return None
+        # Only a token exchanged for a person, with the gateway as the actor.
+        if (claims.get("act") or {}).get("sub") != ACTOR:
+            return None
+        return AccessToken(
+            token=token,
+            client_id=claims.get("client_id", ""),
+            scopes=claims.get("scope", "").split(),
+            expires_at=claims["exp"],
+            resource=AUDIENCE,
+            subject=claims["sub"],
+            claims=claims,
+        )
+
+
+def record(tool: str) -> str:
+    t = get_access_token()
+    claims = (t.claims or {}) if t else {}
+    line = {"tool": tool, "sub": t.subject if t else None, "act": claims.get("act"), "jti": claims.get("jti")}
+    with RECORD.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    return line["sub"] or ""
+
+
+server = MCPServer(
+    "delegated",
+    token_verifier=Verifier(),
+    auth=AuthSettings(
+        issuer_url=ISSUER,
+        resource_server_url=AUDIENCE,
+        required_scopes=["repo"],
+    ),
+)
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def whoami() -> str:
+    """Who the token says is calling."""
+    return record("whoami")
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))
+def create_issue(title: str) -> str:
+    """Open an issue."""
+    return f"issue '{title}' opened by {record('create_issue')}"
+
+
+server.run("streamable-http", host="127.0.0.1", port=PORT)
