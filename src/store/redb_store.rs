@@ -208,6 +208,11 @@ pub struct RedbStore {
     /// the flush of a clean stop (tests of the journal's replay).
     #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
     crash: Arc<AtomicBool>,
+    /// Decision inputs live in a database file of their own beside the
+    /// ledger (`ledger.inputs.redb`), opened at first use: a batch of them
+    /// never holds redb's write lock against the ledger writer.
+    inputs: Arc<Mutex<Option<Arc<Database>>>>,
+    inputs_path: std::path::PathBuf,
 }
 
 impl Drop for RedbStore {
@@ -338,6 +343,8 @@ impl RedbStore {
             dirty,
             pending,
             crash,
+            inputs: Arc::new(Mutex::new(None)),
+            inputs_path: path.with_extension("inputs.redb"),
         })
     }
 
@@ -1205,6 +1212,24 @@ fn queue_txn<T>(
     Ok(out)
 }
 
+/// The decision inputs' database, opened (or made) at first use; under
+/// the lock, so that two first uses make it once.
+fn inputs_db(
+    cell: &Mutex<Option<Arc<Database>>>,
+    path: &Path,
+) -> Result<Arc<Database>, StoreError> {
+    let mut slot = cell.lock();
+    if let Some(db) = slot.as_ref() {
+        return Ok(db.clone());
+    }
+    let db = Arc::new(Database::create(path).map_err(|e| StoreError::Open {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?);
+    *slot = Some(db.clone());
+    Ok(db)
+}
+
 /// One non-durable write transaction over the decision inputs.
 fn inputs_txn<T>(
     db: &Database,
@@ -1597,8 +1622,10 @@ impl Store for RedbStore {
     // blocking thread and in their own non-durable transactions: never on
     // the ledger writer's path.
     fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
-        let db = self.db.clone();
+        let db = self.inputs.clone();
+        let path = self.inputs_path.clone();
         Box::pin(blocking(move || {
+            let db = inputs_db(&db, &path)?;
             inputs_txn(&db, |table| {
                 for r in &rows {
                     table
@@ -1618,8 +1645,10 @@ impl Store for RedbStore {
         since_ms: i64,
         tenant: Option<String>,
     ) -> StoreFuture<'_, Vec<InputRow>> {
-        let db = self.db.clone();
+        let db = self.inputs.clone();
+        let path = self.inputs_path.clone();
         Box::pin(blocking(move || {
+            let db = inputs_db(&db, &path)?;
             let txn = db.begin_read().map_err(|e| err("begin read")(e.into()))?;
             let table = match txn.open_table(INPUTS) {
                 Ok(t) => t,
@@ -1643,8 +1672,10 @@ impl Store for RedbStore {
     }
 
     fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
-        let db = self.db.clone();
+        let db = self.inputs.clone();
+        let path = self.inputs_path.clone();
         Box::pin(blocking(move || {
+            let db = inputs_db(&db, &path)?;
             inputs_txn(&db, |table| {
                 let mut gone = Vec::new();
                 for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
@@ -1664,8 +1695,10 @@ impl Store for RedbStore {
     }
 
     fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
-        let db = self.db.clone();
+        let db = self.inputs.clone();
+        let path = self.inputs_path.clone();
         Box::pin(blocking(move || {
+            let db = inputs_db(&db, &path)?;
             inputs_txn(&db, |table| {
                 let mut rows = Vec::new();
                 for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
