@@ -413,6 +413,20 @@ async fn a_provider_behind_a_private_ca_is_trusted_through_its_ca_file() {
     );
 }
 
+/// The gateway's exchange of a token for `audience` at the provider on
+/// `port` (its client `countersign`, scope `repo`).
+fn exchange_at(port: u16, audience: &str) -> countersign::upstream::delegation::exchange::Exchange {
+    countersign::upstream::delegation::exchange::Exchange {
+        token_endpoint: format!("{}/token", issuer(port)),
+        client_id: "countersign".into(),
+        client_secret: "exchange-secret".into(),
+        audience: audience.into(),
+        scopes: vec!["repo".into()],
+        actor_token: None,
+        timeout: std::time::Duration::from_secs(5),
+    }
+}
+
 /// The claims of a JWT (not checked: the provider's own tests are not ours).
 fn claims(jwt: &str) -> Value {
     use base64::Engine;
@@ -440,15 +454,7 @@ async fn a_token_exchange_at_a_real_provider_names_the_person_and_the_gateway_as
         &[("EXCHANGE_LOG", log.to_str().unwrap())],
     );
     let subject = token(port, "https://gw.example/mcp/payments").await;
-    let exchange = Exchange {
-        token_endpoint: format!("{}/token", issuer(port)),
-        client_id: "countersign".into(),
-        client_secret: "exchange-secret".into(),
-        audience: "https://mcp.github.example".into(),
-        scopes: vec!["repo".into()],
-        actor_token: None,
-        timeout: std::time::Duration::from_secs(5),
-    };
+    let exchange = exchange_at(port, "https://mcp.github.example");
     let http = reqwest::Client::new();
     let now = countersign::core::time::now_ms();
     let got = exchange.exchange(&http, &subject, now).await.unwrap();
@@ -489,7 +495,6 @@ async fn a_token_exchange_at_a_real_provider_names_the_person_and_the_gateway_as
 
 #[tokio::test]
 async fn a_provider_that_refuses_exchanges_or_is_down_gives_a_precise_reason() {
-    use countersign::upstream::delegation::exchange::Exchange;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let p = provider_env(
@@ -500,15 +505,7 @@ async fn a_provider_that_refuses_exchanges_or_is_down_gives_a_precise_reason() {
         &[("EXCHANGE_REFUSE", "1")],
     );
     let subject = token(port, "https://gw.example/mcp/payments").await;
-    let exchange = Exchange {
-        token_endpoint: format!("{}/token", issuer(port)),
-        client_id: "countersign".into(),
-        client_secret: "exchange-secret".into(),
-        audience: "https://mcp.github.example".into(),
-        scopes: vec!["repo".into()],
-        actor_token: None,
-        timeout: std::time::Duration::from_secs(5),
-    };
+    let exchange = exchange_at(port, "https://mcp.github.example");
     let http = reqwest::Client::new();
     let e = exchange.exchange(&http, &subject, 0).await.unwrap_err();
     assert_eq!(e.reason(), "invalid_grant", "{e}");
@@ -529,7 +526,6 @@ impl Drop for Killed {
 
 #[tokio::test]
 async fn an_sdk_server_accepts_the_exchanged_token_as_the_person_and_refuses_the_callers_own() {
-    use countersign::upstream::delegation::exchange::Exchange;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let keys = dir.path().join("keys.json");
@@ -557,15 +553,7 @@ async fn an_sdk_server_accepts_the_exchanged_token_as_the_person_and_refuses_the
     })
     .await;
     let subject = token(port, "https://gw.example/mcp/payments").await;
-    let exchange = Exchange {
-        token_endpoint: format!("{}/token", issuer(port)),
-        client_id: "countersign".into(),
-        client_secret: "exchange-secret".into(),
-        audience: audience.clone(),
-        scopes: vec!["repo".into()],
-        actor_token: None,
-        timeout: std::time::Duration::from_secs(5),
-    };
+    let exchange = exchange_at(port, &audience);
     let got = exchange
         .exchange(
             &reqwest::Client::new(),

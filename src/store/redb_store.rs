@@ -354,6 +354,22 @@ impl RedbStore {
         self.crash.store(true, Ordering::Release);
     }
 
+    /// `f` in one non-durable write transaction over the decision inputs'
+    /// own database, on a blocking thread.
+    fn inputs_write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut redb::Table<'_, &'static str, &'static str>) -> Result<T, StoreError>
+            + Send
+            + 'static,
+    ) -> StoreFuture<'_, T> {
+        let cell = self.inputs.clone();
+        let path = self.inputs_path.clone();
+        Box::pin(blocking(move || {
+            let db = inputs_db(&cell, &path)?;
+            inputs_txn(&db, f)
+        }))
+    }
+
     /// A read-only view of the ledger (never waits for the writer).
     fn read_table(&self) -> Result<redb::ReadOnlyTable<&'static str, &'static [u8]>, StoreError> {
         self.read(LEDGER)
@@ -1142,12 +1158,20 @@ fn gc(table: &mut Table<'_>, now_ms: i64) -> Result<usize, StoreError> {
             stale.push(k.value().to_owned());
         }
     }
-    for k in &stale {
+    remove_keys(table, &stale)
+}
+
+/// Remove `keys` from `table`; returns how many were named.
+fn remove_keys<V: redb::Value + 'static>(
+    table: &mut redb::Table<'_, &'static str, V>,
+    keys: &[String],
+) -> Result<usize, StoreError> {
+    for k in keys {
         table
             .remove(k.as_str())
             .map_err(|e| err("delete")(e.into()))?;
     }
-    Ok(stale.len())
+    Ok(keys.len())
 }
 
 fn put_proposal(
@@ -1293,12 +1317,7 @@ fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, Stor
             stale.push(k.value().to_owned());
         }
     }
-    for k in &stale {
-        proposals
-            .remove(k.as_str())
-            .map_err(|e| err("delete")(e.into()))?;
-    }
-    Ok(stale.len())
+    remove_keys(proposals, &stale)
 }
 
 impl Store for RedbStore {
@@ -1622,22 +1641,17 @@ impl Store for RedbStore {
     // blocking thread and in their own non-durable transactions: never on
     // the ledger writer's path.
     fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
-        let db = self.inputs.clone();
-        let path = self.inputs_path.clone();
-        Box::pin(blocking(move || {
-            let db = inputs_db(&db, &path)?;
-            inputs_txn(&db, |table| {
-                for r in &rows {
-                    table
-                        .insert(
-                            r.key.as_str(),
-                            format!("{}:{}{}", r.tenant.len(), r.tenant, r.inputs).as_str(),
-                        )
-                        .map_err(|e| err("write")(e.into()))?;
-                }
-                Ok(())
-            })
-        }))
+        self.inputs_write(move |table| {
+            for r in &rows {
+                table
+                    .insert(
+                        r.key.as_str(),
+                        format!("{}:{}{}", r.tenant.len(), r.tenant, r.inputs).as_str(),
+                    )
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+            Ok(())
+        })
     }
 
     fn inputs_since(
@@ -1672,52 +1686,32 @@ impl Store for RedbStore {
     }
 
     fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
-        let db = self.inputs.clone();
-        let path = self.inputs_path.clone();
-        Box::pin(blocking(move || {
-            let db = inputs_db(&db, &path)?;
-            inputs_txn(&db, |table| {
-                let mut gone = Vec::new();
-                for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-                    let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
-                    if input_row(k.value(), v.value())?.tenant == tenant {
-                        gone.push(k.value().to_owned());
-                    }
+        self.inputs_write(move |table| {
+            let mut gone = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                if input_row(k.value(), v.value())?.tenant == tenant {
+                    gone.push(k.value().to_owned());
                 }
-                for k in &gone {
-                    table
-                        .remove(k.as_str())
-                        .map_err(|e| err("delete")(e.into()))?;
-                }
-                Ok(gone.len())
-            })
-        }))
+            }
+            remove_keys(table, &gone)
+        })
     }
 
     fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
-        let db = self.inputs.clone();
-        let path = self.inputs_path.clone();
-        Box::pin(blocking(move || {
-            let db = inputs_db(&db, &path)?;
-            inputs_txn(&db, |table| {
-                let mut rows = Vec::new();
-                for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
-                    let (k, _) = entry.map_err(|e| err("scan")(e.into()))?;
-                    rows.push(k.value().to_owned());
-                }
-                let stale = inputs_stale(
-                    rows.iter().map(|k| (k.as_str(), key_time(k))),
-                    before_ms,
-                    max_rows,
-                );
-                for k in &stale {
-                    table
-                        .remove(k.as_str())
-                        .map_err(|e| err("delete")(e.into()))?;
-                }
-                Ok(stale.len())
-            })
-        }))
+        self.inputs_write(move |table| {
+            let mut rows = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (k, _) = entry.map_err(|e| err("scan")(e.into()))?;
+                rows.push(k.value().to_owned());
+            }
+            let stale = inputs_stale(
+                rows.iter().map(|k| (k.as_str(), key_time(k))),
+                before_ms,
+                max_rows,
+            );
+            remove_keys(table, &stale)
+        })
     }
 
     fn list<'a>(&'a self, state: Option<State>) -> StoreFuture<'a, Vec<(String, Record)>> {
