@@ -294,7 +294,8 @@ async fn run<K: Kind>(
 pub(super) struct Writer {
     /// The gateway id rows are written under.
     pub gateway: Arc<str>,
-    /// The lease epoch, read when a batch runs.
+    /// The lease epoch: a move to `dispatched` checks the one read when
+    /// its batch runs (reservations carry their own).
     pub epoch: Arc<std::sync::atomic::AtomicI64>,
 }
 
@@ -319,6 +320,8 @@ pub(super) struct ReserveOp {
     pub expires_ms: i64,
     /// The record as JSON.
     pub record: String,
+    /// The lease epoch when the reservation was asked for.
+    pub epoch: i64,
 }
 
 impl Kind for Reserve {
@@ -328,9 +331,15 @@ impl Kind for Reserve {
     const WHAT: &'static str = "reserve";
     // Rows are inserted in key order, so two gateways' batches wait for
     // each other's keys in one order and never deadlock on them.
+    // INVARIANT: each row carries the epoch in force when the gateway asked
+    // for it, not when the batch ran: a gateway paused between the two
+    // (even while this statement waited to be prepared) must not find its
+    // reservation under the epoch it took again after waking, or it would
+    // dispatch a call decided before the lapse.
     const SQL: &'static str = "INSERT INTO ledger (key, state, expires_ms, gateway, record, epoch)
-         SELECT b.key, b.state, b.expires_ms, $1, b.record, $2
-         FROM unnest($3::text[], $4::text[], $5::bigint[], $6::text[]) AS b(key, state, expires_ms, record)
+         SELECT b.key, b.state, b.expires_ms, $1, b.record, b.epoch
+         FROM unnest($2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::text[])
+           AS b(epoch, key, state, expires_ms, record)
          ORDER BY b.key
          ON CONFLICT (key) DO NOTHING
          RETURNING key";
@@ -350,18 +359,12 @@ impl Kind for Reserve {
             let states: Vec<&str> = ops.iter().map(|o| o.state).collect();
             let expires: Vec<i64> = ops.iter().map(|o| o.expires_ms).collect();
             let records: Vec<&str> = ops.iter().map(|o| o.record.as_str()).collect();
+            let epochs: Vec<i64> = ops.iter().map(|o| o.epoch).collect();
             let gateway: &str = &self.0.gateway;
             let rows = client
                 .query(
                     statement,
-                    &[
-                        &gateway,
-                        &self.0.epoch(),
-                        &keys,
-                        &states,
-                        &expires,
-                        &records,
-                    ],
+                    &[&gateway, &epochs, &keys, &states, &expires, &records],
                 )
                 .await?;
             let inserted: HashSet<&str> = rows.iter().map(|r| r.get::<_, &str>(0)).collect();

@@ -725,6 +725,7 @@ impl Store for PgStore {
                     state: state_name(record.state),
                     expires_ms: record.expires_ms,
                     record: encode("record", &record)?,
+                    epoch: self.epoch.load(Ordering::SeqCst),
                 };
                 if self.reserves.write(op).await? {
                     return Ok(Reservation::Reserved);
