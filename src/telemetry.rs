@@ -260,6 +260,7 @@ pub fn client_span(
         error.type = tracing::field::Empty,
         rpc.response.status_code = tracing::field::Empty,
         countersign.server = %server,
+        countersign.delegated = tracing::field::Empty,
     );
     let ctx = traceparent(&span)?;
     Some((span, ctx))

@@ -419,7 +419,9 @@ fn exchange_at(port: u16, audience: &str) -> countersign::upstream::delegation::
     countersign::upstream::delegation::exchange::Exchange {
         token_endpoint: format!("{}/token", issuer(port)),
         client_id: "countersign".into(),
-        client_secret: "exchange-secret".into(),
+        client_auth: countersign::upstream::delegation::exchange::ClientAuth::Secret(
+            "exchange-secret".into(),
+        ),
         audience: audience.into(),
         scopes: vec!["repo".into()],
         actor_token: None,
@@ -481,7 +483,7 @@ async fn a_token_exchange_at_a_real_provider_names_the_person_and_the_gateway_as
     assert_eq!(e.reason(), "invalid_grant", "{e}");
     // The gateway's client with a wrong secret.
     let wrong = Exchange {
-        client_secret: "nope".into(),
+        client_auth: countersign::upstream::delegation::exchange::ClientAuth::Secret("nope".into()),
         ..exchange.clone()
     };
     let e = wrong.exchange(&http, &subject, now).await.unwrap_err();

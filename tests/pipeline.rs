@@ -473,6 +473,7 @@ command = "unused-the-upstream-is-in-process"
                 ..Default::default()
             }),
             scope: Some("session-1".into()),
+            subject: None,
         },
         reviewer,
         _dir: dir,
@@ -1465,6 +1466,7 @@ impl Fixture {
                 ..Default::default()
             }),
             scope: None,
+            subject: None,
         };
         self
     }
@@ -1650,6 +1652,7 @@ async fn an_altered_moved_replayed_or_expired_state_is_refused_and_runs_nothing(
                 ..Default::default()
             }),
             scope: None,
+            subject: None,
         },
         ..f
     };

@@ -55,6 +55,8 @@ struct Pending {
     /// An unattended read so far: its `call_received` and `decision`,
     /// not yet written (they go into its `completed` entry).
     read: Option<ReadSoFar>,
+    /// Delegation evidence, added to every entry recorded from now on.
+    delegated: Option<Value>,
 }
 
 struct ReadSoFar {
@@ -144,6 +146,9 @@ impl<'c> Trail<'c> {
         }
         f.insert("time".into(), now());
         let mut p = self.pending.lock();
+        if let Some(d) = &p.delegated {
+            f.insert("delegated".into(), d.clone());
+        }
         if kind == "completed" {
             if let Some(read) = p.read.take_if(|r| r.allowed.is_some()) {
                 p.entries.push(("completed", read.into_entry(f)));
@@ -153,6 +158,16 @@ impl<'c> Trail<'c> {
         // Anything else a read meets is written after its `call_received`.
         p.write_out_read(log);
         p.entries.push((kind, f));
+    }
+
+    /// The call went out (or was to) on its caller's behalf: the entries
+    /// recorded from now on (its outcome) say so, with `evidence` (the
+    /// issuer, the subject, the exchanged token's id and scopes; never a
+    /// token).
+    pub(crate) fn delegated(&self, evidence: Value) {
+        if self.log.is_some() {
+            self.pending.lock().delegated = Some(evidence);
+        }
     }
 
     /// Hand what is pending to the writer now (before entries that others

@@ -36,6 +36,30 @@ impl Identity {
     }
 }
 
+/// The access token a caller presented, kept with its request (never with
+/// its session, never on disk) for one use: delegation, where the gateway
+/// trades it at the issuer for a token meant for one upstream (DESIGN.md
+/// section 23). Only an issuer's verified token is kept; a static token
+/// never is. Its `Debug` form never shows the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SubjectToken {
+    /// The `[[auth.issuers]]` name that issued and verified it.
+    pub issuer: String,
+    /// The token itself.
+    pub token: String,
+    /// Its `exp`, unix ms: nothing exchanged from it is used past this.
+    pub expires_ms: i64,
+}
+
+impl std::fmt::Debug for SubjectToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubjectToken")
+            .field("issuer", &self.issuer)
+            .field("expires_ms", &self.expires_ms)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Token digest → identity.
 #[derive(Debug, Default)]
 pub struct Identities {

@@ -37,6 +37,9 @@ pub mod codes {
     pub const STALE_RESOURCE_VERSION: &str = "stale_resource_version";
     /// A pinned tool the server no longer lists.
     pub const TOOL_UNAVAILABLE: &str = "tool_unavailable";
+    /// The server is called as the person who asks, and the caller's
+    /// credential cannot be delegated: nothing ran.
+    pub const DELEGATION_UNAVAILABLE: &str = "delegation_unavailable";
     /// The gateway asks the person at the client (2026-07-28
     /// `input_required`; audit and metrics only, never a tool error).
     pub const INPUT_REQUIRED: &str = "input_required";
@@ -125,6 +128,17 @@ pub fn render(outcome: CallOutcome, id: Value, shape: impl Into<Shape>) -> Messa
                 shape,
             )
         }
+        CallOutcome::DelegationUnavailable { server, issuer } => tool_error(
+            id,
+            codes::DELEGATION_UNAVAILABLE,
+            &format!(
+                "The call did not run: server `{server}` is called as the person who asks, with a token \
+                 exchanged at identity provider `{issuer}`, and this request's credential is not one of that \
+                 provider's access tokens. Sign in through `{issuer}` and call again."
+            ),
+            json!({ "server": server, "issuer": issuer }),
+            shape,
+        ),
         CallOutcome::CircuitOpen { server } => tool_error(
             id,
             codes::UPSTREAM_UNAVAILABLE,
@@ -174,6 +188,7 @@ pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
             Outcome::Confirmation(r) => confirm_code(r.code),
         },
         CallOutcome::ToolUnavailable { .. } => codes::TOOL_UNAVAILABLE,
+        CallOutcome::DelegationUnavailable { .. } => codes::DELEGATION_UNAVAILABLE,
         CallOutcome::CircuitOpen { .. }
         | CallOutcome::LedgerUnavailable(_)
         | CallOutcome::AuditUnavailable => codes::UPSTREAM_UNAVAILABLE,
@@ -334,6 +349,22 @@ pub fn upstream_failure(
                  Verify with a read before calling again; do not retry blindly."
             ),
         )
+    } else if let UpstreamError::Delegation { reason, .. } = err {
+        // The provider's word (`invalid_grant`, a timeout): the agent and
+        // the person see why no token could be had on their behalf.
+        let text = format!(
+            "The call did not run: {err}. Nothing was sent to the server; a retry may run it once the person's sign-in is valid again."
+        );
+        if method == "tools/call" {
+            return tool_error(
+                id,
+                codes::UPSTREAM_UNAVAILABLE,
+                &text,
+                json!({ "reason": reason, "state": "not_dispatched" }),
+                shape.into(),
+            );
+        }
+        return failure(id, method, codes::UPSTREAM_UNAVAILABLE, &text, shape.into());
     } else {
         (
             codes::UPSTREAM_UNAVAILABLE,

@@ -40,6 +40,9 @@ pub struct Caller {
     pub identity: Arc<Identity>,
     /// The session scope, if any.
     pub scope: Option<String>,
+    /// The caller's own access token, when the server delegates to its
+    /// issuer: traded at dispatch, under the permit, and never sent on.
+    pub subject: Option<Arc<crate::core::identity::SubjectToken>>,
 }
 
 /// One request's context: who calls, which server, which era, where

@@ -52,6 +52,15 @@ pub enum CallOutcome {
         /// A listed tool whose name this one's looks like.
         lookalike: Option<String>,
     },
+    /// The server is called as the person who asks (delegation) and the
+    /// caller's credential cannot be traded at its identity provider (a
+    /// static token, another provider's token): nothing ran.
+    DelegationUnavailable {
+        /// The server.
+        server: String,
+        /// The provider the server trades tokens at.
+        issuer: String,
+    },
     /// The upstream is refused fast while its circuit is open: nothing sent.
     CircuitOpen {
         /// The server.

@@ -93,6 +93,7 @@ impl Receipt {
         Sent {
             answer,
             hold: self.hold,
+            delegated: None,
         }
     }
 }
@@ -102,6 +103,24 @@ impl Receipt {
 pub struct Sent {
     pub(super) answer: Result<Message, UpstreamError>,
     pub(super) hold: Hold,
+    /// Delegation: what the audit log records of the token the call went
+    /// out with, or was to go out with (issuer, subject, token id, scopes;
+    /// never the token).
+    pub(super) delegated: Option<serde_json::Value>,
+}
+
+impl Sent {
+    /// The failure, when the call did not get an answer.
+    pub fn failure(&self) -> Option<&UpstreamError> {
+        self.answer.as_ref().err()
+    }
+
+    /// The call went out (or was to) on the caller's behalf, with a token
+    /// `evidence` describes.
+    pub fn delegated(mut self, evidence: serde_json::Value) -> Sent {
+        self.delegated = Some(evidence);
+        self
+    }
 }
 
 /// The pipeline's last stage: a permit for `request`. The only place a

@@ -65,6 +65,8 @@ use crate::wire::jsonrpc::Message;
 /// The enforcement pipeline and the services it runs a call through.
 pub struct Pipeline {
     config: Arc<Config>,
+    /// Some server delegates (then each call looks its server up).
+    delegates: bool,
     /// Catalog learning and first-use pins.
     learner: Arc<Learner>,
     /// The policy decision.
@@ -164,6 +166,7 @@ impl Pipeline {
             gate,
         };
         Pipeline {
+            delegates: config.servers.values().any(|s| s.delegation.is_some()),
             config,
             learner,
             judge,
@@ -300,6 +303,14 @@ impl Pipeline {
         tools
     }
 
+    /// The delegation of `server`, if it has one.
+    fn delegation(&self, server: &str) -> Option<&crate::core::config::DelegationConfig> {
+        if !self.delegates {
+            return None;
+        }
+        self.config.servers.get(server)?.delegation.as_ref()
+    }
+
     /// The upstream `call_timeout` of `server`.
     pub fn call_timeout(&self, server: &str) -> Duration {
         self.config.call_timeout(server)
@@ -408,6 +419,25 @@ impl Pipeline {
                 tool: call.tool.clone(),
                 lookalike: c.tool.lookalike.clone(),
             };
+        }
+        // A server called as the person who asks: a caller whose
+        // credential cannot be traded at its provider is refused before
+        // anything is decided or held (a reviewer never approves a call
+        // that could only run under the gateway's own credential).
+        if let Some(d) = self.delegation(ctx.server) {
+            if let Err(why) = crate::core::config::mode(Some(d), ctx.caller.subject.as_deref()) {
+                c.trail.record(
+                    "rejected",
+                    vec![
+                        ("reason", json!("delegation_unavailable")),
+                        ("issuer", json!(why.issuer)),
+                    ],
+                );
+                return CallOutcome::DelegationUnavailable {
+                    server: ctx.server.to_owned(),
+                    issuer: why.issuer,
+                };
+            }
         }
         if let Some(reply) = &call.reserved.reply {
             if let Some(stop) = Box::pin(self.reply(&c, reply)).await {

@@ -23,6 +23,7 @@ use super::flight::{follow, Idempotency, Outcome, ReadLead};
 use super::learn::Stale;
 use super::outcome::CallOutcome;
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
+use super::upstream::UpstreamError;
 use crate::core::config::Config;
 use crate::core::ledger::{self, Answer};
 use crate::core::recovery::{classify_response, ResponseClass};
@@ -160,7 +161,10 @@ impl Reads {
             Err(Hold::Write(_)) => unreachable_hold(),
         };
         let timeout = self.config.call_timeout(server);
-        let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
+        let mut sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
+        if let Some(evidence) = sent.delegated.take() {
+            c.trail.delegated(evidence);
+        }
         answered(server, sent, admitted)
     }
 
@@ -226,6 +230,9 @@ fn answered(server: &str, sent: Sent, admitted: Admitted<'_>) -> (Attempt, Box<R
                 Attempt::Done(CallOutcome::Answered(resp))
             }
         }
+        // No token for the caller: asking the provider again at once would
+        // get the same answer.
+        Err(e @ UpstreamError::Delegation { .. }) => Attempt::Done(failed(server, e, admitted)),
         Err(e) => Attempt::Retry(failed(server, e, admitted)),
     };
     (attempt, lead)

@@ -57,6 +57,18 @@ pub enum UpstreamError {
         /// What happened.
         reason: String,
     },
+    /// No token for the caller could be had at dispatch (delegation: the
+    /// provider refused the exchange, could not be reached, or the
+    /// caller's own token expired). Nothing was sent.
+    #[error("no token for upstream `{server}` on the caller's behalf ({reason}): {detail}")]
+    Delegation {
+        /// Server name.
+        server: String,
+        /// The short reason (`invalid_grant`, `timeout`, ...).
+        reason: String,
+        /// What happened.
+        detail: String,
+    },
     /// `call_timeout` elapsed after the request was sent.
     #[error("upstream `{server}` did not answer within {timeout:?}")]
     Timeout {
@@ -74,9 +86,10 @@ impl UpstreamError {
             UpstreamError::Spawn { .. }
             | UpstreamError::Connect { .. }
             | UpstreamError::Closed { .. } => Failure::Unreachable,
-            UpstreamError::Refused { .. } | UpstreamError::SessionExpired { .. } => {
-                Failure::Refused
-            }
+            // Nothing was sent, and the upstream is not at fault.
+            UpstreamError::Refused { .. }
+            | UpstreamError::SessionExpired { .. }
+            | UpstreamError::Delegation { .. } => Failure::Refused,
             UpstreamError::Lost { .. } | UpstreamError::Timeout { .. } => Failure::Lost,
         }
     }
@@ -89,6 +102,7 @@ impl UpstreamError {
             UpstreamError::Closed { .. } => "closed",
             UpstreamError::Refused { .. } => "refused",
             UpstreamError::SessionExpired { .. } => "session_expired",
+            UpstreamError::Delegation { .. } => "delegation_failed",
             UpstreamError::Lost { .. } => "lost",
             UpstreamError::Timeout { .. } => "timeout",
         }

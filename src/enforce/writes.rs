@@ -480,6 +480,9 @@ impl Writes {
             Hold::Write(t) => t,
             Hold::Read(_) => unreachable_hold(),
         };
+        if let Some(evidence) = sent.delegated {
+            c.trail.delegated(evidence);
+        }
         match sent.answer {
             Ok(resp) => {
                 admitted.record(true);
@@ -546,6 +549,14 @@ impl Writes {
                         .record("outcome_unknown", vec![("reason", json!("no answer"))]);
                 }
                 Attempt::Done(CallOutcome::Answered(resp))
+            }
+            // No token could be had for the caller: nothing was sent, and
+            // trying again at once would ask the provider the same thing.
+            Err(e @ UpstreamError::Delegation { .. }) => {
+                ticket.not_dispatched().await;
+                c.trail
+                    .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
+                Attempt::Done(failed(c.ctx.server, e, admitted))
             }
             Err(e) if !e.class().possibly_executed() => {
                 ticket.not_dispatched().await;

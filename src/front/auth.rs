@@ -16,7 +16,9 @@
 //! when a token was presented), 403 `insufficient_scope` with the scope
 //! needed, 403 for a token without its tenant claim. A client's token is
 //! never passed upstream: the upstream connections carry only the headers
-//! the operator configured for them.
+//! the operator configured for them. For a server with delegation, the
+//! verified token of that server's issuer is kept with the request
+//! ([`SubjectToken`]), to be traded at the issuer, never sent on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,7 +32,7 @@ use sha2::{Digest, Sha256};
 use super::issuers::Issuers;
 use super::respond::reject;
 use crate::core::config::Config;
-use crate::core::identity::{Identities, Identity};
+use crate::core::identity::{Identities, Identity, SubjectToken};
 use crate::core::token::{self, Check, TokenError};
 use crate::enforce::answer::Rejection;
 
@@ -43,6 +45,19 @@ struct Verified {
     identity: Arc<Identity>,
     /// `exp`, unix ms.
     expires_ms: i64,
+    /// The token, kept only when `server` delegates to its issuer.
+    subject: Option<Arc<SubjectToken>>,
+}
+
+/// Who a request's token names, and the token itself when the server
+/// delegates to its issuer.
+#[derive(Debug, Clone)]
+pub(crate) struct Authenticated {
+    /// The identity.
+    pub identity: Arc<Identity>,
+    /// The token to exchange at dispatch (`None`: a static token, another
+    /// issuer's, or a server without delegation).
+    pub subject: Option<Arc<SubjectToken>>,
 }
 
 /// Why a request's token is not accepted.
@@ -66,6 +81,8 @@ pub(crate) struct Auth {
     /// Whether `public_url` was configured (else it follows the listener).
     configured_url: bool,
     leeway_secs: u64,
+    /// Server → the issuer (name) its delegation trades tokens at.
+    delegates_to: HashMap<String, String>,
 }
 
 impl Auth {
@@ -79,6 +96,11 @@ impl Auth {
             public_url: parking_lot::RwLock::new(config.gateway.public_url()),
             configured_url: config.gateway.public_url.is_some(),
             leeway_secs: config.auth.leeway.as_secs(),
+            delegates_to: config
+                .servers
+                .iter()
+                .filter_map(|(name, s)| Some((name.clone(), s.delegation.as_ref()?.issuer.clone())))
+                .collect(),
         }
     }
 
@@ -112,7 +134,7 @@ impl Auth {
         header: Option<&str>,
         server: &str,
         now_ms: i64,
-    ) -> Result<Arc<Identity>, Refusal> {
+    ) -> Result<Authenticated, Refusal> {
         let Some((scheme, token)) = header.and_then(|h| h.split_once(' ')) else {
             return Err(Refusal::Missing);
         };
@@ -123,8 +145,11 @@ impl Auth {
         // One hash for both kinds: the static table and the cache of
         // verified access tokens are keyed by the token's SHA-256.
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some(id) = self.statics.by_digest(&digest) {
-            return Ok(id);
+        if let Some(identity) = self.statics.by_digest(&digest) {
+            return Ok(Authenticated {
+                identity,
+                subject: None,
+            });
         }
         if self.issuers.is_empty() || token.matches('.').count() != 2 {
             return Err(Refusal::Missing);
@@ -136,10 +161,22 @@ impl Auth {
                 .iter()
                 .find(|v| v.server == server && v.expires_ms > now_ms)
             {
-                return Ok(v.identity.clone());
+                return Ok(Authenticated {
+                    identity: v.identity.clone(),
+                    subject: v.subject.clone(),
+                });
             }
         }
-        let verified = self.verify(token, server).await.map_err(Refusal::Token)?;
+        let (verified, issuer) = self.verify(token, server).await.map_err(Refusal::Token)?;
+        // Kept in memory only for a server that trades it at this very
+        // issuer: any other token is never held beyond its request.
+        let subject = (self.delegates_to.get(server) == Some(&issuer)).then(|| {
+            Arc::new(SubjectToken {
+                issuer,
+                token: token.to_owned(),
+                expires_ms: verified.expires_ms,
+            })
+        });
         let mut cache = self.cache.lock();
         if cache.len() >= CACHE_MAX {
             cache.retain(|_, known| known.iter().any(|v| v.expires_ms > now_ms));
@@ -153,11 +190,20 @@ impl Auth {
             server: server.to_owned(),
             identity: verified.identity.clone(),
             expires_ms: verified.expires_ms,
+            subject: subject.clone(),
         });
-        Ok(verified.identity)
+        Ok(Authenticated {
+            identity: verified.identity,
+            subject,
+        })
     }
 
-    async fn verify(&self, token: &str, server: &str) -> Result<token::Verified, TokenError> {
+    /// The token's check, and the name of the issuer that verified it.
+    async fn verify(
+        &self,
+        token: &str,
+        server: &str,
+    ) -> Result<(token::Verified, String), TokenError> {
         let seen = token::peek(token)?;
         let Some(issuer) = self.issuers.by_issuer(&seen.issuer) else {
             return Err(TokenError::Issuer(seen.issuer.clone()));
@@ -179,6 +225,7 @@ impl Auth {
                 leeway_secs: self.leeway_secs,
             },
         )
+        .map(|v| (v, issuer.config.name.clone()))
     }
 
     /// The resource URL of `server` (RFC 8707), or of the gateway.

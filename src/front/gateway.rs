@@ -269,6 +269,10 @@ pub(crate) struct Gateway {
     audit_dir: Option<std::path::PathBuf>,
     /// What the fronts turned away: counted, and audited at a bounded rate.
     refusals: super::refusals::Refusals,
+    /// Tokens exchanged on callers' behalf (servers with delegation).
+    delegator: crate::upstream::delegation::Delegator,
+    /// The connections that carry them, one per (server, principal, tenant).
+    delegated: super::delegated::Delegated,
 }
 
 impl Gateway {
@@ -295,6 +299,7 @@ impl Gateway {
             pipeline.set_state_key(key);
         }
         let auth = super::auth::Auth::new(&config);
+        let delegator = crate::upstream::delegation::Delegator::new(&config);
         let modern = config
             .servers
             .keys()
@@ -316,6 +321,8 @@ impl Gateway {
             rate,
             audit_dir,
             refusals: Default::default(),
+            delegator,
+            delegated: Default::default(),
         })
     }
 
@@ -327,6 +334,16 @@ impl Gateway {
     /// Authentication: static tokens and identity providers.
     pub(crate) fn auth(&self) -> &super::auth::Auth {
         &self.auth
+    }
+
+    /// Token exchange on callers' behalf.
+    pub(crate) fn delegator(&self) -> &crate::upstream::delegation::Delegator {
+        &self.delegator
+    }
+
+    /// The delegated connections.
+    pub(crate) fn delegated(&self) -> &super::delegated::Delegated {
+        &self.delegated
     }
 
     /// A front refused something before it reached the pipeline or an
@@ -423,6 +440,36 @@ impl Gateway {
             stale,
         )
         .await
+    }
+
+    /// A connection to `server` for one caller under delegation: none of
+    /// the server's static headers, the caller's token set per call.
+    pub(crate) async fn connect_delegated(
+        &self,
+        server: &str,
+    ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
+        let cfg = self
+            .config
+            .servers
+            .get(server)
+            .ok_or_else(|| UpstreamError::Closed {
+                server: server.into(),
+                reason: "not configured".into(),
+            })?;
+        let catalog = Arc::clone(self.pipeline.catalog());
+        let name = server.to_owned();
+        let stale = Box::new(move || catalog.mark_stale(&name));
+        let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
+        let conn = UpstreamConn::connect_delegated(
+            server,
+            cfg,
+            &self.http,
+            self.config.limits.max_line_bytes,
+            tx,
+            stale,
+        )
+        .await?;
+        Ok((conn, rx))
     }
 
     /// Open an upstream connection to `server`.
@@ -611,6 +658,9 @@ impl Gateway {
             tracing::info!(session = %id, "closing idle session");
             self.close_session(&id).await;
         }
+        self.delegated
+            .sweep(limit, self.config.gateway.shutdown_grace)
+            .await;
     }
 
     /// Shut every upstream down (gateway stopping).
@@ -635,6 +685,7 @@ impl Gateway {
         for t in tasks {
             let _ = t.await;
         }
+        self.delegated.shutdown(grace).await;
     }
 
     /// How many handshake-era sessions are open.

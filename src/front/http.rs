@@ -71,7 +71,11 @@ pub(crate) fn router(
 }
 
 /// Origin, token and server checks shared by every `/mcp` method.
-async fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Identity>, Response> {
+async fn admit(
+    gw: &Gateway,
+    server: &str,
+    headers: &HeaderMap,
+) -> Result<super::auth::Authenticated, Response> {
     // The server name is the client's text: named in a refusal's audit
     // entry only when it is one of ours.
     let known = gw.config().servers.contains_key(server).then_some(server);
@@ -93,8 +97,8 @@ async fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Id
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let now = gw.pipeline().clock().now_ms();
-    let identity = match gw.auth().identify(auth, server, now).await {
-        Ok(identity) => identity,
+    let authenticated = match gw.auth().identify(auth, server, now).await {
+        Ok(a) => a,
         Err(refusal) => {
             gw.refused("token", known, &gw.auth().describe(&refusal));
             return Err(gw.auth().refuse(known, &refusal));
@@ -102,7 +106,7 @@ async fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Id
     };
     // Per identity, before anything is parsed or sent: one agent in a loop
     // cannot take the gateway (or the upstreams behind it) from the others.
-    if let Err(retry_after) = gw.rate_check(&identity) {
+    if let Err(retry_after) = gw.rate_check(&authenticated.identity) {
         gw.refused("rate_limited", known, "over limits.requests_per_second");
         return Err(reject(
             Rejection::RateLimited {
@@ -122,7 +126,7 @@ async fn admit(gw: &Gateway, server: &str, headers: &HeaderMap) -> Result<Arc<Id
             Value::Null,
         ));
     }
-    Ok(identity)
+    Ok(authenticated)
 }
 
 fn origin_allowed(gw: &Gateway, headers: &HeaderMap) -> bool {
@@ -177,8 +181,9 @@ async fn post_mcp(
     headers: HeaderMap,
     body: HttpBody,
 ) -> Response {
-    let identity = match admit(&gw, &server, &headers).await {
-        Ok(i) => i,
+    let super::auth::Authenticated { identity, subject } = match admit(&gw, &server, &headers).await
+    {
+        Ok(a) => a,
         Err(r) => return r,
     };
     let limit = gw.config().limits.max_body_bytes;
@@ -234,6 +239,7 @@ async fn post_mcp(
                 })
             })
             .flatten(),
+        subject,
     };
     if let Some(sid) = header_str(&headers, SESSION_HEADER) {
         let Some(session) = gw.session(&server, sid, &identity) else {
@@ -491,6 +497,7 @@ fn session_request(session: &Arc<Session>, origin: &Origin) -> RequestCtx {
         caller: Caller {
             identity: session.identity.clone(),
             scope: Some(session.scope.clone()),
+            subject: origin.subject.clone(),
         },
         era: Era::Handshake,
         target: Target::Session(session.clone()),
@@ -557,6 +564,7 @@ async fn modern(
                 server: server.to_owned(),
             };
             let mut rc = RequestCtx::stateless(server, identity, target, extra, false);
+            rc.caller.subject = origin.subject.clone();
             rc.origin = origin.clone();
             Box::pin(relay_request(gw, rc, msg, accepts_sse(headers), None)).await
         }
@@ -600,6 +608,7 @@ async fn bridged(
         Kind::Request => {
             let target = Target::Session(bridge.session);
             let mut rc = RequestCtx::stateless(server, identity, target, Vec::new(), true);
+            rc.caller.subject = origin.subject.clone();
             rc.origin = origin.clone();
             Box::pin(relay_request(gw, rc, msg, accepts_sse(headers), None)).await
         }
@@ -680,7 +689,7 @@ async fn named_session(
     server: &str,
     headers: &HeaderMap,
 ) -> Result<Arc<Session>, Response> {
-    let identity = admit(gw, server, headers).await?;
+    let identity = admit(gw, server, headers).await?.identity;
     let Some(sid) = header_str(headers, SESSION_HEADER) else {
         // 405 as the specification asks of a server without such a stream,
         // with the reason in words.

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use crate::core::config::{https_or_loopback, AuthConfig, IssuerConfig};
 use crate::core::token::Keys;
+use crate::upstream::provider;
 
 /// One issuer: its configuration and its cached keys.
 pub(crate) struct Issuer {
@@ -50,19 +51,6 @@ pub(crate) struct Issuers {
     keys_max_age: Duration,
 }
 
-/// The HTTP client for one provider: its TLS settings, a time limit, and no
-/// redirects.
-fn http_client(c: &IssuerConfig) -> Result<reqwest::Client, String> {
-    let tls = crate::upstream::tls::issuer_config(&c.name, c.tls.as_ref())?;
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .timeout(Duration::from_secs(10))
-        // A redirect could lead a key fetch off the provider's host.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| format!("no HTTP client for identity provider `{}`: {e}", c.name))
-}
-
 impl Issuers {
     /// The issuers of `[auth]` (keys not loaded yet: see [`Issuers::load`]).
     /// An issuer whose TLS settings cannot be used is kept, with the reason:
@@ -74,7 +62,7 @@ impl Issuers {
                 .issuers
                 .iter()
                 .map(|c| Issuer {
-                    http: http_client(c).inspect_err(|e| tracing::error!("{e}")),
+                    http: provider::http_client(c).inspect_err(|e| tracing::error!("{e}")),
                     config: c.clone(),
                     keys: Mutex::new(Arc::new(Keys::default())),
                     fetched: Mutex::new(None),
@@ -234,7 +222,7 @@ impl Issuers {
             Some(u) => u.clone(),
             None => discover(http, cfg).await?,
         };
-        get(http, &cfg.name, &uri).await
+        provider::get(http, &cfg.name, &uri).await
     }
 }
 
@@ -250,68 +238,15 @@ enum Why {
     Age,
 }
 
-/// `jwks_uri` from the issuer's metadata: OpenID Connect discovery, then
-/// RFC 8414. The metadata must name the same issuer (a provider may not
-/// speak for another), and its `jwks_uri` must be https (or loopback).
+/// `jwks_uri` from the issuer's metadata ([`provider::metadata`]); it
+/// must be https (or loopback).
 async fn discover(http: &reqwest::Client, cfg: &IssuerConfig) -> Result<String, String> {
-    let issuer = cfg.issuer.as_str();
-    let base = issuer.trim_end_matches('/');
-    let (scheme_host, path) = match base.find("://").map(|i| i + 3) {
-        Some(i) => match base[i..].find('/') {
-            Some(j) => (&base[..i + j], &base[i + j..]),
-            None => (base, ""),
-        },
-        None => return Err(format!("issuer `{issuer}` is not a URL")),
+    let (url, meta) = provider::metadata(http, cfg).await?;
+    let Some(jwks) = meta.get("jwks_uri").and_then(Value::as_str) else {
+        return Err(format!("{url} has no jwks_uri"));
     };
-    let candidates = [
-        format!("{base}/.well-known/openid-configuration"),
-        format!("{scheme_host}/.well-known/oauth-authorization-server{path}"),
-    ];
-    let mut last = String::new();
-    for url in candidates {
-        let text = match get(http, &cfg.name, &url).await {
-            Ok(t) => t,
-            Err(e) => {
-                last = e;
-                continue;
-            }
-        };
-        let meta: Value =
-            serde_json::from_str(&text).map_err(|e| format!("{url} is not JSON metadata: {e}"))?;
-        if meta.get("issuer").and_then(Value::as_str) != Some(issuer) {
-            return Err(format!("{url} names another issuer than `{issuer}`"));
-        }
-        let Some(jwks) = meta.get("jwks_uri").and_then(Value::as_str) else {
-            return Err(format!("{url} has no jwks_uri"));
-        };
-        if !https_or_loopback(jwks) {
-            return Err(format!("{url}: jwks_uri `{jwks}` is not https://"));
-        }
-        return Ok(jwks.to_owned());
+    if !https_or_loopback(jwks) {
+        return Err(format!("{url}: jwks_uri `{jwks}` is not https://"));
     }
-    Err(format!("no metadata for issuer `{issuer}` ({last})"))
-}
-
-/// GET `url` from the provider `name`. A failure is worded with its causes
-/// (reqwest's own message stops at "error sending request"), and a
-/// certificate no trusted CA signed says which setting to use.
-async fn get(http: &reqwest::Client, name: &str, url: &str) -> Result<String, String> {
-    let resp = http
-        .get(url)
-        .header("accept", "application/json")
-        .send()
-        .await
-        .map_err(|e| {
-            let mut text = crate::upstream::error_chain(&e);
-            if text.contains("UnknownIssuer") {
-                text.push_str(&format!(
-                    " (the provider's certificate is not signed by a trusted CA: set tls.ca_file of issuer `{name}` to the CA that signed it)"
-                ));
-            }
-            format!("GET {url}: {text}")
-        })?;
-    if !resp.status().is_success() {
-        return Err(format!("GET {url}: {}", resp.status()));
-    }
-    resp.text().await.map_err(|e| format!("GET {url}: {e}"))
+    Ok(jwks.to_owned())
 }

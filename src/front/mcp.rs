@@ -40,14 +40,18 @@ pub(crate) struct RequestCtx {
     pub origin: Origin,
 }
 
-/// Where a request came from: the peer's address and the HTTP trace
-/// context headers (read only when traces are on).
+/// Where a request came from: the peer's address, the HTTP trace context
+/// headers (read only when traces are on), and the caller's token when the
+/// server delegates to its issuer.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Origin {
     /// The peer's socket address.
     pub client: Option<std::net::SocketAddr>,
     /// `traceparent`/`tracestate` headers.
     pub header: Option<crate::wire::trace::TraceContext>,
+    /// This request's own verified token (never its session's: a client
+    /// refreshes its token within one session), for delegation.
+    pub subject: Option<std::sync::Arc<crate::core::identity::SubjectToken>>,
 }
 
 impl RequestCtx {
@@ -66,6 +70,7 @@ impl RequestCtx {
             caller: Caller {
                 identity,
                 scope: None,
+                subject: None,
             },
             era: Era::Modern,
             target,
@@ -140,6 +145,7 @@ async fn answer_in(
     };
     let route = Route {
         gw,
+        caller: &rc.caller,
         target: rc.target.clone(),
         extra: rc.extra.clone(),
     };

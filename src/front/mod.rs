@@ -31,6 +31,7 @@
 pub(crate) mod auth;
 pub(crate) mod bridge;
 pub(crate) mod control;
+pub(crate) mod delegated;
 pub(crate) mod gateway;
 pub(crate) mod http;
 pub(crate) mod issuers;

@@ -28,11 +28,14 @@ pub(crate) enum Target {
     },
 }
 
-/// One request's route: the gateway, its target and the extra headers of
-/// its upstream POSTs.
+/// One request's route: the gateway, its target, the extra headers of
+/// its upstream POSTs, and its caller (whose token a delegating server's
+/// calls go out with).
 pub(crate) struct Route<'a> {
     /// The gateway.
     pub gw: &'a Gateway,
+    /// Who calls.
+    pub caller: &'a crate::enforce::call::Caller,
     /// The target connection.
     pub target: Target,
     /// 2026-07-28 metadata headers for the upstream request.
@@ -79,19 +82,47 @@ impl Route<'_> {
     }
 }
 
-/// A connection bound to one request's extra headers.
-pub(crate) struct Bound {
-    conn: Arc<UpstreamConn>,
+/// A connection bound to one request's extra headers, or, for a server
+/// called as the person who asks, to the caller.
+pub(crate) struct Bound<'a> {
+    via: Via<'a>,
     extra: ExtraHeaders,
 }
 
-impl Upstream for Route<'_> {
-    type Conn = Bound;
+/// How a bound call goes out.
+enum Via<'a> {
+    /// On this connection, with the server's own credential.
+    Conn(Arc<UpstreamConn>),
+    /// On the caller's own connection, with the caller's exchanged token.
+    Delegate(super::delegated::Delegate<'a>),
+}
+
+impl<'a> Upstream for Route<'a> {
+    type Conn = Bound<'a>;
 
     /// Failing to get a connection (even when the handshake or discovery
     /// that failed had been sent) means the tool call itself was never
     /// sent: it is reported as such.
-    async fn ready(&self) -> Result<Bound, UpstreamError> {
+    async fn ready(&self) -> Result<Bound<'a>, UpstreamError> {
+        // The pipeline refused a caller that cannot be delegated before
+        // this (`delegation_unavailable`); a `fallback = "service"` caller
+        // has no token here and goes out as without delegation.
+        let caller: &'a crate::enforce::call::Caller = self.caller;
+        if let Some(subject) = caller.subject.as_deref() {
+            if self.gw.delegator().delegates(self.server()) {
+                // The caller's own connection is opened (or found) at
+                // dispatch, under the permit, not here.
+                return Ok(Bound {
+                    via: Via::Delegate(super::delegated::Delegate {
+                        gw: self.gw,
+                        server: self.server().to_owned(),
+                        identity: &caller.identity,
+                        subject,
+                    }),
+                    extra: self.extra.clone(),
+                });
+            }
+        }
         let conn = self.conn().await.map_err(|e| match e {
             e if !e.dispatched() => e,
             e => UpstreamError::Connect {
@@ -100,7 +131,7 @@ impl Upstream for Route<'_> {
             },
         })?;
         Ok(Bound {
-            conn,
+            via: Via::Conn(conn),
             extra: self.extra.clone(),
         })
     }
@@ -148,15 +179,18 @@ impl Route<'_> {
     }
 }
 
-impl ToolConn for Bound {
+impl ToolConn for Bound<'_> {
     async fn call_tool(
         &self,
         permit: Permit,
         events: Option<mpsc::Sender<Message>>,
         timeout: Duration,
     ) -> Sent {
-        self.conn
-            .call_tool(permit, events, timeout, &self.extra)
-            .await
+        match &self.via {
+            // The token is had now, after the decision, the approval and
+            // the durable `dispatched`: a held or denied call mints none.
+            Via::Delegate(d) => d.call_tool(permit, events, timeout, &self.extra).await,
+            Via::Conn(conn) => conn.call_tool(permit, events, timeout, &self.extra).await,
+        }
     }
 }

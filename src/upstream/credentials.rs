@@ -56,6 +56,18 @@ pub(crate) fn check_all(config: &Config) -> Result<(), String> {
                 &format!("environment variable `{name}` of server `{server}`"),
             )?;
         }
+        if let Some(d) = &s.delegation {
+            if let Some(c) = &d.client_secret {
+                resolve(c, &format!("delegation client_secret of server `{server}`"))?;
+            }
+            if let Some(c) = &d.actor_token {
+                resolve(c, &format!("delegation actor_token of server `{server}`"))?;
+            }
+            if let Some(key) = &d.client_key {
+                crate::upstream::delegation::assertion::Signer::load(key, d.client_key_id.clone())
+                    .map_err(|e| format!("delegation client_key of server `{server}`: {e}"))?;
+            }
+        }
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ pub(crate) mod credentials;
 pub mod delegation;
 pub(crate) mod mux;
 pub(crate) mod notify;
+pub(crate) mod provider;
 mod stdio;
 mod streamable_http;
 pub(crate) mod tls;
@@ -141,6 +142,9 @@ pub struct UpstreamConn {
     pub mux: Arc<Mux>,
     transport: Transport,
     server: String,
+    /// A delegated connection: one caller's, with that caller's exchanged
+    /// token and none of the server's static headers.
+    delegated: bool,
 }
 
 impl UpstreamConn {
@@ -154,12 +158,78 @@ impl UpstreamConn {
         unsolicited: mpsc::Sender<Message>,
         on_list_changed: crate::upstream::mux::ListChanged,
     ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        Self::open(
+            server,
+            cfg,
+            http,
+            max_line,
+            unsolicited,
+            on_list_changed,
+            false,
+        )
+    }
+
+    /// A connection for one caller of an HTTP server with delegation: none
+    /// of the server's static `headers` (its service credential) is ever
+    /// sent on it, only the caller's exchanged token
+    /// ([`UpstreamConn::set_bearer`]).
+    pub async fn connect_delegated(
+        server: &str,
+        cfg: &ServerConfig,
+        http: &HttpClient,
+        max_line: usize,
+        unsolicited: mpsc::Sender<Message>,
+        on_list_changed: crate::upstream::mux::ListChanged,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        if cfg.url.is_none() {
+            return Err(UpstreamError::Closed {
+                server: server.into(),
+                reason: "delegation needs an HTTP server".into(),
+            });
+        }
+        Self::open(
+            server,
+            cfg,
+            http,
+            max_line,
+            unsolicited,
+            on_list_changed,
+            true,
+        )
+    }
+
+    /// Send the caller's exchanged `token` on every request from now on (a
+    /// delegated connection only).
+    pub fn set_bearer(&self, token: &str) -> Result<(), UpstreamError> {
+        match &self.transport {
+            Transport::Http(h) if self.delegated => h.set_bearer(token),
+            _ => Err(UpstreamError::Closed {
+                server: self.server.clone(),
+                reason: "internal: a caller's token on a shared connection".into(),
+            }),
+        }
+    }
+
+    fn open(
+        server: &str,
+        cfg: &ServerConfig,
+        http: &HttpClient,
+        max_line: usize,
+        unsolicited: mpsc::Sender<Message>,
+        on_list_changed: crate::upstream::mux::ListChanged,
+        delegated: bool,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
         let mux = Arc::new(Mux::new(unsolicited).on_list_changed(on_list_changed));
+        // INVARIANT: a delegated connection carries no static header: the
+        // service credential never goes out beside (or instead of) the
+        // caller's token.
+        let no_headers = std::collections::BTreeMap::new();
+        let headers = if delegated { &no_headers } else { &cfg.headers };
         let transport = match &cfg.url {
             Some(url) => Transport::Http(Box::new(streamable_http::Http::new(
                 server,
                 url,
-                &cfg.headers,
+                headers,
                 cfg.tls.as_ref(),
                 http,
                 max_line,
@@ -175,6 +245,7 @@ impl UpstreamConn {
             mux,
             transport,
             server: server.into(),
+            delegated,
         }))
     }
 
@@ -225,6 +296,10 @@ impl UpstreamConn {
         let Some((span, ctx)) = crate::telemetry::client_span(&self.server, &msg, peer) else {
             return self.exchange(msg, events, timeout, extra).await;
         };
+        if self.delegated {
+            // That it ran as the caller, and nothing of the token.
+            span.record("countersign.delegated", true);
+        }
         // The CLIENT span's context goes upstream in `params._meta` (both
         // eras) and, over HTTP, in the `traceparent` header. Only `_meta`
         // changes: the arguments go out as the bytes that were hashed.

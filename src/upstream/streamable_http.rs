@@ -236,6 +236,10 @@ pub(super) struct Http {
     session: Mutex<Option<HeaderValue>>,
     protocol: Mutex<Option<HeaderValue>>,
     standalone: Mutex<Option<JoinHandle<()>>>,
+    /// Delegation: the caller's exchanged token, sent as
+    /// `Authorization: Bearer` on every request of this connection (which
+    /// has no static headers: see [`Http::delegated`]).
+    bearer: Mutex<Option<HeaderValue>>,
 }
 
 const SESSION: &str = "mcp-session-id";
@@ -334,7 +338,23 @@ impl Http {
             session: Mutex::new(None),
             protocol: Mutex::new(None),
             standalone: Mutex::new(None),
+            bearer: Mutex::new(None),
         })
+    }
+
+    /// Send `token` as `Authorization: Bearer` from now on.
+    pub(super) fn set_bearer(&self, token: &str) -> Result<(), UpstreamError> {
+        let mut value = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+            UpstreamError::Delegation {
+                server: self.server.clone(),
+                reason: "invalid_response".into(),
+                detail: "the exchanged token is not a valid HTTP header value".into(),
+            }
+        })?;
+        // Kept out of hyper's debug output.
+        value.set_sensitive(true);
+        *self.bearer.lock() = Some(value);
+        Ok(())
     }
 
     /// The upstream's host and port.
@@ -355,6 +375,9 @@ impl Http {
         h.insert(http::header::HOST, self.host.clone());
         for (k, v) in &self.headers {
             h.insert(k, v.clone());
+        }
+        if let Some(b) = self.bearer.lock().clone() {
+            h.insert(http::header::AUTHORIZATION, b);
         }
         if let Some(s) = self.session.lock().clone() {
             h.insert(SESSION, s);

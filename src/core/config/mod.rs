@@ -4,7 +4,9 @@
 //! silently ignored would turn a guarded write into an unguarded one), and
 //! every error carries the file, line and column that `toml` reports.
 
+mod delegation;
 mod review;
+pub use delegation::{mode, DelegationConfig, Fallback, Mode, Unavailable};
 pub use review::{console_of, console_origin, ReviewConfig};
 
 use std::collections::BTreeMap;
@@ -965,6 +967,10 @@ pub struct ServerConfig {
     /// of `initialize`.
     #[serde(default = "yes")]
     pub bridge_eras: bool,
+    /// Tool calls reach this HTTP server as the person who asked, with a
+    /// token exchanged at their identity provider (RFC 8693), not with
+    /// `headers`.
+    pub delegation: Option<DelegationConfig>,
 }
 
 fn yes() -> bool {
@@ -1219,6 +1225,11 @@ impl Config {
             server.check_tools(name, path)?;
         }
         self.auth.check(&self.identities, path)?;
+        for (name, server) in &self.servers {
+            if let Some(d) = &server.delegation {
+                d.check(name, server.url.is_some(), &self.auth.issuers, path)?;
+            }
+        }
         self.notify.check(path)?;
         self.telemetry.check(path)?;
         self.review.check(path)?;

@@ -1,6 +1,7 @@
 //! One RFC 8693 token exchange at a provider's token endpoint: the caller's
 //! access token as the subject token, the upstream as the audience, the
-//! gateway authenticated as its own OAuth client (`client_secret_basic`).
+//! gateway authenticated as its own OAuth client (`client_secret_basic`, or
+//! `private_key_jwt`).
 
 use std::time::Duration;
 
@@ -20,8 +21,8 @@ pub struct Exchange {
     pub token_endpoint: String,
     /// The gateway's OAuth client at the provider.
     pub client_id: String,
-    /// Its secret (`client_secret_basic`).
-    pub client_secret: String,
+    /// How it authenticates.
+    pub client_auth: ClientAuth,
     /// The upstream the token is for (`audience`).
     pub audience: String,
     /// The scopes the upstream needs, and no more.
@@ -43,6 +44,15 @@ impl std::fmt::Debug for Exchange {
             .field("scopes", &self.scopes)
             .finish_non_exhaustive()
     }
+}
+
+/// How the gateway's client authenticates at the token endpoint.
+#[derive(Clone)]
+pub enum ClientAuth {
+    /// `client_secret_basic` (RFC 6749 section 2.3.1).
+    Secret(String),
+    /// `private_key_jwt` (RFC 7523).
+    Key(super::assertion::Signer),
 }
 
 /// An exchanged token.
@@ -127,8 +137,16 @@ struct ErrorResponse {
 impl Exchange {
     /// The form body of the exchange of `subject_token` (RFC 8693 section
     /// 2.1): the token to trade, for whom (`audience`), for what (`scope`).
-    fn form(&self, subject_token: &str) -> String {
+    fn form(&self, subject_token: &str, now_ms: i64) -> Result<String, ExchangeError> {
         let mut f = form_urlencoded::Serializer::new(String::new());
+        if let ClientAuth::Key(signer) = &self.client_auth {
+            let assertion = signer
+                .assertion(&self.client_id, &self.token_endpoint, now_ms / 1000)
+                .map_err(ExchangeError::Invalid)?;
+            f.append_pair("client_id", &self.client_id);
+            f.append_pair("client_assertion_type", super::assertion::ASSERTION_TYPE);
+            f.append_pair("client_assertion", &assertion);
+        }
         f.append_pair("grant_type", GRANT_TYPE);
         f.append_pair("subject_token", subject_token);
         f.append_pair("subject_token_type", ACCESS_TOKEN_TYPE);
@@ -141,18 +159,21 @@ impl Exchange {
             f.append_pair("actor_token", actor);
             f.append_pair("actor_token_type", ACCESS_TOKEN_TYPE);
         }
-        f.finish()
+        Ok(f.finish())
     }
 
     /// `client_secret_basic` (RFC 6749 section 2.3.1): id and secret, each
     /// form-encoded, in HTTP Basic.
-    fn basic(&self) -> String {
+    fn basic(&self) -> Option<String> {
+        let ClientAuth::Secret(secret) = &self.client_auth else {
+            return None;
+        };
         let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-        let pair = format!("{}:{}", enc(&self.client_id), enc(&self.client_secret));
-        format!(
+        let pair = format!("{}:{}", enc(&self.client_id), enc(secret));
+        Some(format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(pair)
-        )
+        ))
     }
 
     /// Trade `subject_token` for a token for the upstream, at `now_ms`.
@@ -162,13 +183,15 @@ impl Exchange {
         subject_token: &str,
         now_ms: i64,
     ) -> Result<Exchanged, ExchangeError> {
-        let resp = http
-            .post(&self.token_endpoint)
-            .header("authorization", self.basic())
+        let mut req = http.post(&self.token_endpoint);
+        if let Some(basic) = self.basic() {
+            req = req.header("authorization", basic);
+        }
+        let resp = req
             .header("content-type", "application/x-www-form-urlencoded")
             .header("accept", "application/json")
             .timeout(self.timeout)
-            .body(self.form(subject_token))
+            .body(self.form(subject_token, now_ms)?)
             .send()
             .await
             .map_err(|e| {
@@ -263,7 +286,7 @@ mod tests {
         Exchange {
             token_endpoint: endpoint.into(),
             client_id: "countersign".into(),
-            client_secret: "s3cret:with/chars".into(),
+            client_auth: ClientAuth::Secret("s3cret:with/chars".into()),
             audience: "https://mcp.github.example".into(),
             scopes: vec!["repo".into(), "read:org".into()],
             actor_token: None,
@@ -275,7 +298,7 @@ mod tests {
     fn the_request_names_the_subject_the_audience_and_only_the_scopes_needed() {
         let e = exchange("http://x/token");
         let form: std::collections::HashMap<String, String> =
-            form_urlencoded::parse(e.form("caller-token").as_bytes())
+            form_urlencoded::parse(e.form("caller-token", 0).unwrap().as_bytes())
                 .into_owned()
                 .collect();
         assert_eq!(form["grant_type"], GRANT_TYPE);
@@ -286,7 +309,7 @@ mod tests {
         assert_eq!(form["scope"], "repo read:org");
         assert!(!form.contains_key("actor_token"));
         // client_secret_basic encodes id and secret before Base64.
-        let basic = e.basic();
+        let basic = e.basic().unwrap();
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(basic.trim_start_matches("Basic "))
             .unwrap();

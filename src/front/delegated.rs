@@ -1,0 +1,228 @@
+//! Tool calls on a caller's behalf (DESIGN.md section 23): at dispatch,
+//! under the permit, the caller's token is traded for one meant for the
+//! server ([`crate::upstream::delegation::Delegator`]) and the call goes out
+//! on a connection of that caller's own.
+//!
+//! One upstream connection per (server, principal, tenant), built without
+//! the server's static headers, so its service credential is never sent
+//! beside or instead of the person's token. Over a handshake-era server the
+//! connection is its own upstream session, opened with the caller's token
+//! (servers bind a session to the credential that opened it) and the
+//! gateway's own `initialize`. It is opened at the first dispatch, never
+//! before: a held or denied call opens nothing and mints nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::gateway::{Gateway, ModernUpstream};
+use crate::core::identity::{Identity, SubjectToken};
+use crate::enforce::permit::{Permit, Sent};
+use crate::upstream::delegation::DelegationError;
+use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
+use crate::wire::jsonrpc::{raw, Message};
+
+/// Whose connection: (server, principal, tenant).
+type Key = (String, String, String);
+
+/// One caller's connection, and when it was last used.
+struct Held {
+    conn: Arc<UpstreamConn>,
+    used: Instant,
+}
+
+/// The delegated connections of every caller.
+#[derive(Default)]
+pub(crate) struct Delegated {
+    slots: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<Option<Held>>>>>,
+}
+
+impl Delegated {
+    /// Close the connections idle longer than `limit` (none in flight).
+    pub(crate) async fn sweep(&self, limit: Duration, grace: Duration) {
+        let slots: Vec<_> = self.slots.lock().values().cloned().collect();
+        for slot in slots {
+            let mut held = slot.lock().await;
+            let idle = held
+                .as_ref()
+                .is_some_and(|h| h.used.elapsed() > limit && h.conn.mux.in_flight() == 0);
+            if idle {
+                if let Some(h) = held.take() {
+                    h.conn.shutdown(grace).await;
+                }
+            }
+        }
+        self.slots
+            .lock()
+            .retain(|_, s| s.try_lock().map_or(true, |held| held.is_some()));
+    }
+
+    /// Close every connection (the gateway stops).
+    pub(crate) async fn shutdown(&self, grace: Duration) {
+        let slots: Vec<_> = self.slots.lock().drain().map(|(_, s)| s).collect();
+        for slot in slots {
+            if let Some(h) = slot.lock().await.take() {
+                h.conn.shutdown(grace).await;
+            }
+        }
+    }
+}
+
+/// What a call needs to go out on its caller's behalf.
+pub(crate) struct Delegate<'a> {
+    pub gw: &'a Gateway,
+    pub server: String,
+    pub identity: &'a Arc<Identity>,
+    pub subject: &'a SubjectToken,
+}
+
+impl Delegate<'_> {
+    /// Send the permitted call as the caller: the token (cached, or
+    /// exchanged now), the caller's connection, the call. Failing before
+    /// the call is written, nothing was sent.
+    pub(crate) async fn call_tool(
+        &self,
+        permit: Permit,
+        events: Option<mpsc::Sender<Message>>,
+        timeout: Duration,
+        extra: &ExtraHeaders,
+    ) -> Sent {
+        let delegator = self.gw.delegator();
+        let now = crate::core::time::now_ms();
+        let mut evidence = json!({
+            "issuer": self.subject.issuer,
+            "subject": self.identity.principal,
+        });
+        let token = match delegator
+            .token(&self.server, self.identity, self.subject, now)
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(server = %self.server, principal = %self.identity.principal, reason = %e.reason(), "no token on the caller's behalf: {e}");
+                evidence["refused"] = json!(e.reason());
+                return unsent(permit, self.failure(&e)).delegated(evidence);
+            }
+        };
+        if let (Value::Object(m), Some(e)) = (token.evidence(), evidence.as_object_mut()) {
+            e.extend(m);
+        }
+        let conn = match self.conn(&token.access_token).await {
+            Ok(c) => c,
+            Err(e) => return unsent(permit, e).delegated(evidence),
+        };
+        let sent = conn.call_tool(permit, events, timeout, extra).await;
+        if let Some(UpstreamError::Refused { status: 401, .. }) = sent.failure() {
+            // The server does not take this token (revoked, or its keys
+            // rotated): it is not used again, and never replaced by the
+            // service credential.
+            delegator.refused(&self.server, self.identity);
+        }
+        sent.delegated(evidence)
+    }
+
+    fn failure(&self, e: &DelegationError) -> UpstreamError {
+        UpstreamError::Delegation {
+            server: self.server.clone(),
+            reason: e.reason(),
+            detail: e.to_string(),
+        }
+    }
+
+    /// The caller's connection to the server, sending `token` from now on:
+    /// the open one, or a new one (a new upstream session over the
+    /// handshake era, opened with the token).
+    async fn conn(&self, token: &str) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        let key = (
+            self.server.clone(),
+            self.identity.principal.clone(),
+            self.identity.tenant.clone(),
+        );
+        let slot = self
+            .gw
+            .delegated()
+            .slots
+            .lock()
+            .entry(key)
+            .or_default()
+            .clone();
+        let mut held = slot.lock().await;
+        if let Some(h) = held.as_mut().filter(|h| !h.conn.is_closed()) {
+            h.conn.set_bearer(token)?;
+            h.used = Instant::now();
+            return Ok(h.conn.clone());
+        }
+        let (conn, unsolicited) = self.gw.connect_delegated(&self.server).await?;
+        // Nothing listens for this connection's unattributed messages.
+        tokio::spawn(async move {
+            let mut rx = unsolicited;
+            while rx.recv().await.is_some() {}
+        });
+        conn.set_bearer(token)?;
+        let modern = matches!(
+            self.gw.modern_upstream(&self.server).await,
+            Ok(ModernUpstream::Speaks(_))
+        );
+        if !modern {
+            if let Err(e) = self.initialize(&conn).await {
+                conn.shutdown(Duration::ZERO).await;
+                // Not the call: whatever the handshake met, the call itself
+                // was never sent.
+                return Err(match e {
+                    e if !e.dispatched() => e,
+                    e => UpstreamError::Connect {
+                        server: self.server.clone(),
+                        reason: format!("the caller's upstream session could not be opened: {e}"),
+                    },
+                });
+            }
+        }
+        tracing::info!(server = %self.server, principal = %self.identity.principal, modern, "opened a connection on the caller's behalf");
+        *held = Some(Held {
+            conn: conn.clone(),
+            used: Instant::now(),
+        });
+        Ok(conn)
+    }
+
+    /// The gateway's own `initialize` and `notifications/initialized` on a
+    /// new handshake-era connection (no client capabilities: the caller's
+    /// client does not hear this session's server requests).
+    async fn initialize(&self, conn: &UpstreamConn) -> Result<(), UpstreamError> {
+        let params = json!({
+            "protocolVersion": crate::wire::era::HANDSHAKE_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": { "name": "countersign", "version": env!("CARGO_PKG_VERSION") },
+        });
+        let id = Value::from(format!("countersign-delegated-{:x}", rand::random::<u64>()));
+        let init = Message::request(id, "initialize", Some(raw(&params)));
+        let timeout = self.gw.pipeline().call_timeout(&self.server);
+        let resp = conn
+            .call(
+                Passthrough::checked(&self.server, init)?,
+                None,
+                timeout,
+                &Vec::new(),
+            )
+            .await?;
+        if let Some(e) = resp.error_code() {
+            return Err(UpstreamError::Connect {
+                server: self.server.clone(),
+                reason: format!("the server refused the caller's initialize ({e})"),
+            });
+        }
+        let note = Message::notification("notifications/initialized", None);
+        conn.send(Passthrough::checked(&self.server, note)?, &Vec::new())
+            .await
+    }
+}
+
+/// The permit spent without sending: the call fails with `e`.
+fn unsent(permit: Permit, e: UpstreamError) -> Sent {
+    let (_request, receipt) = permit.spend();
+    receipt.sent(Err(e))
+}
