@@ -14,99 +14,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use base64::Engine;
+use common::otlp::Receiver;
 use common::*;
 use serde_json::{json, Value};
-
-/// The OTLP receiver: a child process appending what it decodes to a file.
-struct Receiver {
-    child: Child,
-    out: PathBuf,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Receiver {
-    /// Start one in `mode` (`ok` or `hang`) and wait for its listener.
-    fn start(mode: &str) -> Receiver {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("exports.jsonl");
-        let mut child = Command::new(peer_python())
-            .arg(peers().join("otlp_receiver.py"))
-            .arg(mode)
-            .arg(&out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the receiver did not say where it listens: {line:?}"));
-        Receiver {
-            child,
-            out,
-            port,
-            _dir: dir,
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Every export request received so far.
-    fn exports(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    /// Every span received so far.
-    fn spans(&self) -> Vec<Value> {
-        self.exports()
-            .iter()
-            .inspect(|e| assert!(e.get("error").is_none(), "not an OTLP export: {e}"))
-            .flat_map(|e| e["spans"].as_array().cloned().unwrap_or_default())
-            .collect()
-    }
-
-    /// Wait (up to 20 s) until the spans received satisfy `pred`.
-    fn wait(&self, what: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let spans = self.spans();
-            if pred(&spans) {
-                return spans;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not received within 20 s; spans: {spans:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(25));
-        }
-    }
-}
 
 /// `charge_card` with `arguments` (JSON text, sent as written) and `meta`,
 /// which must succeed.

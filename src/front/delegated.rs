@@ -19,15 +19,15 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::gateway::{Gateway, ModernUpstream};
+use super::gateway::Gateway;
 use crate::core::identity::{Identity, SubjectToken};
 use crate::enforce::permit::{Permit, Sent};
 use crate::upstream::delegation::DelegationError;
 use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
 use crate::wire::jsonrpc::{raw, Message};
 
-/// Whose connection: (server, principal, tenant).
-type Key = (String, String, String);
+/// Whose connection, in which era: (server, principal, tenant, modern).
+type Key = (String, String, String, bool);
 
 /// One caller's connection, and when it was last used.
 struct Held {
@@ -111,7 +111,13 @@ impl Delegate<'_> {
         if let (Value::Object(m), Some(e)) = (token.evidence(), evidence.as_object_mut()) {
             e.extend(m);
         }
-        let conn = match self.conn(&token.access_token).await {
+        // The request is already in its era's shape: a 2026-07-28 request
+        // (its headers name the version) goes out stateless, a
+        // handshake-era one on the caller's own upstream session.
+        let modern = extra
+            .iter()
+            .any(|(k, _)| k.as_str() == "mcp-protocol-version");
+        let conn = match self.conn(&token.access_token, modern).await {
             Ok(c) => c,
             Err(e) => return unsent(permit, e).delegated(evidence),
         };
@@ -136,11 +142,12 @@ impl Delegate<'_> {
     /// The caller's connection to the server, sending `token` from now on:
     /// the open one, or a new one (a new upstream session over the
     /// handshake era, opened with the token).
-    async fn conn(&self, token: &str) -> Result<Arc<UpstreamConn>, UpstreamError> {
+    async fn conn(&self, token: &str, modern: bool) -> Result<Arc<UpstreamConn>, UpstreamError> {
         let key = (
             self.server.clone(),
             self.identity.principal.clone(),
             self.identity.tenant.clone(),
+            modern,
         );
         let slot = self
             .gw
@@ -163,10 +170,6 @@ impl Delegate<'_> {
             while rx.recv().await.is_some() {}
         });
         conn.set_bearer(token)?;
-        let modern = matches!(
-            self.gw.modern_upstream(&self.server).await,
-            Ok(ModernUpstream::Speaks(_))
-        );
         if !modern {
             if let Err(e) = self.initialize(&conn).await {
                 conn.shutdown(Duration::ZERO).await;

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub mod bridge;
+pub mod idp;
+pub mod otlp;
 pub mod pg;
 pub mod pki;
 
@@ -619,6 +621,11 @@ call_timeout = "{call_timeout}"
     /// The audit log directory (the default under the data dir).
     pub fn audit_dir(&self) -> PathBuf {
         self.dir.path().join("data").join("audit")
+    }
+
+    /// Everything the gateway logged so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
     }
 
     /// Wait (up to 10 s) for a gateway log line containing `needle`.

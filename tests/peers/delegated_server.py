@@ -8,12 +8,17 @@ server), its expiry, its scope, and that it names the gateway as the actor.
 
 KEYS_FILE is the provider's JWKS (tests/peers/oidc_provider.mjs writes it);
 every call appends a JSON line to RECORD: the tool, the token's `sub`, its
-`act`, and its `jti`. Tools:
+`act`, its `jti`, the token itself, and the `X-Service-Key` header if one
+came with it.
+With SERVICE_TOKEN set, that token is accepted too, as the subject
+`countersign-service` (the gateway's own credential, for its listing): a
+test sees from the record whether a call ever came with it. Tools:
 - `whoami` (readOnlyHint): the token's subject;
 - `create_issue(title)`: a write, recorded like every call.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +26,7 @@ import jwt
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 
 PORT = int(sys.argv[1])
@@ -29,10 +34,21 @@ KEYS = json.loads(Path(sys.argv[2]).read_text())
 ISSUER, AUDIENCE, ACTOR = sys.argv[3], sys.argv[4], sys.argv[5]
 RECORD = Path(sys.argv[6])
 KEY = jwt.PyJWK(KEYS["keys"][0])
+SERVICE_TOKEN = os.environ.get("SERVICE_TOKEN")
 
 
 class Verifier:
     async def verify_token(self, token: str) -> AccessToken | None:
+        if SERVICE_TOKEN and token == SERVICE_TOKEN:
+            return AccessToken(
+                token=token,
+                client_id="countersign-service",
+                scopes=["repo"],
+                expires_at=None,
+                resource=AUDIENCE,
+                subject="countersign-service",
+                claims={},
+            )
         try:
             claims = jwt.decode(
                 token,
@@ -58,10 +74,20 @@ class Verifier:
         )
 
 
-def record(tool: str) -> str:
+def record(tool: str, ctx: Context) -> str:
     t = get_access_token()
     claims = (t.claims or {}) if t else {}
-    line = {"tool": tool, "sub": t.subject if t else None, "act": claims.get("act"), "jti": claims.get("jti")}
+    headers = ctx.headers or {}
+    line = {
+        "tool": tool,
+        "sub": t.subject if t else None,
+        "act": claims.get("act"),
+        "jti": claims.get("jti"),
+        "x_service_key": headers.get("x-service-key"),
+        # The token itself, so that a test can look for it where it must
+        # never be (the gateway's log, audit log, metrics and traces).
+        "token": t.token if t else None,
+    }
     with RECORD.open("a") as f:
         f.write(json.dumps(line) + "\n")
     return line["sub"] or ""
@@ -79,15 +105,15 @@ server = MCPServer(
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def whoami() -> str:
+def whoami(ctx: Context) -> str:
     """Who the token says is calling."""
-    return record("whoami")
+    return record("whoami", ctx)
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))
-def create_issue(title: str) -> str:
+def create_issue(title: str, ctx: Context) -> str:
     """Open an issue."""
-    return f"issue '{title}' opened by {record('create_issue')}"
+    return f"issue '{title}' opened by {record('create_issue', ctx)}"
 
 
 server.run("streamable-http", host="127.0.0.1", port=PORT)

@@ -7,6 +7,9 @@
 // Clients:
 // - `agent-svc` / `agent-secret`: client credentials (an agent service);
 //   its tokens carry `tid` = `acme` and scope `pay:use`.
+// - `agent-bob` / `bob-secret`: the same, a second person (the `sub` of a
+//   client credentials token is the client).
+// Access tokens are valid ACCESS_TTL seconds (default 300).
 // - any client that registers itself (RFC 7591 dynamic registration, as MCP
 //   clients do): authorization code with PKCE, signing in through the
 //   provider's development login and consent pages, which accept any login
@@ -19,7 +22,9 @@
 //   EXCHANGE_TTL seconds (default 300). Each exchange appends a line to
 //   EXCHANGE_LOG when set (`sub audience scope`), so a test sees when the
 //   provider was asked; EXCHANGE_REFUSE=1 refuses every exchange
-//   (`invalid_grant`).
+//   (`invalid_grant`); a subject listed, one per line, in the file
+//   EXCHANGE_REVOKED is refused (`invalid_grant`, as a provider refuses a
+//   person whose sign-in it revoked).
 // The signing key is read from KEYS_FILE, or made (P-256, named KID) and
 // written there when the file does not exist: a test rotates the key by
 // restarting the provider with another file.
@@ -73,6 +78,15 @@ const provider = new Provider(issuer, {
       scope: 'pay:use',
       id_token_signed_response_alg: 'ES256',
     },
+    {
+      client_id: 'agent-bob',
+      client_secret: 'bob-secret',
+      grant_types: ['client_credentials'],
+      redirect_uris: [],
+      response_types: [],
+      scope: 'pay:use',
+      id_token_signed_response_alg: 'ES256',
+    },
   ],
   scopes: ['openid', 'offline_access', 'pay:use', 'repo'],
   // The provider signs with its one P-256 key: registered clients too.
@@ -88,7 +102,7 @@ const provider = new Provider(issuer, {
       getResourceServerInfo: (ctx, resourceIndicator) => ({
         scope: 'pay:use',
         audience: resourceIndicator,
-        accessTokenTTL: 300,
+        accessTokenTTL: Number(process.env.ACCESS_TTL || 300),
         accessTokenFormat: 'jwt',
         jwt: { sign: { alg: 'ES256' } },
       }),
@@ -124,6 +138,10 @@ provider.registerGrantType(
     } catch (e) {
       return refuse('invalid_grant', `subject token: ${e.code || e.message}`);
     }
+    const revoked = process.env.EXCHANGE_REVOKED && fs.existsSync(process.env.EXCHANGE_REVOKED)
+      ? fs.readFileSync(process.env.EXCHANGE_REVOKED, 'utf8').split('\n')
+      : [];
+    if (revoked.includes(subject.sub)) return refuse('invalid_grant', 'the subject\'s grant was revoked');
     const now = Math.floor(Date.now() / 1000);
     const token = await new jose.SignJWT({
       scope: p.scope || '',
