@@ -219,6 +219,10 @@ struct Setup<'a> {
     approvals: Option<&'a str>,
     /// More config; `{url}` stands for the SDK server's URL.
     extra: String,
+    /// The gateway's client at the provider, with `private_key_jwt`: the
+    /// provider makes the key and writes it there (`client_id`
+    /// `countersign-jwt`). Default: `countersign` with its secret.
+    key_file: Option<&'a std::path::Path>,
 }
 
 impl World {
@@ -227,6 +231,22 @@ impl World {
         let keys = dir.path().join("keys.json");
         let log = dir.path().join("exchanges.log");
         let mut env = vec![("EXCHANGE_LOG", log.to_str().unwrap().to_owned())];
+        if let Some(k) = setup.key_file {
+            env.push(("CLIENT_KEY_FILE", k.display().to_string()));
+        }
+        let (client, actor) = match setup.key_file {
+            Some(k) => (
+                format!(
+                    "client_id = \"countersign-jwt\"\nclient_key = \"{}\"\nclient_key_id = \"gw-1\"",
+                    k.display()
+                ),
+                "countersign-jwt",
+            ),
+            None => (
+                "client_id = \"countersign\"\nclient_secret = { env = \"CS_EXCHANGE_SECRET\" }".to_owned(),
+                "countersign",
+            ),
+        };
         env.extend(setup.provider.iter().map(|(k, v)| (*k, v.to_string())));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let port = free_port();
@@ -243,7 +263,7 @@ impl World {
                 .arg(&keys)
                 .arg(issuer(port))
                 .arg(&audience)
-                .arg("countersign")
+                .arg(actor)
                 .arg(&record)
                 .env("SERVICE_TOKEN", SERVICE_TOKEN)
                 .stdout(Stdio::null())
@@ -285,8 +305,7 @@ headers = {{ Authorization = "Bearer {SERVICE_TOKEN}", X-Service-Key = "{SERVICE
 issuer = "corp"
 audience = "{audience}"
 scopes = ["repo"]
-client_id = "countersign"
-client_secret = {{ env = "CS_EXCHANGE_SECRET" }}
+{client}
 {delegation}
 {extra}"#,
                 metrics = sha(METRICS),
@@ -776,4 +795,21 @@ async fn no_token_of_any_kind_reaches_the_log_the_audit_log_metrics_or_traces() 
             );
         }
     }
+}
+
+#[tokio::test]
+async fn the_gateway_can_authenticate_its_exchanges_with_a_private_key_instead_of_a_secret() {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("client.pem");
+    let w = World::start(Setup {
+        key_file: Some(&key),
+        ..Default::default()
+    })
+    .await;
+    let c = w.client(&w.token("alice").await).await;
+    let read = c.post(&call(1, "whoami", json!({}), None)).await;
+    assert_eq!(text(&read), "agent-svc", "{read:?}");
+    let record = w.record();
+    assert_eq!(record[0]["act"]["sub"], "countersign-jwt", "{record:#?}");
+    assert_eq!(w.exchanges().len(), 1);
 }

@@ -25,6 +25,10 @@
 //   (`invalid_grant`); a subject listed, one per line, in the file
 //   EXCHANGE_REVOKED is refused (`invalid_grant`, as a provider refuses a
 //   person whose sign-in it revoked).
+// - `countersign-jwt`: the same exchange, the client authenticated with
+//   `private_key_jwt` (RFC 7523): with CLIENT_KEY_FILE set, a P-256 key is
+//   made, written there (PKCS#8 PEM) and its public half registered as the
+//   client's key, `kid` `gw-1`.
 // The signing key is read from KEYS_FILE, or made (P-256, named KID) and
 // written there when the file does not exist: a test rotates the key by
 // restarting the provider with another file.
@@ -56,6 +60,22 @@ if (!fs.existsSync(keysFile)) {
   fs.writeFileSync(keysFile, JSON.stringify({ keys: [jwk] }));
 }
 const jwks = JSON.parse(fs.readFileSync(keysFile, 'utf8'));
+const jwtClients = [];
+if (process.env.CLIENT_KEY_FILE) {
+  const { privateKey, publicKey } = crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' });
+  fs.writeFileSync(process.env.CLIENT_KEY_FILE, privateKey.export({ format: 'pem', type: 'pkcs8' }));
+  jwtClients.push({
+    client_id: 'countersign-jwt',
+    token_endpoint_auth_method: 'private_key_jwt',
+    token_endpoint_auth_signing_alg: 'ES256',
+    jwks: { keys: [{ ...publicKey.export({ format: 'jwk' }), kid: 'gw-1', alg: 'ES256', use: 'sig' }] },
+    grant_types: ['urn:ietf:params:oauth:grant-type:token-exchange'],
+    redirect_uris: [],
+    response_types: [],
+    scope: 'pay:use repo',
+    id_token_signed_response_alg: 'ES256',
+  });
+}
 
 const provider = new Provider(issuer, {
   jwks,
@@ -87,6 +107,7 @@ const provider = new Provider(issuer, {
       scope: 'pay:use',
       id_token_signed_response_alg: 'ES256',
     },
+    ...jwtClients,
   ],
   scopes: ['openid', 'offline_access', 'pay:use', 'repo'],
   // The provider signs with its one P-256 key: registered clients too.

@@ -189,3 +189,102 @@ pub fn mode(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::Config;
+
+    const BASE: &str = r#"
+[gateway]
+listen = "127.0.0.1:0"
+data_dir = "/tmp/x"
+
+[[auth.issuers]]
+name = "okta"
+issuer = "https://acme.okta.com"
+tenant = "acme"
+
+[servers.gh]
+url = "https://mcp.github.example/mcp"
+"#;
+
+    fn with(delegation: &str) -> Result<Config, ConfigError> {
+        Config::parse(
+            &format!("{BASE}\n[servers.gh.delegation]\n{delegation}"),
+            Path::new("t.toml"),
+        )
+    }
+
+    fn error(delegation: &str) -> String {
+        with(delegation).unwrap_err().to_string()
+    }
+
+    const OK: &str = "issuer = \"okta\"\naudience = \"https://mcp.github.example\"\nscopes = [\"repo\"]\nclient_id = \"cs\"\nclient_secret = { env = \"S\" }\n";
+
+    #[test]
+    fn a_delegation_names_a_known_issuer_and_one_client_credential() {
+        let c = with(OK).unwrap();
+        let d = c.servers["gh"].delegation.as_ref().unwrap();
+        assert_eq!(d.fallback, Fallback::None, "refusing is the default");
+        assert_eq!(d.refresh_before, Duration::from_secs(60));
+        let e = error(&OK.replace("\"okta\"", "\"auth0\""));
+        assert!(
+            e.contains("issuer `auth0` is not an [[auth.issuers]] name (known: okta)"),
+            "{e}"
+        );
+        let e = error(&format!("{OK}client_key = \"k.pem\"\n"));
+        assert!(e.contains("keep one"), "{e}");
+        let e = error(&OK.replace("client_secret = { env = \"S\" }\n", ""));
+        assert!(e.contains("needs `client_secret`"), "{e}");
+        let e = error(&format!(
+            "{OK}token_endpoint = \"http://idp.example/token\"\n"
+        ));
+        assert!(e.contains("must be https://"), "{e}");
+        let e = error(&OK.replace("[\"repo\"]", "[\"repo read\"]"));
+        assert!(e.contains("not an OAuth scope token"), "{e}");
+        let e = error(&format!("{OK}fallback = \"anyone\"\n"));
+        assert!(e.contains("fallback"), "{e}");
+    }
+
+    #[test]
+    fn a_stdio_server_cannot_delegate() {
+        let text = format!(
+            "{}\n[servers.local]\ncommand = \"x\"\n[servers.local.delegation]\n{OK}",
+            BASE
+        );
+        let e = Config::parse(&text, Path::new("t.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("HTTP servers (`url`) only"), "{e}");
+    }
+
+    #[test]
+    fn who_can_be_delegated() {
+        let c = with(OK).unwrap();
+        let d = c.servers["gh"].delegation.as_ref().unwrap();
+        let okta = SubjectToken {
+            issuer: "okta".into(),
+            token: "t".into(),
+            expires_ms: 0,
+        };
+        let other = SubjectToken {
+            issuer: "entra".into(),
+            ..okta.clone()
+        };
+        assert_eq!(mode(None, None), Ok(Mode::Service));
+        assert_eq!(mode(Some(d), Some(&okta)), Ok(Mode::Delegated));
+        assert_eq!(
+            mode(Some(d), Some(&other)),
+            Err(Unavailable {
+                issuer: "okta".into()
+            })
+        );
+        assert!(mode(Some(d), None).is_err(), "a static token");
+        let service = DelegationConfig {
+            fallback: Fallback::Service,
+            ..d.clone()
+        };
+        assert_eq!(mode(Some(&service), None), Ok(Mode::Fallback));
+    }
+}
