@@ -28,6 +28,7 @@ fn exchange_at(port: u16, audience: &str) -> countersign::upstream::delegation::
         scopes: vec!["repo".into()],
         actor_token: None,
         timeout: std::time::Duration::from_secs(5),
+        grant: Default::default(),
     }
 }
 

@@ -41,6 +41,10 @@ pub struct DelegationConfig {
     /// service credential (`headers`), as without delegation.
     #[serde(default)]
     pub fallback: Fallback,
+    /// Which grant trades the token: RFC 8693 token exchange (default), or
+    /// Microsoft Entra ID's on-behalf-of flow.
+    #[serde(default)]
+    pub grant: Grant,
     /// How long the provider may take to answer an exchange.
     #[serde(default = "default_timeout", deserialize_with = "duration")]
     pub timeout: Duration,
@@ -55,6 +59,18 @@ fn default_timeout() -> Duration {
 
 fn default_refresh_before() -> Duration {
     Duration::from_secs(60)
+}
+
+/// The grant a token is traded with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// RFC 8693 (`urn:ietf:params:oauth:grant-type:token-exchange`).
+    #[default]
+    TokenExchange,
+    /// The JWT bearer grant with `requested_token_use=on_behalf_of`
+    /// (Microsoft Entra ID); the resource is named by the scopes.
+    OnBehalfOf,
 }
 
 /// What a caller that cannot be delegated gets.

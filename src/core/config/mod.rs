@@ -6,7 +6,7 @@
 
 mod delegation;
 mod review;
-pub use delegation::{mode, DelegationConfig, Fallback, Mode, Unavailable};
+pub use delegation::{mode, DelegationConfig, Fallback, Grant, Mode, Unavailable};
 pub use review::{console_of, console_origin, ReviewConfig};
 
 use std::collections::BTreeMap;

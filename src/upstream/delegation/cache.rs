@@ -54,18 +54,15 @@ struct Entry {
 /// The cache.
 pub struct TokenCache {
     entries: Mutex<HashMap<CacheKey, Entry>>,
-    /// How long before its expiry a token is exchanged again.
-    margin_ms: i64,
     /// Most entries kept (expired ones go first, then the soonest to end).
     max: usize,
 }
 
 impl TokenCache {
-    /// Tokens used until `margin_ms` before their expiry, `max` at most.
-    pub fn new(margin_ms: i64, max: usize) -> TokenCache {
+    /// At most `max` tokens.
+    pub fn new(max: usize) -> TokenCache {
         TokenCache {
             entries: Mutex::new(HashMap::new()),
-            margin_ms,
             max: max.max(1),
         }
     }
@@ -84,14 +81,22 @@ impl TokenCache {
     }
 
     /// Keep `token` for `key`, exchanged for a caller token that expires at
-    /// `caller_exp_ms`. A token without a known expiry is not kept: it is
-    /// exchanged again for the next call.
-    pub fn put(&self, key: CacheKey, token: Exchanged, caller_exp_ms: Option<i64>, now_ms: i64) {
+    /// `caller_exp_ms`, until `margin_ms` before its own expiry. A token
+    /// without a known expiry is not kept: it is exchanged again for the
+    /// next call.
+    pub fn put(
+        &self,
+        key: CacheKey,
+        token: Exchanged,
+        caller_exp_ms: Option<i64>,
+        margin_ms: i64,
+        now_ms: i64,
+    ) {
         let Some(exp) = token.expires_at_ms else {
             return;
         };
         let until_ms = exp
-            .saturating_sub(self.margin_ms)
+            .saturating_sub(margin_ms)
             .min(caller_exp_ms.unwrap_or(i64::MAX));
         if until_ms <= now_ms {
             return;
@@ -150,8 +155,9 @@ mod tests {
 
     #[test]
     fn a_token_serves_its_own_subject_until_shortly_before_it_expires() {
-        let c = TokenCache::new(30_000, 100);
-        c.put(key("alice"), token("a", Some(100_000)), None, 0);
+        let c = TokenCache::new(100);
+        let m = 30_000;
+        c.put(key("alice"), token("a", Some(100_000)), None, m, 0);
         assert_eq!(c.get(&key("alice"), 69_999).unwrap().id, "a");
         assert!(
             c.get(&key("alice"), 70_000).is_none(),
@@ -159,7 +165,7 @@ mod tests {
         );
         assert!(c.get(&key("bob"), 0).is_none(), "never another principal's");
         // Another server or scope set is another entry.
-        c.put(key("alice"), token("a2", Some(100_000)), None, 0);
+        c.put(key("alice"), token("a2", Some(100_000)), None, m, 0);
         let other = CacheKey::new("okta", "alice", "countersign", "jira", &["repo".into()]);
         assert!(c.get(&other, 0).is_none());
         // Scope order does not matter.
@@ -175,25 +181,27 @@ mod tests {
 
     #[test]
     fn never_past_the_callers_own_token_and_never_without_an_expiry() {
-        let c = TokenCache::new(0, 100);
-        c.put(key("alice"), token("a", Some(100_000)), Some(50_000), 0);
+        let c = TokenCache::new(100);
+        let m = 0;
+        c.put(key("alice"), token("a", Some(100_000)), Some(50_000), m, 0);
         assert!(c.get(&key("alice"), 49_999).is_some());
         assert!(
             c.get(&key("alice"), 50_000).is_none(),
             "the caller's token expired"
         );
-        c.put(key("bob"), token("b", None), None, 0);
+        c.put(key("bob"), token("b", None), None, m, 0);
         assert!(c.get(&key("bob"), 0).is_none(), "no known expiry: not kept");
-        c.put(key("carol"), token("c", Some(100_000)), None, 0);
+        c.put(key("carol"), token("c", Some(100_000)), None, m, 0);
         c.forget("okta", "carol");
         assert!(c.get(&key("carol"), 0).is_none());
     }
 
     #[test]
     fn the_cache_stays_bounded() {
-        let c = TokenCache::new(0, 3);
+        let c = TokenCache::new(3);
+        let m = 0;
         for (i, who) in ["a", "b", "c", "d"].iter().enumerate() {
-            c.put(key(who), token(who, Some(1_000 + i as i64)), None, 0);
+            c.put(key(who), token(who, Some(1_000 + i as i64)), None, m, 0);
         }
         assert_eq!(c.len(), 3);
         assert!(

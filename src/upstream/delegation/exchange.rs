@@ -13,6 +13,10 @@ use sha2::Digest;
 const GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
 /// RFC 8693 section 3.
 const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+/// RFC 7523 section 2.1: the grant of Microsoft Entra ID's on-behalf-of.
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+
+pub use crate::core::config::Grant;
 
 /// How to exchange tokens for one upstream.
 #[derive(Clone)]
@@ -32,6 +36,8 @@ pub struct Exchange {
     pub actor_token: Option<String>,
     /// How long the provider may take.
     pub timeout: Duration,
+    /// RFC 8693, or Entra ID's on-behalf-of.
+    pub grant: Grant,
 }
 
 impl std::fmt::Debug for Exchange {
@@ -147,15 +153,26 @@ impl Exchange {
             f.append_pair("client_assertion_type", super::assertion::ASSERTION_TYPE);
             f.append_pair("client_assertion", &assertion);
         }
-        f.append_pair("grant_type", GRANT_TYPE);
-        f.append_pair("subject_token", subject_token);
-        f.append_pair("subject_token_type", ACCESS_TOKEN_TYPE);
-        f.append_pair("requested_token_type", ACCESS_TOKEN_TYPE);
-        f.append_pair("audience", &self.audience);
+        match self.grant {
+            Grant::TokenExchange => {
+                f.append_pair("grant_type", GRANT_TYPE);
+                f.append_pair("subject_token", subject_token);
+                f.append_pair("subject_token_type", ACCESS_TOKEN_TYPE);
+                f.append_pair("requested_token_type", ACCESS_TOKEN_TYPE);
+                f.append_pair("audience", &self.audience);
+            }
+            // Entra ID: the caller's token as the assertion; the scopes
+            // name the downstream API.
+            Grant::OnBehalfOf => {
+                f.append_pair("grant_type", JWT_BEARER);
+                f.append_pair("assertion", subject_token);
+                f.append_pair("requested_token_use", "on_behalf_of");
+            }
+        }
         if !self.scopes.is_empty() {
             f.append_pair("scope", &self.scopes.join(" "));
         }
-        if let Some(actor) = &self.actor_token {
+        if let (Some(actor), Grant::TokenExchange) = (&self.actor_token, self.grant) {
             f.append_pair("actor_token", actor);
             f.append_pair("actor_token_type", ACCESS_TOKEN_TYPE);
         }
@@ -291,7 +308,27 @@ mod tests {
             scopes: vec!["repo".into(), "read:org".into()],
             actor_token: None,
             timeout: Duration::from_secs(2),
+            grant: Grant::TokenExchange,
         }
+    }
+
+    #[test]
+    fn entra_on_behalf_of_sends_the_callers_token_as_the_assertion() {
+        let e = Exchange {
+            grant: Grant::OnBehalfOf,
+            scopes: vec!["api://mcp-graph/Files.Read".into()],
+            ..exchange("http://x/token")
+        };
+        let form: std::collections::HashMap<String, String> =
+            form_urlencoded::parse(e.form("caller-token", 0).unwrap().as_bytes())
+                .into_owned()
+                .collect();
+        assert_eq!(form["grant_type"], JWT_BEARER);
+        assert_eq!(form["assertion"], "caller-token");
+        assert_eq!(form["requested_token_use"], "on_behalf_of");
+        assert_eq!(form["scope"], "api://mcp-graph/Files.Read");
+        assert!(!form.contains_key("subject_token"));
+        assert!(!form.contains_key("audience"));
     }
 
     #[test]

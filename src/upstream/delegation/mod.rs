@@ -98,21 +98,9 @@ impl Delegator {
                 },
             );
         }
-        // The shortest refresh margin of any server: each entry is cut at
-        // its own token's expiry less this.
-        let margin = config
-            .servers
-            .values()
-            .filter_map(|s| s.delegation.as_ref())
-            .map(|d| d.refresh_before)
-            .min()
-            .unwrap_or_default();
         Delegator {
             servers,
-            cache: TokenCache::new(
-                i64::try_from(margin.as_millis()).unwrap_or(i64::MAX),
-                CACHE_MAX,
-            ),
+            cache: TokenCache::new(CACHE_MAX),
         }
     }
 
@@ -169,8 +157,9 @@ impl Delegator {
             .map_err(|e| DelegationError::Setup(e.clone()))?;
         let token = exchange.exchange(http, &subject.token, now_ms).await?;
         tracing::info!(server, principal = %identity.principal, token = %token.id, "exchanged the caller's token for the server");
+        let margin = i64::try_from(s.config.refresh_before.as_millis()).unwrap_or(i64::MAX);
         self.cache
-            .put(key, token.clone(), Some(subject.expires_ms), now_ms);
+            .put(key, token.clone(), Some(subject.expires_ms), margin, now_ms);
         Ok(token)
     }
 
@@ -247,6 +236,7 @@ impl Delegator {
             scopes: d.scopes.clone(),
             actor_token,
             timeout: d.timeout,
+            grant: d.grant,
         })
     }
 }
