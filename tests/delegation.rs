@@ -466,6 +466,27 @@ async fn two_people_reach_the_server_as_themselves_and_never_with_the_service_cr
         v(alice_entry)["delegated"]["token"],
         format!("jti:{}", record[0]["jti"].as_str().unwrap())
     );
+    // A 2026-07-28 client (no session) reaches it as the person too.
+    let body = json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{
+        "name": "whoami", "arguments": {},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let modern = answer(
+        modern_post_as(&w.gw.url("github"), &body, &bob_tok)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(text(&modern), "agent-bob", "{modern:?}");
+    let last = w.record().pop().unwrap();
+    assert_eq!(last["sub"], "agent-bob");
+    assert!(last["x_service_key"].is_null(), "{last}");
+    assert_eq!(
+        w.exchanges().len(),
+        2,
+        "bob's cached token, whatever the era"
+    );
 }
 
 #[tokio::test]
