@@ -1,4 +1,4 @@
-//! The short chaos runs (`examples/chaos.rs`): 500 keyed writes from 8
+//! The short chaos runs (`examples/chaos/main.rs`): 500 keyed writes from 8
 //! agents while the gateway is killed and restarted, its upstream is killed
 //! (the stdio children, or the example server over HTTP) and faults are
 //! injected, ten times in all; the at-most-once invariants checked from the
@@ -13,6 +13,10 @@ use std::process::Command;
 use serde_json::Value;
 
 fn chaos(extra: &[&str]) -> Value {
+    chaos_with(500, 10, "20261201", extra)
+}
+
+fn chaos_with(calls: usize, kills: usize, seed: &str, extra: &[&str]) -> Value {
     let chaos = common::example_server_bin().parent().unwrap().join("chaos");
     assert!(
         chaos.exists(),
@@ -21,16 +25,13 @@ fn chaos(extra: &[&str]) -> Value {
     );
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(&chaos)
+        .args(["--calls", &calls.to_string(), "--kills", &kills.to_string()])
         .args([
-            "--calls",
-            "500",
-            "--kills",
-            "10",
             "--agents",
             "8",
             "--json",
             "--seed",
-            "20261201",
+            seed,
             "--deadline-secs",
             "180",
         ])
@@ -47,8 +48,8 @@ fn chaos(extra: &[&str]) -> Value {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let summary: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
         .unwrap_or_else(|e| panic!("no summary ({e}):\n{stdout}\n{stderr}"));
-    assert_eq!(summary["definitive"], 500, "{summary}");
-    assert_eq!(summary["kills"], 10, "{summary}");
+    assert_eq!(summary["definitive"], calls, "{summary}");
+    assert_eq!(summary["kills"], kills, "{summary}");
     for broken in [
         "duplicates",
         "lost_acknowledged",
@@ -115,4 +116,50 @@ fn the_same_over_an_http_upstream_killed_and_dropping_sessions() {
 fn the_same_on_postgresql_with_two_gateways_and_database_restarts() {
     let summary = chaos(&["--postgres", "postgres://postgres@127.0.0.1:5432/test"]);
     assert_eq!(summary["store"], "postgres, two gateways", "{summary}");
+}
+
+/// Reviewers approve, deny, withdraw and let proposals expire while either
+/// of two gateways is killed and the database restarts. A fresh seed each
+/// run (`CHAOS_SEED` replays one); the summary names it.
+#[test]
+fn approvals_under_kills_on_postgresql_with_two_gateways() {
+    let seed = std::env::var("CHAOS_SEED").unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            .to_string()
+    });
+    eprintln!("approval chaos seed: {seed} (CHAOS_SEED={seed} replays it)");
+    let summary = chaos_with(
+        300,
+        6,
+        &seed,
+        &[
+            "--approvals",
+            "--postgres",
+            "postgres://postgres@127.0.0.1:5432/test",
+        ],
+    );
+    let a = &summary["approvals"];
+    for broken in [
+        "executed_without_quorum",
+        "consumed_without_execution_or_listed_unknown",
+        "approval_counted_for_two_executions",
+        "refused_but_ran",
+        "proposal_created_not_delivered",
+        "proposal_created_under_two_ids",
+        "audit_verify_failed",
+    ] {
+        assert_eq!(a[broken], serde_json::json!([]), "{broken}: {summary}");
+    }
+    // A third of the calls were held, and the reviewers did each thing.
+    assert_eq!(a["held_calls"], 100, "{summary}");
+    for fate in ["approve", "deny"] {
+        assert!(
+            a["fates"][fate].as_u64().unwrap_or(0) > 0,
+            "no {fate}: {summary}"
+        );
+    }
+    assert!(a["reviewer_approvals"].as_u64().unwrap() > 0, "{summary}");
 }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
-//!       [--server BIN] [--work DIR] [--http] [--modern] [--postgres URL] [--json]
+//!       [--server BIN] [--work DIR] [--http] [--modern] [--postgres URL]
+//!       [--approvals] [--json]
 //! ```
 //!
 //! Each agent sends `charge_card` calls, one explicit idempotency key per
@@ -28,6 +29,16 @@
 //! other when they get no definitive answer, the kills hit either gateway,
 //! and the database is restarted too (`pg_ctlcluster ... restart`).
 //!
+//! With `--approvals` the policies hold a third of the writes: a currency of
+//! `USD` takes one reviewer, `GBP` one of group `finance` and one of group
+//! `leads` (`@approvals_from`); `EUR` runs unattended. Three simulated
+//! reviewers sign through the control API of either gateway, each proposal's
+//! fate chosen by the seed: approved, denied, approved then withdrawn and
+//! approved again, or left to expire (`approvals.pending_ttl`, 8 s). A
+//! webhook receiver of the driver's own gets every notification. The agents
+//! send a held key again until it runs or is refused (`approval_denied`,
+//! `approval_expired`).
+//!
 //! Checked at the end, from the server's record (`executions.jsonl`) and
 //! the gateway's ledger:
 //! - no key executed twice;
@@ -35,7 +46,14 @@
 //! - no acknowledged answer that changed when the agent sent the key again:
 //!   its result, but for `_meta`, byte for byte (the server's numbers and
 //!   escapes as it wrote them);
-//! - every key answered `outcome_unknown` is listed by `reconcile --list`.
+//! - every key answered `outcome_unknown` is listed by `reconcile --list`;
+//! - with `--approvals`, from the store's proposals, every gateway's audit
+//!   log and the webhook receiver: no execution of a held call without a
+//!   consumed proposal whose approvals meet its quorum; every consumed
+//!   proposal's call ran once, or is an unknown outcome `reconcile --list`
+//!   lists; no denied or expired call ran; `audit verify --reviewers` passes
+//!   on every log; every proposal's `proposal_created` event reached the
+//!   receiver, under one event id.
 //!
 //! Everything runs on loopback, bounded in calls and time (10 minutes, or
 //! `--deadline-secs`).
@@ -50,6 +68,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+mod review;
 
 const TOKEN: &str = "chaos-agent-token";
 /// How long a run may take before it is called broken (`--deadline-secs`).
@@ -74,6 +94,9 @@ struct Opts {
     /// `--postgres URL`: two gateways on this database (a schema of the
     /// run's own), instead of one on redb.
     postgres: Option<String>,
+    /// `--approvals`: a third of the writes held, decided by simulated
+    /// reviewers.
+    approvals: bool,
 }
 
 fn opts() -> Result<Opts, String> {
@@ -96,6 +119,7 @@ fn opts() -> Result<Opts, String> {
         http: false,
         modern: false,
         postgres: None,
+        approvals: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -118,9 +142,10 @@ fn opts() -> Result<Opts, String> {
                 Ordering::SeqCst,
             ),
             "--postgres" => o.postgres = Some(value()?),
+            "--approvals" => o.approvals = true,
             other => {
                 return Err(format!(
-                    "unknown argument `{other}` (see the doc comment of examples/chaos.rs)"
+                    "unknown argument `{other}` (see the doc comment of examples/chaos/main.rs)"
                 ))
             }
         }
@@ -137,6 +162,40 @@ fn opts() -> Result<Opts, String> {
         }
     }
     Ok(o)
+}
+
+/// `--approvals`: `EUR` runs unattended, `USD` takes one reviewer, `GBP`
+/// one of `finance` and one of `leads`; every other action is allowed.
+const APPROVAL_POLICIES: &str = r#"@id("eur-unattended")
+permit (principal, action == Action::"call", resource)
+when { context.arguments has currency && context.arguments.currency == "EUR" };
+
+@id("usd-one-reviewer")
+permit (principal, action == Action::"call", resource)
+when { context.approved && context.arguments has currency && context.arguments.currency == "USD" };
+
+@id("gbp-finance-and-leads")
+@approvals_from("finance, leads")
+permit (principal, action == Action::"call", resource)
+when { context.approved && context.arguments has currency && context.arguments.currency == "GBP" };
+
+@id("everything-else")
+permit (principal, action, resource)
+unless { action == Action::"call" };
+"#;
+
+/// `--approvals`: the reviewers besides `chaos-reviewer` (no group), and
+/// their groups.
+const REVIEWERS: [(&str, &str); 2] = [("chaos-finance", "finance"), ("chaos-lead", "leads")];
+
+/// The currency of call `k` with `--approvals`: every third is held, half
+/// of those for two reviewers.
+fn currency_of(k: usize, approvals: bool) -> &'static str {
+    match (approvals, k % 3, (k / 3) % 2) {
+        (true, 0, 0) => "USD",
+        (true, 0, _) => "GBP",
+        _ => "EUR",
+    }
 }
 
 /// A small deterministic generator (xorshift64*), so a run can be repeated
@@ -174,12 +233,16 @@ struct Setup {
 }
 
 impl Setup {
-    fn write(dir: &Path, o: &Opts) -> std::io::Result<Setup> {
+    fn write(dir: &Path, o: &Opts, hook: Option<&str>) -> std::io::Result<Setup> {
         let policies = dir.join("policies");
         std::fs::create_dir_all(&policies)?;
         std::fs::write(
             policies.join("all.cedar"),
-            "@id(\"allow-all\")\npermit (principal, action, resource);\n",
+            if o.approvals {
+                APPROVAL_POLICIES
+            } else {
+                "@id(\"allow-all\")\npermit (principal, action, resource);\n"
+            },
         )?;
         // A reviewer, to list unknown outcomes through a running gateway
         // (a PostgreSQL ledger is not read offline).
@@ -192,7 +255,26 @@ impl Setup {
             if !out.status.success() {
                 return Err(std::io::Error::other("keygen failed"));
             }
-            std::fs::write(policies.join("reviewers.toml"), &out.stdout)?;
+            let mut reviewers = String::from_utf8_lossy(&out.stdout).into_owned();
+            if o.approvals {
+                // Two more reviewers, one per group a `GBP` call needs.
+                for (name, group) in REVIEWERS {
+                    let key = dir.join(format!("{name}.key"));
+                    let out = Command::new(&o.countersign)
+                        .args(["keygen", "--name", name, "--out"])
+                        .arg(&key)
+                        .output()?;
+                    if !out.status.success() {
+                        return Err(std::io::Error::other("keygen failed"));
+                    }
+                    reviewers.push('\n');
+                    reviewers.push_str(
+                        &String::from_utf8_lossy(&out.stdout)
+                            .replace("groups = []", &format!("groups = [\"{group}\"]")),
+                    );
+                }
+            }
+            std::fs::write(policies.join("reviewers.toml"), reviewers)?;
         }
         let record = dir.join("executions.jsonl");
         let faults = dir.join("faults.json");
@@ -249,6 +331,17 @@ impl Setup {
             }
         };
         let gateways = if o.postgres.is_some() { 2 } else { 1 };
+        let approvals = if o.approvals {
+            "[approvals]\nhold = \"0s\"\npending_ttl = \"8s\"\n\n"
+        } else {
+            "[approvals]\nhold = \"0s\"\n\n"
+        };
+        let notify = match hook {
+            Some(url) => format!(
+                "[[notify.webhooks]]\nname = \"chaos\"\nurl = \"{url}\"\nsecret = \"chaos-webhook-secret\"\n\n"
+            ),
+            None => String::new(),
+        };
         let mut configs = Vec::new();
         let mut urls = Vec::new();
         for g in 0..gateways {
@@ -258,8 +351,8 @@ impl Setup {
             let config = format!(
                 "[gateway]\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {}\npolicies = {}\nshutdown_grace = \"300ms\"\n\n\
                  [[identities]]\ntoken_sha256 = \"{sha}\"\nprincipal = \"chaos\"\ntenant = \"chaos\"\n\n\
-                 [approvals]\nhold = \"0s\"\n\n[retry]\nmax_attempts = 1\n\n[circuit]\nfailure_threshold = 1000\n\n\
-                 {store}[servers.payments]\n{server_table}call_timeout = \"2s\"\n",
+                 {approvals}[retry]\nmax_attempts = 1\n\n[circuit]\nfailure_threshold = 1000\n\n\
+                 {notify}{store}[servers.payments]\n{server_table}call_timeout = \"2s\"\n",
                 q(&dir.join(format!("data-{g}"))),
                 q(&policies),
             );
@@ -346,6 +439,11 @@ struct Seen {
     unknown: HashSet<String>,
     /// Acknowledged answers that changed on a later send.
     changed: Vec<String>,
+    /// Keys refused by their review (`approval_denied`,
+    /// `approval_expired`), with the code.
+    refused: HashMap<String, String>,
+    /// Sends answered `approval_pending`.
+    pending_answers: usize,
     /// Sends in all (retries included).
     sends: usize,
 }
@@ -365,6 +463,10 @@ enum Sent {
     /// A result: (is an error, the result's members but `_meta`, each as
     /// the gateway sent its bytes).
     Answer(bool, String),
+    /// Held for a review: send again later.
+    Pending,
+    /// Its review refused it (the code): nothing runs, ever.
+    Refused(String),
     /// No definitive answer: send again.
     Retry,
 }
@@ -482,6 +584,11 @@ impl Agent {
             })
             .unwrap_or_default();
         let is_error = result["isError"] == true;
+        match code.as_str() {
+            "approval_pending" => return Sent::Pending,
+            "approval_denied" | "approval_expired" => return Sent::Refused(code),
+            _ => {}
+        }
         if is_error && code != "outcome_unknown" {
             // upstream_unavailable and the like: nothing ran; send again.
             return Sent::Retry;
@@ -502,6 +609,7 @@ async fn agent(
     keys: Vec<usize>,
     urls: Vec<String>,
     modern: bool,
+    approvals: bool,
     seen: Arc<Mutex<Seen>>,
     done: Arc<AtomicUsize>,
 ) {
@@ -516,8 +624,7 @@ async fn agent(
     let started = Instant::now();
     for k in keys {
         let key = format!("chaos-{k}");
-        let args =
-            json!({"account": format!("acct-{n}"), "amount": amount_of(k), "currency": "EUR"});
+        let args = json!({"account": format!("acct-{n}"), "amount": amount_of(k), "currency": currency_of(k, approvals)});
         let mut acked: Option<String> = None;
         loop {
             if started.elapsed() > deadline() {
@@ -526,6 +633,22 @@ async fn agent(
             let sent = a.send(&key, &args).await;
             seen.lock().map(|mut s| s.sends += 1).ok();
             match sent {
+                Sent::Pending => {
+                    seen.lock().map(|mut s| s.pending_answers += 1).ok();
+                    // Another gateway may answer next: the review is the
+                    // store's, shared.
+                    if a.urls.len() > 1 {
+                        a.current = (a.current + 1) % a.urls.len();
+                        a.session = None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                Sent::Refused(code) => {
+                    seen.lock()
+                        .map(|mut s| s.refused.insert(key.clone(), code))
+                        .ok();
+                    break;
+                }
                 Sent::Retry => {
                     if a.urls.len() > 1 {
                         a.current = (a.current + 1) % a.urls.len();
@@ -633,7 +756,13 @@ async fn run() -> Result<bool, String> {
         None => std::env::temp_dir().join(format!("countersign-chaos-{}", o.seed)),
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let setup = Setup::write(&dir, &o).map_err(|e| e.to_string())?;
+    // With `--approvals`, every notification goes to a receiver of ours.
+    let hook = Arc::new(review::Hook::default());
+    let hook_url = match o.approvals {
+        true => Some(review::receiver(hook.clone()).await?),
+        false => None,
+    };
+    let setup = Setup::write(&dir, &o, hook_url.as_deref()).map_err(|e| e.to_string())?;
     // Reaped however the run ends (an early error included): an orphan
     // example server would outlive the run and its folder.
     let mut upstream = Reaper(setup.start_upstream()?);
@@ -643,6 +772,22 @@ async fn run() -> Result<bool, String> {
     }
     let seen = Arc::new(Mutex::new(Seen::default()));
     let done = Arc::new(AtomicUsize::new(0));
+    let bases: Vec<String> = setup
+        .urls
+        .iter()
+        .map(|u| u.trim_end_matches("/mcp/payments").to_owned())
+        .collect();
+    let decisions = Arc::new(Mutex::new(review::Decisions::default()));
+    let stop_reviewers = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reviewers = o.approvals.then(|| {
+        tokio::spawn(review::reviewers(
+            setup.dir.clone(),
+            bases.clone(),
+            o.seed,
+            stop_reviewers.clone(),
+            decisions.clone(),
+        ))
+    });
     let mut tasks = Vec::new();
     for n in 0..o.agents {
         let keys: Vec<usize> = (0..o.calls).filter(|k| k % o.agents == n).collect();
@@ -651,6 +796,7 @@ async fn run() -> Result<bool, String> {
             keys,
             setup.urls.clone(),
             o.modern,
+            o.approvals,
             seen.clone(),
             done.clone(),
         )));
@@ -746,7 +892,21 @@ async fn run() -> Result<bool, String> {
         revive(&setup, &mut upstream.0)?;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    stop_reviewers.store(true, Ordering::SeqCst);
+    if let Some(r) = reviewers {
+        r.await.map_err(|e| e.to_string())??;
+    }
     let finished = done.load(Ordering::SeqCst);
+    // Every proposal, from the store, while gateway 0 runs.
+    let proposals = match o.approvals {
+        true => review::all_proposals(&setup.dir, &bases[0]).await?,
+        false => Vec::new(),
+    };
+    // Notifications go out at least once, after their commit: give the
+    // queue (retried with backoff after a kill) up to 30 s to drain.
+    if o.approvals {
+        review::await_delivery(&proposals, &hook, Duration::from_secs(30)).await;
+    }
     let base0 = setup.urls[0].trim_end_matches("/mcp/payments").to_owned();
     let list_pg = || -> Result<std::process::Output, String> {
         Command::new(&setup.countersign)
@@ -833,11 +993,49 @@ async fn run() -> Result<bool, String> {
         .cloned()
         .collect();
     let unknown_executed = seen.unknown.iter().filter(|key| ran(key)).count();
+    // The call a key stands for (its arguments are its own).
+    let call_of_key = |key: &str| -> Option<review::CallId> {
+        let k: usize = key.trim_start_matches("chaos-").parse().ok()?;
+        Some((format!("acct-{}", k % o.agents), amount_of(k).to_bits()))
+    };
+    let approvals = o.approvals.then(|| {
+        let held: HashSet<review::CallId> = (0..o.calls)
+            .filter(|k| currency_of(*k, true) != "EUR")
+            .map(|k| (format!("acct-{}", k % o.agents), amount_of(k).to_bits()))
+            .collect();
+        let listed: HashSet<review::CallId> =
+            listed_keys.iter().filter_map(|k| call_of_key(k)).collect();
+        let refused: HashSet<review::CallId> =
+            seen.refused.keys().filter_map(|k| call_of_key(k)).collect();
+        let dirs: Vec<PathBuf> = (0..setup.urls.len())
+            .map(|g| setup.dir.join(format!("data-{g}")).join("audit"))
+            .collect();
+        let verified = review::verify_logs(
+            &setup.countersign,
+            &dirs,
+            &setup.dir.join("policies").join("reviewers.toml"),
+        );
+        let decisions = decisions
+            .lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default();
+        review::check(&review::Evidence {
+            proposals: &proposals,
+            executions: &per_call,
+            held_calls: &held,
+            unknown_listed: &listed,
+            refused: &refused,
+            hook: &hook,
+            verified: &verified,
+            decisions: &decisions,
+        })
+    });
     let ok = finished == o.calls
         && duplicates.is_empty()
         && lost_acks.is_empty()
         && seen.changed.is_empty()
-        && unlisted.is_empty();
+        && unlisted.is_empty()
+        && approvals.as_ref().is_none_or(|a| a.ok);
     let summary = json!({
         "ok": ok,
         "seed": o.seed,
@@ -859,6 +1057,9 @@ async fn run() -> Result<bool, String> {
         "work": setup.dir.display().to_string(),
         "store": if o.postgres.is_some() { "postgres, two gateways" } else { "redb" },
         "era": if o.modern { "2026-07-28" } else { "handshake" },
+        "refused_by_review": seen.refused.len(),
+        "approval_pending_answers": seen.pending_answers,
+        "approvals": approvals.map(|a| a.summary),
     });
     if o.json {
         println!("{summary}");
@@ -880,6 +1081,9 @@ async fn run() -> Result<bool, String> {
             unlisted.len(),
             if ok { "ok" } else { "BROKEN" }
         );
+        if o.approvals {
+            println!("approvals: {}", summary["approvals"]);
+        }
     }
     Ok(ok)
 }
