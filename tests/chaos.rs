@@ -162,4 +162,8 @@ fn approvals_under_kills_on_postgresql_with_two_gateways() {
         );
     }
     assert!(a["reviewer_approvals"].as_u64().unwrap() > 0, "{summary}");
+    assert!(
+        a["passkey_decisions_in_the_console"].as_u64().unwrap() > 0,
+        "no decision went through the review console: {summary}"
+    );
 }

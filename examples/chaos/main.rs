@@ -6,7 +6,8 @@
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
 //!       [--server BIN] [--work DIR] [--http] [--modern] [--postgres URL]
-//!       [--approvals] [--json]
+//!       [--approvals] [--rate CALLS_PER_SEC] [--samples FILE] [--sample-secs 60]
+//!       [--json]
 //! ```
 //!
 //! Each agent sends `charge_card` calls, one explicit idempotency key per
@@ -55,6 +56,13 @@
 //!   on every log; every proposal's `proposal_created` event reached the
 //!   receiver, under one event id.
 //!
+//! A soak is a run with `--kills 0`, a steady `--rate` and `--samples FILE`:
+//! every `--sample-secs` each gateway's resident memory, open descriptors,
+//! threads, runtime tasks (`countersign_runtime_tasks`), store size,
+//! queued notifications and pending proposals are appended to FILE (CSV);
+//! traces go to the driver's own collector. `benches/soak.sh` runs it and
+//! plots the file.
+//!
 //! Everything runs on loopback, bounded in calls and time (10 minutes, or
 //! `--deadline-secs`).
 //! Prints a summary (one JSON object with `--json`) and exits 1 when an
@@ -69,9 +77,22 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+mod passkey;
 mod review;
+mod sample;
 
 const TOKEN: &str = "chaos-agent-token";
+/// The sampler's `/metrics` token (a soak).
+const METRICS_TOKEN: &str = "chaos-metrics-token";
+
+fn sha_of(text: &str) -> String {
+    use std::fmt::Write;
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes());
+    digest.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
 /// How long a run may take before it is called broken (`--deadline-secs`).
 static DEADLINE_SECS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(600);
 
@@ -97,6 +118,13 @@ struct Opts {
     /// `--approvals`: a third of the writes held, decided by simulated
     /// reviewers.
     approvals: bool,
+    /// `--rate`: calls started per second, all agents together (0: as fast
+    /// as they go).
+    rate: f64,
+    /// `--samples FILE`: the soak's samples (CSV).
+    samples: Option<PathBuf>,
+    /// `--sample-secs`.
+    sample_secs: u64,
 }
 
 fn opts() -> Result<Opts, String> {
@@ -120,6 +148,9 @@ fn opts() -> Result<Opts, String> {
         modern: false,
         postgres: None,
         approvals: false,
+        rate: 0.0,
+        samples: None,
+        sample_secs: 60,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -143,6 +174,13 @@ fn opts() -> Result<Opts, String> {
             ),
             "--postgres" => o.postgres = Some(value()?),
             "--approvals" => o.approvals = true,
+            "--rate" => o.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
+            "--samples" => o.samples = Some(value()?.into()),
+            "--sample-secs" => {
+                o.sample_secs = value()?
+                    .parse()
+                    .map_err(|e| format!("--sample-secs: {e}"))?
+            }
             other => {
                 return Err(format!(
                     "unknown argument `{other}` (see the doc comment of examples/chaos/main.rs)"
@@ -233,7 +271,12 @@ struct Setup {
 }
 
 impl Setup {
-    fn write(dir: &Path, o: &Opts, hook: Option<&str>) -> std::io::Result<Setup> {
+    fn write(
+        dir: &Path,
+        o: &Opts,
+        hook: Option<&str>,
+        console: Option<&str>,
+    ) -> std::io::Result<Setup> {
         let policies = dir.join("policies");
         std::fs::create_dir_all(&policies)?;
         std::fs::write(
@@ -274,19 +317,16 @@ impl Setup {
                     );
                 }
             }
+            if let Some(entry) = console {
+                reviewers.push('\n');
+                reviewers.push_str(entry);
+            }
             std::fs::write(policies.join("reviewers.toml"), reviewers)?;
         }
         let record = dir.join("executions.jsonl");
         let faults = dir.join("faults.json");
         std::fs::write(&faults, "{}")?;
-        let sha = {
-            use std::fmt::Write;
-            let digest = <sha2::Sha256 as sha2::Digest>::digest(TOKEN.as_bytes());
-            digest.iter().fold(String::new(), |mut s, b| {
-                let _ = write!(s, "{b:02x}");
-                s
-            })
-        };
+        let sha = sha_of(TOKEN);
         let q = |p: &Path| format!("{:?}", p.display().to_string());
         let upstream = if o.http {
             Some(format!(
@@ -332,16 +372,26 @@ impl Setup {
         };
         let gateways = if o.postgres.is_some() { 2 } else { 1 };
         let approvals = if o.approvals {
-            "[approvals]\nhold = \"0s\"\npending_ttl = \"8s\"\n\n"
+            "[approvals]\nhold = \"0s\"\npending_ttl = \"8s\"\n\n[review]\nenabled = true\n\n"
         } else {
             "[approvals]\nhold = \"0s\"\n\n"
         };
-        let notify = match hook {
+        let mut notify = match hook {
             Some(url) => format!(
                 "[[notify.webhooks]]\nname = \"chaos\"\nurl = \"{url}\"\nsecret = \"chaos-webhook-secret\"\n\n"
             ),
             None => String::new(),
         };
+        if let (Some(url), Some(_)) = (hook, &o.samples) {
+            // A soak: metrics for the sampler, traces to the driver's own
+            // collector, and answers kept ten minutes (the ledger reaches
+            // its steady size within the hour).
+            let collector = url.trim_end_matches("/hook");
+            notify.push_str(&format!(
+                "[metrics]\ntoken_sha256 = \"{}\"\n\n[telemetry]\nendpoint = \"{collector}\"\n\n[idempotency]\nretention = \"10m\"\n\n",
+                sha_of(METRICS_TOKEN)
+            ));
+        }
         let mut configs = Vec::new();
         let mut urls = Vec::new();
         for g in 0..gateways {
@@ -604,15 +654,30 @@ fn amount_of(k: usize) -> f64 {
     1944.41 + k as f64 * 0.37
 }
 
+/// How every agent behaves.
+#[derive(Clone, Copy)]
+struct Style {
+    /// 2026-07-28 rather than the handshake era.
+    modern: bool,
+    /// A third of the calls held (`--approvals`).
+    approvals: bool,
+    /// One call per this long, per agent (`--rate`).
+    pace: Option<Duration>,
+}
+
 async fn agent(
     n: usize,
     keys: Vec<usize>,
     urls: Vec<String>,
-    modern: bool,
-    approvals: bool,
+    style: Style,
     seen: Arc<Mutex<Seen>>,
     done: Arc<AtomicUsize>,
 ) {
+    let Style {
+        modern,
+        approvals,
+        pace,
+    } = style;
     let current = n % urls.len();
     let mut a = Agent {
         http: reqwest::Client::new(),
@@ -622,7 +687,13 @@ async fn agent(
         modern,
     };
     let started = Instant::now();
-    for k in keys {
+    for (i, k) in keys.into_iter().enumerate() {
+        // A steady rate: call i of this agent starts no sooner than i
+        // intervals after the first.
+        if let Some(p) = pace {
+            let at = started + p.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+            tokio::time::sleep_until(at.into()).await;
+        }
         let key = format!("chaos-{k}");
         let args = json!({"account": format!("acct-{n}"), "amount": amount_of(k), "currency": currency_of(k, approvals)});
         let mut acked: Option<String> = None;
@@ -758,11 +829,20 @@ async fn run() -> Result<bool, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     // With `--approvals`, every notification goes to a receiver of ours.
     let hook = Arc::new(review::Hook::default());
-    let hook_url = match o.approvals {
+    let hook_url = match o.approvals || o.samples.is_some() {
         true => Some(review::receiver(hook.clone()).await?),
         false => None,
     };
-    let setup = Setup::write(&dir, &o, hook_url.as_deref()).map_err(|e| e.to_string())?;
+    // A reviewer with a passkey, for the review console.
+    let passkey = Arc::new(passkey::SoftKey::new()?);
+    let entry = passkey.entry("chaos-console", "leads");
+    let setup = Setup::write(
+        &dir,
+        &o,
+        hook_url.as_deref(),
+        o.approvals.then_some(entry.as_str()),
+    )
+    .map_err(|e| e.to_string())?;
     // Reaped however the run ends (an early error included): an orphan
     // example server would outlive the run and its folder.
     let mut upstream = Reaper(setup.start_upstream()?);
@@ -772,6 +852,31 @@ async fn run() -> Result<bool, String> {
     }
     let seen = Arc::new(Mutex::new(Seen::default()));
     let done = Arc::new(AtomicUsize::new(0));
+    let stop_sampler = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = o.samples.clone().map(|file| {
+        let targets = gateways
+            .iter()
+            .enumerate()
+            .map(|(g, c)| sample::Target {
+                pid: c.id(),
+                base: setup.urls[g].trim_end_matches("/mcp/payments").to_owned(),
+                data: setup.dir.join(format!("data-{g}")),
+            })
+            .collect();
+        let postgres = o
+            .postgres
+            .clone()
+            .map(|url| (url, format!("chaos_{}", o.seed % 1_000_000_007)));
+        tokio::spawn(sample::sampler(
+            file,
+            Duration::from_secs(o.sample_secs.max(1)),
+            targets,
+            postgres,
+            METRICS_TOKEN,
+            done.clone(),
+            stop_sampler.clone(),
+        ))
+    });
     let bases: Vec<String> = setup
         .urls
         .iter()
@@ -784,6 +889,7 @@ async fn run() -> Result<bool, String> {
             setup.dir.clone(),
             bases.clone(),
             o.seed,
+            passkey.clone(),
             stop_reviewers.clone(),
             decisions.clone(),
         ))
@@ -795,8 +901,11 @@ async fn run() -> Result<bool, String> {
             n,
             keys,
             setup.urls.clone(),
-            o.modern,
-            o.approvals,
+            Style {
+                modern: o.modern,
+                approvals: o.approvals,
+                pace: (o.rate > 0.0).then(|| Duration::from_secs_f64(o.agents as f64 / o.rate)),
+            },
             seen.clone(),
             done.clone(),
         )));
@@ -893,6 +1002,10 @@ async fn run() -> Result<bool, String> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop_reviewers.store(true, Ordering::SeqCst);
+    stop_sampler.store(true, Ordering::SeqCst);
+    if let Some(s) = sampler {
+        s.await.map_err(|e| e.to_string())??;
+    }
     if let Some(r) = reviewers {
         r.await.map_err(|e| e.to_string())??;
     }

@@ -63,6 +63,10 @@ pub struct Decisions {
     /// Decisions that failed (a gateway down, a proposal already decided):
     /// tried again on the next round.
     pub failed: usize,
+    /// Decisions signed with the passkey in the review console.
+    pub passkey_decisions: usize,
+    /// The last refusal the console gave the passkey, if any.
+    pub last_passkey_error: Option<String>,
     /// Proposal ids whose approval was withdrawn (the dance's first step is
     /// done).
     withdrawn: HashSet<String>,
@@ -77,9 +81,16 @@ pub async fn reviewers(
     dir: std::path::PathBuf,
     bases: Vec<String>,
     seed: u64,
+    passkey: Arc<crate::passkey::SoftKey>,
     stop: Arc<AtomicBool>,
     decisions: Arc<Mutex<Decisions>>,
 ) -> Result<(), String> {
+    // `chaos-console` (leads) decides in each gateway's review console with
+    // its passkey: half of the proposals' `leads` decisions go that way.
+    let consoles: Vec<crate::passkey::Console> = bases
+        .iter()
+        .map(|b| crate::passkey::Console::new(b))
+        .collect();
     let key =
         |name: &str| load_key(&dir.join(format!("{name}.key"))).map_err(|e| format!("{name}: {e}"));
     let (lead, finance) = (key("chaos-lead")?, key("chaos-finance")?);
@@ -87,6 +98,7 @@ pub async fn reviewers(
     while !stop.load(Ordering::SeqCst) {
         round += 1;
         let base = &bases[round % bases.len()];
+        let console = &consoles[round % bases.len()];
         let (Ok(lead), Ok(finance)) = (Client::new(base, &lead), Client::new(base, &finance))
         else {
             return Err("no reviewer client".into());
@@ -113,9 +125,19 @@ pub async fn reviewers(
                     .as_array()
                     .is_some_and(|a| a.iter().any(|g| g["statement"]["reviewer"] == name))
             };
+            // The `leads` decision of this proposal: the CLI's key, or the
+            // console's passkey.
+            let by_console = id.ends_with(['1', '3', '5', '7', '9', 'b', 'd', 'f']);
+            let leader = if by_console {
+                "chaos-console"
+            } else {
+                "chaos-lead"
+            };
             let mut steps: Vec<(&Client, Step)> = Vec::new();
+            let mut passkey_steps: Vec<&str> = Vec::new();
             match fate {
                 Fate::Expire => {}
+                Fate::Deny if p["state"] == "pending" && by_console => passkey_steps.push("deny"),
                 Fate::Deny if p["state"] == "pending" => steps.push((&lead, Step::Deny)),
                 Fate::Deny => {}
                 Fate::Withdraw => {
@@ -143,15 +165,35 @@ pub async fn reviewers(
                 }
                 Fate::Approve => {
                     // The two approvals in either order, as the seed says.
-                    let mut both = vec![(&lead, "chaos-lead")];
+                    let mut both = vec![(&lead, leader)];
                     if two {
                         both.push((&finance, "chaos-finance"));
                         if id.ends_with(['0', '2', '4', '6', '8', 'a', 'c', 'e']) {
                             both.reverse();
                         }
                     }
-                    if let Some((c, _)) = both.into_iter().find(|(_, n)| !by(n)) {
-                        steps.push((c, Step::Approve));
+                    match both.into_iter().find(|(_, n)| !by(n)) {
+                        Some((_, "chaos-console")) => passkey_steps.push("approve"),
+                        Some((c, _)) => steps.push((c, Step::Approve)),
+                        None => {}
+                    }
+                }
+            }
+            for decision in passkey_steps {
+                let done = console.decide(&passkey, id, decision).await;
+                let mut d = decisions.lock().map_err(|_| "poisoned")?;
+                match (done, decision) {
+                    (Ok(()), "approve") => {
+                        d.approvals += 1;
+                        d.passkey_decisions += 1;
+                    }
+                    (Ok(()), _) => {
+                        d.denials += 1;
+                        d.passkey_decisions += 1;
+                    }
+                    (Err(e), _) => {
+                        d.failed += 1;
+                        d.last_passkey_error = Some(e);
                     }
                 }
             }
@@ -206,24 +248,27 @@ pub struct Hook {
 /// Start the receiver on a free loopback port: its URL.
 pub async fn receiver(hook: Arc<Hook>) -> Result<String, String> {
     use axum::routing::post;
-    let app = axum::Router::new().route(
-        "/hook",
-        post(
-            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                let hook = hook.clone();
-                async move {
-                    let id = headers
-                        .get("x-countersign-event")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_owned();
-                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    hook.events.lock().map(|mut e| e.push((id, v))).ok();
-                    axum::http::StatusCode::OK
-                }
-            },
-        ),
-    );
+    // The traces of a soak come here too, and are dropped.
+    let app = axum::Router::new()
+        .route("/v1/traces", post(|| async { axum::http::StatusCode::OK }))
+        .route(
+            "/hook",
+            post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let hook = hook.clone();
+                    async move {
+                        let id = headers
+                            .get("x-countersign-event")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned();
+                        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        hook.events.lock().map(|mut e| e.push((id, v))).ok();
+                        axum::http::StatusCode::OK
+                    }
+                },
+            ),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
@@ -433,6 +478,8 @@ pub fn check(ev: &Evidence<'_>) -> Found {
             "reviewer_approvals": decisions.approvals,
             "reviewer_denials": decisions.denials,
             "reviewer_withdrawals": decisions.withdrawals,
+            "passkey_decisions_in_the_console": decisions.passkey_decisions,
+            "last_passkey_refusal": decisions.last_passkey_error,
             "reviewer_decisions_refused": decisions.failed,
             "webhook_events": kinds,
             "executed_without_quorum": without_quorum,

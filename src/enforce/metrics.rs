@@ -15,6 +15,7 @@
 //! | `countersign_notifications` | gauge (a count the store keeps) | `webhook`, `result` (`delivered`, `retried`, `gave_up`) |
 //! | `countersign_notifications_queued` | gauge | |
 //! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
+//! | `countersign_runtime_tasks` | gauge | |
 //! | `countersign_shadow_disagreements_total` | counter | `server`, `tool`, `from`, `to` (`allow`, `approval`, `deny`) |
 //! | `countersign_refusals_total` | counter | `what` (`tool_call_without_id`, `tool_call_lookalike`, `notification_method`, `malformed`, `origin`, `token`, `control`, `control_replay`, `rate_limited`, `body_timeout`, ...) |
 //!
@@ -64,6 +65,7 @@ pub struct Metrics {
     trace_spans: Family<OpLabels, Gauge>,
     refusals: Family<OpLabels, Counter>,
     shadow: Family<ShadowLabels, Counter>,
+    tasks: Gauge,
 }
 
 /// What the scrape reads at the time of the scrape.
@@ -175,7 +177,14 @@ impl Metrics {
             "Calls the shadow policy set would decide otherwise than the set in force, by server, tool and direction",
             shadow.clone(),
         );
+        let tasks = Gauge::default();
+        registry.register(
+            "runtime_tasks",
+            "Tasks alive in the gateway's async runtime (a leak shows as growth)",
+            tasks.clone(),
+        );
         Metrics {
+            tasks,
             shadow,
             refusals,
             registry,
@@ -250,6 +259,10 @@ impl Metrics {
             }
         }
         self.notifications_queued.set(now.notifications_queued);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            self.tasks
+                .set(i64::try_from(rt.metrics().num_alive_tasks()).unwrap_or(i64::MAX));
+        }
         for (hook, st) in &now.notifications {
             for (result, n) in [
                 ("delivered", st.delivered),

@@ -218,71 +218,80 @@ impl Exchange {
                     crate::upstream::error_chain(&e)
                 })
             })?;
-        let status = resp.status();
+        let status = resp.status().as_u16();
         let body = resp
             .bytes()
             .await
             .map_err(|e| ExchangeError::Unreachable(crate::upstream::error_chain(&e)))?;
-        if !status.is_success() {
-            return Err(match serde_json::from_slice::<ErrorResponse>(&body) {
-                Ok(e) => ExchangeError::Refused {
-                    error: e.error,
-                    description: e.error_description,
-                },
-                Err(_) => ExchangeError::Invalid(format!("HTTP {status} without an OAuth error")),
-            });
-        }
-        let t: TokenResponse = serde_json::from_slice(&body)
-            .map_err(|e| ExchangeError::Invalid(format!("not a token response: {e}")))?;
-        let Some(access_token) = t.access_token.filter(|t| !t.is_empty()) else {
-            return Err(ExchangeError::Invalid("no access_token".into()));
-        };
-        // The token must be usable as a bearer access token: another
-        // issued type (an ID token, a SAML assertion) is not sent upstream.
-        if t.token_type
-            .as_deref()
-            .is_some_and(|k| !k.eq_ignore_ascii_case("bearer"))
-        {
-            return Err(ExchangeError::Invalid(format!(
-                "token_type `{}`, not Bearer",
-                t.token_type.unwrap_or_default()
-            )));
-        }
-        if t.issued_token_type
-            .as_deref()
-            .is_some_and(|k| k != ACCESS_TOKEN_TYPE)
-        {
-            return Err(ExchangeError::Invalid(format!(
-                "issued_token_type `{}`, not an access token",
-                t.issued_token_type.unwrap_or_default()
-            )));
-        }
-        let claims = jwt_claims(&access_token);
-        let expires_at_ms = t
-            .expires_in
-            .map(|s| now_ms.saturating_add(s.saturating_mul(1000)))
-            .or_else(|| {
-                claims
-                    .as_ref()
-                    .and_then(|c| c.get("exp")?.as_i64())
-                    .map(|s| s.saturating_mul(1000))
-            });
-        let id = claims
-            .as_ref()
-            .and_then(|c| c.get("jti")?.as_str().map(|j| format!("jti:{j}")))
-            .unwrap_or_else(|| {
-                format!(
-                    "sha256:{}",
-                    hex::encode(sha2::Sha256::digest(access_token.as_bytes()))
-                )
-            });
-        Ok(Exchanged {
-            access_token,
-            expires_at_ms,
-            scope: t.scope,
-            id,
-        })
+        read_answer(status, &body, now_ms)
     }
+}
+
+/// The token endpoint's answer (`status`, `body`) to an exchange made at
+/// `now_ms`: the token, or the provider's refusal, or why the answer is not
+/// a token. The provider's text is attacker-reachable input (a provider
+/// that is not what it claims, a proxy on the path): nothing in it panics,
+/// and nothing but a Bearer access token is accepted.
+pub fn read_answer(status: u16, body: &[u8], now_ms: i64) -> Result<Exchanged, ExchangeError> {
+    if !(200..300).contains(&status) {
+        return Err(match serde_json::from_slice::<ErrorResponse>(body) {
+            Ok(e) => ExchangeError::Refused {
+                error: e.error,
+                description: e.error_description,
+            },
+            Err(_) => ExchangeError::Invalid(format!("HTTP {status} without an OAuth error")),
+        });
+    }
+    let t: TokenResponse = serde_json::from_slice(body)
+        .map_err(|e| ExchangeError::Invalid(format!("not a token response: {e}")))?;
+    let Some(access_token) = t.access_token.filter(|t| !t.is_empty()) else {
+        return Err(ExchangeError::Invalid("no access_token".into()));
+    };
+    // The token must be usable as a bearer access token: another
+    // issued type (an ID token, a SAML assertion) is not sent upstream.
+    if t.token_type
+        .as_deref()
+        .is_some_and(|k| !k.eq_ignore_ascii_case("bearer"))
+    {
+        return Err(ExchangeError::Invalid(format!(
+            "token_type `{}`, not Bearer",
+            t.token_type.unwrap_or_default()
+        )));
+    }
+    if t.issued_token_type
+        .as_deref()
+        .is_some_and(|k| k != ACCESS_TOKEN_TYPE)
+    {
+        return Err(ExchangeError::Invalid(format!(
+            "issued_token_type `{}`, not an access token",
+            t.issued_token_type.unwrap_or_default()
+        )));
+    }
+    let claims = jwt_claims(&access_token);
+    let expires_at_ms = t
+        .expires_in
+        .map(|s| now_ms.saturating_add(s.saturating_mul(1000)))
+        .or_else(|| {
+            claims
+                .as_ref()
+                .and_then(|c| c.get("exp")?.as_i64())
+                .map(|s| s.saturating_mul(1000))
+        });
+    let id = claims
+        .as_ref()
+        .and_then(|c| c.get("jti")?.as_str().map(|j| format!("jti:{j}")))
+        .unwrap_or_else(|| {
+            format!(
+                "sha256:{}",
+                hex::encode(sha2::Sha256::digest(access_token.as_bytes()))
+            )
+        });
+    Ok(Exchanged {
+        access_token,
+        expires_at_ms,
+        scope: t.scope,
+        id,
+    })
 }
 
 /// The claims of a JWT, read without checking it (the upstream checks it;
