@@ -16,7 +16,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MINUTES=${1:-60}
 RATE=${2:-5}
-REL=$ROOT/target/release
+REL=${SOAK_BIN_DIR:-$ROOT/target/release}
 OUT=${SOAK_OUT:-$ROOT/target/soak}
 mkdir -p "$OUT"
 CALLS=$(python3 -c "print(int($MINUTES * 60 * $RATE))")

@@ -272,7 +272,7 @@ pub(crate) struct Gateway {
     /// Tokens exchanged on callers' behalf (servers with delegation).
     delegator: crate::upstream::delegation::Delegator,
     /// The connections that carry them, one per (server, principal, tenant).
-    delegated: super::delegated::Delegated,
+    delegated: super::callers::Delegated,
 }
 
 impl Gateway {
@@ -342,7 +342,7 @@ impl Gateway {
     }
 
     /// The delegated connections.
-    pub(crate) fn delegated(&self) -> &super::delegated::Delegated {
+    pub(crate) fn delegated(&self) -> &super::callers::Delegated {
         &self.delegated
     }
 

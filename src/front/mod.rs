@@ -30,6 +30,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod bridge;
+pub(crate) mod callers;
 pub(crate) mod control;
 pub(crate) mod delegated;
 pub(crate) mod gateway;
