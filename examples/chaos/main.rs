@@ -705,13 +705,11 @@ async fn agent(
             seen.lock().map(|mut s| s.sends += 1).ok();
             match sent {
                 Sent::Pending => {
+                    // Asked again on the same session and gateway (a new
+                    // session per wait would pile sessions up to the
+                    // identity's limit); the review is the store's, and
+                    // either gateway's reviewers decide it.
                     seen.lock().map(|mut s| s.pending_answers += 1).ok();
-                    // Another gateway may answer next: the review is the
-                    // store's, shared.
-                    if a.urls.len() > 1 {
-                        a.current = (a.current + 1) % a.urls.len();
-                        a.session = None;
-                    }
                     tokio::time::sleep(Duration::from_millis(150)).await;
                 }
                 Sent::Refused(code) => {

@@ -104,6 +104,7 @@ impl Console {
             .post(format!("{}{path}", self.base))
             .header("origin", &self.origin)
             .header("content-type", "application/json")
+            .timeout(std::time::Duration::from_secs(20))
             .body(body.to_string());
         if let Some((cookie, csrf)) = self.session.lock().map_err(|_| "poisoned")?.clone() {
             r = r.header("cookie", cookie).header("x-csrf-token", csrf);

@@ -198,16 +198,27 @@ pub async fn reviewers(
                 }
             }
             for (client, step) in steps {
+                // A gateway that does not answer holds up no reviewer.
+                let within = Duration::from_secs(20);
                 let done = match step {
-                    Step::Approve => client
-                        .decide(id, Verdict::Approve, "chaos", Duration::from_secs(600))
+                    Step::Approve => tokio::time::timeout(
+                        within,
+                        client.decide(id, Verdict::Approve, "chaos", Duration::from_secs(600)),
+                    )
+                    .await
+                    .map_err(|_| anyhow::anyhow!("timed out"))
+                    .and_then(|r| r.map(|_| ())),
+                    Step::Deny => tokio::time::timeout(
+                        within,
+                        client.decide(id, Verdict::Deny, "chaos", Duration::from_secs(600)),
+                    )
+                    .await
+                    .map_err(|_| anyhow::anyhow!("timed out"))
+                    .and_then(|r| r.map(|_| ())),
+                    Step::Withdraw => tokio::time::timeout(within, client.withdraw(id))
                         .await
-                        .map(|_| ()),
-                    Step::Deny => client
-                        .decide(id, Verdict::Deny, "chaos", Duration::from_secs(600))
-                        .await
-                        .map(|_| ()),
-                    Step::Withdraw => client.withdraw(id).await.map(|_| ()),
+                        .map_err(|_| anyhow::anyhow!("timed out"))
+                        .and_then(|r| r.map(|_| ())),
                 };
                 let mut d = decisions.lock().map_err(|_| "poisoned")?;
                 match (done, step) {
@@ -220,6 +231,12 @@ pub async fn reviewers(
                     (Ok(()), Step::Deny) => d.denials += 1,
                     (Ok(()), Step::Withdraw) => {
                         d.withdrawals += 1;
+                        d.withdrawn.insert(id.to_owned());
+                    }
+                    // A withdrawal refused (the approval was already used,
+                    // or completed a quorum): the dance goes on without it.
+                    (Err(_), Step::Withdraw) => {
+                        d.failed += 1;
                         d.withdrawn.insert(id.to_owned());
                     }
                     (Err(_), _) => d.failed += 1,

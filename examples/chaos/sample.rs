@@ -114,7 +114,7 @@ fn pg_size(url: &str, schema: &str) -> u64 {
     let out = std::process::Command::new("psql")
         .args([url, "-tAc"])
         .arg(format!(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) / 1024 FROM pg_class c \
+            "SELECT (coalesce(sum(pg_total_relation_size(c.oid)), 0) / 1024)::bigint FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{schema}' AND c.relkind = 'r'"
         ))
         .output();
