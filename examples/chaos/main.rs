@@ -6,7 +6,8 @@
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
 //!       [--server BIN] [--work DIR] [--http] [--modern] [--postgres URL]
-//!       [--approvals] [--rate CALLS_PER_SEC] [--samples FILE] [--sample-secs 60]
+//!       [--pg-cluster main] [--approvals] [--rate CALLS_PER_SEC] [--samples FILE]
+//!       [--sample-secs 60]
 //!       [--json]
 //! ```
 //!
@@ -125,6 +126,8 @@ struct Opts {
     samples: Option<PathBuf>,
     /// `--sample-secs`.
     sample_secs: u64,
+    /// `--pg-cluster`: the local cluster `db_restart` restarts (`main`).
+    pg_cluster: String,
 }
 
 fn opts() -> Result<Opts, String> {
@@ -151,6 +154,7 @@ fn opts() -> Result<Opts, String> {
         rate: 0.0,
         samples: None,
         sample_secs: 60,
+        pg_cluster: "main".into(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -174,6 +178,7 @@ fn opts() -> Result<Opts, String> {
             ),
             "--postgres" => o.postgres = Some(value()?),
             "--approvals" => o.approvals = true,
+            "--pg-cluster" => o.pg_cluster = value()?,
             "--rate" => o.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
             "--samples" => o.samples = Some(value()?.into()),
             "--sample-secs" => {
@@ -954,7 +959,13 @@ async fn run() -> Result<bool, String> {
             }
             "db_restart" => {
                 let restarted = Command::new("sh")
-                    .args(["-c", "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart"])
+                    .args([
+                        "-c",
+                        &format!(
+                            "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) {} restart",
+                            o.pg_cluster
+                        ),
+                    ])
                     .status()
                     .map_err(|e| format!("cannot restart PostgreSQL: {e}"))?;
                 if !restarted.success() {

@@ -223,16 +223,22 @@ impl Exchange {
             .bytes()
             .await
             .map_err(|e| ExchangeError::Unreachable(crate::upstream::error_chain(&e)))?;
-        read_answer(status, &body, now_ms)
+        read_answer(status, &body, now_ms, &self.scopes)
     }
 }
 
 /// The token endpoint's answer (`status`, `body`) to an exchange made at
-/// `now_ms`: the token, or the provider's refusal, or why the answer is not
-/// a token. The provider's text is attacker-reachable input (a provider
-/// that is not what it claims, a proxy on the path): nothing in it panics,
-/// and nothing but a Bearer access token is accepted.
-pub fn read_answer(status: u16, body: &[u8], now_ms: i64) -> Result<Exchanged, ExchangeError> {
+/// `now_ms` for the scopes `requested`: the token, or the provider's
+/// refusal, or why the answer is not a token. The provider's text is
+/// attacker-reachable input (a provider that is not what it claims, a proxy
+/// on the path): nothing in it panics, and nothing but a Bearer access
+/// token is accepted.
+pub fn read_answer(
+    status: u16,
+    body: &[u8],
+    now_ms: i64,
+    requested: &[String],
+) -> Result<Exchanged, ExchangeError> {
     if !(200..300).contains(&status) {
         return Err(match serde_json::from_slice::<ErrorResponse>(body) {
             Ok(e) => ExchangeError::Refused {
@@ -289,7 +295,19 @@ pub fn read_answer(status: u16, body: &[u8], now_ms: i64) -> Result<Exchanged, E
     Ok(Exchanged {
         access_token,
         expires_at_ms,
-        scope: t.scope,
+        // Of the granted scopes, only those the gateway asked for are kept
+        // (and so recorded): the provider's own text never reaches the
+        // audit log, where it could carry anything, the token included
+        // (found by the `token_response` fuzz target).
+        scope: t.scope.map(|granted| {
+            let granted: Vec<&str> = granted.split_whitespace().collect();
+            requested
+                .iter()
+                .filter(|r| granted.contains(&r.as_str()))
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
         id,
     })
 }
@@ -410,6 +428,17 @@ mod tests {
             serde_json::json!({"token": "jti:j-1", "scope": "repo"})
         );
         assert!(!format!("{got:?}").contains(jwt), "no token in Debug");
+    }
+
+    #[test]
+    fn a_granted_scope_records_only_what_was_asked_never_the_providers_text() {
+        // The fuzz target's finding: a provider's `scope` that carries the
+        // token itself reached `Debug` and the audit evidence.
+        let body = br#"{"access_token": "LLLLLLLL", "expires_in": 300, "scope": "repo LLLLLLLL read:org admin"}"#;
+        let got = read_answer(200, body, 0, &["repo".into(), "read:org".into()]).unwrap();
+        assert_eq!(got.scope.as_deref(), Some("repo read:org"));
+        assert!(!format!("{got:?}").contains("LLLLLLLL"));
+        assert!(!got.evidence().to_string().contains("LLLLLLLL"));
     }
 
     #[tokio::test]
