@@ -409,9 +409,18 @@ pub fn check(ev: &Evidence<'_>) -> Found {
         }
     }
     // No held call ran without a consumed proposal that met its quorum.
+    // A call whose proposals the store no longer holds (final proposals
+    // are forgotten after `idempotency.retention`, ten minutes in a soak)
+    // cannot be judged from the store: counted apart, not passed.
+    let known: HashSet<CallId> = proposals.iter().map(|p| call_of(&p["arguments"])).collect();
     let mut without_quorum = Vec::new();
+    let mut past_retention = 0usize;
     for (call, n) in executions {
         if !held_calls.contains(call) || *n == 0 {
+            continue;
+        }
+        if !known.contains(call) {
+            past_retention += 1;
             continue;
         }
         let ok = consumed
@@ -500,6 +509,7 @@ pub fn check(ev: &Evidence<'_>) -> Found {
             "reviewer_decisions_refused": decisions.failed,
             "webhook_events": kinds,
             "executed_without_quorum": without_quorum,
+            "held_executions_whose_proposals_retention_removed": past_retention,
             "consumed_without_execution_or_listed_unknown": consumed_unaccounted,
             "approval_counted_for_two_executions": counted_twice,
             "refused_but_ran": refused_but_ran,
