@@ -725,8 +725,20 @@ async fn agent(
                 }
                 Sent::Retry => {
                     if a.urls.len() > 1 {
+                        // Leaving this gateway: end the session there, as a
+                        // good client does (else it stays, with its stdio
+                        // child, until `session_idle_timeout`).
+                        if let Some(sid) = a.session.take() {
+                            let _ = a
+                                .http
+                                .delete(&a.urls[a.current])
+                                .bearer_auth(TOKEN)
+                                .header("mcp-session-id", sid)
+                                .timeout(Duration::from_secs(2))
+                                .send()
+                                .await;
+                        }
                         a.current = (a.current + 1) % a.urls.len();
-                        a.session = None;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
