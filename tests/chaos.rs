@@ -12,6 +12,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// The runs on PostgreSQL restart the database: one at a time (the test
+/// harness runs a file's tests in parallel).
+static ONE_DATABASE_RUN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn chaos(extra: &[&str]) -> Value {
     chaos_with(500, 10, "20261201", extra)
 }
@@ -114,6 +118,7 @@ fn the_same_over_an_http_upstream_killed_and_dropping_sessions() {
 
 #[test]
 fn the_same_on_postgresql_with_two_gateways_and_database_restarts() {
+    let _one = ONE_DATABASE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     let summary = chaos(&["--postgres", "postgres://postgres@127.0.0.1:5432/test"]);
     assert_eq!(summary["store"], "postgres, two gateways", "{summary}");
 }
@@ -123,6 +128,7 @@ fn the_same_on_postgresql_with_two_gateways_and_database_restarts() {
 /// run (`CHAOS_SEED` replays one); the summary names it.
 #[test]
 fn approvals_under_kills_on_postgresql_with_two_gateways() {
+    let _one = ONE_DATABASE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     let seed = std::env::var("CHAOS_SEED").unwrap_or_else(|_| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -358,13 +358,23 @@ impl Setup {
                 // A schema of this run's own, made before the gateways
                 // start (they migrate it).
                 let schema = format!("chaos_{}", o.seed % 1_000_000_007);
-                let made = Command::new("psql")
-                    .args([base.as_str(), "-q", "-c"])
-                    .arg(format!(
-                        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
-                    ))
-                    .status()?;
-                if !made.success() {
+                // The database may be restarting (another run's action):
+                // asked again for up to 20 s.
+                let mut made = None;
+                for _ in 0..40 {
+                    let status = Command::new("psql")
+                        .args([base.as_str(), "-q", "-c"])
+                        .arg(format!(
+                            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+                        ))
+                        .status()?;
+                    if status.success() {
+                        made = Some(status);
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                if made.is_none() {
                     return Err(std::io::Error::other(format!(
                         "psql could not create schema {schema} in {base}"
                     )));
