@@ -95,29 +95,32 @@ pub async fn token(port: u16, resource: &str) -> String {
 
 /// The same from the provider at `issuer`, reached with `http`.
 pub async fn token_from(http: &reqwest::Client, issuer: &str, resource: &str) -> String {
-    let resp = http
-        .post(format!("{issuer}/token"))
-        .basic_auth("agent-svc", Some("agent-secret"))
-        .form(&[
-            ("grant_type", "client_credentials"),
-            ("scope", "pay:use"),
-            ("resource", resource),
-        ])
-        .send()
-        .await
-        .unwrap();
-    let body: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
-    body["access_token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no access token: {body}"))
-        .to_owned()
+    client_token(http, issuer, "agent-svc", "agent-secret", resource).await
 }
 
 /// An access token of client `client` (secret `secret`) for `resource`:
 /// each client is a person to the provider (its `sub`).
 pub async fn token_as(port: u16, client: &str, secret: &str, resource: &str) -> String {
-    let resp = reqwest::Client::new()
-        .post(format!("{}/token", issuer(port)))
+    client_token(
+        &reqwest::Client::new(),
+        &issuer(port),
+        client,
+        secret,
+        resource,
+    )
+    .await
+}
+
+/// The client credentials grant of `client` at `issuer`, for `resource`.
+async fn client_token(
+    http: &reqwest::Client,
+    issuer: &str,
+    client: &str,
+    secret: &str,
+    resource: &str,
+) -> String {
+    let resp = http
+        .post(format!("{issuer}/token"))
         .basic_auth(client, Some(secret))
         .form(&[
             ("grant_type", "client_credentials"),
