@@ -415,6 +415,28 @@ impl Gateway {
         server: &str,
         unsolicited: mpsc::Sender<Message>,
     ) -> Result<Arc<UpstreamConn>, UpstreamError> {
+        self.open(server, unsolicited, false).await
+    }
+
+    /// A connection to `server` for one caller under delegation: none of
+    /// the server's static headers, the caller's token set per call.
+    pub(crate) async fn connect_delegated(
+        &self,
+        server: &str,
+    ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
+        let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
+        let conn = self.open(server, tx, true).await?;
+        Ok((conn, rx))
+    }
+
+    /// A connection to `server`: the shared kind, or one caller's
+    /// (`delegated`).
+    async fn open(
+        &self,
+        server: &str,
+        unsolicited: mpsc::Sender<Message>,
+        delegated: bool,
+    ) -> Result<Arc<UpstreamConn>, UpstreamError> {
         let cfg = self
             .config
             .servers
@@ -431,45 +453,13 @@ impl Gateway {
             catalog.mark_stale(&name);
             tracing::info!(server = %name, "the server's tool list changed: it is fetched again before the next call");
         });
-        UpstreamConn::connect(
-            server,
-            cfg,
-            &self.http,
-            self.config.limits.max_line_bytes,
-            unsolicited,
-            stale,
-        )
-        .await
-    }
-
-    /// A connection to `server` for one caller under delegation: none of
-    /// the server's static headers, the caller's token set per call.
-    pub(crate) async fn connect_delegated(
-        &self,
-        server: &str,
-    ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
-        let cfg = self
-            .config
-            .servers
-            .get(server)
-            .ok_or_else(|| UpstreamError::Closed {
-                server: server.into(),
-                reason: "not configured".into(),
-            })?;
-        let catalog = Arc::clone(self.pipeline.catalog());
-        let name = server.to_owned();
-        let stale = Box::new(move || catalog.mark_stale(&name));
-        let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
-        let conn = UpstreamConn::connect_delegated(
-            server,
-            cfg,
-            &self.http,
-            self.config.limits.max_line_bytes,
-            tx,
-            stale,
-        )
-        .await?;
-        Ok((conn, rx))
+        let max_line = self.config.limits.max_line_bytes;
+        if delegated {
+            UpstreamConn::connect_delegated(server, cfg, &self.http, max_line, unsolicited, stale)
+                .await
+        } else {
+            UpstreamConn::connect(server, cfg, &self.http, max_line, unsolicited, stale).await
+        }
     }
 
     /// Open an upstream connection to `server`.

@@ -104,11 +104,6 @@ impl Delegator {
         }
     }
 
-    /// Whether any server delegates.
-    pub fn is_empty(&self) -> bool {
-        self.servers.is_empty()
-    }
-
     /// Whether `server` delegates.
     pub fn delegates(&self, server: &str) -> bool {
         self.servers.contains_key(server)
