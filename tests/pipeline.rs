@@ -501,6 +501,7 @@ impl Fixture {
             events: None,
             upstream: &self.fake,
             asks: None,
+            task: false,
         };
         self.pipeline
             .tool_call(&ctx, request(tool, args, key))
@@ -1148,6 +1149,7 @@ async fn the_dispatch_entry_is_staged_with_the_dispatch_before_the_server_sees_t
         events: None,
         upstream: &f.fake,
         asks: None,
+        task: false,
     };
     let call = pipeline.tool_call(&ctx, request("refund", json!({"id": 1}), Some("k")));
     let check = async {
@@ -1501,6 +1503,7 @@ impl Fixture {
             events: None,
             upstream: &self.fake,
             asks: None,
+            task: false,
         };
         self.pipeline
             .tool_call(
@@ -1855,6 +1858,7 @@ async fn a_session_client_is_asked_by_elicitation_and_its_answer_releases_the_he
         events: Some(tx),
         upstream: &f.fake,
         asks: Some(asks.clone()),
+        task: false,
     };
     let call = f
         .pipeline
@@ -1941,6 +1945,7 @@ async fn a_session_answer_after_the_hold_decides_for_the_next_call_and_one_after
                 events: Some(tx),
                 upstream: &f.fake,
                 asks: Some(asks),
+                task: false,
             };
             (
                 f.pipeline

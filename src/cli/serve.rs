@@ -169,6 +169,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         tokio::spawn(watch_shadow(Arc::clone(&gw), dir, seen))
     });
     let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
+    // Held calls as tasks: approved ones are run here (or on any other
+    // gateway sharing the store), whether or not their client is connected.
+    let task_runner = tokio::spawn(crate::front::tasks::run(Arc::clone(&gw)));
     // TLS on the listener, when configured: the pair must load now, and is
     // taken again whenever the files change.
     let (tls, tls_watcher) = match (&gw.config().gateway.tls_cert, &gw.config().gateway.tls_key) {
@@ -267,6 +270,9 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         let _ = server.await;
     }
     sweeper.abort();
+    // A task mid-run stays claimed: the next start (or another gateway,
+    // after tasks.claim_timeout) takes it over through the ledger.
+    task_runner.abort();
     // The decision inputs recorded so far are kept.
     gw.pipeline().flush_inputs().await;
     reloader.abort();
@@ -487,6 +493,7 @@ async fn follow_store(
     loop {
         match events.recv().await {
             Ok(crate::store::StoreEvent::Proposal(id)) => gw.pipeline().book().changed(&id).await,
+            Ok(crate::store::StoreEvent::Task(id)) => gw.tasks().changed(&id),
             Ok(crate::store::StoreEvent::Ledger(_)) => {}
             Err(RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "store notifications fell behind: a call held here may wait for its hold to end");

@@ -30,6 +30,8 @@
 //!   errors.
 //! - [`token`]: OAuth access tokens (JWT, RFC 9068): what is checked, and
 //!   the identity they stand for.
+//! - [`task`]: a held call as an MCP task: its record, lifecycle, owner
+//!   and wire shapes in both eras.
 //! - [`time`]: unix milliseconds, RFC 3339, and the pipeline's clock.
 //! - [`legible`]: agent text as people may see it (terminal, chat, logs,
 //!   the console): escapes, unusual keys, lookalike tool names.
@@ -57,5 +59,6 @@ pub mod passkey;
 pub(crate) mod recovery;
 pub mod reviewers;
 pub mod signed_request;
+pub mod task;
 pub mod time;
 pub mod token;

@@ -7,6 +7,8 @@
 
 use serde_json::{json, Value};
 
+pub mod task;
+
 use super::flight::{ApprovalCode, ApprovalNote, ConfirmCode, Outcome, Question};
 use super::outcome::CallOutcome;
 use super::upstream::UpstreamError;

@@ -330,6 +330,11 @@ impl Book {
         let _ = self.review_url.set(prefix);
     }
 
+    /// The console page of proposal `id`, when the console is on.
+    pub(crate) fn review_url(&self, id: &str) -> Option<String> {
+        self.review_url.get().map(|prefix| format!("{prefix}{id}"))
+    }
+
     /// Now, on the book's clock (the one expiries are judged on).
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()

@@ -62,6 +62,11 @@ pub struct CallCtx<'a, U> {
     /// Handshake era: the session's open questions, when its client
     /// declared elicitation (the person at the client can be asked).
     pub asks: Option<Arc<super::client::Asks>>,
+    /// The client asked for a task (DESIGN.md section 24): a call that
+    /// needs a yes is neither held nor put to the person at the client; it
+    /// ends at once as `approval_pending` with its proposal, and the task
+    /// waits for the reviewers instead of the request.
+    pub task: bool,
 }
 
 /// One call on its way through the stages.

@@ -85,7 +85,11 @@ impl Gate {
         if let Some(state) = lost {
             tracing::debug!(lost = state.as_str(), "looking for an approval again");
         }
-        let hold = self.config.approvals.hold;
+        // A call that becomes a task is not held: the task waits instead.
+        let hold = match c.ctx.task {
+            true => std::time::Duration::ZERO,
+            false => self.config.approvals.hold,
+        };
         let hold_until = Instant::now() + hold;
         // Set up on the first look only: an unattended call (the hot path)
         // pays for neither the subscription nor re-reading its params.
@@ -217,7 +221,10 @@ impl Gate {
             };
             // A quorum takes reviewers: the requester's own yes in the
             // client never counts towards it, so they are not asked.
-            if asked.as_deref() != Some(proposal.id.as_str()) && proposal.quorum.is_single() {
+            if asked.as_deref() != Some(proposal.id.as_str())
+                && proposal.quorum.is_single()
+                && !c.ctx.task
+            {
                 asked = Some(proposal.id.clone());
                 if let Some(question) = self.ask_client(c, &proposal).await {
                     return Chosen::Refuse(Outcome::Ask(Box::new(question)));

@@ -198,6 +198,13 @@ impl Session {
         }
     }
 
+    /// Send `msg` on the session's standalone stream, if there is room (a
+    /// notification of no request, such as a task's status): a client that
+    /// does not listen loses nothing it cannot ask for again.
+    pub(crate) fn notify(&self, msg: Message) {
+        let _ = self.unsolicited.try_send(msg);
+    }
+
     /// Note activity (for the idle sweep).
     pub(crate) fn touch(&self) {
         *self.last_used.lock() = Instant::now();
@@ -273,6 +280,8 @@ pub(crate) struct Gateway {
     delegator: crate::upstream::delegation::Delegator,
     /// The connections that carry them, one per (server, principal, tenant).
     delegated: super::callers::Delegated,
+    /// Held calls as tasks: this gateway's runner of approved ones.
+    tasks: super::task_state::Runner,
 }
 
 impl Gateway {
@@ -323,7 +332,32 @@ impl Gateway {
             refusals: Default::default(),
             delegator,
             delegated: Default::default(),
+            tasks: super::task_state::Runner::default(),
         })
+    }
+
+    /// Held calls as tasks: the runner's state on this gateway.
+    pub(crate) fn tasks(&self) -> &super::task_state::Runner {
+        &self.tasks
+    }
+
+    /// The open handshake-era sessions of (`server`, principal, tenant).
+    pub(crate) fn sessions_of_owner(
+        &self,
+        server: &str,
+        principal: &str,
+        tenant: &str,
+    ) -> Vec<Arc<Session>> {
+        self.sessions
+            .lock()
+            .values()
+            .filter(|s| {
+                s.server == server
+                    && s.identity.principal == principal
+                    && s.identity.tenant == tenant
+            })
+            .cloned()
+            .collect()
     }
 
     /// The loaded configuration.

@@ -314,6 +314,7 @@ async fn initialize(
         .await;
     match opened {
         Opened::Session(session, resp) => {
+            let resp = super::tasks::offer_in_initialize(gw, &session, resp);
             crate::telemetry::record_answer(&span, &resp);
             span.record("mcp.session.id", session.id.as_str());
             let mut r = rpc(StatusCode::OK, &resp);
@@ -601,10 +602,11 @@ async fn bridged(
         Err(refusal) => return rpc(StatusCode::OK, &refusal),
     };
     match msg.kind() {
-        Kind::Request if msg.method() == "server/discover" => rpc(
-            StatusCode::OK,
-            &crate::enforce::answer::bridged_discover(id, &bridge.init),
-        ),
+        Kind::Request if msg.method() == "server/discover" => {
+            let mut discover = crate::enforce::answer::bridged_discover(id, &bridge.init);
+            super::tasks::offer_in_discover(gw, &mut discover);
+            rpc(StatusCode::OK, &discover)
+        }
         Kind::Request => {
             let target = Target::Session(bridge.session);
             let mut rc = RequestCtx::stateless(server, identity, target, Vec::new(), true);

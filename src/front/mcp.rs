@@ -150,6 +150,9 @@ async fn answer_in(
         extra: rc.extra.clone(),
     };
     if msg.method() == "tools/call" {
+        if super::tasks::wants_task(gw, rc, &msg) {
+            return super::tasks::tools_call(gw, rc, msg, events).await;
+        }
         let tool = crate::wire::era::named_param(&msg);
         let ctx = CallCtx {
             caller: &rc.caller,
@@ -158,6 +161,7 @@ async fn answer_in(
             events,
             upstream: &route,
             asks: rc.asks.clone(),
+            task: false,
         };
         let outcome = gw.pipeline().tool_call(&ctx, msg).await;
         if !span.is_none() {
@@ -186,6 +190,10 @@ async fn answer_in(
         gw.refuse_unrelayable(&rc.server, &msg, why);
         return answer::Rejection::Unrelayable(why).message(id);
     }
+    // The gateway's own tasks: answered here, never relayed.
+    if msg.method().starts_with("tasks/") {
+        return super::tasks::request(gw, rc, &msg).await;
+    }
     let method = msg.method().to_owned();
     let timeout = gw.pipeline().call_timeout(&rc.server);
     match route.call(&rc.server, msg, events, timeout).await {
@@ -198,6 +206,12 @@ async fn answer_in(
             let mut resp = resp;
             if rc.bridged {
                 answer::into_era(&mut resp, rc.era, &method);
+            }
+            // Read as the server sent it (above); offered with tasks.
+            match method.as_str() {
+                "tools/list" => super::tasks::offer_in_list(gw, rc, &mut resp),
+                "server/discover" => super::tasks::offer_in_discover(gw, &mut resp),
+                _ => {}
             }
             resp
         }

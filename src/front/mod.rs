@@ -25,6 +25,10 @@
 //! - [`tls`]: TLS on the listener, with the certificate reloaded from disk.
 //! - [`refusals`]: what the fronts turn away, counted and (when it
 //!   repeats) audited at a bounded rate.
+//! - [`tasks`]: held calls as MCP tasks (both eras, SEP-2848 tool
+//!   approval): the `tasks/*` methods, and the runner that runs an approved
+//!   call on any live gateway; [`task_state`] is what this gateway knows of
+//!   them beyond the store.
 //! - [`review`]: the reviewer web console (`/review/`): passkey enrolment,
 //!   sign-in and decisions.
 
@@ -43,4 +47,6 @@ pub(crate) mod respond;
 pub(crate) mod review;
 pub(crate) mod route;
 pub(crate) mod stream;
+pub(crate) mod task_state;
+pub(crate) mod tasks;
 pub(crate) mod tls;

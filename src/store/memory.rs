@@ -25,6 +25,8 @@ pub struct MemoryStore {
     notices: Mutex<(BTreeMap<String, Notice>, BTreeMap<String, WebhookStatus>)>,
     /// Decision inputs by key.
     inputs: Mutex<BTreeMap<String, InputRow>>,
+    /// Tasks by id.
+    tasks: Mutex<BTreeMap<String, crate::core::task::TaskRecord>>,
 }
 
 impl MemoryStore {
@@ -38,6 +40,68 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn task_create(
+        &self,
+        task: crate::core::task::TaskRecord,
+    ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
+        let mut tasks = self.tasks.lock();
+        let joined = tasks
+            .values()
+            .find(|old| super::tasks::joins(old, &task))
+            .cloned();
+        let out = match joined {
+            Some(old) => Ok(old),
+            None if tasks.contains_key(&task.id) => {
+                Err(super::StoreError::Collision(task.id.clone()))
+            }
+            None => {
+                tasks.insert(task.id.clone(), task.clone());
+                Ok(task)
+            }
+        };
+        Box::pin(std::future::ready(out))
+    }
+
+    fn task_get<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> StoreFuture<'a, Option<crate::core::task::TaskRecord>> {
+        let out = self.tasks.lock().get(id).cloned();
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn tasks(
+        &self,
+        filter: super::TaskFilter,
+    ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
+        let mut out: Vec<_> = self
+            .tasks
+            .lock()
+            .values()
+            .filter(|t| filter.selects(t))
+            .cloned()
+            .collect();
+        super::tasks::newest_first(&mut out);
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
+        let mut tasks = self.tasks.lock();
+        let ok = super::tasks::may_write(tasks.get(&task.id), &task);
+        if ok {
+            tasks.insert(task.id.clone(), task);
+        }
+        Box::pin(std::future::ready(Ok(ok)))
+    }
+
+    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        let mut tasks = self.tasks.lock();
+        let n = tasks.len();
+        tasks.retain(|_, t| !super::tasks::collectable(t, before_ms));
+        let gone = n - tasks.len();
+        Box::pin(std::future::ready(Ok(gone)))
+    }
+
     fn pin_first_use(&self, new: Vec<(String, String)>) -> StoreFuture<'_, usize> {
         let mut pins = self.pins.lock();
         let mut wrote = 0;

@@ -43,6 +43,7 @@ mod journal;
 mod memory;
 pub mod postgres;
 mod redb_store;
+pub mod tasks;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,6 +57,8 @@ use std::collections::BTreeMap;
 use crate::core::approval::{Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
 use crate::core::notify::{Notice, WebhookStatus};
+use crate::core::task::TaskRecord;
+pub use tasks::TaskFilter;
 
 /// A storage failure. The pipeline fails closed on it: the call does not
 /// run.
@@ -123,6 +126,9 @@ pub enum StoreError {
     /// This store keeps no notification queue (a wrapper in a test).
     #[error("ledger store: this store keeps no notification queue")]
     NoQueue,
+    /// This store keeps no tasks (a wrapper in a test).
+    #[error("ledger store: this store keeps no tasks")]
+    NoTasks,
 }
 
 /// How a delivery attempt of a [`Notice`] ended.
@@ -221,6 +227,8 @@ pub enum StoreEvent {
     /// A ledger record reached a state a waiter acts on (`complete`,
     /// `not_dispatched`, `unknown`).
     Ledger(String),
+    /// A task was created or changed (its id).
+    Task(String),
 }
 
 /// Ledger storage. Keys are [`crate::core::ledger::storage_key`]s.
@@ -442,6 +450,43 @@ pub trait Store: Send + Sync {
     fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
         let _ = (before_ms, max_rows);
         Box::pin(std::future::ready(Err(inputs_unsupported())))
+    }
+
+    /// Create `task` (revision 0), unless a task of the same requester
+    /// still waits on the same proposal with the same key
+    /// ([`tasks::joins`]): then that one is returned and nothing is written.
+    /// Durable before it returns: the answer that names the task leaves
+    /// after it (DESIGN.md section 24).
+    fn task_create(&self, task: TaskRecord) -> StoreFuture<'_, TaskRecord> {
+        drop(task);
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// A task by id (a read: never a write, however often a client polls).
+    fn task_get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<TaskRecord>> {
+        let _ = id;
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// The tasks `filter` selects.
+    fn tasks(&self, filter: TaskFilter) -> StoreFuture<'_, Vec<TaskRecord>> {
+        drop(filter);
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// Write `task` if the stored one is at the revision before
+    /// `task.revision` (compare-and-set); returns whether it did. Durable
+    /// before it returns. The execution claim and a cancel are two such
+    /// writes from `waiting`: exactly one of them wins.
+    fn task_put(&self, task: TaskRecord) -> StoreFuture<'_, bool> {
+        drop(task);
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// Forget ended tasks last changed before `before_ms`; returns how many.
+    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        let _ = before_ms;
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
     }
 }
 
@@ -872,6 +917,7 @@ mod tests {
         pin_conformance(&MemoryStore::default()).await;
         notify_conformance(&MemoryStore::default()).await;
         inputs_conformance(&MemoryStore::default()).await;
+        super::tasks::conformance::tasks_conformance(&MemoryStore::default()).await;
     }
 
     fn input(tenant: &str, time_ms: i64, n: u32) -> InputRow {
@@ -1212,6 +1258,7 @@ mod tests {
         outbox_conformance(&store).await;
         pin_conformance(&store).await;
         notify_conformance(&store).await;
+        super::tasks::conformance::tasks_conformance(&store).await;
         // The audit writer clears the outbox from its own thread, outside any
         // runtime, and drops the future: the request is made all the same.
         assert!(!store.outbox().await.unwrap().is_empty());
@@ -1482,6 +1529,23 @@ mod tests {
         let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
         conformance(&store).await;
         inputs_conformance(&store).await;
+    }
+
+    #[tokio::test]
+    async fn redb_tasks_conform_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            super::tasks::conformance::tasks_conformance(&store).await;
+        }
+        let store = RedbStore::open(&path).unwrap();
+        let kept = store
+            .task_get("t-b")
+            .await
+            .unwrap()
+            .expect("a task survives a reopen");
+        assert_eq!(kept.key, "k2");
     }
 
     #[tokio::test]

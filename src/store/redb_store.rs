@@ -53,6 +53,8 @@ const NONCES: TableDefinition<&str, i64> = TableDefinition::new("used_nonces");
 const INPUTS: TableDefinition<&str, &str> = TableDefinition::new("decision_inputs");
 /// The store's own bookkeeping: the journal's generation.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Tasks by id, as JSON (DESIGN.md section 24).
+const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 const JOURNAL_GENERATION: &str = "journal_generation";
 
 /// Most operations folded into one write transaction.
@@ -275,6 +277,8 @@ impl RedbStore {
         txn.open_table(NOTIFY)
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(NONCES)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(TASKS)
             .map_err(|e| err("create table")(e.into()))?;
         {
             // One process per file: no delivery of a previous run is still
@@ -1320,7 +1324,146 @@ fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, Stor
     remove_keys(proposals, &stale)
 }
 
+/// One durable write transaction on the tasks table: `f` reads and writes
+/// it, and the commit is fsynced before the answer (a task the client was
+/// told of, a claim, a cancel, a result are never lost to a crash). Its own
+/// transaction, like a nonce's: tasks never touch the ledger's journal.
+async fn task_write<T: Send + 'static>(
+    db: Arc<Database>,
+    f: impl FnOnce(&mut redb::Table<'_, &'static str, &'static [u8]>) -> Result<T, StoreError>
+        + Send
+        + 'static,
+) -> Result<T, StoreError> {
+    blocking(move || {
+        let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+        txn.set_durability(Durability::Immediate);
+        let out = {
+            let mut table = txn
+                .open_table(TASKS)
+                .map_err(|e| err("open table")(e.into()))?;
+            f(&mut table)?
+        };
+        txn.commit().map_err(|e| err("commit")(e.into()))?;
+        Ok(out)
+    })
+    .await
+}
+
+fn decode_task(bytes: &[u8]) -> Result<crate::core::task::TaskRecord, StoreError> {
+    decode_json("task", bytes)
+}
+
+fn encode_task(t: &crate::core::task::TaskRecord) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(t).map_err(|e| StoreError::Encode {
+        what: "task",
+        reason: e.to_string(),
+    })
+}
+
+fn all_tasks(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+) -> Result<Vec<crate::core::task::TaskRecord>, StoreError> {
+    let mut out = Vec::new();
+    for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+        let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
+        out.push(decode_task(v.value())?);
+    }
+    Ok(out)
+}
+
 impl Store for RedbStore {
+    fn task_create(
+        &self,
+        task: crate::core::task::TaskRecord,
+    ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
+        Box::pin(task_write(self.db.clone(), move |table| {
+            if let Some(old) = all_tasks(table)?
+                .into_iter()
+                .find(|old| super::tasks::joins(old, &task))
+            {
+                return Ok(old);
+            }
+            if table
+                .get(task.id.as_str())
+                .map_err(|e| err("read")(e.into()))?
+                .is_some()
+            {
+                return Err(StoreError::Collision(task.id.clone()));
+            }
+            let bytes = encode_task(&task)?;
+            table
+                .insert(task.id.as_str(), bytes.as_slice())
+                .map_err(|e| err("write")(e.into()))?;
+            Ok(task)
+        }))
+    }
+
+    fn task_get<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> StoreFuture<'a, Option<crate::core::task::TaskRecord>> {
+        Box::pin(async move {
+            match self
+                .read(TASKS)?
+                .get(id)
+                .map_err(|e| err("read")(e.into()))?
+            {
+                Some(v) => decode_task(v.value()).map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn tasks(
+        &self,
+        filter: super::TaskFilter,
+    ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
+        Box::pin(async move {
+            let mut out: Vec<_> = all_tasks(&self.read(TASKS)?)?
+                .into_iter()
+                .filter(|t| filter.selects(t))
+                .collect();
+            super::tasks::newest_first(&mut out);
+            Ok(out)
+        })
+    }
+
+    fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
+        Box::pin(task_write(self.db.clone(), move |table| {
+            let current = match table
+                .get(task.id.as_str())
+                .map_err(|e| err("read")(e.into()))?
+            {
+                Some(v) => Some(decode_task(v.value())?),
+                None => None,
+            };
+            if !super::tasks::may_write(current.as_ref(), &task) {
+                return Ok(false);
+            }
+            let bytes = encode_task(&task)?;
+            table
+                .insert(task.id.as_str(), bytes.as_slice())
+                .map_err(|e| err("write")(e.into()))?;
+            Ok(true)
+        }))
+    }
+
+    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(task_write(self.db.clone(), move |table| {
+            let stale: Vec<String> = all_tasks(table)?
+                .into_iter()
+                .filter(|t| super::tasks::collectable(t, before_ms))
+                .map(|t| t.id)
+                .collect();
+            for id in &stale {
+                table
+                    .remove(id.as_str())
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+            Ok(stale.len())
+        }))
+    }
+
     fn unflushed(&self) -> bool {
         self.dirty.load(Ordering::Acquire)
     }

@@ -80,11 +80,14 @@ pub fn named_param(msg: &Message) -> Option<String> {
     struct Named {
         name: Option<String>,
         uri: Option<String>,
+        #[serde(rename = "taskId")]
+        task_id: Option<String>,
     }
     let field = name_field(msg.method())?;
     let named: Named = serde_json::from_str(msg.params.as_ref()?.get()).ok()?;
     match field {
         "uri" => named.uri,
+        "taskId" => named.task_id,
         _ => named.name,
     }
 }
@@ -94,6 +97,9 @@ fn name_field(method: &str) -> Option<&'static str> {
     match method {
         "tools/call" | "prompts/get" => Some("name"),
         "resources/read" => Some("uri"),
+        // The tasks extension routes on the task: a load balancer in front
+        // of several gateways sends `tasks/*` by `Mcp-Name: <taskId>`.
+        "tasks/get" | "tasks/update" | "tasks/cancel" | "tasks/result" => Some("taskId"),
         _ => None,
     }
 }

@@ -6,8 +6,10 @@
 
 mod delegation;
 mod review;
+mod tasks;
 pub use delegation::{mode, DelegationConfig, Fallback, Grant, Mode, Unavailable};
 pub use review::{console_of, console_origin, ReviewConfig};
+pub use tasks::TasksConfig;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -109,6 +111,9 @@ pub struct Config {
     /// `[policy]`: a shadow policy set.
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// `[tasks]`: held calls as MCP tasks.
+    #[serde(default)]
+    pub tasks: TasksConfig,
 }
 
 /// `[policy]` (DESIGN.md section 22).
@@ -1233,6 +1238,7 @@ impl Config {
         self.notify.check(path)?;
         self.telemetry.check(path)?;
         self.review.check(path)?;
+        self.tasks.check(path)?;
         Ok(())
     }
 }

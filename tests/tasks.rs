@@ -1,0 +1,434 @@
+//! Held calls as MCP tasks (DESIGN.md section 24), end to end: the real
+//! gateway, the example server, the `countersign` CLI as the reviewer, and a
+//! tasks client nobody here wrote (the MCP v2 TypeScript client with
+//! `@modelcontextprotocol/ext-tasks`, `tests/peers/tasks_client.mjs`) in the
+//! handshake era (2025-11-25 core tasks) and in 2026-07-28 (the tasks
+//! extension). Every case asserts how many times the server ran the call.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const ERAS: [&str; 2] = ["handshake", "modern"];
+const DISPOSITION: &str = "io.modelcontextprotocol/tool-approval-disposition";
+
+struct Setup {
+    gw: common::Gateway,
+    keys: PathBuf,
+    _pdir: tempfile::TempDir,
+}
+
+fn keygen(dir: &Path, name: &str) -> String {
+    let out = std::process::Command::new(common::countersign_bin())
+        .args(["keygen", "--name", name, "--out"])
+        .arg(dir.join(format!("{name}.key")))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .replace("groups = []", "groups = [\"leads\"]")
+        .replace("tenants = [\"*\"]", "tenants = [\"acme\"]")
+}
+
+impl Setup {
+    /// The shipped policies (a charge needs a reviewer), reviewer alice.
+    fn start() -> Setup {
+        let pdir = tempfile::tempdir().unwrap();
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
+        for f in ["schema.cedarschema", "default.cedar"] {
+            std::fs::copy(src.join(f), pdir.path().join(f)).unwrap();
+        }
+        let keys = pdir.path().join("keys");
+        std::fs::create_dir(&keys).unwrap();
+        std::fs::write(pdir.path().join("reviewers.toml"), keygen(&keys, "alice")).unwrap();
+        let gw = common::Gateway::start_with(common::Options {
+            policies: Some(pdir.path().to_owned()),
+            approvals: "hold = \"0s\"\n".into(),
+            extra: "\n[tasks]\npoll_interval = \"200ms\"\n".into(),
+            ..Default::default()
+        });
+        Setup {
+            gw,
+            keys,
+            _pdir: pdir,
+        }
+    }
+
+    async fn reviewer(&self, args: &[&str]) -> (bool, String, String) {
+        let key = self.keys.join("alice.key").display().to_string();
+        let base = self.gw.base();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--key", &key, "--gateway", &base]);
+        common::run_cli_async(&all).await
+    }
+
+    /// The one pending proposal, once there is one.
+    async fn pending_proposal(&self) -> String {
+        for _ in 0..100 {
+            let (ok, out, err) = self.reviewer(&["pending", "--json"]).await;
+            assert!(ok, "{err}");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            if let Some(p) = v["proposals"].as_array().and_then(|a| a.first()) {
+                return p["id"].as_str().unwrap().to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no proposal became pending");
+    }
+
+    fn client(
+        &self,
+        era: &str,
+        token: &str,
+        key: Option<&str>,
+        extra: &[&str],
+    ) -> tokio::process::Child {
+        let mut args = vec![
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/peers/tasks_client.mjs")
+                .display()
+                .to_string(),
+            "--url".into(),
+            self.gw.url("payments"),
+            "--token".into(),
+            token.into(),
+            "--era".into(),
+            era.into(),
+            "--tool".into(),
+            "charge_card".into(),
+            "--arguments".into(),
+            json!({"account": "acct-1", "amount": 10}).to_string(),
+        ];
+        if let Some(k) = key {
+            args.extend(["--key".into(), k.into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        tokio::process::Command::new("node")
+            .current_dir(common::peers_cache().join("tasks"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node: `.ci/setup-peers` installs the tasks client under .ci/cache/tasks")
+    }
+}
+
+/// The client's JSON lines, once it exits.
+async fn events(child: tokio::process::Child) -> Vec<Value> {
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the tasks client ended")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        !lines.is_empty(),
+        "no output; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lines
+}
+
+fn event<'a>(lines: &'a [Value], name: &str) -> &'a Value {
+    lines
+        .iter()
+        .find(|l| l["event"] == name)
+        .unwrap_or_else(|| panic!("no `{name}` event in {lines:?}"))
+}
+
+/// `tasks/get` of `task` as the holder of `token`, in the era asked.
+async fn get(s: &Setup, era: &str, token: &str, task: &str) -> Value {
+    let url = s.gw.url("payments");
+    match era {
+        "modern" => {
+            let body = json!({"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId": task,
+                "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                          "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}}});
+            let resp = common::modern_post_as(&url, &body, token)
+                .header("mcp-name", task)
+                .send()
+                .await
+                .unwrap();
+            let text = resp.text().await.unwrap();
+            common::parse_messages(&text, text.starts_with("event:") || text.starts_with("id:"))
+                .pop()
+                .unwrap_or_else(|| serde_json::from_str(&text).unwrap())
+        }
+        _ => {
+            let mut c = common::Client::new(&url);
+            c.token = token.into();
+            c.protocol = "2025-11-25".into();
+            c.initialize().await;
+            c.post(&json!({"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId": task}}))
+                .await
+                .last()
+                .clone()
+        }
+    }
+}
+
+async fn wait_done(s: &Setup, era: &str, task: &str) -> Value {
+    for _ in 0..150 {
+        let t = get(s, era, common::TOKEN, task).await;
+        let status = t["result"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if status != "working" && !status.is_empty() {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("task {task} did not end");
+}
+
+fn disposition(result: &Value) -> &str {
+    result["_meta"][DISPOSITION].as_str().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_charge_becomes_a_task_that_runs_once_when_approved_in_both_eras() {
+    for era in ERAS {
+        let s = Setup::start();
+        let child = s.client(era, common::TOKEN, None, &[]);
+        let proposal = s.pending_proposal().await;
+        assert_eq!(
+            s.gw.executions("charge_card"),
+            0,
+            "{era}: nothing ran while held"
+        );
+        let (ok, out, err) = s
+            .reviewer(&["approve", &proposal, "--reason", "expected charge"])
+            .await;
+        assert!(ok, "{era}: approve failed: {out}{err}");
+        let lines = events(child).await;
+        let started = event(&lines, "started");
+        assert_eq!(started["kind"], "task", "{era}: {lines:?}");
+        let settled = event(&lines, "settled");
+        assert_eq!(settled["status"], "completed", "{era}: {lines:?}");
+        assert_eq!(
+            disposition(&settled["result"]),
+            "approved-executed",
+            "{era}: {settled}"
+        );
+        assert_eq!(
+            s.gw.executions("charge_card"),
+            1,
+            "{era}: the approved call ran once"
+        );
+        for kind in ["task_created", "task_claimed", "task_completed"] {
+            common::wait_for_audit(&s.gw, &format!("{era}: {kind}"), |entries| {
+                entries.iter().any(|e| e["kind"] == kind)
+            })
+            .await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denied_task_completes_denied_not_executed_and_nothing_runs() {
+    for era in ERAS {
+        let s = Setup::start();
+        let child = s.client(era, common::TOKEN, None, &[]);
+        let proposal = s.pending_proposal().await;
+        let (ok, out, err) = s
+            .reviewer(&["deny", &proposal, "--reason", "not this one"])
+            .await;
+        assert!(ok, "{era}: deny failed: {out}{err}");
+        let lines = events(child).await;
+        let settled = event(&lines, "settled");
+        assert_eq!(settled["status"], "completed", "{era}: {lines:?}");
+        assert_eq!(
+            disposition(&settled["result"]),
+            "denied-not-executed",
+            "{era}"
+        );
+        assert_eq!(settled["result"]["isError"], true);
+        let text = settled["result"]["content"].to_string();
+        assert!(text.contains("did not run"), "{era}: {text}");
+        assert_eq!(s.gw.executions("charge_card"), 0, "{era}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_cancelled_before_approval_runs_nothing() {
+    for era in ERAS {
+        let s = Setup::start();
+        let lines = events(s.client(era, common::TOKEN, None, &["--cancel"])).await;
+        let task = event(&lines, "cancelled")["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{era}: {lines:?}"))
+            .to_owned();
+        let t = get(&s, era, common::TOKEN, &task).await;
+        assert_eq!(t["result"]["status"], "cancelled", "{era}: {t}");
+        // The proposal was withdrawn with the task: approving it now runs
+        // nothing, and nothing is pending.
+        let (ok, out, _) = s.reviewer(&["pending", "--json"]).await;
+        assert!(ok);
+        let pending: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            pending["proposals"].as_array().unwrap().len(),
+            0,
+            "{era}: {pending}"
+        );
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(s.gw.executions("charge_card"), 0, "{era}");
+        let again = get(&s, era, common::TOKEN, &task).await;
+        assert_eq!(again["result"]["status"], "cancelled", "{era}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_principal_or_tenant_cannot_read_or_cancel_a_task() {
+    for era in ERAS {
+        let s = Setup::start();
+        let lines = events(s.client(era, common::TOKEN, None, &["--no-wait"])).await;
+        let task = event(&lines, "started")["taskId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let mine = get(&s, era, common::TOKEN, &task).await;
+        assert_eq!(mine["result"]["status"], "working", "{era}: {mine}");
+        assert!(
+            mine["result"]["statusMessage"]
+                .as_str()
+                .unwrap()
+                .contains("proposal"),
+            "{era}: the status names the proposal: {mine}"
+        );
+        for other in [common::OTHER_TOKEN, common::GLOBEX_TOKEN] {
+            let theirs = get(&s, era, other, &task).await;
+            assert_eq!(theirs["error"]["code"], -32602, "{era}: {theirs}");
+            assert!(theirs["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not found"));
+        }
+        // Cancel as another principal: not found, and the task waits on.
+        let mut c = common::Client::new(&s.gw.url("payments"));
+        c.token = common::OTHER_TOKEN.into();
+        c.protocol = "2025-11-25".into();
+        c.initialize().await;
+        let refused = c
+            .post(
+                &json!({"jsonrpc":"2.0","id":2,"method":"tasks/cancel","params":{"taskId": task}}),
+            )
+            .await;
+        assert_eq!(refused.last()["error"]["code"], -32602);
+        let still = get(&s, era, common::TOKEN, &task).await;
+        assert_eq!(still["result"]["status"], "working", "{era}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_outlives_its_client_and_a_gateway_restart() {
+    for era in ERAS {
+        let mut s = Setup::start();
+        let lines = events(s.client(era, common::TOKEN, None, &["--no-wait"])).await;
+        let task = event(&lines, "started")["taskId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let proposal = s.pending_proposal().await;
+        s.gw.restart();
+        let (ok, out, err) = s.reviewer(&["approve", &proposal, "--reason", "ok"]).await;
+        assert!(ok, "{era}: approve failed: {out}{err}");
+        let done = wait_done(&s, era, &task).await;
+        assert_eq!(done["result"]["status"], "completed", "{era}: {done}");
+        let result = match era {
+            "modern" => done["result"]["result"].clone(),
+            _ => {
+                let mut c = common::Client::new(&s.gw.url("payments"));
+                c.token = common::TOKEN.into();
+                c.protocol = "2025-11-25".into();
+                c.initialize().await;
+                c.post(&json!({"jsonrpc":"2.0","id":3,"method":"tasks/result","params":{"taskId": task}}))
+                    .await
+                    .last()["result"]
+                    .clone()
+            }
+        };
+        assert_eq!(disposition(&result), "approved-executed", "{era}: {result}");
+        assert_eq!(s.gw.executions("charge_card"), 1, "{era}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_task_calls_with_one_key_join_one_task_and_run_once() {
+    for era in ERAS {
+        let s = Setup::start();
+        let a = events(s.client(era, common::TOKEN, Some("charge-42"), &["--no-wait"])).await;
+        let b = events(s.client(era, common::TOKEN, Some("charge-42"), &["--no-wait"])).await;
+        let ta = event(&a, "started")["taskId"].as_str().unwrap().to_owned();
+        let tb = event(&b, "started")["taskId"].as_str().unwrap().to_owned();
+        assert_eq!(ta, tb, "{era}: the same held call joins the same task");
+        let proposal = s.pending_proposal().await;
+        let (ok, _, err) = s.reviewer(&["approve", &proposal, "--reason", "ok"]).await;
+        assert!(ok, "{err}");
+        let done = wait_done(&s, era, &ta).await;
+        assert_eq!(done["result"]["status"], "completed");
+        assert_eq!(s.gw.executions("charge_card"), 1, "{era}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_that_dies_after_executing_gives_outcome_unknown_and_no_second_run() {
+    let s = Setup::start();
+    let child = s.client("modern", common::TOKEN, Some("charge-crash"), &[]);
+    let proposal = s.pending_proposal().await;
+    s.gw.fault("charge_card", "exit_after_execute", 0);
+    let (ok, _, err) = s.reviewer(&["approve", &proposal, "--reason", "ok"]).await;
+    assert!(ok, "{err}");
+    let lines = events(child).await;
+    let settled = event(&lines, "settled");
+    assert_eq!(settled["status"], "completed", "{lines:?}");
+    assert_eq!(disposition(&settled["result"]), "outcome-unknown");
+    assert_eq!(s.gw.executions("charge_card"), 1);
+    // The same call with the same key again: outcome_unknown, never sent.
+    let again = events(s.client("modern", common::TOKEN, Some("charge-crash"), &[])).await;
+    assert_eq!(
+        s.gw.executions("charge_card"),
+        1,
+        "never sent again: {again:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_without_tasks_still_gets_approval_pending() {
+    let s = Setup::start();
+    let mut c = common::Client::new(&s.gw.url("payments"));
+    c.token = common::TOKEN.into();
+    c.protocol = "2025-11-25".into();
+    let init = c.initialize().await;
+    assert!(
+        init.last()["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object(),
+        "a 2025-11-25 session is offered tasks: {:?}",
+        init.last()
+    );
+    let listed = c
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
+        .await;
+    let tools = listed.last()["result"]["tools"].as_array().unwrap().clone();
+    assert!(tools
+        .iter()
+        .all(|t| t["execution"]["taskSupport"] == "optional"));
+    let a = c
+        .call(2, "charge_card", json!({"account": "acct-1", "amount": 10}))
+        .await;
+    assert_eq!(common::code(&a), "approval_pending");
+    assert_eq!(s.gw.executions("charge_card"), 0);
+    // A 2025-06-18 session is offered nothing of tasks.
+    let mut old = common::Client::new(&s.gw.url("payments"));
+    old.token = common::TOKEN.into();
+    let init = old.initialize().await;
+    assert!(init.last()["result"]["capabilities"].get("tasks").is_none());
+}
