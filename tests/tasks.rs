@@ -35,23 +35,33 @@ fn keygen(dir: &Path, name: &str) -> String {
         .replace("tenants = [\"*\"]", "tenants = [\"acme\"]")
 }
 
+/// A policy folder with the shipped policies and reviewer alice's key.
+fn policies() -> (tempfile::TempDir, PathBuf) {
+    let pdir = tempfile::tempdir().unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
+    for f in ["schema.cedarschema", "default.cedar"] {
+        std::fs::copy(src.join(f), pdir.path().join(f)).unwrap();
+    }
+    let keys = pdir.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    std::fs::write(pdir.path().join("reviewers.toml"), keygen(&keys, "alice")).unwrap();
+    (pdir, keys)
+}
+
+fn options(policies: &Path, extra: &str) -> common::Options {
+    common::Options {
+        policies: Some(policies.to_owned()),
+        approvals: "hold = \"0s\"\n".into(),
+        extra: format!("\n[tasks]\npoll_interval = \"200ms\"\n{extra}"),
+        ..Default::default()
+    }
+}
+
 impl Setup {
     /// The shipped policies (a charge needs a reviewer), reviewer alice.
     fn start() -> Setup {
-        let pdir = tempfile::tempdir().unwrap();
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
-        for f in ["schema.cedarschema", "default.cedar"] {
-            std::fs::copy(src.join(f), pdir.path().join(f)).unwrap();
-        }
-        let keys = pdir.path().join("keys");
-        std::fs::create_dir(&keys).unwrap();
-        std::fs::write(pdir.path().join("reviewers.toml"), keygen(&keys, "alice")).unwrap();
-        let gw = common::Gateway::start_with(common::Options {
-            policies: Some(pdir.path().to_owned()),
-            approvals: "hold = \"0s\"\n".into(),
-            extra: "\n[tasks]\npoll_interval = \"200ms\"\n".into(),
-            ..Default::default()
-        });
+        let (pdir, keys) = policies();
+        let gw = common::Gateway::start_with(options(pdir.path(), ""));
         Setup {
             gw,
             keys,
@@ -431,4 +441,49 @@ async fn a_client_without_tasks_still_gets_approval_pending() {
     old.token = common::TOKEN.into();
     let init = old.initialize().await;
     assert!(init.last()["result"]["capabilities"].get("tasks").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_on_postgresql_run_a_task_approved_at_the_other_once() {
+    let schema = common::pg::Schema::new();
+    let (pdir, keys) = policies();
+    let a = common::pg::on(&schema, options(pdir.path(), ""));
+    let b = common::pg::on(&schema, options(pdir.path(), ""));
+    let key = keys.join("alice.key").display().to_string();
+    let s = Setup {
+        gw: a,
+        keys,
+        _pdir: pdir,
+    };
+    for era in ERAS {
+        let before = s.gw.executions("charge_card") + b.executions("charge_card");
+        let child = s.client(era, common::TOKEN, None, &[]);
+        let proposal = s.pending_proposal().await;
+        // The reviewer decides through the gateway that does not hold the
+        // task's client.
+        let (ok, out, err) = common::run_cli_async(&[
+            "approve",
+            &proposal,
+            "--reason",
+            "ok",
+            "--key",
+            &key,
+            "--gateway",
+            &b.base(),
+        ])
+        .await;
+        assert!(ok, "{era}: approve at the other gateway failed: {out}{err}");
+        let lines = events(child).await;
+        let settled = event(&lines, "settled");
+        assert_eq!(settled["status"], "completed", "{era}: {lines:?}");
+        assert_eq!(
+            disposition(&settled["result"]),
+            "approved-executed",
+            "{era}"
+        );
+        // Both gateways' runners heard the decision; one claim won, and
+        // the other found the task claimed (or ended) and ran nothing.
+        let after = s.gw.executions("charge_card") + b.executions("charge_card");
+        assert_eq!(after - before, 1, "{era}: one run across both gateways");
+    }
 }
