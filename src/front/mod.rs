@@ -7,6 +7,8 @@
 //!   `/audit/*`.
 //! - [`stream`]: answers that become SSE streams, and resumable streams.
 //! - [`respond`]: JSON and SSE responses, and the status of a rejection.
+//! - [`request`]: one request's context (who, which server, which era,
+//!   which upstream connection).
 //! - [`mcp`]: one request in, one answer out, for any transport: a
 //!   `tools/call` goes to the enforcement pipeline, anything else is relayed.
 //! - [`control`]: the reviewer control API `/v1`.
@@ -43,6 +45,7 @@ pub(crate) mod issuers;
 pub(crate) mod mcp;
 pub(crate) mod ops;
 pub(crate) mod refusals;
+pub(crate) mod request;
 pub(crate) mod respond;
 pub(crate) mod review;
 pub(crate) mod route;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::gateway::{Gateway, ModernUpstream};
-use super::mcp::RequestCtx;
+use super::request::RequestCtx;
 use super::route::{Route, Target};
 use crate::core::approval::ProposalState;
 use crate::core::task::{declares_extension, TaskRecord, TaskState, TASKS_EXTENSION};
