@@ -487,3 +487,106 @@ async fn two_gateways_on_postgresql_run_a_task_approved_at_the_other_once() {
         assert_eq!(after - before, 1, "{era}: one run across both gateways");
     }
 }
+
+/// A 2026-07-28 request that declares the tasks extension.
+fn modern_task_body(id: u64, method: &str, params: Value) -> Value {
+    let mut params = params;
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+async fn modern_json(url: &str, body: &Value, name: &str) -> Value {
+    let text = common::modern_post(url, body)
+        .header("mcp-name", name)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(_) => common::parse_messages(&text, true).pop().unwrap(),
+    }
+}
+
+/// The store's files, byte for byte.
+fn store_bytes(gw: &common::Gateway) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(gw.dir.path().join("data"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn polling_a_thousand_waiting_tasks_writes_nothing_to_the_store() {
+    const TASKS: u64 = 1000;
+    let (pdir, _keys) = policies();
+    let mut opts = options(pdir.path(), "");
+    opts.approvals = "hold = \"0s\"\nmax_pending = 2000\n".into();
+    let gw = common::Gateway::start_with(opts);
+    let url = gw.url("payments");
+    let url = &url;
+    let mut tasks = Vec::new();
+    for chunk in (0..TASKS).collect::<Vec<_>>().chunks(8) {
+        let made = futures_util::future::join_all(chunk.iter().map(|i| async move {
+            let body = modern_task_body(
+                *i,
+                "tools/call",
+                json!({"name": "charge_card", "arguments": {"account": "acct-1", "amount": i + 1}}),
+            );
+            modern_json(url, &body, "charge_card").await
+        }))
+        .await;
+        for created in made {
+            assert_eq!(created["result"]["resultType"], "task", "{created}");
+            tasks.push(created["result"]["taskId"].as_str().unwrap().to_owned());
+        }
+    }
+    // The gateway's own housekeeping (the retention sweep, every 10 s)
+    // commits too: a window of polls that met it is measured again. A poll
+    // that wrote would change the files in every window.
+    let mut windows = Vec::new();
+    for _ in 0..5 {
+        let before = store_bytes(&gw);
+        assert!(!before.is_empty());
+        for chunk in tasks.chunks(16) {
+            let got = futures_util::future::join_all(chunk.iter().map(|task| async move {
+                let body = modern_task_body(1, "tasks/get", json!({"taskId": task}));
+                modern_json(url, &body, task).await
+            }))
+            .await;
+            for g in got {
+                assert_eq!(g["result"]["status"], "working", "{g}");
+            }
+        }
+        let after = store_bytes(&gw);
+        let changed: Vec<PathBuf> = before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| b != a)
+            .map(|(b, _)| b.0.clone())
+            .collect();
+        if before.len() == after.len() && changed.is_empty() {
+            windows.clear();
+            break;
+        }
+        windows.push(changed);
+    }
+    assert!(
+        windows.is_empty(),
+        "every window of {TASKS} polls changed the store's files: {windows:?}"
+    );
+    assert_eq!(gw.executions("charge_card"), 0);
+}
