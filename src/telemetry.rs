@@ -161,6 +161,7 @@ pub fn server_span(req: &Message, request: &Request<'_>) -> Span {
         countersign.outcome = tracing::field::Empty,
         countersign.replayed = tracing::field::Empty,
         countersign.proposal = tracing::field::Empty,
+        countersign.task = tracing::field::Empty,
         countersign.key_digest = tracing::field::Empty,
     );
     if method == "resources/read" || method == "resources/subscribe" {

@@ -40,12 +40,15 @@ fn the_demo_shows_what_it_says_it_shows() {
         "reconciles the key as executed",
         "ok: the chain is intact and ends with a clean-shutdown checkpoint",
         "made for this demo only",
+        "Instead of approval_pending it gets task",
+        "approved-executed",
     ] {
         assert!(stdout.contains(claim), "`{claim}` not narrated:\n{stdout}");
     }
 
     // The server's own record: the approved charge once (five sends), the
-    // drifted amount never, the killed charge once (its retries never sent).
+    // drifted amount never, the killed charge once (its retries never sent),
+    // and the charge the tasks client waited for, once.
     let executed: Vec<Value> = lines(&dir.path().join("executions.jsonl"))
         .into_iter()
         .filter(|e| e["event"] == "executed" && e["tool"] == "charge_card")
@@ -54,7 +57,9 @@ fn the_demo_shows_what_it_says_it_shows() {
         .iter()
         .map(|e| e["arguments"]["amount"].as_f64().unwrap())
         .collect();
-    assert_eq!(amounts, vec![42.0, 7.0], "{executed:?}");
+    assert_eq!(amounts, vec![42.0, 7.0, 12.0], "{executed:?}");
+    assert_eq!(shown["task_status"], "completed");
+    assert_eq!(shown["task_disposition"], "approved-executed");
     assert_eq!(shown["executions_after_five_sends"], 1);
     assert_eq!(shown["replayed"], 4);
 
@@ -75,7 +80,15 @@ fn the_demo_shows_what_it_says_it_shows() {
         .iter()
         .filter(|e| e["kind"] == "approval_granted")
         .collect();
-    assert_eq!(granted.len(), 2);
+    assert_eq!(granted.len(), 3);
+    assert_eq!(of("dispatched", "demo-charge-3"), 1);
+    for kind in ["task_created", "task_claimed", "task_completed"] {
+        assert_eq!(
+            audit.iter().filter(|e| e["kind"] == kind).count(),
+            1,
+            "one `{kind}`"
+        );
+    }
     assert!(granted
         .iter()
         .all(|e| e["approval"]["statement"]["reviewer"] == "demo-reviewer"));

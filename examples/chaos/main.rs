@@ -6,7 +6,7 @@
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
 //!       [--server BIN] [--work DIR] [--http] [--modern] [--postgres URL]
-//!       [--pg-cluster main] [--approvals] [--rate CALLS_PER_SEC] [--samples FILE]
+//!       [--pg-cluster main] [--approvals] [--tasks] [--rate CALLS_PER_SEC] [--samples FILE]
 //!       [--sample-secs 60]
 //!       [--json]
 //! ```
@@ -39,7 +39,10 @@
 //! approved again, or left to expire (`approvals.pending_ttl`, 8 s). A
 //! webhook receiver of the driver's own gets every notification. The agents
 //! send a held key again until it runs or is refused (`approval_denied`,
-//! `approval_expired`).
+//! `approval_expired`). With `--tasks` they ask for an MCP task for each
+//! held call instead and poll it, on whichever gateway answers, until it
+//! ends; a task that says the tool ran must have run, one that says it did
+//! not must not have, and none may still be working at the end.
 //!
 //! Checked at the end, from the server's record (`executions.jsonl`) and
 //! the gateway's ledger:
@@ -116,6 +119,10 @@ struct Opts {
     /// `--postgres URL`: two gateways on this database (a schema of the
     /// run's own), instead of one on redb.
     postgres: Option<String>,
+    /// `--tasks` (with `--approvals`): the agents ask for an MCP task for
+    /// each held call (2025-11-25 `task`, or the 2026-07-28 extension) and
+    /// wait on it instead of sending the call again.
+    tasks: bool,
     /// `--approvals`: a third of the writes held, decided by simulated
     /// reviewers.
     approvals: bool,
@@ -151,6 +158,7 @@ fn opts() -> Result<Opts, String> {
         modern: false,
         postgres: None,
         approvals: false,
+        tasks: false,
         rate: 0.0,
         samples: None,
         sample_secs: 60,
@@ -178,6 +186,7 @@ fn opts() -> Result<Opts, String> {
             ),
             "--postgres" => o.postgres = Some(value()?),
             "--approvals" => o.approvals = true,
+            "--tasks" => o.tasks = true,
             "--pg-cluster" => o.pg_cluster = value()?,
             "--rate" => o.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
             "--samples" => o.samples = Some(value()?.into()),
@@ -386,10 +395,16 @@ impl Setup {
             }
         };
         let gateways = if o.postgres.is_some() { 2 } else { 1 };
-        let approvals = if o.approvals {
-            "[approvals]\nhold = \"0s\"\npending_ttl = \"8s\"\n\n[review]\nenabled = true\n\n"
-        } else {
-            "[approvals]\nhold = \"0s\"\n\n"
+        let approvals = match (o.approvals, o.tasks) {
+            // A claim left by a killed gateway is taken over within seconds.
+            (true, true) => {
+                "[approvals]\nhold = \"0s\"\npending_ttl = \"8s\"\n\n[review]\nenabled = true\n\n\
+                             [tasks]\npoll_interval = \"300ms\"\nclaim_timeout = \"5s\"\n\n"
+            }
+            (true, false) => {
+                "[approvals]\nhold = \"0s\"\npending_ttl = \"8s\"\n\n[review]\nenabled = true\n\n"
+            }
+            _ => "[approvals]\nhold = \"0s\"\n\n",
         };
         let mut notify = match hook {
             Some(url) => format!(
@@ -511,6 +526,10 @@ struct Seen {
     pending_answers: usize,
     /// Sends in all (retries included).
     sends: usize,
+    /// `--tasks`: key → how its task ended (status, disposition).
+    tasks: HashMap<String, (String, String)>,
+    /// `--tasks`: keys whose task was still working at the deadline.
+    tasks_lost: Vec<String>,
 }
 
 struct Agent {
@@ -534,6 +553,8 @@ enum Sent {
     Refused(String),
     /// No definitive answer: send again.
     Retry,
+    /// `--tasks`: the held call became this task.
+    Task(String),
 }
 
 impl Agent {
@@ -575,18 +596,24 @@ impl Agent {
         r
     }
 
-    async fn send(&mut self, key: &str, args: &Value) -> Sent {
+    async fn send(&mut self, key: &str, args: &Value, task: bool) -> Sent {
         if !self.modern && self.session.is_none() && !self.initialize().await {
             return Sent::Retry;
         }
         let mut meta = json!({"dev.countersign/idempotency-key": key});
         if self.modern {
             meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
-            meta["io.modelcontextprotocol/clientCapabilities"] = json!({});
+            meta["io.modelcontextprotocol/clientCapabilities"] = match task {
+                true => json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}),
+                false => json!({}),
+            };
             meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "chaos", "version": "1"});
         }
-        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        let mut body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
             "name":"charge_card","arguments":args,"_meta":meta}});
+        if task && !self.modern {
+            body["params"]["task"] = json!({});
+        }
         let mut request = self.post(&body);
         if self.modern {
             request = request
@@ -627,6 +654,13 @@ impl Agent {
         if result.is_null() {
             return Sent::Retry;
         }
+        let task_id = match self.modern {
+            true => (result["resultType"] == "task").then(|| result["taskId"].as_str()),
+            false => Some(result["task"]["taskId"].as_str()),
+        };
+        if let Some(Some(id)) = task_id {
+            return Sent::Task(id.to_owned());
+        }
         let code = result["structuredContent"]["countersign"]["code"]
             .as_str()
             .unwrap_or("")
@@ -662,6 +696,79 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// One `tasks/*` request to the current gateway; `None`: no answer
+    /// (the gateway was killed, the session is gone).
+    async fn task_request(&mut self, method: &str, id: &str) -> Option<Value> {
+        if !self.modern && self.session.is_none() && !self.initialize().await {
+            return None;
+        }
+        let mut params = json!({"taskId": id});
+        if self.modern {
+            params["_meta"] = json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+            });
+        }
+        let mut request =
+            self.post(&json!({"jsonrpc":"2.0","id":2,"method":method,"params":params}));
+        if self.modern {
+            request = request
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", method)
+                .header("mcp-name", id);
+        }
+        let resp = request.send().await.ok()?;
+        if resp.status().as_u16() == 404 {
+            self.session = None;
+            return None;
+        }
+        let sse = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let text = resp.text().await.ok()?;
+        let data = match sse {
+            true => countersign::wire::sse::last_data(&text)?.to_owned(),
+            false => text,
+        };
+        let v: Value = serde_json::from_str(&data).ok()?;
+        v.get("result").cloned()
+    }
+
+    /// Wait for task `id` to end, on whichever gateway answers: its status
+    /// and disposition, or `None` at the deadline.
+    async fn await_task(&mut self, id: &str, started: Instant) -> Option<(String, String)> {
+        while started.elapsed() < deadline() {
+            let Some(t) = self.task_request("tasks/get", id).await else {
+                if self.urls.len() > 1 {
+                    self.session = None;
+                    self.current = (self.current + 1) % self.urls.len();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let status = t["status"].as_str().unwrap_or("").to_owned();
+            if status == "working" || status.is_empty() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            let result = match (self.modern, status.as_str()) {
+                (true, _) => t["result"].clone(),
+                (false, "completed") => self.task_request("tasks/result", id).await?,
+                (false, _) => Value::Null,
+            };
+            let disposition = result["_meta"]["io.modelcontextprotocol/tool-approval-disposition"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            return Some((status, disposition));
+        }
+        None
+    }
+}
+
 /// The amount of call `k`: a sum in binary floating point, whose shortest
 /// text often needs 17 digits (a parser that is not correctly rounded
 /// moves it to a neighbouring double).
@@ -676,6 +783,8 @@ struct Style {
     modern: bool,
     /// A third of the calls held (`--approvals`).
     approvals: bool,
+    /// Held calls asked as tasks (`--tasks`).
+    tasks: bool,
     /// One call per this long, per agent (`--rate`).
     pace: Option<Duration>,
 }
@@ -691,6 +800,7 @@ async fn agent(
     let Style {
         modern,
         approvals,
+        tasks,
         pace,
     } = style;
     let current = n % urls.len();
@@ -716,7 +826,8 @@ async fn agent(
             if started.elapsed() > deadline() {
                 return;
             }
-            let sent = a.send(&key, &args).await;
+            let held = currency_of(k, approvals) != "EUR";
+            let sent = a.send(&key, &args, tasks && held).await;
             seen.lock().map(|mut s| s.sends += 1).ok();
             match sent {
                 Sent::Pending => {
@@ -731,6 +842,25 @@ async fn agent(
                     seen.lock()
                         .map(|mut s| s.refused.insert(key.clone(), code))
                         .ok();
+                    break;
+                }
+                Sent::Task(id) => {
+                    match a.await_task(&id, started).await {
+                        Some(end) => {
+                            seen.lock()
+                                .map(|mut s| {
+                                    if end.1 == "outcome-unknown" {
+                                        s.unknown.insert(key.clone());
+                                    }
+                                    s.tasks.insert(key.clone(), end)
+                                })
+                                .ok();
+                        }
+                        None => {
+                            seen.lock().map(|mut s| s.tasks_lost.push(key.clone())).ok();
+                            return;
+                        }
+                    }
                     break;
                 }
                 Sent::Retry => {
@@ -929,6 +1059,7 @@ async fn run() -> Result<bool, String> {
             Style {
                 modern: o.modern,
                 approvals: o.approvals,
+                tasks: o.tasks,
                 pace: (o.rate > 0.0).then(|| Duration::from_secs_f64(o.agents as f64 / o.rate)),
             },
             seen.clone(),
@@ -1137,6 +1268,18 @@ async fn run() -> Result<bool, String> {
         .cloned()
         .collect();
     let unknown_executed = seen.unknown.iter().filter(|key| ran(key)).count();
+    // Tasks: one that says the tool ran must have run; one that says it did
+    // not, must not have.
+    let task_contradictions: Vec<String> = seen
+        .tasks
+        .iter()
+        .filter(|(key, (status, disposition))| match disposition.as_str() {
+            "approved-executed" => !ran(key),
+            "denied-not-executed" => ran(key),
+            _ => status == "failed",
+        })
+        .map(|(key, (status, disposition))| format!("{key}: task {status} {disposition}"))
+        .collect();
     // The call a key stands for (its arguments are its own).
     let call_of_key = |key: &str| -> Option<review::CallId> {
         let k: usize = key.trim_start_matches("chaos-").parse().ok()?;
@@ -1179,6 +1322,8 @@ async fn run() -> Result<bool, String> {
         && lost_acks.is_empty()
         && seen.changed.is_empty()
         && unlisted.is_empty()
+        && task_contradictions.is_empty()
+        && seen.tasks_lost.is_empty()
         && approvals.as_ref().is_none_or(|a| a.ok);
     let summary = json!({
         "ok": ok,
@@ -1204,6 +1349,14 @@ async fn run() -> Result<bool, String> {
         "refused_by_review": seen.refused.len(),
         "approval_pending_answers": seen.pending_answers,
         "approvals": approvals.map(|a| a.summary),
+        "tasks": {
+            "ended": seen.tasks.len(),
+            "approved_executed": seen.tasks.values().filter(|t| t.1 == "approved-executed").count(),
+            "denied_not_executed": seen.tasks.values().filter(|t| t.1 == "denied-not-executed").count(),
+            "outcome_unknown": seen.tasks.values().filter(|t| t.1 == "outcome-unknown").count(),
+            "contradictions": task_contradictions,
+            "lost": seen.tasks_lost,
+        },
     });
     if o.json {
         println!("{summary}");
@@ -1227,6 +1380,9 @@ async fn run() -> Result<bool, String> {
         );
         if o.approvals {
             println!("approvals: {}", summary["approvals"]);
+        }
+        if o.tasks {
+            println!("tasks: {}", summary["tasks"]);
         }
     }
     Ok(ok)

@@ -54,6 +54,8 @@ struct Shown {
     unknown_retry_code: String,
     executions_after_kill: usize,
     reconciled_text: String,
+    task_status: String,
+    task_disposition: String,
     verify_ok: bool,
     verify_report: String,
 }
@@ -594,6 +596,66 @@ async fn script(setup: &Setup, shown: &mut Shown) -> anyhow::Result<()> {
     ));
     if setup.executions("charge_card") != 2 {
         bail!("the reconciled call ran again");
+    }
+
+    step(
+        5,
+        "An agent whose client speaks MCP tasks simply waits for the human.",
+    );
+    let created = agent
+        .rpc(
+            "tools/call",
+            json!({"name": "charge_card",
+                   "arguments": {"account": "acct_42", "amount": 12.0, "currency": "EUR"},
+                   "task": {},
+                   "_meta": {"dev.countersign/idempotency-key": "demo-charge-3"}}),
+        )
+        .await?;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if task.is_empty() {
+        bail!("expected a task for the held charge, got {created}");
+    }
+    say(&format!(
+        "   The agent's client asks for a task (2025-11-25 `task`, or the 2026-07-28 tasks extension).          Instead of approval_pending it gets task {task}, \"{}\", and waits: no retry, no prompt          for the model to understand.",
+        created["result"]["task"]["statusMessage"].as_str().unwrap_or_default()
+    ));
+    let pending = reviewer.proposals(Some("pending")).await?;
+    let Some(held) = pending.first().and_then(|p| p["id"].as_str()) else {
+        bail!("expected the task's proposal to wait for the reviewer");
+    };
+    approve(&reviewer, held).await?;
+    let mut done = Value::Null;
+    for _ in 0..100 {
+        done = agent.rpc("tasks/get", json!({"taskId": task})).await?;
+        if done["result"]["status"] != "working" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shown.task_status = done["result"]["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let result = agent.rpc("tasks/result", json!({"taskId": task})).await?;
+    shown.task_disposition = result["result"]["_meta"]
+        ["io.modelcontextprotocol/tool-approval-disposition"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    say(&format!(
+        "   `{REVIEWER}` approves; the gateway runs the call itself, through the same ledger, whether or          not the agent is still connected. The task is {}, with disposition {} (SEP-2848): the tool ran          once. {} executions in all.",
+        shown.task_status,
+        shown.task_disposition,
+        setup.executions("charge_card")
+    ));
+    if shown.task_status != "completed"
+        || shown.task_disposition != "approved-executed"
+        || setup.executions("charge_card") != 3
+    {
+        bail!("expected the task to complete with one more execution, got {result}");
     }
 
     Ok(())

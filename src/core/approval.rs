@@ -1353,6 +1353,11 @@ pub fn flags(p: &Value) -> Vec<String> {
         1 => flags.push("1 retry joined".to_owned()),
         n => flags.push(format!("{n} retries joined")),
     }
+    match p["tasks_waiting"].as_u64().unwrap_or(0) {
+        0 => {}
+        1 => flags.push("a task waits".to_owned()),
+        n => flags.push(format!("{n} tasks wait")),
+    }
     flags
 }
 
@@ -1365,6 +1370,9 @@ mod flag_tests {
     fn flags_count_retries_in_the_right_number_and_name_what_changed() {
         assert!(flags(&json!({"joined": 0})).is_empty());
         assert_eq!(flags(&json!({"joined": 1})), vec!["1 retry joined"]);
+        assert_eq!(flags(&json!({"tasks_waiting": 1})), vec!["a task waits"]);
+        assert_eq!(flags(&json!({"tasks_waiting": 3})), vec!["3 tasks wait"]);
+        assert!(flags(&json!({"tasks_waiting": 0})).is_empty());
         assert_eq!(flags(&json!({"joined": 3})), vec!["3 retries joined"]);
         assert_eq!(
             flags(&json!({

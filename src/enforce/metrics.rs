@@ -66,6 +66,7 @@ pub struct Metrics {
     refusals: Family<OpLabels, Counter>,
     shadow: Family<ShadowLabels, Counter>,
     tasks: Gauge,
+    mcp_tasks: Family<OpLabels, Counter>,
 }
 
 /// What the scrape reads at the time of the scrape.
@@ -183,8 +184,15 @@ impl Metrics {
             "Tasks alive in the gateway's async runtime (a leak shows as growth)",
             tasks.clone(),
         );
+        let mcp_tasks = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "mcp_tasks",
+            "MCP tasks of held calls, by event: created, joined, claimed, cancelled, and how each ended (approved-executed, denied-not-executed, execution-error, outcome-unknown)",
+            mcp_tasks.clone(),
+        );
         Metrics {
             tasks,
+            mcp_tasks,
             shadow,
             refusals,
             registry,
@@ -212,6 +220,11 @@ impl Metrics {
                 ("outcome", outcome_label(outcome).to_owned()),
             ])
             .inc();
+    }
+
+    /// An MCP task of a held call: `event` is one of a fixed set of labels.
+    pub fn task(&self, event: &'static str) {
+        self.mcp_tasks.get_or_create(&[("event", event)]).inc();
     }
 
     /// A front refused something before it reached the pipeline or an

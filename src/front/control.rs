@@ -275,6 +275,15 @@ pub(crate) fn view(p: &Proposal, gw: &Gateway) -> Value {
     v
 }
 
+/// A proposal's view with `tasks_waiting`: how many clients wait on it as
+/// MCP tasks (the gateway runs the call for them when it is approved).
+fn with_tasks(mut v: Value, waiting: Option<usize>) -> Value {
+    if let (Some(o), Some(n)) = (v.as_object_mut(), waiting) {
+        o.insert("tasks_waiting".into(), json!(n));
+    }
+    v
+}
+
 #[derive(Deserialize)]
 struct ListQuery {
     state: Option<String>,
@@ -299,13 +308,16 @@ async fn list(
         },
     };
     match gw.pipeline().book().list().await {
-        Ok(all) => ok(json!({
-            "proposals": all
-                .iter()
-                .filter(|p| reviewer.covers(&p.tenant) && wanted.is_none_or(|w| p.state == w))
-                .map(|p| view(p, &gw))
-                .collect::<Vec<_>>()
-        })),
+        Ok(all) => {
+            let waiting = super::tasks::waiting_by_proposal(&gw).await;
+            ok(json!({
+                "proposals": all
+                    .iter()
+                    .filter(|p| reviewer.covers(&p.tenant) && wanted.is_none_or(|w| p.state == w))
+                    .map(|p| with_tasks(view(p, &gw), waiting.get(&p.id).copied()))
+                    .collect::<Vec<_>>()
+            }))
+        }
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
     }
 }
@@ -318,7 +330,10 @@ async fn show(
     match gw.pipeline().book().get(&id).await {
         // Another tenant's proposal is "not found": its existence is not
         // disclosed.
-        Ok(Some(p)) if reviewer.covers(&p.tenant) => ok(json!({ "proposal": view(&p, &gw) })),
+        Ok(Some(p)) if reviewer.covers(&p.tenant) => {
+            let waiting = super::tasks::waiting_by_proposal(&gw).await;
+            ok(json!({ "proposal": with_tasks(view(&p, &gw), waiting.get(&p.id).copied()) }))
+        }
         Ok(_) => problem(
             StatusCode::NOT_FOUND,
             "not_found",

@@ -3,7 +3,10 @@
 //! the changes that wake a client waiting on `tasks/result`. Nothing here is
 //! a source of truth: the store is, and every decision reads it again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::core::identity::SubjectToken;
 
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
@@ -19,7 +22,18 @@ pub(crate) struct Runner {
     running: Mutex<HashSet<String>>,
     /// Ids of tasks that changed (here, or through the shared store).
     changed: broadcast::Sender<String>,
+    /// The caller's access token of each task waiting here for a server
+    /// that delegates (DESIGN.md section 23): kept in memory only, never in
+    /// the store, so the gateway that made the task can mint the delegated
+    /// token when it runs the call. Another gateway, or this one after a
+    /// restart, has none: such a run is refused (`delegation_unavailable`).
+    subjects: Mutex<HashMap<String, Arc<SubjectToken>>>,
 }
+
+/// At most this many callers' tokens are kept for waiting tasks; past it
+/// (after expired ones are dropped) a new one is not kept, and its task's
+/// run is refused rather than made with anything else.
+const MAX_SUBJECTS: usize = 10_000;
 
 impl Default for Runner {
     fn default() -> Runner {
@@ -28,6 +42,7 @@ impl Default for Runner {
             me: format!("gw-{}", hex::encode(bytes)),
             running: Mutex::default(),
             changed: broadcast::channel(1024).0,
+            subjects: Mutex::default(),
         }
     }
 }
@@ -61,6 +76,30 @@ impl Runner {
     /// Changes from now on.
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<String> {
         self.changed.subscribe()
+    }
+
+    /// Keep `subject` for task `id` until it ends (`now_ms`: to drop the
+    /// expired ones when full). `false`: not kept.
+    pub(crate) fn keep_subject(&self, id: &str, subject: Arc<SubjectToken>, now_ms: i64) -> bool {
+        let mut subjects = self.subjects.lock();
+        if subjects.len() >= MAX_SUBJECTS {
+            subjects.retain(|_, s| s.expires_ms > now_ms);
+        }
+        if subjects.len() >= MAX_SUBJECTS && !subjects.contains_key(id) {
+            return false;
+        }
+        subjects.insert(id.to_owned(), subject);
+        true
+    }
+
+    /// The caller's token kept for task `id`, if this gateway has it.
+    pub(crate) fn subject(&self, id: &str) -> Option<Arc<SubjectToken>> {
+        self.subjects.lock().get(id).cloned()
+    }
+
+    /// Task `id` ended: its caller's token goes.
+    pub(crate) fn forget_subject(&self, id: &str) {
+        self.subjects.lock().remove(id);
     }
 }
 

@@ -268,10 +268,19 @@ pub(crate) async fn tools_call(
         };
         match gw.pipeline().store().task_create(record.clone()).await {
             Ok(task) => {
+                // The caller's token, for a server that delegates: in
+                // memory, for the run this gateway may make.
+                if let Some(subject) = &rc.caller.subject {
+                    gw.tasks().keep_subject(&task.id, subject.clone(), now);
+                }
                 if task.id == record.id {
+                    gw.pipeline().metrics().task("created");
                     audit(gw, "task_created", &task, &[]);
                     tracing::info!(task = %task.id, proposal = %proposal, tool = %tool, "held call became a task");
+                } else {
+                    gw.pipeline().metrics().task("joined");
                 }
+                tracing::Span::current().record("countersign.task", task.id.as_str());
                 return created(gw, id, rc.era, &task);
             }
             // The task could not be kept: the client gets what a client
@@ -370,6 +379,7 @@ pub(crate) async fn request(gw: &Gateway, rc: &RequestCtx, msg: &Message) -> Mes
     else {
         return words::no_task_id(id);
     };
+    tracing::Span::current().record("countersign.task", task_id);
     let task = match load(gw, who, task_id).await {
         Ok(t) => t,
         Err(()) => return words::not_found(id, task_id),
@@ -526,6 +536,8 @@ async fn cancel(gw: &Gateway, id: Value, era: Era, task: TaskRecord) -> Message 
         });
         match store.task_put(next.clone()).await {
             Ok(true) => {
+                gw.tasks().forget_subject(&next.id);
+                gw.pipeline().metrics().task("cancelled");
                 audit(gw, "task_cancelled", &next, &[]);
                 withdraw(gw, &next).await;
                 told(gw, &next);
@@ -607,6 +619,21 @@ fn told(gw: &Gateway, task: &TaskRecord) {
             s.notify(note.clone());
         }
     }
+}
+
+/// How many tasks wait on each proposal (one store read): reviewer
+/// surfaces show which held calls have a client waiting as a task.
+pub(crate) async fn waiting_by_proposal(gw: &Gateway) -> std::collections::HashMap<String, usize> {
+    let mut by = std::collections::HashMap::new();
+    match gw.pipeline().store().tasks(TaskFilter::Open).await {
+        Ok(open) => {
+            for p in open.into_iter().filter_map(|t| t.proposal_id) {
+                *by.entry(p).or_insert(0) += 1;
+            }
+        }
+        Err(e) => tracing::warn!("task store unavailable: {e}"),
+    }
+    by
 }
 
 /// A task's audit entry.
@@ -836,6 +863,7 @@ async fn claim_and_run(gw: &Arc<Gateway>, task: TaskRecord, me: &str, now: i64) 
             return;
         }
     }
+    gw.pipeline().metrics().task("claimed");
     audit(gw, "task_claimed", &claimed, &[("gateway", json!(me))]);
     told(gw, &claimed);
     let end = run_call(gw, &claimed).await;
@@ -873,6 +901,10 @@ async fn finish(gw: &Gateway, task: TaskRecord, end: TaskEnd, kind: &'static str
     match gw.pipeline().store().task_put(next.clone()).await {
         Ok(true) => {
             if next.state.terminal() {
+                gw.tasks().forget_subject(&next.id);
+                if let Some(d) = next.disposition {
+                    gw.pipeline().metrics().task(d.as_str());
+                }
                 audit(gw, kind, &next, &[]);
                 tracing::info!(task = %next.id, disposition = ?next.disposition, "task completed");
             } else {
@@ -900,10 +932,12 @@ async fn run_call(gw: &Gateway, task: &TaskRecord) -> TaskEnd {
     let caller = Caller {
         identity: identity.clone(),
         scope: task.scope.clone(),
-        // The caller's token is never kept: a server that delegates is
-        // refused (`delegation_unavailable`) unless it falls back to the
-        // service credential.
-        subject: None,
+        // The caller's token, kept in memory by the gateway that made the
+        // task (never in the store): minted into a delegated token at
+        // dispatch, under the permit; an expired one runs nothing
+        // (`caller_token_expired`). Elsewhere there is none, and a server
+        // that delegates refuses the call (`delegation_unavailable`).
+        subject: gw.tasks().subject(&task.id),
     };
     let version = MODERN_VERSIONS[0];
     let mut params = task.params.clone();

@@ -131,7 +131,7 @@ fn age(now_ms: i64, then_ms: i64) -> String {
     humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
 }
 
-fn item(p: &Proposal, now_ms: i64) -> Markup {
+fn item(p: &Proposal, now_ms: i64, tasks: usize) -> Markup {
     html! {
         li data-role="proposal" data-id=(p.id) class=(format!("risk-{}", p.risk.as_str())) {
             a href=(format!("/review/p/{}", p.id)) data-action="open" {
@@ -145,6 +145,8 @@ fn item(p: &Proposal, now_ms: i64) -> Markup {
                 @if p.looks_like.is_some() { " · " strong { "lookalike name" } }
                 @if p.definition_change.is_some() { " · tool definition changed" }
                 @if p.revises.is_some() { " · a revision" }
+                @if tasks == 1 { " · " span data-role="task" { "an agent waits for this as a task: it runs when approved" } }
+                @if tasks > 1 { " · " span data-role="task" { (tasks) " agents wait for this as tasks: it runs when approved" } }
                 " · " span data-role="quorum" { (quorum_line(p)) }
             }
         }
@@ -171,6 +173,7 @@ pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> R
         Err(resp) => return resp,
     };
     let now = gw.pipeline().clock().now_ms();
+    let waiting = crate::front::tasks::waiting_by_proposal(gw).await;
     let (items, status) = match proposals(gw, &r).await {
         Ok(all) => (
             all.into_iter()
@@ -192,7 +195,7 @@ pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> R
             @if items.is_empty() {
                 p class="empty" { "No proposals waiting. New ones appear here as agents ask." }
             } @else {
-                ul class="proposals" { @for p in &items { (item(p, now)) } }
+                ul class="proposals" { @for p in &items { (item(p, now, waiting.get(&p.id).copied().unwrap_or(0))) } }
             }
         },
     ))
@@ -221,7 +224,7 @@ pub(crate) async fn history(State(c): State<Arc<Console>>, headers: HeaderMap) -
             @if items.is_empty() { p class="empty" { "Nothing decided yet." } }
             ul class="proposals" {
                 @for p in &items {
-                    (item(p, now))
+                    (item(p, now, 0))
                 }
             }
         },
