@@ -135,4 +135,19 @@ mod tests {
             "each start names itself anew"
         );
     }
+
+    #[test]
+    fn a_callers_token_is_kept_for_its_task_only_until_it_ends() {
+        let r = Runner::default();
+        let token = Arc::new(SubjectToken {
+            issuer: "corp".into(),
+            token: "secret".into(),
+            expires_ms: 10,
+        });
+        assert!(r.keep_subject("t1", token.clone(), 0));
+        assert_eq!(r.subject("t1"), Some(token));
+        assert!(r.subject("t2").is_none(), "never another task's");
+        r.forget_subject("t1");
+        assert!(r.subject("t1").is_none());
+    }
 }
