@@ -173,3 +173,49 @@ fn approvals_under_kills_on_postgresql_with_two_gateways() {
         "no decision went through the review console: {summary}"
     );
 }
+
+/// Held calls as MCP tasks under kills: the agents wait on their tasks
+/// (polling whichever of two gateways on PostgreSQL answers) while gateways,
+/// children and the database are killed and the reviewers decide. Every
+/// task ends; none that says the tool ran did not run, none that says it
+/// did not ran; no key runs twice. The era alternates with the seed.
+#[test]
+fn tasks_under_kills_on_postgresql_with_two_gateways() {
+    let _one = ONE_DATABASE_RUN.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = std::env::var("CHAOS_SEED").unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            .to_string()
+    });
+    eprintln!("task chaos seed: {seed} (CHAOS_SEED={seed} replays it)");
+    let modern = seed.bytes().last().is_some_and(|b| b % 2 == 1);
+    let mut extra = vec![
+        "--approvals",
+        "--tasks",
+        "--postgres",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ];
+    if modern {
+        extra.push("--modern");
+    }
+    let summary = chaos_with(150, 5, &seed, &extra);
+    let t = &summary["tasks"];
+    assert_eq!(t["contradictions"], serde_json::json!([]), "{summary}");
+    assert_eq!(t["lost"], serde_json::json!([]), "{summary}");
+    assert_eq!(
+        t["ended"], 50,
+        "every held call was a task that ended: {summary}"
+    );
+    assert!(t["approved_executed"].as_u64().unwrap() > 0, "{summary}");
+    assert!(t["denied_not_executed"].as_u64().unwrap() > 0, "{summary}");
+    let a = &summary["approvals"];
+    for broken in [
+        "executed_without_quorum",
+        "approval_counted_for_two_executions",
+        "refused_but_ran",
+    ] {
+        assert_eq!(a[broken], serde_json::json!([]), "{broken}: {summary}");
+    }
+}

@@ -849,8 +849,17 @@ async fn agent(
                         Some(end) => {
                             seen.lock()
                                 .map(|mut s| {
-                                    if end.1 == "outcome-unknown" {
-                                        s.unknown.insert(key.clone());
+                                    // What the task says became of the call
+                                    // counts as its answer: acknowledged when
+                                    // it ran, unknown when it may have.
+                                    match end.1.as_str() {
+                                        "outcome-unknown" => {
+                                            s.unknown.insert(key.clone());
+                                        }
+                                        "approved-executed" => {
+                                            s.acked.insert(key.clone(), format!("task {id}"));
+                                        }
+                                        _ => {}
                                     }
                                     s.tasks.insert(key.clone(), end)
                                 })
