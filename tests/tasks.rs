@@ -590,3 +590,99 @@ async fn polling_a_thousand_waiting_tasks_writes_nothing_to_the_store() {
     );
     assert_eq!(gw.executions("charge_card"), 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_servers_own_task_is_relayed_as_a_task_of_the_gateway() {
+    // server-everything (the TypeScript SDK's experimental tasks server):
+    // `simulate-research-query` runs only as a task of its own, in four
+    // one-second stages.
+    let everything = common::peers_cache()
+        .join("npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(everything.exists(), "run .ci/setup-peers");
+    let gw = common::Gateway::start_with(common::Options {
+        extra: format!(
+            "\n[servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\ncall_timeout = \"10s\"\n",
+            everything.display()
+        ),
+        ..Default::default()
+    });
+    let mut c = common::Client::new(&gw.url("everything"));
+    c.token = common::TOKEN.into();
+    c.protocol = "2025-11-25".into();
+    c.initialize().await;
+    let listed = c
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
+        .await;
+    let tool = listed.last()["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "simulate-research-query")
+        .cloned()
+        .expect("server-everything lists its task tool");
+    assert_eq!(
+        tool["execution"]["taskSupport"], "required",
+        "the server's own declaration is kept"
+    );
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name": "simulate-research-query", "arguments": {"topic": "tides"}, "task": {},
+        "_meta": {"dev.countersign/idempotency-key": "research-1"}}});
+    let created = c.post(&call).await;
+    let task = created.last()["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {:?}", created.last()))
+        .to_owned();
+    assert!(task.starts_with("task-"), "the gateway's own id: {task}");
+    // The same call with the same key: the ledger replays the server's
+    // task, and the client gets the same gateway task.
+    let again = c.post(&call).await;
+    assert_eq!(again.last()["result"]["task"]["taskId"], task.as_str());
+    let mut status = String::new();
+    for _ in 0..100 {
+        let got = c
+            .post(&json!({"jsonrpc":"2.0","id":3,"method":"tasks/get","params":{"taskId": task}}))
+            .await;
+        status = got.last()["result"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if status != "working" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(status, "completed");
+    let result = c
+        .post(&json!({"jsonrpc":"2.0","id":4,"method":"tasks/result","params":{"taskId": task}}))
+        .await;
+    let r = &result.last()["result"];
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Research Report: tides"),
+        "{r}"
+    );
+    assert_eq!(
+        r["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        task.as_str()
+    );
+    // Another principal: not found.
+    let mut other = common::Client::new(&gw.url("everything"));
+    other.token = common::OTHER_TOKEN.into();
+    other.protocol = "2025-11-25".into();
+    other.initialize().await;
+    let theirs = other
+        .post(&json!({"jsonrpc":"2.0","id":5,"method":"tasks/get","params":{"taskId": task}}))
+        .await;
+    assert_eq!(theirs.last()["error"]["code"], -32602);
+    // One dispatch of the call in the ledger's audit, whatever the retries.
+    common::wait_for_audit(&gw, "one dispatch", |entries| {
+        entries
+            .iter()
+            .filter(|e| e["kind"] == "dispatched" && e["idempotency_key"] == "research-1")
+            .count()
+            == 1
+    })
+    .await;
+}

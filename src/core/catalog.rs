@@ -275,6 +275,9 @@ struct Listed {
     /// Listed names that look like another listed name, and that name
     /// (found when a listing is taken, not on a call's path).
     lookalikes: HashMap<String, String>,
+    /// The `execution.taskSupport` each tool declares, when it declares one
+    /// (MCP tasks; not part of the definition digest).
+    task_support: HashMap<String, String>,
 }
 
 /// Per-server catalog of tool definitions and pins.
@@ -358,6 +361,17 @@ impl Catalog {
 
     fn take(&self, server: &str, tools: &[Value], complete: Option<&str>) -> Captured {
         let defs: Vec<Definition> = tools.iter().filter_map(Definition::of).collect();
+        let task_support: Vec<(String, Option<String>)> = tools
+            .iter()
+            .filter_map(|t| {
+                let name = t.get("name")?.as_str()?.to_owned();
+                let support = t
+                    .pointer("/execution/taskSupport")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                Some((name, support))
+            })
+            .collect();
         let mut out = Captured {
             tools: defs.len(),
             ..Captured::default()
@@ -426,6 +440,12 @@ impl Catalog {
         for def in defs {
             entry.tools.insert(def.name().to_owned(), def);
         }
+        for (name, support) in task_support {
+            match support {
+                Some(s) => entry.task_support.insert(name, s),
+                None => entry.task_support.remove(&name),
+            };
+        }
         entry.lookalikes = entry
             .tools
             .keys()
@@ -460,6 +480,17 @@ impl Catalog {
                     .get("outputSchema")
                     .is_some_and(|v| !v.is_null())
             })
+    }
+
+    /// The `execution.taskSupport` the server declares for `server/tool`
+    /// (`forbidden`, `optional`, `required`), if it declares one.
+    pub fn task_support(&self, server: &str, tool: &str) -> Option<String> {
+        self.listed
+            .read()
+            .get(server)?
+            .task_support
+            .get(tool)
+            .cloned()
     }
 
     /// The listed definition of `server/tool`.

@@ -167,6 +167,21 @@ pub struct TaskRecord {
     /// The JSON-RPC error of a failed task.
     #[serde(default)]
     pub error: Option<Value>,
+    /// The server's own task this one relays, when the server answered the
+    /// call with a task of its own.
+    #[serde(default)]
+    pub upstream: Option<UpstreamTask>,
+}
+
+/// A server's own task that a gateway task relays (2025-11-25): its id
+/// at the server, and the client session whose upstream connection holds it
+/// (a stdio child's tasks live in that child).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamTask {
+    /// The server's task id (never shown to the client: the gateway's id is).
+    pub task_id: String,
+    /// The handshake-era session whose connection reaches it.
+    pub session: Option<String>,
 }
 
 impl TaskRecord {
@@ -358,6 +373,7 @@ mod tests {
             result: Some(json!({"content": [], "resultType": "complete"})),
             disposition: Some(Disposition::ApprovedExecuted),
             error: None,
+            upstream: None,
         }
     }
 

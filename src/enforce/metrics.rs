@@ -187,7 +187,7 @@ impl Metrics {
         let mcp_tasks = Family::<OpLabels, Counter>::default();
         registry.register(
             "mcp_tasks",
-            "MCP tasks of held calls, by event: created, joined, claimed, cancelled, and how each ended (approved-executed, denied-not-executed, execution-error, outcome-unknown)",
+            "MCP tasks, by event: created, joined, claimed, cancelled, relayed (a server's own task), and how each held call's task ended (approved-executed, denied-not-executed, execution-error, outcome-unknown)",
             mcp_tasks.clone(),
         );
         Metrics {

@@ -341,6 +341,20 @@ impl Gateway {
         &self.tasks
     }
 
+    /// Session `id` of `server`, if it belongs to (principal, tenant): the
+    /// requester's session that holds a server's task it relays.
+    pub(crate) fn session_of(
+        &self,
+        server: &str,
+        id: &str,
+        principal: &str,
+        tenant: &str,
+    ) -> Option<Arc<Session>> {
+        let s = self.sessions.lock().get(id).cloned()?;
+        (s.server == server && s.identity.principal == principal && s.identity.tenant == tenant)
+            .then_some(s)
+    }
+
     /// The open handshake-era sessions of (`server`, principal, tenant).
     pub(crate) fn sessions_of_owner(
         &self,

@@ -30,7 +30,8 @@
 //! - [`tasks`]: held calls as MCP tasks (both eras, SEP-2848 tool
 //!   approval): the `tasks/*` methods, and the runner that runs an approved
 //!   call on any live gateway; [`task_state`] is what this gateway knows of
-//!   them beyond the store.
+//!   them beyond the store; [`upstream_tasks`] relays a server's own task
+//!   as a task of the gateway.
 //! - [`review`]: the reviewer web console (`/review/`): passkey enrolment,
 //!   sign-in and decisions.
 
@@ -53,3 +54,4 @@ pub(crate) mod stream;
 pub(crate) mod task_state;
 pub(crate) mod tasks;
 pub(crate) mod tls;
+pub(crate) mod upstream_tasks;

@@ -194,12 +194,19 @@ pub(crate) async fn tools_call(
     events: Option<tokio::sync::mpsc::Sender<Message>>,
 ) -> Message {
     let id = msg.id.clone().unwrap_or(Value::Null);
-    let params = without_task(msg.params_value().unwrap_or_else(|| json!({})));
-    let tool = params
+    let asked = msg.params_value().unwrap_or_else(|| json!({}));
+    let tool = asked
         .get("name")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
+    // A tool its server runs as a task of its own goes with `task`: the
+    // server's task is relayed (see `upstream_tasks`).
+    let relay = super::upstream_tasks::relays(gw, rc, &tool);
+    let params = match relay {
+        true => asked,
+        false => without_task(asked),
+    };
     let request = Message::request(id.clone(), "tools/call", Some(raw(&params)));
     let route = Route {
         gw,
@@ -265,6 +272,7 @@ pub(crate) async fn tools_call(
             result: None,
             disposition: None,
             error: None,
+            upstream: None,
         };
         match gw.pipeline().store().task_create(record.clone()).await {
             Ok(task) => {
@@ -297,6 +305,25 @@ pub(crate) async fn tools_call(
     if rc.era == Era::Modern {
         return reply;
     }
+    if let Some(theirs) = super::upstream_tasks::created_by_server(&reply).filter(|_| relay) {
+        return match super::upstream_tasks::adopt(gw, rc, &tool, &params, &theirs, mint_id()).await
+        {
+            Ok(task) => {
+                gw.pipeline().metrics().task("relayed");
+                audit(gw, "task_created", &task, &[("relayed", json!(true))]);
+                tracing::Span::current().record("countersign.task", task.id.as_str());
+                created(gw, id, rc.era, &task)
+            }
+            // The server's task is not lost: its id goes to the client as
+            // the server gave it.
+            Err(e) => {
+                tracing::error!(
+                    "task store unavailable, the server's task is handed over as it is: {e}"
+                );
+                reply
+            }
+        };
+    }
     // 2025-11-25: a task-augmented request is answered with a task, here
     // one that is already complete.
     let now = gw.pipeline().clock().now_ms();
@@ -328,6 +355,7 @@ pub(crate) async fn tools_call(
         result: Some(result),
         disposition: None,
         error: None,
+        upstream: None,
     };
     match gw.pipeline().store().task_create(record).await {
         Ok(task) => created(gw, id, rc.era, &task),
@@ -385,6 +413,11 @@ pub(crate) async fn request(gw: &Gateway, rc: &RequestCtx, msg: &Message) -> Mes
         Err(()) => return words::not_found(id, task_id),
     };
     let task = match task {
+        Some(t) if t.upstream.is_some() && method == "tasks/cancel" => {
+            let t = super::upstream_tasks::cancel(gw, rc, t).await;
+            return cancel_answer(gw, id, rc.era, &t);
+        }
+        Some(t) if t.upstream.is_some() => super::upstream_tasks::refresh(gw, rc, t).await,
         Some(t) => t,
         None => return words::not_found(id, task_id),
     };
@@ -397,7 +430,7 @@ pub(crate) async fn request(gw: &Gateway, rc: &RequestCtx, msg: &Message) -> Mes
             t["resultType"] = json!("complete");
             Message::response(id, raw(&t))
         }
-        (Era::Handshake, "tasks/result") => result(gw, id, who, task).await,
+        (Era::Handshake, "tasks/result") => result(gw, rc, id, task).await,
         (_, "tasks/cancel") => cancel(gw, id, rc.era, task).await,
         (Era::Modern, "tasks/update") => words::no_input(id, task_id),
         _ => words::unknown_method(id, method),
@@ -477,12 +510,8 @@ async fn list(
 
 /// 2025-11-25 `tasks/result`: the result once the task ended, waiting for
 /// it (no store write, however long it waits).
-async fn result(
-    gw: &Gateway,
-    id: Value,
-    who: &crate::core::identity::Identity,
-    task: TaskRecord,
-) -> Message {
+async fn result(gw: &Gateway, rc: &RequestCtx, id: Value, task: TaskRecord) -> Message {
+    let who = &rc.caller.identity;
     let mut changes = gw.tasks().subscribe();
     let mut task = task;
     loop {
@@ -506,6 +535,7 @@ async fn result(
         })
         .await;
         task = match load(gw, who, &task.id).await {
+            Ok(Some(t)) if t.upstream.is_some() => super::upstream_tasks::refresh(gw, rc, t).await,
             Ok(Some(t)) => t,
             _ => return words::not_found(id, &task.id),
         };
@@ -719,7 +749,8 @@ async fn sweep(gw: &Arc<Gateway>, everything: bool) {
     // process was left by one that stopped.
     let alone = store.subscribe().is_none();
     for t in open {
-        if gw.tasks().is_running(&t.id) {
+        // A relayed task is the server's to run.
+        if gw.tasks().is_running(&t.id) || t.upstream.is_some() {
             continue;
         }
         let due = match t.state {
@@ -758,7 +789,7 @@ async fn drive(gw: &Arc<Gateway>, id: &str) {
     };
     let store = gw.pipeline().store();
     let task = match store.task_get(id).await {
-        Ok(Some(t)) if !t.state.terminal() => t,
+        Ok(Some(t)) if !t.state.terminal() && t.upstream.is_none() => t,
         Ok(_) => return,
         Err(e) => {
             tracing::warn!(task = id, "task store unavailable: {e}");

@@ -108,6 +108,7 @@ pub(crate) mod conformance {
             result: None,
             disposition: None,
             error: None,
+            upstream: None,
         }
     }
 

@@ -146,6 +146,24 @@ pub fn refused(
     )
 }
 
+/// A relayed task whose server task was lost with the session that held
+/// it: the call was sent, and what became of it is not known.
+pub fn relay_lost(tool: &str) -> Value {
+    let text = format!(
+        "The call of `{}` was sent and its server made a task of it, but the session that held that task ended:          the tool may have run. It will not be sent again; verify with a read before calling again.",
+        crate::core::legible::text(tool)
+    );
+    json!({
+        "content": [{ "type": "text", "text": text }],
+        "isError": true,
+        "structuredContent": { "countersign": { "code": codes::OUTCOME_UNKNOWN, "message": text } },
+        "_meta": {
+            DISPOSITION_META: Disposition::OutcomeUnknown.as_str(),
+            super::DECISION_META: { "code": codes::OUTCOME_UNKNOWN, "message": text },
+        },
+    })
+}
+
 /// What a waiting task says of itself (`statusMessage`).
 pub fn waiting(proposal_id: &str, review_url: Option<&str>) -> String {
     match review_url {
