@@ -315,6 +315,12 @@ async fn another_principal_or_tenant_cannot_read_or_cancel_a_task() {
                 .contains("proposal"),
             "{era}: the status names the proposal: {mine}"
         );
+        assert_eq!(
+            mine["result"]["_meta"]["io.modelcontextprotocol/authorization"]["remediationHints"][0]
+                ["type"],
+            "task",
+            "{era}: a waiting task carries the SEP-2643 envelope: {mine}"
+        );
         for other in [common::OTHER_TOKEN, common::GLOBEX_TOKEN] {
             let theirs = get(&s, era, other, &task).await;
             assert_eq!(theirs["error"]["code"], -32602, "{era}: {theirs}");

@@ -271,18 +271,28 @@ impl TaskRecord {
                     .unwrap_or_else(|| json!({"code": -32603, "message": "the task failed"}));
             }
             TaskState::Waiting | TaskState::Claimed => {
-                if let Some(p) = &self.proposal_id {
-                    t["_meta"] = json!({ AUTHORIZATION_META: {
-                        "decision": "pending",
-                        "reason": "approval_required",
-                        "proposalId": p,
-                        "remediationHints": [{ "type": "task", "taskId": self.id }],
-                    }});
+                if let Some(meta) = self.authorization_meta() {
+                    t["_meta"] = meta;
                 }
             }
             TaskState::Cancelled => {}
         }
         t
+    }
+
+    /// The SEP-2643 envelope of a task that waits for a person: the
+    /// decision is pending, and the remedy is to wait on this task.
+    pub fn authorization_meta(&self) -> Option<Value> {
+        if self.state != TaskState::Waiting {
+            return None;
+        }
+        let p = self.proposal_id.as_ref()?;
+        Some(json!({ AUTHORIZATION_META: {
+            "decision": "pending",
+            "reason": "approval_required",
+            "proposalId": p,
+            "remediationHints": [{ "type": "task", "taskId": self.id }],
+        }}))
     }
 
     /// The 2025-11-25 `tasks/result` payload: the stored result with the

@@ -423,7 +423,11 @@ pub(crate) async fn request(gw: &Gateway, rc: &RequestCtx, msg: &Message) -> Mes
     };
     match (rc.era, method) {
         (Era::Handshake, "tasks/get") => {
-            Message::response(id, raw(&task.v1(retention_ms(gw), poll_ms(gw))))
+            let mut t = task.v1(retention_ms(gw), poll_ms(gw));
+            if let Some(meta) = task.authorization_meta() {
+                t["_meta"] = meta;
+            }
+            Message::response(id, raw(&t))
         }
         (Era::Modern, "tasks/get") => {
             let mut t = task.v2(retention_ms(gw), poll_ms(gw));
