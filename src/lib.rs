@@ -9,7 +9,7 @@
 //! | layer | modules | I/O |
 //! |---|---|---|
 //! | cli | [`cli`] (`args`, `serve`, `check`, `policy`, `reconcile`, `review`, `tools`, `store`, `transparency`, `demo`, `client`, `files`, `log`) | yes |
-//! | front ends | `front` (`gateway`, `route`, `http`, `request`, `mcp`, `tasks`, `task_state`, `upstream_tasks`, `stream`, `respond`, `ops`, `control`, `bridge`, `tls`) | yes |
+//! | front ends | `front` (`gateway`, `route`, `http`, `request`, `mcp`, `tasks`, `task_runner`, `task_state`, `upstream_tasks`, `stream`, `respond`, `ops`, `control`, `bridge`, `tls`) | yes |
 //! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`, `notify`) | yes |
 //! | enforce | [`enforce`] (`pipeline`, `call`, `learn`, `judge`, `reads`, `writes`, `gate`, `breakers`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`, `metrics`) | through traits |
 //! | store, audit | [`store`] (`redb_store`, `postgres`, `memory`, `tasks`), [`audit`] (`log`, `writer`, `recover`, `outbox`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`) | yes |

@@ -171,7 +171,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
     // Held calls as tasks: approved ones are run here (or on any other
     // gateway sharing the store), whether or not their client is connected.
-    let task_runner = tokio::spawn(crate::front::tasks::run(Arc::clone(&gw)));
+    let task_runner = tokio::spawn(crate::front::task_runner::run(Arc::clone(&gw)));
     // TLS on the listener, when configured: the pair must load now, and is
     // taken again whenever the files change.
     let (tls, tls_watcher) = match (&gw.config().gateway.tls_cert, &gw.config().gateway.tls_key) {

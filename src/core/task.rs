@@ -185,6 +185,36 @@ pub struct UpstreamTask {
 }
 
 impl TaskRecord {
+    /// A new task of `who`'s call of `server/tool`, made at `now_ms`:
+    /// waiting, at revision 0, with nothing else known yet.
+    pub fn new(id: String, who: &Identity, server: &str, tool: &str, now_ms: i64) -> TaskRecord {
+        TaskRecord {
+            id,
+            revision: 0,
+            tenant: who.tenant.clone(),
+            principal: who.principal.clone(),
+            groups: who.groups.clone(),
+            scopes: who.scopes.clone(),
+            client: who.client.clone(),
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            key: String::new(),
+            scope: None,
+            params: Value::Null,
+            proposal_id: None,
+            state: TaskState::Waiting,
+            claimed_by: None,
+            claimed_ms: None,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            status_message: None,
+            result: None,
+            disposition: None,
+            error: None,
+            upstream: None,
+        }
+    }
+
     /// Whether `who` asked for it: only its requester (principal and
     /// tenant) may see, list or cancel a task; for anyone else it does not
     /// exist.

@@ -12,7 +12,7 @@ use crate::enforce::answer;
 use crate::enforce::pipeline::CallCtx;
 use crate::front::gateway::Gateway;
 pub(crate) use crate::front::request::{Origin, RequestCtx};
-use crate::front::route::{Route, Target};
+use crate::front::route::Target;
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::Message;
 
@@ -77,12 +77,7 @@ async fn answer_in(
         Target::Session(s) => s.enveloped(msg),
         Target::Shared { .. } => msg,
     };
-    let route = Route {
-        gw,
-        caller: &rc.caller,
-        target: rc.target.clone(),
-        extra: rc.extra.clone(),
-    };
+    let route = rc.route(gw);
     if msg.method() == "tools/call" {
         if super::tasks::wants_task(gw, rc, &msg) {
             return super::tasks::tools_call(gw, rc, msg, events).await;

@@ -28,7 +28,7 @@
 //! - [`refusals`]: what the fronts turn away, counted and (when it
 //!   repeats) audited at a bounded rate.
 //! - [`tasks`]: held calls as MCP tasks (both eras, SEP-2848 tool
-//!   approval): the `tasks/*` methods, and the runner that runs an approved
+//!   approval): the `tasks/*` methods; [`task_runner`] runs an approved
 //!   call on any live gateway; [`task_state`] is what this gateway knows of
 //!   them beyond the store; [`upstream_tasks`] relays a server's own task
 //!   as a task of the gateway.
@@ -51,6 +51,7 @@ pub(crate) mod respond;
 pub(crate) mod review;
 pub(crate) mod route;
 pub(crate) mod stream;
+pub(crate) mod task_runner;
 pub(crate) mod task_state;
 pub(crate) mod tasks;
 pub(crate) mod tls;

@@ -4,7 +4,8 @@
 //! [`super::tasks`] serves the gateway's tasks with it.
 
 use crate::enforce::pipeline::Caller;
-use crate::front::route::Target;
+use crate::front::gateway::Gateway;
+use crate::front::route::{Route, Target};
 use crate::upstream::ExtraHeaders;
 use crate::wire::era::Era;
 
@@ -70,6 +71,19 @@ impl RequestCtx {
             asks: None,
             bridged,
             origin: Origin::default(),
+        }
+    }
+}
+
+impl RequestCtx {
+    /// Where the request goes upstream: its target, its extra headers,
+    /// and its caller.
+    pub(crate) fn route<'a>(&'a self, gw: &'a Gateway) -> Route<'a> {
+        Route {
+            gw,
+            caller: &self.caller,
+            target: self.target.clone(),
+            extra: self.extra.clone(),
         }
     }
 }

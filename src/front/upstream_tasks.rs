@@ -77,35 +77,20 @@ pub(crate) async fn adopt(
         Target::Shared { .. } => None,
     };
     let record = TaskRecord {
-        id,
-        revision: 0,
-        tenant: who.tenant.clone(),
-        principal: who.principal.clone(),
-        groups: who.groups.clone(),
-        scopes: who.scopes.clone(),
-        client: who.client.clone(),
-        server: rc.server.clone(),
-        tool: tool.to_owned(),
-        key: String::new(),
         scope: rc.caller.scope.clone(),
         params: params.clone(),
-        proposal_id: None,
         // INVARIANT: a relayed task is the server's to run: the gateway's
         // runner never claims it (its call was dispatched once, through
         // the ledger, when the server made the task).
         state: TaskState::Claimed,
         claimed_by: Some("upstream".into()),
         claimed_ms: Some(now),
-        created_ms: now,
-        updated_ms: now,
         status_message: upstream["statusMessage"].as_str().map(str::to_owned),
-        result: None,
-        disposition: None,
-        error: None,
         upstream: Some(UpstreamTask {
             task_id: upstream_id,
             session,
         }),
+        ..TaskRecord::new(id, who, &rc.server, tool, now)
     };
     store.task_create(record).await
 }
