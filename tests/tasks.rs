@@ -98,6 +98,19 @@ impl Setup {
         key: Option<&str>,
         extra: &[&str],
     ) -> tokio::process::Child {
+        let charge = json!({"account": "acct-1", "amount": 10});
+        self.client_calling(era, token, "charge_card", &charge, key, extra)
+    }
+
+    fn client_calling(
+        &self,
+        era: &str,
+        token: &str,
+        tool: &str,
+        arguments: &Value,
+        key: Option<&str>,
+        extra: &[&str],
+    ) -> tokio::process::Child {
         let mut args = vec![
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/peers/tasks_client.mjs")
@@ -110,9 +123,9 @@ impl Setup {
             "--era".into(),
             era.into(),
             "--tool".into(),
-            "charge_card".into(),
+            tool.into(),
             "--arguments".into(),
-            json!({"account": "acct-1", "amount": 10}).to_string(),
+            arguments.to_string(),
         ];
         if let Some(k) = key {
             args.extend(["--key".into(), k.into()]);
@@ -691,4 +704,28 @@ async fn a_servers_own_task_is_relayed_as_a_task_of_the_gateway() {
             == 1
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_runs_at_once_is_answered_as_each_era_requires() {
+    let s = Setup::start();
+    let read = json!({"account": "acct-1"});
+    // 2025-11-25: a task-augmented request gets a task, here one already
+    // completed; the library reads its result.
+    let lines =
+        events(s.client_calling("handshake", common::TOKEN, "get_balance", &read, None, &[])).await;
+    assert_eq!(event(&lines, "started")["kind"], "task", "{lines:?}");
+    let settled = event(&lines, "settled");
+    assert_eq!(settled["status"], "completed", "{lines:?}");
+    assert!(
+        settled["result"]["content"].to_string().contains("acct-1"),
+        "{settled}"
+    );
+    // 2026-07-28: the plain result.
+    let lines =
+        events(s.client_calling("modern", common::TOKEN, "get_balance", &read, None, &[])).await;
+    assert_eq!(event(&lines, "started")["kind"], "immediate", "{lines:?}");
+    let settled = event(&lines, "settled");
+    assert_eq!(settled["status"], "completed", "{lines:?}");
+    assert_eq!(s.gw.executions("get_balance"), 2);
 }
