@@ -55,6 +55,10 @@ const INPUTS: TableDefinition<&str, &str> = TableDefinition::new("decision_input
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Tasks by id, as JSON (DESIGN.md section 24).
 const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+/// The ids of the tasks that have not ended, each with the proposal it
+/// waits on (empty for none): the runner's sweep reads these, never the
+/// ended tasks kept for their requesters.
+const OPEN_TASKS: TableDefinition<&str, &str> = TableDefinition::new("open_tasks");
 const JOURNAL_GENERATION: &str = "journal_generation";
 
 /// Most operations folded into one write transaction.
@@ -279,6 +283,8 @@ impl RedbStore {
         txn.open_table(NONCES)
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(TASKS)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(OPEN_TASKS)
             .map_err(|e| err("create table")(e.into()))?;
         {
             // One process per file: no delivery of a previous run is still
@@ -1330,23 +1336,78 @@ fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, Stor
 /// transaction, like a nonce's: tasks never touch the ledger's journal.
 async fn task_write<T: Send + 'static>(
     db: Arc<Database>,
-    f: impl FnOnce(&mut redb::Table<'_, &'static str, &'static [u8]>) -> Result<T, StoreError>
-        + Send
-        + 'static,
+    f: impl FnOnce(&mut TaskTables<'_>) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     blocking(move || {
         let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
         txn.set_durability(Durability::Immediate);
         let out = {
-            let mut table = txn
-                .open_table(TASKS)
-                .map_err(|e| err("open table")(e.into()))?;
-            f(&mut table)?
+            let mut tables = TaskTables {
+                tasks: txn
+                    .open_table(TASKS)
+                    .map_err(|e| err("open table")(e.into()))?,
+                open: txn
+                    .open_table(OPEN_TASKS)
+                    .map_err(|e| err("open table")(e.into()))?,
+            };
+            f(&mut tables)?
         };
         txn.commit().map_err(|e| err("commit")(e.into()))?;
         Ok(out)
     })
     .await
+}
+
+/// The tasks table and its index of open tasks, written together.
+struct TaskTables<'t> {
+    tasks: redb::Table<'t, &'static str, &'static [u8]>,
+    open: redb::Table<'t, &'static str, &'static str>,
+}
+
+impl TaskTables<'_> {
+    /// Write `t`, and keep the index of open tasks in step with it.
+    fn put(&mut self, t: &crate::core::task::TaskRecord) -> Result<(), StoreError> {
+        let bytes = encode_task(t)?;
+        self.tasks
+            .insert(t.id.as_str(), bytes.as_slice())
+            .map_err(|e| err("write")(e.into()))?;
+        if t.state.terminal() {
+            self.open
+                .remove(t.id.as_str())
+                .map_err(|e| err("write")(e.into()))?;
+        } else {
+            self.open
+                .insert(t.id.as_str(), t.proposal_id.as_deref().unwrap_or(""))
+                .map_err(|e| err("write")(e.into()))?;
+        }
+        Ok(())
+    }
+
+    fn get(&self, id: &str) -> Result<Option<crate::core::task::TaskRecord>, StoreError> {
+        match self.tasks.get(id).map_err(|e| err("read")(e.into()))? {
+            Some(v) => decode_task(v.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The open tasks (those `open` lists), read from `tasks`.
+fn open_tasks(
+    tasks: &impl ReadableTable<&'static str, &'static [u8]>,
+    open: &impl ReadableTable<&'static str, &'static str>,
+    proposal: Option<&str>,
+) -> Result<Vec<crate::core::task::TaskRecord>, StoreError> {
+    let mut out = Vec::new();
+    for entry in open.iter().map_err(|e| err("scan")(e.into()))? {
+        let (k, p) = entry.map_err(|e| err("scan")(e.into()))?;
+        if proposal.is_some_and(|want| want != p.value()) {
+            continue;
+        }
+        if let Some(v) = tasks.get(k.value()).map_err(|e| err("read")(e.into()))? {
+            out.push(decode_task(v.value())?);
+        }
+    }
+    Ok(out)
 }
 
 fn decode_task(bytes: &[u8]) -> Result<crate::core::task::TaskRecord, StoreError> {
@@ -1376,24 +1437,18 @@ impl Store for RedbStore {
         &self,
         task: crate::core::task::TaskRecord,
     ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
-        Box::pin(task_write(self.db.clone(), move |table| {
-            if let Some(old) = all_tasks(table)?
+        Box::pin(task_write(self.db.clone(), move |t| {
+            // Only an open task is joined: the index holds them all.
+            if let Some(old) = open_tasks(&t.tasks, &t.open, task.proposal_id.as_deref())?
                 .into_iter()
                 .find(|old| super::tasks::joins(old, &task))
             {
                 return Ok(old);
             }
-            if table
-                .get(task.id.as_str())
-                .map_err(|e| err("read")(e.into()))?
-                .is_some()
-            {
+            if t.get(&task.id)?.is_some() {
                 return Err(StoreError::Collision(task.id.clone()));
             }
-            let bytes = encode_task(&task)?;
-            table
-                .insert(task.id.as_str(), bytes.as_slice())
-                .map_err(|e| err("write")(e.into()))?;
+            t.put(&task)?;
             Ok(task)
         }))
     }
@@ -1419,44 +1474,68 @@ impl Store for RedbStore {
         filter: super::TaskFilter,
     ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
         Box::pin(async move {
-            let mut out: Vec<_> = all_tasks(&self.read(TASKS)?)?
-                .into_iter()
-                .filter(|t| filter.selects(t))
-                .collect();
+            let txn = self
+                .db
+                .begin_read()
+                .map_err(|e| err("begin read")(e.into()))?;
+            let tasks = txn
+                .open_table(TASKS)
+                .map_err(|e| err("open table")(e.into()))?;
+            let mut out: Vec<_> = match &filter {
+                super::TaskFilter::Owner { .. } => all_tasks(&tasks)?,
+                super::TaskFilter::Open | super::TaskFilter::Proposal(_) => {
+                    let open = txn
+                        .open_table(OPEN_TASKS)
+                        .map_err(|e| err("open table")(e.into()))?;
+                    let proposal = match &filter {
+                        super::TaskFilter::Proposal(p) => Some(p.as_str()),
+                        _ => None,
+                    };
+                    open_tasks(&tasks, &open, proposal)?
+                }
+            };
+            out.retain(|t| filter.selects(t));
             super::tasks::newest_first(&mut out);
             Ok(out)
         })
     }
 
     fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
-        Box::pin(task_write(self.db.clone(), move |table| {
-            let current = match table
-                .get(task.id.as_str())
-                .map_err(|e| err("read")(e.into()))?
-            {
-                Some(v) => Some(decode_task(v.value())?),
-                None => None,
-            };
+        Box::pin(task_write(self.db.clone(), move |t| {
+            // INVARIANT: read and written in one write transaction (redb
+            // has one writer at a time): the compare-and-set of a claim and
+            // of a cancel cannot interleave.
+            let current = t.get(&task.id)?;
             if !super::tasks::may_write(current.as_ref(), &task) {
                 return Ok(false);
             }
-            let bytes = encode_task(&task)?;
-            table
-                .insert(task.id.as_str(), bytes.as_slice())
-                .map_err(|e| err("write")(e.into()))?;
+            t.put(&task)?;
             Ok(true)
         }))
     }
 
     fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        Box::pin(task_write(self.db.clone(), move |table| {
-            let stale: Vec<String> = all_tasks(table)?
+        // Looked for first in a read: a sweep with nothing to collect
+        // writes (and fsyncs) nothing.
+        let none_due = (|| {
+            let stale = all_tasks(&self.read(TASKS)?)?
+                .iter()
+                .any(|t| super::tasks::collectable(t, before_ms));
+            Ok::<bool, StoreError>(!stale)
+        })();
+        match none_due {
+            Ok(true) => return Box::pin(std::future::ready(Ok(0))),
+            Ok(false) => {}
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        }
+        Box::pin(task_write(self.db.clone(), move |t| {
+            let stale: Vec<String> = all_tasks(&t.tasks)?
                 .into_iter()
                 .filter(|t| super::tasks::collectable(t, before_ms))
                 .map(|t| t.id)
                 .collect();
             for id in &stale {
-                table
+                t.tasks
                     .remove(id.as_str())
                     .map_err(|e| err("write")(e.into()))?;
             }
