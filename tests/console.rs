@@ -733,3 +733,55 @@ async fn the_console_is_off_unless_enabled() {
         );
     }
 }
+
+/// F6 (second attack): credential ids are public, and failed sign-ins were
+/// counted against whatever credential a request named before anything was
+/// verified, so five junk requests locked a reviewer out. Now a failure
+/// counts against a credential only once its own key signed; junk counts
+/// against the address it came from.
+#[tokio::test(flavor = "multi_thread")]
+async fn f6_junk_sign_ins_naming_a_reviewers_passkey_do_not_lock_the_reviewer_out() {
+    let console = Console::start("", "");
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    console.reviewers(&entry).await;
+    let id = entry
+        .split("id = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the entry names the passkey's id")
+        .to_owned();
+    // The attacker, from another loopback address.
+    let attacker = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let port = console.base.rsplit(':').next().unwrap();
+    let url = format!("http://127.0.0.1:{port}/review/sign-in");
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        let junk = json!({
+            "credential_id": id,
+            "authenticator_data": "AAAA",
+            "client_data_json": "AAAA",
+            "signature": "AAAA",
+        });
+        let status = attacker
+            .post(&url)
+            .header("origin", &console.base)
+            .header("content-type", "application/json")
+            .body(junk.to_string())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        statuses.push(status);
+    }
+    assert_eq!(
+        statuses,
+        [401, 401, 401, 401, 401, 429, 429],
+        "junk is refused, then its address is slowed"
+    );
+    // Alice, from her own address, signs in with her passkey all the same.
+    console.sign_in("alice");
+}

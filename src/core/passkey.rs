@@ -372,12 +372,15 @@ pub fn verify_assertion(
     let data = decode("authenticatorData", &a.authenticator_data)?;
     let signature = decode("the signature", &a.signature)?;
     check_client_data(&client, "webauthn.get", e)?;
-    let (flags, counter, _) = check_authenticator_data(&data, e.rp_id)?;
+    // The signature first, then the flags: a failure past this point (no
+    // UV, another relying party) is known to come from the credential's
+    // own key, which is what the console's per-credential limit counts.
     let mut signed = data.clone();
     signed.extend_from_slice(&Sha256::digest(&client));
     if !key.verifier()?.verify(&signed, &signature) {
         return Err(PasskeyError::Signature(key.id.clone()));
     }
+    let (flags, counter, _) = check_authenticator_data(&data, e.rp_id)?;
     Ok(Verified {
         counter,
         user_verified: flags & UV != 0,

@@ -102,9 +102,15 @@ pub(crate) async fn finish(
             }
             r
         }
-        Err(why) => {
+        Err(Refused { why, signed }) => {
+            // Credential ids are public: a failure counts against the
+            // credential only once its own key signed the assertion (no UV,
+            // a counter gone back), or anyone could lock a reviewer out by
+            // naming their passkey. Every failure counts per address.
             c.failures.failed(&address);
-            c.failures.failed(&credential);
+            if signed {
+                c.failures.failed(&credential);
+            }
             let shown = crate::core::legible::text(&why).into_owned();
             // Every tried sign-in that fails is its own audit entry (the
             // limit above bounds them per address and per passkey); the
@@ -127,13 +133,36 @@ pub(crate) async fn finish(
     }
 }
 
+/// Why a sign-in failed, and whether the passkey's own key had signed it.
+struct Refused {
+    why: String,
+    signed: bool,
+}
+
+impl From<String> for Refused {
+    /// A failure before any signature verified.
+    fn from(why: String) -> Refused {
+        Refused { why, signed: false }
+    }
+}
+
+impl From<&str> for Refused {
+    /// A failure before any signature verified.
+    fn from(why: &str) -> Refused {
+        Refused::from(why.to_owned())
+    }
+}
+
 /// The reviewer whose passkey made `a` over a challenge this console issued
 /// for a sign-in.
-fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, String> {
+fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, Refused> {
     let challenge = passkey::claimed_challenge(&a.client_data_json)?;
     // A challenge answers once: a captured sign-in cannot be replayed.
     if !c.take_challenge(&challenge, "sign-in") {
-        return Err("the sign-in's challenge is not one this console issued, or it was used or expired: start again".into());
+        return Err(Refused::from(
+            "the sign-in's challenge is not one this console issued, or it was used or expired: start again"
+                .to_owned(),
+        ));
     }
     let raw = passkey::b64url()
         .decode(&challenge)
@@ -159,10 +188,15 @@ fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, String> {
             rp_id: &c.rp_id,
         },
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Refused {
+        // `verify_assertion` checks the signature before the flags.
+        signed: matches!(e, passkey::PasskeyError::AuthenticatorData(_)),
+        why: e.to_string(),
+    })?;
     gw.pipeline()
         .book()
-        .passkey_counter(&key.id, verified.counter)?;
+        .passkey_counter(&key.id, verified.counter)
+        .map_err(|why| Refused { why, signed: true })?;
     Ok(name)
 }
 
