@@ -17,7 +17,9 @@
 //! `--record FILE` appends one JSON line per execution
 //! (`{"event":"executed","tool":…,"arguments":…,"raw_arguments":…,"pid":…}`,
 //! `raw_arguments` being the arguments text byte for byte) and per received
-//! cancellation (`{"event":"cancelled",…}`), so tests can count executions.
+//! cancellation (`{"event":"cancelled",…}`) and each relayed
+//! `notifications/roots/list_changed` (`{"event":"notification",…}`), so
+//! tests can count executions and relayed notifications.
 //!
 //! `--faults FILE` is read before each call: a JSON object from tool name to
 //! `{"fault": F, "times": N, "delay_ms": D}`, where F is one of
@@ -269,6 +271,11 @@ impl Server {
             .map(str::to_owned);
         if method == "notifications/cancelled" {
             self.note(json!({"event":"cancelled","requestId":params.get("requestId"),"reason":params.get("reason"),"pid":std::process::id()}));
+            return None;
+        }
+        // A client notification the gateway relayed (tests count them).
+        if id.is_none() && method == "notifications/roots/list_changed" {
+            self.note(json!({"event":"notification","method":method,"pid":std::process::id()}));
             return None;
         }
         let id = id?;

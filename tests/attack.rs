@@ -471,7 +471,7 @@ async fn show_and_pending_draw_a_deceiving_proposal_as_what_it_is() {
 #[tokio::test]
 async fn a_batch_runs_no_more_than_the_rate_limits_burst() {
     let gw = Gateway::start_with(Options {
-        limits: "requests_per_second = 1\n".into(),
+        limits: "requests_per_second = 1\nmax_batch_members = 500\n".into(),
         extra: format!("\n[metrics]\ntoken_sha256 = \"{}\"\n", sha(METRICS_TOKEN)),
         ..Default::default()
     });
@@ -706,4 +706,58 @@ async fn refused_tokens_and_origins_are_counted_and_audited() {
     assert!(!serde_json::to_string(&entries)
         .unwrap()
         .contains("forged-token"));
+}
+
+/// F4 (second attack): the notifications of a batch were relayed without
+/// the rate limiter, so one HTTP request under 2/s became 20,000 messages
+/// upstream. Every member now counts, and a batch has a cap.
+#[tokio::test]
+async fn f4_notifications_in_a_batch_are_rate_limited_and_a_batch_is_capped() {
+    let gw = Gateway::start_with(Options {
+        limits: "requests_per_second = 1\n".into(),
+        ..Default::default()
+    });
+    let mut c = Client::new(&gw.url("payments"));
+    c.protocol = "2025-03-26".into();
+    c.initialize().await;
+    let notes = |n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|_| json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"}))
+            .collect()
+    };
+    // Over the cap: refused whole, nothing relayed.
+    let too_many = loop {
+        let a = c.post(&Value::Array(notes(101))).await;
+        if a.status != 429 {
+            break a;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
+    assert_eq!(too_many.status, 400, "{too_many:?}");
+    assert!(
+        too_many.response_text().contains("max_batch_members"),
+        "{too_many:?}"
+    );
+    // At the cap: admitted, and no more relayed than the burst allows.
+    let a = loop {
+        let a = c.post(&Value::Array(notes(100))).await;
+        if a.status != 429 {
+            break a;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
+    assert_eq!(a.status, 202, "{a:?}");
+    // What reached the server: the example server records every
+    // notifications/roots/list_changed it gets.
+    let relayed = || {
+        gw.records()
+            .iter()
+            .filter(|r| r["event"] == "notification")
+            .count()
+    };
+    eventually("a relayed notification reached the server", || {
+        relayed() >= 1
+    })
+    .await;
+    assert!(relayed() <= 2, "{} of 100 relayed under 1/s", relayed());
 }

@@ -463,6 +463,13 @@ pub enum Rejection {
     AlreadyInitialized,
     /// `initialize` inside a batch.
     InitializeInBatch,
+    /// A batch of more members than `limits.max_batch_members`.
+    BatchTooLarge {
+        /// Its members.
+        members: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// A second standalone stream for one session.
     StreamTaken,
     /// A GET's `Last-Event-ID` names no stream this session keeps.
@@ -569,6 +576,10 @@ impl Rejection {
                 "this session is already initialized: open a new session without Mcp-Session-Id",
             ),
             Rejection::InitializeInBatch => invalid("initialize cannot be part of a batch"),
+            Rejection::BatchTooLarge { members, limit } => invalid(&format!(
+                "a batch of {members} messages is over limits.max_batch_members ({limit}); nothing of it was sent: \
+                 send at most {limit} per batch"
+            )),
             Rejection::StreamTaken => invalid("this session already has a standalone stream open"),
             Rejection::LastEventId(id) => invalid(&format!(
                 "Last-Event-ID `{id}` names no stream this session keeps (ids are STREAM-SEQ, as the gateway sent them)"

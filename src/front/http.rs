@@ -438,11 +438,28 @@ async fn batch(
     members: Vec<Result<Message, crate::wire::jsonrpc::ParseError>>,
     origin: &Origin,
 ) -> Response {
+    // A batch is refused whole past its cap, before any member is looked at.
+    let limit = gw.config().limits.max_batch_members;
+    if members.len() > limit {
+        gw.refused(
+            "batch_too_large",
+            Some(&session.server),
+            "a batch over limits.max_batch_members",
+        );
+        return reject(
+            Rejection::BatchTooLarge {
+                members: members.len(),
+                limit,
+            },
+            Value::Null,
+        );
+    }
     let mut answers = Vec::new();
     let mut calls = Vec::new();
-    // The HTTP request was admitted once by the rate limiter; each request
-    // in it after the first is one more request to the limiter, so a batch
-    // of 500 runs no more than a burst of single requests would.
+    // The HTTP request was admitted once by the rate limiter; each member
+    // in it after the first, a request or a notification alike, is one
+    // more to the limiter, so a batch relays no more than a burst of
+    // single messages would.
     let mut admitted = false;
     for member in members {
         match member {
@@ -469,9 +486,20 @@ async fn batch(
                 let rc = session_request(session, origin);
                 calls.push(async move { mcp::answer(gw, &rc, msg, None).await })
             }
-            // A member that may not be relayed gets no answer (it is a
-            // notification, or a response): it is dropped and counted.
+            // A notification or a response: relayed (or, if it may not be,
+            // dropped and counted) once the limiter admits it; over the
+            // rate it is dropped (it gets no answer) and counted.
             Ok(msg) => {
+                if std::mem::replace(&mut admitted, true)
+                    && gw.rate_check(&session.identity).is_err()
+                {
+                    gw.refused(
+                        "rate_limited",
+                        Some(&session.server),
+                        "a batch member over limits.requests_per_second",
+                    );
+                    continue;
+                }
                 let _ = forward(gw, Some(&session.conn()), &session.server, msg, &Vec::new()).await;
             }
         }

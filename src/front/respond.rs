@@ -45,6 +45,7 @@ pub(super) fn reject(rejection: Rejection, id: Value) -> Response {
         | Rejection::NoSession
         | Rejection::AlreadyInitialized
         | Rejection::InitializeInBatch
+        | Rejection::BatchTooLarge { .. }
         | Rejection::Header(_)
         | Rejection::Unrelayable(_)
         | Rejection::LegacyUpstream { .. } => StatusCode::BAD_REQUEST,

@@ -1162,6 +1162,10 @@ pub struct Limits {
     /// depends on the agents, and a gateway-wide load test drives one
     /// identity at thousands per second).
     pub requests_per_second: u32,
+    /// Most members of one JSON-RPC batch (2025-03-26); a larger batch is
+    /// refused whole (`-32600`) and nothing of it is sent: a client has no
+    /// reason to send thousands.
+    pub max_batch_members: usize,
 }
 
 impl Default for Limits {
@@ -1174,6 +1178,7 @@ impl Default for Limits {
             max_connections: 1024,
             max_sessions_per_identity: 256,
             requests_per_second: 0,
+            max_batch_members: 100,
         }
     }
 }
@@ -1576,10 +1581,13 @@ impl Limits {
                 "limits.max_body_bytes and limits.max_line_bytes must be at least 1024".into(),
             ));
         }
-        if self.max_connections == 0 || self.max_sessions_per_identity == 0 {
+        if self.max_connections == 0
+            || self.max_sessions_per_identity == 0
+            || self.max_batch_members == 0
+        {
             return Err(invalid(
                 path,
-                "limits.max_connections and limits.max_sessions_per_identity must be at least 1"
+                "limits.max_connections, limits.max_sessions_per_identity and limits.max_batch_members must be at least 1"
                     .into(),
             ));
         }
