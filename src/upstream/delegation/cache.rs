@@ -11,36 +11,60 @@ use parking_lot::Mutex;
 use super::exchange::Exchanged;
 
 /// Whose token, for what: two principals never share an entry, nor one
-/// principal two servers or two scope sets.
+/// principal two tenants, two of their own tokens, two servers or two scope
+/// sets. A person with a token for tenant `acme` and another for `globex`
+/// gets a token exchanged from each: a call decided for `globex` never goes
+/// out with what was minted from the `acme` token.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     pub issuer: String,
     pub subject: String,
+    /// The tenant the call was decided for.
+    pub tenant: String,
+    /// The caller's own token, by its SHA-256 (never the token).
+    pub caller: String,
     pub client: String,
     pub server: String,
     /// Sorted.
     pub scopes: Vec<String>,
 }
 
+/// Whose tokens [`TokenCache::forget`] drops: one person in one tenant at
+/// one issuer, whatever token, server or scopes.
+#[derive(Debug, Clone, Copy)]
+pub struct Whose<'a> {
+    pub issuer: &'a str,
+    pub subject: &'a str,
+    pub tenant: &'a str,
+}
+
 impl CacheKey {
-    /// The key, with `scopes` in a canonical order.
+    /// The key of a token exchanged from `caller_token`, with `scopes` in a
+    /// canonical order.
     pub fn new(
-        issuer: &str,
-        subject: &str,
+        who: Whose<'_>,
+        caller_token: &str,
         client: &str,
         server: &str,
         scopes: &[String],
     ) -> CacheKey {
+        use sha2::Digest;
         let mut scopes = scopes.to_vec();
         scopes.sort();
         scopes.dedup();
         CacheKey {
-            issuer: issuer.into(),
-            subject: subject.into(),
+            issuer: who.issuer.into(),
+            subject: who.subject.into(),
+            tenant: who.tenant.into(),
+            caller: hex::encode(sha2::Sha256::digest(caller_token.as_bytes())),
             client: client.into(),
             server: server.into(),
             scopes,
         }
+    }
+
+    fn is(&self, who: Whose<'_>) -> bool {
+        self.issuer == who.issuer && self.subject == who.subject && self.tenant == who.tenant
     }
 }
 
@@ -117,12 +141,10 @@ impl TokenCache {
         entries.insert(key, Entry { token, until_ms });
     }
 
-    /// Forget every token of `subject` at `issuer` (its caller token was
-    /// refused).
-    pub fn forget(&self, issuer: &str, subject: &str) {
-        self.entries
-            .lock()
-            .retain(|k, _| !(k.issuer == issuer && k.subject == subject));
+    /// Forget every token of `who` (its caller token was refused, or
+    /// expired): the same fields that key the tokens.
+    pub fn forget(&self, who: Whose<'_>) {
+        self.entries.lock().retain(|k, _| !k.is(who));
     }
 
     /// Entries kept.
@@ -149,8 +171,22 @@ mod tests {
         }
     }
 
+    fn who(subject: &str) -> Whose<'_> {
+        Whose {
+            issuer: "okta",
+            subject,
+            tenant: "acme",
+        }
+    }
+
     fn key(subject: &str) -> CacheKey {
-        CacheKey::new("okta", subject, "countersign", "github", &["repo".into()])
+        CacheKey::new(
+            who(subject),
+            "caller-token",
+            "countersign",
+            "github",
+            &["repo".into()],
+        )
     }
 
     #[test]
@@ -166,17 +202,62 @@ mod tests {
         assert!(c.get(&key("bob"), 0).is_none(), "never another principal's");
         // Another server or scope set is another entry.
         c.put(key("alice"), token("a2", Some(100_000)), None, m, 0);
-        let other = CacheKey::new("okta", "alice", "countersign", "jira", &["repo".into()]);
+        let other = CacheKey::new(
+            who("alice"),
+            "caller-token",
+            "countersign",
+            "jira",
+            &["repo".into()],
+        );
         assert!(c.get(&other, 0).is_none());
         // Scope order does not matter.
         let same = CacheKey::new(
-            "okta",
-            "alice",
+            who("alice"),
+            "caller-token",
             "countersign",
             "github",
             &["repo".into(), "repo".into()],
         );
         assert_eq!(c.get(&same, 0).unwrap().id, "a2");
+    }
+
+    /// F1 (second attack): a token exchanged for a person's `acme` token
+    /// never serves their `globex` call, nor another of their tokens.
+    #[test]
+    fn f1_a_token_exchanged_for_one_tenant_never_serves_another() {
+        let c = TokenCache::new(100);
+        c.put(key("alice"), token("acme", Some(100_000)), None, 0, 0);
+        let globex = Whose {
+            tenant: "globex",
+            ..who("alice")
+        };
+        let other_tenant = CacheKey::new(
+            globex,
+            "caller-token",
+            "countersign",
+            "github",
+            &["repo".into()],
+        );
+        assert!(c.get(&other_tenant, 0).is_none(), "another tenant");
+        let other_token = CacheKey::new(
+            who("alice"),
+            "another-token",
+            "countersign",
+            "github",
+            &["repo".into()],
+        );
+        assert!(c.get(&other_token, 0).is_none(), "another caller token");
+        c.put(
+            other_tenant.clone(),
+            token("globex", Some(100_000)),
+            None,
+            0,
+            0,
+        );
+        // Forgetting one tenant's tokens leaves the other's.
+        c.forget(globex);
+        assert!(c.get(&other_tenant, 0).is_none());
+        assert_eq!(c.get(&key("alice"), 0).unwrap().id, "acme");
     }
 
     #[test]
@@ -192,7 +273,7 @@ mod tests {
         c.put(key("bob"), token("b", None), None, m, 0);
         assert!(c.get(&key("bob"), 0).is_none(), "no known expiry: not kept");
         c.put(key("carol"), token("c", Some(100_000)), None, m, 0);
-        c.forget("okta", "carol");
+        c.forget(who("carol"));
         assert!(c.get(&key("carol"), 0).is_none());
     }
 

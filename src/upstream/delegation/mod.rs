@@ -19,7 +19,7 @@ use std::collections::HashMap;
 pub use crate::core::config::{mode, Mode, Unavailable};
 use crate::core::config::{Config, DelegationConfig, IssuerConfig};
 use crate::core::identity::{Identity, SubjectToken};
-use cache::{CacheKey, TokenCache};
+use cache::{CacheKey, TokenCache, Whose};
 use exchange::{ClientAuth, Exchange, ExchangeError, Exchanged};
 
 /// Most exchanged tokens kept at once (expired ones go first).
@@ -109,11 +109,27 @@ impl Delegator {
         self.servers.contains_key(server)
     }
 
-    /// The cache key of `identity`'s token for `server`.
-    fn key(&self, s: &Server, server: &str, identity: &Identity) -> CacheKey {
+    /// Whose tokens, at `s`'s issuer: `identity` in its tenant.
+    fn whose<'a>(s: &'a Server, identity: &'a Identity) -> Whose<'a> {
+        Whose {
+            issuer: &s.config.issuer,
+            subject: &identity.principal,
+            tenant: &identity.tenant,
+        }
+    }
+
+    /// The cache key of the token exchanged from `subject` (the caller's
+    /// own token) for `identity` at `server`.
+    fn key(
+        &self,
+        s: &Server,
+        server: &str,
+        identity: &Identity,
+        subject: &SubjectToken,
+    ) -> CacheKey {
         CacheKey::new(
-            &s.config.issuer,
-            &identity.principal,
+            Self::whose(s, identity),
+            &subject.token,
             identity.client.as_deref().unwrap_or(""),
             server,
             &s.config.scopes,
@@ -138,10 +154,10 @@ impl Delegator {
         // Nothing is minted from, or used for, a caller token past its
         // expiry (a held call approved after the person's session ended).
         if subject.expires_ms <= now_ms {
-            self.cache.forget(&s.config.issuer, &identity.principal);
+            self.cache.forget(Self::whose(s, identity));
             return Err(DelegationError::CallerExpired);
         }
-        let key = self.key(s, server, identity);
+        let key = self.key(s, server, identity, subject);
         if let Some(t) = self.cache.get(&key, now_ms) {
             return Ok(t);
         }
@@ -162,7 +178,7 @@ impl Delegator {
     /// not used again; the next call exchanges anew.
     pub fn refused(&self, server: &str, identity: &Identity) {
         if let Some(s) = self.servers.get(server) {
-            self.cache.forget(&s.config.issuer, &identity.principal);
+            self.cache.forget(Self::whose(s, identity));
         }
     }
 
