@@ -761,3 +761,48 @@ async fn f4_notifications_in_a_batch_are_rate_limited_and_a_batch_is_capped() {
     .await;
     assert!(relayed() <= 2, "{} of 100 relayed under 1/s", relayed());
 }
+
+/// F9 (second attack): the ledger, its journal, the decision inputs (full
+/// arguments) and the audit files were created 0644. Every data file is now
+/// the owner's only (0600) and every data folder 0700; `serve` warns of
+/// older ones.
+#[cfg(unix)]
+#[tokio::test]
+async fn f9_every_data_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let gw = Gateway::start_with(Options {
+        extra: "\n[policy]\ninputs = true\n".into(),
+        ..Default::default()
+    });
+    let c = listed(&gw, "payments").await;
+    let a = c
+        .call(7, "charge_card", json!({"account": "acct-1", "amount": 5}))
+        .await;
+    assert!(a.last()["result"].is_object(), "{a:?}");
+    assert_eq!(gw.executions("charge_card"), 1);
+    let data = gw.dir.path().join("data");
+    eventually("the audit log and the inputs are written", || {
+        data.join("audit").exists() && data.join("ledger.inputs.redb").exists()
+    })
+    .await;
+    let mut seen = Vec::new();
+    let mut stack = vec![data.clone()];
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() {
+            assert_eq!(mode, 0o700, "{} is {mode:o}", p.display());
+            stack.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            assert_eq!(mode, 0o600, "{} is {mode:o}", p.display());
+            seen.push(p.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    for name in ["ledger.redb", "ledger.inputs.redb", "gateway.key"] {
+        assert!(seen.iter().any(|s| s == name), "{name} not among {seen:?}");
+    }
+    assert!(
+        seen.iter().any(|s| s.ends_with(".jsonl")),
+        "an audit segment: {seen:?}"
+    );
+}

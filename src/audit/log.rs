@@ -58,7 +58,7 @@ pub const WRITER_LOCK: &str = "writer.lock";
 /// leaves nothing to clean up.
 fn take_writer_lock(dir: &Path) -> Result<File, AuditError> {
     let path = dir.join(WRITER_LOCK);
-    let file = OpenOptions::new()
+    let file = crate::store::private::options()
         .create(true)
         .truncate(false)
         .write(true)
@@ -124,7 +124,7 @@ pub fn load_or_create_key(dir: &Path) -> Result<SigningKey, AuditError> {
             f.write_all(text.as_bytes()).map_err(io_err(&path))?;
             f.sync_all().map_err(io_err(&path))?;
             let pub_path = dir.join("gateway.pub");
-            std::fs::write(
+            crate::store::private::write(
                 &pub_path,
                 format!("{}\n", format_public_key(&key.verifying_key())),
             )
@@ -207,13 +207,13 @@ impl AuditLog {
 
     /// Open (or create) the log, recover its tail, write `log_started`.
     pub fn open(s: Settings) -> Result<AuditLog, AuditError> {
-        std::fs::create_dir_all(&s.dir).map_err(io_err(&s.dir))?;
+        crate::store::private::dir_all(&s.dir).map_err(io_err(&s.dir))?;
         let writer_lock = take_writer_lock(&s.dir)?;
         let key = load_or_create_key(&s.dir)?;
         let public_key = format_public_key(&key.verifying_key());
         let tail = recover(&s.dir)?;
         let path = segment_path(&s.dir, tail.segment);
-        let file = OpenOptions::new()
+        let file = crate::store::private::options()
             .create(true)
             .append(true)
             .open(&path)

@@ -29,7 +29,7 @@ pub(super) struct Tail {
 /// Write the latest signed note (atomically: a reader never sees half).
 pub(super) fn write_latest(dir: &Path, note: &str) -> std::io::Result<()> {
     let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
-    std::fs::write(&tmp, note)?;
+    crate::store::private::write(&tmp, note)?;
     std::fs::rename(&tmp, dir.join(CHECKPOINT_FILE))
 }
 

@@ -10,7 +10,7 @@
 //! checkpoint is signed, so that readers (`audit prove`, the read-only
 //! endpoints) find every hash a checkpoint covers.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -73,7 +73,7 @@ impl TreeWriter {
         tail: impl Fn(u64) -> Result<Vec<Hash>, AuditError>,
     ) -> Result<TreeWriter, AuditError> {
         let path = dir.join(TREE_FILE);
-        let file = OpenOptions::new()
+        let file = crate::store::private::options()
             .read(true)
             .write(true)
             .create(true)
@@ -198,6 +198,7 @@ impl TreeWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
 
     fn h(i: u64) -> Hash {
         merkle::leaf_hash(&i.to_le_bytes())

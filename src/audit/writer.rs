@@ -3,7 +3,7 @@
 //! entries wait in a queue it drains every few milliseconds; durable ones
 //! come with a reply that is answered once they are on disk.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
@@ -263,7 +263,10 @@ impl Writer {
         self.sync()?;
         self.segment += 1;
         let path = segment_path(&self.dir, self.segment);
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let file = crate::store::private::options()
+            .create(true)
+            .append(true)
+            .open(&path)?;
         self.file = BufWriter::with_capacity(1 << 16, file);
         self.size = 0;
         // The new file's directory entry is durable too.

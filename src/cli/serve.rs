@@ -168,6 +168,16 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
         load_shadow(&gw, &dir);
         tokio::spawn(watch_shadow(Arc::clone(&gw), dir, seen))
     });
+    // The data dir holds arguments and keys: say so when others can read it
+    // (files made by an older release, or by hand).
+    let exposed = crate::store::private::exposed(&gw.config().gateway.data_dir);
+    if let Some(first) = exposed.first() {
+        tracing::warn!(
+            count = exposed.len(),
+            first = %first.display(),
+            "data files or folders are readable by other users of this host: chmod 600 the files and 700 the folders (new ones are made so)"
+        );
+    }
     let follower = store_events.map(|rx| tokio::spawn(follow_store(Arc::clone(&gw), rx)));
     // Held calls as tasks: approved ones are run here (or on any other
     // gateway sharing the store), whether or not their client is connected.

@@ -27,10 +27,10 @@ pub(crate) fn gateway_id(data_dir: &Path) -> anyhow::Result<String> {
             path.display()
         )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(data_dir)
+            crate::store::private::dir_all(data_dir)
                 .with_context(|| format!("cannot create {}", data_dir.display()))?;
             let id = format!("gw-{:016x}", rand::random::<u64>());
-            std::fs::write(&path, format!("{id}\n"))
+            crate::store::private::write(&path, format!("{id}\n"))
                 .with_context(|| format!("cannot write {}", path.display()))?;
             Ok(id)
         }

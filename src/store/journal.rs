@@ -20,7 +20,7 @@
 //! was told it was durable. A frame whose CRC holds but whose items do not
 //! parse is corruption, and opening fails with [`StoreError::Corrupt`].
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -239,7 +239,7 @@ impl Journal {
     /// Start an empty journal of `generation` at `path` (replacing what is
     /// there: call it only once that is in redb).
     pub(super) fn create(path: &Path, generation: u64) -> Result<Journal, StoreError> {
-        let file = OpenOptions::new()
+        let file = super::private::options()
             .create(true)
             .truncate(false)
             .read(true)

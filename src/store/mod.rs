@@ -42,6 +42,7 @@
 mod journal;
 mod memory;
 pub mod postgres;
+pub mod private;
 mod redb_store;
 pub mod tasks;
 

@@ -256,11 +256,12 @@ impl RedbStore {
     /// when another process holds the file (a running gateway).
     pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
+            super::private::dir_all(dir).map_err(|e| StoreError::Open {
                 path: dir.display().to_string(),
                 reason: e.to_string(),
             })?;
         }
+        private_file(path)?;
         let db = Database::create(path).map_err(|e| StoreError::Open {
             path: path.display().to_string(),
             reason: format!(
@@ -1246,6 +1247,24 @@ fn queue_txn<T>(
     Ok(out)
 }
 
+/// A database file is made 0600 before redb opens it (redb would create it
+/// by the umask): it holds arguments.
+fn private_file(path: &Path) -> Result<(), StoreError> {
+    if path.exists() {
+        return Ok(());
+    }
+    super::private::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(drop)
+        .map_err(|e| StoreError::Open {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+}
+
 /// The decision inputs' database, opened (or made) at first use; under
 /// the lock, so that two first uses make it once.
 fn inputs_db(
@@ -1256,6 +1275,7 @@ fn inputs_db(
     if let Some(db) = slot.as_ref() {
         return Ok(db.clone());
     }
+    private_file(path)?;
     let db = Arc::new(Database::create(path).map_err(|e| StoreError::Open {
         path: path.display().to_string(),
         reason: e.to_string(),
