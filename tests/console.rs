@@ -785,3 +785,38 @@ async fn f6_junk_sign_ins_naming_a_reviewers_passkey_do_not_lock_the_reviewer_ou
     // Alice, from her own address, signs in with her passkey all the same.
     console.sign_in("alice");
 }
+
+/// F7 (second attack): every GET of a made-up enrolment link wrote an audit
+/// entry (1,000 requests, 1,000 entries in a log that can never be edited).
+/// Made-up links now go to the sampled `refused` entry, and an address that
+/// keeps being refused is slowed.
+#[tokio::test(flavor = "multi_thread")]
+async fn f7_made_up_enrolment_links_do_not_flood_the_audit_log() {
+    let console = Console::start("", "");
+    let http = reqwest::Client::new();
+    let port = console.base.rsplit(':').next().unwrap();
+    let mut statuses = std::collections::BTreeMap::new();
+    for i in 0..1000 {
+        let url = format!("http://127.0.0.1:{port}/review/enrol/made-up-{i}");
+        let status = http.get(&url).send().await.unwrap().status().as_u16();
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    assert_eq!(statuses.get(&410), Some(&5), "{statuses:?}");
+    assert_eq!(statuses.get(&429), Some(&995), "{statuses:?}");
+    wait_for_audit(&console.gw, "a sampled refusal", |log| {
+        log.iter()
+            .any(|e| e["kind"] == "refused" && e["what"] == "enrolment_link")
+    })
+    .await;
+    let log = audit_entries(&console.gw.audit_dir());
+    let refused = log
+        .iter()
+        .filter(|e| e["kind"] == "enrolment_refused")
+        .count();
+    let sampled = log
+        .iter()
+        .filter(|e| e["kind"] == "refused" && e["what"] == "enrolment_link")
+        .count();
+    assert_eq!(refused, 0, "made-up links are not audited one by one");
+    assert!(sampled <= 2, "{sampled} sampled entries for 1,000 requests");
+}

@@ -13,9 +13,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::extract::{Path as UrlPath, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use axum::Extension;
 use base64::Engine;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -117,21 +120,71 @@ async fn note(gw: &Gateway, dir: &Path, hash: &str) {
     }
 }
 
+/// The throttle key of an enrolment request's address.
+fn address_of(peer: Option<Extension<ConnectInfo<SocketAddr>>>) -> String {
+    format!(
+        "enrol:{}",
+        peer.map_or("unknown".into(), |Extension(ConnectInfo(a))| a
+            .ip()
+            .to_string())
+    )
+}
+
+/// A refused use of an enrolment link: counted against its address, and
+/// recorded. A link nobody issued goes to the sampled `refused` entry (one
+/// per minute with its count), so made-up links cannot flood the log that
+/// can never be edited; a real invitation's refused use is its own
+/// `enrolment_refused` entry (the address limit bounds those).
+fn refused_use(c: &Console, address: &str, why: &Unusable) {
+    c.failures.failed(address);
+    match why {
+        Unusable::Unknown => c.gw.refused(
+            "enrolment_link",
+            None,
+            "an enrolment link that no invitation issued",
+        ),
+        _ => audit(
+            &c.gw,
+            "enrolment_refused",
+            &[("reason", Value::from(why.to_string()))],
+        ),
+    }
+}
+
+/// Too many refused enrolment requests from this address: nothing is
+/// looked up for it for a while.
+fn slowed(c: &Console, address: &str) -> Option<Response> {
+    if c.failures.allowed(address) {
+        return None;
+    }
+    c.gw.refused(
+        "enrolment_link",
+        None,
+        "enrolment requests over the limit from one address",
+    );
+    Some(refusal(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        "too many refused enrolment requests from here: wait a few minutes",
+    ))
+}
+
 /// `GET /review/enrol/{token}`.
 pub(crate) async fn page(
     State(c): State<Arc<Console>>,
     UrlPath(token): UrlPath<String>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
 ) -> Response {
     let gw = &c.gw;
+    let address = address_of(peer);
+    if let Some(r) = slowed(&c, &address) {
+        return r;
+    }
     note(gw, &c.dir, &hash_of(&token)).await;
     match find(&c.dir, &token, now(gw)) {
         Ok(invite) => pages::html(pages::enrol(&c, &invite, None)),
         Err(why) => {
-            audit(
-                gw,
-                "enrolment_refused",
-                &[("reason", Value::from(why.to_string()))],
-            );
+            refused_use(&c, &address, &why);
             pages::html_status(StatusCode::GONE, pages::enrol_refused(&c, &why.to_string()))
         }
     }
@@ -143,14 +196,22 @@ pub(crate) async fn options(
     State(c): State<Arc<Console>>,
     UrlPath(token): UrlPath<String>,
     headers: HeaderMap,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
 ) -> Response {
     let gw = &c.gw;
     if let Err(e) = session::same_origin(&c.origin, &headers) {
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
+    let address = address_of(peer);
+    if let Some(r) = slowed(&c, &address) {
+        return r;
+    }
     let invite = match find(&c.dir, &token, now(gw)) {
         Ok(i) => i,
-        Err(why) => return refusal(StatusCode::GONE, "enrolment", why.to_string()),
+        Err(why) => {
+            c.failures.failed(&address);
+            return refusal(StatusCode::GONE, "enrolment", why.to_string());
+        }
     };
     let challenge = c.challenge(format!("enrol:{}", hash_of(&token)));
     let user_id = passkey::b64url().encode(&Sha256::digest(invite.name.as_bytes())[..16]);
@@ -179,11 +240,16 @@ pub(crate) async fn finish(
     State(c): State<Arc<Console>>,
     UrlPath(token): UrlPath<String>,
     headers: HeaderMap,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     body: axum::body::Bytes,
 ) -> Response {
     let gw = &c.gw;
     if let Err(e) = session::same_origin(&c.origin, &headers) {
         return refusal(StatusCode::FORBIDDEN, "origin", e);
+    }
+    let address = address_of(peer);
+    if let Some(r) = slowed(&c, &address) {
+        return r;
     }
     match enrol(gw, &c, &token, &body).await {
         Ok((invite, key, entry)) => {
@@ -203,6 +269,7 @@ pub(crate) async fn finish(
             )
         }
         Err((status, why)) => {
+            c.failures.failed(&address);
             audit(
                 gw,
                 "enrolment_refused",
