@@ -820,3 +820,52 @@ async fn f7_made_up_enrolment_links_do_not_flood_the_audit_log() {
     assert_eq!(refused, 0, "made-up links are not audited one by one");
     assert!(sampled <= 2, "{sampled} sampled entries for 1,000 requests");
 }
+
+/// F10 (second attack): `/v1/audit` showed entries without a `tenant` to
+/// reviewers of every tenant, so a `globex` reviewer read `acme` reviewers'
+/// sign-ins, addresses and credential ids. Console and enrolment entries now
+/// carry the reviewer's tenants, and the tail shows them to those tenants'
+/// reviewers only.
+#[tokio::test(flavor = "multi_thread")]
+async fn f10_the_audit_tail_shows_no_other_tenants_reviewers() {
+    let console = Console::start("", "");
+    let alice = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    let keys = tempfile::tempdir().unwrap();
+    let (carol_key, carol) = keygen(keys.path(), "carol");
+    let (bob_key, bob) = keygen(keys.path(), "bob");
+    let bob = bob.replace("[\"acme\"]", "[\"globex\"]");
+    console.reviewers(&format!("{alice}\n{carol}\n{bob}")).await;
+    console.sign_in("alice");
+    let tail = |key: PathBuf| {
+        let base = console.gw.base();
+        async move {
+            let client = countersign::cli::client::Client::new(
+                &base,
+                &countersign::cli::client::load_key(&key).unwrap(),
+            )
+            .unwrap();
+            client.audit_tail(500).await.unwrap()
+        }
+    };
+    let kinds = |entries: &[Value]| -> Vec<String> {
+        entries
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    wait_for_audit(&console.gw, "alice's sign-in", |log| {
+        log.iter().any(|e| e["kind"] == "console_signed_in")
+    })
+    .await;
+    let acme = kinds(&tail(carol_key).await);
+    assert!(acme.contains(&"console_signed_in".to_owned()), "{acme:?}");
+    assert!(acme.contains(&"reviewer_enrolled".to_owned()), "{acme:?}");
+    let globex = kinds(&tail(bob_key).await);
+    for kind in ["console_signed_in", "reviewer_invited", "reviewer_enrolled"] {
+        assert!(
+            !globex.contains(&kind.to_owned()),
+            "a globex reviewer sees `{kind}` of acme's: {globex:?}"
+        );
+    }
+    assert!(!globex.is_empty(), "the gateway's own entries stay visible");
+}

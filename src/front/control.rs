@@ -662,15 +662,9 @@ async fn audit_tail(
         tokio::task::spawn_blocking(move || crate::audit::segment::tail(&dir, 256 << 10)).await;
     match tail {
         Ok(Ok(entries)) => {
-            // Entries of other tenants are not shown; entries without a
-            // tenant (checkpoints, reloads) are.
             let mine: Vec<Value> = entries
                 .into_iter()
-                .filter(|e| {
-                    e.get("tenant")
-                        .and_then(Value::as_str)
-                        .is_none_or(|t| reviewer.covers(t))
-                })
+                .filter(|e| shown_to(e, &reviewer))
                 .map(Value::Object)
                 .collect();
             let skip = mine.len().saturating_sub(limit);
@@ -679,6 +673,33 @@ async fn audit_tail(
         Ok(Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
     }
+}
+
+/// Whether an audit entry is shown to `reviewer`: one of a tenant, or of
+/// reviewers' tenants (a console sign-in, an invitation), only to those who
+/// review one of them; one about reviewers or the door that names no tenant
+/// (a refused sign-in by an unknown passkey, a sampled refusal: addresses,
+/// credential ids) only to reviewers of every tenant; the gateway's own
+/// (checkpoints, reloads) to all.
+fn shown_to(
+    e: &serde_json::Map<String, Value>,
+    reviewer: &crate::core::reviewers::Reviewer,
+) -> bool {
+    if let Some(t) = e.get("tenant").and_then(Value::as_str) {
+        return reviewer.covers(t);
+    }
+    if let Some(ts) = e.get("tenants").and_then(Value::as_array) {
+        return ts
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|t| reviewer.covers(t));
+    }
+    let kind = e.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let about_people = kind == "refused"
+        || ["console_", "enrolment_", "reviewer_"]
+            .iter()
+            .any(|p| kind.starts_with(p));
+    !about_people || reviewer.covers("*")
 }
 
 async fn events(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {

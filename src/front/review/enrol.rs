@@ -258,6 +258,7 @@ pub(crate) async fn finish(
                 "reviewer_enrolled",
                 &[
                     ("reviewer", Value::from(invite.name.clone())),
+                    ("tenants", json!(invite.tenants)),
                     ("credential_id", Value::from(key.id.clone())),
                     ("alg", Value::from(key.alg.as_str())),
                 ],

@@ -91,6 +91,8 @@ pub(crate) async fn finish(
                 "credential_id".into(),
                 Value::from(assertion.credential_id.clone()),
             );
+            // Whose: `/v1/audit` shows it to reviewers of these tenants only.
+            fields.insert("tenants".into(), tenants_of(gw, &assertion.credential_id));
             gw.pipeline().audit("console_signed_in", fields);
             tracing::info!(reviewer = %name, "signed in to the review console");
             let mut r = json_answer(
@@ -125,12 +127,26 @@ pub(crate) async fn finish(
                 Value::from(address.trim_start_matches("address:")),
             );
             fields.insert("reason".into(), Value::from(shown.clone()));
+            fields.insert("tenants".into(), tenants_of(gw, &assertion.credential_id));
             gw.pipeline().audit("console_sign_in_refused", fields);
             gw.pipeline().metrics().refused("console_sign_in");
             tracing::warn!("review console sign-in refused: {shown}");
             refusal(StatusCode::UNAUTHORIZED, "sign_in_refused", why)
         }
     }
+}
+
+/// The tenants of the reviewer whose passkey `credential_id` is (none when
+/// no listed reviewer has it).
+fn tenants_of(gw: &Gateway, credential_id: &str) -> Value {
+    let policies = gw.pipeline().policies();
+    let tenants = policies
+        .reviewers()
+        .iter()
+        .find(|r| r.passkey(credential_id).is_some())
+        .map(|r| r.tenants.clone())
+        .unwrap_or_default();
+    Value::from(tenants)
 }
 
 /// Why a sign-in failed, and whether the passkey's own key had signed it.
