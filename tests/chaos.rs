@@ -123,12 +123,8 @@ fn the_same_on_postgresql_with_two_gateways_and_database_restarts() {
     assert_eq!(summary["store"], "postgres, two gateways", "{summary}");
 }
 
-/// Reviewers approve, deny, withdraw and let proposals expire while either
-/// of two gateways is killed and the database restarts. A fresh seed each
-/// run (`CHAOS_SEED` replays one); the summary names it.
-#[test]
-fn approvals_under_kills_on_postgresql_with_two_gateways() {
-    let _one = ONE_DATABASE_RUN.lock().unwrap_or_else(|e| e.into_inner());
+/// A fresh seed for a run (`CHAOS_SEED` replays one), printed.
+fn fresh_seed(what: &str) -> String {
     let seed = std::env::var("CHAOS_SEED").unwrap_or_else(|_| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -136,7 +132,17 @@ fn approvals_under_kills_on_postgresql_with_two_gateways() {
             .as_nanos()
             .to_string()
     });
-    eprintln!("approval chaos seed: {seed} (CHAOS_SEED={seed} replays it)");
+    eprintln!("{what} chaos seed: {seed} (CHAOS_SEED={seed} replays it)");
+    seed
+}
+
+/// Reviewers approve, deny, withdraw and let proposals expire while either
+/// of two gateways is killed and the database restarts. A fresh seed each
+/// run (`CHAOS_SEED` replays one); the summary names it.
+#[test]
+fn approvals_under_kills_on_postgresql_with_two_gateways() {
+    let _one = ONE_DATABASE_RUN.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = fresh_seed("approval");
     let summary = chaos_with(
         300,
         6,
@@ -182,14 +188,7 @@ fn approvals_under_kills_on_postgresql_with_two_gateways() {
 #[test]
 fn tasks_under_kills_on_postgresql_with_two_gateways() {
     let _one = ONE_DATABASE_RUN.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = std::env::var("CHAOS_SEED").unwrap_or_else(|_| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-            .to_string()
-    });
-    eprintln!("task chaos seed: {seed} (CHAOS_SEED={seed} replays it)");
+    let seed = fresh_seed("task");
     let modern = seed.bytes().last().is_some_and(|b| b % 2 == 1);
     let mut extra = vec![
         "--approvals",
