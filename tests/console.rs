@@ -869,3 +869,27 @@ async fn f10_the_audit_tail_shows_no_other_tenants_reviewers() {
     }
     assert!(!globex.is_empty(), "the gateway's own entries stay visible");
 }
+
+/// F8 (second attack): an enrollee could register another reviewer's
+/// credential id; the duplicate was accepted, and the victim lost console
+/// access. A passkey id listed twice is refused when the reviewers file
+/// loads (the previous file stays in force), and an enrolment of a listed
+/// id is refused; counters are kept per (reviewer, credential).
+#[tokio::test(flavor = "multi_thread")]
+async fn f8_another_reviewers_passkey_id_is_refused_and_its_holder_keeps_access() {
+    let console = Console::start("", "");
+    let alice = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    console.reviewers(&alice).await;
+    console.sign_in("alice");
+    // The same credential id under another name.
+    let copy = alice.replace("name = \"alice\"", "name = \"mallory\"");
+    assert_ne!(copy, alice);
+    std::fs::write(
+        console.policies.path().join("reviewers.toml"),
+        format!("{alice}\n{copy}"),
+    )
+    .unwrap();
+    console.gw.wait_for_log("again for `mallory`").await;
+    // Alice still signs in, with the file that was in force.
+    console.sign_in("alice");
+}

@@ -169,6 +169,23 @@ impl Reviewers {
         let file: ReviewersFile =
             toml::from_str(text).map_err(|e| (e.span(), e.message().to_owned()))?;
         let mut by_name = BTreeMap::new();
+        // A passkey is one person's: an id listed twice (another reviewer's
+        // credential id copied into an entry) is refused, or its holder
+        // would be locked out, or signed in as someone else.
+        let mut passkey_of: BTreeMap<&str, &str> = BTreeMap::new();
+        for r in &file.reviewers {
+            for k in &r.passkeys {
+                if let Some(first) = passkey_of.insert(&k.id, &r.name) {
+                    return Err((
+                        None,
+                        format!(
+                            "passkey `{}` is listed for `{first}` and again for `{}`: a passkey belongs to one reviewer; remove the copy",
+                            k.id, r.name
+                        ),
+                    ));
+                }
+            }
+        }
         for r in file.reviewers {
             check_reviewer_name(&r.name).map_err(|e| (None, e.to_string()))?;
             let texts: Vec<&String> = r.public_key.iter().chain(&r.public_keys).collect();
@@ -304,6 +321,16 @@ mod tests {
             .1
             .contains("twice"));
         assert!(Reviewers::parse(&ok.replace(&pk, "ed25519:xx")).is_err());
+        // F8: one passkey id listed for two reviewers is refused.
+        let passkey = "passkeys = [{ id = \"cred-1\", public_key = \"pQECAyYgASFYIGJaE5ISyx7a2bx0XDEH8BVxsx-TS4MuEUtqTV3MMdlNIlggwcO1ZU8ycN3qJBcqv8pi2H3U-tIU_nryI2cVNdR-f1A\", alg = \"ES256\" }]";
+        let entry = |name: &str| {
+            format!(
+                "[[reviewers]]\nname = \"{name}\"\ngroups = []\ntenants = [\"acme\"]\n{passkey}\n"
+            )
+        };
+        let (_, msg) =
+            Reviewers::parse(&format!("{}{}", entry("alice"), entry("mallory"))).unwrap_err();
+        assert!(msg.contains("cred-1") && msg.contains("mallory"), "{msg}");
         assert!(Reviewers::parse("").unwrap().is_empty());
         // Several keys of one person: one reviewer, either key verifies.
         let pk2 = format_public_key(&key(2).verifying_key());

@@ -991,7 +991,7 @@ impl Book {
             },
         )
         .map_err(|e| refused(format!("the passkey's assertion is refused: {e}")))?;
-        self.passkey_counter(&key.id, verified.counter)
+        self.passkey_counter(&reviewer.name, &key.id, verified.counter)
             .map_err(refused)?;
         Ok(crate::core::approval::PasskeyProof {
             assertion: assertion.clone(),
@@ -1005,15 +1005,23 @@ impl Book {
     /// Record `counter` for credential `id`: it must exceed the last one
     /// seen, unless both are 0 (an authenticator without a counter, as
     /// synced passkeys are). Kept for this gateway's life.
-    pub(crate) fn passkey_counter(&self, id: &str, counter: u32) -> Result<(), String> {
+    pub(crate) fn passkey_counter(
+        &self,
+        reviewer: &str,
+        id: &str,
+        counter: u32,
+    ) -> Result<(), String> {
+        // Kept per (reviewer, credential): a copy of one reviewer's
+        // credential id under another name never moves the holder's counter.
+        let key = format!("{reviewer}\u{0}{id}");
         let mut seen = self.passkey_counters.lock();
-        let last = seen.get(id).copied().unwrap_or(0);
+        let last = seen.get(&key).copied().unwrap_or(0);
         if (counter != 0 || last != 0) && counter <= last {
             return Err(format!(
                 "the passkey's signature counter went from {last} to {counter}: the authenticator may have been cloned"
             ));
         }
-        seen.insert(id.to_owned(), counter);
+        seen.insert(key, counter);
         Ok(())
     }
 

@@ -316,6 +316,24 @@ async fn enrol(
         },
     )
     .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    // A credential id already listed (another reviewer's, copied by the
+    // enrollee's own authenticator or made up) is refused: its entry would
+    // be refused by the reviewers file anyway, and must not be handed out.
+    if let Some(holder) = gw
+        .pipeline()
+        .policies()
+        .reviewers()
+        .iter()
+        .find(|r| r.passkey(&key.id).is_some())
+    {
+        return Err((
+            StatusCode::CONFLICT,
+            format!(
+                "passkey `{}` is already listed in reviewers.toml (for `{}`): enrol a new passkey",
+                key.id, holder.name
+            ),
+        ));
+    }
     // Single use, across restarts and gateways: recorded before anything
     // is written for it.
     let fresh = gw

@@ -211,7 +211,7 @@ fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, Refused> {
     })?;
     gw.pipeline()
         .book()
-        .passkey_counter(&key.id, verified.counter)
+        .passkey_counter(&name, &key.id, verified.counter)
         .map_err(|why| Refused { why, signed: true })?;
     Ok(name)
 }
