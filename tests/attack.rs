@@ -806,3 +806,324 @@ async fn f9_every_data_file_is_readable_by_its_owner_only() {
         "an audit segment: {seen:?}"
     );
 }
+
+/// A webhook receiver that keeps every body it is sent.
+struct Hook {
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Hook {
+    async fn start() -> Hook {
+        let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let kept = bodies.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |body: String| {
+                let kept = kept.clone();
+                async move {
+                    kept.lock().unwrap().push(body);
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Hook { bodies, port, task }
+    }
+
+    fn bodies(&self) -> Vec<String> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Hook {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One run of F2's workload: held charges whose accounts are `accounts`
+/// (each a revision of the one before), the last approved and run; then
+/// everything that left the gateway's store, as text: the audit segments,
+/// the three export formats, the webhook bodies, the exported spans and the
+/// exported decision inputs. Also the full inputs export, which must hold
+/// the accounts (what is redacted was there to redact).
+async fn f2_run(accounts: &[String]) -> (Vec<(String, String)>, String, Vec<Value>) {
+    const SECRET: &str = "whsec-f2-0123456789";
+    let hook = Hook::start().await;
+    let otlp = common::otlp::Receiver::start("ok");
+    let (pdir, alice) = default_policies_with_alice();
+    let mut gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        gateway_env: vec![("CS_WEBHOOK_SECRET".into(), SECRET.into())],
+        extra: format!(
+            "\n[audit]\narguments = \"redact\"\nredact = [\"/account\"]\n\
+             \n[policy]\ninputs = true\n\
+             \n[telemetry]\nendpoint = \"{}\"\nexport_interval = \"50ms\"\narguments = true\n\
+             \n[notify]\n\n[[notify.webhooks]]\nname = \"ops\"\nurl = \"http://127.0.0.1:{}/hook\"\n\
+             secret = {{ env = \"CS_WEBHOOK_SECRET\" }}\ninclude_arguments = true\n",
+            otlp.endpoint(),
+            hook.port
+        ),
+        ..Default::default()
+    });
+    let c = listed(&gw, "payments").await;
+    let charge = |id: i64, account: &str, key: &str| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+            "name":"charge_card","arguments":{"account":account,"amount":12},
+            "_meta":{"dev.countersign/idempotency-key":key}}})
+    };
+    let mut last = String::new();
+    for (i, account) in accounts.iter().enumerate() {
+        let held = c
+            .post(&charge(i as i64 + 1, account, &format!("f2-{i}")))
+            .await;
+        assert_eq!(code(&held), "approval_pending", "{held:?}");
+        last = proposal_id(&held);
+    }
+    let (ok, out, err) = review_cli(&gw, &alice, &["approve", &last]);
+    assert!(ok, "{out}{err}");
+    let n = accounts.len() - 1;
+    let ran = c.post(&charge(100, &accounts[n], &format!("f2-{n}"))).await;
+    assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
+    // Every sink has had its part: the revisions and the run in the log,
+    // the created and decided events at the hook, the run's span.
+    wait_for_audit(&gw, "the revisions and the run", |entries| {
+        entries
+            .iter()
+            .filter(|e| e["kind"] == "proposal_revised")
+            .count()
+            == n
+            && entries.iter().any(|e| e["kind"] == "completed")
+    })
+    .await;
+    eventually("the webhook events", || {
+        let b = hook.bodies();
+        b.iter().filter(|b| b.contains("proposal_created")).count() == accounts.len()
+            && b.iter().any(|b| b.contains("proposal_decided"))
+    })
+    .await;
+    otlp.wait("the run's span", |spans| {
+        spans.iter().any(|s| {
+            s["kind"] == "SPAN_KIND_SERVER"
+                && s["name"] == "tools/call charge_card"
+                && !s["attributes"]["gen_ai.tool.call.arguments"].is_null()
+        })
+    });
+    gw.wait_for_log("decision inputs are kept").await;
+    gw.terminate();
+    let mut sinks = Vec::new();
+    for entry in std::fs::read_dir(gw.audit_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            sinks.push((format!("audit file {}", path.display()), text));
+        }
+    }
+    for format in ["jsonl", "csv", "ocsf"] {
+        let out = std::process::Command::new(countersign_bin())
+            .args(["audit", "export", "--format", format, "--dir"])
+            .arg(gw.audit_dir())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        sinks.push((
+            format!("audit export --format {format}"),
+            String::from_utf8(out.stdout).unwrap(),
+        ));
+    }
+    for (i, body) in hook.bodies().into_iter().enumerate() {
+        sinks.push((format!("webhook body {i}"), body));
+    }
+    for (i, e) in otlp.exports().into_iter().enumerate() {
+        use base64::Engine;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(e["raw"].as_str().unwrap())
+            .unwrap();
+        sinks.push((
+            format!("OTLP export {i}"),
+            format!("{e}\n{}", String::from_utf8_lossy(&raw)),
+        ));
+    }
+    let inputs = gw.cli(&["policy", "inputs", "export"]);
+    assert!(inputs.status.success(), "{inputs:?}");
+    sinks.push((
+        "policy inputs export".into(),
+        String::from_utf8(inputs.stdout).unwrap(),
+    ));
+    let full = gw.cli(&["policy", "inputs", "export", "--full"]);
+    assert!(full.status.success(), "{full:?}");
+    let spans = otlp.spans();
+    (sinks, String::from_utf8(full.stdout).unwrap(), spans)
+}
+
+/// F2 (second attack): with `audit.arguments = "redact"`, a revision's
+/// `changes` carried the redacted values' `before` and `after` in clear
+/// into the hash-chained log. One redaction function now serves every
+/// sink; this property holds for any accounts: none of them appears in
+/// the log, its exports, the webhooks, the traces or the inputs export,
+/// and each appears there as its digest.
+#[test]
+fn f2_no_redacted_value_reaches_the_log_the_exports_the_webhooks_or_the_traces() {
+    use proptest::prelude::*;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 3,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &proptest::collection::vec("acct_[a-z0-9]{12}", 2..4),
+            |accounts| {
+                let (sinks, full, spans) = rt.block_on(f2_run(&accounts));
+                for account in &accounts {
+                    for (name, text) in &sinks {
+                        let line = text.lines().find(|l| l.contains(account.as_str()));
+                        prop_assert!(line.is_none(), "{account} in {name}: {line:?}");
+                    }
+                    // It was there to redact, and its digest stands for it.
+                    prop_assert!(full.contains(account.as_str()), "{account} kept: {full}");
+                    let digest = format!(
+                        "sha256:{}",
+                        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+                            format!("\"{account}\"").as_bytes()
+                        ))
+                    );
+                    let log = &sinks
+                        .iter()
+                        .find(|(n, _)| n == "audit export --format jsonl")
+                        .unwrap()
+                        .1;
+                    prop_assert!(log.contains(&digest), "{account}'s digest in the log");
+                }
+                // The revisions' changes are there, their values digests.
+                let log = &sinks
+                    .iter()
+                    .find(|(n, _)| n == "audit export --format jsonl")
+                    .unwrap()
+                    .1;
+                let revised: Vec<Value> = log
+                    .lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                    .filter(|e| e["kind"] == "proposal_revised")
+                    .collect();
+                prop_assert_eq!(revised.len(), accounts.len() - 1);
+                for r in &revised {
+                    let change = &r["revises"]["changes"][0];
+                    prop_assert_eq!(&change["pointer"], "/account");
+                    prop_assert!(change["before"].as_str().unwrap().starts_with("sha256:"));
+                    prop_assert!(change["after"].as_str().unwrap().starts_with("sha256:"));
+                }
+                // The webhook keeps the arguments it asked for, less the
+                // redacted value; the span keeps the rest of them too.
+                let hooks: Vec<&String> = sinks
+                    .iter()
+                    .filter(|(n, _)| n.starts_with("webhook"))
+                    .map(|(_, t)| t)
+                    .collect();
+                prop_assert!(hooks.iter().all(|b| b.contains("\"amount\":12")));
+                let span = spans
+                    .iter()
+                    .find(|s| {
+                        s["name"] == "tools/call charge_card"
+                            && !s["attributes"]["gen_ai.tool.call.arguments"].is_null()
+                    })
+                    .unwrap();
+                let shown = span["attributes"]["gen_ai.tool.call.arguments"]
+                    .as_str()
+                    .unwrap();
+                prop_assert!(
+                    shown.contains("\"account\":\"sha256:") && shown.contains("\"amount\":12"),
+                    "{}",
+                    shown
+                );
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+/// A reviewer entry made by the real `countersign keygen`, of tenant
+/// `acme` and group `leads`, with `extra` lines; returns the key's path.
+fn add_reviewer(dir: &std::path::Path, name: &str, extra: &str) -> PathBuf {
+    let key = dir.join(format!("{name}.key"));
+    let out = std::process::Command::new(countersign_bin())
+        .args(["keygen", "--name", name, "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let entry = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace("groups = []", "groups = [\"leads\"]")
+        .replace("tenants = [\"*\"]", "tenants = [\"acme\"]");
+    let file = dir.join("reviewers.toml");
+    let mut text = std::fs::read_to_string(&file).unwrap_or_default();
+    text.push_str(&format!("\n{}\n{extra}\n", entry.trim_end()));
+    std::fs::write(&file, text).unwrap();
+    key
+}
+
+/// F5 (second attack): reviewer `henry` approved the write of his own agent
+/// `idp:henry`: the guard compared the reviewer's name with the principal,
+/// and an issuer's principal always holds a `:`. The requester's subject,
+/// its token's `email` and a reviewer's `principals` are now compared too,
+/// by every surface (the CLI here; the console and the TUI decide through
+/// the same control path), against a real OpenID provider.
+#[tokio::test]
+async fn f5_a_reviewer_never_approves_the_call_of_their_own_identity_provider_principal() {
+    use common::idp::*;
+    let dir = tempfile::tempdir().unwrap();
+    let idp = provider(free_port(), &dir.path().join("keys.json"), "k1");
+    let (pdir, alice) = default_policies_with_alice();
+    // The same person three ways: by subject (the reviewer's name is the
+    // token's `sub`), by a listed principal, by the token's `email`.
+    let by_subject = add_reviewer(pdir.path(), "agent-bob", "");
+    let by_principal = add_reviewer(pdir.path(), "bobby", "principals = [\"corp:agent-bob\"]");
+    let by_email = add_reviewer(pdir.path(), "robert", "principals = [\"bob@acme.example\"]");
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        extra: format!(
+            "\n[[auth.issuers]]\nname = \"corp\"\nissuer = \"{}\"\ntenant_claim = \"tid\"\n",
+            issuer(idp.port)
+        ),
+        ..Default::default()
+    });
+    let resource = format!("{}/mcp/payments", gw.base());
+    let mut c = Client::new(&gw.url("payments"));
+    c.token = token_as(idp.port, "agent-bob", "bob-secret", &resource).await;
+    let init = c.initialize().await;
+    assert_eq!(init.status, 200, "{init:?}");
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"charge_card","arguments":{"account":"a","amount":12},
+        "_meta":{"dev.countersign/idempotency-key":"f5-1"}}});
+    let held = c.post(&call).await;
+    assert_eq!(code(&held), "approval_pending", "{held:?}");
+    let id = proposal_id(&held);
+    for (who, key) in [
+        ("agent-bob", &by_subject),
+        ("bobby", &by_principal),
+        ("robert", &by_email),
+    ] {
+        let (ok, out, err) = review_cli(&gw, key, &["approve", &id]);
+        assert!(!ok, "{who} approved their own call: {out}");
+        assert!(
+            err.contains("nobody approves their own call"),
+            "{who}: {err}"
+        );
+    }
+    let still = c.post(&call).await;
+    assert_eq!(code(&still), "approval_pending", "{still:?}");
+    assert_eq!(gw.executions("charge_card"), 0);
+    // Someone else's yes runs it.
+    let (ok, out, err) = review_cli(&gw, &alice, &["approve", &id]);
+    assert!(ok, "{out}{err}");
+    let ran = c.post(&call).await;
+    assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
+    assert_eq!(gw.executions("charge_card"), 1);
+}

@@ -470,6 +470,10 @@ impl super::AuditSink for AuditLog {
     fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Map<String, Value>) {
         AuditLog::arguments_fields_jcs(self, arguments, jcs, fields);
     }
+
+    fn changes_value(&self, changes: &[crate::core::approval::Change]) -> Value {
+        super::record_changes(self.arguments, &self.redact, changes)
+    }
 }
 
 #[cfg(test)]

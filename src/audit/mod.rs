@@ -86,11 +86,7 @@ pub fn sign_checkpoint(key: &SigningKey, seq: u64, head: &str, time: &str) -> St
 
 /// `sha256:` + hex of the JCS of `value` (argument digests and redaction).
 pub fn value_digest(value: &Value) -> String {
-    // The JCS bytes themselves: writing them cannot fail, so nothing else
-    // is ever hashed in their place.
-    let mut text = Vec::with_capacity(128);
-    crate::core::canonical::jcs_into(value, &mut text);
-    format!("sha256:{}", hex::encode(Sha256::digest(&text)))
+    crate::core::redact::digest(value)
 }
 
 pub use crate::core::config::ArgumentMode;
@@ -124,6 +120,13 @@ pub trait AuditSink: Send + Sync {
     /// The `arguments` fields of an entry, as `audit.arguments` says, from
     /// the arguments and their JCS text.
     fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Map<String, Value>);
+
+    /// A revision's argument changes as this sink records arguments (see
+    /// [`record_changes`]). By default every value is a digest: a sink that
+    /// does not say how it records arguments shows none.
+    fn changes_value(&self, changes: &[crate::core::approval::Change]) -> Value {
+        record_changes(ArgumentMode::Digest, &[], changes)
+    }
 
     /// Entries handed to the writer and not yet appended to the log file
     /// (the audit lag, for `/metrics`).
@@ -166,15 +169,33 @@ pub fn record_arguments_digested(
         }
         ArgumentMode::Digest => {}
         ArgumentMode::Redact => {
-            let mut copy = arguments.clone();
-            for pointer in redact {
-                if let Some(v) = copy.pointer_mut(pointer) {
-                    *v = json!(value_digest(v));
-                }
-            }
+            let copy = crate::core::redact::redacted(arguments, redact).into_owned();
             fields.insert("arguments".into(), copy);
         }
     }
+}
+
+/// A revision's argument changes as `audit.arguments` records arguments:
+/// as they are (`full`), every value a digest (`digest`), or the values at
+/// `audit.redact` pointers a digest (`redact`).
+pub fn record_changes(
+    mode: ArgumentMode,
+    redact: &[String],
+    changes: &[crate::core::approval::Change],
+) -> Value {
+    let mut changes = changes.to_vec();
+    match mode {
+        ArgumentMode::Full => {}
+        ArgumentMode::Digest => {
+            for c in &mut changes {
+                for v in [c.before.as_mut(), c.after.as_mut()].into_iter().flatten() {
+                    *v = json!(value_digest(v));
+                }
+            }
+        }
+        ArgumentMode::Redact => crate::core::redact::redact_changes(&mut changes, redact),
+    }
+    serde_json::to_value(changes).unwrap_or(Value::Null)
 }
 
 /// Why a log does not verify, at which entry.

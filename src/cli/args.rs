@@ -461,11 +461,16 @@ pub(crate) enum PolicyCommand {
 #[derive(Subcommand)]
 pub(crate) enum InputsCommand {
     /// Print kept decision inputs as JSON lines (for `policy diff
-    /// --inputs`, or a subject access request).
+    /// --inputs`, or a subject access request). The argument values
+    /// `audit.redact` names are replaced by their digests unless `--full`.
     Export {
         /// Only this tenant's.
         #[arg(long)]
         tenant: Option<String>,
+        /// The arguments as kept, `audit.redact` values included (for a
+        /// `policy diff --inputs` whose policies read those values).
+        #[arg(long)]
+        full: bool,
         /// Only those newer than this.
         #[arg(long, value_parser = humantime::parse_duration)]
         since: Option<std::time::Duration>,

@@ -282,6 +282,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
             match command {
                 InputsCommand::Export {
                     tenant,
+                    full,
                     since,
                     config,
                 } => {
@@ -295,8 +296,26 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                         .inputs_since(since_ms, tenant)
                         .await
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let redact = if full {
+                        &[][..]
+                    } else {
+                        config.audit.redaction()
+                    };
                     for r in rows {
-                        println!("{}", r.inputs);
+                        if redact.is_empty() {
+                            println!("{}", r.inputs);
+                            continue;
+                        }
+                        // Leaves the store: the values `audit.redact`
+                        // names are digests here as in the audit log.
+                        let mut row: serde_json::Value = serde_json::from_str(&r.inputs)
+                            .map_err(|e| {
+                                anyhow::anyhow!("a kept decision input is not JSON ({e}); export it with --full to see it as kept")
+                            })?;
+                        if let Some(arguments) = row.get_mut("arguments") {
+                            crate::core::redact::redact(arguments, redact);
+                        }
+                        println!("{row}");
                     }
                 }
                 InputsCommand::Erase { tenant, config } => {

@@ -428,6 +428,10 @@ pub struct Proposal {
     pub call_digest: String,
     /// Who asked.
     pub requester: String,
+    /// Other names of who asked (their token's `sub` and `email`): no
+    /// reviewer known by one of them approves it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requester_aka: Vec<String>,
     /// The OAuth client their access token was issued to, when it named one
     /// (shown beside the requester: "alice via claude-code").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1003,6 +1007,7 @@ mod tests {
             arguments: json!({"account": "acct-1", "amount": 10}),
             call_digest: "sha256:aa".into(),
             requester: "agent-7".into(),
+            requester_aka: Vec::new(),
             client: None,
             tenant: "acme".into(),
             resource_version: Some("v1".into()),

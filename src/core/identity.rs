@@ -24,6 +24,10 @@ pub struct Identity {
     pub scopes: Vec<String>,
     /// The OAuth client the token was issued to (`azp`/`client_id`).
     pub client: Option<String>,
+    /// Other names of the same person, from an issuer's token: its `sub`
+    /// and `email` claims. A reviewer known by one of them never approves
+    /// this requester's call.
+    pub aka: Vec<String>,
 }
 
 impl Identity {

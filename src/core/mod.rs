@@ -33,6 +33,8 @@
 //! - [`task`]: a held call as an MCP task: its record, lifecycle, owner
 //!   and wire shapes in both eras.
 //! - [`time`]: unix milliseconds, RFC 3339, and the pipeline's clock.
+//! - [`redact`]: the values `audit.redact` names, taken out of every
+//!   record that leaves the store (log, diffs, webhooks, traces, exports).
 //! - [`legible`]: agent text as people may see it (terminal, chat, logs,
 //!   the console): escapes, unusual keys, lookalike tool names.
 
@@ -57,6 +59,7 @@ pub mod legible;
 pub mod notify;
 pub mod passkey;
 pub(crate) mod recovery;
+pub mod redact;
 pub mod reviewers;
 pub mod signed_request;
 pub mod task;

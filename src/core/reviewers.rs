@@ -115,9 +115,30 @@ pub struct Reviewer {
     pub tenants: Vec<String>,
     /// Their passkeys (the review console): a key each, by credential id.
     pub passkeys: Vec<crate::core::passkey::PasskeyKey>,
+    /// The principals this person also calls as (`idp:henry`, an email):
+    /// a call by any of them is their own, which they never approve.
+    pub principals: Vec<String>,
 }
 
 impl Reviewer {
+    /// Whether the reviewer asked for a call of `requester` (its principal)
+    /// who is also known as `aka` (the `sub` and `email` claims of its
+    /// token): their name or one of their `principals` is the principal,
+    /// the subject of an issuer's principal (`NAME:SUBJECT`), or one of
+    /// `aka`. Without this, reviewer `henry` approved the call of his own
+    /// agent `idp:henry`, as names and principals never compared equal.
+    /// ASCII case is ignored: a near miss refuses an approval (another
+    /// reviewer gives it), it never lets one through.
+    pub fn is_requester(&self, requester: &str, aka: &[String]) -> bool {
+        let mine: Vec<&str> = std::iter::once(self.name.as_str())
+            .chain(self.principals.iter().map(String::as_str))
+            .collect();
+        std::iter::once(requester)
+            .chain(requester.split_once(':').map(|(_, subject)| subject))
+            .chain(aka.iter().map(String::as_str))
+            .any(|theirs| mine.iter().any(|m| m.eq_ignore_ascii_case(theirs)))
+    }
+
     /// The passkey with this credential id, when it is one of theirs.
     pub fn passkey(&self, credential_id: &str) -> Option<&crate::core::passkey::PasskeyKey> {
         self.passkeys.iter().find(|k| k.id == credential_id)
@@ -222,6 +243,7 @@ impl Reviewers {
                 groups: r.groups,
                 tenants: r.tenants,
                 passkeys: r.passkeys,
+                principals: r.principals,
             };
             if by_name.insert(name.clone(), reviewer).is_some() {
                 return Err((None, format!("reviewer `{name}` is listed twice")));
@@ -267,6 +289,9 @@ struct ReviewerEntry {
     #[serde(default)]
     groups: Vec<String>,
     tenants: Vec<String>,
+    /// The principals this person also calls as (`idp:henry`).
+    #[serde(default)]
+    principals: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -358,5 +383,29 @@ mod tests {
             .unwrap_err()
             .1
             .contains("has no key"));
+    }
+
+    #[test]
+    fn a_reviewer_is_the_requester_by_name_subject_principal_or_email() {
+        let pk = format_public_key(&key(1).verifying_key());
+        let text = format!(
+            "[[reviewers]]\nname = \"henry\"\npublic_key = \"{pk}\"\ntenants = [\"*\"]\n\
+             [[reviewers]]\nname = \"hal\"\npublic_key = \"{pk}\"\ntenants = [\"*\"]\nprincipals = [\"idp:h-77\", \"Hal@Acme.example\"]\n"
+        );
+        let rs = Reviewers::parse(&text).unwrap();
+        let (henry, hal) = (rs.get("henry").unwrap(), rs.get("hal").unwrap());
+        assert!(henry.is_requester("henry", &[]));
+        assert!(henry.is_requester("idp:henry", &[]), "the issuer's subject");
+        assert!(
+            henry.is_requester("idp:u-1", &["Henry".into()]),
+            "its sub claim"
+        );
+        assert!(!henry.is_requester("idp:henrietta", &[]));
+        assert!(hal.is_requester("idp:h-77", &[]), "a listed principal");
+        assert!(
+            hal.is_requester("other:x", &["hal@acme.example".into()]),
+            "the email"
+        );
+        assert!(!hal.is_requester("idp:h-78", &["hal@acme.example.org".into()]));
     }
 }

@@ -126,6 +126,9 @@ pub struct TaskRecord {
     /// The requester's OAuth client, if its token named one.
     #[serde(default)]
     pub client: Option<String>,
+    /// The requester's other names (their token's `sub` and `email`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aka: Vec<String>,
     /// The configured server.
     pub server: String,
     /// The tool.
@@ -196,6 +199,7 @@ impl TaskRecord {
             groups: who.groups.clone(),
             scopes: who.scopes.clone(),
             client: who.client.clone(),
+            aka: who.aka.clone(),
             server: server.to_owned(),
             tool: tool.to_owned(),
             key: String::new(),
@@ -230,6 +234,7 @@ impl TaskRecord {
             groups: self.groups.clone(),
             scopes: self.scopes.clone(),
             client: self.client.clone(),
+            aka: self.aka.clone(),
         }
     }
 
@@ -398,6 +403,7 @@ mod tests {
             groups: vec![],
             scopes: vec![],
             client: None,
+            aka: Vec::new(),
             server: "pay".into(),
             tool: "charge".into(),
             key: "k".into(),

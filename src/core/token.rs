@@ -381,6 +381,14 @@ pub fn verify(token: &str, seen: &Unverified, check: &Check<'_>) -> Result<Verif
         .and_then(Value::as_str)
         .map(str::to_owned);
     let exp = claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
+    // The person's other names, whatever claim names the principal: the
+    // self-approval guard compares reviewers with each of them.
+    let aka = ["sub", "email"]
+        .iter()
+        .filter_map(|c| claims.get(*c).and_then(Value::as_str))
+        .filter(|n| !n.is_empty() && *n != subject)
+        .map(str::to_owned)
+        .collect();
     Ok(Verified {
         identity: Arc::new(Identity {
             // Namespaced: the same `sub` from two issuers is two principals,
@@ -390,6 +398,7 @@ pub fn verify(token: &str, seen: &Unverified, check: &Check<'_>) -> Result<Verif
             groups,
             scopes,
             client,
+            aka,
         }),
         expires_ms: exp.saturating_mul(1000),
     })

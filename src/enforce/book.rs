@@ -152,8 +152,10 @@ pub(crate) fn quorum_missing(p: &Proposal, reviewers: &Reviewers) -> Option<appr
         .iter()
         .filter_map(|g| {
             let r = reviewers.get(g.reviewer())?;
-            (r.has_key(&g.signed.public_key) && r.covers(&p.tenant) && r.name != p.requester)
-                .then_some((r.name.as_str(), r.groups.as_slice()))
+            (r.has_key(&g.signed.public_key)
+                && r.covers(&p.tenant)
+                && !r.is_requester(&p.requester, &p.requester_aka))
+            .then_some((r.name.as_str(), r.groups.as_slice()))
         })
         .collect();
     p.quorum.missing(&approvers)
@@ -174,6 +176,9 @@ pub struct Book {
     /// `[[notify.webhooks]]`: told of proposals, in the commit that makes
     /// each change.
     webhooks: Vec<crate::core::config::WebhookConfig>,
+    /// `audit.redact`: argument values no event carries (see
+    /// [`crate::core::redact`]).
+    redact: Vec<String>,
     /// Signalled when a write queued notices: the delivery worker wakes.
     queued: Arc<tokio::sync::Notify>,
     /// The last signature counter seen per passkey credential.
@@ -220,6 +225,7 @@ impl Book {
             audit,
             clock,
             webhooks: Vec::new(),
+            redact: Vec::new(),
             queued: Arc::new(tokio::sync::Notify::new()),
             passkey_counters: Default::default(),
             review_url: std::sync::OnceLock::new(),
@@ -232,9 +238,15 @@ impl Book {
     }
 
     /// The same book, telling `webhooks` of proposals created, decided and
-    /// expired.
-    pub fn notifying(mut self, webhooks: Vec<crate::core::config::WebhookConfig>) -> Book {
+    /// expired, with the argument values at `redact` (`audit.redact`)
+    /// replaced by their digests.
+    pub fn notifying(
+        mut self,
+        webhooks: Vec<crate::core::config::WebhookConfig>,
+        redact: Vec<String>,
+    ) -> Book {
         self.webhooks = webhooks;
+        self.redact = redact;
         self
     }
 
@@ -304,6 +316,11 @@ impl Book {
             .map(|(w, b, r)| (w.as_str(), b.as_str(), r.as_str()));
         let pending_until = p.created_ms.saturating_add(ms(self.config.pending_ttl));
         let mut event = notify::Event::proposal(kind, p, decision, pending_until);
+        // Before the event is queued: a value `audit.redact` names is in
+        // neither the outbox nor any webhook's body.
+        if let Some(arguments) = event.facts.get_mut("arguments") {
+            crate::core::redact::redact(arguments, &self.redact);
+        }
         if let Some(prefix) = self.review_url.get() {
             event.facts.insert(
                 "review_url".into(),
@@ -718,6 +735,7 @@ impl Book {
             arguments: ask.arguments.clone(),
             call_digest: ask.digest.to_owned(),
             requester: ask.identity.principal.clone(),
+            requester_aka: ask.identity.aka.clone(),
             client: ask.identity.client.clone(),
             tenant: ask.identity.tenant.clone(),
             resource_version: ask.resource_version.map(str::to_owned),
@@ -760,7 +778,17 @@ impl Book {
         }
         match &p.revises {
             Some(r) => {
-                extra.push(("revises", serde_json::to_value(r).unwrap_or(Value::Null)));
+                // The diff's values are argument values: recorded as the
+                // arguments are (a redacted card number must not come back
+                // through its `before` and `after`).
+                let changes = match &self.audit {
+                    Some(a) => a.changes_value(&r.changes),
+                    None => Value::Null,
+                };
+                extra.push((
+                    "revises",
+                    serde_json::json!({"proposal_id": r.proposal_id, "changes": changes}),
+                ));
                 self.audit("proposal_revised", &p, &extra);
             }
             None => self.audit("proposal_created", &p, &extra),
@@ -922,10 +950,10 @@ impl Book {
                     may_approve(&p).map_err(DecideError::Forbidden)?;
                     // The requester never counts, whatever the policies
                     // say: a quorum is other people's eyes on the call.
-                    if reviewer.name == p.requester {
+                    if reviewer.is_requester(&p.requester, &p.requester_aka) {
                         return Err(DecideError::Forbidden(format!(
-                            "reviewer `{}` asked for this call: nobody approves their own call",
-                            reviewer.name
+                            "reviewer `{}` asked for this call (as `{}`): nobody approves their own call",
+                            reviewer.name, p.requester
                         )));
                     }
                     next.approvals.push(given.clone());
@@ -1430,15 +1458,21 @@ fn reviewer_still_valid(p: &Proposal, reviewers: &Reviewers) -> bool {
     // the group they were counted for, voids it).
     if !p.approvals.is_empty() {
         let all_count = p.approvals.iter().all(|g| {
-            reviewers
-                .get(g.reviewer())
-                .is_some_and(|r| r.has_key(&g.signed.public_key) && r.covers(&p.tenant))
+            reviewers.get(g.reviewer()).is_some_and(|r| {
+                r.has_key(&g.signed.public_key)
+                    && r.covers(&p.tenant)
+                    && !r.is_requester(&p.requester, &p.requester_aka)
+            })
         });
         return all_count && quorum_missing(p, reviewers).is_none();
     }
-    reviewers
-        .get(&d.statement.reviewer)
-        .is_some_and(|r| r.has_key(&d.public_key) && r.covers(&p.tenant))
+    // A reviewer since listed as the requester (`principals`) no longer
+    // counts: the file in force says the yes was their own.
+    reviewers.get(&d.statement.reviewer).is_some_and(|r| {
+        r.has_key(&d.public_key)
+            && r.covers(&p.tenant)
+            && !r.is_requester(&p.requester, &p.requester_aka)
+    })
 }
 
 /// The pending answer for a proposal.
@@ -1591,6 +1625,7 @@ mod tests {
             arguments: serde_json::json!({"amount": 500}),
             call_digest: "sha256:aa".into(),
             requester: "agent-7".into(),
+            requester_aka: Vec::new(),
             client: None,
             tenant: "acme".into(),
             resource_version: None,

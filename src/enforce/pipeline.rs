@@ -108,7 +108,10 @@ impl Pipeline {
                 audit.clone(),
                 clock.clone(),
             )
-            .notifying(config.notify.webhooks.clone()),
+            .notifying(
+                config.notify.webhooks.clone(),
+                config.audit.redaction().to_vec(),
+            ),
         );
         let flights = Idempotency::new(
             store.clone(),
@@ -384,7 +387,18 @@ impl Pipeline {
                 crate::telemetry::key_digest(&claim.key),
             );
             if crate::telemetry::records_arguments() {
-                span.record("gen_ai.tool.call.arguments", call.arguments_jcs.as_str());
+                // The collector is someone else's system: the values
+                // `audit.redact` names are not sent there either.
+                let redact = self.config.audit.redaction();
+                if redact.is_empty() {
+                    span.record("gen_ai.tool.call.arguments", call.arguments_jcs.as_str());
+                } else {
+                    let shown = crate::core::redact::redacted(&call.arguments, redact);
+                    span.record(
+                        "gen_ai.tool.call.arguments",
+                        crate::core::canonical::jcs(&shown).as_str(),
+                    );
+                }
             }
         }
         let trail = Trail::new(

@@ -438,7 +438,8 @@ pub(crate) async fn decide_with(
             .may_approve(&reviewer.name, &reviewer.groups, &call)
             .map_err(|d| {
                 tracing::info!(proposal = %p.id, reviewer = %reviewer.name, decision = %d, "approval refused by policy");
-                approval_refusal(&reviewer.name, &reviewer.groups, p, &tool.annotations, &d, &policies)
+                let own = reviewer.is_requester(&p.requester, &p.requester_aka);
+                approval_refusal(&reviewer.name, &reviewer.groups, own, p, &tool.annotations, &d, &policies)
             })
     };
     gw.pipeline()
@@ -493,6 +494,7 @@ async fn withdraw(
 fn approval_refusal(
     reviewer: &str,
     groups: &[String],
+    own: bool,
     p: &Proposal,
     annotations: &crate::core::annotations::Annotations,
     d: &crate::core::decision::Decision,
@@ -511,7 +513,7 @@ fn approval_refusal(
             errors.join("; ")
         );
     }
-    let own = if p.requester == reviewer {
+    let own = if own {
         " (the call is the reviewer's own: nobody approves their own call)"
     } else {
         ""

@@ -705,6 +705,7 @@ mod tests {
             arguments: serde_json::json!({}),
             call_digest: "d1".into(),
             requester: "r".into(),
+            requester_aka: Vec::new(),
             client: None,
             tenant: "acme".into(),
             resource_version: None,

@@ -93,6 +93,7 @@ pub(crate) mod conformance {
             groups: vec!["agents".into()],
             scopes: vec![],
             client: None,
+            aka: vec![],
             server: "payments".into(),
             tool: "charge_card".into(),
             key: key.into(),

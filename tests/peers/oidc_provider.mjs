@@ -8,7 +8,8 @@
 // - `agent-svc` / `agent-secret`: client credentials (an agent service);
 //   its tokens carry `tid` = `acme` and scope `pay:use`.
 // - `agent-bob` / `bob-secret`: the same, a second person (the `sub` of a
-//   client credentials token is the client).
+//   client credentials token is the client), whose tokens carry `email` =
+//   `Bob@acme.example`.
 // Access tokens are valid ACCESS_TTL seconds (default 300).
 // - any client that registers itself (RFC 7591 dynamic registration, as MCP
 //   clients do): authorization code with PKCE, signing in through the
@@ -129,7 +130,11 @@ const provider = new Provider(issuer, {
       }),
     },
   },
-  extraTokenClaims: () => ({ tid: 'acme' }),
+  // agent-bob's tokens also carry his email (a person's second name).
+  extraTokenClaims: (ctx, token) => ({
+    tid: 'acme',
+    ...(token.clientId === 'agent-bob' ? { email: 'Bob@acme.example' } : {}),
+  }),
 });
 
 // RFC 8693 token exchange, registered on the provider.

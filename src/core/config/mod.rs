@@ -615,6 +615,17 @@ fn witness_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
+impl AuditConfig {
+    /// The pointers whose argument values are kept out of every record
+    /// (none unless `arguments = "redact"`; see [`crate::core::redact`]).
+    pub fn redaction(&self) -> &[String] {
+        match self.arguments {
+            ArgumentMode::Redact => &self.redact,
+            _ => &[],
+        }
+    }
+}
+
 impl Default for AuditConfig {
     fn default() -> Self {
         AuditConfig {
