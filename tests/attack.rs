@@ -1127,3 +1127,82 @@ async fn f5_a_reviewer_never_approves_the_call_of_their_own_identity_provider_pr
     assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
     assert_eq!(gw.executions("charge_card"), 1);
 }
+
+/// F3 (second attack): the console's POST routes read bodies with no
+/// deadline, and 1,030 slow uploads by nobody signed in held every
+/// connection: agents were answered 503. Now every route's body has one
+/// deadline from the request's start, and console requests share a budget
+/// of their own: past it they are answered 503 and closed. With 30 slow
+/// uploads against 24 connections and a console budget of 3, an agent's
+/// call goes through, and the 3 uploads let in are cut at the deadline.
+#[tokio::test]
+async fn f3_slow_console_uploads_never_hold_the_connections_agents_need() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gateway::start_with(Options {
+        gateway: "body_read_timeout = \"2s\"\n".into(),
+        limits: "max_connections = 24\nmax_console_requests = 3\n".into(),
+        extra: format!(
+            "\n[review]\nenabled = true\n\n[metrics]\ntoken_sha256 = \"{}\"\n",
+            sha(METRICS_TOKEN)
+        ),
+        ..Default::default()
+    });
+    let finished = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut held = Vec::new();
+    for _ in 0..30 {
+        let mut s = tokio::net::TcpStream::connect(&gw.addr).await.unwrap();
+        let head = format!(
+            "POST /review/sign-in HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+             content-length: 1000\r\n\r\n{{",
+            gw.addr
+        );
+        // Refused at once, the gateway may have closed it already.
+        let _ = s.write_all(head.as_bytes()).await;
+        let finished = finished.clone();
+        held.push(tokio::spawn(async move {
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer).await;
+            finished
+                .lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&answer).into_owned());
+        }));
+    }
+    // All but the budget's three are answered and closed.
+    eventually("27 uploads answered", || {
+        finished.lock().unwrap().len() == 27
+    })
+    .await;
+    let answers = finished.lock().unwrap().clone();
+    assert!(
+        answers.iter().all(|a| a.starts_with("HTTP/1.1 503")),
+        "{answers:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .any(|a| a.contains("limits.max_console_requests")),
+        "the console's own budget refused some: {answers:?}"
+    );
+    // The three hold their permits, and an agent still gets through.
+    let c = listed(&gw, "payments").await;
+    let a = c.call(1, "get_balance", json!({"account": "acct-1"})).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.last()["result"]["isError"], false, "{a:?}");
+    // At the deadline the three are cut off, with a 408 that says why.
+    for h in held {
+        h.await.unwrap();
+    }
+    let answers = finished.lock().unwrap().clone();
+    let cut: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 408"))
+        .collect();
+    assert_eq!(cut.len(), 3, "{answers:?}");
+    assert!(
+        cut.iter().all(|a| a.contains("body_read_timeout")),
+        "{cut:?}"
+    );
+    assert!(refusals(&gw, "console_busy").await >= 1);
+    assert_eq!(refusals(&gw, "body_timeout").await, 3);
+}

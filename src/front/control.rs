@@ -194,25 +194,25 @@ impl FromRequest<Arc<Gateway>> for Signed {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(a)| *a);
+        // The deadline is the router's (`bounds`), from the request's start.
         let within = gw.config().gateway.body_read_timeout;
-        let read = axum::body::to_bytes(body, gw.config().limits.max_body_bytes);
-        let body = tokio::time::timeout(within, read)
+        let body = axum::body::to_bytes(body, gw.config().limits.max_body_bytes)
             .await
-            .map_err(|_| {
-                problem(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
-                    format!(
-                        "the body did not arrive within gateway.body_read_timeout ({}): nothing changed",
-                        humantime::format_duration(within)
-                    ),
-                )
-            })?
             .map_err(|e| {
+                if crate::front::bounds::is_deadline(&*e.into_inner()) {
+                    return problem(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "body_timeout",
+                        format!(
+                            "the body did not arrive within gateway.body_read_timeout ({}): nothing changed",
+                            humantime::format_duration(within)
+                        ),
+                    );
+                }
                 problem(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "too_large",
-                    format!("the body could not be read (limits.max_body_bytes): {e}"),
+                    "the body could not be read whole within limits.max_body_bytes",
                 )
             })?;
         let reviewer = authenticate(gw, peer, &parts.method, &parts.uri, &parts.headers, &body)

@@ -67,7 +67,12 @@ pub(crate) fn router(
         )
         .with_state(Arc::clone(&gw))
         .merge(crate::front::review::router(console))
-        .merge(crate::front::control::router(gw))
+        .merge(crate::front::control::router(Arc::clone(&gw)))
+        // Every route: the body's deadline and size, the console's budget.
+        .layer(axum::middleware::from_fn_with_state(
+            super::bounds::Bounds::new(gw),
+            super::bounds::bound,
+        ))
 }
 
 /// Origin, token and server checks shared by every `/mcp` method.
@@ -188,23 +193,17 @@ async fn post_mcp(
     };
     let limit = gw.config().limits.max_body_bytes;
     // The header timeout ends at the header: a body trickled in a byte at a
-    // time is cut off here, before anything of it is parsed or run.
+    // time is cut off at the router's deadline (`bounds`, from the request's
+    // start), before anything of it is parsed or run.
     let within = gw.config().gateway.body_read_timeout;
-    let read = match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
-        Ok(read) => read,
-        Err(_) => {
-            gw.refused(
-                "body_timeout",
-                Some(&server),
-                "the request body did not arrive in time",
-            );
-            return reject(Rejection::BodyTimeout(within), Value::Null);
-        }
-    };
-    let bytes = match read {
+    let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
             let e = e.into_inner();
+            if super::bounds::is_deadline(&*e) {
+                // Counted by `bounds`.
+                return reject(Rejection::BodyTimeout(within), Value::Null);
+            }
             // Only the limit's own error means "too large"; a malformed
             // chunked body or one shorter than its Content-Length is a bad
             // request, and says so.

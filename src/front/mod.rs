@@ -36,6 +36,7 @@
 //!   sign-in and decisions.
 
 pub(crate) mod auth;
+pub(crate) mod bounds;
 pub(crate) mod bridge;
 pub(crate) mod callers;
 pub(crate) mod control;

@@ -1164,6 +1164,12 @@ pub struct Limits {
     /// Most client connections open at once; one more is answered 503 and
     /// closed (idle clients cannot exhaust descriptors).
     pub max_connections: usize,
+    /// Most review console requests in flight at once (the console answers
+    /// people before they sign in); one more is answered 503 and its
+    /// connection closed, so the console never holds the connections
+    /// `/mcp` needs. Less than `max_connections`; by default an eighth
+    /// of it (see [`Limits::console_requests`]).
+    pub max_console_requests: Option<usize>,
     /// Most handshake-era sessions one identity may hold; one more
     /// `initialize` is refused (429) until one closes or idles out.
     pub max_sessions_per_identity: usize,
@@ -1179,6 +1185,15 @@ pub struct Limits {
     pub max_batch_members: usize,
 }
 
+impl Limits {
+    /// Review console requests in flight at most: `max_console_requests`,
+    /// or an eighth of `max_connections` (at least one).
+    pub fn console_requests(&self) -> usize {
+        self.max_console_requests
+            .unwrap_or((self.max_connections / 8).max(1))
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -1187,6 +1202,7 @@ impl Default for Limits {
             max_depth: 64,
             max_arguments_bytes: 1 << 20,
             max_connections: 1024,
+            max_console_requests: None,
             max_sessions_per_identity: 256,
             requests_per_second: 0,
             max_batch_members: 100,
@@ -1595,11 +1611,24 @@ impl Limits {
         if self.max_connections == 0
             || self.max_sessions_per_identity == 0
             || self.max_batch_members == 0
+            || self.max_console_requests == Some(0)
         {
             return Err(invalid(
                 path,
-                "limits.max_connections, limits.max_sessions_per_identity and limits.max_batch_members must be at least 1"
+                "limits.max_connections, limits.max_sessions_per_identity, limits.max_batch_members and limits.max_console_requests must be at least 1"
                     .into(),
+            ));
+        }
+        if let Some(n) = self
+            .max_console_requests
+            .filter(|n| *n >= self.max_connections)
+        {
+            return Err(invalid(
+                path,
+                format!(
+                    "limits.max_console_requests ({n}) must be less than limits.max_connections ({}): the console must leave connections for /mcp",
+                    self.max_connections
+                ),
             ));
         }
         Ok(())
