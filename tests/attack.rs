@@ -1206,3 +1206,54 @@ async fn f3_slow_console_uploads_never_hold_the_connections_agents_need() {
     assert!(refusals(&gw, "console_busy").await >= 1);
     assert_eq!(refusals(&gw, "body_timeout").await, 3);
 }
+
+/// F11 (second attack): a value that mixes scripts (`pаypal.com`, a
+/// Cyrillic `а`) or looks like ASCII text it is not (fullwidth digits) was
+/// shown with no warning. `pending` flags it and `show` marks it beside the
+/// value (the console: `tests/console.rs` `f11_…`; the TUI reads the same
+/// flags, and the in-client question and the webhooks' sentences carry the
+/// same marks).
+#[tokio::test]
+async fn f11_values_that_could_pass_for_others_are_flagged_to_reviewers() {
+    let (pdir, alice) = default_policies_with_alice();
+    let gw = Gateway::start_with(Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    });
+    let c = listed(&gw, "payments").await;
+    let a = c
+        .post(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"transfer",
+            "arguments":{"from":"acct_1","to":"p\u{430}ypal.com","amount":5,"memo":"\u{ff11}00"},
+            "_meta":{"dev.countersign/idempotency-key":"f11-1"}}}),
+        )
+        .await;
+    assert_eq!(code(&a), "approval_pending", "{a:?}");
+    let id = proposal_id(&a);
+    let (ok, pending, err) = review_cli(&gw, &alice, &["pending"]);
+    assert!(ok, "{err}");
+    assert!(
+        pending.contains(r"/to mixed scripts: p\u{430}ypal.com"),
+        "{pending}"
+    );
+    assert!(
+        pending.contains(r"/memo looks like ASCII: \u{ff11}00"),
+        "{pending}"
+    );
+    let (ok, shown, err) = review_cli(&gw, &alice, &["show", &id]);
+    assert!(ok, "{err}");
+    let line = shown
+        .lines()
+        .find(|l| l.trim_start().starts_with("to "))
+        .unwrap();
+    assert!(
+        line.contains(r"(mixed scripts: p\u{430}ypal.com)"),
+        "{shown}"
+    );
+    // A plain value is not marked.
+    let from = shown
+        .lines()
+        .find(|l| l.trim_start().starts_with("from "))
+        .unwrap();
+    assert!(!from.contains('('), "{shown}");
+}

@@ -893,3 +893,38 @@ async fn f8_another_reviewers_passkey_id_is_refused_and_its_holder_keeps_access(
     // Alice still signs in, with the file that was in force.
     console.sign_in("alice");
 }
+
+/// F11 (second attack): keys that could pass for others were marked, values
+/// were not: `pаypal.com` with a Cyrillic `а` read as PayPal's domain. On
+/// the proposal's page a value that mixes scripts is marked, with its odd
+/// character written out.
+#[tokio::test]
+async fn f11_a_value_that_mixes_scripts_is_marked_on_the_proposal_page() {
+    let console = Console::start("", "");
+    let link = console.invite("alice", "leads", "1h");
+    let entry = console.enrol("alice", &link);
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let c = listed(&console.gw, "payments").await;
+    let a = c
+        .post(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card",
+            "arguments":{"account":"p\u{430}ypal.com","amount":5},
+            "_meta":{"dev.countersign/idempotency-key":"f11-1"}}}),
+        )
+        .await;
+    assert_eq!(code(&a), "approval_pending", "{a:?}");
+    let id = proposal_id(&a);
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": format!("/review/p/{id}")},
+            {"text": "table.arguments"},
+            {"text": "p.sentence"},
+        ]),
+    );
+    let table = r[1]["text"].as_str().unwrap_or_default();
+    assert!(table.contains(r"mixed scripts: p\u{430}ypal.com"), "{r:?}");
+    let sentence = r[2]["text"].as_str().unwrap_or_default();
+    assert!(sentence.contains("mixed scripts"), "{r:?}");
+}

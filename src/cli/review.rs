@@ -163,7 +163,7 @@ pub(crate) fn describe_changes(changes: &Value) -> String {
         if v.is_null() {
             "(absent)".to_owned()
         } else {
-            legible::json(v)
+            legible::value(v)
         }
     };
     changes
@@ -230,7 +230,11 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
     out.push_str("\narguments\n");
     if let Some(args) = p["arguments"].as_object() {
         for (k, v) in args {
-            out.push_str(&format!("  {:<20} {}\n", legible::key(k), legible::json(v)));
+            out.push_str(&format!(
+                "  {:<20} {}\n",
+                legible::key(k),
+                legible::value(v)
+            ));
         }
     }
     if let Some(d) = p.get("definition_change").filter(|d| !d.is_null()) {

@@ -935,15 +935,16 @@ pub fn summary(p: &Proposal) -> String {
                     // shown quoted and escaped, so a reviewer sees exactly
                     // what is there.
                     Value::String(s) if legible::text(s) != s.as_str() => {
-                        format!("{k} {}", legible::json(v))
+                        format!("{k} {}", legible::value(v))
                     }
-                    Value::String(s) => format!("{k} {s}"),
-                    other => format!("{k} {}", legible::json(other)),
+                    // A value that could pass for another is said so.
+                    Value::String(s) => format!("{k} {}", legible::marked(s.clone(), v)),
+                    other => format!("{k} {}", legible::value(other)),
                 }
             })
             .collect(),
         Value::Object(_) => vec!["no arguments".into()],
-        other => vec![legible::json(other)],
+        other => vec![legible::value(other)],
     };
     let mut text = args.join(", ");
     if text.chars().count() > 160 {
@@ -1357,6 +1358,15 @@ pub fn flags(p: &Value) -> Vec<String> {
         0 => {}
         1 => flags.push("1 retry joined".to_owned()),
         n => flags.push(format!("{n} retries joined")),
+    }
+    // Values that could pass for others (the first three), beside the
+    // keys that `legible::key` marks.
+    let odd = super::legible::lookalikes(&p["arguments"]);
+    for (at, mark) in odd.iter().take(3) {
+        flags.push(format!("{} {mark}", super::legible::text(at)));
+    }
+    if odd.len() > 3 {
+        flags.push(format!("{} more odd values", odd.len() - 3));
     }
     match p["tasks_waiting"].as_u64().unwrap_or(0) {
         0 => {}

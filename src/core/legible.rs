@@ -190,9 +190,128 @@ pub fn confusable_with<'a>(
         .find(|other| *other != name && unicode_security::skeleton(other).eq(skeleton.chars()))
 }
 
+/// What a string value could pass for, said beside it: `mixed scripts`
+/// when it mixes scripts (UTS #39: `pаypal.com` with a Cyrillic `а`), and
+/// `looks like ASCII` when its UTS #39 confusable skeleton is plain ASCII
+/// (`ｐaypal.com`, fullwidth digits in an amount); then the string with each
+/// non-ASCII character written as `\u{hex}`, so the odd ones stand out. A
+/// reviewer reads values as they look; an agent may have chosen one to
+/// look like another. `None` for text shown as ASCII (controls and format
+/// characters are written out by [`text`]), and for text of one script
+/// that looks like no ASCII text.
+pub fn lookalike(s: &str) -> Option<String> {
+    // Shown as ASCII (what does not display itself is written out): the
+    // odd characters already show.
+    if text(s).is_ascii() {
+        return None;
+    }
+    let what = if !s.is_single_script() {
+        "mixed scripts"
+    } else if unicode_security::skeleton(s).all(|c| c.is_ascii()) {
+        "looks like ASCII"
+    } else {
+        return None;
+    };
+    let mut revealed = String::with_capacity(s.len() + 8);
+    for c in text(s).chars() {
+        if c.is_ascii() {
+            revealed.push(c);
+        } else {
+            let _ = write!(revealed, "\\u{{{:x}}}", u32::from(c));
+        }
+    }
+    Some(format!("{what}: {revealed}"))
+}
+
+/// Each string in `v` that could pass for another ([`lookalike`]), with
+/// the JSON pointer to it (`""` for `v` itself).
+pub fn lookalikes(v: &Value) -> Vec<(String, String)> {
+    fn walk(v: &Value, at: &mut String, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::String(s) => {
+                if let Some(mark) = lookalike(s) {
+                    out.push((at.clone(), mark));
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    let len = at.len();
+                    let _ = write!(at, "/{i}");
+                    walk(x, at, out);
+                    at.truncate(len);
+                }
+            }
+            Value::Object(m) => {
+                for (k, x) in m {
+                    let len = at.len();
+                    at.push('/');
+                    at.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                    walk(x, at, out);
+                    at.truncate(len);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, &mut String::new(), &mut out);
+    out
+}
+
+/// A value as people may see it: [`json`], then, in parentheses, what any
+/// string in it could pass for: `"pаypal.com" (mixed scripts, looks like
+/// "paypal.com")`.
+pub fn value(v: &Value) -> String {
+    marked(json(v), v)
+}
+
+/// `shown` (how a surface writes the value `v`) followed by the marks of
+/// the strings in `v` that could pass for others, if any.
+pub fn marked(shown: String, v: &Value) -> String {
+    let marks = lookalikes(v);
+    if marks.is_empty() {
+        return shown;
+    }
+    let said: Vec<String> = marks
+        .into_iter()
+        .map(|(at, mark)| {
+            if at.is_empty() {
+                mark
+            } else {
+                format!("{}: {mark}", text(&at))
+            }
+        })
+        .collect();
+    format!("{shown} ({})", said.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_that_could_pass_for_others_are_marked() {
+        // A Cyrillic `а` in a Latin domain.
+        assert_eq!(
+            lookalike("p\u{430}ypal.com").as_deref(),
+            Some(r"mixed scripts: p\u{430}ypal.com")
+        );
+        // Fullwidth digits in an amount: one script, an ASCII lookalike.
+        assert_eq!(
+            lookalike("\u{ff11}00").as_deref(),
+            Some(r"looks like ASCII: \u{ff11}00")
+        );
+        assert_eq!(lookalike("paypal.com"), None);
+        assert_eq!(lookalike("Müller"), None);
+        assert_eq!(lookalike("東京タワー"), None, "Japanese is one script set");
+        assert_eq!(lookalike("Москва"), None);
+        let v = serde_json::json!({"to": "p\u{430}ypal.com", "n": [1, "\u{ff11}"], "ok": "a"});
+        assert_eq!(
+            value(&v),
+            "{\"to\":\"p\u{430}ypal.com\",\"n\":[1,\"\u{ff11}\"],\"ok\":\"a\"} (/to: mixed scripts: p\\u{430}ypal.com; /n/1: looks like ASCII: \\u{ff11})"
+        );
+        assert_eq!(value(&serde_json::json!("plain")), "\"plain\"");
+    }
 
     /// Every character that must never reach a reader raw.
     fn hostile() -> Vec<char> {

@@ -261,7 +261,7 @@ fn sentence_with(
                 .map(|(k, a)| format!(
                     "{} {}",
                     shown(&legible::key(k)),
-                    shown(&crate::core::canonical::jcs(a))
+                    shown(&legible::marked(crate::core::canonical::jcs(a), a))
                 ))
                 .collect::<Vec<_>>()
                 .join(", ")

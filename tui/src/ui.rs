@@ -217,17 +217,27 @@ pub fn argument_lines(v: &Value, depth: usize, out: &mut Vec<Line<'static>>) {
                     out.push(Line::from(format!("  {pad}{k}")));
                     argument_lines(val, depth + 1, out);
                 }
-                Value::String(t) => out.push(Line::from(vec![
-                    Span::raw(format!("  {pad}{k:<18} ")),
-                    Span::styled(
-                        legible::text(t).into_owned(),
-                        Style::default().add_modifier(Modifier::BOLD),
-                    ),
-                ])),
+                Value::String(t) => {
+                    let mut spans = vec![
+                        Span::raw(format!("  {pad}{k:<18} ")),
+                        Span::styled(
+                            legible::text(t).into_owned(),
+                            Style::default().add_modifier(Modifier::BOLD),
+                        ),
+                    ];
+                    // A value that could pass for another is said so.
+                    if let Some(mark) = legible::lookalike(t) {
+                        spans.push(Span::styled(
+                            format!(" ({mark})"),
+                            Style::default().fg(Color::Yellow),
+                        ));
+                    }
+                    out.push(Line::from(spans));
+                }
                 other => out.push(Line::from(vec![
                     Span::raw(format!("  {pad}{k:<18} ")),
                     Span::styled(
-                        legible::json(other),
+                        legible::value(other),
                         Style::default().add_modifier(Modifier::BOLD),
                     ),
                 ])),
@@ -393,7 +403,7 @@ fn change_lines(changes: &Value, lines: &mut Vec<Line<'_>>) {
             if v.is_null() {
                 "(absent)".to_owned()
             } else {
-                legible::json(v)
+                legible::value(v)
             }
         };
         lines.push(Line::from(format!(
@@ -790,6 +800,24 @@ mod tests {
         );
         assert!(screen.contains("/description"), "{screen}");
         insta::assert_snapshot!(screen);
+    }
+
+    /// A value that mixes scripts is marked beside it, as the CLI and the
+    /// console mark it; a plain one is not.
+    #[test]
+    fn a_value_that_mixes_scripts_is_marked() {
+        let mut lines = Vec::new();
+        argument_lines(
+            &serde_json::json!({"to": "p\u{430}ypal.com", "from": "acct_1"}),
+            0,
+            &mut lines,
+        );
+        let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        assert!(
+            text[0].ends_with(r"pаypal.com (mixed scripts: p\u{430}ypal.com)"),
+            "{text:?}"
+        );
+        assert!(!text[1].contains('('), "{text:?}");
     }
 
     #[test]

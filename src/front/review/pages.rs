@@ -233,7 +233,7 @@ pub(crate) async fn history(State(c): State<Arc<Console>>, headers: HeaderMap) -
 
 fn changes(list: &[Change]) -> Markup {
     let shown = |v: &Option<serde_json::Value>| match v {
-        Some(v) => legible::json(v),
+        Some(v) => legible::value(v),
         None => "(absent)".into(),
     };
     html! {
@@ -319,7 +319,7 @@ pub(crate) async fn proposal(
                     tbody {
                         @if let Some(args) = p.arguments.as_object() {
                             @for (k, v) in args {
-                                tr { th scope="row" { (legible::key(k)) } td { code { (legible::json(v)) } } }
+                                tr { th scope="row" { (legible::key(k)) } td { code { (legible::value(v)) } } }
                             }
                         }
                     }
