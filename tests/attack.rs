@@ -765,7 +765,7 @@ async fn f4_notifications_in_a_batch_are_rate_limited_and_a_batch_is_capped() {
 /// F9 (second attack): the ledger, its journal, the decision inputs (full
 /// arguments) and the audit files were created 0644. Every data file is now
 /// the owner's only (0600) and every data folder 0700; `serve` warns of
-/// older ones.
+/// older ones and `check` names them.
 #[cfg(unix)]
 #[tokio::test]
 async fn f9_every_data_file_is_readable_by_its_owner_only() {
@@ -804,6 +804,19 @@ async fn f9_every_data_file_is_readable_by_its_owner_only() {
     assert!(
         seen.iter().any(|s| s.ends_with(".jsonl")),
         "an audit segment: {seen:?}"
+    );
+    // A file others can read (made by hand, or by an older release):
+    // `check` names it.
+    let inputs = data.join("ledger.inputs.redb");
+    std::fs::set_permissions(&inputs, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = gw.cli(&["check"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{} is readable by other users of this host: chmod 600 it",
+            inputs.display()
+        )),
+        "{err}"
     );
 }
 

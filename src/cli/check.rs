@@ -267,6 +267,25 @@ async fn check_one(gw: &Gateway, server: &str) -> Health {
 pub(crate) async fn command(config: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     let gw = offline(crate::cli::files::load_config(config)?);
     let report = check_all(&gw).await;
+    // The data dir holds arguments and keys: files or folders others on
+    // this host can read are named (on stderr, so `--json` stays a report
+    // of the servers).
+    let data_dir = &gw.config().gateway.data_dir;
+    let exposed = crate::store::private::exposed(data_dir);
+    for path in exposed.iter().take(20) {
+        eprintln!(
+            "countersign: warning: {} is readable by other users of this host: chmod {} it",
+            path.display(),
+            if path.is_dir() { "700" } else { "600" }
+        );
+    }
+    if exposed.len() > 20 {
+        eprintln!(
+            "countersign: warning: and {} more under {}",
+            exposed.len() - 20,
+            data_dir.display()
+        );
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -24,6 +24,8 @@ pub mod client;
 pub(crate) mod console;
 pub(crate) mod demo;
 pub mod files;
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod log;
 pub(crate) mod policy;
 pub(crate) mod policy_diff;
