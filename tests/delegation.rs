@@ -835,3 +835,31 @@ async fn the_gateway_can_authenticate_its_exchanges_with_a_private_key_instead_o
     assert_eq!(record[0]["act"]["sub"], "countersign-jwt", "{record:#?}");
     assert_eq!(w.exchanges().len(), 1);
 }
+
+/// F1 (second attack): the exchanged-token cache had no tenant in its key.
+/// A person who called as acme, then as globex, reached the upstream with
+/// the token exchanged from their acme token: the globex call acted in
+/// acme. Now each (tenant, caller token) has its own exchange: the upstream
+/// sees the globex call with a token of tenant globex, and acme's own
+/// token is still reused for acme.
+#[tokio::test]
+async fn f1_a_token_exchanged_for_one_tenant_is_never_used_in_another() {
+    let w = World::start(Setup::default()).await;
+    let resource = w.gw.url("github");
+    let acme = w.client(&w.token("alice").await).await;
+    let globex = w.client(&globex_token(w.port, &resource).await).await;
+    for (c, id) in [(&acme, 1), (&globex, 1), (&acme, 2)] {
+        let a = c.post(&call(id, "whoami", json!({}), None)).await;
+        assert_eq!(text(&a), "agent-svc", "{a:?}");
+    }
+    assert_eq!(
+        w.exchanges(),
+        vec![format!("agent-svc {} repo", w.audience); 2],
+        "one exchange per tenant"
+    );
+    let record = w.record();
+    let tids: Vec<&str> = record.iter().map(|r| r["tid"].as_str().unwrap()).collect();
+    assert_eq!(tids, ["acme", "globex", "acme"], "{record:#?}");
+    assert_ne!(record[0]["jti"], record[1]["jti"], "{record:#?}");
+    assert_eq!(record[0]["jti"], record[2]["jti"], "acme's cached token");
+}

@@ -111,6 +111,19 @@ pub async fn token_as(port: u16, client: &str, secret: &str, resource: &str) -> 
     .await
 }
 
+/// An access token of `agent-svc` for `resource` in tenant globex (scope
+/// `tenant:globex`): the same person as [`token`]'s, in another tenant.
+pub async fn globex_token(port: u16, resource: &str) -> String {
+    scoped_token(
+        &reqwest::Client::new(),
+        &issuer(port),
+        ("agent-svc", "agent-secret"),
+        resource,
+        "pay:use tenant:globex",
+    )
+    .await
+}
+
 /// The client credentials grant of `client` at `issuer`, for `resource`.
 async fn client_token(
     http: &reqwest::Client,
@@ -119,12 +132,23 @@ async fn client_token(
     secret: &str,
     resource: &str,
 ) -> String {
+    scoped_token(http, issuer, (client, secret), resource, "pay:use").await
+}
+
+/// The same with `scope`.
+async fn scoped_token(
+    http: &reqwest::Client,
+    issuer: &str,
+    (client, secret): (&str, &str),
+    resource: &str,
+    scope: &str,
+) -> String {
     let resp = http
         .post(format!("{issuer}/token"))
         .basic_auth(client, Some(secret))
         .form(&[
             ("grant_type", "client_credentials"),
-            ("scope", "pay:use"),
+            ("scope", scope),
             ("resource", resource),
         ])
         .send()

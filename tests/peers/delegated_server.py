@@ -83,6 +83,7 @@ def record(tool: str, ctx: Context) -> str:
         "sub": t.subject if t else None,
         "act": claims.get("act"),
         "jti": claims.get("jti"),
+        "tid": claims.get("tid"),
         "x_service_key": headers.get("x-service-key"),
         # The token itself, so that a test can look for it where it must
         # never be (the gateway's log, audit log, metrics and traces).

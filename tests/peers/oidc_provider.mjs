@@ -6,7 +6,8 @@
 //
 // Clients:
 // - `agent-svc` / `agent-secret`: client credentials (an agent service);
-//   its tokens carry `tid` = `acme` and scope `pay:use`.
+//   its tokens carry `tid` = `acme` and scope `pay:use`, or `tid` = `globex`
+//   when asked with scope `pay:use tenant:globex` (one person, two tenants).
 // - `agent-bob` / `bob-secret`: the same, a second person (the `sub` of a
 //   client credentials token is the client), whose tokens carry `email` =
 //   `Bob@acme.example`.
@@ -96,7 +97,7 @@ const provider = new Provider(issuer, {
       grant_types: ['client_credentials'],
       redirect_uris: [],
       response_types: [],
-      scope: 'pay:use',
+      scope: 'pay:use tenant:globex',
       id_token_signed_response_alg: 'ES256',
     },
     {
@@ -110,7 +111,7 @@ const provider = new Provider(issuer, {
     },
     ...jwtClients,
   ],
-  scopes: ['openid', 'offline_access', 'pay:use', 'repo'],
+  scopes: ['openid', 'offline_access', 'pay:use', 'repo', 'tenant:globex'],
   // The provider signs with its one P-256 key: registered clients too.
   clientDefaults: { id_token_signed_response_alg: 'ES256' },
   features: {
@@ -122,7 +123,7 @@ const provider = new Provider(issuer, {
       defaultResource: () => undefined,
       useGrantedResource: () => true,
       getResourceServerInfo: (ctx, resourceIndicator) => ({
-        scope: 'pay:use',
+        scope: 'pay:use tenant:globex',
         audience: resourceIndicator,
         accessTokenTTL: Number(process.env.ACCESS_TTL || 300),
         accessTokenFormat: 'jwt',
@@ -131,8 +132,10 @@ const provider = new Provider(issuer, {
     },
   },
   // agent-bob's tokens also carry his email (a person's second name).
+  // A token asked with scope `tenant:globex` is for tenant globex: the same
+  // person in a second tenant.
   extraTokenClaims: (ctx, token) => ({
-    tid: 'acme',
+    tid: String(token.scope || '').split(' ').includes('tenant:globex') ? 'globex' : 'acme',
     ...(token.clientId === 'agent-bob' ? { email: 'Bob@acme.example' } : {}),
   }),
 });
