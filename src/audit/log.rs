@@ -27,8 +27,8 @@
 //!   last checkpoint, never as corruption. At startup a torn final line is
 //!   cut off and the cut is recorded in the `log_started` entry.
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::fs::File;
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
@@ -113,18 +113,11 @@ pub fn load_or_create_key(dir: &Path) -> Result<SigningKey, AuditError> {
                     message: e.to_string(),
                 })?
             );
-            let mut opts = OpenOptions::new();
-            opts.write(true).create_new(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                opts.mode(0o600);
-            }
-            let mut f = opts.open(&path).map_err(io_err(&path))?;
-            f.write_all(text.as_bytes()).map_err(io_err(&path))?;
-            f.sync_all().map_err(io_err(&path))?;
+            // Durably (file and folder): a key lost to a power cut after
+            // it signed a checkpoint would leave the log unverifiable.
+            crate::store::durable::write(&path, text).map_err(io_err(&path))?;
             let pub_path = dir.join("gateway.pub");
-            crate::store::private::write(
+            crate::store::durable::write(
                 &pub_path,
                 format!("{}\n", format_public_key(&key.verifying_key())),
             )
@@ -207,17 +200,22 @@ impl AuditLog {
 
     /// Open (or create) the log, recover its tail, write `log_started`.
     pub fn open(s: Settings) -> Result<AuditLog, AuditError> {
-        crate::store::private::dir_all(&s.dir).map_err(io_err(&s.dir))?;
+        crate::store::durable::dir_all(&s.dir).map_err(io_err(&s.dir))?;
         let writer_lock = take_writer_lock(&s.dir)?;
         let key = load_or_create_key(&s.dir)?;
         let public_key = format_public_key(&key.verifying_key());
         let tail = recover(&s.dir)?;
         let path = segment_path(&s.dir, tail.segment);
+        let new_segment = !path.exists();
         let file = crate::store::private::options()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(io_err(&path))?;
+        if new_segment {
+            // The first segment's entry in the folder outlives a power cut.
+            crate::store::durable::created(&path).map_err(io_err(&path))?;
+        }
         let size = file.metadata().map_err(io_err(&path))?.len();
         // The tree, level with the log; then the promise of the last
         // checkpoint signed: the log must still hold what it covered.
@@ -246,6 +244,15 @@ impl AuditLog {
                     from = cp.size + 1,
                     "the audit tree's tail did not match the log: mended from the log"
                 );
+            }
+        } else {
+            // Nothing signed yet: the tree (never fsynced, so a power cut
+            // may leave zeros or a torn sector in it) is checked leaf by
+            // leaf against the log, so that the first root signed is one
+            // made from entries on disk.
+            let all = tail_of_log(1)?;
+            if tree.mend_tail(0, &all).map_err(io_err(&s.dir))? {
+                tracing::warn!("the audit tree did not match the log: made again from the log");
             }
         }
         let (notes, checkpoints) = tokio::sync::watch::channel(None);
@@ -480,6 +487,8 @@ impl super::AuditSink for AuditLog {
 mod tests {
     use super::*;
     use crate::audit::segment::segments;
+    use std::fs::OpenOptions;
+    use std::io::Write;
     use std::time::{Duration, Instant};
 
     /// The current length of a file (tests).
@@ -601,6 +610,47 @@ mod tests {
             now.1,
             "the tree is the log's again"
         );
+    }
+
+    /// Power loss (F1): `tree.hashes` is never fsynced and an older
+    /// release wrote `checkpoint` without an fsync. After a cut, ext4 may
+    /// leave the tree's length with zeros in it and the checkpoint empty.
+    /// The gateway then took "no checkpoint" for true, trusted the zeros,
+    /// and signed a checkpoint over a wrong root. The log's own checkpoint
+    /// entry now stands in for the file, the tree is judged against it and
+    /// made again, and the next checkpoint verifies.
+    #[tokio::test]
+    async fn a_zeroed_tree_and_an_empty_checkpoint_file_never_get_a_wrong_root_signed() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = AuditLog::open(settings(dir.path())).unwrap();
+            for i in 0..12 {
+                log.record_durable(
+                    "call_received",
+                    json!({ "i": i }).as_object().unwrap().clone(),
+                )
+                .await
+                .unwrap();
+            }
+        }
+        let tree = dir.path().join(super::super::tree::TREE_FILE);
+        let kept = file_len(&tree) / 2 / 32 * 32;
+        std::fs::write(&tree, vec![0u8; usize::try_from(kept).unwrap()]).unwrap();
+        std::fs::write(dir.path().join(super::super::CHECKPOINT_FILE), "").unwrap();
+        {
+            let log = AuditLog::open(settings(dir.path())).unwrap();
+            for i in 0..4 {
+                log.record_durable(
+                    "call_received",
+                    json!({ "after": i }).as_object().unwrap().clone(),
+                )
+                .await
+                .unwrap();
+            }
+        }
+        let report = super::super::verify::verify_dir(dir.path(), None, None).unwrap();
+        assert!(report.brk.is_none(), "{}", report.render());
+        assert!(report.ended_clean);
     }
 
     #[test]

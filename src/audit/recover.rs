@@ -26,28 +26,80 @@ pub(super) struct Tail {
     pub(super) clean: bool,
 }
 
-/// Write the latest signed note (atomically: a reader never sees half).
+/// Write the latest signed note, durably and atomically: a reader never
+/// sees half, and a power cut leaves this note or the one before, whole.
 pub(super) fn write_latest(dir: &Path, note: &str) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
-    crate::store::private::write(&tmp, note)?;
-    std::fs::rename(&tmp, dir.join(CHECKPOINT_FILE))
+    crate::store::durable::write(&dir.join(CHECKPOINT_FILE), note)
 }
 
-/// The last checkpoint this gateway signed, from its checkpoint file (which
-/// must carry the gateway's own signature).
+/// The last checkpoint this gateway signed: the later of its checkpoint
+/// file's and the last one in the log itself (each must carry the
+/// gateway's own signature). The file alone is not trusted to exist: one
+/// written by an older release without an fsync may be empty after a power
+/// cut, and the log's own checkpoint entries are fsynced with it. Nor is the
+/// log alone: a log cut short after a checkpoint would hide it, and the
+/// file keeps the promise.
 pub(super) fn latest_signed(
     dir: &Path,
     key: &SigningKey,
 ) -> Result<Option<Checkpoint>, AuditError> {
+    let file = from_file(dir, key)?;
+    let logged = last_logged(dir, key)?;
+    Ok(match (file, logged) {
+        (Some(f), Some(l)) if l.size > f.size => Some(l),
+        (Some(f), _) => Some(f),
+        (None, l) => l,
+    })
+}
+
+/// The last checkpoint entry of the log, its note verified: the last
+/// segment that holds one is read.
+fn last_logged(dir: &Path, key: &SigningKey) -> Result<Option<Checkpoint>, AuditError> {
+    for seg in segments(dir)?.iter().rev() {
+        let f = File::open(seg).map_err(io_err(seg))?;
+        let mut last: Option<Vec<u8>> = None;
+        for line in BufReader::new(f).split(b'\n') {
+            let line = line.map_err(io_err(seg))?;
+            // Most lines are not checkpoints: look before parsing.
+            if line.windows(22).any(|w| w == b"\"kind\":\"checkpoint\"") {
+                last = Some(line);
+            }
+        }
+        let Some(line) = last else { continue };
+        let Ok(entry) = serde_json::from_slice::<Map<String, Value>>(&line) else {
+            continue;
+        };
+        let Some(text) = entry.get("note").and_then(Value::as_str) else {
+            continue;
+        };
+        let (n, cp) = Note::parse(text)
+            .and_then(|n| Checkpoint::parse(&n.text).map(|cp| (n, cp)))
+            .map_err(|e| AuditError {
+                path: seg.clone(),
+                message: format!("the log's last checkpoint entry does not parse: {e}"),
+            })?;
+        n.verify(&cp.origin, &key.verifying_key())
+            .map_err(|e| AuditError {
+                path: seg.clone(),
+                message: format!("{e}: the log's last checkpoint is not this gateway's"),
+            })?;
+        return Ok(Some(cp));
+    }
+    Ok(None)
+}
+
+/// The checkpoint file's note, when it reads well.
+fn from_file(dir: &Path, key: &SigningKey) -> Result<Option<Checkpoint>, AuditError> {
     let path = dir.join(CHECKPOINT_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(&path)(e)),
     };
-    // The file is a copy (each note is also in its checkpoint entry) and is
-    // not fsynced: one a crash left unreadable is replaced by the next. One
-    // that reads well and carries another key's signature was put there.
+    // The file is a copy (each note is also in its checkpoint entry): one a
+    // power cut left unreadable (an older release did not fsync it) stands
+    // for nothing, and the log's entry is used. One that reads well and
+    // carries another key's signature was put there.
     let parsed = Note::parse(&text).and_then(|n| Checkpoint::parse(&n.text).map(|cp| (n, cp)));
     let Ok((n, cp)) = parsed else {
         tracing::warn!(path = %path.display(), "the latest checkpoint file is unreadable (a crash?); the next checkpoint replaces it");

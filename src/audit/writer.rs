@@ -270,7 +270,7 @@ impl Writer {
         self.file = BufWriter::with_capacity(1 << 16, file);
         self.size = 0;
         // The new file's directory entry is durable too.
-        File::open(&self.dir)?.sync_all()?;
+        crate::store::durable::created(&path)?;
         Ok(())
     }
 

@@ -90,14 +90,12 @@ pub fn load_tool_lock(dir: &Path) -> anyhow::Result<ToolLock> {
     }
 }
 
-/// Write `tools.lock` in the policy folder (whole, through a temporary file
-/// renamed over it, so a reader never sees half a lock).
+/// Write `tools.lock` in the policy folder (whole and durably, through a
+/// temporary file renamed over it: a reader never sees half a lock, and a
+/// power cut leaves the old lock or the new one).
 pub fn save_tool_lock(dir: &Path, lock: &ToolLock) -> anyhow::Result<PathBuf> {
     let path = dir.join(LOCK_FILE);
-    let tmp = dir.join(format!(".{LOCK_FILE}.tmp"));
-    std::fs::write(&tmp, lock.to_text())
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &path)
-        .map_err(|e| anyhow::anyhow!("cannot replace {}: {e}", path.display()))?;
+    crate::store::durable::write(&path, lock.to_text())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     Ok(path)
 }

@@ -18,22 +18,29 @@ pub(crate) fn ledger_path(data_dir: &Path) -> std::path::PathBuf {
 /// This gateway's id: kept in `data_dir/gateway-id`, made (random) on first
 /// start. Rows a gateway writes to a shared store carry it, and a gateway
 /// recovers only its own after a crash.
+///
+/// The id is written durably (file and folder fsynced) before it is used.
+/// An empty file is one an older release wrote without an fsync and a power
+/// cut took back before it was on disk: the id in it was never durable, so
+/// a new one is made, and the gateway comes back on its own.
 pub(crate) fn gateway_id(data_dir: &Path) -> anyhow::Result<String> {
     let path = data_dir.join("gateway-id");
+    let make = || -> anyhow::Result<String> {
+        crate::store::durable::dir_all(data_dir)
+            .with_context(|| format!("cannot create {}", data_dir.display()))?;
+        let id = format!("gw-{:016x}", rand::random::<u64>());
+        crate::store::durable::write(&path, format!("{id}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(id)
+    };
     match std::fs::read_to_string(&path) {
         Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
-        Ok(_) => Err(anyhow::anyhow!(
-            "{} is empty: delete it, and a new id is made",
-            path.display()
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            crate::store::private::dir_all(data_dir)
-                .with_context(|| format!("cannot create {}", data_dir.display()))?;
-            let id = format!("gw-{:016x}", rand::random::<u64>());
-            crate::store::private::write(&path, format!("{id}\n"))
-                .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(_) => {
+            let id = make()?;
+            tracing::warn!(path = %path.display(), %id, "the gateway id file was empty (a power cut before it reached the disk): a new id is made");
             Ok(id)
         }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => make(),
         Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
     }
 }
@@ -202,7 +209,22 @@ pub(crate) async fn migrate(config: &Config) -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::sslmode;
+    use super::{gateway_id, sslmode};
+
+    /// Power loss (F2): an id file an older release left empty (a cut before
+    /// it reached the disk) no longer keeps the gateway down until a person
+    /// deletes it: a new id is made, durably, and kept.
+    #[test]
+    fn an_empty_gateway_id_is_made_again_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = gateway_id(dir.path()).unwrap();
+        assert!(first.starts_with("gw-") && first.len() == 19, "{first}");
+        assert_eq!(gateway_id(dir.path()).unwrap(), first, "kept");
+        std::fs::write(dir.path().join("gateway-id"), "").unwrap();
+        let again = gateway_id(dir.path()).unwrap();
+        assert!(again.starts_with("gw-") && again != first, "{again}");
+        assert_eq!(gateway_id(dir.path()).unwrap(), again);
+    }
 
     #[test]
     fn sslmode_is_read_from_the_url_and_prefer_is_refused() {

@@ -239,6 +239,7 @@ impl Journal {
     /// Start an empty journal of `generation` at `path` (replacing what is
     /// there: call it only once that is in redb).
     pub(super) fn create(path: &Path, generation: u64) -> Result<Journal, StoreError> {
+        let new = !path.exists();
         let file = super::private::options()
             .create(true)
             .truncate(false)
@@ -246,6 +247,11 @@ impl Journal {
             .write(true)
             .open(path)
             .map_err(io("open the ledger journal", path))?;
+        if new {
+            // Its entry in the folder outlives a power cut: frames fsynced
+            // into it are not in a file the folder forgot.
+            super::durable::created(path).map_err(io("fsync the data folder", path))?;
+        }
         let mut j = Journal {
             file,
             path: path.to_owned(),

@@ -39,6 +39,7 @@
 //! gateway that wrote them (a gateway's `recover` is of its own rows). See
 //! the module for the lease that fences a paused gateway.
 
+pub mod durable;
 mod journal;
 mod memory;
 pub mod postgres;
@@ -1508,6 +1509,85 @@ mod tests {
         }
         let store = RedbStore::open(&path).unwrap();
         assert_eq!(store.outbox().await.unwrap(), vec![(5, "[5]".to_owned())]);
+    }
+
+    /// Power loss (F5): an approval consumed with its reservation, then
+    /// the `dispatched` frame, and the power cut right after that frame is
+    /// handed to the OS (which may write it back before any fsync). After
+    /// the restart, a dispatch that came back has its approval consumed:
+    /// redb's commit was fsynced before the frame was appended. (With the
+    /// frame appended first, the approval came back unused, able to run the
+    /// call again under a fresh key.)
+    #[tokio::test]
+    async fn redb_an_approval_used_by_a_dispatch_stays_used_across_a_power_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        let r = Record::reserve(&claim("d1"), 0, 1000);
+        let disk = redb_store::power::Disk::holding(Vec::new());
+        let left = {
+            let store = RedbStore::open_on(&path, disk.clone()).unwrap();
+            let p = proposal("p1", ProposalState::Approved, Some(1000));
+            assert!(store.put_proposal(p, None).await.unwrap());
+            assert_eq!(
+                store
+                    .reserve_with("k1".into(), r.clone(), 10, Some("p1".into()))
+                    .await
+                    .unwrap(),
+                Reservation::Reserved
+            );
+            store.cut_after_next_durable_append();
+            let sent = store
+                .transition(
+                    "k1".into(),
+                    State::Reserved,
+                    with_state(r.clone(), State::Dispatched),
+                )
+                .await;
+            assert!(sent.is_err(), "the power went out: {sent:?}");
+            // What the database's disk holds at the cut; the journal's
+            // frame stays in the file (the OS may have written it back).
+            let left = disk.cut();
+            store.crash_on_drop();
+            left
+        };
+        let store = RedbStore::open_on(&path, redb_store::power::Disk::holding(left)).unwrap();
+        let record = store.get("k1").await.unwrap();
+        assert_eq!(
+            record.map(|r| r.state),
+            Some(State::Dispatched),
+            "the frame reached the disk in this run"
+        );
+        let p = store.get_proposal("p1").await.unwrap().unwrap();
+        assert_eq!(p.state, ProposalState::Consumed, "{p:?}");
+        assert_eq!(p.consumed_by.as_deref(), Some("k1"));
+    }
+
+    /// Power loss (F4): a cut during the very first creation left a file
+    /// redb refused at every start, and every open error said "is a gateway
+    /// running?". A database is now made under a temporary name and renamed
+    /// once whole: one left half-made is made again. Only the lock error
+    /// speaks of another process; a damaged file says so.
+    #[tokio::test]
+    async fn redb_a_first_creation_cut_short_is_made_again_and_errors_say_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        std::fs::write(dir.path().join("ledger.redb.new"), b"half a datab").unwrap();
+        {
+            let store = RedbStore::open(&path).unwrap();
+            assert!(!dir.path().join("ledger.redb.new").exists());
+            let held = RedbStore::open(&path).err().map(|e| e.to_string());
+            assert!(
+                held.as_deref()
+                    .is_some_and(|e| e.contains("another process has it open")),
+                "{held:?}"
+            );
+            drop(store);
+        }
+        std::fs::write(&path, vec![0xa5u8; 4096]).unwrap();
+        let damaged = RedbStore::open(&path).err().map(|e| e.to_string());
+        let damaged = damaged.unwrap_or_default();
+        assert!(damaged.contains("may be damaged"), "{damaged}");
+        assert!(!damaged.contains("another process"), "{damaged}");
     }
 
     #[tokio::test]

@@ -25,6 +25,8 @@ use tokio::sync::oneshot;
 
 use super::journal::{self, Frames, ItemRef, Journal};
 
+#[cfg(test)]
+pub(super) mod power;
 mod tasks;
 
 use super::{
@@ -216,6 +218,10 @@ pub struct RedbStore {
     /// the flush of a clean stop (tests of the journal's replay).
     #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
     crash: Arc<AtomicBool>,
+    /// Tests: the power goes out right after the next durable frame is
+    /// handed to the OS (see [`RedbStore::cut_after_next_durable_append`]).
+    #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
+    cut: Arc<AtomicBool>,
     /// Decision inputs live in a database file of their own beside the
     /// ledger (`ledger.inputs.redb`), opened at first use: a batch of them
     /// never holds redb's write lock against the ledger writer.
@@ -258,18 +264,29 @@ impl RedbStore {
     /// when another process holds the file (a running gateway).
     pub fn open(path: &Path) -> Result<RedbStore, StoreError> {
         if let Some(dir) = path.parent() {
-            super::private::dir_all(dir).map_err(|e| StoreError::Open {
+            super::durable::dir_all(dir).map_err(|e| StoreError::Open {
                 path: dir.display().to_string(),
                 reason: e.to_string(),
             })?;
         }
-        private_file(path)?;
-        let db = Database::create(path).map_err(|e| StoreError::Open {
-            path: path.display().to_string(),
-            reason: format!(
-                "{e} (is a gateway running on this data_dir? stop it, or act through it)"
-            ),
-        })?;
+        RedbStore::on(path, open_db(path)?)
+    }
+
+    /// The store over the database `disk` holds (tests of power loss), its
+    /// journal at `path`'s.
+    #[cfg(test)]
+    pub(super) fn open_on(path: &Path, disk: Arc<power::Disk>) -> Result<RedbStore, StoreError> {
+        let db = Database::builder()
+            .create_with_backend(power::Backend(disk))
+            .map_err(|e| StoreError::Open {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        RedbStore::on(path, db)
+    }
+
+    /// The store over `db`, whose journal is beside `path`.
+    fn on(path: &Path, db: Database) -> Result<RedbStore, StoreError> {
         let txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
         txn.open_table(LEDGER)
             .map_err(|e| err("create table")(e.into()))?;
@@ -333,6 +350,8 @@ impl RedbStore {
         let writer_pending = pending.clone();
         let crash = Arc::new(AtomicBool::new(false));
         let writer_crash = crash.clone();
+        let cut = Arc::new(AtomicBool::new(false));
+        let writer_cut = cut.clone();
         let writer = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || {
@@ -343,6 +362,7 @@ impl RedbStore {
                     &writer_pending,
                     journal,
                     &writer_crash,
+                    &writer_cut,
                 )
             })
             .map_err(|e| StoreError::Backend {
@@ -356,6 +376,7 @@ impl RedbStore {
             dirty,
             pending,
             crash,
+            cut,
             inputs: Arc::new(Mutex::new(None)),
             inputs_path: path.with_extension("inputs.redb"),
         })
@@ -364,6 +385,16 @@ impl RedbStore {
     /// Stop, when dropped, as a crash would (see [`RedbStore::crash`]).
     #[cfg(test)]
     pub(super) fn crash_on_drop(&self) {
+        self.crash.store(true, Ordering::Release);
+    }
+
+    /// Cut the power right after the next durable frame is handed to the
+    /// OS: the writer stops there, fsyncing nothing more, as a crash at that
+    /// point would (the frame's bytes stay in the page cache, as they may
+    /// reach the disk; redb's unsynced commits are lost at the next open).
+    #[cfg(test)]
+    pub(super) fn cut_after_next_durable_append(&self) {
+        self.cut.store(true, Ordering::Release);
         self.crash.store(true, Ordering::Release);
     }
 
@@ -490,6 +521,10 @@ struct Writer<'a> {
     /// A journal write or fsync failed: what the file holds is unknown, so
     /// every later operation fails (closed) until a restart replays it.
     broken: Option<StoreError>,
+    /// Tests: cut the power after the next durable append.
+    cut: &'a AtomicBool,
+    /// The power was cut: the writer stops, syncing nothing.
+    halted: bool,
 }
 
 fn writer(
@@ -499,6 +534,7 @@ fn writer(
     pending: &Mutex<Pending>,
     journal: Journal,
     crash: &AtomicBool,
+    cut: &AtomicBool,
 ) {
     let mut w = Writer {
         db,
@@ -508,6 +544,8 @@ fn writer(
         journal_unsynced: false,
         redb_unsynced: false,
         broken: None,
+        cut,
+        halted: false,
     };
     loop {
         let first = if w.unsynced() {
@@ -533,6 +571,9 @@ fn writer(
             }
         }
         w.run(batch);
+        if w.halted {
+            return;
+        }
         let keys = w.pending.lock().ledger.len();
         if w.broken.is_none() && (w.journal.len() >= CHECKPOINT_BYTES || keys >= CHECKPOINT_KEYS) {
             if let Err(e) = w.checkpoint(&[]) {
@@ -733,27 +774,28 @@ impl Writer<'_> {
         Ok(done)
     }
 
-    /// Append `frames`, and when `durable`, fsync them (after anything redb
-    /// committed before them).
+    /// When `durable`, fsync what redb committed before; then append
+    /// `frames`, and when `durable`, fsync them.
     fn write(&mut self, frames: &Frames, durable: bool) -> Result<(), StoreError> {
+        // INVARIANT: what redb committed before this batch (an approval
+        // consumed with its reservation) is on disk before the `dispatched`
+        // it led to is even handed to the OS. The OS writes appended pages
+        // back whenever it likes: had the frame been appended first, a power
+        // cut before redb's fsync could keep the dispatch and lose the
+        // consumption, and the approval would run the call again under a
+        // fresh key.
+        if durable && self.redb_unsynced {
+            self.flush_redb()?;
+        }
         if !frames.is_empty() {
             self.journal.append(frames)?;
             self.journal_unsynced = true;
+            if durable && self.cut.load(Ordering::Acquire) {
+                self.halted = true;
+                return Err(StoreError::WriterStopped);
+            }
         }
         if durable {
-            // INVARIANT: what redb committed before this batch (an approval
-            // consumed with its reservation) is on disk before the
-            // `dispatched` it led to: a crash never leaves a dispatch whose
-            // approval is still unused.
-            if self.redb_unsynced {
-                if !flush(self.db) {
-                    return Err(StoreError::Backend {
-                        op: "ledger flush",
-                        reason: "the fsync before a dispatch failed".into(),
-                    });
-                }
-                self.redb_unsynced = false;
-            }
             // INVARIANT: a batch holding a `dispatched` (or the end of a
             // dispatched call) is fsynced before any of its callers is
             // answered.
@@ -762,6 +804,18 @@ impl Writer<'_> {
                 self.journal_unsynced = false;
             }
         }
+        Ok(())
+    }
+
+    /// fsync what redb committed without durability.
+    fn flush_redb(&mut self) -> Result<(), StoreError> {
+        if !flush(self.db) {
+            return Err(StoreError::Backend {
+                op: "ledger flush",
+                reason: "the fsync before a dispatch failed".into(),
+            });
+        }
+        self.redb_unsynced = false;
         Ok(())
     }
 
@@ -1249,22 +1303,51 @@ fn queue_txn<T>(
     Ok(out)
 }
 
-/// A database file is made 0600 before redb opens it (redb would create it
-/// by the umask): it holds arguments.
-fn private_file(path: &Path) -> Result<(), StoreError> {
-    if path.exists() {
-        return Ok(());
+/// Open the database at `path`, making it first when there is none.
+///
+/// A new database is made whole before it takes its name: under a
+/// temporary name (0600 before redb opens it, which would create it by the
+/// umask: it holds arguments), fsynced, renamed, and its folder fsynced. A
+/// power cut during the very first creation then leaves no file, or a
+/// temporary one that is made again, never a half-made database under the
+/// real name that redb refuses at every start.
+///
+/// Only redb's lock error says that another process has the file; any
+/// other error is told as it is.
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    let open_err = |e: &dyn std::fmt::Display| StoreError::Open {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    if !path.exists() {
+        let mut name = path.file_name().unwrap_or_default().to_owned();
+        name.push(".new");
+        let tmp = path.with_file_name(name);
+        // A temporary file a cut left behind is made again.
+        let _ = std::fs::remove_file(&tmp);
+        super::private::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| open_err(&e))?;
+        drop(Database::create(&tmp).map_err(|e| open_err(&e))?);
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| open_err(&e))?;
+        std::fs::rename(&tmp, path).map_err(|e| open_err(&e))?;
+        super::durable::created(path).map_err(|e| open_err(&e))?;
     }
-    super::private::options()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map(drop)
-        .map_err(|e| StoreError::Open {
+    Database::create(path).map_err(|e| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Open {
             path: path.display().to_string(),
-            reason: e.to_string(),
-        })
+            reason: format!(
+                "{e}: another process has it open (is a gateway running on this data_dir? stop it, or act through it)"
+            ),
+        },
+        other => open_err(&format!(
+            "{other} (the file may be damaged: keep a copy, and restore it from a backup)"
+        )),
+    })
 }
 
 /// The decision inputs' database, opened (or made) at first use; under
@@ -1277,11 +1360,7 @@ fn inputs_db(
     if let Some(db) = slot.as_ref() {
         return Ok(db.clone());
     }
-    private_file(path)?;
-    let db = Arc::new(Database::create(path).map_err(|e| StoreError::Open {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?);
+    let db = Arc::new(open_db(path)?);
     *slot = Some(db.clone());
     Ok(db)
 }

@@ -62,7 +62,7 @@ pub(crate) fn write_invite(
         expires_ms: now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)),
     };
     let folder = invites(dir);
-    std::fs::create_dir_all(&folder)?;
+    crate::store::durable::dir_all(&folder)?;
     let path = folder.join(format!("{}.json", hash_of(&token)));
     let text = serde_json::to_vec_pretty(&invite).map_err(std::io::Error::other)?;
     let mut opts = std::fs::OpenOptions::new();
@@ -75,6 +75,8 @@ pub(crate) fn write_invite(
     let mut f = opts.open(&path)?;
     std::io::Write::write_all(&mut f, &text)?;
     f.sync_all()?;
+    // Its entry in the folder too: a link handed out is not lost to a cut.
+    crate::store::durable::created(&path)?;
     Ok(token)
 }
 
