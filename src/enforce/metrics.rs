@@ -12,6 +12,7 @@
 //! | `countersign_circuit_state` | gauge (1 for the current state) | `server`, `state` |
 //! | `countersign_audit_lag_entries` | gauge | |
 //! | `countersign_ledger_unflushed` | gauge (1 or 0) | |
+//! | `countersign_ledger_writes_refused` | gauge (1 or 0) | |
 //! | `countersign_notifications` | gauge (a count the store keeps) | `webhook`, `result` (`delivered`, `retried`, `gave_up`) |
 //! | `countersign_notifications_queued` | gauge | |
 //! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
@@ -60,6 +61,7 @@ pub struct Metrics {
     circuit: Family<CircuitLabels, Gauge>,
     audit_lag: Gauge,
     ledger_unflushed: Gauge,
+    ledger_refusing: Gauge,
     notifications: Family<CircuitLabels, Gauge>,
     notifications_queued: Gauge,
     trace_spans: Family<OpLabels, Gauge>,
@@ -81,6 +83,8 @@ pub struct Sampled {
     pub audit_lag: i64,
     /// Whether ledger commits wait for their fsync (the store's `unflushed`).
     pub ledger_unflushed: bool,
+    /// Whether the ledger refuses writes (the store's `refusing_writes`).
+    pub ledger_refusing: bool,
     /// Each webhook's delivery counts, as the store keeps them (on
     /// PostgreSQL, those of every gateway).
     pub notifications: Vec<(String, crate::core::notify::WebhookStatus)>,
@@ -148,6 +152,12 @@ impl Metrics {
             "1 while ledger commits made without an fsync of their own wait for the next one",
             ledger_unflushed.clone(),
         );
+        let ledger_refusing = Gauge::default();
+        registry.register(
+            "ledger_writes_refused",
+            "1 while the ledger refuses writes because it cannot make them durable (reads go on)",
+            ledger_refusing.clone(),
+        );
         let notifications = Family::<CircuitLabels, Gauge>::default();
         registry.register(
             "notifications",
@@ -204,6 +214,7 @@ impl Metrics {
             circuit,
             audit_lag,
             ledger_unflushed,
+            ledger_refusing,
             notifications,
             notifications_queued,
             trace_spans,
@@ -264,6 +275,7 @@ impl Metrics {
         self.unknown.set(now.unknown);
         self.audit_lag.set(now.audit_lag);
         self.ledger_unflushed.set(i64::from(now.ledger_unflushed));
+        self.ledger_refusing.set(i64::from(now.ledger_refusing));
         for (server, state) in &now.circuits {
             for s in ["closed", "open", "half-open"] {
                 self.circuit

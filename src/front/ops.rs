@@ -102,6 +102,7 @@ pub(super) async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) 
         circuits: gw.pipeline().circuits().into_iter().collect(),
         audit_lag: gw.pipeline().audit_sink().map_or(0, |a| a.lag()) as i64,
         ledger_unflushed: gw.pipeline().store().unflushed(),
+        ledger_refusing: gw.pipeline().store().refusing_writes(),
     };
     (
         StatusCode::OK,

@@ -250,6 +250,14 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// Whether the store refuses writes because it cannot make them
+    /// durable (redb: a journal write or fsync failed, or the journal
+    /// outgrew its bound while folding it into the database kept failing).
+    /// Reads go on. Shown on `/metrics`.
+    fn refusing_writes(&self) -> bool {
+        false
+    }
+
     /// Whether the store answers now (for `/healthz`); the embedded stores
     /// always do.
     fn health(&self) -> StoreFuture<'_, ()> {
@@ -1588,6 +1596,57 @@ mod tests {
         let damaged = damaged.unwrap_or_default();
         assert!(damaged.contains("may be damaged"), "{damaged}");
         assert!(!damaged.contains("another process"), "{damaged}");
+    }
+
+    /// Fail closed: a journal whose checkpoints keep failing (the database's
+    /// disk refuses fsyncs) grows only to its bound; past it, writes are
+    /// refused with a clear error and the store says so, and reads go on.
+    #[tokio::test]
+    async fn redb_a_journal_that_cannot_be_folded_in_refuses_writes_past_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = redb_store::power::Disk::holding(Vec::new());
+        let store = RedbStore::open_on(&dir.path().join("ledger.redb"), disk.clone()).unwrap();
+        store.limit_journal(512, 4096);
+        let r = Record::reserve(&claim("d1"), 0, i64::MAX);
+        assert_eq!(
+            store.reserve("k0".into(), r.clone(), 1).await.unwrap(),
+            Reservation::Reserved
+        );
+        disk.fail_syncs();
+        let mut refused = None;
+        for i in 1..200 {
+            let key = format!("k{i}");
+            match store.reserve(key.clone(), r.clone(), 1).await {
+                Ok(_) => {}
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+            if let Err(e) = store
+                .transition(
+                    key,
+                    State::Reserved,
+                    with_state(r.clone(), State::Dispatched),
+                )
+                .await
+            {
+                refused = Some(e);
+                break;
+            }
+        }
+        let refused = refused.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            refused.contains("keeps failing") && refused.contains("writes are refused"),
+            "{refused}"
+        );
+        assert!(store.refusing_writes());
+        assert!(store.reserve("late".into(), r, 1).await.is_err());
+        // Reads go on.
+        assert_eq!(
+            store.get("k0").await.unwrap().map(|r| r.state),
+            Some(State::Reserved)
+        );
     }
 
     #[tokio::test]

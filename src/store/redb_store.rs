@@ -222,6 +222,14 @@ pub struct RedbStore {
     /// handed to the OS (see [`RedbStore::cut_after_next_durable_append`]).
     #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
     cut: Arc<AtomicBool>,
+    /// The writer refuses writes (see [`Store::refusing_writes`]).
+    refusing: Arc<AtomicBool>,
+    /// The journal's bound ([`JOURNAL_LIMIT`]; tests lower it).
+    #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
+    journal_limit: Arc<std::sync::atomic::AtomicU64>,
+    /// When a checkpoint is made ([`CHECKPOINT_BYTES`]; tests lower it).
+    #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
+    checkpoint_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Decision inputs live in a database file of their own beside the
     /// ledger (`ledger.inputs.redb`), opened at first use: a batch of them
     /// never holds redb's write lock against the ledger writer.
@@ -352,6 +360,15 @@ impl RedbStore {
         let writer_crash = crash.clone();
         let cut = Arc::new(AtomicBool::new(false));
         let writer_cut = cut.clone();
+        let refusing = Arc::new(AtomicBool::new(false));
+        let journal_limit = Arc::new(std::sync::atomic::AtomicU64::new(JOURNAL_LIMIT));
+        let checkpoint_bytes = Arc::new(std::sync::atomic::AtomicU64::new(CHECKPOINT_BYTES));
+        let limits = Limits {
+            cut: writer_cut,
+            refusing: refusing.clone(),
+            journal: journal_limit.clone(),
+            checkpoint: checkpoint_bytes.clone(),
+        };
         let writer = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || {
@@ -362,7 +379,7 @@ impl RedbStore {
                     &writer_pending,
                     journal,
                     &writer_crash,
-                    &writer_cut,
+                    &limits,
                 )
             })
             .map_err(|e| StoreError::Backend {
@@ -377,6 +394,9 @@ impl RedbStore {
             pending,
             crash,
             cut,
+            refusing,
+            journal_limit,
+            checkpoint_bytes,
             inputs: Arc::new(Mutex::new(None)),
             inputs_path: path.with_extension("inputs.redb"),
         })
@@ -392,6 +412,14 @@ impl RedbStore {
     /// OS: the writer stops there, fsyncing nothing more, as a crash at that
     /// point would (the frame's bytes stay in the page cache, as they may
     /// reach the disk; redb's unsynced commits are lost at the next open).
+    /// Tests: checkpoints past `checkpoint` bytes of journal, and writes
+    /// refused past `limit` while they fail.
+    #[cfg(test)]
+    pub(super) fn limit_journal(&self, checkpoint: u64, limit: u64) {
+        self.checkpoint_bytes.store(checkpoint, Ordering::Release);
+        self.journal_limit.store(limit, Ordering::Release);
+    }
+
     #[cfg(test)]
     pub(super) fn cut_after_next_durable_append(&self) {
         self.cut.store(true, Ordering::Release);
@@ -454,6 +482,9 @@ const IDLE_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
 const CHECKPOINT_BYTES: u64 = 1 << 20;
 /// ... or changes to this many keys (bounds the memory of [`Pending`]).
 const CHECKPOINT_KEYS: usize = 4096;
+/// While checkpoints fail, the journal grows: past this many bytes the
+/// writer refuses writes (fail closed) rather than grow it without end.
+const JOURNAL_LIMIT: u64 = 64 * CHECKPOINT_BYTES;
 
 /// What the writer changed since its last checkpoint and redb does not hold
 /// yet: what the journal holds, and reservations (kept only here: a crash
@@ -527,6 +558,18 @@ struct Writer<'a> {
     halted: bool,
 }
 
+/// What the writer shares with the store beside its queue.
+struct Limits {
+    /// Tests: cut the power after the next durable append.
+    cut: Arc<AtomicBool>,
+    /// Set while the writer refuses writes.
+    refusing: Arc<AtomicBool>,
+    /// The journal's bound, in bytes.
+    journal: Arc<std::sync::atomic::AtomicU64>,
+    /// A checkpoint is made once the journal holds this many bytes.
+    checkpoint: Arc<std::sync::atomic::AtomicU64>,
+}
+
 fn writer(
     db: &Database,
     rx: &mpsc::Receiver<Op>,
@@ -534,7 +577,7 @@ fn writer(
     pending: &Mutex<Pending>,
     journal: Journal,
     crash: &AtomicBool,
-    cut: &AtomicBool,
+    limits: &Limits,
 ) {
     let mut w = Writer {
         db,
@@ -544,7 +587,7 @@ fn writer(
         journal_unsynced: false,
         redb_unsynced: false,
         broken: None,
-        cut,
+        cut: &limits.cut,
         halted: false,
     };
     loop {
@@ -575,10 +618,33 @@ fn writer(
             return;
         }
         let keys = w.pending.lock().ledger.len();
-        if w.broken.is_none() && (w.journal.len() >= CHECKPOINT_BYTES || keys >= CHECKPOINT_KEYS) {
+        let at = limits.checkpoint.load(Ordering::Acquire);
+        if w.broken.is_none() && (w.journal.len() >= at || keys >= CHECKPOINT_KEYS) {
             if let Err(e) = w.checkpoint(&[]) {
                 tracing::error!("ledger checkpoint failed: {e}");
+                // Fail closed: a journal that cannot be folded into the
+                // database would otherwise grow until the disk is full.
+                let limit = limits.journal.load(Ordering::Acquire);
+                if w.broken.is_none() && w.journal.len() >= limit {
+                    w.broken = Some(StoreError::Backend {
+                        op: "ledger checkpoint",
+                        reason: format!(
+                            "the journal holds {} bytes and folding it into the database keeps failing ({e}): \
+                             writes are refused until the gateway restarts on a working disk (reads go on)",
+                            w.journal.len()
+                        ),
+                    });
+                }
             }
+        }
+        if w.broken.is_some() && !limits.refusing.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                "the ledger refuses writes: {}",
+                w.broken
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            );
         }
     }
     if crash.load(Ordering::Acquire) {
@@ -1463,6 +1529,10 @@ impl Store for RedbStore {
 
     fn unflushed(&self) -> bool {
         self.dirty.load(Ordering::Acquire)
+    }
+
+    fn refusing_writes(&self) -> bool {
+        self.refusing.load(Ordering::Acquire)
     }
 
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {

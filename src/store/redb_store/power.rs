@@ -13,6 +13,8 @@ use parking_lot::Mutex;
 pub(crate) struct Disk {
     live: Mutex<Vec<u8>>,
     durable: Mutex<Vec<u8>>,
+    /// Every fsync fails (a disk that went read-only, or away).
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl Disk {
@@ -21,7 +23,14 @@ impl Disk {
         Arc::new(Disk {
             live: Mutex::new(image.clone()),
             durable: Mutex::new(image),
+            failing: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// From now on every fsync fails.
+    pub(crate) fn fail_syncs(&self) {
+        self.failing
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// What a power cut now leaves: the durable image.
@@ -54,6 +63,9 @@ impl redb::StorageBackend for Backend {
     }
 
     fn sync_data(&self, _eventual: bool) -> Result<(), io::Error> {
+        if self.0.failing.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(io::Error::other("the disk refuses writes"));
+        }
         let live = self.0.live.lock().clone();
         *self.0.durable.lock() = live;
         Ok(())
