@@ -41,9 +41,36 @@ pub(super) enum Item {
     Clear { upto: u64 },
 }
 
+/// Where a journal's bytes go: its file, or (tests of power loss) a disk
+/// that loses what was not fsynced.
+pub(super) trait Medium: Send {
+    /// Empty it; the next append starts at its beginning.
+    fn truncate(&mut self) -> std::io::Result<()>;
+    /// Add `bytes` at its end (handed to the OS, not fsynced).
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+    /// fsync what was appended.
+    fn sync(&mut self) -> std::io::Result<()>;
+}
+
+impl Medium for File {
+    fn truncate(&mut self) -> std::io::Result<()> {
+        self.set_len(0)?;
+        self.seek(SeekFrom::Start(0)).map(drop)
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.write_all(bytes)
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        // Data only: the file's length is data here.
+        self.sync_data()
+    }
+}
+
 /// The open journal, positioned at its end.
 pub(super) struct Journal {
-    file: File,
+    file: Box<dyn Medium>,
     path: PathBuf,
     generation: u64,
     len: u64,
@@ -80,18 +107,23 @@ pub(super) fn read(path: &Path, generation: u64) -> Result<Vec<Item>, StoreError
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io("open the ledger journal", path)(e)),
     }
+    items(&bytes, generation)
+}
+
+/// The items of generation `generation` in a journal's bytes.
+pub(super) fn items(bytes: &[u8], generation: u64) -> Result<Vec<Item>, StoreError> {
     if bytes.len() < HEADER
         || &bytes[..4] != MAGIC
-        || u32_at(&bytes, 4) != VERSION
-        || u64_at(&bytes, 8) != generation
+        || u32_at(bytes, 4) != VERSION
+        || u64_at(bytes, 8) != generation
     {
         return Ok(Vec::new());
     }
     let mut items = Vec::new();
     let mut at = HEADER;
     while bytes.len() - at >= 8 {
-        let len = u32_at(&bytes, at) as usize;
-        let crc = u32_at(&bytes, at + 4);
+        let len = u32_at(bytes, at) as usize;
+        let crc = u32_at(bytes, at + 4);
         let Some(payload) = bytes.get(at + 8..at + 8 + len) else {
             break; // cut short
         };
@@ -252,8 +284,18 @@ impl Journal {
             // into it are not in a file the folder forgot.
             super::durable::created(path).map_err(io("fsync the data folder", path))?;
         }
+        Journal::on(Box::new(file), path, generation)
+    }
+
+    /// Start an empty journal of `generation` on `medium` (named `path` in
+    /// errors).
+    pub(super) fn on(
+        medium: Box<dyn Medium>,
+        path: &Path,
+        generation: u64,
+    ) -> Result<Journal, StoreError> {
         let mut j = Journal {
-            file,
+            file: medium,
             path: path.to_owned(),
             generation,
             len: 0,
@@ -268,17 +310,14 @@ impl Journal {
     pub(super) fn reset(&mut self, generation: u64) -> Result<(), StoreError> {
         let path = self.path.clone();
         self.file
-            .set_len(0)
-            .map_err(io("empty the ledger journal", &path))?;
-        self.file
-            .seek(SeekFrom::Start(0))
+            .truncate()
             .map_err(io("empty the ledger journal", &path))?;
         let mut header = [0u8; HEADER];
         header[..4].copy_from_slice(MAGIC);
         header[4..8].copy_from_slice(&VERSION.to_le_bytes());
         header[8..].copy_from_slice(&generation.to_le_bytes());
         self.file
-            .write_all(&header)
+            .append(&header)
             .map_err(io("write the ledger journal", &path))?;
         self.generation = generation;
         self.len = HEADER as u64;
@@ -297,16 +336,16 @@ impl Journal {
     /// Append `frames` (handed to the OS, not fsynced).
     pub(super) fn append(&mut self, frames: &Frames) -> Result<(), StoreError> {
         self.file
-            .write_all(&frames.buf)
+            .append(&frames.buf)
             .map_err(io("write the ledger journal", &self.path))?;
         self.len += frames.buf.len() as u64;
         Ok(())
     }
 
-    /// fsync what was appended (data only: the file's length is data here).
+    /// fsync what was appended.
     pub(super) fn sync(&mut self) -> Result<(), StoreError> {
         self.file
-            .sync_data()
+            .sync()
             .map_err(io("fsync the ledger journal", &self.path))
     }
 }

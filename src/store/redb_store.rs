@@ -219,9 +219,9 @@ pub struct RedbStore {
     #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
     crash: Arc<AtomicBool>,
     /// Tests: the power goes out right after the next durable frame is
-    /// handed to the OS (see [`RedbStore::cut_after_next_durable_append`]).
+    /// handed to the OS (see [`RedbStore::cut_after_durable_appends`]).
     #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
-    cut: Arc<AtomicBool>,
+    cut: Arc<std::sync::atomic::AtomicU64>,
     /// The writer refuses writes (see [`Store::refusing_writes`]).
     refusing: Arc<AtomicBool>,
     /// The journal's bound ([`JOURNAL_LIMIT`]; tests lower it).
@@ -230,6 +230,9 @@ pub struct RedbStore {
     /// When a checkpoint is made ([`CHECKPOINT_BYTES`]; tests lower it).
     #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
     checkpoint_bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Tests: the broken dispatch order (see [`Limits::broken_order`]).
+    #[cfg_attr(not(test), expect(dead_code, reason = "set by tests only"))]
+    broken_order: Arc<AtomicBool>,
     /// Decision inputs live in a database file of their own beside the
     /// ledger (`ledger.inputs.redb`), opened at first use: a batch of them
     /// never holds redb's write lock against the ledger writer.
@@ -277,24 +280,28 @@ impl RedbStore {
                 reason: e.to_string(),
             })?;
         }
-        RedbStore::on(path, open_db(path)?)
+        RedbStore::on(path, open_db(path)?, JournalAt::File)
     }
 
     /// The store over the database `disk` holds (tests of power loss), its
-    /// journal at `path`'s.
+    /// journal in the file beside `path`, or on `journal` when given.
     #[cfg(test)]
-    pub(super) fn open_on(path: &Path, disk: Arc<power::Disk>) -> Result<RedbStore, StoreError> {
+    pub(super) fn open_on(
+        path: &Path,
+        disk: Arc<power::Disk>,
+        journal: Option<Arc<power::Disk>>,
+    ) -> Result<RedbStore, StoreError> {
         let db = Database::builder()
             .create_with_backend(power::Backend(disk))
             .map_err(|e| StoreError::Open {
                 path: path.display().to_string(),
                 reason: e.to_string(),
             })?;
-        RedbStore::on(path, db)
+        RedbStore::on(path, db, journal.map_or(JournalAt::File, JournalAt::Disk))
     }
 
     /// The store over `db`, whose journal is beside `path`.
-    fn on(path: &Path, db: Database) -> Result<RedbStore, StoreError> {
+    fn on(path: &Path, db: Database, journal_at: JournalAt) -> Result<RedbStore, StoreError> {
         let txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
         txn.open_table(LEDGER)
             .map_err(|e| err("create table")(e.into()))?;
@@ -345,10 +352,21 @@ impl RedbStore {
             .get(JOURNAL_GENERATION)
             .map_err(|e| err("read")(e.into()))?
             .map_or(0, |g| g.value());
-        replay(&txn, journal::read(&journal_path, generation)?)?;
+        let items = match &journal_at {
+            JournalAt::File => journal::read(&journal_path, generation)?,
+            #[cfg(test)]
+            JournalAt::Disk(d) => journal::items(&d.live(), generation)?,
+        };
+        replay(&txn, items)?;
         set_generation(&txn, generation + 1)?;
         txn.commit().map_err(|e| err("commit")(e.into()))?;
-        let journal = Journal::create(&journal_path, generation + 1)?;
+        let journal = match journal_at {
+            JournalAt::File => Journal::create(&journal_path, generation + 1)?,
+            #[cfg(test)]
+            JournalAt::Disk(d) => {
+                Journal::on(Box::new(power::JournalOn(d)), &journal_path, generation + 1)?
+            }
+        };
         let db = Arc::new(db);
         let (queue, rx) = mpsc::channel();
         let writer_db = db.clone();
@@ -358,12 +376,14 @@ impl RedbStore {
         let writer_pending = pending.clone();
         let crash = Arc::new(AtomicBool::new(false));
         let writer_crash = crash.clone();
-        let cut = Arc::new(AtomicBool::new(false));
+        let cut = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let writer_cut = cut.clone();
         let refusing = Arc::new(AtomicBool::new(false));
         let journal_limit = Arc::new(std::sync::atomic::AtomicU64::new(JOURNAL_LIMIT));
         let checkpoint_bytes = Arc::new(std::sync::atomic::AtomicU64::new(CHECKPOINT_BYTES));
+        let broken_order = Arc::new(AtomicBool::new(false));
         let limits = Limits {
+            broken_order: broken_order.clone(),
             cut: writer_cut,
             refusing: refusing.clone(),
             journal: journal_limit.clone(),
@@ -397,6 +417,7 @@ impl RedbStore {
             refusing,
             journal_limit,
             checkpoint_bytes,
+            broken_order,
             inputs: Arc::new(Mutex::new(None)),
             inputs_path: path.with_extension("inputs.redb"),
         })
@@ -420,9 +441,23 @@ impl RedbStore {
         self.journal_limit.store(limit, Ordering::Release);
     }
 
+    /// Tests: append a dispatch before redb's commit is fsynced, as the
+    /// gateway once did (the power-loss property test must catch it).
+    #[cfg(test)]
+    pub(super) fn break_dispatch_order(&self) {
+        self.broken_order.store(true, Ordering::Release);
+    }
+
     #[cfg(test)]
     pub(super) fn cut_after_next_durable_append(&self) {
-        self.cut.store(true, Ordering::Release);
+        self.cut_after_durable_appends(1);
+    }
+
+    /// Cut the power right after the `n`th durable frame from now is handed
+    /// to the OS (see [`RedbStore::cut_after_next_durable_append`]).
+    #[cfg(test)]
+    pub(super) fn cut_after_durable_appends(&self, n: u64) {
+        self.cut.store(n, Ordering::Release);
         self.crash.store(true, Ordering::Release);
     }
 
@@ -552,22 +587,35 @@ struct Writer<'a> {
     /// A journal write or fsync failed: what the file holds is unknown, so
     /// every later operation fails (closed) until a restart replays it.
     broken: Option<StoreError>,
-    /// Tests: cut the power after the next durable append.
-    cut: &'a AtomicBool,
+    /// Tests: cut the power after this many more durable appends (0: never).
+    cut: &'a std::sync::atomic::AtomicU64,
+    /// Tests: the broken dispatch order.
+    broken_order: &'a AtomicBool,
     /// The power was cut: the writer stops, syncing nothing.
     halted: bool,
 }
 
+/// Where the journal is: its file beside the database, or (tests of power
+/// loss) a simulated disk.
+enum JournalAt {
+    File,
+    #[cfg(test)]
+    Disk(Arc<power::Disk>),
+}
+
 /// What the writer shares with the store beside its queue.
 struct Limits {
-    /// Tests: cut the power after the next durable append.
-    cut: Arc<AtomicBool>,
+    /// Tests: cut the power after this many more durable appends (0: never).
+    cut: Arc<std::sync::atomic::AtomicU64>,
     /// Set while the writer refuses writes.
     refusing: Arc<AtomicBool>,
     /// The journal's bound, in bytes.
     journal: Arc<std::sync::atomic::AtomicU64>,
     /// A checkpoint is made once the journal holds this many bytes.
     checkpoint: Arc<std::sync::atomic::AtomicU64>,
+    /// Tests: append a dispatch before fsyncing redb's commit (the order
+    /// the power-loss property test must catch). Never set otherwise.
+    broken_order: Arc<AtomicBool>,
 }
 
 fn writer(
@@ -588,6 +636,7 @@ fn writer(
         redb_unsynced: false,
         broken: None,
         cut: &limits.cut,
+        broken_order: &limits.broken_order,
         halted: false,
     };
     loop {
@@ -850,16 +899,27 @@ impl Writer<'_> {
         // cut before redb's fsync could keep the dispatch and lose the
         // consumption, and the approval would run the call again under a
         // fresh key.
-        if durable && self.redb_unsynced {
+        let broken_order = self.broken_order.load(Ordering::Relaxed);
+        if durable && self.redb_unsynced && !broken_order {
             self.flush_redb()?;
         }
         if !frames.is_empty() {
             self.journal.append(frames)?;
             self.journal_unsynced = true;
-            if durable && self.cut.load(Ordering::Acquire) {
-                self.halted = true;
-                return Err(StoreError::WriterStopped);
+            if durable {
+                match self.cut.load(Ordering::Acquire) {
+                    0 => {}
+                    1 => {
+                        self.halted = true;
+                        return Err(StoreError::WriterStopped);
+                    }
+                    n => self.cut.store(n - 1, Ordering::Release),
+                }
             }
+        }
+        if durable && self.redb_unsynced {
+            // Only in tests of the broken order: the fsync comes too late.
+            self.flush_redb()?;
         }
         if durable {
             // INVARIANT: a batch holding a `dispatched` (or the end of a

@@ -37,6 +37,30 @@ impl Disk {
     pub(crate) fn cut(&self) -> Vec<u8> {
         self.durable.lock().clone()
     }
+
+    /// What was written, synced or not.
+    pub(crate) fn live(&self) -> Vec<u8> {
+        self.live.lock().clone()
+    }
+}
+
+/// The journal's [`super::super::journal::Medium`] on a [`Disk`].
+pub(crate) struct JournalOn(pub(crate) Arc<Disk>);
+
+impl super::super::journal::Medium for JournalOn {
+    fn truncate(&mut self) -> io::Result<()> {
+        self.0.live.lock().clear();
+        Ok(())
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.0.live.lock().extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        redb::StorageBackend::sync_data(&Backend(self.0.clone()), false)
+    }
 }
 
 /// A [`redb::StorageBackend`] over a [`Disk`].
@@ -66,8 +90,8 @@ impl redb::StorageBackend for Backend {
         if self.0.failing.load(std::sync::atomic::Ordering::Acquire) {
             return Err(io::Error::other("the disk refuses writes"));
         }
-        let live = self.0.live.lock().clone();
-        *self.0.durable.lock() = live;
+        let live = self.0.live.lock();
+        self.0.durable.lock().clone_from(&live);
         Ok(())
     }
 
