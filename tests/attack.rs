@@ -1064,17 +1064,7 @@ fn f2_no_redacted_value_reaches_the_log_the_exports_the_webhooks_or_the_traces()
 /// A reviewer entry made by the real `countersign keygen`, of tenant
 /// `acme` and group `leads`, with `extra` lines; returns the key's path.
 fn add_reviewer(dir: &std::path::Path, name: &str, extra: &str) -> PathBuf {
-    let key = dir.join(format!("{name}.key"));
-    let out = std::process::Command::new(countersign_bin())
-        .args(["keygen", "--name", name, "--out"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let entry = String::from_utf8(out.stdout)
-        .unwrap()
-        .replace("groups = []", "groups = [\"leads\"]")
-        .replace("tenants = [\"*\"]", "tenants = [\"acme\"]");
+    let (key, entry) = lead_of_acme(dir, name);
     let file = dir.join("reviewers.toml");
     let mut text = std::fs::read_to_string(&file).unwrap_or_default();
     text.push_str(&format!("\n{}\n{extra}\n", entry.trim_end()));

@@ -22,10 +22,12 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 fn routes() -> &'static Routes {
+    // Kept for the process's life: the gateway's data dir (a static, so
+    // that the leak checker sees it reachable).
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     static ROUTES: OnceLock<Routes> = OnceLock::new();
     ROUTES.get_or_init(|| {
-        // Kept for the process's life: the gateway's data dir.
-        let dir = Box::leak(Box::new(tempfile::tempdir().expect("a temp dir")));
+        let dir = DIR.get_or_init(|| tempfile::tempdir().expect("a temp dir"));
         runtime()
             .block_on(Routes::new(dir.path()))
             .expect("the gateway's routes")

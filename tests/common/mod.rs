@@ -871,9 +871,17 @@ pub fn default_policies_with_alice() -> (tempfile::TempDir, PathBuf) {
     for f in ["schema.cedarschema", "default.cedar"] {
         std::fs::copy(shipped.join(f), pdir.path().join(f)).unwrap();
     }
-    let key = pdir.path().join("alice.key");
+    let (key, entry) = lead_of_acme(pdir.path(), "alice");
+    std::fs::write(pdir.path().join("reviewers.toml"), entry).unwrap();
+    (pdir, key)
+}
+
+/// A reviewer made by the real `countersign keygen` in `dir`, of group
+/// `leads` and tenant `acme`: the key's path and the `[[reviewers]]` entry.
+pub fn lead_of_acme(dir: &Path, name: &str) -> (PathBuf, String) {
+    let key = dir.join(format!("{name}.key"));
     let out = Command::new(countersign_bin())
-        .args(["keygen", "--name", "alice", "--out"])
+        .args(["keygen", "--name", name, "--out"])
         .arg(&key)
         .output()
         .unwrap();
@@ -882,8 +890,7 @@ pub fn default_policies_with_alice() -> (tempfile::TempDir, PathBuf) {
         .unwrap()
         .replace("groups = []", "groups = [\"leads\"]")
         .replace("tenants = [\"*\"]", "tenants = [\"acme\"]");
-    std::fs::write(pdir.path().join("reviewers.toml"), entry).unwrap();
-    (pdir, key)
+    (key, entry)
 }
 
 /// Run a reviewer command against `gw` with `key`; (success, stdout, stderr).
