@@ -260,7 +260,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
     let threads = Arc::new(Threads::start(serving)?);
     let server = tokio::spawn(accept(
         listener,
-        router(Arc::clone(&gw), console),
+        crate::front::bounds::Bounds::new(Arc::clone(&gw), router(Arc::clone(&gw), console)),
         gw.config().gateway.header_read_timeout,
         gw.config().limits.max_connections,
         tls,
@@ -317,7 +317,7 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
 /// `header_timeout`, so a client trickling bytes cannot hold it open.
 async fn accept(
     listener: TcpListener,
-    app: axum::Router,
+    app: Arc<crate::front::bounds::Bounds>,
     header_timeout: Duration,
     max_connections: usize,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -353,12 +353,13 @@ async fn accept(
             continue;
         };
         let app = app.clone();
-        // The peer address lets the control API refuse non-loopback peers.
+        // The peer address lets the control API refuse non-loopback peers;
+        // every request is held to the bounds (`front::bounds`).
         let service =
             hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
-                tower::ServiceExt::oneshot(app.clone(), req)
+                crate::front::bounds::serve(app.clone(), req)
             });
         let watcher = graceful.watcher();
         let http = http.clone();

@@ -11,13 +11,14 @@
 //! 503 at once and their connections closed: the rest of the connections
 //! stay for `/mcp`.
 //!
-//! The deadline is one timer from the request's start. `tower-http`'s
+//! The accept loop (`cli::serve`) hands every request to [`serve`]. The
+//! deadline is one timer from the request's start. `tower-http`'s
 //! `RequestBodyTimeoutLayer` was the first choice, but its timer restarts at
 //! every frame: a body trickled a byte at a time, each just inside the
 //! timeout, is never cut (the test below shows it). Handlers that answer a
 //! late body in their own shape (`/mcp` as JSON-RPC, the control API as a
-//! problem) recognise [`BodyDeadline`] with [`is_deadline`]; any other
-//! handler's answer to a late body is replaced by a plain 408 here.
+//! problem) recognise [`BodyDeadline`] with [`is_deadline`]; the console's
+//! answer to a late body is replaced by a plain 408 here.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,9 +28,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::{Frame, SizeHint};
 
@@ -57,15 +56,36 @@ pub(crate) fn is_deadline(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// A body that fails with [`BodyDeadline`] when it has not ended by its
-/// deadline, however steadily its bytes trickle.
-struct Deadline {
-    body: Body,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+/// deadline, however steadily its bytes trickle. The timer is made only
+/// when the body first makes its reader wait: a body that came whole with
+/// its header (most `/mcp` requests) costs no timer.
+pub(crate) struct Deadline<B> {
+    body: B,
+    deadline: tokio::time::Instant,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     within: Duration,
-    passed: Arc<AtomicBool>,
+    /// Set when the deadline passed (the console's requests: their
+    /// handlers do not say so themselves).
+    passed: Option<Arc<AtomicBool>>,
 }
 
-impl http_body::Body for Deadline {
+impl<B> Deadline<B> {
+    fn new(body: B, within: Duration, passed: Option<Arc<AtomicBool>>) -> Deadline<B> {
+        Deadline {
+            body,
+            deadline: tokio::time::Instant::now() + within,
+            sleep: None,
+            within,
+            passed,
+        }
+    }
+}
+
+impl<B> http_body::Body for Deadline<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
     type Data = Bytes;
     type Error = axum::BoxError;
 
@@ -76,8 +96,14 @@ impl http_body::Body for Deadline {
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        if self.sleep.as_mut().poll(cx).is_ready() {
-            self.passed.store(true, Ordering::Relaxed);
+        let deadline = self.deadline;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            if let Some(p) = &self.passed {
+                p.store(true, Ordering::Relaxed);
+            }
             return Poll::Ready(Some(Err(BodyDeadline(self.within).into())));
         }
         Poll::Pending
@@ -92,19 +118,20 @@ impl http_body::Body for Deadline {
     }
 }
 
-/// The bounds every request is held to.
+/// The gateway's routes, and the bounds every request to them is held to.
 pub(crate) struct Bounds {
+    app: axum::Router,
     gw: Arc<Gateway>,
     /// Permits for console requests in flight.
     console: Arc<tokio::sync::Semaphore>,
 }
 
 impl Bounds {
-    pub(crate) fn new(gw: Arc<Gateway>) -> Arc<Bounds> {
+    pub(crate) fn new(gw: Arc<Gateway>, app: axum::Router) -> Arc<Bounds> {
         let console = Arc::new(tokio::sync::Semaphore::new(
             gw.config().limits.console_requests(),
         ));
-        Arc::new(Bounds { gw, console })
+        Arc::new(Bounds { app, gw, console })
     }
 }
 
@@ -113,63 +140,61 @@ fn is_console(path: &str) -> bool {
     path == "/review" || path.starts_with("/review/")
 }
 
-/// The middleware: the console's budget, then the body's deadline and size.
-pub(crate) async fn bound(State(b): State<Arc<Bounds>>, req: Request, next: Next) -> Response {
-    let _permit = if is_console(req.uri().path()) {
-        match b.console.clone().try_acquire_owned() {
-            Ok(p) => Some(p),
-            Err(_) => {
-                b.gw.refused(
-                    "console_busy",
-                    None,
-                    "limits.max_console_requests console requests are in flight",
-                );
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    [
-                        (header::CONNECTION, "close"),
-                        (header::RETRY_AFTER, "1"),
-                    ],
-                    "the review console is busy (limits.max_console_requests requests in flight); retry in a moment\n",
-                )
-                    .into_response();
-            }
-        }
-    } else {
-        None
-    };
-    let config = b.gw.config();
-    let within = config.gateway.body_read_timeout;
-    let passed = Arc::new(AtomicBool::new(false));
-    let (parts, body) = req.into_parts();
-    let body = Deadline {
-        body: Body::new(http_body_util::Limited::new(
-            body,
-            config.limits.max_body_bytes,
-        )),
-        sleep: Box::pin(tokio::time::sleep(within)),
-        within,
-        passed: passed.clone(),
-    };
-    let response = next.run(Request::from_parts(parts, Body::new(body))).await;
-    if !passed.load(Ordering::Relaxed) {
-        return response;
+/// Serve `req` with the routes under the bounds: the console's budget, then the
+/// body's deadline (every route) and size (the console's; `/mcp` and the
+/// control API read theirs with `limits.max_body_bytes` themselves, and say
+/// a late body in their own shape).
+pub(crate) async fn serve<B>(
+    b: Arc<Bounds>,
+    req: http::Request<B>,
+) -> Result<Response, std::convert::Infallible>
+where
+    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let within = b.gw.config().gateway.body_read_timeout;
+    if !is_console(req.uri().path()) {
+        let req = req.map(|body| Body::new(Deadline::new(body, within, None)));
+        return tower::ServiceExt::oneshot(b.app.clone(), req).await;
     }
+    let Ok(_permit) = b.console.clone().try_acquire_owned() else {
+        b.gw.refused(
+            "console_busy",
+            None,
+            "limits.max_console_requests console requests are in flight",
+        );
+        return Ok((
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONNECTION, "close"), (header::RETRY_AFTER, "1")],
+            "the review console is busy (limits.max_console_requests requests in flight); retry in a moment\n",
+        )
+            .into_response());
+    };
+    let passed = Arc::new(AtomicBool::new(false));
+    let limit = b.gw.config().limits.max_body_bytes;
+    let req = req.map(|body| {
+        Body::new(Deadline::new(
+            http_body_util::Limited::new(body, limit),
+            within,
+            Some(passed.clone()),
+        ))
+    });
+    let response = tower::ServiceExt::oneshot(b.app.clone(), req).await?;
+    if !passed.load(Ordering::Relaxed) {
+        return Ok(response);
+    }
+    // The console's handlers answer a late body as a bad one: say what it is.
     b.gw.refused(
         "body_timeout",
         None,
         "the request body did not arrive in time",
     );
-    if response.status() != StatusCode::REQUEST_TIMEOUT {
-        // A handler that did not say so itself (an extractor's 400).
-        return (
-            StatusCode::REQUEST_TIMEOUT,
-            [(header::CONNECTION, "close")],
-            format!("{}: nothing was done\n", BodyDeadline(within)),
-        )
-            .into_response();
-    }
-    response
+    Ok((
+        StatusCode::REQUEST_TIMEOUT,
+        [(header::CONNECTION, "close")],
+        format!("{}: nothing was done\n", BodyDeadline(within)),
+    )
+        .into_response())
 }
 
 #[cfg(test)]
@@ -204,24 +229,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_trickled_body_is_cut_at_its_deadline() {
         let passed = Arc::new(AtomicBool::new(false));
-        let body = Deadline {
-            body: trickle(10, Duration::from_millis(900)),
-            sleep: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
-            within: Duration::from_secs(1),
-            passed: passed.clone(),
-        };
+        let body = Deadline::new(
+            trickle(10, Duration::from_millis(900)),
+            Duration::from_secs(1),
+            Some(passed.clone()),
+        );
         let start = tokio::time::Instant::now();
         let e = body.collect().await.expect_err("cut");
         assert!(is_deadline(&*e), "{e}");
         assert!(passed.load(Ordering::Relaxed));
         assert!(start.elapsed() < Duration::from_secs(2));
         // A body that ends in time passes whole.
-        let body = Deadline {
-            body: trickle(3, Duration::from_millis(100)),
-            sleep: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
-            within: Duration::from_secs(1),
-            passed: Arc::new(AtomicBool::new(false)),
-        };
+        let body = Deadline::new(
+            trickle(3, Duration::from_millis(100)),
+            Duration::from_secs(1),
+            None,
+        );
         assert_eq!(body.collect().await.unwrap().to_bytes().as_ref(), b"xxx");
     }
 }

@@ -200,6 +200,7 @@ impl FromRequest<Arc<Gateway>> for Signed {
             .await
             .map_err(|e| {
                 if crate::front::bounds::is_deadline(&*e.into_inner()) {
+                    gw.refused("body_timeout", None, "the request body did not arrive in time");
                     return problem(
                         StatusCode::REQUEST_TIMEOUT,
                         "body_timeout",

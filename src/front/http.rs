@@ -67,12 +67,7 @@ pub(crate) fn router(
         )
         .with_state(Arc::clone(&gw))
         .merge(crate::front::review::router(console))
-        .merge(crate::front::control::router(Arc::clone(&gw)))
-        // Every route: the body's deadline and size, the console's budget.
-        .layer(axum::middleware::from_fn_with_state(
-            super::bounds::Bounds::new(gw),
-            super::bounds::bound,
-        ))
+        .merge(crate::front::control::router(gw))
 }
 
 /// Origin, token and server checks shared by every `/mcp` method.
@@ -201,7 +196,11 @@ async fn post_mcp(
         Err(e) => {
             let e = e.into_inner();
             if super::bounds::is_deadline(&*e) {
-                // Counted by `bounds`.
+                gw.refused(
+                    "body_timeout",
+                    Some(&server),
+                    "the request body did not arrive in time",
+                );
                 return reject(Rejection::BodyTimeout(within), Value::Null);
             }
             // Only the limit's own error means "too large"; a malformed
