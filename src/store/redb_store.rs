@@ -283,25 +283,12 @@ impl RedbStore {
         RedbStore::on(path, open_db(path)?, JournalAt::File)
     }
 
-    /// The store over the database `disk` holds (tests of power loss), its
-    /// journal in the file beside `path`, or on `journal` when given.
-    #[cfg(test)]
-    pub(super) fn open_on(
-        path: &Path,
-        disk: Arc<power::Disk>,
-        journal: Option<Arc<power::Disk>>,
-    ) -> Result<RedbStore, StoreError> {
-        let db = Database::builder()
-            .create_with_backend(power::Backend(disk))
-            .map_err(|e| StoreError::Open {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        RedbStore::on(path, db, journal.map_or(JournalAt::File, JournalAt::Disk))
-    }
-
     /// The store over `db`, whose journal is beside `path`.
-    fn on(path: &Path, db: Database, journal_at: JournalAt) -> Result<RedbStore, StoreError> {
+    pub(super) fn on(
+        path: &Path,
+        db: Database,
+        journal_at: JournalAt,
+    ) -> Result<RedbStore, StoreError> {
         let txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
         txn.open_table(LEDGER)
             .map_err(|e| err("create table")(e.into()))?;
@@ -426,38 +413,6 @@ impl RedbStore {
     /// Stop, when dropped, as a crash would (see [`RedbStore::crash`]).
     #[cfg(test)]
     pub(super) fn crash_on_drop(&self) {
-        self.crash.store(true, Ordering::Release);
-    }
-
-    /// Cut the power right after the next durable frame is handed to the
-    /// OS: the writer stops there, fsyncing nothing more, as a crash at that
-    /// point would (the frame's bytes stay in the page cache, as they may
-    /// reach the disk; redb's unsynced commits are lost at the next open).
-    /// Tests: checkpoints past `checkpoint` bytes of journal, and writes
-    /// refused past `limit` while they fail.
-    #[cfg(test)]
-    pub(super) fn limit_journal(&self, checkpoint: u64, limit: u64) {
-        self.checkpoint_bytes.store(checkpoint, Ordering::Release);
-        self.journal_limit.store(limit, Ordering::Release);
-    }
-
-    /// Tests: append a dispatch before redb's commit is fsynced, as the
-    /// gateway once did (the power-loss property test must catch it).
-    #[cfg(test)]
-    pub(super) fn break_dispatch_order(&self) {
-        self.broken_order.store(true, Ordering::Release);
-    }
-
-    #[cfg(test)]
-    pub(super) fn cut_after_next_durable_append(&self) {
-        self.cut_after_durable_appends(1);
-    }
-
-    /// Cut the power right after the `n`th durable frame from now is handed
-    /// to the OS (see [`RedbStore::cut_after_next_durable_append`]).
-    #[cfg(test)]
-    pub(super) fn cut_after_durable_appends(&self, n: u64) {
-        self.cut.store(n, Ordering::Release);
         self.crash.store(true, Ordering::Release);
     }
 
@@ -597,7 +552,7 @@ struct Writer<'a> {
 
 /// Where the journal is: its file beside the database, or (tests of power
 /// loss) a simulated disk.
-enum JournalAt {
+pub(super) enum JournalAt {
     File,
     #[cfg(test)]
     Disk(Arc<power::Disk>),
