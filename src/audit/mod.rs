@@ -19,6 +19,8 @@ pub mod log;
 pub mod merkle;
 pub mod note;
 pub(crate) mod outbox;
+#[cfg(test)]
+mod power;
 pub(crate) mod proofs;
 pub(crate) mod recover;
 pub(crate) mod segment;
