@@ -46,6 +46,7 @@ pub mod catalog;
 pub mod config;
 pub mod confirm;
 pub mod decision;
+pub mod guard;
 pub mod identity;
 
 /// A map for keys no client chooses (configured server names, tool names

@@ -27,6 +27,8 @@ pub struct MemoryStore {
     inputs: Mutex<BTreeMap<String, InputRow>>,
     /// Tasks by id.
     tasks: Mutex<BTreeMap<String, crate::core::task::TaskRecord>>,
+    /// Guard rows (see [`super::guards`]).
+    guards: Mutex<BTreeMap<String, super::guards::GuardRow>>,
 }
 
 impl MemoryStore {
@@ -36,6 +38,39 @@ impl MemoryStore {
 
     fn proposals(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Proposal>> {
         self.proposals.lock()
+    }
+}
+
+impl super::guards::Guards for MemoryStore {
+    fn guards_look<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        now_ms: i64,
+    ) -> StoreFuture<'a, super::guards::Standing> {
+        let out = super::guards::look_in(&*self.guards.lock(), key, claims, now_ms).map(|l| l.0);
+        Box::pin(async move { out })
+    }
+
+    fn guards_take<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        force: bool,
+        now_ms: i64,
+    ) -> StoreFuture<'a, super::guards::Taken> {
+        let out = super::guards::take_in(&mut *self.guards.lock(), key, claims, force, now_ms);
+        Box::pin(async move { out })
+    }
+
+    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
+        let out = super::guards::release_in(&mut *self.guards.lock(), key);
+        Box::pin(async move { out })
+    }
+
+    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
+        let out = super::guards::rows_in(&*self.guards.lock(), since_ms);
+        Box::pin(async move { out })
     }
 }
 

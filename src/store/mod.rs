@@ -40,6 +40,7 @@
 //! the module for the lease that fences a paused gateway.
 
 pub mod durable;
+pub mod guards;
 mod journal;
 mod memory;
 pub mod postgres;
@@ -234,7 +235,7 @@ pub enum StoreEvent {
 }
 
 /// Ledger storage. Keys are [`crate::core::ledger::storage_key`]s.
-pub trait Store: Send + Sync {
+pub trait Store: guards::Guards + Send + Sync {
     /// Changes made through any process sharing this store, as they commit
     /// (PostgreSQL: `LISTEN/NOTIFY`). `None` for a store no other process
     /// can write (redb, memory): this process knows its own changes.
@@ -585,7 +586,7 @@ fn check_transition(from: State, to: State) -> Result<(), StoreError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::core::ledger::{Answer, Claim};
 
@@ -1214,12 +1215,12 @@ mod tests {
 
     /// A schema of its own in the local PostgreSQL (127.0.0.1:5432, trust
     /// auth, database `test`), dropped when the guard goes.
-    struct PgSchema {
+    pub(crate) struct PgSchema {
         name: String,
     }
 
     impl PgSchema {
-        async fn new() -> (PgSchema, tokio_postgres::Config) {
+        pub(crate) async fn new() -> (PgSchema, tokio_postgres::Config) {
             let name = format!("cs_test_{:016x}", rand::random::<u64>());
             let mut admin = tokio_postgres::Config::new();
             admin

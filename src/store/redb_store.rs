@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 
 use super::journal::{self, Frames, ItemRef, Journal};
 
+mod guards;
 #[cfg(test)]
 pub(super) mod power;
 mod tasks;
@@ -307,6 +308,8 @@ impl RedbStore {
         txn.open_table(TASKS)
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(OPEN_TASKS)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(guards::GUARDS)
             .map_err(|e| err("create table")(e.into()))?;
         {
             // One process per file: no delivery of a previous run is still
@@ -1510,6 +1513,35 @@ fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, Stor
         }
     }
     remove_keys(proposals, &stale)
+}
+
+impl super::guards::Guards for RedbStore {
+    fn guards_look<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        now_ms: i64,
+    ) -> StoreFuture<'a, super::guards::Standing> {
+        guards::look(self, key, claims, now_ms)
+    }
+
+    fn guards_take<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        force: bool,
+        now_ms: i64,
+    ) -> StoreFuture<'a, super::guards::Taken> {
+        guards::take(self, key, claims, force, now_ms)
+    }
+
+    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
+        guards::release(self, key)
+    }
+
+    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
+        guards::rows(self, since_ms)
+    }
 }
 
 impl Store for RedbStore {

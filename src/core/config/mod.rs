@@ -5,10 +5,12 @@
 //! every error carries the file, line and column that `toml` reports.
 
 mod delegation;
+mod guards;
 mod limits;
 mod review;
 mod tasks;
 pub use delegation::{mode, DelegationConfig, Fallback, Grant, Mode, Unavailable};
+pub use guards::{BudgetConfig, EffectKeyConfig, Over, Per};
 pub use limits::Limits;
 pub use review::{console_of, console_origin, ReviewConfig};
 pub use tasks::TasksConfig;
@@ -116,6 +118,12 @@ pub struct Config {
     /// `[tasks]`: held calls as MCP tasks.
     #[serde(default)]
     pub tasks: TasksConfig,
+    /// `[[budgets]]`: spending allowed unattended per window.
+    #[serde(default)]
+    pub budgets: Vec<BudgetConfig>,
+    /// `[[effect_keys]]`: the same business effect twice is held.
+    #[serde(default)]
+    pub effect_keys: Vec<EffectKeyConfig>,
 }
 
 /// `[policy]` (DESIGN.md section 22).
@@ -1212,6 +1220,7 @@ impl Config {
         self.telemetry.check(path)?;
         self.review.check(path)?;
         self.tasks.check(path)?;
+        guards::check(&self.budgets, &self.effect_keys, path)?;
         Ok(())
     }
 }

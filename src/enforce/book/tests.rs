@@ -25,6 +25,9 @@ macro_rules! yielding {
     }};
 }
 
+/// No guards in these tests.
+impl crate::store::guards::Guards for Yielding {}
+
 impl Store for Yielding {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         yielding!(self, s => s.get(key))

@@ -21,6 +21,7 @@
 //!   `dispatched` and answer commits share one WAL flush.
 
 mod group;
+mod guards;
 mod tasks;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -125,6 +126,20 @@ pub const MIGRATIONS: &[&str] = &[
      CREATE INDEX tasks_owner ON tasks (tenant, principal);
      CREATE INDEX tasks_join ON tasks (join_key);
      CREATE INDEX tasks_open ON tasks (proposal) WHERE state IN ('waiting', 'claimed');",
+    // 9: guards on the business effect (DESIGN.md section 25): one row per
+    // call and guard, in the guard's group (kind, name and scope hashed).
+    "CREATE TABLE guards (
+        grp text NOT NULL,
+        kind text NOT NULL,
+        name text NOT NULL,
+        scope text NOT NULL,
+        key text NOT NULL,
+        amount numeric NOT NULL,
+        at_ms bigint NOT NULL,
+        PRIMARY KEY (grp, key)
+     );
+     CREATE INDEX guards_key ON guards (key);
+     CREATE INDEX guards_window ON guards (grp, at_ms);",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -684,6 +699,35 @@ async fn notify(
         .await
         .map_err(backend("notify"))?;
     Ok(())
+}
+
+impl super::guards::Guards for PgStore {
+    fn guards_look<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        now_ms: i64,
+    ) -> StoreFuture<'a, super::guards::Standing> {
+        Box::pin(guards::look(self, key, claims, now_ms))
+    }
+
+    fn guards_take<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        force: bool,
+        now_ms: i64,
+    ) -> StoreFuture<'a, super::guards::Taken> {
+        Box::pin(guards::take(self, key, claims, force, now_ms))
+    }
+
+    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
+        Box::pin(guards::release(self, key))
+    }
+
+    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
+        Box::pin(guards::rows(self, since_ms))
+    }
 }
 
 impl Store for PgStore {

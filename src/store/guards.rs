@@ -1,0 +1,547 @@
+//! The guards' atomic operations (DESIGN.md section 25): budgets' spending
+//! and effects made, per ledger key. A call under guards *takes* them right
+//! after its ledger key is reserved and before it is dispatched: one
+//! compare-and-set checks every guard and records the call in each, or
+//! records nothing. What it took stays counted once dispatched (an unknown
+//! outcome counts) and is *released* when the call is proven not sent.
+//! A held call has taken nothing: a denial, an expired hold or a cancelled
+//! task releases nothing because nothing was spent.
+//!
+//! redb and memory share the rules below over a sorted table
+//! ([`Table`]); PostgreSQL does the same in one transaction under advisory
+//! locks on the guards' groups (`postgres::guards`), so gateways sharing a
+//! database share each count exactly.
+
+use std::str::FromStr;
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use super::{StoreError, StoreFuture};
+use crate::core::guard::Claim;
+
+/// One call's share of one guard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardRow {
+    /// `budget` or `effect`.
+    pub kind: String,
+    /// The guard's name.
+    pub name: String,
+    /// A budget's scope (`principal:NAME`, `tenant:NAME`) or an effect's
+    /// digest.
+    pub scope: String,
+    /// The call's ledger key.
+    pub key: String,
+    /// What it spent (a decimal's text; `0` for an effect).
+    pub amount: String,
+    /// When it was taken, Unix ms.
+    pub at_ms: i64,
+}
+
+/// Each claim's standing for a call, in the claims' order, leaving out the
+/// call's own rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// Per budget claim: spent in its window.
+    pub spent: Vec<Decimal>,
+    /// Per effect claim: the latest other call that made it in its window
+    /// (ledger key, when).
+    pub earlier: Vec<Option<(String, i64)>>,
+}
+
+impl Standing {
+    /// Whether the claims pass: no budget past its limit with the call, no
+    /// effect made before.
+    pub fn passes(&self, claims: &[Claim]) -> bool {
+        let mut spent = self.spent.iter();
+        let mut earlier = self.earlier.iter();
+        claims.iter().all(|c| match c {
+            Claim::Budget { amount, limit, .. } => {
+                spent.next().is_some_and(|s| *s + *amount <= *limit)
+            }
+            Claim::Effect { .. } => earlier.next().is_some_and(Option::is_none),
+        })
+    }
+}
+
+/// What a take did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// The call is now counted in every guard (or was already, under its
+    /// key).
+    pub taken: bool,
+    /// The standing it was judged on.
+    pub standing: Standing,
+}
+
+/// The guards' operations. A store without them refuses every call that
+/// falls under a guard (fail closed).
+pub trait Guards {
+    /// The standing of `claims` for the call under ledger `key` now.
+    fn guards_look<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [Claim],
+        now_ms: i64,
+    ) -> StoreFuture<'a, Standing> {
+        let _ = (key, claims, now_ms);
+        Box::pin(async { Err(unsupported()) })
+    }
+
+    /// Atomically: when the claims pass (or `force`, an approved call),
+    /// count the call under `key` in each; otherwise count nothing. A key
+    /// counted already is not counted again (a retry of one call).
+    fn guards_take<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [Claim],
+        force: bool,
+        now_ms: i64,
+    ) -> StoreFuture<'a, Taken> {
+        let _ = (key, claims, force, now_ms);
+        Box::pin(async { Err(unsupported()) })
+    }
+
+    /// The call under `key` was not sent: it counts nowhere. Returns how
+    /// many rows went.
+    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
+        let _ = key;
+        Box::pin(async { Err(unsupported()) })
+    }
+
+    /// Every row taken at or after `since_ms` (for `countersign budgets`).
+    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<GuardRow>> {
+        let _ = since_ms;
+        Box::pin(async { Err(unsupported()) })
+    }
+}
+
+fn unsupported() -> StoreError {
+    StoreError::Backend {
+        op: "guards",
+        reason: "this store keeps no budgets or effect keys".into(),
+    }
+}
+
+/// The group of rows a claim counts in: its kind, name and scope (or
+/// digest), hashed so that no name or scope can run into another's rows.
+pub(crate) fn group(claim: &Claim) -> String {
+    let (kind, scope) = match claim {
+        Claim::Budget { scope, .. } => ("budget", scope.as_str()),
+        Claim::Effect { digest, .. } => ("effect", digest.as_str()),
+    };
+    group_of(kind, claim.name(), scope)
+}
+
+fn group_of(kind: &str, name: &str, scope: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [kind, name, scope] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+/// The claim's window.
+pub(crate) fn window_ms(claim: &Claim) -> i64 {
+    match claim {
+        Claim::Budget { window_ms, .. } | Claim::Effect { window_ms, .. } => *window_ms,
+    }
+}
+
+/// The row a claim takes for `key` at `now_ms`.
+pub(crate) fn row(claim: &Claim, key: &str, now_ms: i64) -> GuardRow {
+    match claim {
+        Claim::Budget {
+            name,
+            scope,
+            amount,
+            ..
+        } => GuardRow {
+            kind: "budget".into(),
+            name: name.clone(),
+            scope: scope.clone(),
+            key: key.into(),
+            amount: amount.to_string(),
+            at_ms: now_ms,
+        },
+        Claim::Effect { name, digest, .. } => GuardRow {
+            kind: "effect".into(),
+            name: name.clone(),
+            scope: digest.clone(),
+            key: key.into(),
+            amount: "0".into(),
+            at_ms: now_ms,
+        },
+    }
+}
+
+/// A row's amount.
+pub(crate) fn amount(row: &GuardRow) -> Result<Decimal, StoreError> {
+    Decimal::from_str(&row.amount).map_err(|e| StoreError::Corrupt {
+        what: "guards",
+        reason: format!("row of key {} has amount `{}`: {e}", row.key, row.amount),
+    })
+}
+
+/// A sorted table of guard rows (redb's, memory's).
+pub(crate) trait Table {
+    /// Every row whose table key starts with `prefix`, in order.
+    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError>;
+    /// Write a row.
+    fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError>;
+    /// Remove a row.
+    fn delete(&mut self, key: &str) -> Result<(), StoreError>;
+}
+
+/// Table keys: `g GROUP AT KEY` for the rows, `k KEY\x1f ROWKEY` for the
+/// index by ledger key.
+fn row_key(group: &str, at_ms: i64, key: &str) -> String {
+    format!("g{group}{at_ms:020}{key}")
+}
+
+fn index_prefix(key: &str) -> String {
+    format!("k{}\x1f", key.len()) + key + "\x1f"
+}
+
+/// [`Guards::guards_look`] over a table; the rows the windows left behind
+/// are returned for the caller to prune.
+pub(crate) fn look_in(
+    t: &impl Table,
+    key: &str,
+    claims: &[Claim],
+    now_ms: i64,
+) -> Result<(Standing, Vec<(String, GuardRow)>), StoreError> {
+    let mut standing = Standing::default();
+    let mut stale = Vec::new();
+    for c in claims {
+        let since = now_ms - window_ms(c);
+        let mut spent = Decimal::ZERO;
+        let mut latest: Option<(String, i64)> = None;
+        for (k, r) in t.scan(&format!("g{}", group(c)))? {
+            if r.at_ms <= since {
+                stale.push((k, r));
+                continue;
+            }
+            if r.key == key {
+                continue;
+            }
+            match c {
+                Claim::Budget { .. } => spent += amount(&r)?,
+                Claim::Effect { .. } => {
+                    if latest.as_ref().is_none_or(|(_, at)| r.at_ms >= *at) {
+                        latest = Some((r.key.clone(), r.at_ms));
+                    }
+                }
+            }
+        }
+        match c {
+            Claim::Budget { .. } => standing.spent.push(spent),
+            Claim::Effect { .. } => standing.earlier.push(latest),
+        }
+    }
+    Ok((standing, stale))
+}
+
+/// [`Guards::guards_take`] over a table, in the caller's one transaction.
+pub(crate) fn take_in(
+    t: &mut impl Table,
+    key: &str,
+    claims: &[Claim],
+    force: bool,
+    now_ms: i64,
+) -> Result<Taken, StoreError> {
+    let (standing, stale) = look_in(t, key, claims, now_ms)?;
+    for (k, r) in stale {
+        t.delete(&k)?;
+        t.delete(&(index_prefix(&r.key) + &k))?;
+    }
+    let index = index_prefix(key);
+    if !t.scan(&index)?.is_empty() {
+        // This call (a retry under its key) counts already.
+        return Ok(Taken {
+            taken: true,
+            standing,
+        });
+    }
+    if !force && !standing.passes(claims) {
+        return Ok(Taken {
+            taken: false,
+            standing,
+        });
+    }
+    for c in claims {
+        let r = row(c, key, now_ms);
+        let k = row_key(&group(c), now_ms, key);
+        t.put(&k, &r)?;
+        t.put(&(index.clone() + &k), &r)?;
+    }
+    Ok(Taken {
+        taken: true,
+        standing,
+    })
+}
+
+/// [`Guards::guards_release`] over a table.
+pub(crate) fn release_in(t: &mut impl Table, key: &str) -> Result<usize, StoreError> {
+    let index = index_prefix(key);
+    let rows = t.scan(&index)?;
+    for (k, _) in &rows {
+        t.delete(k)?;
+        t.delete(&k[index.len()..])?;
+    }
+    Ok(rows.len())
+}
+
+/// [`Guards::guards_rows`] over a table.
+pub(crate) fn rows_in(t: &impl Table, since_ms: i64) -> Result<Vec<GuardRow>, StoreError> {
+    Ok(t.scan("g")?
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| r.at_ms >= since_ms)
+        .collect())
+}
+
+/// A [`Table`] in memory.
+impl Table for std::collections::BTreeMap<String, GuardRow> {
+    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
+        Ok(self
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect())
+    }
+
+    fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
+        self.insert(key.to_owned(), row.clone());
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &str) -> Result<(), StoreError> {
+        self.remove(key);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::core::config::Over;
+    use crate::store::Store;
+    use std::sync::Arc;
+
+    pub(crate) fn budget(scope: &str, amount: i64, limit: i64) -> Claim {
+        Claim::Budget {
+            name: "card".into(),
+            scope: scope.into(),
+            amount: Decimal::from(amount),
+            limit: Decimal::from(limit),
+            window_ms: 1000,
+            over: Over::Approval,
+        }
+    }
+
+    pub(crate) fn effect(digest: &str) -> Claim {
+        Claim::Effect {
+            name: "once".into(),
+            digest: digest.into(),
+            window_ms: 1000,
+            repeat: Over::Deny,
+        }
+    }
+
+    /// What every store does with guards: take within the limit, refuse
+    /// past it unless forced, count a key once, release, roll the window,
+    /// keep scopes and effects apart, and let exactly as many concurrent
+    /// takes through as the limit holds.
+    pub(crate) async fn guards_conformance(store: Arc<dyn Store>) {
+        let a = [budget("principal:a", 400, 1000)];
+        let t = store.guards_take("k1", &a, false, 10_000).await.unwrap();
+        assert!(t.taken);
+        assert_eq!(t.standing.spent, [Decimal::ZERO]);
+        assert!(
+            store
+                .guards_take("k2", &a, false, 10_001)
+                .await
+                .unwrap()
+                .taken
+        );
+        let third = store.guards_take("k3", &a, false, 10_002).await.unwrap();
+        assert!(!third.taken, "800 + 400 passes 1,000");
+        assert_eq!(third.standing.spent, [Decimal::from(800)]);
+        // A retry of k1 counts once.
+        let again = store.guards_take("k1", &a, false, 10_003).await.unwrap();
+        assert!(again.taken);
+        assert_eq!(
+            store.guards_look("k9", &a, 10_003).await.unwrap().spent,
+            [Decimal::from(800)]
+        );
+        // Approved: it goes over.
+        assert!(
+            store
+                .guards_take("k3", &a, true, 10_004)
+                .await
+                .unwrap()
+                .taken
+        );
+        assert_eq!(
+            store.guards_look("k9", &a, 10_004).await.unwrap().spent,
+            [Decimal::from(1200)]
+        );
+        // Another principal has its own budget.
+        let b = [budget("principal:b", 1000, 1000)];
+        assert!(
+            store
+                .guards_take("k4", &b, false, 10_005)
+                .await
+                .unwrap()
+                .taken
+        );
+        // Not sent: released.
+        assert_eq!(store.guards_release("k3").await.unwrap(), 1);
+        assert_eq!(store.guards_release("k3").await.unwrap(), 0);
+        assert_eq!(
+            store.guards_look("k9", &a, 10_006).await.unwrap().spent,
+            [Decimal::from(800)]
+        );
+        // The window rolls: at 11,001 k1 (taken at 10,000) and k2 no longer count.
+        assert_eq!(
+            store.guards_look("k9", &a, 11_001).await.unwrap().spent,
+            [Decimal::ZERO]
+        );
+        let rows = store.guards_rows(0).await.unwrap();
+        assert_eq!(rows.len(), 3, "{rows:?}");
+
+        // Effects: the same digest from another key is a repeat.
+        let e = [effect("sha256:x")];
+        assert!(
+            store
+                .guards_take("e1", &e, false, 20_000)
+                .await
+                .unwrap()
+                .taken
+        );
+        let rep = store.guards_take("e2", &e, false, 20_001).await.unwrap();
+        assert!(!rep.taken);
+        assert_eq!(rep.standing.earlier, [Some(("e1".to_owned(), 20_000))]);
+        assert!(
+            store
+                .guards_take("e1", &e, false, 20_002)
+                .await
+                .unwrap()
+                .taken,
+            "its own retry"
+        );
+        assert!(
+            store
+                .guards_take("e3", &[effect("sha256:y")], false, 20_003)
+                .await
+                .unwrap()
+                .taken
+        );
+        // Budget and effect together: one failing takes neither.
+        let both = [budget("principal:c", 10, 100), effect("sha256:x")];
+        assert!(
+            !store
+                .guards_take("m1", &both, false, 20_004)
+                .await
+                .unwrap()
+                .taken
+        );
+        assert_eq!(
+            store
+                .guards_look("k9", &[budget("principal:c", 1, 100)], 20_004)
+                .await
+                .unwrap()
+                .spent,
+            [Decimal::ZERO],
+            "nothing taken when one guard stops the call"
+        );
+        assert!(
+            store
+                .guards_take("e4", &e, false, 21_001)
+                .await
+                .unwrap()
+                .taken,
+            "the window rolled"
+        );
+
+        // Ten concurrent takes of 200 under 1,000: exactly five.
+        let c = [budget("tenant:t", 200, 1000)];
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..10 {
+            let store = store.clone();
+            let c = c.clone();
+            set.spawn(async move {
+                store
+                    .guards_take(&format!("c{i}"), &c, false, 30_000)
+                    .await
+                    .unwrap()
+                    .taken
+            });
+        }
+        let mut taken = 0;
+        while let Some(t) = set.join_next().await {
+            taken += usize::from(t.unwrap());
+        }
+        assert_eq!(taken, 5, "exactly five of ten fit in the budget");
+    }
+
+    #[tokio::test]
+    async fn memory_guards_conform() {
+        guards_conformance(Arc::new(crate::store::MemoryStore::default())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redb_guards_conform_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = Arc::new(crate::store::RedbStore::open(&path).unwrap());
+            guards_conformance(store).await;
+        }
+        let store = crate::store::RedbStore::open(&path).unwrap();
+        let c = [budget("tenant:t", 200, 1000)];
+        assert_eq!(
+            store.guards_look("x", &c, 30_001).await.unwrap().spent,
+            [Decimal::from(1000)],
+            "the count survives a restart"
+        );
+    }
+
+    /// Two gateways on one database share each budget exactly: ten takes
+    /// of 200 through two stores at once, five fit in 1,000.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_guards_conform_and_two_gateways_share_one_budget() {
+        use crate::store::PgStore;
+        let (_schema, config) = crate::store::tests::PgSchema::new().await;
+        let (store, _) = PgStore::connect(config.clone(), None, 4, "gw-a")
+            .await
+            .unwrap();
+        guards_conformance(Arc::new(store)).await;
+        let (a, _) = PgStore::connect(config.clone(), None, 4, "gw-a")
+            .await
+            .unwrap();
+        let (b, _) = PgStore::connect(config, None, 4, "gw-b").await.unwrap();
+        let stores: [Arc<dyn Store>; 2] = [Arc::new(a), Arc::new(b)];
+        let c = [budget("tenant:shared", 200, 1000)];
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..10 {
+            let store = stores[i % 2].clone();
+            let c = c.clone();
+            set.spawn(async move {
+                store
+                    .guards_take(&format!("s{i}"), &c, false, 40_000)
+                    .await
+                    .unwrap()
+                    .taken
+            });
+        }
+        let mut taken = 0;
+        while let Some(t) = set.join_next().await {
+            taken += usize::from(t.unwrap());
+        }
+        assert_eq!(taken, 5, "two gateways together fit five of ten");
+    }
+}
