@@ -62,6 +62,7 @@ fn main() {
             open_world: true,
         },
         definition_changed: false,
+        budgets: None,
         arguments: &args,
         digest: "sha256:00",
         resource_version: None,

@@ -102,6 +102,15 @@ pub(crate) enum Command {
         #[arg(long, value_name = "FILE")]
         append: Option<PathBuf>,
     },
+    /// Each budget's spending per principal or tenant in its window, and
+    /// each effect key's effects (through the gateway, in your tenants).
+    Budgets {
+        #[command(flatten)]
+        reviewer: ReviewerArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List proposals waiting for a decision.
     Pending {
         #[command(flatten)]

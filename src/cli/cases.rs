@@ -113,6 +113,7 @@ pub(crate) fn decide(policies: &crate::core::decision::Policies, c: &Case) -> De
         tool: &c.tool,
         annotations,
         definition_changed: c.definition_changed,
+        budgets: None,
         arguments: &arguments,
         digest: &digest,
         resource_version: None,

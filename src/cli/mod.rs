@@ -143,6 +143,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             tenants,
             append,
         } => crate::cli::review::keygen_command(&out, &name, &groups, &tenants, append.as_deref()),
+        Command::Budgets { reviewer, json } => {
+            crate::cli::review::budgets_command(&reviewer, json).await
+        }
         Command::Pending { reviewer, json } => {
             crate::cli::review::pending_command(&reviewer, json).await
         }

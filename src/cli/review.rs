@@ -216,6 +216,12 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
             legible::text(l)
         ));
     }
+    for g in p["guards"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "guard      {}\n",
+            legible::text(g.as_str().unwrap_or("?"))
+        ));
+    }
     if let Some(policies) = p["policies"].as_array().filter(|a| !a.is_empty()) {
         let names: Vec<String> = policies
             .iter()
@@ -421,6 +427,20 @@ pub(crate) async fn pending_command(
 ) -> anyhow::Result<ExitCode> {
     let c = client(&reviewer.gateway, &reviewer.key)?;
     print!("{}", pending(&c, json).await?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `countersign budgets`.
+pub(crate) async fn budgets_command(
+    reviewer: &ReviewerArgs,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let c = client(&reviewer.gateway, &reviewer.key)?;
+    let v = c.call(reqwest::Method::GET, "/v1/budgets", None).await?;
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(&v)?),
+        false => print!("{}", crate::enforce::guards::render_summary(&v)),
+    }
     Ok(ExitCode::SUCCESS)
 }
 

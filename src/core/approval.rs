@@ -505,6 +505,12 @@ pub struct Proposal {
     /// same UTS #39 skeleton), shown to reviewers beside the tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub looks_like: Option<String>,
+    /// The figures of the budgets and effect keys the call falls under
+    /// when it was held ("budget card-daily (principal:agent-7): spent 800
+    /// of 1,000 in 1d; this call 400; after it 1,200 (over the limit)",
+    /// "repeats an earlier call ..."), for the reviewer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guards: Vec<String>,
 }
 
 /// The person at the client answered a proposal (MCP elicitation, or a
@@ -968,8 +974,15 @@ pub fn summary(p: &Proposal) -> String {
             )
         })
         .unwrap_or_default();
+    // The budgets' and effect keys' figures, wherever the summary goes
+    // (notifications, the console, the question in the client).
+    let guards: String = p
+        .guards
+        .iter()
+        .map(|g| format!("; {}", legible::text(g)))
+        .collect();
     format!(
-        "{}{via} of {} wants {}/{}{alike} ({risk}) with {text}{}",
+        "{}{via} of {} wants {}/{}{alike} ({risk}) with {text}{}{guards}",
         legible::text(&p.requester),
         legible::text(&p.tenant),
         legible::text(&p.server),
@@ -999,6 +1012,9 @@ pub fn flags(p: &Value) -> Vec<String> {
     }
     if let Some(l) = p["looks_like"].as_str() {
         flags.push(format!("name looks like {}", super::legible::text(l)));
+    }
+    for g in p["guards"].as_array().into_iter().flatten() {
+        flags.push(super::legible::text(g.as_str().unwrap_or("?")).into_owned());
     }
     if let Some(progress) = p["progress"].as_str() {
         flags.push(super::legible::text(progress).into_owned());

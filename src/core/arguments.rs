@@ -254,6 +254,12 @@ fn decimal(text: String) -> RestrictedExpression {
     })
 }
 
+/// The Cedar decimal of a plain decimal's text, when it is one exactly
+/// (at most four fractional digits, within range).
+pub fn cedar_decimal(text: &str) -> Option<RestrictedExpression> {
+    as_decimal(text).map(decimal)
+}
+
 /// Largest magnitude of a Cedar decimal (i64 / 10^4).
 const DECIMAL_LIMIT: f64 = 922_337_203_685_477.0;
 

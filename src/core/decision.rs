@@ -919,6 +919,35 @@ pub struct Call<'a> {
     pub digest: &'a str,
     /// The resource version, when known.
     pub resource_version: Option<&'a str>,
+    /// The budgets the call falls under, as they stand with it
+    /// (`context.budgets.NAME`, DESIGN.md section 25).
+    pub budgets: Option<&'a [super::guard::Spending]>,
+}
+
+/// `context.budgets`: per budget `{ spent, after, limit, over }`, amounts
+/// as Cedar decimals (rounded to Cedar's four fractional digits; the hold
+/// itself is judged on the exact amounts).
+fn budgets_context(spending: &[super::guard::Spending]) -> Result<RestrictedExpression, String> {
+    let dec = |d: rust_decimal::Decimal| {
+        let text = d.round_dp(4).normalize().to_string();
+        super::arguments::cedar_decimal(&text)
+            .ok_or_else(|| format!("budget amount {text} is beyond a Cedar decimal's range"))
+    };
+    let mut out = Vec::with_capacity(spending.len());
+    for s in spending {
+        let record = RestrictedExpression::new_record([
+            ("spent".to_owned(), dec(s.spent)?),
+            ("after".to_owned(), dec(s.after())?),
+            ("limit".to_owned(), dec(s.limit)?),
+            (
+                "over".to_owned(),
+                RestrictedExpression::new_bool(s.passes()),
+            ),
+        ])
+        .map_err(|e| e.to_string())?;
+        out.push((s.name.clone(), record));
+    }
+    RestrictedExpression::new_record(out).map_err(|e| e.to_string())
 }
 
 /// The context of `Action::"call"` (and `confirm`): `{ arguments, tenant,
@@ -948,6 +977,9 @@ fn call_context(
             "resourceVersion".to_owned(),
             RestrictedExpression::new_string(v.to_owned()),
         ));
+    }
+    if let Some(b) = call.budgets.filter(|b| !b.is_empty()) {
+        pairs.push(("budgets".to_owned(), budgets_context(b)?));
     }
     Context::from_pairs(pairs).map_err(|e| e.to_string())
 }
@@ -1068,6 +1100,7 @@ mod tests {
             tool,
             annotations: ann,
             definition_changed: false,
+            budgets: None,
             arguments: &args,
             digest: "sha256:00",
             resource_version: None,
@@ -1224,6 +1257,7 @@ mod tests {
             tool: "get_balance",
             annotations: read(),
             definition_changed: false,
+            budgets: None,
             arguments: &args,
             digest: "sha256:00",
             resource_version: None,
@@ -1237,6 +1271,7 @@ mod tests {
             tool: "get_balance",
             annotations: read(),
             definition_changed: true,
+            budgets: None,
             arguments: &args,
             digest: "sha256:00",
             resource_version: None,
@@ -1394,6 +1429,7 @@ mod tests {
             tool: "charge_card",
             annotations: ann,
             definition_changed: changed,
+            budgets: None,
             arguments: &args,
             digest: "d",
             resource_version: None,
@@ -1425,6 +1461,7 @@ mod tests {
             tool: "close_account",
             annotations: ann,
             definition_changed: false,
+            budgets: None,
             arguments: &args,
             digest: "d",
             resource_version: None,
@@ -1479,6 +1516,7 @@ mod tests {
                 tool,
                 annotations: ann,
                 definition_changed: false,
+                budgets: None,
                 arguments: &args,
                 digest: "d",
                 resource_version: None,
@@ -1492,6 +1530,7 @@ mod tests {
             tool: "other_7",
             annotations: read(),
             definition_changed: false,
+            budgets: None,
             arguments: &args,
             digest: "d",
             resource_version: None,

@@ -23,6 +23,9 @@ pub enum Claim {
     Budget {
         /// The budget.
         name: String,
+        /// The requester's tenant (the budget of one tenant's principal is
+        /// not another tenant's).
+        tenant: String,
         /// `principal:NAME` or `tenant:NAME`.
         scope: String,
         /// What this call adds.
@@ -38,6 +41,9 @@ pub enum Claim {
     Effect {
         /// The effect key.
         name: String,
+        /// The requester's tenant (in the digest too: one tenant's effect
+        /// is not another's).
+        tenant: String,
         /// `sha256:` of the tool and the fields' values.
         digest: String,
         /// How long a dispatched effect stands, in ms.
@@ -52,6 +58,13 @@ impl Claim {
     pub fn name(&self) -> &str {
         match self {
             Claim::Budget { name, .. } | Claim::Effect { name, .. } => name,
+        }
+    }
+
+    /// The requester's tenant.
+    pub fn tenant(&self) -> &str {
+        match self {
+            Claim::Budget { tenant, .. } | Claim::Effect { tenant, .. } => tenant,
         }
     }
 
@@ -184,6 +197,42 @@ impl Figures {
     }
 }
 
+/// A call a guard refuses (`over = "deny"`, `repeat = "deny"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `budget_exceeded` or `effect_repeated`.
+    pub code: &'static str,
+    /// What the agent and the log are told: the figures.
+    pub sentences: Vec<String>,
+}
+
+impl Figures {
+    /// The refusal, when a guard that denies stops the call.
+    pub fn refusal(&self) -> Option<Refusal> {
+        let budgets: Vec<String> = self
+            .spending
+            .iter()
+            .filter(|s| s.passes() && s.over == Over::Deny)
+            .map(Spending::sentence)
+            .collect();
+        let repeats: Vec<String> = self
+            .repeats
+            .iter()
+            .filter(|r| r.repeat == Over::Deny)
+            .map(Repeat::sentence)
+            .collect();
+        let code = match (budgets.is_empty(), repeats.is_empty()) {
+            (true, true) => return None,
+            (false, _) => "budget_exceeded",
+            (true, false) => "effect_repeated",
+        };
+        Some(Refusal {
+            code,
+            sentences: budgets.into_iter().chain(repeats).collect(),
+        })
+    }
+}
+
 /// The guards `config` puts on a call of `server`/`tool` by `who` with
 /// canonical `arguments`. A budget whose amount is missing or not a number
 /// is an error the caller refuses the call with: counting it as 0 would let
@@ -221,6 +270,7 @@ pub fn claims(
         };
         out.push(Claim::Budget {
             name: b.name.clone(),
+            tenant: who.tenant.clone(),
             scope,
             amount,
             limit: b.limit,
@@ -238,15 +288,19 @@ pub fn claims(
             .iter()
             .map(|p| arguments.pointer(p).cloned().unwrap_or(Value::Null))
             .collect();
-        // The effect is the tool and the fields' values: the same values
-        // sent to another tool are another effect.
-        let text = super::canonical::jcs(&serde_json::json!([name, server, tool, values]));
+        // The effect is the tenant, the tool and the fields' values: the
+        // same values sent to another tool, or by another tenant, are
+        // another effect; by another principal or session of the tenant,
+        // the same.
+        let text =
+            super::canonical::jcs(&serde_json::json!([name, who.tenant, server, tool, values]));
         let digest = {
             use sha2::Digest;
             super::canonical::sha256_text(&sha2::Sha256::digest(text.as_bytes()).into())
         };
         out.push(Claim::Effect {
             name,
+            tenant: who.tenant.clone(),
             digest,
             window_ms: super::time::ms(e.window),
             repeat: e.repeat,

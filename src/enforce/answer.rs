@@ -29,6 +29,10 @@ pub mod codes {
     pub const REMAP_REJECTED: &str = "remap_rejected";
     /// The policies deny the call.
     pub const POLICY_DENIED: &str = "policy_denied";
+    /// A budget refuses the call: it would pass its limit.
+    pub const BUDGET_EXCEEDED: &str = "budget_exceeded";
+    /// An effect key refuses the call: it repeats one made within its window.
+    pub const EFFECT_REPEATED: &str = "effect_repeated";
     /// The call waits for a human approval.
     pub const APPROVAL_PENDING: &str = "approval_pending";
     /// A reviewer denied the call.
@@ -188,6 +192,7 @@ pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
             Outcome::NotDispatched => codes::UPSTREAM_UNAVAILABLE,
             Outcome::Ask(_) => codes::INPUT_REQUIRED,
             Outcome::Confirmation(r) => confirm_code(r.code),
+            Outcome::Guarded(r) => guard_code(r.code),
         },
         CallOutcome::ToolUnavailable { .. } => codes::TOOL_UNAVAILABLE,
         CallOutcome::DelegationUnavailable { .. } => codes::DELEGATION_UNAVAILABLE,
@@ -197,6 +202,13 @@ pub fn code_of(outcome: &CallOutcome) -> Option<&'static str> {
         CallOutcome::Failed(e) if e.dispatched() => codes::OUTCOME_UNKNOWN,
         CallOutcome::Failed(_) => codes::UPSTREAM_UNAVAILABLE,
     })
+}
+
+fn guard_code(code: &str) -> &'static str {
+    match code {
+        codes::BUDGET_EXCEEDED => codes::BUDGET_EXCEEDED,
+        _ => codes::EFFECT_REPEATED,
+    }
 }
 
 fn confirm_code(code: ConfirmCode) -> &'static str {
@@ -769,6 +781,30 @@ fn refusal(id: Value, outcome: Outcome, key: &str, tool: &str, shape: Shape) -> 
             shape,
         ),
         Outcome::Ask(q) => input_required(id, &q),
+        Outcome::Guarded(r) => {
+            let advice = match r.code {
+                codes::BUDGET_EXCEEDED => {
+                    "Do not retry it: it would pass the budget again. A person can run it, or wait until earlier spending leaves the window."
+                }
+                _ => {
+                    "Do not retry it under another key or session: countersign recognises the same effect. Check whether the earlier call did what was needed."
+                }
+            };
+            let mut details = details;
+            if let Some(o) = details.as_object_mut() {
+                o.insert("guards".into(), json!(r.sentences));
+            }
+            tool_error(
+                id,
+                guard_code(r.code),
+                &format!(
+                    "Refused, nothing was run: {}. {advice}",
+                    r.sentences.join("; ")
+                ),
+                details,
+                shape,
+            )
+        }
         Outcome::Confirmation(r) => {
             let advice = match r.code {
                 ConfirmCode::Used => {

@@ -69,6 +69,8 @@ pub struct Ask<'a> {
     pub definition_change: Option<DefinitionChange>,
     /// Another listed tool whose name this one's looks like.
     pub looks_like: Option<String>,
+    /// The budgets' and effect keys' figures, for the reviewer.
+    pub guards: Vec<String>,
     /// Risk from the effective annotations.
     pub risk: Risk,
     /// The policies that asked for approval.
@@ -725,7 +727,7 @@ impl Book {
                 proposal_id: p.id.clone(),
                 changes: approval::diff(&p.arguments, ask.arguments),
             });
-        let p = Proposal {
+        let mut p = Proposal {
             id: format!("p-{:016x}", rand::random::<u64>()),
             state: ProposalState::Pending,
             created_ms: now,
@@ -758,8 +760,8 @@ impl Book {
             trace: ask.trace.clone(),
             withdrawn: Vec::new(),
             looks_like: ask.looks_like.clone(),
+            guards: ask.guards.clone(),
         };
-        let mut p = p;
         if !self.write(&mut p, None).await? {
             return Err(StoreError::Collision(p.id.clone()));
         }

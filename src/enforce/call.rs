@@ -296,6 +296,7 @@ pub(crate) fn facts<'b, U>(c: &'b Call<'b, U>) -> decision::Call<'b> {
         tool: &c.call.tool,
         annotations: c.annotations,
         definition_changed: c.tool.changed,
+        budgets: None,
         arguments: &c.call.arguments,
         digest: &c.call.digest,
         resource_version: explicit_version(c.call),

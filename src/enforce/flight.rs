@@ -90,6 +90,8 @@ pub enum Outcome {
     Ask(Box<Question>),
     /// The client's answer (its `requestState`) is refused. Nothing ran.
     Confirmation(ConfirmRefusal),
+    /// A budget or an effect key refuses the call. Nothing ran.
+    Guarded(Box<crate::core::guard::Refusal>),
 }
 
 /// A question to the person at the client, as a 2026-07-28 `input_required`
@@ -424,6 +426,7 @@ impl Lead {
                     flight: self.flight.clone(),
                     dispatched: false,
                     finished: false,
+                    guarded: false,
                 })))
             }
             Ok(Reservation::Unapproved(state)) => Ok(Reserve::Lost(self, state)),
@@ -468,9 +471,22 @@ pub struct Ticket {
     flight: Arc<Flight>,
     dispatched: bool,
     finished: bool,
+    /// The call took guards (budgets, effect keys) under its key: a call
+    /// proven not sent gives them back.
+    guarded: bool,
 }
 
 impl Ticket {
+    /// The ledger key the ticket holds.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The call took guards under its key (see [`Ticket::not_dispatched`]).
+    pub fn guarded(&mut self) {
+        self.guarded = true;
+    }
+
     /// `reserved → dispatched`, durably, before anything goes upstream.
     pub async fn dispatch(&mut self) -> Result<(), StoreError> {
         self.dispatch_with(None).await
@@ -525,6 +541,14 @@ impl Ticket {
 
     /// Proven not sent (or refused unprocessed): the key is free again.
     pub async fn not_dispatched(mut self) {
+        if self.guarded {
+            // Not sent, not spent: its budget share and effect go back. A
+            // release lost here (the store down) counts a call that did
+            // not run: the safe side.
+            if let Err(e) = self.svc.store.guards_release(&self.key).await {
+                tracing::warn!(key = %self.key, "a call not sent keeps its budget share until its window ends: {e}");
+            }
+        }
         let mut next = self.record.clone();
         next.state = State::NotDispatched;
         // Left `reserved` on a failure: recovery frees it.

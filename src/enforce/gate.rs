@@ -58,6 +58,8 @@ pub(crate) struct Gate {
     /// True once the gateway stops: held calls answer at once.
     pub(crate) draining: watch::Receiver<bool>,
     pub(crate) audit: Option<Arc<dyn AuditSink>>,
+    /// Budgets and effect keys.
+    pub(crate) guards: Arc<super::guards::Guarding>,
 }
 
 impl Gate {
@@ -81,6 +83,7 @@ impl Gate {
         &self,
         c: &Call<'_, U>,
         lost: Option<ProposalState>,
+        claims: &[crate::core::guard::Claim],
     ) -> Chosen {
         if let Some(state) = lost {
             tracing::debug!(lost = state.as_str(), "looking for an approval again");
@@ -105,12 +108,62 @@ impl Gate {
             if tool.unavailable {
                 return Chosen::Refuse(Outcome::NotDispatched);
             }
-            // Revalidation right before execution: the policies in force now.
-            let policies = match self.judge.decide(c) {
-                Decision::Allow { .. } => return Chosen::Pass,
-                Decision::Deny { .. } => return Chosen::Refuse(Outcome::Denied),
-                Decision::Approval { policies } => policies,
+            // The budgets and effect keys it falls under, as they stand now
+            // (read again at every look: a held call's figures move).
+            let looked = match claims.is_empty() {
+                true => None,
+                false => match self.guards.look(c, claims).await {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        tracing::error!("guards unavailable, refusing: {e}");
+                        return Chosen::Refuse(Outcome::NotDispatched);
+                    }
+                },
             };
+            let figures = looked.as_ref();
+            // A guard that denies refuses the call whatever the policies say.
+            if let Some(refusal) = figures.and_then(crate::core::guard::Figures::refusal) {
+                for (name, _) in figures.map(|f| f.stopped()).unwrap_or_default() {
+                    self.guards.metrics.guard_stop(&name, "refused");
+                }
+                c.trail.record(
+                    "rejected",
+                    vec![
+                        ("reason", json!(refusal.code)),
+                        ("guards", json!(refusal.sentences)),
+                        (
+                            "budgets",
+                            super::guards::budgets_json(
+                                &figures.map(|f| f.spending.clone()).unwrap_or_default(),
+                            ),
+                        ),
+                    ],
+                );
+                return Chosen::Refuse(Outcome::Guarded(Box::new(refusal)));
+            }
+            let stopped: Vec<String> = figures
+                .map(|f| f.stopped().into_iter().map(|(name, _)| name).collect())
+                .unwrap_or_default();
+            // Revalidation right before execution: the policies in force now.
+            let spending = figures.map(|f| f.spending.as_slice());
+            let policies = match self.judge.decide_with(c, spending) {
+                Decision::Allow { .. } if stopped.is_empty() => return Chosen::Pass,
+                // Past a budget or repeating an effect: a person decides,
+                // and the guards stand where the policies would.
+                Decision::Allow { .. } => stopped,
+                Decision::Deny { .. } => return Chosen::Refuse(Outcome::Denied),
+                Decision::Approval { mut policies } => {
+                    policies.extend(stopped);
+                    policies
+                }
+            };
+            if let Some(f) = figures.filter(|f| !f.stopped().is_empty()) {
+                if waiting.is_none() {
+                    for (name, _) in f.stopped() {
+                        self.guards.metrics.guard_stop(&name, "held");
+                    }
+                }
+            }
             let quorum = self.judge.policies().quorum(&policies);
             // Subscribed before the first look, so a decision made between
             // the look and the wait is not missed.
@@ -144,6 +197,9 @@ impl Gate {
                 tool_definition: tool.digest.as_deref(),
                 definition_change: self.learner.catalog().change_of(c.ctx.server, &c.call.tool),
                 looks_like: tool.lookalike.clone(),
+                guards: figures
+                    .map(crate::core::guard::Figures::sentences)
+                    .unwrap_or_default(),
                 risk: risk(c.annotations),
                 policies: &policies,
                 quorum: &quorum,

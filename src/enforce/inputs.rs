@@ -88,6 +88,7 @@ impl Inputs {
                 open_world: self.open_world,
             },
             definition_changed: self.definition_changed,
+            budgets: None,
             arguments: &self.arguments,
             digest: &self.call_digest,
             resource_version: self.resource_version.as_deref(),

@@ -72,6 +72,16 @@ impl Judge {
     /// now; the determining policies go to the log and the audit trail,
     /// never to the agent.
     pub(crate) fn decide<U>(&self, c: &Call<'_, U>) -> Decision {
+        self.decide_with(c, None)
+    }
+
+    /// [`Judge::decide`] with the budgets the call falls under, as Cedar's
+    /// `context.budgets` (DESIGN.md section 25).
+    pub(crate) fn decide_with<U>(
+        &self,
+        c: &Call<'_, U>,
+        budgets: Option<&[crate::core::guard::Spending]>,
+    ) -> Decision {
         let server = c.ctx.server;
         let who = &c.ctx.caller.identity;
         let span = crate::telemetry::stage!(
@@ -82,7 +92,8 @@ impl Judge {
         let _in_span = span.enter();
         let started = Instant::now();
         let in_force = self.policies();
-        let facts = facts(c);
+        let mut facts = facts(c);
+        facts.budgets = budgets;
         let decision = in_force.decide(&facts);
         self.metrics.decision(started.elapsed());
         if !span.is_none() {

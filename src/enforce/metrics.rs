@@ -18,6 +18,9 @@
 //! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
 //! | `countersign_runtime_tasks` | gauge | |
 //! | `countersign_shadow_disagreements_total` | counter | `server`, `tool`, `from`, `to` (`allow`, `approval`, `deny`) |
+//! | `countersign_guard_stops_total` | counter | `guard` (`budget/NAME`, `effect_key/NAME`), `result` (`held`, `refused`, `raced`) |
+//! | `countersign_budget_spent_total` | counter (amounts, exact to a float) | `budget` |
+//! | `countersign_budget_limit` | gauge | `budget` |
 //! | `countersign_refusals_total` | counter | `what` (`tool_call_without_id`, `tool_call_lookalike`, `notification_method`, `malformed`, `origin`, `token`, `control`, `control_replay`, `rate_limited`, `body_timeout`, ...) |
 //!
 //! `outcome` is `ok` (the server's answer relayed), `replayed`, `joined`,
@@ -69,7 +72,12 @@ pub struct Metrics {
     shadow: Family<ShadowLabels, Counter>,
     tasks: Gauge,
     mcp_tasks: Family<OpLabels, Counter>,
+    guard_stops: Family<CircuitLabels, Counter>,
+    budget_spent: Family<NameLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
+    budget_limit: Family<NameLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
+
+type NameLabel = [(&'static str, String); 1];
 
 /// What the scrape reads at the time of the scrape.
 pub struct Sampled {
@@ -200,7 +208,29 @@ impl Metrics {
             "MCP tasks, by event: created, joined, claimed, cancelled, relayed (a server's own task), and how each held call's task ended (approved-executed, denied-not-executed, execution-error, outcome-unknown)",
             mcp_tasks.clone(),
         );
+        let guard_stops = Family::<CircuitLabels, Counter>::default();
+        registry.register(
+            "guard_stops",
+            "Calls a budget or an effect key stopped: held for a reviewer, refused, or raced (another call took the last of a budget first, and this one was decided again)",
+            guard_stops.clone(),
+        );
+        let budget_spent =
+            Family::<NameLabel, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "budget_spent",
+            "Amounts counted against each budget by this gateway since it started (`countersign budgets` reads the windows)",
+            budget_spent.clone(),
+        );
+        let budget_limit = Family::<NameLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "budget_limit",
+            "Each budget's limit per window",
+            budget_limit.clone(),
+        );
         Metrics {
+            guard_stops,
+            budget_spent,
+            budget_limit,
             tasks,
             mcp_tasks,
             shadow,
@@ -236,6 +266,20 @@ impl Metrics {
     /// An MCP task of a held call: `event` is one of a fixed set of labels.
     pub fn task(&self, event: &'static str) {
         self.mcp_tasks.get_or_create(&[("event", event)]).inc();
+    }
+
+    /// Guard `guard` stopped a call: `held`, `refused` or `raced`.
+    pub fn guard_stop(&self, guard: &str, result: &'static str) {
+        self.guard_stops
+            .get_or_create(&[("guard", guard.to_owned()), ("result", result.to_owned())])
+            .inc();
+    }
+
+    /// A call counted `amount` against budget `name` (limit `limit`).
+    pub fn budget_counted(&self, name: &str, amount: f64, limit: f64) {
+        let label = [("budget", name.to_owned())];
+        self.budget_spent.get_or_create(&label).inc_by(amount);
+        self.budget_limit.get_or_create(&label).set(limit);
     }
 
     /// A front refused something before it reached the pipeline or an

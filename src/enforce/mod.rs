@@ -39,6 +39,7 @@ pub(crate) mod call;
 pub mod client;
 pub mod flight;
 pub(crate) mod gate;
+pub mod guards;
 pub mod inputs;
 pub(crate) mod judge;
 pub(crate) mod learn;

@@ -135,6 +135,12 @@ impl Pipeline {
             flights.clone(),
             breakers.clone(),
         ));
+        let guards = Arc::new(super::guards::Guarding {
+            config: config.clone(),
+            store: store.clone(),
+            metrics: metrics.clone(),
+            clock: clock.clone(),
+        });
         let learner = Arc::new(
             Learner::new(config.clone(), store, audit.clone(), clock.clone())
                 .announcing(announcer.clone()),
@@ -156,6 +162,7 @@ impl Pipeline {
             asker: asker.clone(),
             draining: draining.subscribe(),
             audit: audit.clone(),
+            guards,
         };
         let writes = Writes {
             config: config.clone(),
@@ -463,8 +470,11 @@ impl Pipeline {
         if !annotations.read_only || explicit {
             return Box::pin(self.writes.write(&c)).await;
         }
+        // A read under a budget or an effect key is counted like a write:
+        // through the ledger, with a key.
+        let guarded = self.writes.gate.guards.covers(ctx.server, &call.tool);
         let decision = self.judge.decide(&c);
-        if let Decision::Allow { .. } = decision {
+        if let (Decision::Allow { .. }, false) = (&decision, guarded) {
             return self.reads.read(&c).await;
         }
         // Held or denied: the read has a key from now on.

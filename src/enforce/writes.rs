@@ -22,12 +22,14 @@ use super::flight::{
     follow, Idempotency, Lead, Lookup, Outcome, Reserve, Settled, Ticket, GATE_ROUNDS,
 };
 use super::gate::{Chosen, Gate};
+use super::guards::NotTaken;
 use super::metrics::Metrics;
 use super::outcome::CallOutcome;
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
 use super::reads::Reads;
 use super::upstream::UpstreamError;
 use crate::core::config::Config;
+use crate::core::guard::Claim;
 use crate::core::recovery::{classify_response, ResponseClass};
 use crate::core::time::Clock;
 
@@ -38,6 +40,9 @@ enum Stop {
     /// Another process sharing the store leads the key: wait for its record
     /// to settle, then look again.
     Elsewhere,
+    /// Another call took the last of a budget (or made the effect) first:
+    /// the key is free again; look again, and decide on the new figures.
+    Again,
 }
 
 /// What the write path runs a call through (built by the pipeline).
@@ -125,9 +130,24 @@ impl Writes {
         if !c.annotations.read_only {
             self.reads.refuse_cache(c.ctx.server, &c.call.tool);
         }
+        // The budgets and effect keys the call falls under; an amount that
+        // is missing or not a number is refused before anything is kept.
+        let claims = match self.gate.guards.covers(c.ctx.server, &c.call.tool) {
+            false => Vec::new(),
+            true => match self.gate.guards.claims(c) {
+                Ok(claims) => claims,
+                Err(why) => {
+                    c.trail.record(
+                        "rejected",
+                        vec![("reason", json!("invalid_params")), ("detail", json!(why))],
+                    );
+                    return CallOutcome::Invalid(why);
+                }
+            },
+        };
         let mut attempt = 1;
         loop {
-            let result = self.write_once(c).await;
+            let result = self.write_once(c, &claims).await;
             if let Some(done) =
                 next_attempt(&self.config.retry, c.ctx.server, result, &mut attempt).await
             {
@@ -137,7 +157,7 @@ impl Writes {
     }
 
     /// One attempt through the ledger.
-    async fn write_once<U: Upstream>(&self, c: &Call<'_, U>) -> Attempt {
+    async fn write_once<U: Upstream>(&self, c: &Call<'_, U>, claims: &[Claim]) -> Attempt {
         // The breaker's fast check, before anything is reserved.
         if self.breakers.is_open(c.ctx.server) {
             return Attempt::Done(open_circuit(c));
@@ -148,6 +168,7 @@ impl Writes {
         // settle.
         let deadline =
             Instant::now() + self.config.call_timeout(c.ctx.server) + Duration::from_secs(5);
+        let mut raced = 0;
         loop {
             // Subscribed before the read, so a settlement between the read
             // and the wait is not missed.
@@ -159,10 +180,18 @@ impl Writes {
                     Ok(()) => continue,
                     Err(done) => return Attempt::Done(done),
                 },
+                Err(Stop::Again) => continue,
             };
-            let ticket = match self.reserve(c, lead).await {
+            let ticket = match self.reserve(c, lead, claims).await {
                 Ok(t) => t,
                 Err(Stop::Done(done)) => return Attempt::Done(done),
+                // Bounded: a call that keeps losing the last of a budget
+                // fails closed.
+                Err(Stop::Again) if raced < GATE_ROUNDS => {
+                    raced += 1;
+                    continue;
+                }
+                Err(Stop::Again) => return Attempt::Done(refused(c, Outcome::NotDispatched)),
                 Err(Stop::Elsewhere) => match self.wait_elsewhere(c, changes, deadline).await {
                     Ok(()) => continue,
                     Err(done) => return Attempt::Done(done),
@@ -313,10 +342,11 @@ impl Writes {
         &self,
         c: &Call<'_, U>,
         mut lead: Lead,
+        claims: &[Claim],
     ) -> Result<Box<Ticket>, Stop> {
         let mut lost = None;
         for _ in 0..GATE_ROUNDS {
-            let (proposal, approval) = match self.gate.choose(c, lost).await {
+            let (proposal, approval) = match self.gate.choose(c, lost, claims).await {
                 Chosen::Pass => (None, Value::Null),
                 Chosen::Consume { proposal, approval } => (Some(proposal), approval),
                 Chosen::Refuse(why) => {
@@ -348,7 +378,28 @@ impl Writes {
             }
             match reserved {
                 Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
-                Ok(Reserve::Go(ticket)) => {
+                Ok(Reserve::Go(mut ticket)) => {
+                    // The guards, atomically, before anything is dispatched:
+                    // an approved call may go over.
+                    if !claims.is_empty() {
+                        let taken = self
+                            .gate
+                            .guards
+                            .take(c, claims, &mut ticket, proposal.is_some())
+                            .await;
+                        match taken {
+                            Ok(()) => {}
+                            Err(NotTaken::Raced) => {
+                                tracing::info!(tool = %c.call.tool, "another call took the last of a budget first: deciding again");
+                                ticket.not_dispatched().await;
+                                return Err(Stop::Again);
+                            }
+                            Err(NotTaken::Store(e)) => {
+                                ticket.not_dispatched().await;
+                                return Err(Stop::Done(ledger_unavailable(c, e)));
+                            }
+                        }
+                    }
                     if let Some(proposal) = proposal {
                         let reviewer = match approval.get("confirmation") {
                             Some(conf) => format!(

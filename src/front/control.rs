@@ -48,6 +48,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/proposals/{id}/decision", post(decide))
         .route("/v1/proposals/{id}/withdraw", post(withdraw))
         .route("/v1/outcomes", get(outcomes))
+        .route("/v1/budgets", get(budgets))
         .route("/v1/outcomes/reconcile", post(reconcile))
         .route("/v1/events", get(events))
         .route("/v1/audit", get(audit_tail))
@@ -431,6 +432,7 @@ pub(crate) async fn decide_with(
             tool: &p.tool,
             annotations: tool.annotations,
             definition_changed: tool.changed,
+            budgets: None,
             arguments: &p.arguments,
             digest: &p.call_digest,
             resource_version: p.resource_version.as_deref(),
@@ -568,6 +570,31 @@ async fn outcomes(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signe
                     "created_at": rfc3339(r.created_ms),
                 }))
                 .collect::<Vec<_>>()
+        })),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
+    }
+}
+
+/// `GET /v1/budgets`: each budget's spending and each effect key's
+/// effects in their windows, in the reviewer's tenants.
+async fn budgets(State(gw): State<Arc<Gateway>>, Signed { reviewer, .. }: Signed) -> Response {
+    let config = gw.config();
+    let now = crate::core::time::now_ms();
+    let longest = config
+        .budgets
+        .iter()
+        .map(|b| b.window)
+        .chain(config.effect_keys.iter().map(|e| e.window))
+        .max()
+        .unwrap_or_default();
+    match gw
+        .pipeline()
+        .store()
+        .guards_rows(now - crate::core::time::ms(longest))
+        .await
+    {
+        Ok(rows) => ok(crate::enforce::guards::summary(config, &rows, now, |t| {
+            reviewer.covers(t)
         })),
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
     }

@@ -27,6 +27,8 @@ pub struct GuardRow {
     pub kind: String,
     /// The guard's name.
     pub name: String,
+    /// The requester's tenant.
+    pub tenant: String,
     /// A budget's scope (`principal:NAME`, `tenant:NAME`) or an effect's
     /// digest.
     pub scope: String,
@@ -130,13 +132,13 @@ pub(crate) fn group(claim: &Claim) -> String {
         Claim::Budget { scope, .. } => ("budget", scope.as_str()),
         Claim::Effect { digest, .. } => ("effect", digest.as_str()),
     };
-    group_of(kind, claim.name(), scope)
+    group_of(kind, claim.name(), claim.tenant(), scope)
 }
 
-fn group_of(kind: &str, name: &str, scope: &str) -> String {
+fn group_of(kind: &str, name: &str, tenant: &str, scope: &str) -> String {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
-    for part in [kind, name, scope] {
+    for part in [kind, name, tenant, scope] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
@@ -155,20 +157,28 @@ pub(crate) fn row(claim: &Claim, key: &str, now_ms: i64) -> GuardRow {
     match claim {
         Claim::Budget {
             name,
+            tenant,
             scope,
             amount,
             ..
         } => GuardRow {
             kind: "budget".into(),
             name: name.clone(),
+            tenant: tenant.clone(),
             scope: scope.clone(),
             key: key.into(),
             amount: amount.to_string(),
             at_ms: now_ms,
         },
-        Claim::Effect { name, digest, .. } => GuardRow {
+        Claim::Effect {
+            name,
+            tenant,
+            digest,
+            ..
+        } => GuardRow {
             kind: "effect".into(),
             name: name.clone(),
+            tenant: tenant.clone(),
             scope: digest.clone(),
             key: key.into(),
             amount: "0".into(),
@@ -334,6 +344,7 @@ pub(crate) mod tests {
     pub(crate) fn budget(scope: &str, amount: i64, limit: i64) -> Claim {
         Claim::Budget {
             name: "card".into(),
+            tenant: "acme".into(),
             scope: scope.into(),
             amount: Decimal::from(amount),
             limit: Decimal::from(limit),
@@ -345,6 +356,7 @@ pub(crate) mod tests {
     pub(crate) fn effect(digest: &str) -> Claim {
         Claim::Effect {
             name: "once".into(),
+            tenant: "acme".into(),
             digest: digest.into(),
             window_ms: 1000,
             repeat: Over::Deny,

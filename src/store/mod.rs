@@ -738,6 +738,7 @@ pub(crate) mod tests {
             trace: None,
             withdrawn: Vec::new(),
             looks_like: None,
+            guards: vec![],
         }
     }
 

@@ -320,6 +320,14 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
             Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
         )));
     }
+    for g in p["guards"].as_array().into_iter().flatten() {
+        lines.push(Line::from(Span::styled(
+            legible::text(g.as_str().unwrap_or("?")).into_owned(),
+            Style::default()
+                .fg(Color::Yellow)
+                .add_modifier(Modifier::BOLD),
+        )));
+    }
     if let Some(d) = p.get("definition_change").filter(|d| !d.is_null()) {
         lines.push(Line::from(Span::styled(
             format!(

@@ -46,6 +46,7 @@ fn proposal() -> Proposal {
         trace: None,
         withdrawn: Vec::new(),
         looks_like: None,
+        guards: vec![],
     }
 }
 

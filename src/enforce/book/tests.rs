@@ -167,6 +167,7 @@ fn pending(quorum: Quorum) -> Proposal {
         trace: None,
         withdrawn: Vec::new(),
         looks_like: None,
+        guards: vec![],
     }
 }
 

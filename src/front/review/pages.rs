@@ -301,6 +301,9 @@ pub(crate) async fn proposal(
                 @if let Some(l) = &p.looks_like {
                     p class="warning" { "This tool's name only looks like " code { (legible::text(l)) } ", another tool of this server. It is not that tool." }
                 }
+                @for g in &p.guards {
+                    p class="warning" data-role="guard" { (legible::visible(g)) }
+                }
                 dl {
                     dt { "State" } dd { (p.state.as_str()) }
                     dt { "Requester" } dd { (requester(&p)) " (tenant " (legible::text(&p.tenant)) ")" }

@@ -113,12 +113,13 @@ pub(super) async fn take(
         for c in claims {
             let r = row(c, key, now_ms);
             txn.execute(
-                "INSERT INTO guards (grp, kind, name, scope, key, amount, at_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6::text::numeric, $7) ON CONFLICT DO NOTHING",
+                "INSERT INTO guards (grp, kind, name, tenant, scope, key, amount, at_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8) ON CONFLICT DO NOTHING",
                 &[
                     &group(c),
                     &r.kind,
                     &r.name,
+                    &r.tenant,
                     &r.scope,
                     &r.key,
                     &r.amount,
@@ -146,7 +147,7 @@ pub(super) async fn rows(store: &PgStore, since_ms: i64) -> Result<Vec<GuardRow>
     let client = store.client().await?;
     let rows = client
         .query(
-            "SELECT kind, name, scope, key, amount::text, at_ms FROM guards
+            "SELECT kind, name, tenant, scope, key, amount::text, at_ms FROM guards
               WHERE at_ms >= $1 ORDER BY at_ms",
             &[&since_ms],
         )
@@ -157,10 +158,11 @@ pub(super) async fn rows(store: &PgStore, since_ms: i64) -> Result<Vec<GuardRow>
         .map(|r| GuardRow {
             kind: r.get(0),
             name: r.get(1),
-            scope: r.get(2),
-            key: r.get(3),
-            amount: r.get(4),
-            at_ms: r.get(5),
+            tenant: r.get(2),
+            scope: r.get(3),
+            key: r.get(4),
+            amount: r.get(5),
+            at_ms: r.get(6),
         })
         .collect())
 }

@@ -132,6 +132,7 @@ pub const MIGRATIONS: &[&str] = &[
         grp text NOT NULL,
         kind text NOT NULL,
         name text NOT NULL,
+        tenant text NOT NULL,
         scope text NOT NULL,
         key text NOT NULL,
         amount numeric NOT NULL,
