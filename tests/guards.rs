@@ -38,6 +38,11 @@ struct Guarded {
 }
 
 fn policy_dir() -> (tempfile::TempDir, PathBuf) {
+    policy_dir_with("")
+}
+
+/// The policy folder, with `more` policies besides [`POLICIES`].
+fn policy_dir_with(more: &str) -> (tempfile::TempDir, PathBuf) {
     let pdir = tempfile::tempdir().unwrap();
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
     std::fs::copy(
@@ -45,7 +50,11 @@ fn policy_dir() -> (tempfile::TempDir, PathBuf) {
         pdir.path().join("schema.cedarschema"),
     )
     .unwrap();
-    std::fs::write(pdir.path().join("default.cedar"), POLICIES).unwrap();
+    std::fs::write(
+        pdir.path().join("default.cedar"),
+        format!("{POLICIES}{more}"),
+    )
+    .unwrap();
     let key = pdir.path().join("alice.key");
     let out = std::process::Command::new(common::countersign_bin())
         .args(["keygen", "--name", "alice", "--out"])
@@ -62,16 +71,16 @@ fn policy_dir() -> (tempfile::TempDir, PathBuf) {
 
 impl Guarded {
     fn start(extra: &str) -> Guarded {
-        Guarded::start_with(extra, |o| o)
+        Guarded::start_with(extra, "")
     }
 
-    fn start_with(extra: &str, more: impl FnOnce(common::Options) -> common::Options) -> Guarded {
-        let (pdir, key) = policy_dir();
-        let gw = common::Gateway::start_with(more(common::Options {
+    fn start_with(extra: &str, policies: &str) -> Guarded {
+        let (pdir, key) = policy_dir_with(policies);
+        let gw = common::Gateway::start_with(common::Options {
             policies: Some(pdir.path().to_owned()),
             extra: extra.into(),
             ..Default::default()
-        }));
+        });
         Guarded {
             gw,
             _pdir: pdir,
@@ -315,6 +324,30 @@ limit = 500
     let fits = charge(&c, 6, 300, Some("after-window")).await;
     assert!(ran(&fits), "{fits:?}");
     assert_eq!(g.gw.executions("charge_card"), 2);
+}
+
+/// Cedar sees `context.budgets`: a policy refuses a call that would take
+/// the budget past twice its limit, where the budget alone would hold it.
+#[tokio::test]
+async fn policies_see_the_budget_and_can_refuse_past_twice_its_limit() {
+    let g = Guarded::start_with(
+        CARD_BUDGET,
+        r#"
+@id("twice-the-budget")
+forbid (principal, action == Action::"call", resource)
+when {
+  context has budgets && context.budgets has "card-daily" &&
+  context.budgets["card-daily"].after.greaterThan(decimal("2000.0"))
+};
+"#,
+    );
+    let c = g.client(common::TOKEN).await;
+    assert!(ran(&charge(&c, 1, 500, Some("a")).await));
+    let held = charge(&c, 2, 1400, Some("b")).await;
+    assert_eq!(code(&held), "approval_pending", "{held:?}");
+    let denied = charge(&c, 3, 1600, Some("c")).await;
+    assert_eq!(code(&denied), "policy_denied", "{denied:?}");
+    assert_eq!(g.gw.executions("charge_card"), 1);
 }
 
 const ONCE: &str = r#"
