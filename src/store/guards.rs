@@ -197,22 +197,102 @@ pub(crate) fn amount(row: &GuardRow) -> Result<Decimal, StoreError> {
 
 /// A sorted table of guard rows (redb's, memory's).
 pub(crate) trait Table {
-    /// Every row whose table key starts with `prefix`, in order.
-    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError>;
+    /// Every row whose table key is in `from..to`, in order.
+    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError>;
+    /// One row.
+    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError>;
     /// Write a row.
     fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError>;
     /// Remove a row.
     fn delete(&mut self, key: &str) -> Result<(), StoreError>;
+
+    /// Every row whose table key starts with `prefix` (ASCII), in order.
+    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
+        self.range(prefix, &format!("{prefix}\u{10ffff}"))
+    }
 }
 
-/// Table keys: `g GROUP AT KEY` for the rows, `k KEY\x1f ROWKEY` for the
-/// index by ledger key.
+/// Table keys: `g GROUP AT KEY` for the rows (a group's rows in time
+/// order), `a GROUP` for the sum of a group's rows kept (so a budget's
+/// spending is read without adding up its window), `k KEY\x1f ROWKEY` for
+/// the index by ledger key.
 fn row_key(group: &str, at_ms: i64, key: &str) -> String {
     format!("g{group}{at_ms:020}{key}")
 }
 
+fn sum_key(group: &str) -> String {
+    format!("a{group}")
+}
+
 fn index_prefix(key: &str) -> String {
     format!("k{}\x1f", key.len()) + key + "\x1f"
+}
+
+/// The sum of a group's rows kept.
+fn sum(t: &impl Table, group: &str) -> Result<Decimal, StoreError> {
+    t.get(&sum_key(group))?
+        .map_or(Ok(Decimal::ZERO), |r| amount(&r))
+}
+
+/// Add `by` to a group's sum.
+fn add(t: &mut impl Table, group: &str, by: Decimal) -> Result<(), StoreError> {
+    let total = sum(t, group)? + by;
+    let row = GuardRow {
+        kind: "sum".into(),
+        name: String::new(),
+        tenant: String::new(),
+        scope: String::new(),
+        key: String::new(),
+        amount: total.to_string(),
+        at_ms: 0,
+    };
+    t.put(&sum_key(group), &row)
+}
+
+/// A claim's standing, and the rows its window left behind (for the
+/// caller to prune). Reads only the expired rows, the call's own and, for
+/// an effect, the rows of the window: a budget's spending is its group's
+/// sum less those.
+fn standing_of(
+    t: &impl Table,
+    key: &str,
+    c: &Claim,
+    now_ms: i64,
+) -> Result<
+    (
+        Result<Decimal, Option<(String, i64)>>,
+        Vec<(String, GuardRow)>,
+    ),
+    StoreError,
+> {
+    let g = group(c);
+    let since = now_ms - window_ms(c);
+    let start = format!("g{g}");
+    let live = row_key(&g, since + 1, "");
+    let expired = t.range(&start, &live)?;
+    let own_prefix = index_prefix(key) + &start;
+    let own: Vec<GuardRow> = t
+        .scan(&own_prefix)?
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| r.at_ms > since)
+        .collect();
+    let figure = match c {
+        Claim::Budget { .. } => {
+            let mut spent = sum(t, &g)?;
+            for r in expired.iter().map(|(_, r)| r).chain(&own) {
+                spent -= amount(r)?;
+            }
+            Ok(spent)
+        }
+        Claim::Effect { .. } => Err(t
+            .range(&live, &format!("g{g}\u{10ffff}"))?
+            .into_iter()
+            .rev()
+            .find(|(_, r)| r.key != key)
+            .map(|(_, r)| (r.key, r.at_ms))),
+    };
+    Ok((figure, expired))
 }
 
 /// [`Guards::guards_look`] over a table; the rows the windows left behind
@@ -226,32 +306,23 @@ pub(crate) fn look_in(
     let mut standing = Standing::default();
     let mut stale = Vec::new();
     for c in claims {
-        let since = now_ms - window_ms(c);
-        let mut spent = Decimal::ZERO;
-        let mut latest: Option<(String, i64)> = None;
-        for (k, r) in t.scan(&format!("g{}", group(c)))? {
-            if r.at_ms <= since {
-                stale.push((k, r));
-                continue;
-            }
-            if r.key == key {
-                continue;
-            }
-            match c {
-                Claim::Budget { .. } => spent += amount(&r)?,
-                Claim::Effect { .. } => {
-                    if latest.as_ref().is_none_or(|(_, at)| r.at_ms >= *at) {
-                        latest = Some((r.key.clone(), r.at_ms));
-                    }
-                }
-            }
+        let (figure, expired) = standing_of(t, key, c, now_ms)?;
+        match figure {
+            Ok(spent) => standing.spent.push(spent),
+            Err(earlier) => standing.earlier.push(earlier),
         }
-        match c {
-            Claim::Budget { .. } => standing.spent.push(spent),
-            Claim::Effect { .. } => standing.earlier.push(latest),
-        }
+        stale.extend(expired);
     }
     Ok((standing, stale))
+}
+
+/// Remove one row (and its index entry), keeping its group's sum.
+fn remove(t: &mut impl Table, row_key: &str, row: &GuardRow) -> Result<(), StoreError> {
+    t.delete(row_key)?;
+    t.delete(&(index_prefix(&row.key) + row_key))?;
+    // `g` + 32 hex digits of the group.
+    let group = &row_key[1..33];
+    add(t, group, -amount(row)?)
 }
 
 /// [`Guards::guards_take`] over a table, in the caller's one transaction.
@@ -264,8 +335,7 @@ pub(crate) fn take_in(
 ) -> Result<Taken, StoreError> {
     let (standing, stale) = look_in(t, key, claims, now_ms)?;
     for (k, r) in stale {
-        t.delete(&k)?;
-        t.delete(&(index_prefix(&r.key) + &k))?;
+        remove(t, &k, &r)?;
     }
     let index = index_prefix(key);
     if !t.scan(&index)?.is_empty() {
@@ -283,9 +353,11 @@ pub(crate) fn take_in(
     }
     for c in claims {
         let r = row(c, key, now_ms);
-        let k = row_key(&group(c), now_ms, key);
+        let g = group(c);
+        let k = row_key(&g, now_ms, key);
         t.put(&k, &r)?;
         t.put(&(index.clone() + &k), &r)?;
+        add(t, &g, amount(&r)?)?;
     }
     Ok(Taken {
         taken: true,
@@ -297,9 +369,8 @@ pub(crate) fn take_in(
 pub(crate) fn release_in(t: &mut impl Table, key: &str) -> Result<usize, StoreError> {
     let index = index_prefix(key);
     let rows = t.scan(&index)?;
-    for (k, _) in &rows {
-        t.delete(k)?;
-        t.delete(&k[index.len()..])?;
+    for (k, r) in &rows {
+        remove(t, &k[index.len()..], r)?;
     }
     Ok(rows.len())
 }
@@ -315,12 +386,18 @@ pub(crate) fn rows_in(t: &impl Table, since_ms: i64) -> Result<Vec<GuardRow>, St
 
 /// A [`Table`] in memory.
 impl Table for std::collections::BTreeMap<String, GuardRow> {
-    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
+    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
         Ok(self
-            .range(prefix.to_owned()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
+            .range(from.to_owned()..to.to_owned())
             .map(|(k, r)| (k.clone(), r.clone()))
             .collect())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
+        Ok(std::collections::BTreeMap::get(self, key).cloned())
     }
 
     fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
@@ -498,6 +575,54 @@ pub(crate) mod tests {
             taken += usize::from(t.unwrap());
         }
         assert_eq!(taken, 5, "exactly five of ten fit in the budget");
+    }
+
+    /// The kept sums never drift from the rows: random takes (forced or
+    /// not), releases and times, against a count made from scratch.
+    #[test]
+    fn a_budgets_spending_from_its_sum_is_the_sum_of_its_window() {
+        use proptest::prelude::*;
+        let op = (0u8..3, 0u8..6, 1i64..300, 0i64..400);
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Default::default()
+        });
+        runner
+            .run(&proptest::collection::vec(op, 1..60), |ops| {
+                let mut t = std::collections::BTreeMap::<String, GuardRow>::new();
+                // Every call counted: key -> (amount, at).
+                let mut counted = std::collections::BTreeMap::<String, (i64, i64)>::new();
+                let mut now = 10_000;
+                for (what, k, amount, step) in ops {
+                    now += step;
+                    let key = format!("k{k}");
+                    let claim = [budget("principal:a", amount, 1500)];
+                    let since = now - 1000;
+                    let expected: i64 = counted
+                        .iter()
+                        .filter(|(kk, (_, at))| **kk != key && *at > since)
+                        .map(|(_, (a, _))| a)
+                        .sum();
+                    match what {
+                        0 | 1 => {
+                            let taken = take_in(&mut t, &key, &claim, what == 1, now).unwrap();
+                            prop_assert_eq!(taken.standing.spent[0], Decimal::from(expected));
+                            // Rows out of the window are gone.
+                            counted.retain(|_, (_, at)| *at > since);
+                            if taken.taken && !counted.contains_key(&key) {
+                                counted.insert(key, (amount, now));
+                            }
+                        }
+                        _ => {
+                            release_in(&mut t, &key).unwrap();
+                            counted.remove(&key);
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
     }
 
     #[tokio::test]

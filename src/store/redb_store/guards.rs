@@ -26,24 +26,39 @@ fn encode(row: &GuardRow) -> Result<Vec<u8>, StoreError> {
     })
 }
 
-fn scan(
+fn range(
     t: &impl ReadableTable<&'static str, &'static [u8]>,
-    prefix: &str,
+    from: &str,
+    to: &str,
 ) -> Result<Vec<(String, GuardRow)>, StoreError> {
+    if from >= to {
+        return Ok(Vec::new());
+    }
     let mut out = Vec::new();
-    for item in t.range(prefix..).map_err(|e| err("scan")(e.into()))? {
+    for item in t.range(from..to).map_err(|e| err("scan")(e.into()))? {
         let (k, v) = item.map_err(|e| err("scan")(e.into()))?;
-        if !k.value().starts_with(prefix) {
-            break;
-        }
         out.push((k.value().to_owned(), decode_json("guard row", v.value())?));
     }
     Ok(out)
 }
 
+fn get(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<GuardRow>, StoreError> {
+    match t.get(key).map_err(|e| err("read")(e.into()))? {
+        Some(v) => decode_json("guard row", v.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
 impl Table for Rows<redb::Table<'_, &'static str, &'static [u8]>> {
-    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        scan(&self.0, prefix)
+    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
+        range(&self.0, from, to)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
+        get(&self.0, key)
     }
 
     fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
@@ -60,8 +75,12 @@ impl Table for Rows<redb::Table<'_, &'static str, &'static [u8]>> {
 }
 
 impl Table for Rows<redb::ReadOnlyTable<&'static str, &'static [u8]>> {
-    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        scan(&self.0, prefix)
+    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
+        range(&self.0, from, to)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
+        get(&self.0, key)
     }
 
     fn put(&mut self, _: &str, _: &GuardRow) -> Result<(), StoreError> {
