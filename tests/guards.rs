@@ -209,10 +209,12 @@ async fn within_the_budget_calls_run_the_one_past_it_is_held_with_the_figures_an
     let entries = common::audit_entries(&g.gw.audit_dir());
     let taken: Vec<_> = entries
         .iter()
-        .filter(|e| e["kind"] == "guards_taken")
+        .filter(|e| e["kind"] == "dispatched" && e.get("guards").is_some())
         .collect();
     assert_eq!(taken.len(), 4, "{taken:?}");
-    assert_eq!(taken.last().unwrap()["forced"], true);
+    let last = &taken.last().unwrap()["guards"];
+    assert_eq!(last["approved_over"], true);
+    assert_eq!(last["budgets"][0]["after"], "1200", "{last}");
 }
 
 #[tokio::test]

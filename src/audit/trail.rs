@@ -57,6 +57,8 @@ struct Pending {
     read: Option<ReadSoFar>,
     /// Delegation evidence, added to every entry recorded from now on.
     delegated: Option<Value>,
+    /// Fields for the `dispatched` entry (the guards' figures).
+    at_dispatch: Map<String, Value>,
 }
 
 struct ReadSoFar {
@@ -170,6 +172,17 @@ impl<'c> Trail<'c> {
         }
     }
 
+    /// Fields the call's `dispatched` entry will carry (the figures of the
+    /// guards it took: one entry, not one more).
+    pub(crate) fn at_dispatch(&self, extra: Vec<(&str, Value)>) {
+        if self.log.is_some() {
+            let mut p = self.pending.lock();
+            for (k, v) in extra {
+                p.at_dispatch.insert(k.to_owned(), v);
+            }
+        }
+    }
+
     /// Hand what is pending to the writer now (before entries that others
     /// record, such as a proposal this call creates, so the log keeps
     /// cause before effect).
@@ -185,7 +198,8 @@ impl<'c> Trail<'c> {
     /// caller makes them durable itself).
     pub(crate) fn stage_dispatch(&self) -> Option<(Arc<dyn AuditSink>, Result<Staged, Entries>)> {
         let log = self.log.as_ref()?;
-        self.push("dispatched", Map::new());
+        let fields = std::mem::take(&mut self.pending.lock().at_dispatch);
+        self.push("dispatched", fields);
         Some((log.sink.clone(), log.sink.stage(self.take())))
     }
 

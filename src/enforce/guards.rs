@@ -106,15 +106,15 @@ impl Guarding {
             self.metrics
                 .budget_counted(&s.name, to_f64(s.amount), to_f64(s.limit));
         }
-        // The figures the call ran with, in the log before its dispatch.
-        c.trail.record(
-            "guards_taken",
-            vec![
-                ("forced", json!(force)),
-                ("guards", json!(figures.sentences())),
-                ("budgets", budgets_json(&figures.spending)),
-            ],
-        );
+        // The figures the call ran with, in its `dispatched` entry.
+        c.trail.at_dispatch(vec![(
+            "guards",
+            json!({
+                "approved_over": force,
+                "figures": figures.sentences(),
+                "budgets": budgets_json(&figures.spending),
+            }),
+        )]);
         Ok(())
     }
 

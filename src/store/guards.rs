@@ -210,12 +210,114 @@ pub(crate) trait Table {
     fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
         self.range(prefix, &format!("{prefix}\u{10ffff}"))
     }
+
+    /// Write a call's row (and its index entry), adding its amount to its
+    /// group's sum.
+    fn insert_row(&mut self, row_key: &str, row: &GuardRow) -> Result<(), StoreError> {
+        self.put(row_key, row)?;
+        self.put(&(index_prefix(&row.key) + row_key), row)?;
+        self.add_sum(group_in(row_key), amount(row)?)
+    }
+
+    /// Remove a row (and its index entry) when it is there, taking its
+    /// amount from its group's sum. Removing a row that is not there changes
+    /// nothing: changes replayed in another order add up the same.
+    fn remove_row(&mut self, row_key: &str) -> Result<(), StoreError> {
+        let Some(row) = self.get(row_key)? else {
+            return Ok(());
+        };
+        self.delete(row_key)?;
+        self.delete(&(index_prefix(&row.key) + row_key))?;
+        self.add_sum(group_in(row_key), -amount(&row)?)
+    }
+
+    /// Add `by` to a group's sum.
+    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError> {
+        let total = sum(self, group)? + by;
+        let row = GuardRow {
+            kind: "sum".into(),
+            name: String::new(),
+            tenant: String::new(),
+            scope: String::new(),
+            key: String::new(),
+            amount: total.to_string(),
+            at_ms: 0,
+        };
+        self.put(&sum_key(group), &row)
+    }
+}
+
+/// One change to a table, as a journal carries it (redb): a row inserted
+/// or removed, each moving its group's sum when applied, so that changes
+/// applied in another order than they were made (two calls dispatched in
+/// the other order) add up the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Change {
+    /// A call's row.
+    Insert(String, GuardRow),
+    /// A row gone (out of its window, or its call not sent).
+    Remove(String),
+}
+
+/// A table in memory that records the rows inserted and removed.
+pub(crate) struct Recording<'a> {
+    /// The rows.
+    pub(crate) rows: &'a mut std::collections::BTreeMap<String, GuardRow>,
+    /// What changed, in order.
+    pub(crate) changes: Vec<Change>,
+}
+
+impl Table for Recording<'_> {
+    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
+        Table::range(&*self.rows, from, to)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
+        Table::get(&*self.rows, key)
+    }
+
+    fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
+        Table::put(self.rows, key, row)
+    }
+
+    fn delete(&mut self, key: &str) -> Result<(), StoreError> {
+        Table::delete(self.rows, key)
+    }
+
+    fn insert_row(&mut self, row_key: &str, row: &GuardRow) -> Result<(), StoreError> {
+        self.changes
+            .push(Change::Insert(row_key.to_owned(), row.clone()));
+        self.rows.insert_row(row_key, row)
+    }
+
+    fn remove_row(&mut self, row_key: &str) -> Result<(), StoreError> {
+        self.changes.push(Change::Remove(row_key.to_owned()));
+        self.rows.remove_row(row_key)
+    }
+}
+
+/// Apply recorded changes to a table.
+pub(crate) fn apply(t: &mut impl Table, changes: &[Change]) -> Result<(), StoreError> {
+    for c in changes {
+        match c {
+            // Inserted once: a row already there is not counted twice.
+            Change::Insert(k, r) if t.get(k)?.is_none() => t.insert_row(k, r)?,
+            Change::Insert(..) => {}
+            Change::Remove(k) => t.remove_row(k)?,
+        }
+    }
+    Ok(())
+}
+
+/// The group of a row's table key (`g` + 32 hex digits + ...).
+fn group_in(row_key: &str) -> &str {
+    row_key.get(1..33).unwrap_or("")
 }
 
 /// Table keys: `g GROUP AT KEY` for the rows (a group's rows in time
 /// order), `a GROUP` for the sum of a group's rows kept (so a budget's
-/// spending is read without adding up its window), `k KEY\x1f ROWKEY` for
-/// the index by ledger key.
+/// spending is read without adding up its window), `k LEN\x1f KEY\x1f ROWKEY`
+/// for the index by ledger key.
 fn row_key(group: &str, at_ms: i64, key: &str) -> String {
     format!("g{group}{at_ms:020}{key}")
 }
@@ -229,24 +331,9 @@ fn index_prefix(key: &str) -> String {
 }
 
 /// The sum of a group's rows kept.
-fn sum(t: &impl Table, group: &str) -> Result<Decimal, StoreError> {
+fn sum(t: &(impl Table + ?Sized), group: &str) -> Result<Decimal, StoreError> {
     t.get(&sum_key(group))?
         .map_or(Ok(Decimal::ZERO), |r| amount(&r))
-}
-
-/// Add `by` to a group's sum.
-fn add(t: &mut impl Table, group: &str, by: Decimal) -> Result<(), StoreError> {
-    let total = sum(t, group)? + by;
-    let row = GuardRow {
-        kind: "sum".into(),
-        name: String::new(),
-        tenant: String::new(),
-        scope: String::new(),
-        key: String::new(),
-        amount: total.to_string(),
-        at_ms: 0,
-    };
-    t.put(&sum_key(group), &row)
 }
 
 /// A claim's standing, and the rows its window left behind (for the
@@ -316,15 +403,6 @@ pub(crate) fn look_in(
     Ok((standing, stale))
 }
 
-/// Remove one row (and its index entry), keeping its group's sum.
-fn remove(t: &mut impl Table, row_key: &str, row: &GuardRow) -> Result<(), StoreError> {
-    t.delete(row_key)?;
-    t.delete(&(index_prefix(&row.key) + row_key))?;
-    // `g` + 32 hex digits of the group.
-    let group = &row_key[1..33];
-    add(t, group, -amount(row)?)
-}
-
 /// [`Guards::guards_take`] over a table, in the caller's one transaction.
 pub(crate) fn take_in(
     t: &mut impl Table,
@@ -334,8 +412,8 @@ pub(crate) fn take_in(
     now_ms: i64,
 ) -> Result<Taken, StoreError> {
     let (standing, stale) = look_in(t, key, claims, now_ms)?;
-    for (k, r) in stale {
-        remove(t, &k, &r)?;
+    for (k, _) in stale {
+        t.remove_row(&k)?;
     }
     let index = index_prefix(key);
     if !t.scan(&index)?.is_empty() {
@@ -355,9 +433,7 @@ pub(crate) fn take_in(
         let r = row(c, key, now_ms);
         let g = group(c);
         let k = row_key(&g, now_ms, key);
-        t.put(&k, &r)?;
-        t.put(&(index.clone() + &k), &r)?;
-        add(t, &g, amount(&r)?)?;
+        t.insert_row(&k, &r)?;
     }
     Ok(Taken {
         taken: true,
@@ -369,8 +445,8 @@ pub(crate) fn take_in(
 pub(crate) fn release_in(t: &mut impl Table, key: &str) -> Result<usize, StoreError> {
     let index = index_prefix(key);
     let rows = t.scan(&index)?;
-    for (k, r) in &rows {
-        remove(t, &k[index.len()..], r)?;
+    for (k, _) in &rows {
+        t.remove_row(&k[index.len()..])?;
     }
     Ok(rows.len())
 }
@@ -630,20 +706,65 @@ pub(crate) mod tests {
         guards_conformance(Arc::new(crate::store::MemoryStore::default())).await;
     }
 
+    /// Reserve and dispatch `key` in the ledger (what makes its take count
+    /// after a restart on redb).
+    async fn dispatched(store: &dyn Store, key: &str) {
+        use crate::core::ledger::Record;
+        use crate::store::tests::{claim, dispatch};
+        let r = Record::reserve(&claim(key), 0, 10_000_000);
+        store.reserve(key.into(), r.clone(), 0).await.unwrap();
+        assert!(dispatch(store, key, &r).await);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn redb_guards_conform_and_survive_reopen() {
+    async fn redb_guards_conform_and_count_what_was_dispatched_across_restarts_and_crashes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.redb");
+        guards_conformance(Arc::new(crate::store::RedbStore::open(&path).unwrap())).await;
+        let path = dir.path().join("second.redb");
+        let c = |n| [budget("tenant:t", n, 1000)];
         {
-            let store = Arc::new(crate::store::RedbStore::open(&path).unwrap());
-            guards_conformance(store).await;
+            let store = crate::store::RedbStore::open(&path).unwrap();
+            assert!(
+                store
+                    .guards_take("d1", &c(200), false, 50_000)
+                    .await
+                    .unwrap()
+                    .taken
+            );
+            dispatched(&store, "d1").await;
+            // Taken, never dispatched: lost with the process, as it should be.
+            assert!(
+                store
+                    .guards_take("d2", &c(300), false, 50_001)
+                    .await
+                    .unwrap()
+                    .taken
+            );
+        }
+        {
+            let store = crate::store::RedbStore::open(&path).unwrap();
+            assert_eq!(
+                store.guards_look("x", &c(1), 50_002).await.unwrap().spent,
+                [Decimal::from(200)],
+                "the dispatched call counts after a restart; the other does not"
+            );
+            assert!(
+                store
+                    .guards_take("d3", &c(100), false, 50_003)
+                    .await
+                    .unwrap()
+                    .taken
+            );
+            dispatched(&store, "d3").await;
+            // A crash: the journal alone holds d3's share.
+            store.crash_on_drop();
         }
         let store = crate::store::RedbStore::open(&path).unwrap();
-        let c = [budget("tenant:t", 200, 1000)];
         assert_eq!(
-            store.guards_look("x", &c, 30_001).await.unwrap().spent,
-            [Decimal::from(1000)],
-            "the count survives a restart"
+            store.guards_look("x", &c(1), 50_004).await.unwrap().spent,
+            [Decimal::from(300)],
+            "replayed from the journal after a crash"
         );
     }
 

@@ -39,6 +39,9 @@ pub(super) enum Item {
     Outbox { id: u64, text: String },
     /// Outbox rows with ids up to `upto` are gone.
     Clear { upto: u64 },
+    /// Changes to the guards' rows (budgets, effect keys) a dispatched call
+    /// made, encoded (see `store::guards::Change`).
+    Guards { bytes: Vec<u8> },
 }
 
 /// Where a journal's bytes go: its file, or (tests of power loss) a disk
@@ -202,6 +205,9 @@ fn parse(payload: &[u8]) -> Result<Vec<Item>, StoreError> {
                 text: c.text()?,
             },
             3 => Item::Clear { upto: c.u64()? },
+            4 => Item::Guards {
+                bytes: c.bytes()?.to_vec(),
+            },
             tag => return Err(corrupt(format!("unknown item tag {tag}"))),
         });
     }
@@ -241,6 +247,10 @@ impl Frames {
                     self.buf.push(3);
                     self.buf.extend_from_slice(&upto.to_le_bytes());
                 }
+                ItemRef::Guards { bytes } => {
+                    self.buf.push(4);
+                    self.put_bytes(bytes);
+                }
             }
         }
         let payload = &self.buf[start + 8..];
@@ -265,6 +275,7 @@ pub(super) enum ItemRef<'a> {
     Record { key: &'a str, bytes: &'a [u8] },
     Outbox { id: u64, text: &'a str },
     Clear { upto: u64 },
+    Guards { bytes: &'a [u8] },
 }
 
 impl Journal {

@@ -590,7 +590,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::core::ledger::{Answer, Claim};
 
-    pub(super) fn claim(digest: &str) -> Claim {
+    pub(crate) fn claim(digest: &str) -> Claim {
         Claim {
             key: "k".into(),
             client_key: "k".into(),
@@ -601,7 +601,7 @@ pub(crate) mod tests {
         }
     }
 
-    pub(super) fn with_state(mut r: Record, s: State) -> Record {
+    pub(crate) fn with_state(mut r: Record, s: State) -> Record {
         r.state = s;
         r
     }
@@ -1185,7 +1185,7 @@ pub(crate) mod tests {
     const LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 
     /// Reserved → dispatched in `store`; whether it moved.
-    async fn dispatch(store: &dyn Store, key: &str, r: &Record) -> bool {
+    pub(crate) async fn dispatch(store: &dyn Store, key: &str, r: &Record) -> bool {
         store
             .transition(
                 key.into(),

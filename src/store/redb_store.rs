@@ -239,6 +239,9 @@ pub struct RedbStore {
     /// never holds redb's write lock against the ledger writer.
     inputs: Arc<Mutex<Option<Arc<Database>>>>,
     inputs_path: std::path::PathBuf,
+    /// The guards' rows (budgets, effect keys), in memory: a take is a
+    /// compare-and-set here, made durable with its call's `dispatched`.
+    guards: Arc<Mutex<guards::Memory>>,
 }
 
 impl Drop for RedbStore {
@@ -372,7 +375,9 @@ impl RedbStore {
         let journal_limit = Arc::new(std::sync::atomic::AtomicU64::new(JOURNAL_LIMIT));
         let checkpoint_bytes = Arc::new(std::sync::atomic::AtomicU64::new(CHECKPOINT_BYTES));
         let broken_order = Arc::new(AtomicBool::new(false));
+        let guard_rows = Arc::new(Mutex::new(guards::Memory::load(&db)?));
         let limits = Limits {
+            guards: guard_rows.clone(),
             broken_order: broken_order.clone(),
             cut: writer_cut,
             refusing: refusing.clone(),
@@ -410,6 +415,7 @@ impl RedbStore {
             broken_order,
             inputs: Arc::new(Mutex::new(None)),
             inputs_path: path.with_extension("inputs.redb"),
+            guards: guard_rows,
         })
     }
 
@@ -490,6 +496,9 @@ struct Pending {
     outbox: BTreeMap<u64, String>,
     /// Outbox rows up to this id are gone (from redb at the checkpoint).
     cleared: Option<u64>,
+    /// The guards' changes of dispatched calls, in order (encoded
+    /// `store::guards::Change`s).
+    guards: Vec<Vec<u8>>,
 }
 
 impl Pending {
@@ -499,11 +508,15 @@ impl Pending {
             ledger: HashMap::new(),
             outbox: self.outbox.clone(),
             cleared: self.cleared,
+            guards: Vec::new(),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.ledger.is_empty() && self.outbox.is_empty() && self.cleared.is_none()
+        self.ledger.is_empty()
+            && self.outbox.is_empty()
+            && self.cleared.is_none()
+            && self.guards.is_empty()
     }
 
     fn apply(&mut self, effects: Vec<Effect>) {
@@ -519,6 +532,7 @@ impl Pending {
                     self.outbox.retain(|id, _| *id > upto);
                     self.cleared = Some(self.cleared.map_or(upto, |c| c.max(upto)));
                 }
+                Effect::Guards(bytes) => self.guards.push(bytes),
             }
         }
     }
@@ -530,6 +544,7 @@ enum Effect {
     Put(String, Record),
     Outbox(u64, String),
     Clear(u64),
+    Guards(Vec<u8>),
 }
 
 /// The ledger writer thread's state.
@@ -551,6 +566,8 @@ struct Writer<'a> {
     broken_order: &'a AtomicBool,
     /// The power was cut: the writer stops, syncing nothing.
     halted: bool,
+    /// The guards' changes waiting for their call's dispatch.
+    guards: &'a Mutex<guards::Memory>,
 }
 
 /// Where the journal is: its file beside the database, or (tests of power
@@ -574,6 +591,9 @@ struct Limits {
     /// Tests: append a dispatch before fsyncing redb's commit (the order
     /// the power-loss property test must catch). Never set otherwise.
     broken_order: Arc<AtomicBool>,
+    /// The guards' rows in memory, with the changes of calls not yet
+    /// dispatched (journaled with their `dispatched` record).
+    guards: Arc<Mutex<guards::Memory>>,
 }
 
 fn writer(
@@ -595,6 +615,7 @@ fn writer(
         broken: None,
         cut: &limits.cut,
         broken_order: &limits.broken_order,
+        guards: &limits.guards,
         halted: false,
     };
     loop {
@@ -765,7 +786,7 @@ impl Writer<'_> {
                     rows.insert(*id, text.clone());
                 }
                 Effect::Clear(upto) => rows.retain(|id, _| id > upto),
-                Effect::Put(..) => {}
+                Effect::Put(..) | Effect::Guards(_) => {}
             }
         }
         Ok(rows)
@@ -817,7 +838,20 @@ impl Writer<'_> {
                     if let Some((id, text)) = outbox {
                         items.push(ItemRef::Outbox { id: *id, text });
                     }
+                    // INVARIANT: what a call took of its guards is in the
+                    // frame of its `dispatched`: spent once sent, and never
+                    // durable for a call that was not.
+                    let taken = match to.state {
+                        State::Dispatched => self.guards.lock().unsent(key)?,
+                        _ => None,
+                    };
+                    if let Some(g) = &taken {
+                        items.push(ItemRef::Guards { bytes: g });
+                    }
                     frames.push(generation, &items);
+                    if let Some(g) = taken {
+                        effects.push(Effect::Guards(g));
+                    }
                     durable |= needs_durability(*from, to.state);
                     effects.push(Effect::Put(key.clone(), to.clone()));
                     if let Some((id, text)) = outbox {
@@ -911,7 +945,7 @@ impl Writer<'_> {
             return self.checkpoint(batch);
         }
         let durable = batch.iter().any(Op::durable);
-        let done = apply_batch(self.db, batch, durable, None)?;
+        let done = apply_batch(self.db, batch, durable, None, self.guards)?;
         self.redb_unsynced = !durable;
         Ok(done)
     }
@@ -922,7 +956,7 @@ impl Writer<'_> {
     fn checkpoint(&mut self, batch: &[Op]) -> Result<Vec<Done>, StoreError> {
         let snapshot = self.pending.lock().clone();
         let next = self.journal.generation() + 1;
-        let done = apply_batch(self.db, batch, true, Some((&snapshot, next)))?;
+        let done = apply_batch(self.db, batch, true, Some((&snapshot, next)), self.guards)?;
         self.redb_unsynced = false;
         // The journal's content is in redb now (the writer alone changes
         // `Pending`, so the snapshot was all of it).
@@ -1035,6 +1069,9 @@ fn fold(
             .insert(*id, text.as_str())
             .map_err(|e| err("write")(e.into()))?;
     }
+    for bytes in &pending.guards {
+        guards::fold(txn, bytes)?;
+    }
     set_generation(txn, generation)
 }
 
@@ -1067,6 +1104,7 @@ fn replay(txn: &redb::WriteTransaction, items: Vec<journal::Item>) -> Result<(),
             journal::Item::Clear { upto } => {
                 outbox_clear(&mut outbox, upto)?;
             }
+            journal::Item::Guards { bytes } => guards::fold(txn, &bytes)?,
         }
     }
     Ok(())
@@ -1085,6 +1123,7 @@ fn apply_batch(
     batch: &[Op],
     durable: bool,
     checkpoint: Option<(&Pending, u64)>,
+    guards: &Mutex<guards::Memory>,
 ) -> Result<Vec<Done>, StoreError> {
     let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
     if let Some((pending, generation)) = checkpoint {
@@ -1151,6 +1190,13 @@ fn apply_batch(
                                     opened(&mut notices_slot, &txn, NOTICES)?
                                         .insert(n.key().as_str(), encode_notice(n)?.as_slice())
                                         .map_err(|e| err("write")(e.into()))?;
+                                }
+                            }
+                            // INVARIANT: what a call took of its guards
+                            // commits with its `dispatched`, as in the journal.
+                            if moved && to.state == State::Dispatched {
+                                if let Some(g) = guards.lock().unsent(key)? {
+                                    guards::fold(&txn, &g)?;
                                 }
                             }
                             Ok(moved)

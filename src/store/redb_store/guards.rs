@@ -1,69 +1,111 @@
-//! Guards on redb (DESIGN.md section 25): one table of rows and their index
-//! by ledger key ([`crate::store::guards`]). A take is one write
-//! transaction, fsynced before it answers: redb runs one write transaction
-//! at a time, so the check and the rows are one compare-and-set, and a
-//! call's spending is on disk before it is dispatched. A release need not
-//! be: lost to a crash, it counts a call that was not sent (the safe side).
+//! Guards on redb (DESIGN.md section 25). One process owns a redb file, so
+//! the guards' rows live in memory ([`Memory`]), loaded at open: a take is
+//! one compare-and-set under its lock ([`crate::store::guards::take_in`]),
+//! and what it changed waits there for its call's dispatch. The writer puts
+//! those changes into the journal frame of the call's `dispatched` record
+//! (one fsync, the one the dispatch pays anyway), and folds them into the
+//! `guards` table at its next checkpoint; a reopen after a crash replays
+//! them. A call that is not dispatched releases its share in memory and its
+//! changes are dropped: after a crash, only what was dispatched counts.
+//! Sums change by differences, so two calls dispatched in the other order
+//! than they took add up the same.
 
-use redb::{Durability, ReadableTable, TableDefinition};
+use std::collections::{BTreeMap, HashMap};
 
-use super::{blocking, decode_json, err, RedbStore};
+use redb::{Database, ReadableTable, TableDefinition};
+
+use super::{decode_json, err, RedbStore};
 use crate::core::guard::Claim;
 use crate::store::guards::{
-    look_in, release_in, rows_in, take_in, GuardRow, Standing, Table, Taken,
+    apply, look_in, release_in, rows_in, take_in, Change, GuardRow, Recording, Standing, Table,
+    Taken,
 };
 use crate::store::{StoreError, StoreFuture};
 
-/// Guard rows and their index (see `store::guards`).
+/// Guard rows and their sums (see `store::guards`), as of the last
+/// checkpoint.
 pub(super) const GUARDS: TableDefinition<&str, &[u8]> = TableDefinition::new("guards");
 
-struct Rows<T>(T);
-
-fn encode(row: &GuardRow) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(row).map_err(|e| StoreError::Encode {
-        what: "guard row",
-        reason: e.to_string(),
-    })
+/// The guards' rows in memory, and the changes of calls not dispatched yet.
+pub(crate) struct Memory {
+    rows: BTreeMap<String, GuardRow>,
+    /// Per ledger key: what its take changed, journaled at its dispatch.
+    unsent: HashMap<String, Vec<Change>>,
 }
 
-fn range(
-    t: &impl ReadableTable<&'static str, &'static [u8]>,
-    from: &str,
-    to: &str,
-) -> Result<Vec<(String, GuardRow)>, StoreError> {
-    if from >= to {
-        return Ok(Vec::new());
+impl Memory {
+    /// The rows of the `guards` table.
+    pub(super) fn load(db: &Database) -> Result<Memory, StoreError> {
+        let txn = db.begin_read().map_err(|e| err("begin read")(e.into()))?;
+        let table = txn
+            .open_table(GUARDS)
+            .map_err(|e| err("open table")(e.into()))?;
+        let mut rows = BTreeMap::new();
+        for item in table.iter().map_err(|e| err("scan")(e.into()))? {
+            let (k, v) = item.map_err(|e| err("scan")(e.into()))?;
+            rows.insert(k.value().to_owned(), decode_json("guard row", v.value())?);
+        }
+        Ok(Memory {
+            rows,
+            unsent: HashMap::new(),
+        })
     }
-    let mut out = Vec::new();
-    for item in t.range(from..to).map_err(|e| err("scan")(e.into()))? {
-        let (k, v) = item.map_err(|e| err("scan")(e.into()))?;
-        out.push((k.value().to_owned(), decode_json("guard row", v.value())?));
+
+    /// The encoded changes the call under `key` made, for its dispatch's
+    /// frame (taken: a dispatch happens once).
+    pub(super) fn unsent(&mut self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.unsent
+            .remove(key)
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                serde_json::to_vec(&c).map_err(|e| StoreError::Encode {
+                    what: "guard changes",
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()
     }
-    Ok(out)
 }
 
-fn get(
-    t: &impl ReadableTable<&'static str, &'static [u8]>,
-    key: &str,
-) -> Result<Option<GuardRow>, StoreError> {
-    match t.get(key).map_err(|e| err("read")(e.into()))? {
-        Some(v) => decode_json("guard row", v.value()).map(Some),
-        None => Ok(None),
-    }
+/// Apply a dispatched call's encoded changes to the `guards` table.
+pub(super) fn fold(txn: &redb::WriteTransaction, bytes: &[u8]) -> Result<(), StoreError> {
+    let changes: Vec<Change> = decode_json("guard changes", bytes)?;
+    let mut rows = Rows(
+        txn.open_table(GUARDS)
+            .map_err(|e| err("open table")(e.into()))?,
+    );
+    apply(&mut rows, &changes)
 }
 
-impl Table for Rows<redb::Table<'_, &'static str, &'static [u8]>> {
+struct Rows<'t>(redb::Table<'t, &'static str, &'static [u8]>);
+
+impl Table for Rows<'_> {
     fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        range(&self.0, from, to)
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for item in self.0.range(from..to).map_err(|e| err("scan")(e.into()))? {
+            let (k, v) = item.map_err(|e| err("scan")(e.into()))?;
+            out.push((k.value().to_owned(), decode_json("guard row", v.value())?));
+        }
+        Ok(out)
     }
 
     fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
-        get(&self.0, key)
+        match self.0.get(key).map_err(|e| err("read")(e.into()))? {
+            Some(v) => decode_json("guard row", v.value()).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(row).map_err(|e| StoreError::Encode {
+            what: "guard row",
+            reason: e.to_string(),
+        })?;
         self.0
-            .insert(key, encode(row)?.as_slice())
+            .insert(key, bytes.as_slice())
             .map_err(|e| err("write")(e.into()))?;
         Ok(())
     }
@@ -74,64 +116,14 @@ impl Table for Rows<redb::Table<'_, &'static str, &'static [u8]>> {
     }
 }
 
-impl Table for Rows<redb::ReadOnlyTable<&'static str, &'static [u8]>> {
-    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        range(&self.0, from, to)
-    }
-
-    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
-        get(&self.0, key)
-    }
-
-    fn put(&mut self, _: &str, _: &GuardRow) -> Result<(), StoreError> {
-        Err(read_only())
-    }
-
-    fn delete(&mut self, _: &str) -> Result<(), StoreError> {
-        Err(read_only())
-    }
-}
-
-fn read_only() -> StoreError {
-    StoreError::Backend {
-        op: "guards",
-        reason: "a write in a read transaction".into(),
-    }
-}
-
-fn write<T: Send + 'static>(
-    store: &RedbStore,
-    durability: Durability,
-    f: impl FnOnce(&mut Rows<redb::Table<'_, &'static str, &'static [u8]>>) -> Result<T, StoreError>
-        + Send
-        + 'static,
-) -> StoreFuture<'_, T> {
-    let db = store.db.clone();
-    Box::pin(blocking(move || {
-        let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
-        txn.set_durability(durability);
-        let out = {
-            let mut rows = Rows(
-                txn.open_table(GUARDS)
-                    .map_err(|e| err("open table")(e.into()))?,
-            );
-            f(&mut rows)?
-        };
-        txn.commit().map_err(|e| err("commit")(e.into()))?;
-        Ok(out)
-    }))
-}
-
 pub(super) fn look<'a>(
     store: &'a RedbStore,
     key: &'a str,
     claims: &'a [Claim],
     now_ms: i64,
 ) -> StoreFuture<'a, Standing> {
-    Box::pin(async move {
-        let rows = Rows(store.read(GUARDS)?);
-        look_in(&rows, key, claims, now_ms).map(|l| l.0)
-    })
+    let out = look_in(&store.guards.lock().rows, key, claims, now_ms).map(|l| l.0);
+    Box::pin(async move { out })
 }
 
 pub(super) fn take<'a>(
@@ -141,17 +133,33 @@ pub(super) fn take<'a>(
     force: bool,
     now_ms: i64,
 ) -> StoreFuture<'a, Taken> {
-    let (key, claims) = (key.to_owned(), claims.to_vec());
-    write(store, Durability::Immediate, move |rows| {
-        take_in(rows, &key, &claims, force, now_ms)
-    })
+    let out = (|| {
+        let mut mem = store.guards.lock();
+        let Memory { rows, unsent } = &mut *mem;
+        let mut t = Recording {
+            rows,
+            changes: Vec::new(),
+        };
+        let taken = take_in(&mut t, key, claims, force, now_ms)?;
+        if !t.changes.is_empty() {
+            unsent.entry(key.to_owned()).or_default().extend(t.changes);
+        }
+        Ok(taken)
+    })();
+    Box::pin(async move { out })
 }
 
 pub(super) fn release<'a>(store: &'a RedbStore, key: &'a str) -> StoreFuture<'a, usize> {
-    let key = key.to_owned();
-    write(store, Durability::None, move |rows| release_in(rows, &key))
+    let out = (|| {
+        let mut mem = store.guards.lock();
+        // Never journaled: the call was not dispatched.
+        mem.unsent.remove(key);
+        release_in(&mut mem.rows, key)
+    })();
+    Box::pin(async move { out })
 }
 
 pub(super) fn rows(store: &RedbStore, since_ms: i64) -> StoreFuture<'_, Vec<GuardRow>> {
-    Box::pin(async move { rows_in(&Rows(store.read(GUARDS)?), since_ms) })
+    let out = rows_in(&store.guards.lock().rows, since_ms);
+    Box::pin(async move { out })
 }
