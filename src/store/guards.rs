@@ -340,18 +340,19 @@ fn sum(t: &(impl Table + ?Sized), group: &str) -> Result<Decimal, StoreError> {
 /// caller to prune). Reads only the expired rows, the call's own and, for
 /// an effect, the rows of the window: a budget's spending is its group's
 /// sum less those.
+/// A claim's figure: a budget's spending, or the latest other call that
+/// made an effect.
+enum Figure {
+    Spent(Decimal),
+    Earlier(Option<(String, i64)>),
+}
+
 fn standing_of(
     t: &impl Table,
     key: &str,
     c: &Claim,
     now_ms: i64,
-) -> Result<
-    (
-        Result<Decimal, Option<(String, i64)>>,
-        Vec<(String, GuardRow)>,
-    ),
-    StoreError,
-> {
+) -> Result<(Figure, Vec<(String, GuardRow)>), StoreError> {
     let g = group(c);
     let since = now_ms - window_ms(c);
     let start = format!("g{g}");
@@ -370,14 +371,15 @@ fn standing_of(
             for r in expired.iter().map(|(_, r)| r).chain(&own) {
                 spent -= amount(r)?;
             }
-            Ok(spent)
+            Figure::Spent(spent)
         }
-        Claim::Effect { .. } => Err(t
-            .range(&live, &format!("g{g}\u{10ffff}"))?
-            .into_iter()
-            .rev()
-            .find(|(_, r)| r.key != key)
-            .map(|(_, r)| (r.key, r.at_ms))),
+        Claim::Effect { .. } => Figure::Earlier(
+            t.range(&live, &format!("g{g}\u{10ffff}"))?
+                .into_iter()
+                .rev()
+                .find(|(_, r)| r.key != key)
+                .map(|(_, r)| (r.key, r.at_ms)),
+        ),
     };
     Ok((figure, expired))
 }
@@ -395,8 +397,8 @@ pub(crate) fn look_in(
     for c in claims {
         let (figure, expired) = standing_of(t, key, c, now_ms)?;
         match figure {
-            Ok(spent) => standing.spent.push(spent),
-            Err(earlier) => standing.earlier.push(earlier),
+            Figure::Spent(spent) => standing.spent.push(spent),
+            Figure::Earlier(earlier) => standing.earlier.push(earlier),
         }
         stale.extend(expired);
     }

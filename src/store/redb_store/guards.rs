@@ -133,29 +133,26 @@ pub(super) fn take<'a>(
     force: bool,
     now_ms: i64,
 ) -> StoreFuture<'a, Taken> {
-    let out = (|| {
-        let mut mem = store.guards.lock();
-        let Memory { rows, unsent } = &mut *mem;
-        let mut t = Recording {
-            rows,
-            changes: Vec::new(),
-        };
-        let taken = take_in(&mut t, key, claims, force, now_ms)?;
-        if !t.changes.is_empty() {
-            unsent.entry(key.to_owned()).or_default().extend(t.changes);
-        }
-        Ok(taken)
-    })();
+    let mut mem = store.guards.lock();
+    let Memory { rows, unsent } = &mut *mem;
+    let mut t = Recording {
+        rows,
+        changes: Vec::new(),
+    };
+    let out = take_in(&mut t, key, claims, force, now_ms);
+    if !t.changes.is_empty() {
+        unsent.entry(key.to_owned()).or_default().extend(t.changes);
+    }
+    drop(mem);
     Box::pin(async move { out })
 }
 
 pub(super) fn release<'a>(store: &'a RedbStore, key: &'a str) -> StoreFuture<'a, usize> {
-    let out = (|| {
-        let mut mem = store.guards.lock();
-        // Never journaled: the call was not dispatched.
-        mem.unsent.remove(key);
-        release_in(&mut mem.rows, key)
-    })();
+    let mut mem = store.guards.lock();
+    // Never journaled: the call was not dispatched.
+    mem.unsent.remove(key);
+    let out = release_in(&mut mem.rows, key);
+    drop(mem);
     Box::pin(async move { out })
 }
 
