@@ -36,6 +36,8 @@ pub enum Claim {
         window_ms: i64,
         /// What a call past it gets.
         over: Over,
+        /// The guard's rows in the store (see [`Claim::group`]).
+        group: String,
     },
     /// It makes effect `digest` of effect key `name`.
     Effect {
@@ -50,6 +52,8 @@ pub enum Claim {
         window_ms: i64,
         /// What a repeat gets.
         repeat: Over,
+        /// The guard's rows in the store (see [`Claim::group`]).
+        group: String,
     },
 }
 
@@ -58,6 +62,49 @@ impl Claim {
     pub fn name(&self) -> &str {
         match self {
             Claim::Budget { name, .. } | Claim::Effect { name, .. } => name,
+        }
+    }
+
+    /// A budget's claim.
+    pub fn budget(
+        name: &str,
+        tenant: &str,
+        scope: &str,
+        amount: Decimal,
+        limit: Decimal,
+        window_ms: i64,
+        over: Over,
+    ) -> Claim {
+        Claim::Budget {
+            group: group_of("budget", name, tenant, scope),
+            name: name.to_owned(),
+            tenant: tenant.to_owned(),
+            scope: scope.to_owned(),
+            amount,
+            limit,
+            window_ms,
+            over,
+        }
+    }
+
+    /// An effect key's claim.
+    pub fn effect(name: &str, tenant: &str, digest: &str, window_ms: i64, repeat: Over) -> Claim {
+        Claim::Effect {
+            group: group_of("effect", name, tenant, digest),
+            name: name.to_owned(),
+            tenant: tenant.to_owned(),
+            digest: digest.to_owned(),
+            window_ms,
+            repeat,
+        }
+    }
+
+    /// The rows it counts in, in the store: its kind, name, tenant and
+    /// scope (or digest), hashed so that no name or scope can run into
+    /// another's rows (32 hex digits).
+    pub fn group(&self) -> &str {
+        match self {
+            Claim::Budget { group, .. } | Claim::Effect { group, .. } => group,
         }
     }
 
@@ -233,6 +280,16 @@ impl Figures {
     }
 }
 
+fn group_of(kind: &str, name: &str, tenant: &str, scope: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [kind, name, tenant, scope] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
 /// The guards `config` puts on a call of `server`/`tool` by `who` with
 /// canonical `arguments`. A budget whose amount is missing or not a number
 /// is an error the caller refuses the call with: counting it as 0 would let
@@ -268,15 +325,15 @@ pub fn claims(
             Per::Principal => format!("principal:{}", who.principal),
             Per::Tenant => format!("tenant:{}", who.tenant),
         };
-        out.push(Claim::Budget {
-            name: b.name.clone(),
-            tenant: who.tenant.clone(),
-            scope,
+        out.push(Claim::budget(
+            &b.name,
+            &who.tenant,
+            &scope,
             amount,
-            limit: b.limit,
-            window_ms: super::time::ms(b.window),
-            over: b.over,
-        });
+            b.limit,
+            super::time::ms(b.window),
+            b.over,
+        ));
     }
     for (i, e) in config.effect_keys.iter().enumerate() {
         if !covers(&e.tools) {
@@ -298,13 +355,13 @@ pub fn claims(
             use sha2::Digest;
             super::canonical::sha256_text(&sha2::Sha256::digest(text.as_bytes()).into())
         };
-        out.push(Claim::Effect {
-            name,
-            tenant: who.tenant.clone(),
-            digest,
-            window_ms: super::time::ms(e.window),
-            repeat: e.repeat,
-        });
+        out.push(Claim::effect(
+            &name,
+            &who.tenant,
+            &digest,
+            super::time::ms(e.window),
+            e.repeat,
+        ));
     }
     Ok(out)
 }

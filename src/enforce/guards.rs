@@ -130,6 +130,7 @@ impl Guarding {
                     name,
                     scope,
                     tenant: _,
+                    group: _,
                     amount,
                     limit,
                     window_ms,

@@ -125,24 +125,9 @@ fn unsupported() -> StoreError {
     }
 }
 
-/// The group of rows a claim counts in: its kind, name and scope (or
-/// digest), hashed so that no name or scope can run into another's rows.
-pub(crate) fn group(claim: &Claim) -> String {
-    let (kind, scope) = match claim {
-        Claim::Budget { scope, .. } => ("budget", scope.as_str()),
-        Claim::Effect { digest, .. } => ("effect", digest.as_str()),
-    };
-    group_of(kind, claim.name(), claim.tenant(), scope)
-}
-
-fn group_of(kind: &str, name: &str, tenant: &str, scope: &str) -> String {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    for part in [kind, name, tenant, scope] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(&h.finalize()[..16])
+/// The group of rows a claim counts in (see [`Claim::group`]).
+pub(crate) fn group(claim: &Claim) -> &str {
+    claim.group()
 }
 
 /// The claim's window.
@@ -296,19 +281,6 @@ impl Table for Recording<'_> {
     }
 }
 
-/// Apply recorded changes to a table.
-pub(crate) fn apply(t: &mut impl Table, changes: &[Change]) -> Result<(), StoreError> {
-    for c in changes {
-        match c {
-            // Inserted once: a row already there is not counted twice.
-            Change::Insert(k, r) if t.get(k)?.is_none() => t.insert_row(k, r)?,
-            Change::Insert(..) => {}
-            Change::Remove(k) => t.remove_row(k)?,
-        }
-    }
-    Ok(())
-}
-
 /// The group of a row's table key (`g` + 32 hex digits + ...).
 fn group_in(row_key: &str) -> &str {
     row_key.get(1..33).unwrap_or("")
@@ -356,7 +328,7 @@ fn standing_of(
     let g = group(c);
     let since = now_ms - window_ms(c);
     let start = format!("g{g}");
-    let live = row_key(&g, since + 1, "");
+    let live = row_key(g, since + 1, "");
     let expired = t.range(&start, &live)?;
     let own_prefix = index_prefix(key) + &start;
     let own: Vec<GuardRow> = t
@@ -367,7 +339,7 @@ fn standing_of(
         .collect();
     let figure = match c {
         Claim::Budget { .. } => {
-            let mut spent = sum(t, &g)?;
+            let mut spent = sum(t, g)?;
             for r in expired.iter().map(|(_, r)| r).chain(&own) {
                 spent -= amount(r)?;
             }
@@ -434,7 +406,7 @@ pub(crate) fn take_in(
     for c in claims {
         let r = row(c, key, now_ms);
         let g = group(c);
-        let k = row_key(&g, now_ms, key);
+        let k = row_key(g, now_ms, key);
         t.insert_row(&k, &r)?;
     }
     Ok(Taken {
@@ -497,25 +469,19 @@ pub(crate) mod tests {
     use std::sync::Arc;
 
     pub(crate) fn budget(scope: &str, amount: i64, limit: i64) -> Claim {
-        Claim::Budget {
-            name: "card".into(),
-            tenant: "acme".into(),
-            scope: scope.into(),
-            amount: Decimal::from(amount),
-            limit: Decimal::from(limit),
-            window_ms: 1000,
-            over: Over::Approval,
-        }
+        Claim::budget(
+            "card",
+            "acme",
+            scope,
+            Decimal::from(amount),
+            Decimal::from(limit),
+            1000,
+            Over::Approval,
+        )
     }
 
     pub(crate) fn effect(digest: &str) -> Claim {
-        Claim::Effect {
-            name: "once".into(),
-            tenant: "acme".into(),
-            digest: digest.into(),
-            window_ms: 1000,
-            repeat: Over::Deny,
-        }
+        Claim::effect("once", "acme", digest, 1000, Over::Deny)
     }
 
     /// What every store does with guards: take within the limit, refuse

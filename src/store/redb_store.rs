@@ -1069,9 +1069,7 @@ fn fold(
             .insert(*id, text.as_str())
             .map_err(|e| err("write")(e.into()))?;
     }
-    for bytes in &pending.guards {
-        guards::fold(txn, bytes)?;
-    }
+    guards::fold(txn, &pending.guards)?;
     set_generation(txn, generation)
 }
 
@@ -1104,7 +1102,7 @@ fn replay(txn: &redb::WriteTransaction, items: Vec<journal::Item>) -> Result<(),
             journal::Item::Clear { upto } => {
                 outbox_clear(&mut outbox, upto)?;
             }
-            journal::Item::Guards { bytes } => guards::fold(txn, &bytes)?,
+            journal::Item::Guards { bytes } => guards::fold(txn, &[bytes])?,
         }
     }
     Ok(())
@@ -1196,7 +1194,7 @@ fn apply_batch(
                             // commits with its `dispatched`, as in the journal.
                             if moved && to.state == State::Dispatched {
                                 if let Some(g) = guards.lock().unsent(key)? {
-                                    guards::fold(&txn, &g)?;
+                                    guards::fold(&txn, &[g])?;
                                 }
                             }
                             Ok(moved)

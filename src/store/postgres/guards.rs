@@ -83,7 +83,7 @@ pub(super) async fn take(
 ) -> Result<Taken, StoreError> {
     let mut client = store.client().await?;
     let txn = client.transaction().await.map_err(backend("begin"))?;
-    let mut groups: Vec<String> = claims.iter().map(group).collect();
+    let mut groups: Vec<&str> = claims.iter().map(group).collect();
     groups.sort();
     groups.dedup();
     for g in &groups {

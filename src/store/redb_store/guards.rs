@@ -17,13 +17,13 @@ use redb::{Database, ReadableTable, TableDefinition};
 use super::{decode_json, err, RedbStore};
 use crate::core::guard::Claim;
 use crate::store::guards::{
-    apply, look_in, release_in, rows_in, take_in, Change, GuardRow, Recording, Standing, Table,
-    Taken,
+    look_in, release_in, rows_in, take_in, Change, GuardRow, Recording, Standing, Table, Taken,
 };
 use crate::store::{StoreError, StoreFuture};
 
-/// Guard rows and their sums (see `store::guards`), as of the last
-/// checkpoint.
+/// The guards' rows (`g GROUP AT KEY`, see `store::guards`) of dispatched
+/// calls, as of the last checkpoint. Sums and the index by ledger key are
+/// made again in memory when the store opens.
 pub(super) const GUARDS: TableDefinition<&str, &[u8]> = TableDefinition::new("guards");
 
 /// The guards' rows in memory, and the changes of calls not dispatched yet.
@@ -34,7 +34,7 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
-    /// The rows of the `guards` table.
+    /// The rows of the `guards` table, with their sums and index.
     pub(super) fn load(db: &Database) -> Result<Memory, StoreError> {
         let txn = db.begin_read().map_err(|e| err("begin read")(e.into()))?;
         let table = txn
@@ -43,7 +43,8 @@ impl Memory {
         let mut rows = BTreeMap::new();
         for item in table.iter().map_err(|e| err("scan")(e.into()))? {
             let (k, v) = item.map_err(|e| err("scan")(e.into()))?;
-            rows.insert(k.value().to_owned(), decode_json("guard row", v.value())?);
+            let row: GuardRow = decode_json("guard row", v.value())?;
+            rows.insert_row(k.value(), &row)?;
         }
         Ok(Memory {
             rows,
@@ -67,53 +68,50 @@ impl Memory {
     }
 }
 
-/// Apply a dispatched call's encoded changes to the `guards` table.
-pub(super) fn fold(txn: &redb::WriteTransaction, bytes: &[u8]) -> Result<(), StoreError> {
-    let changes: Vec<Change> = decode_json("guard changes", bytes)?;
-    let mut rows = Rows(
-        txn.open_table(GUARDS)
-            .map_err(|e| err("open table")(e.into()))?,
-    );
-    apply(&mut rows, &changes)
-}
-
-struct Rows<'t>(redb::Table<'t, &'static str, &'static [u8]>);
-
-impl Table for Rows<'_> {
-    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        if from >= to {
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::new();
-        for item in self.0.range(from..to).map_err(|e| err("scan")(e.into()))? {
-            let (k, v) = item.map_err(|e| err("scan")(e.into()))?;
-            out.push((k.value().to_owned(), decode_json("guard row", v.value())?));
-        }
-        Ok(out)
+/// Fold dispatched calls' encoded changes, in order, into the `guards`
+/// table: netted first, so that a row made and pruned between two
+/// checkpoints (a short window) costs redb nothing, and a row written once.
+pub(super) fn fold(txn: &redb::WriteTransaction, batches: &[Vec<u8>]) -> Result<(), StoreError> {
+    if batches.is_empty() {
+        return Ok(());
     }
-
-    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
-        match self.0.get(key).map_err(|e| err("read")(e.into()))? {
-            Some(v) => decode_json("guard row", v.value()).map(Some),
-            None => Ok(None),
+    // Row key -> what it is after the changes (None: gone).
+    let mut net: BTreeMap<String, Option<GuardRow>> = BTreeMap::new();
+    for bytes in batches {
+        let changes: Vec<Change> = decode_json("guard changes", bytes)?;
+        for c in changes {
+            match c {
+                Change::Insert(k, r) => {
+                    net.insert(k, Some(r));
+                }
+                Change::Remove(k) => {
+                    net.insert(k, None);
+                }
+            }
         }
     }
-
-    fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(row).map_err(|e| StoreError::Encode {
-            what: "guard row",
-            reason: e.to_string(),
-        })?;
-        self.0
-            .insert(key, bytes.as_slice())
-            .map_err(|e| err("write")(e.into()))?;
-        Ok(())
+    let mut table = txn
+        .open_table(GUARDS)
+        .map_err(|e| err("open table")(e.into()))?;
+    for (k, row) in net {
+        match row {
+            Some(r) => {
+                let bytes = serde_json::to_vec(&r).map_err(|e| StoreError::Encode {
+                    what: "guard row",
+                    reason: e.to_string(),
+                })?;
+                table
+                    .insert(k.as_str(), bytes.as_slice())
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+            None => {
+                table
+                    .remove(k.as_str())
+                    .map_err(|e| err("write")(e.into()))?;
+            }
+        }
     }
-
-    fn delete(&mut self, key: &str) -> Result<(), StoreError> {
-        self.0.remove(key).map_err(|e| err("write")(e.into()))?;
-        Ok(())
-    }
+    Ok(())
 }
 
 pub(super) fn look<'a>(
