@@ -214,7 +214,9 @@ async fn within_the_budget_calls_run_the_one_past_it_is_held_with_the_figures_an
     assert_eq!(taken.len(), 4, "{taken:?}");
     let last = &taken.last().unwrap()["guards"];
     assert_eq!(last["approved_over"], true);
-    assert_eq!(last["budgets"][0]["after"], "1200", "{last}");
+    assert_eq!(last["budgets"][0]["spent"], "800", "{last}");
+    assert_eq!(last["budgets"][0]["amount"], "400", "{last}");
+    assert_eq!(last["budgets"][0]["limit"], "1000", "{last}");
 }
 
 #[tokio::test]

@@ -107,12 +107,18 @@ impl Guarding {
                 .budget_counted(&s.name, to_f64(s.amount), to_f64(s.limit));
         }
         // The figures the call ran with, in its `dispatched` entry.
+        // (The figures, not the sentences: `after` and `over` follow from them.)
+        let effects: Vec<&str> = claims
+            .iter()
+            .filter(|c| matches!(c, Claim::Effect { .. }))
+            .map(Claim::name)
+            .collect();
         c.trail.at_dispatch(vec![(
             "guards",
             json!({
                 "approved_over": force,
-                "figures": figures.sentences(),
                 "budgets": budgets_json(&figures.spending),
+                "effect_keys": effects,
             }),
         )]);
         Ok(())
@@ -188,9 +194,7 @@ pub(crate) fn budgets_json(spending: &[Spending]) -> serde_json::Value {
             "scope": s.scope,
             "spent": s.spent.to_string(),
             "amount": s.amount.to_string(),
-            "after": s.after().to_string(),
             "limit": s.limit.to_string(),
-            "over": s.passes(),
         }))
         .collect::<Vec<_>>())
 }

@@ -281,17 +281,28 @@ impl Table for Recording<'_> {
     }
 }
 
-/// The group of a row's table key (`g` + 32 hex digits + ...).
+/// The group of a row's table key (`g` + its length in 8 digits + the
+/// group + ...).
 fn group_in(row_key: &str) -> &str {
-    row_key.get(1..33).unwrap_or("")
+    let len = row_key
+        .get(1..9)
+        .and_then(|l| l.parse::<usize>().ok())
+        .unwrap_or(0);
+    row_key.get(9..9 + len).unwrap_or("")
 }
 
-/// Table keys: `g GROUP AT KEY` for the rows (a group's rows in time
+/// Where a group's rows start: `g`, the group's length (8 digits), the
+/// group. No group's prefix is another's.
+fn group_prefix(group: &str) -> String {
+    format!("g{:08}{group}", group.len())
+}
+
+/// Table keys: `g LEN GROUP AT KEY` for the rows (a group's rows in time
 /// order), `a GROUP` for the sum of a group's rows kept (so a budget's
 /// spending is read without adding up its window), `k LEN\x1f KEY\x1f ROWKEY`
 /// for the index by ledger key.
 fn row_key(group: &str, at_ms: i64, key: &str) -> String {
-    format!("g{group}{at_ms:020}{key}")
+    format!("{}{at_ms:020}{key}", group_prefix(group))
 }
 
 fn sum_key(group: &str) -> String {
@@ -327,7 +338,7 @@ fn standing_of(
 ) -> Result<(Figure, Vec<(String, GuardRow)>), StoreError> {
     let g = group(c);
     let since = now_ms - window_ms(c);
-    let start = format!("g{g}");
+    let start = group_prefix(g);
     let live = row_key(g, since + 1, "");
     let expired = t.range(&start, &live)?;
     let own_prefix = index_prefix(key) + &start;
@@ -346,7 +357,7 @@ fn standing_of(
             Figure::Spent(spent)
         }
         Claim::Effect { .. } => Figure::Earlier(
-            t.range(&live, &format!("g{g}\u{10ffff}"))?
+            t.range(&live, &format!("{start}\u{10ffff}"))?
                 .into_iter()
                 .rev()
                 .find(|(_, r)| r.key != key)

@@ -496,9 +496,8 @@ struct Pending {
     outbox: BTreeMap<u64, String>,
     /// Outbox rows up to this id are gone (from redb at the checkpoint).
     cleared: Option<u64>,
-    /// The guards' changes of dispatched calls, in order (encoded
-    /// `store::guards::Change`s).
-    guards: Vec<Vec<u8>>,
+    /// The guards' changes of dispatched calls, in order.
+    guards: Vec<Vec<super::guards::Change>>,
 }
 
 impl Pending {
@@ -544,7 +543,7 @@ enum Effect {
     Put(String, Record),
     Outbox(u64, String),
     Clear(u64),
-    Guards(Vec<u8>),
+    Guards(Vec<super::guards::Change>),
 }
 
 /// The ledger writer thread's state.
@@ -842,10 +841,11 @@ impl Writer<'_> {
                     // frame of its `dispatched`: spent once sent, and never
                     // durable for a call that was not.
                     let taken = match to.state {
-                        State::Dispatched => self.guards.lock().unsent(key)?,
+                        State::Dispatched => self.guards.lock().unsent(key),
                         _ => None,
                     };
-                    if let Some(g) = &taken {
+                    let taken_bytes = taken.as_deref().map(guards::encode).transpose()?;
+                    if let Some(g) = &taken_bytes {
                         items.push(ItemRef::Guards { bytes: g });
                     }
                     frames.push(generation, &items);
@@ -1102,7 +1102,7 @@ fn replay(txn: &redb::WriteTransaction, items: Vec<journal::Item>) -> Result<(),
             journal::Item::Clear { upto } => {
                 outbox_clear(&mut outbox, upto)?;
             }
-            journal::Item::Guards { bytes } => guards::fold(txn, &[bytes])?,
+            journal::Item::Guards { bytes } => guards::fold(txn, &[guards::decode(&bytes)?])?,
         }
     }
     Ok(())
@@ -1193,7 +1193,7 @@ fn apply_batch(
                             // INVARIANT: what a call took of its guards
                             // commits with its `dispatched`, as in the journal.
                             if moved && to.state == State::Dispatched {
-                                if let Some(g) = guards.lock().unsent(key)? {
+                                if let Some(g) = guards.lock().unsent(key) {
                                     guards::fold(&txn, &[g])?;
                                 }
                             }

@@ -52,41 +52,45 @@ impl Memory {
         })
     }
 
-    /// The encoded changes the call under `key` made, for its dispatch's
-    /// frame (taken: a dispatch happens once).
-    pub(super) fn unsent(&mut self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.unsent
-            .remove(key)
-            .filter(|c| !c.is_empty())
-            .map(|c| {
-                serde_json::to_vec(&c).map_err(|e| StoreError::Encode {
-                    what: "guard changes",
-                    reason: e.to_string(),
-                })
-            })
-            .transpose()
+    /// The changes the call under `key` made, for its dispatch (taken: a
+    /// dispatch happens once).
+    pub(super) fn unsent(&mut self, key: &str) -> Option<Vec<Change>> {
+        self.unsent.remove(key).filter(|c| !c.is_empty())
     }
 }
 
-/// Fold dispatched calls' encoded changes, in order, into the `guards`
+/// Changes as a journal frame carries them.
+pub(super) fn encode(changes: &[Change]) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(changes).map_err(|e| StoreError::Encode {
+        what: "guard changes",
+        reason: e.to_string(),
+    })
+}
+
+/// Changes read back from a journal frame.
+pub(super) fn decode(bytes: &[u8]) -> Result<Vec<Change>, StoreError> {
+    decode_json("guard changes", bytes)
+}
+
+/// Fold dispatched calls' changes, in order, into the `guards`
 /// table: netted first, so that a row made and pruned between two
 /// checkpoints (a short window) costs redb nothing, and a row written once.
-pub(super) fn fold(txn: &redb::WriteTransaction, batches: &[Vec<u8>]) -> Result<(), StoreError> {
+pub(super) fn fold(
+    txn: &redb::WriteTransaction,
+    batches: &[Vec<Change>],
+) -> Result<(), StoreError> {
     if batches.is_empty() {
         return Ok(());
     }
     // Row key -> what it is after the changes (None: gone).
     let mut net: BTreeMap<String, Option<GuardRow>> = BTreeMap::new();
-    for bytes in batches {
-        let changes: Vec<Change> = decode_json("guard changes", bytes)?;
-        for c in changes {
-            match c {
-                Change::Insert(k, r) => {
-                    net.insert(k, Some(r));
-                }
-                Change::Remove(k) => {
-                    net.insert(k, None);
-                }
+    for c in batches.iter().flatten() {
+        match c {
+            Change::Insert(k, r) => {
+                net.insert(k.clone(), Some(r.clone()));
+            }
+            Change::Remove(k) => {
+                net.insert(k.clone(), None);
             }
         }
     }
