@@ -216,20 +216,11 @@ pub(crate) trait Table {
         self.add_sum(group_in(row_key), -amount(&row)?)
     }
 
+    /// The sum of a group's rows kept.
+    fn sum_of(&self, group: &str) -> Result<Decimal, StoreError>;
+
     /// Add `by` to a group's sum.
-    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError> {
-        let total = sum(self, group)? + by;
-        let row = GuardRow {
-            kind: "sum".into(),
-            name: String::new(),
-            tenant: String::new(),
-            scope: String::new(),
-            key: String::new(),
-            amount: total.to_string(),
-            at_ms: 0,
-        };
-        self.put(&sum_key(group), &row)
-    }
+    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError>;
 }
 
 /// One change to a table, as a journal carries it (redb): a row inserted
@@ -247,7 +238,7 @@ pub(crate) enum Change {
 /// A table in memory that records the rows inserted and removed.
 pub(crate) struct Recording<'a> {
     /// The rows.
-    pub(crate) rows: &'a mut std::collections::BTreeMap<String, GuardRow>,
+    pub(crate) rows: &'a mut Rows,
     /// What changed, in order.
     pub(crate) changes: Vec<Change>,
 }
@@ -267,6 +258,14 @@ impl Table for Recording<'_> {
 
     fn delete(&mut self, key: &str) -> Result<(), StoreError> {
         Table::delete(self.rows, key)
+    }
+
+    fn sum_of(&self, group: &str) -> Result<Decimal, StoreError> {
+        self.rows.sum_of(group)
+    }
+
+    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError> {
+        self.rows.add_sum(group, by)
     }
 
     fn insert_row(&mut self, row_key: &str, row: &GuardRow) -> Result<(), StoreError> {
@@ -298,25 +297,15 @@ fn group_prefix(group: &str) -> String {
 }
 
 /// Table keys: `g LEN GROUP AT KEY` for the rows (a group's rows in time
-/// order), `a GROUP` for the sum of a group's rows kept (so a budget's
-/// spending is read without adding up its window), `k LEN\x1f KEY\x1f ROWKEY`
-/// for the index by ledger key.
+/// order) and `k LEN\x1f KEY\x1f ROWKEY` for the index by ledger key. Each
+/// group's sum is kept beside (so a budget's spending is read without
+/// adding up its window).
 fn row_key(group: &str, at_ms: i64, key: &str) -> String {
     format!("{}{at_ms:020}{key}", group_prefix(group))
 }
 
-fn sum_key(group: &str) -> String {
-    format!("a{group}")
-}
-
 fn index_prefix(key: &str) -> String {
     format!("k{}\x1f", key.len()) + key + "\x1f"
-}
-
-/// The sum of a group's rows kept.
-fn sum(t: &(impl Table + ?Sized), group: &str) -> Result<Decimal, StoreError> {
-    t.get(&sum_key(group))?
-        .map_or(Ok(Decimal::ZERO), |r| amount(&r))
 }
 
 /// A claim's standing, and the rows its window left behind (for the
@@ -350,7 +339,7 @@ fn standing_of(
         .collect();
     let figure = match c {
         Claim::Budget { .. } => {
-            let mut spent = sum(t, g)?;
+            let mut spent = t.sum_of(g)?;
             for r in expired.iter().map(|(_, r)| r).chain(&own) {
                 spent -= amount(r)?;
             }
@@ -445,29 +434,49 @@ pub(crate) fn rows_in(t: &impl Table, since_ms: i64) -> Result<Vec<GuardRow>, St
         .collect())
 }
 
-/// A [`Table`] in memory.
-impl Table for std::collections::BTreeMap<String, GuardRow> {
+/// The guards' rows in memory, with each group's sum.
+#[derive(Debug, Default)]
+pub(crate) struct Rows {
+    rows: std::collections::BTreeMap<String, GuardRow>,
+    sums: std::collections::HashMap<String, Decimal>,
+}
+
+impl Table for Rows {
     fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
         if from >= to {
             return Ok(Vec::new());
         }
         Ok(self
+            .rows
             .range(from.to_owned()..to.to_owned())
             .map(|(k, r)| (k.clone(), r.clone()))
             .collect())
     }
 
     fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
-        Ok(std::collections::BTreeMap::get(self, key).cloned())
+        Ok(self.rows.get(key).cloned())
     }
 
     fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
-        self.insert(key.to_owned(), row.clone());
+        self.rows.insert(key.to_owned(), row.clone());
         Ok(())
     }
 
     fn delete(&mut self, key: &str) -> Result<(), StoreError> {
-        self.remove(key);
+        self.rows.remove(key);
+        Ok(())
+    }
+
+    fn sum_of(&self, group: &str) -> Result<Decimal, StoreError> {
+        Ok(self.sums.get(group).copied().unwrap_or_default())
+    }
+
+    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError> {
+        let sum = self.sums.entry(group.to_owned()).or_default();
+        *sum += by;
+        if sum.is_zero() {
+            self.sums.remove(group);
+        }
         Ok(())
     }
 }
@@ -645,7 +654,7 @@ pub(crate) mod tests {
         });
         runner
             .run(&proptest::collection::vec(op, 1..60), |ops| {
-                let mut t = std::collections::BTreeMap::<String, GuardRow>::new();
+                let mut t = Rows::default();
                 // Every call counted: key -> (amount, at).
                 let mut counted = std::collections::BTreeMap::<String, (i64, i64)>::new();
                 let mut now = 10_000;

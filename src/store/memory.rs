@@ -28,7 +28,7 @@ pub struct MemoryStore {
     /// Tasks by id.
     tasks: Mutex<BTreeMap<String, crate::core::task::TaskRecord>>,
     /// Guard rows (see [`super::guards`]).
-    guards: Mutex<BTreeMap<String, super::guards::GuardRow>>,
+    guards: Mutex<super::guards::Rows>,
 }
 
 impl MemoryStore {

@@ -28,7 +28,7 @@ pub(super) const GUARDS: TableDefinition<&str, &[u8]> = TableDefinition::new("gu
 
 /// The guards' rows in memory, and the changes of calls not dispatched yet.
 pub(crate) struct Memory {
-    rows: BTreeMap<String, GuardRow>,
+    rows: crate::store::guards::Rows,
     /// Per ledger key: what its take changed, journaled at its dispatch.
     unsent: HashMap<String, Vec<Change>>,
 }
@@ -40,7 +40,7 @@ impl Memory {
         let table = txn
             .open_table(GUARDS)
             .map_err(|e| err("open table")(e.into()))?;
-        let mut rows = BTreeMap::new();
+        let mut rows = crate::store::guards::Rows::default();
         for item in table.iter().map_err(|e| err("scan")(e.into()))? {
             let (k, v) = item.map_err(|e| err("scan")(e.into()))?;
             let row: GuardRow = decode_json("guard row", v.value())?;
