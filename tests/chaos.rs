@@ -119,8 +119,27 @@ fn the_same_over_an_http_upstream_killed_and_dropping_sessions() {
 #[test]
 fn the_same_on_postgresql_with_two_gateways_and_database_restarts() {
     let _one = ONE_DATABASE_RUN.lock().unwrap_or_else(|e| e.into_inner());
-    let summary = chaos(&["--postgres", "postgres://postgres@127.0.0.1:5432/test"]);
+    // With a budget both gateways share: unattended spending never passes
+    // it (the driver checks the server's record, in exact decimals).
+    let summary = chaos(&[
+        "--postgres",
+        "postgres://postgres@127.0.0.1:5432/test",
+        "--budget",
+        "400000",
+    ]);
     assert_eq!(summary["store"], "postgres, two gateways", "{summary}");
+    let budget = &summary["budget"];
+    assert_eq!(budget["ok"], true, "{summary}");
+    assert!(
+        budget["refused"].as_u64().unwrap() > 0,
+        "the budget was reached: {summary}"
+    );
+    let spent: f64 = budget["spent_unattended"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(spent > 300_000.0 && spent <= 400_000.0, "{summary}");
 }
 
 /// A fresh seed for a run (`CHAOS_SEED` replays one), printed.

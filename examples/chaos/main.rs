@@ -6,7 +6,8 @@
 //! ```text
 //! chaos [--calls 500] [--kills 10] [--agents 8] [--seed N] [--countersign BIN]
 //!       [--server BIN] [--work DIR] [--http] [--modern] [--postgres URL]
-//!       [--pg-cluster main] [--approvals] [--tasks] [--rate CALLS_PER_SEC] [--samples FILE]
+//!       [--pg-cluster main] [--approvals] [--tasks] [--budget LIMIT] [--rate CALLS_PER_SEC]
+//!       [--samples FILE]
 //!       [--sample-secs 60]
 //!       [--json]
 //! ```
@@ -44,6 +45,10 @@
 //! ends; a task that says the tool ran must have run, one that says it did
 //! not must not have, and none may still be working at the end.
 //!
+//! With `--budget LIMIT` a budget of the tenant counts the charges' amounts
+//! (`over = "deny"`, a 24h window): every gateway shares it, and a call that
+//! would pass it is refused (`budget_exceeded`, a definitive answer).
+//!
 //! Checked at the end, from the server's record (`executions.jsonl`) and
 //! the gateway's ledger:
 //! - no key executed twice;
@@ -52,6 +57,8 @@
 //!   its result, but for `_meta`, byte for byte (the server's numbers and
 //!   escapes as it wrote them);
 //! - every key answered `outcome_unknown` is listed by `reconcile --list`;
+//! - with `--budget`, the amounts of the calls that ran unattended add up to
+//!   at most the limit, exactly (decimals);
 //! - with `--approvals`, from the store's proposals, every gateway's audit
 //!   log and the webhook receiver: no execution of a held call without a
 //!   consumed proposal whose approvals meet its quorum; every consumed
@@ -135,6 +142,8 @@ struct Opts {
     sample_secs: u64,
     /// `--pg-cluster`: the local cluster `db_restart` restarts (`main`).
     pg_cluster: String,
+    /// `--budget LIMIT`: the tenant's budget of charges (a decimal).
+    budget: Option<String>,
 }
 
 fn opts() -> Result<Opts, String> {
@@ -163,6 +172,7 @@ fn opts() -> Result<Opts, String> {
         samples: None,
         sample_secs: 60,
         pg_cluster: "main".into(),
+        budget: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -187,6 +197,13 @@ fn opts() -> Result<Opts, String> {
             "--postgres" => o.postgres = Some(value()?),
             "--approvals" => o.approvals = true,
             "--tasks" => o.tasks = true,
+            "--budget" => {
+                let limit = value()?;
+                limit
+                    .parse::<rust_decimal::Decimal>()
+                    .map_err(|e| format!("--budget: {e}"))?;
+                o.budget = Some(limit);
+            }
             "--pg-cluster" => o.pg_cluster = value()?,
             "--rate" => o.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
             "--samples" => o.samples = Some(value()?.into()),
@@ -420,6 +437,12 @@ impl Setup {
             notify.push_str(&format!(
                 "[metrics]\ntoken_sha256 = \"{}\"\n\n[telemetry]\nendpoint = \"{collector}\"\n\n[idempotency]\nretention = \"10m\"\n\n",
                 sha_of(METRICS_TOKEN)
+            ));
+        }
+        if let Some(limit) = &o.budget {
+            notify.push_str(&format!(
+                "[[budgets]]\nname = \"chaos\"\ntools = [\"payments/charge_card\"]\namount = \"/amount\"\n\
+                 per = \"tenant\"\nwindow = \"24h\"\nlimit = \"{limit}\"\nover = \"deny\"\n\n"
             ));
         }
         let mut configs = Vec::new();
@@ -685,7 +708,9 @@ impl Agent {
         let is_error = result["isError"] == true;
         match code.as_str() {
             "approval_pending" => return Sent::Pending,
-            "approval_denied" | "approval_expired" => return Sent::Refused(code),
+            "approval_denied" | "approval_expired" | "budget_exceeded" => {
+                return Sent::Refused(code)
+            }
             _ => {}
         }
         if is_error && code != "outcome_unknown" {
@@ -1326,7 +1351,34 @@ async fn run() -> Result<bool, String> {
             decisions: &decisions,
         })
     });
+    // The budget: what ran unattended (with --approvals, the EUR calls)
+    // adds up to at most the limit, in exact decimals from the amounts'
+    // shortest text (as the gateway reads them).
+    let budget = o.budget.as_ref().map(|limit| {
+        let limit: rust_decimal::Decimal = limit.parse().unwrap_or_default();
+        let spent: rust_decimal::Decimal = runs
+            .iter()
+            .filter(|e| !o.approvals || e["arguments"]["currency"] == "EUR")
+            .filter_map(|e| e["arguments"]["amount"].as_f64())
+            .filter_map(|a| a.to_string().parse::<rust_decimal::Decimal>().ok())
+            .sum();
+        let refused = seen
+            .refused
+            .values()
+            .filter(|c| *c == "budget_exceeded")
+            .count();
+        (
+            spent <= limit,
+            json!({
+                "limit": limit.to_string(),
+                "spent_unattended": spent.to_string(),
+                "refused": refused,
+                "ok": spent <= limit,
+            }),
+        )
+    });
     let ok = finished == o.calls
+        && budget.as_ref().is_none_or(|b| b.0)
         && duplicates.is_empty()
         && lost_acks.is_empty()
         && seen.changed.is_empty()
@@ -1358,6 +1410,7 @@ async fn run() -> Result<bool, String> {
         "refused_by_review": seen.refused.len(),
         "approval_pending_answers": seen.pending_answers,
         "approvals": approvals.map(|a| a.summary),
+        "budget": budget.map(|b| b.1),
         "tasks": {
             "ended": seen.tasks.len(),
             "approved_executed": seen.tasks.values().filter(|t| t.1 == "approved-executed").count(),
@@ -1392,6 +1445,9 @@ async fn run() -> Result<bool, String> {
         }
         if o.tasks {
             println!("tasks: {}", summary["tasks"]);
+        }
+        if o.budget.is_some() {
+            println!("budget: {}", summary["budget"]);
         }
     }
     Ok(ok)
