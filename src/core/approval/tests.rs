@@ -12,6 +12,23 @@ fn a_summary_escapes_what_would_break_its_sentence() {
     assert!(s.contains("plain ok"), "{s}");
 }
 
+/// The guards' figures reach every surface that words a proposal: the
+/// summary (notifications, the console, the question in the client) and the
+/// flags (`pending`, the TUI), escaped like any text from the store.
+#[test]
+fn the_guards_figures_are_in_the_summary_and_the_flags() {
+    let mut p = proposal();
+    p.guards = vec![
+        "budget card-daily (principal:agent-7): spent 800 of 1,000 in 1d; this call 400; after it 1,200 (over the limit)".into(),
+        "repeats an earlier call (effect key x\u{1b}[2J): dispatched at 2026-12-06T10:42:00Z".into(),
+    ];
+    let s = summary(&p);
+    assert!(s.ends_with("; budget card-daily (principal:agent-7): spent 800 of 1,000 in 1d; this call 400; after it 1,200 (over the limit); repeats an earlier call (effect key x\\u{1b}[2J): dispatched at 2026-12-06T10:42:00Z"), "{s}");
+    let f = flags(&serde_json::to_value(&p).unwrap());
+    assert!(f.iter().any(|f| f.contains("after it 1,200")), "{f:?}");
+    assert!(f.iter().all(|f| !f.contains('\u{1b}')), "{f:?}");
+}
+
 fn proposal() -> Proposal {
     Proposal {
         id: "p-0123456789abcdef".into(),
