@@ -133,6 +133,25 @@ async fn charge(c: &common::Client, id: i64, amount: i64, key: Option<&str>) -> 
         .await
 }
 
+/// A charge of 200 through each client at once (keys `PREFIX0`...): what
+/// each got, `ran` or its code.
+async fn charges_at_once(clients: Vec<Arc<common::Client>>, prefix: &str) -> Vec<String> {
+    let calls: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let key = format!("{prefix}{i}");
+            tokio::spawn(async move { charge(&c, i as i64, 200, Some(&key)).await })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for t in calls {
+        let a = t.await.unwrap();
+        codes.push(if ran(&a) { "ran".to_owned() } else { code(&a) });
+    }
+    codes
+}
+
 fn ran(a: &common::Answer) -> bool {
     a.last()["result"]["isError"] == false
 }
@@ -205,12 +224,16 @@ async fn within_the_budget_calls_run_the_one_past_it_is_held_with_the_figures_an
         ok && text.contains("acme principal:agent-7: spent 1,200 in 3 calls, 0 left"),
         "{text}"
     );
-    // The audit log carries the figures each call ran with.
+    // The audit log carries the figures each call ran with (its writer
+    // appends within moments of the answer).
+    let guarded =
+        |e: &serde_json::Map<String, Value>| e["kind"] == "dispatched" && e.get("guards").is_some();
+    common::wait_for_audit(&g.gw, "four guarded dispatches", |all| {
+        all.iter().filter(|e| guarded(e)).count() == 4
+    })
+    .await;
     let entries = common::audit_entries(&g.gw.audit_dir());
-    let taken: Vec<_> = entries
-        .iter()
-        .filter(|e| e["kind"] == "dispatched" && e.get("guards").is_some())
-        .collect();
+    let taken: Vec<_> = entries.iter().filter(|e| guarded(e)).collect();
     assert_eq!(taken.len(), 4, "{taken:?}");
     let last = &taken.last().unwrap()["guards"];
     assert_eq!(last["approved_over"], true);
@@ -243,18 +266,7 @@ over = "deny"
         };
         clients.push(Arc::new(g.client(token).await));
     }
-    let calls: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            tokio::spawn(async move { charge(&c, i as i64, 200, Some(&format!("c{i}"))).await })
-        })
-        .collect();
-    let mut codes = Vec::new();
-    for t in calls {
-        let a = t.await.unwrap();
-        codes.push(if ran(&a) { "ran".to_owned() } else { code(&a) });
-    }
+    let codes = charges_at_once(clients, "c").await;
     assert_eq!(codes.iter().filter(|c| *c == "ran").count(), 5, "{codes:?}");
     assert_eq!(
         codes.iter().filter(|c| *c == "budget_exceeded").count(),
@@ -488,22 +500,7 @@ over = "deny"
         let gw = if i % 2 == 0 { &a } else { &b };
         clients.push(Arc::new(client_of(gw, common::TOKEN).await));
     }
-    let calls: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            tokio::spawn(async move { charge(&c, i as i64, 200, Some(&format!("s{i}"))).await })
-        })
-        .collect();
-    let mut codes = Vec::new();
-    for t in calls {
-        let a = t.await.unwrap();
-        codes.push(if ran(&a) {
-            "ran".to_owned()
-        } else {
-            format!("{}: {}", code(&a), a.response_text())
-        });
-    }
+    let codes = charges_at_once(clients, "s").await;
     assert_eq!(codes.iter().filter(|c| *c == "ran").count(), 5, "{codes:?}");
     assert_eq!(a.executions("charge_card") + b.executions("charge_card"), 5);
     let (ok, out, err) = cli_of(&b, &key, &["budgets", "--json"]).await;

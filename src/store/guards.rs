@@ -622,23 +622,24 @@ pub(crate) mod tests {
 
         // Ten concurrent takes of 200 under 1,000: exactly five.
         let c = [budget("tenant:t", 200, 1000)];
+        let taken = at_once(&[store], &c, "c", 30_000).await;
+        assert_eq!(taken, 5, "exactly five of ten fit in the budget");
+    }
+
+    /// Ten takes of `c` at once, through `stores` in turn (keys `PREFIX0`
+    /// ...): how many were taken.
+    async fn at_once(stores: &[Arc<dyn Store>], c: &[Claim], prefix: &str, now: i64) -> usize {
         let mut set = tokio::task::JoinSet::new();
         for i in 0..10 {
-            let store = store.clone();
-            let c = c.clone();
-            set.spawn(async move {
-                store
-                    .guards_take(&format!("c{i}"), &c, false, 30_000)
-                    .await
-                    .unwrap()
-                    .taken
-            });
+            let store = stores[i % stores.len()].clone();
+            let (c, key) = (c.to_vec(), format!("{prefix}{i}"));
+            set.spawn(async move { store.guards_take(&key, &c, false, now).await.unwrap().taken });
         }
         let mut taken = 0;
         while let Some(t) = set.join_next().await {
             taken += usize::from(t.unwrap());
         }
-        assert_eq!(taken, 5, "exactly five of ten fit in the budget");
+        taken
     }
 
     /// The kept sums never drift from the rows: random takes (forced or
@@ -769,25 +770,36 @@ pub(crate) mod tests {
         let (a, _) = PgStore::connect(config.clone(), None, 4, "gw-a")
             .await
             .unwrap();
-        let (b, _) = PgStore::connect(config, None, 4, "gw-b").await.unwrap();
+        let (b, _) = PgStore::connect(config.clone(), None, 4, "gw-b")
+            .await
+            .unwrap();
         let stores: [Arc<dyn Store>; 2] = [Arc::new(a), Arc::new(b)];
         let c = [budget("tenant:shared", 200, 1000)];
-        let mut set = tokio::task::JoinSet::new();
-        for i in 0..10 {
-            let store = stores[i % 2].clone();
-            let c = c.clone();
-            set.spawn(async move {
-                store
-                    .guards_take(&format!("s{i}"), &c, false, 40_000)
-                    .await
-                    .unwrap()
-                    .taken
-            });
-        }
-        let mut taken = 0;
-        while let Some(t) = set.join_next().await {
-            taken += usize::from(t.unwrap());
-        }
+        let taken = at_once(&stores, &c, "s", 40_000).await;
         assert_eq!(taken, 5, "two gateways together fit five of ten");
+
+        // A gateway that stopped between a take and its dispatch: its
+        // recovery frees the reserved key and gives the share back.
+        use crate::core::ledger::Record;
+        let (gone, _) = PgStore::connect(config, None, 2, "gw-c").await.unwrap();
+        let r = Record::reserve(&crate::store::tests::claim("r1"), 0, 10_000_000);
+        gone.reserve("r1".into(), r, 0).await.unwrap();
+        let c = [budget("tenant:stopped", 300, 1000)];
+        assert!(
+            gone.guards_take("r1", &c, false, 60_000)
+                .await
+                .unwrap()
+                .taken
+        );
+        assert_eq!(
+            gone.guards_look("x", &c, 60_001).await.unwrap().spent,
+            [Decimal::from(300)]
+        );
+        gone.recover().await.unwrap();
+        assert_eq!(
+            gone.guards_look("x", &c, 60_002).await.unwrap().spent,
+            [Decimal::ZERO],
+            "never sent, never spent"
+        );
     }
 }

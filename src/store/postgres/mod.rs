@@ -1300,7 +1300,15 @@ impl Store for PgStore {
             let txn = client.transaction().await.map_err(backend("begin"))?;
             let gateway: &str = &self.gateway;
             // This gateway's own rows only: another gateway's calls in
-            // flight are that gateway's to recover.
+            // flight are that gateway's to recover. What a call never sent
+            // took of its guards (budgets, effect keys) goes back first.
+            txn.execute(
+                "DELETE FROM guards WHERE key IN
+                   (SELECT key FROM ledger WHERE gateway = $1 AND state = 'reserved')",
+                &[&gateway],
+            )
+            .await
+            .map_err(backend("recover"))?;
             let freed = txn
                 .execute(
                     "DELETE FROM ledger WHERE gateway = $1 AND state = 'reserved'",
@@ -1334,6 +1342,16 @@ impl Store for PgStore {
             // now), and what they dispatched has an unknown outcome, never a
             // free key.
             let lapsed = format!("SELECT id FROM gateways WHERE lease_until_ms < {NOW_MS} - $1");
+            // What their unsent calls took of the guards goes back.
+            txn.execute(
+                &format!(
+                    "DELETE FROM guards WHERE key IN
+                       (SELECT key FROM ledger WHERE state = 'reserved' AND gateway IN ({lapsed}))"
+                ),
+                &[&self.lease_ms],
+            )
+            .await
+            .map_err(backend("settle lapsed gateways"))?;
             let freed_keys = txn
                 .query(
                     &format!(
