@@ -928,3 +928,37 @@ async fn f11_a_value_that_mixes_scripts_is_marked_on_the_proposal_page() {
     let sentence = r[2]["text"].as_str().unwrap_or_default();
     assert!(sentence.contains("mixed scripts"), "{r:?}");
 }
+
+/// A held charge under a budget: its page shows the budget's figures
+/// (DESIGN.md section 25), as `show` and `pending` do.
+#[tokio::test]
+async fn a_held_charge_under_a_budget_shows_the_figures_on_its_page() {
+    let console = Console::start_with(
+        "",
+        "",
+        "\n[[budgets]]\nname = \"card-daily\"\ntools = [\"payments/charge_card\"]\namount = \"/amount\"\n\
+         per = \"principal\"\nwindow = \"24h\"\nlimit = 1000\n",
+    );
+    let link = console.invite("alice", "leads", "1h");
+    let entry = console.enrol("alice", &link);
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let (_c, _a, id) = held(&console.gw, "budget-1", 400).await;
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": format!("/review/p/{id}")},
+            {"text": "[data-role=guard]"},
+            {"text": "p.sentence"},
+        ]),
+    );
+    let figures = "budget card-daily (principal:agent-7): spent 0 of 1,000 in 1d; this call 400; after it 400";
+    assert!(
+        r[1]["text"].as_str().unwrap_or_default().contains(figures),
+        "{r:?}"
+    );
+    assert!(
+        r[2]["text"].as_str().unwrap_or_default().contains(figures),
+        "{r:?}"
+    );
+}
