@@ -121,6 +121,9 @@ pub struct Policies {
     /// Entities per (identity, tool, annotations): building them (with
     /// Cedar's transitive closure) was a third of a decision's time.
     entity_cache: parking_lot::Mutex<HashMap<String, CachedEntities>>,
+    /// Some policy may read `context.budgets` (its text names `budgets`;
+    /// conservative): only then is a call's budget read before its decision.
+    reads_budgets: bool,
     /// `reviewers.toml`: who may decide proposals, loaded and reloaded with
     /// the policies (both live in the policy repository).
     reviewers: crate::core::reviewers::Reviewers,
@@ -524,7 +527,9 @@ impl Policies {
         };
         if errors.is_empty() {
             let index = Index::build(&set);
+            let reads_budgets = set.policies().any(|p| p.to_string().contains("budgets"));
             Ok(Policies {
+                reads_budgets,
                 set,
                 schema,
                 origin,
@@ -546,6 +551,7 @@ impl Policies {
     /// No policies: every call is denied (default deny).
     pub fn empty() -> Policies {
         Policies {
+            reads_budgets: false,
             set: PolicySet::new(),
             schema: None,
             origin: HashMap::new(),
@@ -559,6 +565,11 @@ impl Policies {
             quorums: HashMap::new(),
             digest: sources_digest(&PolicySources::default()),
         }
+    }
+
+    /// Whether some policy may read `context.budgets`.
+    pub fn reads_budgets(&self) -> bool {
+        self.reads_budgets
     }
 
     /// `sha256:` of the policy set in force: every `*.cedar` file (by file

@@ -84,6 +84,7 @@ impl Gate {
         c: &Call<'_, U>,
         lost: Option<ProposalState>,
         claims: &[crate::core::guard::Claim],
+        must_look: bool,
     ) -> Chosen {
         if let Some(state) = lost {
             tracing::debug!(lost = state.as_str(), "looking for an approval again");
@@ -109,17 +110,40 @@ impl Gate {
                 return Chosen::Refuse(Outcome::NotDispatched);
             }
             // The budgets and effect keys it falls under, as they stand now
-            // (read again at every look: a held call's figures move).
-            let looked = match claims.is_empty() {
-                true => None,
-                false => match self.guards.look(c, claims).await {
+            // (read again at every look: a held call's figures move). Read
+            // before the decision only when a policy may read them, when a
+            // take refused the call (the figures say why) or while it is
+            // held; an unattended call within them is checked by the take
+            // alone, atomically, after its reservation.
+            let early = !claims.is_empty()
+                && (must_look || waiting.is_some() || self.judge.policies().reads_budgets());
+            let mut looked = match early {
+                true => match self.guards.look(c, claims).await {
                     Ok(l) => Some(l),
                     Err(e) => {
                         tracing::error!("guards unavailable, refusing: {e}");
                         return Chosen::Refuse(Outcome::NotDispatched);
                     }
                 },
+                false => None,
             };
+            // Revalidation right before execution: the policies in force now.
+            let spending = looked.as_ref().map(|f| f.spending.as_slice());
+            let decision = self.judge.decide_with(c, spending);
+            if let Decision::Deny { .. } = decision {
+                return Chosen::Refuse(Outcome::Denied);
+            }
+            // A call a person must decide shows them the figures.
+            if looked.is_none() && !claims.is_empty() && !matches!(decision, Decision::Allow { .. })
+            {
+                match self.guards.look(c, claims).await {
+                    Ok(l) => looked = Some(l),
+                    Err(e) => {
+                        tracing::error!("guards unavailable, refusing: {e}");
+                        return Chosen::Refuse(Outcome::NotDispatched);
+                    }
+                }
+            }
             let figures = looked.as_ref();
             // A guard that denies refuses the call whatever the policies say.
             if let Some(refusal) = figures.and_then(crate::core::guard::Figures::refusal) {
@@ -144,9 +168,7 @@ impl Gate {
             let stopped: Vec<String> = figures
                 .map(|f| f.stopped().into_iter().map(|(name, _)| name).collect())
                 .unwrap_or_default();
-            // Revalidation right before execution: the policies in force now.
-            let spending = figures.map(|f| f.spending.as_slice());
-            let policies = match self.judge.decide_with(c, spending) {
+            let policies = match decision {
                 Decision::Allow { .. } if stopped.is_empty() => return Chosen::Pass,
                 // Past a budget or repeating an effect: a person decides,
                 // and the guards stand where the policies would.

@@ -30,8 +30,9 @@ pub(crate) struct Guarding {
 
 /// Why a take did not count the call.
 pub(crate) enum NotTaken {
-    /// Another call took the last of a budget (or made the effect) first:
-    /// decide again on the new figures.
+    /// The guards stop the call (another call took the last of a budget,
+    /// or made the effect, first; or the call was never within them):
+    /// decide again, on the figures.
     Raced,
     /// The store failed: nothing is dispatched.
     Store(StoreError),
@@ -94,13 +95,10 @@ impl Guarding {
             .guards_take(ticket.key(), claims, force, now)
             .await
             .map_err(NotTaken::Store)?;
-        let figures = self.figures(claims, &taken.standing).await;
         if !taken.taken {
-            for (name, _) in figures.stopped() {
-                self.metrics.guard_stop(&name, "raced");
-            }
             return Err(NotTaken::Raced);
         }
+        let figures = self.figures(claims, &taken.standing).await;
         ticket.guarded();
         for s in &figures.spending {
             self.metrics

@@ -18,7 +18,7 @@
 //! | `countersign_trace_spans` | gauge (a count since start) | `result` (`exported`, `dropped`, `failed`) |
 //! | `countersign_runtime_tasks` | gauge | |
 //! | `countersign_shadow_disagreements_total` | counter | `server`, `tool`, `from`, `to` (`allow`, `approval`, `deny`) |
-//! | `countersign_guard_stops_total` | counter | `guard` (`budget/NAME`, `effect_key/NAME`), `result` (`held`, `refused`, `raced`) |
+//! | `countersign_guard_stops_total` | counter | `guard` (`budget/NAME`, `effect_key/NAME`), `result` (`held`, `refused`) |
 //! | `countersign_budget_spent_total` | counter (amounts, exact to a float) | `budget` |
 //! | `countersign_budget_limit` | gauge | `budget` |
 //! | `countersign_refusals_total` | counter | `what` (`tool_call_without_id`, `tool_call_lookalike`, `notification_method`, `malformed`, `origin`, `token`, `control`, `control_replay`, `rate_limited`, `body_timeout`, ...) |
@@ -211,7 +211,7 @@ impl Metrics {
         let guard_stops = Family::<CircuitLabels, Counter>::default();
         registry.register(
             "guard_stops",
-            "Calls a budget or an effect key stopped: held for a reviewer, refused, or raced (another call took the last of a budget first, and this one was decided again)",
+            "Calls a budget or an effect key stopped: held for a reviewer, or refused",
             guard_stops.clone(),
         );
         let budget_spent =
@@ -268,7 +268,7 @@ impl Metrics {
         self.mcp_tasks.get_or_create(&[("event", event)]).inc();
     }
 
-    /// Guard `guard` stopped a call: `held`, `refused` or `raced`.
+    /// Guard `guard` stopped a call: `held` or `refused`.
     pub fn guard_stop(&self, guard: &str, result: &'static str) {
         self.guard_stops
             .get_or_create(&[("guard", guard.to_owned()), ("result", result.to_owned())])

@@ -182,7 +182,7 @@ impl Writes {
                 },
                 Err(Stop::Again) => continue,
             };
-            let ticket = match self.reserve(c, lead, claims).await {
+            let ticket = match self.reserve(c, lead, claims, raced > 0).await {
                 Ok(t) => t,
                 Err(Stop::Done(done)) => return Attempt::Done(done),
                 // Bounded: a call that keeps losing the last of a budget
@@ -343,10 +343,11 @@ impl Writes {
         c: &Call<'_, U>,
         mut lead: Lead,
         claims: &[Claim],
+        must_look: bool,
     ) -> Result<Box<Ticket>, Stop> {
         let mut lost = None;
         for _ in 0..GATE_ROUNDS {
-            let (proposal, approval) = match self.gate.choose(c, lost, claims).await {
+            let (proposal, approval) = match self.gate.choose(c, lost, claims, must_look).await {
                 Chosen::Pass => (None, Value::Null),
                 Chosen::Consume { proposal, approval } => (Some(proposal), approval),
                 Chosen::Refuse(why) => {
@@ -390,7 +391,7 @@ impl Writes {
                         match taken {
                             Ok(()) => {}
                             Err(NotTaken::Raced) => {
-                                tracing::info!(tool = %c.call.tool, "another call took the last of a budget first: deciding again");
+                                tracing::debug!(tool = %c.call.tool, "its budgets or effect keys stop the call: deciding again on their figures");
                                 ticket.not_dispatched().await;
                                 return Err(Stop::Again);
                             }
