@@ -234,6 +234,12 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
                     Ok(n) => tracing::debug!(forgotten = n, "ledger retention sweep"),
                     Err(e) => tracing::warn!("ledger retention sweep failed: {e}"),
                 }
+                // Budgets' spending and effects whose window ended.
+                match gw.pipeline().store().guards_gc(now).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(forgotten = n, "guards sweep"),
+                    Err(e) => tracing::warn!("guards sweep failed: {e}"),
+                }
                 // Expiry is also checked at consumption; the sweep keeps
                 // reviewers' lists honest and forgets old final proposals.
                 match gw

@@ -38,6 +38,9 @@ pub struct GuardRow {
     pub amount: String,
     /// When it was taken, Unix ms.
     pub at_ms: i64,
+    /// When its window ends (it no longer counts), Unix ms.
+    #[serde(default)]
+    pub until_ms: i64,
 }
 
 /// Each claim's standing for a call, in the claims' order, leaving out the
@@ -111,6 +114,14 @@ pub trait Guards {
         Box::pin(async { Err(unsupported()) })
     }
 
+    /// Forget the rows whose window ended by `now_ms` (a take prunes its own
+    /// guards' rows; this is for the groups nobody calls again, such as
+    /// each distinct effect). Returns how many went.
+    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        let _ = now_ms;
+        Box::pin(async { Ok(0) })
+    }
+
     /// Every row taken at or after `since_ms` (for `countersign budgets`).
     fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<GuardRow>> {
         let _ = since_ms;
@@ -154,6 +165,7 @@ pub(crate) fn row(claim: &Claim, key: &str, now_ms: i64) -> GuardRow {
             key: key.into(),
             amount: amount.to_string(),
             at_ms: now_ms,
+            until_ms: now_ms + window_ms(claim),
         },
         Claim::Effect {
             name,
@@ -168,6 +180,7 @@ pub(crate) fn row(claim: &Claim, key: &str, now_ms: i64) -> GuardRow {
             key: key.into(),
             amount: "0".into(),
             at_ms: now_ms,
+            until_ms: now_ms + window_ms(claim),
         },
     }
 }
@@ -425,6 +438,22 @@ pub(crate) fn release_in(t: &mut impl Table, key: &str) -> Result<usize, StoreEr
     Ok(rows.len())
 }
 
+/// [`Guards::guards_gc`] over a table: the row keys removed.
+pub(crate) fn gc_in(t: &mut impl Table, now_ms: i64) -> Result<Vec<String>, StoreError> {
+    let gone: Vec<String> = t
+        .scan("g")?
+        .into_iter()
+        // A row of an older release without `until_ms` is kept until a take
+        // of its guard prunes it.
+        .filter(|(_, r)| r.until_ms > 0 && r.until_ms <= now_ms)
+        .map(|(k, _)| k)
+        .collect();
+    for k in &gone {
+        t.remove_row(k)?;
+    }
+    Ok(gone)
+}
+
 /// [`Guards::guards_rows`] over a table.
 pub(crate) fn rows_in(t: &impl Table, since_ms: i64) -> Result<Vec<GuardRow>, StoreError> {
     Ok(t.scan("g")?
@@ -565,6 +594,11 @@ pub(crate) mod tests {
         );
         let rows = store.guards_rows(0).await.unwrap();
         assert_eq!(rows.len(), 3, "{rows:?}");
+        // Nobody takes this budget again: the sweep forgets its rows once
+        // their window ended (k1, k2 at 10,000 and 10,001; k4 at 10,005).
+        assert_eq!(store.guards_gc(11_002).await.unwrap(), 2);
+        assert_eq!(store.guards_rows(0).await.unwrap().len(), 1);
+        assert_eq!(store.guards_gc(11_002).await.unwrap(), 0);
 
         // Effects: the same digest from another key is a repeat.
         let e = [effect("sha256:x")];
@@ -755,6 +789,11 @@ pub(crate) mod tests {
             [Decimal::from(300)],
             "replayed from the journal after a crash"
         );
+        // Their windows ended: the sweep forgets them, in the table too.
+        assert_eq!(store.guards_gc(1_000_000).await.unwrap(), 2);
+        drop(store);
+        let store = crate::store::RedbStore::open(&path).unwrap();
+        assert!(store.guards_rows(0).await.unwrap().is_empty());
     }
 
     /// Two gateways on one database share each budget exactly: ten takes

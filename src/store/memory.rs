@@ -68,6 +68,11 @@ impl super::guards::Guards for MemoryStore {
         Box::pin(async move { out })
     }
 
+    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        let out = super::guards::gc_in(&mut *self.guards.lock(), now_ms).map(|g| g.len());
+        Box::pin(async move { out })
+    }
+
     fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
         let out = super::guards::rows_in(&*self.guards.lock(), since_ms);
         Box::pin(async move { out })

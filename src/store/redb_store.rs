@@ -1583,6 +1583,10 @@ impl super::guards::Guards for RedbStore {
         guards::release(self, key)
     }
 
+    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        guards::gc(self, now_ms)
+    }
+
     fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
         guards::rows(self, since_ms)
     }

@@ -113,8 +113,8 @@ pub(super) async fn take(
         for c in claims {
             let r = row(c, key, now_ms);
             txn.execute(
-                "INSERT INTO guards (grp, kind, name, tenant, scope, key, amount, at_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8) ON CONFLICT DO NOTHING",
+                "INSERT INTO guards (grp, kind, name, tenant, scope, key, amount, at_ms, until_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::text::numeric, $8, $9) ON CONFLICT DO NOTHING",
                 &[
                     &group(c),
                     &r.kind,
@@ -124,6 +124,7 @@ pub(super) async fn take(
                     &r.key,
                     &r.amount,
                     &r.at_ms,
+                    &r.until_ms,
                 ],
             )
             .await
@@ -147,7 +148,7 @@ pub(super) async fn rows(store: &PgStore, since_ms: i64) -> Result<Vec<GuardRow>
     let client = store.client().await?;
     let rows = client
         .query(
-            "SELECT kind, name, tenant, scope, key, amount::text, at_ms FROM guards
+            "SELECT kind, name, tenant, scope, key, amount::text, at_ms, until_ms FROM guards
               WHERE at_ms >= $1 ORDER BY at_ms",
             &[&since_ms],
         )
@@ -163,6 +164,16 @@ pub(super) async fn rows(store: &PgStore, since_ms: i64) -> Result<Vec<GuardRow>
             key: r.get(4),
             amount: r.get(5),
             at_ms: r.get(6),
+            until_ms: r.get(7),
         })
         .collect())
+}
+
+pub(super) async fn gc(store: &PgStore, now_ms: i64) -> Result<usize, StoreError> {
+    let client = store.client().await?;
+    let n = client
+        .execute("DELETE FROM guards WHERE until_ms <= $1", &[&now_ms])
+        .await
+        .map_err(backend("sweep the guards"))?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }

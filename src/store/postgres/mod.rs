@@ -137,10 +137,12 @@ pub const MIGRATIONS: &[&str] = &[
         key text NOT NULL,
         amount numeric NOT NULL,
         at_ms bigint NOT NULL,
+        until_ms bigint NOT NULL,
         PRIMARY KEY (grp, key)
      );
      CREATE INDEX guards_key ON guards (key);
-     CREATE INDEX guards_window ON guards (grp, at_ms);",
+     CREATE INDEX guards_window ON guards (grp, at_ms);
+     CREATE INDEX guards_until ON guards (until_ms);",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -724,6 +726,10 @@ impl super::guards::Guards for PgStore {
 
     fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
         Box::pin(guards::release(self, key))
+    }
+
+    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(guards::gc(self, now_ms))
     }
 
     fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {

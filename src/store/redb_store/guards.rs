@@ -14,10 +14,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use redb::{Database, ReadableTable, TableDefinition};
 
-use super::{decode_json, err, RedbStore};
+use super::{blocking, decode_json, err, RedbStore};
 use crate::core::guard::Claim;
 use crate::store::guards::{
-    look_in, release_in, rows_in, take_in, Change, GuardRow, Recording, Standing, Table, Taken,
+    gc_in, look_in, release_in, rows_in, take_in, Change, GuardRow, Recording, Standing, Table,
+    Taken,
 };
 use crate::store::{StoreError, StoreFuture};
 
@@ -161,4 +162,37 @@ pub(super) fn release<'a>(store: &'a RedbStore, key: &'a str) -> StoreFuture<'a,
 pub(super) fn rows(store: &RedbStore, since_ms: i64) -> StoreFuture<'_, Vec<GuardRow>> {
     let out = rows_in(&store.guards.lock().rows, since_ms);
     Box::pin(async move { out })
+}
+
+pub(super) fn gc(store: &RedbStore, now_ms: i64) -> StoreFuture<'_, usize> {
+    let gone = gc_in(&mut store.guards.lock().rows, now_ms);
+    let db = store.db.clone();
+    Box::pin(async move {
+        let gone = gone?;
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let n = gone.len();
+        // Gone from the table too, in a commit of its own (not fsynced: a
+        // row a crash brings back has ended anyway, and the next sweep takes
+        // it again). A change of a dispatch folded later can bring one back
+        // the same way.
+        blocking(move || {
+            let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+            txn.set_durability(redb::Durability::None);
+            {
+                let mut table = txn
+                    .open_table(GUARDS)
+                    .map_err(|e| err("open table")(e.into()))?;
+                for k in &gone {
+                    table
+                        .remove(k.as_str())
+                        .map_err(|e| err("write")(e.into()))?;
+                }
+            }
+            txn.commit().map_err(|e| err("commit")(e.into()))
+        })
+        .await?;
+        Ok(n)
+    })
 }
