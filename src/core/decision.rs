@@ -935,32 +935,6 @@ pub struct Call<'a> {
     pub budgets: Option<&'a [super::guard::Spending]>,
 }
 
-/// `context.budgets`: per budget `{ spent, after, limit, over }`, amounts
-/// as Cedar decimals (rounded to Cedar's four fractional digits; the hold
-/// itself is judged on the exact amounts).
-fn budgets_context(spending: &[super::guard::Spending]) -> Result<RestrictedExpression, String> {
-    let dec = |d: rust_decimal::Decimal| {
-        let text = d.round_dp(4).normalize().to_string();
-        super::arguments::cedar_decimal(&text)
-            .ok_or_else(|| format!("budget amount {text} is beyond a Cedar decimal's range"))
-    };
-    let mut out = Vec::with_capacity(spending.len());
-    for s in spending {
-        let record = RestrictedExpression::new_record([
-            ("spent".to_owned(), dec(s.spent)?),
-            ("after".to_owned(), dec(s.after())?),
-            ("limit".to_owned(), dec(s.limit)?),
-            (
-                "over".to_owned(),
-                RestrictedExpression::new_bool(s.passes()),
-            ),
-        ])
-        .map_err(|e| e.to_string())?;
-        out.push((s.name.clone(), record));
-    }
-    RestrictedExpression::new_record(out).map_err(|e| e.to_string())
-}
-
 /// The context of `Action::"call"` (and `confirm`): `{ arguments, tenant,
 /// callDigest, approved, resourceVersion? }`.
 fn call_context(
@@ -990,7 +964,7 @@ fn call_context(
         ));
     }
     if let Some(b) = call.budgets.filter(|b| !b.is_empty()) {
-        pairs.push(("budgets".to_owned(), budgets_context(b)?));
+        pairs.push(("budgets".to_owned(), super::guard::cedar_budgets(b)?));
     }
     Context::from_pairs(pairs).map_err(|e| e.to_string())
 }

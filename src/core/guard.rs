@@ -293,6 +293,32 @@ fn group_of(kind: &str, name: &str, tenant: &str, scope: &str) -> String {
     out
 }
 
+/// `context.budgets`: per budget `{ spent, after, limit, over }`, amounts
+/// as Cedar decimals (rounded to Cedar's four fractional digits; the hold
+/// itself is judged on the exact amounts).
+pub fn cedar_budgets(spending: &[Spending]) -> Result<cedar_policy::RestrictedExpression, String> {
+    let dec = |d: rust_decimal::Decimal| {
+        let text = d.round_dp(4).normalize().to_string();
+        super::arguments::cedar_decimal(&text)
+            .ok_or_else(|| format!("budget amount {text} is beyond a Cedar decimal's range"))
+    };
+    let mut out = Vec::with_capacity(spending.len());
+    for s in spending {
+        let record = cedar_policy::RestrictedExpression::new_record([
+            ("spent".to_owned(), dec(s.spent)?),
+            ("after".to_owned(), dec(s.after())?),
+            ("limit".to_owned(), dec(s.limit)?),
+            (
+                "over".to_owned(),
+                cedar_policy::RestrictedExpression::new_bool(s.passes()),
+            ),
+        ])
+        .map_err(|e| e.to_string())?;
+        out.push((s.name.clone(), record));
+    }
+    cedar_policy::RestrictedExpression::new_record(out).map_err(|e| e.to_string())
+}
+
 /// The guards `config` puts on a call of `server`/`tool` by `who` with
 /// canonical `arguments`. A budget whose amount is missing or not a number
 /// is an error the caller refuses the call with: counting it as 0 would let

@@ -1559,39 +1559,6 @@ fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, Stor
     remove_keys(proposals, &stale)
 }
 
-impl super::guards::Guards for RedbStore {
-    fn guards_look<'a>(
-        &'a self,
-        key: &'a str,
-        claims: &'a [crate::core::guard::Claim],
-        now_ms: i64,
-    ) -> StoreFuture<'a, super::guards::Standing> {
-        guards::look(self, key, claims, now_ms)
-    }
-
-    fn guards_take<'a>(
-        &'a self,
-        key: &'a str,
-        claims: &'a [crate::core::guard::Claim],
-        force: bool,
-        now_ms: i64,
-    ) -> StoreFuture<'a, super::guards::Taken> {
-        guards::take(self, key, claims, force, now_ms)
-    }
-
-    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
-        guards::release(self, key)
-    }
-
-    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
-        guards::gc(self, now_ms)
-    }
-
-    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
-        guards::rows(self, since_ms)
-    }
-}
-
 impl Store for RedbStore {
     fn task_create(
         &self,

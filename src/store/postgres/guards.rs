@@ -14,7 +14,7 @@ use rust_decimal::Decimal;
 use super::{backend, PgStore};
 use crate::core::guard::Claim;
 use crate::store::guards::{group, row, window_ms, GuardRow, Standing, Taken};
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreFuture};
 
 fn decimal(text: &str) -> Result<Decimal, StoreError> {
     Decimal::from_str(text).map_err(|e| StoreError::Corrupt {
@@ -176,4 +176,37 @@ pub(super) async fn gc(store: &PgStore, now_ms: i64) -> Result<usize, StoreError
         .await
         .map_err(backend("sweep the guards"))?;
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+impl crate::store::guards::Guards for PgStore {
+    fn guards_look<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        now_ms: i64,
+    ) -> StoreFuture<'a, crate::store::guards::Standing> {
+        Box::pin(look(self, key, claims, now_ms))
+    }
+
+    fn guards_take<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        force: bool,
+        now_ms: i64,
+    ) -> StoreFuture<'a, crate::store::guards::Taken> {
+        Box::pin(take(self, key, claims, force, now_ms))
+    }
+
+    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
+        Box::pin(release(self, key))
+    }
+
+    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(gc(self, now_ms))
+    }
+
+    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<crate::store::guards::GuardRow>> {
+        Box::pin(rows(self, since_ms))
+    }
 }

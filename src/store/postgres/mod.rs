@@ -704,39 +704,6 @@ async fn notify(
     Ok(())
 }
 
-impl super::guards::Guards for PgStore {
-    fn guards_look<'a>(
-        &'a self,
-        key: &'a str,
-        claims: &'a [crate::core::guard::Claim],
-        now_ms: i64,
-    ) -> StoreFuture<'a, super::guards::Standing> {
-        Box::pin(guards::look(self, key, claims, now_ms))
-    }
-
-    fn guards_take<'a>(
-        &'a self,
-        key: &'a str,
-        claims: &'a [crate::core::guard::Claim],
-        force: bool,
-        now_ms: i64,
-    ) -> StoreFuture<'a, super::guards::Taken> {
-        Box::pin(guards::take(self, key, claims, force, now_ms))
-    }
-
-    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
-        Box::pin(guards::release(self, key))
-    }
-
-    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
-        Box::pin(guards::gc(self, now_ms))
-    }
-
-    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
-        Box::pin(guards::rows(self, since_ms))
-    }
-}
-
 impl Store for PgStore {
     fn task_create(
         &self,

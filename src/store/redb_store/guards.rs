@@ -196,3 +196,36 @@ pub(super) fn gc(store: &RedbStore, now_ms: i64) -> StoreFuture<'_, usize> {
         Ok(n)
     })
 }
+
+impl crate::store::guards::Guards for RedbStore {
+    fn guards_look<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        now_ms: i64,
+    ) -> StoreFuture<'a, crate::store::guards::Standing> {
+        look(self, key, claims, now_ms)
+    }
+
+    fn guards_take<'a>(
+        &'a self,
+        key: &'a str,
+        claims: &'a [crate::core::guard::Claim],
+        force: bool,
+        now_ms: i64,
+    ) -> StoreFuture<'a, crate::store::guards::Taken> {
+        take(self, key, claims, force, now_ms)
+    }
+
+    fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
+        release(self, key)
+    }
+
+    fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        gc(self, now_ms)
+    }
+
+    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<crate::store::guards::GuardRow>> {
+        rows(self, since_ms)
+    }
+}
