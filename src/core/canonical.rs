@@ -506,7 +506,7 @@ fn jcs_object_visit(
 /// A JSON string as ECMAScript's `JSON.stringify` writes it: `"` and `\\`
 /// escaped, control characters as `\b \t \n \f \r` or `\u00xx`, the rest
 /// as is.
-fn jcs_string(s: &str, out: &mut Vec<u8>) {
+pub(crate) fn jcs_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
     let bytes = s.as_bytes();
     // Most strings (names, digests, times) need no escape: one branch-free

@@ -286,8 +286,8 @@ impl Figures {
 fn group_of(kind: &str, name: &str, tenant: &str, scope: &str) -> String {
     let mut out = String::with_capacity(kind.len() + name.len() + tenant.len() + scope.len() + 16);
     for part in [kind, name, tenant, scope] {
-        out.push_str(&part.len().to_string());
-        out.push(':');
+        use std::fmt::Write;
+        let _ = write!(out, "{}:", part.len());
         out.push_str(part);
     }
     out
@@ -369,20 +369,31 @@ pub fn claims(
             continue;
         }
         let name = e.name_at(i);
-        let values: Vec<Value> = e
-            .fields
-            .iter()
-            .map(|p| arguments.pointer(p).cloned().unwrap_or(Value::Null))
-            .collect();
         // The effect is the tenant, the tool and the fields' values: the
         // same values sent to another tool, or by another tenant, are
         // another effect; by another principal or session of the tenant,
-        // the same.
-        let text =
-            super::canonical::jcs(&serde_json::json!([name, who.tenant, server, tool, values]));
+        // the same. Hashed: the JCS text of
+        // `[name, tenant, server, tool, [values...]]`, written in place.
+        let mut text = Vec::with_capacity(128);
+        text.push(b'[');
+        for part in [name.as_ref(), who.tenant.as_str(), server, tool] {
+            super::canonical::jcs_string(part, &mut text);
+            text.push(b',');
+        }
+        text.push(b'[');
+        for (j, p) in e.fields.iter().enumerate() {
+            if j > 0 {
+                text.push(b',');
+            }
+            match arguments.pointer(p) {
+                Some(v) => super::canonical::jcs_into(v, &mut text),
+                None => text.extend_from_slice(b"null"),
+            }
+        }
+        text.extend_from_slice(b"]]");
         let digest = {
             use sha2::Digest;
-            super::canonical::sha256_text(&sha2::Sha256::digest(text.as_bytes()).into())
+            super::canonical::sha256_text(&sha2::Sha256::digest(&text).into())
         };
         out.push(Claim::effect(
             &name,
@@ -509,6 +520,30 @@ mod tests {
         // Three times 0.1 is 0.3 here, which floats never make it.
         let three = amount_at(&a, "/n").unwrap() * Decimal::from(3);
         assert_eq!(three, Decimal::from_str("0.3").unwrap());
+    }
+
+    #[test]
+    fn an_effects_digest_is_the_sha256_of_the_jcs_of_its_parts() {
+        // Written in place for speed; it must stay the digest of this
+        // canonical text, or effects taken before an upgrade are forgotten.
+        let c = config(CARD);
+        let args = json!({"amount": 400.50, "currency": "EUR", "x": {"b": 1, "a": "é\n"}});
+        let got = claims(&c, "payments", "charge_card", &who("a", "acme"), &args).unwrap();
+        let text = crate::core::canonical::jcs(&json!([
+            "effect-1",
+            "acme",
+            "payments",
+            "charge_card",
+            [Value::Null, 400.5, "EUR"]
+        ]));
+        let want = {
+            use sha2::Digest;
+            crate::core::canonical::sha256_text(&sha2::Sha256::digest(text.as_bytes()).into())
+        };
+        let Claim::Effect { digest, .. } = &got[1] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(digest, &want);
     }
 
     #[test]

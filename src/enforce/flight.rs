@@ -591,7 +591,8 @@ impl Ticket {
         };
         let mut next = self.record.clone();
         next.state = to;
-        retry_transition(self.svc.clone(), self.key.clone(), from, next);
+        let release = self.guarded && !self.dispatched;
+        retry_transition(self.svc.clone(), self.key.clone(), from, next, release);
     }
 
     /// A dispatched call's end that the store failed to record: a failed
@@ -714,7 +715,12 @@ impl Drop for Ticket {
         let svc = self.svc.clone();
         let key = self.key.clone();
         svc.settle(&key, &self.flight, Settled::Verdict(outcome));
-        retry_transition(svc, key, from, next);
+        // Not sent, not spent (as in `not_dispatched`). Released before the
+        // key is freed, in the same task: a retry under the key cannot take
+        // the guards meanwhile, since the key is still `reserved`, so the
+        // release never undoes a later take.
+        let release = self.guarded && !self.dispatched;
+        retry_transition(svc, key, from, next, release);
     }
 }
 
@@ -728,11 +734,22 @@ const CONFIRM_EVERY: Duration = Duration::from_millis(250);
 /// Move `key` from `from` to `next` in a task of its own, trying again
 /// every 500 ms for two minutes while the store fails. Done when it moved,
 /// or when the record is in another state (settled by someone else).
-fn retry_transition(svc: Arc<Idempotency>, key: String, from: State, next: Record) {
+fn retry_transition(
+    svc: Arc<Idempotency>,
+    key: String,
+    from: State,
+    next: Record,
+    release_guards: bool,
+) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
     handle.spawn(async move {
+        if release_guards {
+            if let Err(e) = svc.store.guards_release(&key).await {
+                tracing::warn!(key = %key, "a call not sent keeps its budget share until its window ends: {e}");
+            }
+        }
         for attempt in 0..240u32 {
             if attempt > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -878,6 +895,49 @@ mod tests {
             s.begin(claim("k", "d", "t")).await.unwrap(),
             Begin::Stop(Outcome::Unknown)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_ticket_dropped_before_dispatch_gives_its_guards_back() {
+        let s = svc();
+        let budget = [crate::core::guard::Claim::budget(
+            "card",
+            "acme",
+            "principal:a",
+            rust_decimal::Decimal::from(600),
+            rust_decimal::Decimal::from(1000),
+            60_000,
+            crate::core::config::Over::Approval,
+        )];
+        let now = crate::core::time::now_ms();
+        let Begin::Go(mut t) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+            panic!()
+        };
+        assert!(
+            s.store()
+                .guards_take("k", &budget, false, now)
+                .await
+                .unwrap()
+                .taken
+        );
+        t.guarded();
+        // The call is cancelled before it is sent.
+        drop(t);
+        let mut spent = None;
+        for _ in 0..200 {
+            let rec = s.store().get("k").await.unwrap().unwrap();
+            let look = s.store().guards_look("other", &budget, now).await.unwrap();
+            if rec.state == State::NotDispatched {
+                spent = Some(look.spent[0]);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            spent,
+            Some(rust_decimal::Decimal::ZERO),
+            "the key is freed and its 600 no longer counts"
+        );
     }
 
     #[tokio::test]

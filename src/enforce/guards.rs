@@ -106,19 +106,19 @@ impl Guarding {
         }
         // The figures the call ran with, in its `dispatched` entry.
         // (The figures, not the sentences: `after` and `over` follow from them.)
-        let effects: Vec<&str> = claims
+        let effects: Vec<serde_json::Value> = claims
             .iter()
             .filter(|c| matches!(c, Claim::Effect { .. }))
-            .map(Claim::name)
+            .map(|c| serde_json::Value::from(c.name()))
             .collect();
-        c.trail.at_dispatch(vec![(
-            "guards",
-            json!({
-                "approved_over": force,
-                "budgets": budgets_json(&figures.spending),
-                "effect_keys": effects,
-            }),
-        )]);
+        // Put together by hand: `json!` serializes each value it is given
+        // once more.
+        let mut guards = serde_json::Map::with_capacity(3);
+        guards.insert("approved_over".into(), force.into());
+        guards.insert("budgets".into(), budgets_json(&figures.spending));
+        guards.insert("effect_keys".into(), serde_json::Value::Array(effects));
+        c.trail
+            .at_dispatch(vec![("guards", serde_json::Value::Object(guards))]);
         Ok(())
     }
 
@@ -185,16 +185,21 @@ impl Guarding {
 
 /// The budgets' figures for the audit log: exact decimals as text.
 pub(crate) fn budgets_json(spending: &[Spending]) -> serde_json::Value {
-    json!(spending
-        .iter()
-        .map(|s| json!({
-            "name": s.name,
-            "scope": s.scope,
-            "spent": s.spent.to_string(),
-            "amount": s.amount.to_string(),
-            "limit": s.limit.to_string(),
-        }))
-        .collect::<Vec<_>>())
+    // Built as values directly (`json!` serializes each value once more).
+    serde_json::Value::Array(
+        spending
+            .iter()
+            .map(|s| {
+                let mut b = serde_json::Map::with_capacity(5);
+                b.insert("name".into(), s.name.clone().into());
+                b.insert("scope".into(), s.scope.clone().into());
+                b.insert("spent".into(), s.spent.to_string().into());
+                b.insert("amount".into(), s.amount.to_string().into());
+                b.insert("limit".into(), s.limit.to_string().into());
+                serde_json::Value::Object(b)
+            })
+            .collect(),
+    )
 }
 
 fn to_f64(d: rust_decimal::Decimal) -> f64 {

@@ -45,6 +45,64 @@ pub struct Inputs {
     pub resource_version: Option<String>,
     /// The decision made then: `allow`, `approval` or `deny`.
     pub decision: String,
+    /// The budgets as the decision saw them (`context.budgets`), when it
+    /// was given them (a policy reads them): decided again on the same
+    /// figures, not on today's spending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<InputBudget>,
+}
+
+/// A budget as a decision saw it; amounts as exact decimal text.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InputBudget {
+    pub name: String,
+    pub scope: String,
+    pub spent: String,
+    pub amount: String,
+    pub limit: String,
+    pub window_ms: i64,
+    /// `approval` or `deny`.
+    pub over: String,
+}
+
+impl InputBudget {
+    fn of(s: &crate::core::guard::Spending) -> InputBudget {
+        InputBudget {
+            name: s.name.clone(),
+            scope: s.scope.clone(),
+            spent: s.spent.to_string(),
+            amount: s.amount.to_string(),
+            limit: s.limit.to_string(),
+            window_ms: s.window_ms,
+            over: s.over.as_str().to_owned(),
+        }
+    }
+
+    fn spending(&self) -> Result<crate::core::guard::Spending, String> {
+        use std::str::FromStr;
+        let dec = |what: &str, t: &str| {
+            rust_decimal::Decimal::from_str(t)
+                .map_err(|e| format!("the recorded budget `{}` has {what} `{t}`: {e}", self.name))
+        };
+        Ok(crate::core::guard::Spending {
+            name: self.name.clone(),
+            scope: self.scope.clone(),
+            spent: dec("spent", &self.spent)?,
+            amount: dec("amount", &self.amount)?,
+            limit: dec("limit", &self.limit)?,
+            window_ms: self.window_ms,
+            over: match self.over.as_str() {
+                "approval" => crate::core::config::Over::Approval,
+                "deny" => crate::core::config::Over::Deny,
+                other => {
+                    return Err(format!(
+                        "the recorded budget `{}` has over `{other}`",
+                        self.name
+                    ))
+                }
+            },
+        })
+    }
 }
 
 impl Inputs {
@@ -66,6 +124,12 @@ impl Inputs {
             call_digest: facts.digest.to_owned(),
             resource_version: facts.resource_version.map(str::to_owned),
             decision: decision.to_owned(),
+            budgets: facts
+                .budgets
+                .unwrap_or_default()
+                .iter()
+                .map(InputBudget::of)
+                .collect(),
         }
     }
 
@@ -76,6 +140,22 @@ impl Inputs {
             tenant: self.tenant.clone(),
             groups: self.groups.clone(),
             ..Default::default()
+        };
+        // A recorded budget that does not read back is a deny that says
+        // so, never a decision made without it.
+        let budgets = match self
+            .budgets
+            .iter()
+            .map(InputBudget::spending)
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(b) => b,
+            Err(e) => {
+                return decision::Decision::Deny {
+                    policies: Vec::new(),
+                    errors: vec![e],
+                }
+            }
         };
         policies.decide(&decision::Call {
             identity: &identity,
@@ -88,7 +168,7 @@ impl Inputs {
                 open_world: self.open_world,
             },
             definition_changed: self.definition_changed,
-            budgets: None,
+            budgets: Some(&budgets),
             arguments: &self.arguments,
             digest: &self.call_digest,
             resource_version: self.resource_version.as_deref(),
@@ -241,7 +321,80 @@ mod tests {
             call_digest: "sha256:00".into(),
             resource_version: None,
             decision: "approval".into(),
+            budgets: Vec::new(),
         }
+    }
+
+    /// A call decided on its budget's figures is decided again on the same
+    /// figures (not on whatever is spent when `policy diff` runs), and a
+    /// recorded figure that does not read back is a deny that says so.
+    #[test]
+    fn the_budgets_a_decision_saw_are_kept_and_decided_again() {
+        let policies = decision::Policies::from_sources(&decision::PolicySources {
+            dir: "policies".into(),
+            policies: vec![(
+                "policies/p.cedar".into(),
+                r#"
+                @id("all") permit (principal, action, resource);
+                @id("twice") forbid (principal, action, resource) when {
+                  context has budgets && context.budgets has "card-daily" &&
+                  context.budgets["card-daily"].after.greaterThan(decimal("2000.0"))
+                };"#
+                .into(),
+            )],
+            ..Default::default()
+        })
+        .unwrap();
+        let spending = [crate::core::guard::Spending {
+            name: "card-daily".into(),
+            scope: "principal:agent-7".into(),
+            spent: rust_decimal::Decimal::from(1500),
+            amount: rust_decimal::Decimal::new(60001, 2),
+            limit: rust_decimal::Decimal::from(1000),
+            window_ms: 86_400_000,
+            over: crate::core::config::Over::Approval,
+        }];
+        let mut kept = inputs("acme", 10);
+        let identity = Identity {
+            principal: "agent-7".into(),
+            tenant: "acme".into(),
+            ..Default::default()
+        };
+        let facts = decision::Call {
+            identity: &identity,
+            server: "payments",
+            tool: "refund",
+            annotations: Annotations::default(),
+            definition_changed: false,
+            budgets: Some(&spending),
+            arguments: &kept.arguments,
+            digest: "sha256:00",
+            resource_version: None,
+        };
+        let recorded = Inputs::of(&facts, "deny", 10);
+        assert_eq!(recorded.budgets[0].amount, "600.01");
+        let back: Inputs =
+            serde_json::from_value(serde_json::to_value(&recorded).unwrap()).unwrap();
+        assert_eq!(back, recorded);
+        assert!(
+            matches!(back.decide(&policies), decision::Decision::Deny { ref policies, .. } if policies.iter().any(|p| p.contains("twice"))),
+            "{:?}",
+            back.decide(&policies)
+        );
+        // Without the budget the same call is allowed: the figures decided it.
+        assert!(matches!(
+            kept.decide(&policies),
+            decision::Decision::Allow { .. }
+        ));
+        kept.budgets = recorded.budgets.clone();
+        kept.budgets[0].spent = "lots".into();
+        let decision::Decision::Deny { errors, .. } = kept.decide(&policies) else {
+            panic!("a bent figure must deny")
+        };
+        assert!(
+            errors[0].contains("card-daily") && errors[0].contains("lots"),
+            "{errors:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,6 +12,7 @@
 //! locks on the guards' groups (`postgres::guards`), so gateways sharing a
 //! database share each count exactly.
 
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use rust_decimal::Decimal;
@@ -193,138 +194,95 @@ pub(crate) fn amount(row: &GuardRow) -> Result<Decimal, StoreError> {
     })
 }
 
-/// A sorted table of guard rows (redb's, memory's).
-pub(crate) trait Table {
-    /// Every row whose table key is in `from..to`, in order.
-    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError>;
-    /// One row.
-    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError>;
-    /// Write a row.
-    fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError>;
-    /// Remove a row.
-    fn delete(&mut self, key: &str) -> Result<(), StoreError>;
-
-    /// Every row whose table key starts with `prefix` (ASCII), in order.
-    fn scan(&self, prefix: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        self.range(prefix, &format!("{prefix}\u{10ffff}"))
-    }
-
-    /// Write a call's row (and its index entry), adding its amount to its
-    /// group's sum.
-    fn insert_row(&mut self, row_key: &str, row: &GuardRow) -> Result<(), StoreError> {
-        self.put(row_key, row)?;
-        self.put(&(index_prefix(&row.key) + row_key), row)?;
-        self.add_sum(group_in(row_key), amount(row)?)
-    }
-
-    /// Remove a row (and its index entry) when it is there, taking its
-    /// amount from its group's sum. Removing a row that is not there changes
-    /// nothing: changes replayed in another order add up the same.
-    fn remove_row(&mut self, row_key: &str) -> Result<(), StoreError> {
-        let Some(row) = self.get(row_key)? else {
-            return Ok(());
-        };
-        self.delete(row_key)?;
-        self.delete(&(index_prefix(&row.key) + row_key))?;
-        self.add_sum(group_in(row_key), -amount(&row)?)
-    }
-
-    /// The sum of a group's rows kept.
-    fn sum_of(&self, group: &str) -> Result<Decimal, StoreError>;
-
-    /// Add `by` to a group's sum.
-    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError>;
-}
-
-/// One change to a table, as a journal carries it (redb): a row inserted
-/// or removed, each moving its group's sum when applied, so that changes
-/// applied in another order than they were made (two calls dispatched in
-/// the other order) add up the same.
+/// One change to the guards' rows, as redb's journal carries it: the row of
+/// a dispatched call, under its table key. (A journal of an earlier release
+/// may also hold `Remove`s; rows now leave redb's table at its checkpoint,
+/// see [`crate::store::redb_store`]'s `guards::fold`.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Change {
     /// A call's row.
-    Insert(String, GuardRow),
-    /// A row gone (out of its window, or its call not sent).
+    Insert(String, std::sync::Arc<GuardRow>),
+    /// A row gone (out of its window).
     Remove(String),
 }
 
-/// A table in memory that records the rows inserted and removed.
-pub(crate) struct Recording<'a> {
-    /// The rows.
-    pub(crate) rows: &'a mut Rows,
-    /// What changed, in order.
-    pub(crate) changes: Vec<Change>,
+/// The table key of a row in redb's `guards` table: `g`, the group's length
+/// in 8 digits, the group, when it was taken in 20 digits, the ledger key.
+/// A group's rows sort in time order, and no group's prefix is another's.
+pub(crate) fn row_key(group: &str, at_ms: i64, key: &str) -> String {
+    let mut out = String::with_capacity(29 + group.len() + key.len());
+    out.push('g');
+    push_digits(&mut out, group.len() as u64, 8);
+    out.push_str(group);
+    push_digits(&mut out, u64::try_from(at_ms).unwrap_or(0), 20);
+    out.push_str(key);
+    out
 }
 
-impl Table for Recording<'_> {
-    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        Table::range(&*self.rows, from, to)
+/// `n` in decimal, zero-padded to `width` digits (no `format!`: a take
+/// makes a few of these per call).
+fn push_digits(out: &mut String, mut n: u64, width: usize) {
+    let mut buf = [b'0'; 20];
+    let mut i = buf.len();
+    while n > 0 && i > 0 {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
     }
-
-    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
-        Table::get(&*self.rows, key)
-    }
-
-    fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
-        Table::put(self.rows, key, row)
-    }
-
-    fn delete(&mut self, key: &str) -> Result<(), StoreError> {
-        Table::delete(self.rows, key)
-    }
-
-    fn sum_of(&self, group: &str) -> Result<Decimal, StoreError> {
-        self.rows.sum_of(group)
-    }
-
-    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError> {
-        self.rows.add_sum(group, by)
-    }
-
-    fn insert_row(&mut self, row_key: &str, row: &GuardRow) -> Result<(), StoreError> {
-        self.changes
-            .push(Change::Insert(row_key.to_owned(), row.clone()));
-        self.rows.insert_row(row_key, row)
-    }
-
-    fn remove_row(&mut self, row_key: &str) -> Result<(), StoreError> {
-        self.changes.push(Change::Remove(row_key.to_owned()));
-        self.rows.remove_row(row_key)
-    }
+    let from = i.min(buf.len().saturating_sub(width));
+    out.extend(buf[from..].iter().map(|&b| char::from(b)));
 }
 
-/// The group of a row's table key (`g` + its length in 8 digits + the
-/// group + ...).
-fn group_in(row_key: &str) -> &str {
-    let len = row_key
-        .get(1..9)
-        .and_then(|l| l.parse::<usize>().ok())
-        .unwrap_or(0);
-    row_key.get(9..9 + len).unwrap_or("")
+/// The group of a row's table key.
+pub(crate) fn group_of_row_key(row_key: &str) -> Option<&str> {
+    split_row_key(row_key).map(|(g, _, _)| g)
 }
 
-/// Where a group's rows start: `g`, the group's length (8 digits), the
-/// group. No group's prefix is another's.
-fn group_prefix(group: &str) -> String {
-    format!("g{:08}{group}", group.len())
+/// A table key's group, time and ledger key.
+fn split_row_key(row_key: &str) -> Option<(&str, i64, &str)> {
+    let len: usize = row_key.get(1..9)?.parse().ok()?;
+    let group = row_key.get(9..9 + len)?;
+    let at = row_key.get(9 + len..29 + len)?.parse().ok()?;
+    Some((group, at, row_key.get(29 + len..)?))
 }
 
-/// Table keys: `g LEN GROUP AT KEY` for the rows (a group's rows in time
-/// order) and `k LEN\x1f KEY\x1f ROWKEY` for the index by ledger key. Each
-/// group's sum is kept beside (so a budget's spending is read without
-/// adding up its window).
-fn row_key(group: &str, at_ms: i64, key: &str) -> String {
-    format!("{}{at_ms:020}{key}", group_prefix(group))
+/// The guards' rows in memory (redb's and the memory store's): per group,
+/// its rows in time order and their sum (a budget's spending is read without
+/// adding up its window); per ledger key, where its rows are.
+#[derive(Debug, Default)]
+pub(crate) struct Rows {
+    /// Groups are made of configured names, the requester's tenant and
+    /// principal, and an effect's SHA-256: no client picks their hash, so
+    /// foldhash serves. Ledger keys below can be a client's: SipHash.
+    groups: crate::core::FastMap<String, Group>,
+    /// Per ledger key: the group and time of each of its rows.
+    by_key: HashMap<String, Vec<(String, i64)>>,
 }
 
-fn index_prefix(key: &str) -> String {
-    format!("k{}\x1f", key.len()) + key + "\x1f"
+#[derive(Debug, Default)]
+struct Group {
+    /// By (when taken, ledger key).
+    rows: BTreeMap<(i64, String), Kept>,
+    /// The sum of the rows' amounts.
+    sum: Decimal,
 }
 
-/// A claim's standing, and the rows its window left behind (for the
-/// caller to prune). Reads only the expired rows, the call's own and, for
-/// an effect, the rows of the window: a budget's spending is its group's
-/// sum less those.
+#[derive(Debug)]
+struct Kept {
+    row: std::sync::Arc<GuardRow>,
+    amount: Decimal,
+}
+
+/// What a take changed, for a store that journals it (redb): the rows it
+/// made, and the table keys of the rows the windows left behind (pruned).
+#[derive(Debug, Default)]
+pub(crate) struct TakeLog {
+    /// The rows made, journaled with the call's dispatch.
+    pub(crate) made: Vec<Change>,
+    /// The rows pruned, for the table's next checkpoint.
+    pub(crate) pruned: Vec<String>,
+}
+
 /// A claim's figure: a budget's spending, or the latest other call that
 /// made an effect.
 enum Figure {
@@ -332,78 +290,146 @@ enum Figure {
     Earlier(Option<(String, i64)>),
 }
 
-fn standing_of(
-    t: &impl Table,
-    key: &str,
-    c: &Claim,
-    now_ms: i64,
-) -> Result<(Figure, Vec<(String, GuardRow)>), StoreError> {
-    let g = group(c);
-    let since = now_ms - window_ms(c);
-    let start = group_prefix(g);
-    let live = row_key(g, since + 1, "");
-    let expired = t.range(&start, &live)?;
-    let own_prefix = index_prefix(key) + &start;
-    let own: Vec<GuardRow> = t
-        .scan(&own_prefix)?
-        .into_iter()
-        .map(|(_, r)| r)
-        .filter(|r| r.at_ms > since)
-        .collect();
-    let figure = match c {
-        Claim::Budget { .. } => {
-            let mut spent = t.sum_of(g)?;
-            for r in expired.iter().map(|(_, r)| r).chain(&own) {
-                spent -= amount(r)?;
-            }
-            Figure::Spent(spent)
+impl Rows {
+    /// Add a row of `group`. A row that is there already (the same call at
+    /// the same time, replayed) is kept once.
+    pub(crate) fn insert(
+        &mut self,
+        group: &str,
+        row: std::sync::Arc<GuardRow>,
+    ) -> Result<(), StoreError> {
+        let amount = amount(&row)?;
+        let g = match self.groups.get_mut(group) {
+            Some(g) => g,
+            None => self.groups.entry(group.to_owned()).or_default(),
+        };
+        let slot = (row.at_ms, row.key.clone());
+        if g.rows.contains_key(&slot) {
+            return Ok(());
         }
-        Claim::Effect { .. } => Figure::Earlier(
-            t.range(&live, &format!("{start}\u{10ffff}"))?
-                .into_iter()
-                .rev()
-                .find(|(_, r)| r.key != key)
-                .map(|(_, r)| (r.key, r.at_ms)),
-        ),
-    };
-    Ok((figure, expired))
+        self.by_key
+            .entry(row.key.clone())
+            .or_default()
+            .push((group.to_owned(), row.at_ms));
+        g.sum += amount;
+        g.rows.insert(slot, Kept { row, amount });
+        Ok(())
+    }
+
+    /// Add a row of redb's table, under its table key.
+    pub(crate) fn insert_keyed(
+        &mut self,
+        row_key: &str,
+        row: std::sync::Arc<GuardRow>,
+    ) -> Result<(), StoreError> {
+        let (group, _, _) = split_row_key(row_key).ok_or_else(|| StoreError::Corrupt {
+            what: "guards",
+            reason: format!("`{row_key}` is not a guard row's key"),
+        })?;
+        self.insert(group, row)
+    }
+
+    /// Remove the row of `group` taken at `at_ms` under `key`.
+    fn remove(&mut self, group: &str, at_ms: i64, key: &str) -> Option<std::sync::Arc<GuardRow>> {
+        let g = self.groups.get_mut(group)?;
+        let kept = g.rows.remove(&(at_ms, key.to_owned()))?;
+        g.sum -= kept.amount;
+        // An emptied group stays (an effect's group empties and fills on
+        // every call); the sweep forgets empty groups.
+        if let Some(at) = self.by_key.get_mut(key) {
+            at.retain(|(gg, t)| !(gg == group && *t == at_ms));
+            if at.is_empty() {
+                self.by_key.remove(key);
+            }
+        }
+        Some(kept.row)
+    }
+
+    /// The rows of `group` taken at or before `since` (out of the window).
+    fn expired(&self, group: &str, since: i64) -> Vec<(i64, String)> {
+        self.groups
+            .get(group)
+            .map(|g| {
+                g.rows
+                    .range(..(since.saturating_add(1), String::new()))
+                    .map(|(slot, _)| slot.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A claim's figure for the call under `key`, leaving out the call's own
+    /// rows and every row taken at or before `now_ms` less the window.
+    fn figure(&self, key: &str, c: &Claim, now_ms: i64) -> Figure {
+        let since = now_ms - window_ms(c);
+        let g = self.groups.get(group(c));
+        match c {
+            Claim::Budget { .. } => {
+                let Some(g) = g else {
+                    return Figure::Spent(Decimal::ZERO);
+                };
+                let mut spent = g.sum;
+                for (_, kept) in g.rows.range(..(since.saturating_add(1), String::new())) {
+                    spent -= kept.amount;
+                }
+                for (gg, at) in self.by_key.get(key).into_iter().flatten() {
+                    if gg == group(c) && *at > since {
+                        if let Some(kept) = g.rows.get(&(*at, key.to_owned())) {
+                            spent -= kept.amount;
+                        }
+                    }
+                }
+                Figure::Spent(spent)
+            }
+            Claim::Effect { .. } => Figure::Earlier(g.and_then(|g| {
+                g.rows
+                    .range((since.saturating_add(1), String::new())..)
+                    .rev()
+                    .find(|((_, k), _)| k != key)
+                    .map(|((at, k), _)| (k.clone(), *at))
+            })),
+        }
+    }
 }
 
-/// [`Guards::guards_look`] over a table; the rows the windows left behind
-/// are returned for the caller to prune.
+/// [`Guards::guards_look`] over rows in memory.
 pub(crate) fn look_in(
-    t: &impl Table,
+    t: &Rows,
     key: &str,
     claims: &[Claim],
     now_ms: i64,
-) -> Result<(Standing, Vec<(String, GuardRow)>), StoreError> {
+) -> Result<Standing, StoreError> {
     let mut standing = Standing::default();
-    let mut stale = Vec::new();
     for c in claims {
-        let (figure, expired) = standing_of(t, key, c, now_ms)?;
-        match figure {
+        match t.figure(key, c, now_ms) {
             Figure::Spent(spent) => standing.spent.push(spent),
             Figure::Earlier(earlier) => standing.earlier.push(earlier),
         }
-        stale.extend(expired);
     }
-    Ok((standing, stale))
+    Ok(standing)
 }
 
-/// [`Guards::guards_take`] over a table, in the caller's one transaction.
+/// [`Guards::guards_take`] over rows in memory, under the caller's lock;
+/// `log` (redb) is told what changed.
 pub(crate) fn take_in(
-    t: &mut impl Table,
+    t: &mut Rows,
     key: &str,
     claims: &[Claim],
     force: bool,
     now_ms: i64,
+    mut log: Option<&mut TakeLog>,
 ) -> Result<Taken, StoreError> {
-    let (standing, stale) = look_in(t, key, claims, now_ms)?;
-    for (k, _) in stale {
-        t.remove_row(&k)?;
+    let standing = look_in(t, key, claims, now_ms)?;
+    for c in claims {
+        let g = group(c);
+        for (at, k) in t.expired(g, now_ms - window_ms(c)) {
+            t.remove(g, at, &k);
+            if let Some(log) = log.as_deref_mut() {
+                log.pruned.push(row_key(g, at, &k));
+            }
+        }
     }
-    let index = index_prefix(key);
-    if !t.scan(&index)?.is_empty() {
+    if t.by_key.contains_key(key) {
         // This call (a retry under its key) counts already.
         return Ok(Taken {
             taken: true,
@@ -417,10 +443,13 @@ pub(crate) fn take_in(
         });
     }
     for c in claims {
-        let r = row(c, key, now_ms);
+        let r = std::sync::Arc::new(row(c, key, now_ms));
         let g = group(c);
-        let k = row_key(g, now_ms, key);
-        t.insert_row(&k, &r)?;
+        if let Some(log) = log.as_deref_mut() {
+            log.made
+                .push(Change::Insert(row_key(g, now_ms, key), r.clone()));
+        }
+        t.insert(g, r)?;
     }
     Ok(Taken {
         taken: true,
@@ -428,86 +457,48 @@ pub(crate) fn take_in(
     })
 }
 
-/// [`Guards::guards_release`] over a table.
-pub(crate) fn release_in(t: &mut impl Table, key: &str) -> Result<usize, StoreError> {
-    let index = index_prefix(key);
-    let rows = t.scan(&index)?;
-    for (k, _) in &rows {
-        t.remove_row(&k[index.len()..])?;
+/// [`Guards::guards_release`] over rows in memory.
+pub(crate) fn release_in(t: &mut Rows, key: &str) -> Result<usize, StoreError> {
+    let at = t.by_key.get(key).cloned().unwrap_or_default();
+    for (g, at_ms) in &at {
+        t.remove(g, *at_ms, key);
     }
-    Ok(rows.len())
+    Ok(at.len())
 }
 
-/// [`Guards::guards_gc`] over a table: the row keys removed.
-pub(crate) fn gc_in(t: &mut impl Table, now_ms: i64) -> Result<Vec<String>, StoreError> {
-    let gone: Vec<String> = t
-        .scan("g")?
-        .into_iter()
-        // A row of an older release without `until_ms` is kept until a take
-        // of its guard prunes it.
-        .filter(|(_, r)| r.until_ms > 0 && r.until_ms <= now_ms)
-        .map(|(k, _)| k)
-        .collect();
-    for k in &gone {
-        t.remove_row(k)?;
+/// [`Guards::guards_gc`] over rows in memory: the table keys removed.
+pub(crate) fn gc_in(t: &mut Rows, now_ms: i64) -> Result<Vec<String>, StoreError> {
+    let mut gone = Vec::new();
+    for (g, group) in &t.groups {
+        for ((at, k), kept) in &group.rows {
+            // A row of an older release without `until_ms` is kept until a
+            // take of its guard prunes it.
+            if kept.row.until_ms > 0 && kept.row.until_ms <= now_ms {
+                gone.push((g.clone(), *at, k.clone()));
+            }
+        }
     }
+    let gone = gone
+        .into_iter()
+        .map(|(g, at, k)| {
+            t.remove(&g, at, &k);
+            row_key(&g, at, &k)
+        })
+        .collect();
+    t.groups.retain(|_, g| !g.rows.is_empty());
     Ok(gone)
 }
 
-/// [`Guards::guards_rows`] over a table.
-pub(crate) fn rows_in(t: &impl Table, since_ms: i64) -> Result<Vec<GuardRow>, StoreError> {
-    Ok(t.scan("g")?
+/// [`Guards::guards_rows`] over rows in memory: by group, in time order.
+pub(crate) fn rows_in(t: &Rows, since_ms: i64) -> Result<Vec<GuardRow>, StoreError> {
+    let mut groups: Vec<(&String, &Group)> = t.groups.iter().collect();
+    groups.sort_by(|a, b| a.0.cmp(b.0));
+    Ok(groups
         .into_iter()
-        .map(|(_, r)| r)
-        .filter(|r| r.at_ms >= since_ms)
+        .flat_map(|(_, g)| g.rows.values())
+        .filter(|k| k.row.at_ms >= since_ms)
+        .map(|k| GuardRow::clone(&k.row))
         .collect())
-}
-
-/// The guards' rows in memory, with each group's sum.
-#[derive(Debug, Default)]
-pub(crate) struct Rows {
-    rows: std::collections::BTreeMap<String, GuardRow>,
-    sums: std::collections::HashMap<String, Decimal>,
-}
-
-impl Table for Rows {
-    fn range(&self, from: &str, to: &str) -> Result<Vec<(String, GuardRow)>, StoreError> {
-        if from >= to {
-            return Ok(Vec::new());
-        }
-        Ok(self
-            .rows
-            .range(from.to_owned()..to.to_owned())
-            .map(|(k, r)| (k.clone(), r.clone()))
-            .collect())
-    }
-
-    fn get(&self, key: &str) -> Result<Option<GuardRow>, StoreError> {
-        Ok(self.rows.get(key).cloned())
-    }
-
-    fn put(&mut self, key: &str, row: &GuardRow) -> Result<(), StoreError> {
-        self.rows.insert(key.to_owned(), row.clone());
-        Ok(())
-    }
-
-    fn delete(&mut self, key: &str) -> Result<(), StoreError> {
-        self.rows.remove(key);
-        Ok(())
-    }
-
-    fn sum_of(&self, group: &str) -> Result<Decimal, StoreError> {
-        Ok(self.sums.get(group).copied().unwrap_or_default())
-    }
-
-    fn add_sum(&mut self, group: &str, by: Decimal) -> Result<(), StoreError> {
-        let sum = self.sums.entry(group.to_owned()).or_default();
-        *sum += by;
-        if sum.is_zero() {
-            self.sums.remove(group);
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -705,7 +696,8 @@ pub(crate) mod tests {
                         .sum();
                     match what {
                         0 | 1 => {
-                            let taken = take_in(&mut t, &key, &claim, what == 1, now).unwrap();
+                            let taken =
+                                take_in(&mut t, &key, &claim, what == 1, now, None).unwrap();
                             prop_assert_eq!(taken.standing.spent[0], Decimal::from(expected));
                             // Rows out of the window are gone.
                             counted.retain(|_, (_, at)| *at > since);

@@ -48,7 +48,7 @@ impl super::guards::Guards for MemoryStore {
         claims: &'a [crate::core::guard::Claim],
         now_ms: i64,
     ) -> StoreFuture<'a, super::guards::Standing> {
-        let out = super::guards::look_in(&*self.guards.lock(), key, claims, now_ms).map(|l| l.0);
+        let out = super::guards::look_in(&self.guards.lock(), key, claims, now_ms);
         Box::pin(async move { out })
     }
 
@@ -59,22 +59,22 @@ impl super::guards::Guards for MemoryStore {
         force: bool,
         now_ms: i64,
     ) -> StoreFuture<'a, super::guards::Taken> {
-        let out = super::guards::take_in(&mut *self.guards.lock(), key, claims, force, now_ms);
+        let out = super::guards::take_in(&mut self.guards.lock(), key, claims, force, now_ms, None);
         Box::pin(async move { out })
     }
 
     fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
-        let out = super::guards::release_in(&mut *self.guards.lock(), key);
+        let out = super::guards::release_in(&mut self.guards.lock(), key);
         Box::pin(async move { out })
     }
 
     fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
-        let out = super::guards::gc_in(&mut *self.guards.lock(), now_ms).map(|g| g.len());
+        let out = super::guards::gc_in(&mut self.guards.lock(), now_ms).map(|g| g.len());
         Box::pin(async move { out })
     }
 
     fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<super::guards::GuardRow>> {
-        let out = super::guards::rows_in(&*self.guards.lock(), since_ms);
+        let out = super::guards::rows_in(&self.guards.lock(), since_ms);
         Box::pin(async move { out })
     }
 }

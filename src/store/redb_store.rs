@@ -1049,6 +1049,7 @@ fn fold(
     txn: &redb::WriteTransaction,
     pending: &Pending,
     generation: u64,
+    pruned: &guards::Pruned,
 ) -> Result<(), StoreError> {
     let mut ledger = txn
         .open_table(LEDGER)
@@ -1069,7 +1070,7 @@ fn fold(
             .insert(*id, text.as_str())
             .map_err(|e| err("write")(e.into()))?;
     }
-    guards::fold(txn, &pending.guards)?;
+    guards::fold(txn, &pending.guards, pruned)?;
     set_generation(txn, generation)
 }
 
@@ -1102,7 +1103,9 @@ fn replay(txn: &redb::WriteTransaction, items: Vec<journal::Item>) -> Result<(),
             journal::Item::Clear { upto } => {
                 outbox_clear(&mut outbox, upto)?;
             }
-            journal::Item::Guards { bytes } => guards::fold(txn, &[guards::decode(&bytes)?])?,
+            journal::Item::Guards { bytes } => {
+                guards::fold(txn, &[guards::decode(&bytes)?], &guards::Pruned::default())?
+            }
         }
     }
     Ok(())
@@ -1125,7 +1128,10 @@ fn apply_batch(
 ) -> Result<Vec<Done>, StoreError> {
     let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
     if let Some((pending, generation)) = checkpoint {
-        fold(&txn, pending, generation)?;
+        // Pruned rows leave the table with the checkpoint (should it fail,
+        // they are ended rows the next open loads and prunes again).
+        let pruned = guards.lock().take_pruned();
+        fold(&txn, pending, generation, &pruned)?;
     }
     // INVARIANT: a batch holding a `dispatched` (or reconciliation) commits
     // with fsync before any of its callers is answered.
@@ -1194,7 +1200,7 @@ fn apply_batch(
                             // commits with its `dispatched`, as in the journal.
                             if moved && to.state == State::Dispatched {
                                 if let Some(g) = guards.lock().unsent(key) {
-                                    guards::fold(&txn, &[g])?;
+                                    guards::fold(&txn, &[g], &guards::Pruned::default())?;
                                 }
                             }
                             Ok(moved)
