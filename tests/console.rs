@@ -706,6 +706,21 @@ async fn the_session_cookie_and_the_pages_are_hardened() {
             "inline script: <script{open}>"
         );
     }
+    // The icon, linked and at the address browsers ask for anyway.
+    assert!(
+        body.contains(r#"rel="icon" type="image/svg+xml" href="/review/assets/icon.svg""#),
+        "{body}"
+    );
+    for path in ["/favicon.ico", "/review/assets/icon.svg"] {
+        let icon = http
+            .get(format!("{}{path}", console.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(icon.status(), 200, "{path}");
+        assert_eq!(icon.headers()["content-type"], "image/svg+xml", "{path}");
+        assert!(icon.text().await.unwrap().starts_with("<svg"), "{path}");
+    }
     // A session id chosen by someone else opens nothing.
     let fixed = http
         .get(format!("{}/review/p/{id}", console.base))

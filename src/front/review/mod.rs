@@ -74,5 +74,6 @@ pub(crate) fn router(console: Option<Arc<Console>>) -> Router {
         )
         .route("/review/enrol/{token}/options", post(enrol::options))
         .route("/review/assets/{file}", get(assets::serve))
+        .route("/favicon.ico", get(assets::favicon))
         .with_state(console)
 }

@@ -58,6 +58,7 @@ fn layout(
                 }
                 title { (title) " · countersign review" }
                 link rel="stylesheet" href="/review/assets/console.css";
+                link rel="icon" type="image/svg+xml" href="/review/assets/icon.svg";
                 script src="/review/assets/console.js" defer {}
             }
             body {
