@@ -200,6 +200,16 @@ async fn invite_enrol_sign_in_and_approve_a_held_charge_that_then_runs_once() {
             {"screenshot": shot("console-phone.png")},
             {"fill": {"reason": "invoice 42 checked"}},
             {"click": "approve"},
+            // Decided: no control is left on the page, and once reloaded it
+            // says who decided, when and why, and what comes next.
+            {"count": "[data-action=approve], [data-action=deny]"},
+            {"goto": format!("/review/p/{id}")},
+            {"text": "[data-role=state]"},
+            {"text": "[data-role=decisions]"},
+            {"count": "[data-action=approve], [data-action=deny]"},
+            {"text": "[data-role=outcome]"},
+            {"goto": "/review/history"},
+            {"text": format!("[data-role=proposal][data-id='{id}']")},
         ]),
     );
     assert!(
@@ -220,6 +230,32 @@ async fn invite_enrol_sign_in_and_approve_a_held_charge_that_then_runs_once() {
             .starts_with("approved, recorded"),
         "{r:?}"
     );
+    assert_eq!(r[11]["count"], 0, "{r:?}");
+    assert_eq!(r[13]["text"], "approved", "{r:?}");
+    let decided = r[14]["text"].as_str().unwrap();
+    assert!(
+        decided.contains("alice (leads) approved at")
+            && decided.contains("with a passkey")
+            && decided.contains("invoice 42 checked"),
+        "{r:?}"
+    );
+    // Local time beside UTC (the browser's zone; the UTC instant in brackets).
+    assert!(decided.contains("Z)"), "{decided}");
+    assert_eq!(r[15]["count"], 0, "{r:?}");
+    assert!(
+        r[16]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Approved, not used yet"),
+        "{r:?}"
+    );
+    let row = r[18]["text"].as_str().unwrap();
+    assert!(
+        row.contains("approved")
+            && row.contains("alice (approved)")
+            && row.contains("invoice 42 checked"),
+        "{r:?}"
+    );
     // The agent's retry runs it, once; another retry is a replay. (A new
     // connection: the gateway closed the idle one while the browser ran.)
     let mut c = c;
@@ -229,6 +265,18 @@ async fn invite_enrol_sign_in_and_approve_a_held_charge_that_then_runs_once() {
     let again = c.post(&call).await;
     assert!(again.last()["result"]["_meta"]["dev.countersign/replayed"].is_object());
     assert_eq!(console.gw.executions("charge_card"), 1);
+    // The page now says that it ran.
+    let r = console.browser(
+        "alice",
+        json!([{"goto": format!("/review/p/{id}")}, {"text": "[data-role=outcome]"}]),
+    );
+    assert!(
+        r[1]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Ran once; its answer came at"),
+        "{r:?}"
+    );
     // The audit log holds the passkey statement, and verifies offline
     // against the reviewers file.
     wait_for_audit(&console.gw, "the passkey approval", |es| {
@@ -353,6 +401,11 @@ async fn a_denial_with_a_reason_gives_approval_denied_and_nothing_runs() {
             {"type": "not this account"},
             {"tab_to": "deny"},
             {"press": "Enter"},
+            {"count": "[data-action=approve], [data-action=deny]"},
+            {"goto": "/review/history"},
+            {"text": format!("[data-role=proposal][data-id='{id}']")},
+            {"goto": format!("/review/p/{id}")},
+            {"text": "[data-role=outcome]"},
         ]),
     );
     // Without a reason the gateway says it needs one; with one it is denied.
@@ -369,6 +422,15 @@ async fn a_denial_with_a_reason_gives_approval_denied_and_nothing_runs() {
             .starts_with("denied, recorded"),
         "{r:?}"
     );
+    assert_eq!(r[6]["count"], 0, "no control is left once denied: {r:?}");
+    let row = r[8]["text"].as_str().unwrap();
+    assert!(
+        row.contains("denied")
+            && row.contains("alice (denied)")
+            && row.contains("not this account"),
+        "{r:?}"
+    );
+    assert_eq!(r[10]["text"], "Denied: the call did not run.", "{r:?}");
     let mut c = c;
     c.http = reqwest::Client::new();
     let a = c.post(&call).await;

@@ -237,6 +237,12 @@ async fn within_the_budget_calls_run_the_one_past_it_is_held_with_the_figures_an
     assert_eq!(taken.len(), 4, "{taken:?}");
     let last = &taken.last().unwrap()["guards"];
     assert_eq!(last["approved_over"], true);
+    // Within the budget, nobody let it over: the field is left out.
+    assert!(
+        taken[0]["guards"].get("approved_over").is_none(),
+        "{:?}",
+        taken[0]
+    );
     assert_eq!(last["budgets"][0]["spent"], "800", "{last}");
     assert_eq!(last["budgets"][0]["amount"], "400", "{last}");
     assert_eq!(last["budgets"][0]["limit"], "1000", "{last}");

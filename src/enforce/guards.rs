@@ -114,7 +114,11 @@ impl Guarding {
         // Put together by hand: `json!` serializes each value it is given
         // once more.
         let mut guards = serde_json::Map::with_capacity(3);
-        guards.insert("approved_over".into(), force.into());
+        // Only when a person let it go over (the common case writes nothing:
+        // every byte of an entry is serialized, canonicalized and hashed).
+        if force {
+            guards.insert("approved_over".into(), true.into());
+        }
         guards.insert("budgets".into(), budgets_json(&figures.spending));
         guards.insert("effect_keys".into(), serde_json::Value::Array(effects));
         c.trail

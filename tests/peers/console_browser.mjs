@@ -20,6 +20,7 @@
 //   {"type": TEXT}                    -> types into the focused element
 //   {"press": KEY}                    -> presses KEY (e.g. "Enter"), then as for click
 //   {"text": SELECTOR}                -> {text} of the first match
+//   {"count": SELECTOR}               -> {count} of the matches
 //   {"uv": BOOL}                      -> the authenticator's user verification
 //   {"viewport": [W, H]}              -> resizes the page
 //   {"screenshot": FILE}              -> writes a PNG of the page
@@ -126,6 +127,8 @@ for (const step of plan.steps) {
     results.push({ url: page.url(), status: await statusText() });
   } else if (step.text !== undefined) {
     results.push({ text: await page.locator(step.text).first().textContent({ timeout: 5000 }).catch(() => null) });
+  } else if (step.count !== undefined) {
+    results.push({ count: await page.locator(step.count).count() });
   } else if (step.uv !== undefined) {
     await cdp.send('WebAuthn.setUserVerified', { authenticatorId, isUserVerified: step.uv });
     results.push({});

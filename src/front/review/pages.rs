@@ -16,7 +16,7 @@ use super::console::Console;
 use super::invite::Invite;
 use super::reply::hardened;
 use super::session;
-use crate::core::approval::{summary, Change, Proposal, ProposalState};
+use crate::core::approval::{summary, Change, Proposal, ProposalState, SignedDecision, Verdict};
 use crate::core::legible;
 use crate::core::reviewers::Reviewer;
 use crate::core::time::rfc3339;
@@ -223,13 +223,158 @@ pub(crate) async fn history(State(c): State<Arc<Console>>, headers: HeaderMap) -
         html! {
             h1 { "Decided" }
             @if items.is_empty() { p class="empty" { "Nothing decided yet." } }
-            ul class="proposals" {
-                @for p in &items {
-                    (item(p, now, 0))
+            @else {
+                table class="history" {
+                    thead { tr { th { "Proposal" } th { "State" } th { "Requester" } th { "Tool" } th { "By" } th { "Reason" } th { "When" } } }
+                    tbody {
+                        @for p in &items {
+                            tr data-role="proposal" data-id=(p.id) {
+                                td { a href=(format!("/review/p/{}", p.id)) data-action="open" { (p.id) } }
+                                td data-role="state" { (p.state.as_str()) }
+                                td { (requester(p)) }
+                                td { (legible::text(&p.server)) "/" (legible::text(&p.tool)) }
+                                td data-role="by" { (deciders(p)) }
+                                td data-role="reason" { (legible::visible(&settling_reason(p))) }
+                                td { (moment(&rfc3339(p.updated_ms))) " (" (age(now, p.updated_ms)) " ago)" }
+                            }
+                        }
+                    }
                 }
             }
         },
     ))
+}
+
+/// A moment as the console shows it: UTC in the page, the reviewer's own
+/// zone put beside it by the script (`data-role="time"`).
+fn moment(iso: &str) -> Markup {
+    html! { time datetime=(iso) data-role="time" { (legible::text(iso)) } }
+}
+
+/// Every decision given on a proposal, in the order signed: the
+/// approvals, the denials and the statement that settled it, each once.
+fn decisions(p: &Proposal) -> Vec<(&SignedDecision, &[String])> {
+    let mut all: Vec<(&SignedDecision, &[String])> = p
+        .approvals
+        .iter()
+        .chain(&p.denials)
+        .map(|g| (&g.signed, g.groups.as_slice()))
+        .collect();
+    if let Some(d) = &p.decision {
+        let same = |x: &SignedDecision| {
+            x.statement.reviewer == d.statement.reviewer
+                && x.statement.decision == d.statement.decision
+                && x.statement.issued_at == d.statement.issued_at
+        };
+        if !all.iter().any(|(x, _)| same(x)) {
+            all.push((d, &[]));
+        }
+    }
+    all.sort_by(|a, b| a.0.statement.issued_at.cmp(&b.0.statement.issued_at));
+    all
+}
+
+/// The decisions, as the page and the history list them.
+fn decision_list(p: &Proposal) -> Markup {
+    html! {
+        ol class="decisions" data-role="decisions" {
+            @for (d, groups) in decisions(p) {
+                @let verdict = match d.statement.decision { Verdict::Approve => "approved", Verdict::Deny => "denied" };
+                li data-role="decision" data-verdict=(verdict) data-reviewer=(d.statement.reviewer) {
+                    strong { (legible::text(&d.statement.reviewer)) }
+                    @if !groups.is_empty() { " (" (legible::text(&groups.join(", "))) ")" }
+                    " " (verdict) " at " (moment(&d.statement.issued_at))
+                    " with " (if d.key_kind() == "passkey" { "a passkey" } else { "an ed25519 key" })
+                    @if !d.statement.reason.is_empty() {
+                        ": " q data-role="reason" { (legible::visible(&d.statement.reason)) }
+                    }
+                }
+            }
+            @if let Some(c) = &p.confirmation {
+                li data-role="decision" data-verdict="confirmed" {
+                    "answered in the client by " strong { (legible::text(&c.principal)) }
+                }
+            }
+        }
+    }
+}
+
+/// Who decided, as the history lists them: `alice (approved), bob
+/// (denied)`, or the person at the client.
+fn deciders(p: &Proposal) -> String {
+    if let Some(c) = &p.confirmation {
+        return format!("{} (client)", legible::text(&c.principal));
+    }
+    let all: Vec<String> = decisions(p)
+        .into_iter()
+        .map(|(d, _)| {
+            let verdict = match d.statement.decision {
+                Verdict::Approve => "approved",
+                Verdict::Deny => "denied",
+            };
+            format!("{} ({verdict})", legible::text(&d.statement.reviewer))
+        })
+        .collect();
+    if all.is_empty() {
+        "-".into()
+    } else {
+        all.join(", ")
+    }
+}
+
+/// Why it ended: the settling reviewer's reason, or why it was voided or
+/// expired.
+fn settling_reason(p: &Proposal) -> String {
+    p.decision
+        .as_ref()
+        .map(|d| d.statement.reason.clone())
+        .filter(|r| !r.is_empty())
+        .or_else(|| p.reason.clone())
+        .unwrap_or_default()
+}
+
+/// What became of a decided proposal: whether its call ran, in a
+/// reviewer's words (the ledger's record of the call that used it).
+async fn outcome(gw: &Gateway, p: &Proposal, now_ms: i64) -> Option<String> {
+    use crate::core::ledger::State;
+    Some(match p.state {
+        ProposalState::Pending => return None,
+        ProposalState::Denied => "Denied: the call did not run.".to_owned(),
+        ProposalState::Expired => "Expired unused: the call did not run.".to_owned(),
+        ProposalState::Invalidated => format!(
+            "Void ({}): the call did not run under it.",
+            legible::visible(p.reason.as_deref().unwrap_or("replaced or no longer valid"))
+        ),
+        ProposalState::Approved => match p.expires_ms {
+            Some(e) if e <= now_ms => "Expired unused: the call did not run.".to_owned(),
+            Some(e) => format!(
+                "Approved, not used yet: the call runs when the agent sends it again (or at once, if it waits as a task), until {}.",
+                rfc3339(e)
+            ),
+            None => "Approved, not used yet.".to_owned(),
+        },
+        ProposalState::Consumed => {
+            let key = p.consumed_by.as_deref().unwrap_or_default();
+            match gw.pipeline().store().get(key).await {
+                Ok(Some(r)) => match r.state {
+                    State::Complete => format!(
+                        "Ran once; its answer came at {}.",
+                        r.answered_at.as_deref().unwrap_or("an unrecorded time")
+                    ),
+                    State::Unknown => {
+                        "Sent once; its outcome is unknown (the answer was lost): check the server before anyone retries.".to_owned()
+                    }
+                    State::Dispatched => "Running now.".to_owned(),
+                    State::Reserved => "About to run.".to_owned(),
+                    State::NotDispatched => {
+                        "Used, but the call was not sent (the server could not be reached).".to_owned()
+                    }
+                },
+                Ok(None) => "Used by a call whose ledger record is gone (past its retention).".to_owned(),
+                Err(e) => format!("Used by a call whose record cannot be read now ({e})."),
+            }
+        }
+    })
 }
 
 fn changes(list: &[Change]) -> Markup {
@@ -290,6 +435,7 @@ pub(crate) async fn proposal(
         i64::try_from(gw.config().approvals.pending_ttl.as_millis()).unwrap_or(i64::MAX),
     );
     let mine = p.approvals.iter().any(|g| g.reviewer() == r.name);
+    let happened = outcome(gw, &p, now).await;
     let default_ttl = humantime::format_duration(c.default_ttl()).to_string();
     html(layout(
         &p.id,
@@ -299,6 +445,13 @@ pub(crate) async fn proposal(
             article class="proposal" data-role="proposal" data-id=(p.id) {
                 h1 { (legible::text(&p.server)) "/" (legible::text(&p.tool)) " " span class=(format!("risk risk-{}", p.risk.as_str())) { (p.risk.as_str()) } }
                 p class="sentence" { (legible::visible(&summary(&p))) "." }
+                @if let Some(h) = &happened {
+                    p class=(format!("outcome state-{}", p.state.as_str())) data-role="outcome" { (h) }
+                }
+                @if !decisions(&p).is_empty() || p.confirmation.is_some() {
+                    h2 { "Decisions" }
+                    (decision_list(&p))
+                }
                 @if let Some(l) = &p.looks_like {
                     p class="warning" { "This tool's name only looks like " code { (legible::text(l)) } ", another tool of this server. It is not that tool." }
                 }
@@ -306,12 +459,13 @@ pub(crate) async fn proposal(
                     p class="warning" data-role="guard" { (legible::visible(g)) }
                 }
                 dl {
-                    dt { "State" } dd { (p.state.as_str()) }
+                    dt { "State" } dd data-role="state" { (p.state.as_str()) }
                     dt { "Requester" } dd { (requester(&p)) " (tenant " (legible::text(&p.tenant)) ")" }
                     dt { "Approvals" } dd data-role="quorum" { (quorum_line(&p)) }
-                    @match p.expires_ms {
-                        Some(e) => { dt { "Approval usable until" } dd { (rfc3339(e)) } }
-                        None => { dt { "Undecided until" } dd { (rfc3339(pending_until)) " (" (age(pending_until.max(now), now)) " left)" } }
+                    @match (p.state, p.expires_ms) {
+                        (ProposalState::Approved, Some(e)) => { dt { "Approval usable until" } dd { (moment(&rfc3339(e))) } }
+                        (ProposalState::Pending, _) => { dt { "Undecided until" } dd { (moment(&rfc3339(pending_until))) " (" (age(pending_until.max(now), now)) " left)" } }
+                        _ => {}
                     }
                     dt { "Call digest" } dd { code class="digest" { (p.call_digest) } }
                     dt { "Tool definition" } dd { code class="digest" { (p.tool_definition.as_deref().unwrap_or("(not listed by the server)")) } }

@@ -109,6 +109,12 @@ async function decide(verdict) {
   const assertion = await getAssertion(s);
   const done = await post("/review/p/" + encodeURIComponent(id) + "/decide", { statement: s.statement, assertion });
   status(done.message, true);
+  if (done.state && done.state !== "pending") {
+    // Decided: no control is left to press; the reload shows who decided.
+    form.remove();
+    const state = document.querySelector('[data-role="state"]');
+    if (state) state.textContent = done.state;
+  }
   setTimeout(() => location.reload(), 1500);
 }
 
@@ -139,3 +145,11 @@ document.addEventListener("click", (ev) => {
   el.disabled = true;
   run().catch((e) => status(e.message || String(e), false)).finally(() => { el.disabled = false; });
 });
+
+// Times: the page says UTC; the reviewer's own zone goes in front of it.
+for (const t of document.querySelectorAll('time[data-role="time"]')) {
+  const d = new Date(t.getAttribute("datetime"));
+  if (!Number.isNaN(d.getTime())) {
+    t.textContent = d.toLocaleString() + " (" + t.getAttribute("datetime") + ")";
+  }
+}
