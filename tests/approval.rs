@@ -257,8 +257,26 @@ async fn drifted_arguments_and_another_tool_never_ride_on_an_approval() {
     let (r, c, id) = Review::with_pending_charge().await;
     r.approve("alice", &id).await;
 
-    // Changed amount: not run; a new proposal flagged as a revision.
-    let drift = call(&c, 2, CHARGE, charge(11), "k-2").await;
+    // Another call (its own key) for another amount: not run, and not a
+    // revision: shown beside the approved one, as a separate call.
+    let other = call(&c, 5, CHARGE, charge(12), "k-5").await;
+    assert_eq!(code(&other), "approval_pending", "{other:?}");
+    assert!(countersign(&other).get("revises").is_none(), "{other:?}");
+    let (_, shown, _) = r
+        .cli("alice", &["show", &proposal_id(&other), "--json"])
+        .await;
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert!(shown["revises"].is_null(), "{shown}");
+    assert_eq!(shown["beside"]["proposal_id"], json!(id), "{shown}");
+    let (_, text, _) = r.cli("alice", &["show", &proposal_id(&other)]).await;
+    assert!(
+        text.contains("another call by the same requester") && !text.contains("->"),
+        "{text}"
+    );
+
+    // The same call (its key) with a changed amount: not run; a new
+    // proposal flagged as its revision.
+    let drift = call(&c, 2, CHARGE, charge(11), "k-1").await;
     assert_eq!(code(&drift), "approval_pending", "{drift:?}");
     assert_eq!(countersign(&drift)["revises"], json!(id));
     let rev = proposal_id(&drift);

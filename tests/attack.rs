@@ -892,17 +892,17 @@ async fn f2_run(accounts: &[String]) -> (Vec<(String, String)>, String, Vec<Valu
             "_meta":{"dev.countersign/idempotency-key":key}}})
     };
     let mut last = String::new();
+    // One call (one key) resent with another account each time: each
+    // proposal revises the one before, with the account in its diff.
     for (i, account) in accounts.iter().enumerate() {
-        let held = c
-            .post(&charge(i as i64 + 1, account, &format!("f2-{i}")))
-            .await;
+        let held = c.post(&charge(i as i64 + 1, account, "f2")).await;
         assert_eq!(code(&held), "approval_pending", "{held:?}");
         last = proposal_id(&held);
     }
     let (ok, out, err) = review_cli(&gw, &alice, &["approve", &last]);
     assert!(ok, "{out}{err}");
     let n = accounts.len() - 1;
-    let ran = c.post(&charge(100, &accounts[n], &format!("f2-{n}"))).await;
+    let ran = c.post(&charge(100, &accounts[n], "f2")).await;
     assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
     // Every sink has had its part: the revisions and the run in the log,
     // the created and decided events at the hook, the run's span.

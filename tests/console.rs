@@ -1039,3 +1039,51 @@ async fn a_held_charge_under_a_budget_shows_the_figures_on_its_page() {
         "{r:?}"
     );
 }
+
+/// Four invoices are four calls: two charges with keys of their own are
+/// not "revisions" of each other (the second is shown beside the first,
+/// with no change arrow), while the same key resent with another amount is.
+#[tokio::test]
+async fn separate_charges_are_not_revisions_and_a_changed_resend_is() {
+    let console = Console::start("", "");
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let (_, _, first) = held(&console.gw, "invoice-240", 240).await;
+    let (_, _, second) = held(&console.gw, "invoice-980", 980).await;
+    let (_, _, resent) = held(&console.gw, "invoice-980", 990).await;
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": "/review/"},
+            {"text": format!("[data-role=proposal][data-id='{second}']")},
+            {"goto": format!("/review/p/{second}")},
+            {"count": "h2:has-text('Changed since')"},
+            {"text": "[data-role=beside]"},
+            {"goto": format!("/review/p/{resent}")},
+            {"text": "h2:has-text('Changed since')"},
+            {"text": "table.changes"},
+        ]),
+    );
+    let item = r[1]["text"].as_str().unwrap();
+    assert!(
+        item.contains("another call by the same requester") && !item.contains("revision"),
+        "{r:?}"
+    );
+    assert_eq!(r[3]["count"], 0, "{r:?}");
+    let beside = r[4]["text"].as_str().unwrap();
+    assert!(
+        beside.contains(&first) && beside.contains("240") && beside.contains("980"),
+        "{r:?}"
+    );
+    assert_eq!(
+        r[6]["text"].as_str().unwrap(),
+        format!("Changed since proposal {second}"),
+        "{r:?}"
+    );
+    let diff = r[7]["text"].as_str().unwrap();
+    assert!(
+        diff.contains("/amount") && diff.contains("980") && diff.contains("990"),
+        "{r:?}"
+    );
+}

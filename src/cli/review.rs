@@ -257,6 +257,14 @@ pub(crate) async fn show(c: &Client, id: &str, as_json: bool) -> anyhow::Result<
             describe_changes(&rev["changes"])
         ));
     }
+    if let Some(b) = p.get("beside").filter(|r| !r.is_null()) {
+        // Another call (its own key): the two side by side, not a change.
+        out.push_str(&format!(
+            "\nanother call by the same requester: {} (its own key, a separate call); where they differ, that call first:\n{}",
+            legible::text(b["proposal_id"].as_str().unwrap_or("")),
+            describe_changes(&b["changes"]).replace(" -> ", " | ")
+        ));
+    }
     let quorum = p.get("quorum").is_some_and(|q| !q.is_null());
     for (list, word) in [("approvals", "approved"), ("denials", "denied")]
         .into_iter()

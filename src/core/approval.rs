@@ -162,10 +162,12 @@ pub struct DefinitionChange {
     pub changes: Vec<Change>,
 }
 
-/// A proposal that differs from a recent one of the same requester and tool.
+/// A proposal beside a recent one of the same requester and tool with other
+/// arguments: the one it revises (the same call, resent with changes), or
+/// another call shown for comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Revision {
-    /// The proposal revised.
+    /// The other proposal.
     pub proposal_id: String,
     /// What changed in the arguments.
     pub changes: Vec<Change>,
@@ -453,8 +455,18 @@ pub struct Proposal {
     pub risk: Risk,
     /// The policies that asked for approval.
     pub policies: Vec<String>,
-    /// Set when this proposal revises a recent one.
+    /// Set when this proposal revises a recent one: the same call (its
+    /// idempotency key) resent with other arguments.
     pub revises: Option<Revision>,
+    /// A recent proposal of another call (its own key) by the same
+    /// requester for the same tool: shown beside it for comparison, never
+    /// as a change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beside: Option<Revision>,
+    /// The ledger key of the call that asked (a resend under it with other
+    /// arguments is a revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_key: Option<String>,
     /// Identical calls that joined it while pending (retries).
     pub joined: u32,
     /// The decision that settled it: the approval that completed the
@@ -1006,6 +1018,9 @@ pub fn flags(p: &Value) -> Vec<String> {
     let mut flags = Vec::new();
     if let Some(r) = p.pointer("/revises/proposal_id").and_then(Value::as_str) {
         flags.push(format!("revises {}", super::legible::text(r)));
+    }
+    if let Some(r) = p.pointer("/beside/proposal_id").and_then(Value::as_str) {
+        flags.push(format!("another call beside {}", super::legible::text(r)));
     }
     if p.get("definition_change").is_some_and(|d| !d.is_null()) {
         flags.push("tool definition changed".to_owned());

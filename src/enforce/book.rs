@@ -710,23 +710,34 @@ impl Book {
         now: i64,
     ) -> Result<Proposal, StoreError> {
         let window = ms(self.config.revision_window);
-        // A revision: the most recent proposal of the same requester and
-        // tool, within the window, for other arguments. Shown to the
-        // reviewer with the difference, so a drifted retry is not mistaken
-        // for a new request.
-        let revises = mine
-            .iter()
-            .filter(|p| {
-                p.server == ask.server
-                    && p.tool == ask.tool
-                    && p.call_digest != ask.digest
-                    && now - p.created_ms <= window
-            })
-            .max_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)))
-            .map(|p| Revision {
-                proposal_id: p.id.clone(),
-                changes: approval::diff(&p.arguments, ask.arguments),
-            });
+        // Recent proposals of the same requester and tool, within the
+        // window, for other arguments. The newest under this call's own key
+        // is what it revises (the same call resent with changes: shown with
+        // the difference, so a drifted retry is not mistaken for a new
+        // request). Otherwise the newest is another call, shown beside it
+        // for comparison: calls with keys of their own are separate calls
+        // (four invoices are four invoices), never "changes".
+        let recent = |same_key: bool| {
+            mine.iter()
+                .filter(|p| {
+                    p.server == ask.server
+                        && p.tool == ask.tool
+                        && p.call_digest != ask.digest
+                        && now - p.created_ms <= window
+                        && (p.call_key.as_deref() == Some(ask.key)) == same_key
+                })
+                .max_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)))
+                .map(|p| Revision {
+                    proposal_id: p.id.clone(),
+                    changes: approval::diff(&p.arguments, ask.arguments),
+                })
+        };
+        let revises = recent(true);
+        let beside = if revises.is_some() {
+            None
+        } else {
+            recent(false)
+        };
         let mut p = Proposal {
             id: format!("p-{:016x}", rand::random::<u64>()),
             state: ProposalState::Pending,
@@ -746,6 +757,8 @@ impl Book {
             risk: ask.risk,
             policies: ask.policies.to_vec(),
             revises,
+            beside,
+            call_key: Some(ask.key.to_owned()),
             joined: 0,
             decision: None,
             quorum: ask.quorum.clone(),
@@ -793,7 +806,20 @@ impl Book {
                 ));
                 self.audit("proposal_revised", &p, &extra);
             }
-            None => self.audit("proposal_created", &p, &extra),
+            None => {
+                if let Some(b) = &p.beside {
+                    // Redacted as a revision's diff is.
+                    let changes = match &self.audit {
+                        Some(a) => a.changes_value(&b.changes),
+                        None => Value::Null,
+                    };
+                    extra.push((
+                        "beside",
+                        serde_json::json!({"proposal_id": b.proposal_id, "changes": changes}),
+                    ));
+                }
+                self.audit("proposal_created", &p, &extra)
+            }
         }
         tracing::info!(proposal = %p.id, server = %p.server, tool = %p.tool, requester = %p.requester, tenant = %p.tenant, revises = %p.revises.as_ref().map_or("none", |r| r.proposal_id.as_str()), "proposal created");
         Ok(p)

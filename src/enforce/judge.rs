@@ -121,8 +121,15 @@ impl Judge {
         // After the decision's own entry: the log keeps cause before effect.
         self.shadow.compare(c, &facts, &decision, &in_force);
         if let Some(recorder) = self.recorder.get() {
-            // A keyed call once; a read without a key per call.
-            if c.claim.client_key.is_empty() || self.recorded.lock().first(c.claim.key.clone()) {
+            // A keyed call once per set of arguments (a resend under its key
+            // with other arguments is decided on other inputs); a read
+            // without a key per call.
+            if c.claim.client_key.is_empty()
+                || self
+                    .recorded
+                    .lock()
+                    .first(format!("{}\u{1f}{}", c.claim.key, c.claim.digest))
+            {
                 recorder.record(super::inputs::Inputs::of(
                     &facts,
                     super::shadow::verdict(&decision),

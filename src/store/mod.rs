@@ -724,6 +724,8 @@ pub(crate) mod tests {
             risk: crate::core::approval::Risk::Write,
             policies: vec![],
             revises: None,
+            beside: None,
+            call_key: None,
             joined: 0,
             decision: None,
             quorum: Default::default(),

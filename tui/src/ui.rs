@@ -396,6 +396,14 @@ fn detail(app: &App, f: &mut Frame, area: Rect) {
         )));
         change_lines(&r["changes"], &mut lines);
     }
+    if let Some(b) = p.get("beside").filter(|r| !r.is_null()) {
+        // A separate call (its own key): named, not shown as a change.
+        lines.push(Line::from(""));
+        lines.push(Line::from(format!(
+            "another call by the same requester: {} (its own key)",
+            s(b, "proposal_id")
+        )));
+    }
     f.render_widget(
         Paragraph::new(lines)
             .block(block)

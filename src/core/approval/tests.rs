@@ -49,6 +49,8 @@ fn proposal() -> Proposal {
         risk: Risk::Destructive,
         policies: vec![],
         revises: None,
+        beside: None,
+        call_key: None,
         joined: 0,
         decision: None,
         quorum: Quorum::default(),

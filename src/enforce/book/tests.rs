@@ -153,6 +153,8 @@ fn pending(quorum: Quorum) -> Proposal {
         risk: Risk::Write,
         policies: vec![],
         revises: None,
+        beside: None,
+        call_key: None,
         joined: 0,
         decision: None,
         quorum,

@@ -145,7 +145,8 @@ fn item(p: &Proposal, now_ms: i64, tasks: usize) -> Markup {
                 (p.id) " · " (requester(p)) " · " (legible::text(&p.tenant)) " · " (age(now_ms, p.created_ms)) " ago"
                 @if p.looks_like.is_some() { " · " strong { "lookalike name" } }
                 @if p.definition_change.is_some() { " · tool definition changed" }
-                @if p.revises.is_some() { " · a revision" }
+                @if p.revises.is_some() { " · a revision (the same call resent with changes)" }
+                @if p.beside.is_some() { " · another call by the same requester" }
                 @if tasks == 1 { " · " span data-role="task" { "an agent waits for this as a task: it runs when approved" } }
                 @if tasks > 1 { " · " span data-role="task" { (tasks) " agents wait for this as tasks: it runs when approved" } }
                 " · " span data-role="quorum" { (quorum_line(p)) }
@@ -377,6 +378,24 @@ async fn outcome(gw: &Gateway, p: &Proposal, now_ms: i64) -> Option<String> {
     })
 }
 
+/// Two separate calls side by side: no "before" and "now", no arrow.
+fn compare(other: &str, list: &[Change]) -> Markup {
+    let shown = |v: &Option<serde_json::Value>| match v {
+        Some(v) => legible::value(v),
+        None => "(absent)".into(),
+    };
+    html! {
+        table class="changes" {
+            thead { tr { th { "where" } th { (other) } th { "this call" } } }
+            tbody {
+                @for c in list {
+                    tr { td { code { (legible::text(&c.pointer)) } } td { code { (shown(&c.before)) } } td { code { (shown(&c.after)) } } }
+                }
+            }
+        }
+    }
+}
+
 fn changes(list: &[Change]) -> Markup {
     let shown = |v: &Option<serde_json::Value>| match v {
         Some(v) => legible::value(v),
@@ -484,7 +503,15 @@ pub(crate) async fn proposal(
                 }
                 @if let Some(rev) = &p.revises {
                     h2 { "Changed since proposal " (rev.proposal_id) }
+                    p { "The same call (its idempotency key), sent again with other arguments: it replaces that proposal." }
                     (changes(&rev.changes))
+                }
+                @if let Some(b) = &p.beside {
+                    details data-role="beside" {
+                        summary { "Another call by the same requester: " (b.proposal_id) }
+                        p { "A separate call with its own key, not a change of this one. Where the two differ:" }
+                        (compare(&b.proposal_id, &b.changes))
+                    }
                 }
                 @if let Some(d) = &p.definition_change {
                     h2 { "The tool's definition is not the pinned one" }
