@@ -96,9 +96,14 @@ impl Console {
 
     /// Enrol `who` through `link` in the browser: the entry it shows.
     fn enrol(&self, who: &str, link: &str) -> String {
-        let r = self.browser(who, json!([{"goto": link}, {"click": "enrol"}]));
+        let r = self.browser(
+            who,
+            json!([{"goto": link}, {"click": "enrol"}, {"count": "[data-action=enrol]"}]),
+        );
         let entry = r[1]["entry"].as_str().unwrap_or_default().to_owned();
         assert!(entry.starts_with("[[reviewers]]"), "{r:?}");
+        // The page ends finished: no button to make a second passkey.
+        assert_eq!(r[2]["count"], 0, "{r:?}");
         entry
     }
 
@@ -1063,8 +1068,12 @@ async fn separate_charges_are_not_revisions_and_a_changed_resend_is() {
             {"goto": format!("/review/p/{resent}")},
             {"text": "h2:has-text('Changed since')"},
             {"text": "table.changes"},
+            {"goto": "/review/"},
+            {"text": "[data-role=proposal]"},
         ]),
     );
+    // The queue's order: the one that expires first (the first made) on top.
+    assert!(r[9]["text"].as_str().unwrap().contains(&first), "{r:?}");
     let item = r[1]["text"].as_str().unwrap();
     assert!(
         item.contains("another call by the same requester") && !item.contains("revision"),

@@ -97,9 +97,11 @@ fn age(created_ms: i64) -> String {
     humantime::format_duration(Duration::from_secs(secs)).to_string()
 }
 
-/// `countersign pending`: pending proposals, a line each (or JSON).
+/// `countersign pending`: pending proposals, a line each (or JSON), the one
+/// that expires first first ([`crate::core::approval::queue_key`]).
 pub(crate) async fn pending(c: &Client, as_json: bool) -> anyhow::Result<String> {
-    let list = c.proposals(Some("pending")).await?;
+    let mut list = c.proposals(Some("pending")).await?;
+    list.sort_by_key(crate::core::approval::queue_key);
     if as_json {
         return Ok(serde_json::to_string_pretty(&json!({ "proposals": list }))?);
     }

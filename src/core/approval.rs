@@ -1009,6 +1009,23 @@ pub fn summary(p: &Proposal) -> String {
 #[cfg(test)]
 mod tests;
 
+/// The order of the queue of pending proposals everywhere a reviewer reads
+/// it (`countersign pending`, the TUI, the console), from a proposal's `/v1`
+/// JSON: the one that expires undecided first comes first (then the older,
+/// then by id), so the call closest to being dropped is in front.
+pub fn queue_key(p: &Value) -> (i64, i64, String) {
+    queue_order(
+        p["pending_expires_ms"].as_i64().unwrap_or(i64::MAX),
+        p["created_ms"].as_i64().unwrap_or(0),
+        p["id"].as_str().unwrap_or(""),
+    )
+}
+
+/// [`queue_key`] of a proposal's undecided expiry, creation and id.
+pub fn queue_order(pending_expires_ms: i64, created_ms: i64, id: &str) -> (i64, i64, String) {
+    (pending_expires_ms, created_ms, id.to_owned())
+}
+
 /// The flags a reviewer sees beside a proposal in a list, from its `/v1`
 /// JSON: the same words in `countersign pending` and in the TUI's FLAGS
 /// column, so that the two never disagree about what a proposal is.

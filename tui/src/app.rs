@@ -201,19 +201,15 @@ impl App {
         }
     }
 
-    /// Pending proposals, oldest first (the queue order).
+    /// Pending proposals in the queue's order: the one that expires first
+    /// first, as `countersign pending` and the console list them.
     pub fn pending(&self) -> Vec<&Value> {
         let mut v: Vec<&Value> = self
             .proposals
             .values()
             .filter(|p| str_of(p, "state") == "pending")
             .collect();
-        v.sort_by_key(|p| {
-            (
-                p["created_ms"].as_i64().unwrap_or(0),
-                str_of(p, "id").to_owned(),
-            )
-        });
+        v.sort_by_key(|p| countersign::core::approval::queue_key(p));
         v
     }
 
@@ -540,7 +536,7 @@ pub mod tests {
     }
 
     #[test]
-    fn the_queue_is_oldest_first_and_live_events_update_it() {
+    fn the_queue_puts_the_one_that_expires_first_first_and_live_events_update_it() {
         let mut a = app();
         let ids: Vec<&str> = a.pending().iter().map(|p| str_of(p, "id")).collect();
         assert_eq!(ids, ["p-1", "p-2"]);

@@ -362,3 +362,13 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_queue_puts_the_proposal_that_expires_first_in_front() {
+    let p = |id: &str, created: i64, expires: i64| serde_json::json!({"id": id, "created_ms": created, "pending_expires_ms": expires});
+    // b was made later but expires first (a shorter pending_ttl then).
+    let mut list = [p("a", 100, 9_000), p("b", 200, 5_000), p("c", 50, 9_000)];
+    list.sort_by_key(super::queue_key);
+    let ids: Vec<&str> = list.iter().map(|v| v["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["b", "c", "a"]);
+}

@@ -167,7 +167,8 @@ async fn proposals(gw: &Gateway, reviewer: &Reviewer) -> Result<Vec<Proposal>, S
     Ok(all)
 }
 
-/// `GET /review/`: pending proposals of the reviewer's tenants, newest first.
+/// `GET /review/`: pending proposals of the reviewer's tenants, the one that
+/// expires first first (the queue's order in the TUI and `pending` too).
 pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let gw = &c.gw;
     let (r, s) = match signed_in(&c, &headers) {
@@ -176,13 +177,24 @@ pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> R
     };
     let now = gw.pipeline().clock().now_ms();
     let waiting = crate::front::tasks::waiting_by_proposal(gw).await;
+    let pending_ttl =
+        i64::try_from(gw.config().approvals.pending_ttl.as_millis()).unwrap_or(i64::MAX);
     let (items, status) = match proposals(gw, &r).await {
-        Ok(all) => (
-            all.into_iter()
+        Ok(all) => {
+            let mut items: Vec<Proposal> = all
+                .into_iter()
                 .filter(|p| p.state == ProposalState::Pending)
-                .collect::<Vec<_>>(),
-            None,
-        ),
+                .collect();
+            // The queue's order everywhere: the one that expires first.
+            items.sort_by_key(|p| {
+                crate::core::approval::queue_order(
+                    p.created_ms.saturating_add(pending_ttl),
+                    p.created_ms,
+                    &p.id,
+                )
+            });
+            (items, None)
+        }
         Err(e) => (
             Vec::new(),
             Some(format!("the proposals could not be read: {e}")),

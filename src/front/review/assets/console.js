@@ -96,6 +96,9 @@ async function enrol() {
     resident_key: ext.credProps && typeof ext.credProps.rk === "boolean" ? ext.credProps.rk : null,
   });
   document.querySelector('[data-role="reviewer-entry"]').textContent = done.entry;
+  // Finished: the link is used up, so nothing is left to press.
+  const button = document.querySelector('[data-action="enrol"]');
+  if (button) button.remove();
   status("Enrolled. Add the entry below to reviewers.toml; the passkey counts once it is there.", true);
 }
 
