@@ -69,7 +69,11 @@ async fn recorded_run(audit_extra: &str) -> (common::Gateway, tempfile::TempDir)
     let revised = json!({"jsonrpc":"2.0","id":8,"method":"tools/call","params":{
         "name":"charge_card","arguments":{"account":"acct-1","amount":11},
         "_meta":{"dev.countersign/idempotency-key":"k-2"}}});
-    c.post(&revised).await; // a new proposal, revising the approved one
+    c.post(&revised).await; // a new proposal, beside the approved one (its own key)
+    let mut resent = revised.clone();
+    resent["params"]["arguments"]["amount"] = json!(12);
+    resent["id"] = json!(9);
+    c.post(&resent).await; // the same key, other arguments: a revision
     c.call(7, "charge_card", json!({"account":"acct-1","amount":5000}))
         .await; // denied by the ceiling
     assert!(gw.terminate().success());

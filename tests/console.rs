@@ -1096,3 +1096,76 @@ async fn separate_charges_are_not_revisions_and_a_changed_resend_is() {
         "{r:?}"
     );
 }
+
+/// The page leads in plain words: the operator's summary for the tool,
+/// filled with the arguments (a value carrying bidi or terminal controls
+/// written out, not obeyed), why a person is asked (the policy's
+/// `@reason`), digests folded under Details; and on a 390×844 phone the
+/// summary with its amount and the approve button are within one and a
+/// half screens.
+#[tokio::test]
+async fn the_page_leads_with_the_operators_summary_and_fits_a_phone() {
+    let console = Console::start_with(
+        "",
+        "",
+        "[servers.payments.tools.charge_card]\nsummary = \"Charge {amount} to {account}\"\n",
+    );
+    let entry = console.enrol("alice", &console.invite("alice", "leads", "1h"));
+    console.reviewers(&entry).await;
+    console.sign_in("alice");
+    let (_, _, plain) = held(&console.gw, "plain-1", 480).await;
+    // An account whose text would reverse itself on screen, with an escape.
+    let c = listed(&console.gw, "payments").await;
+    let bent = c
+        .post(
+            &json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"charge_card",
+            "arguments":{"account":"acct_9\u{202e}1_tcca\u{1b}[2K","amount":7},
+            "_meta":{"dev.countersign/idempotency-key":"bent-1"}}}),
+        )
+        .await;
+    assert_eq!(code(&bent), "approval_pending", "{bent:?}");
+    let bent = proposal_id(&bent);
+    let r = console.browser(
+        "alice",
+        json!([
+            {"viewport": [390, 844]},
+            {"goto": format!("/review/p/{plain}")},
+            {"text": "[data-role=headline]"},
+            {"text": "[data-role=why]"},
+            {"box": "[data-role=headline]"},
+            {"layout": "approve"},
+            {"count": "details[data-role=details][open]"},
+            {"text": "details[data-role=details]"},
+            {"goto": format!("/review/p/{bent}")},
+            {"text": "[data-role=headline]"},
+        ]),
+    );
+    assert_eq!(r[2]["text"], "Charge 480 to acct_1", "{r:?}");
+    assert!(
+        r[3]["text"]
+            .as_str()
+            .unwrap()
+            .contains("every write waits for a person"),
+        "the policy's @reason: {r:?}"
+    );
+    let screen = 844.0;
+    assert!(r[4]["bottom"].as_f64().unwrap() <= screen, "{r:?}");
+    assert_eq!(r[5]["visible"], true, "{r:?}");
+    assert!(
+        r[5]["bottom"].as_f64().unwrap() <= 1.5 * screen,
+        "the approve button within one and a half screens: {r:?}"
+    );
+    // Digests are there, folded.
+    assert_eq!(r[6]["count"], 0, "{r:?}");
+    assert!(r[7]["text"].as_str().unwrap().contains("sha256:"), "{r:?}");
+    let headline = r[9]["text"].as_str().unwrap();
+    assert!(
+        // Quoted and escaped as JSON writes it: seen, not obeyed.
+        headline.starts_with("Charge 7 to \"acct_9")
+            && headline.contains(r"\u202e")
+            && headline.contains(r"\u001b")
+            && !headline.contains('\u{202e}')
+            && !headline.contains('\u{1b}'),
+        "{headline:?}"
+    );
+}

@@ -517,6 +517,11 @@ pub struct Proposal {
     /// same UTS #39 skeleton), shown to reviewers beside the tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub looks_like: Option<String>,
+    /// The call in plain words, from the operator's template for the tool
+    /// when it was made ([`crate::core::headline`]); the reviewer's
+    /// sentence leads with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headline: Option<String>,
     /// The figures of the budgets and effect keys the call falls under
     /// when it was held ("budget card-daily (principal:agent-7): spent 800
     /// of 1,000 in 1d; this call 400; after it 1,200 (over the limit)",
@@ -937,6 +942,9 @@ pub fn consume(
 /// built to erase or reorder the sentence on a terminal shows as what it is.
 pub fn summary(p: &Proposal) -> String {
     use crate::core::legible;
+    if let Some(h) = &p.headline {
+        return h.clone();
+    }
     let risk = match p.risk {
         Risk::Read => "a read",
         Risk::Write => "a write",

@@ -567,6 +567,15 @@ impl Policies {
         }
     }
 
+    /// A policy's own words for why it asks (`@reason("...")`), by its id
+    /// (`FILE/ID`), for reviewers.
+    pub fn reason_of(&self, id: &str) -> Option<String> {
+        self.set
+            .policy(&PolicyId::new(id))
+            .and_then(|p| p.annotation("reason"))
+            .map(str::to_owned)
+    }
+
     /// Whether some policy may read `context.budgets`.
     pub fn reads_budgets(&self) -> bool {
         self.reads_budgets

@@ -47,6 +47,7 @@ pub mod config;
 pub mod confirm;
 pub mod decision;
 pub mod guard;
+pub mod headline;
 pub mod identity;
 
 /// A map for keys no client chooses (configured server names, tool names

@@ -107,6 +107,9 @@ impl Event {
         f.insert("call_digest".into(), json!(p.call_digest));
         f.insert("state".into(), json!(p.state.as_str()));
         f.insert("arguments".into(), p.arguments.clone());
+        if let Some(h) = &p.headline {
+            f.insert("headline".into(), json!(h));
+        }
         match p.expires_ms {
             Some(e) => f.insert("expires_at".into(), json!(rfc3339(e))),
             None if p.state == ProposalState::Pending => {
@@ -207,6 +210,11 @@ fn redacted(v: &Value, secret: &[u8]) -> String {
 pub fn visible(event: &Value, w: &WebhookConfig, secret: &[u8]) -> Value {
     let mut e = event.clone();
     if let Some(facts) = e.get_mut("facts").and_then(Value::as_object_mut) {
+        // The headline is made of argument values: it goes only where the
+        // arguments go whole (a redacted value must not come back in it).
+        if !(w.include_arguments && w.redact.is_empty()) {
+            facts.remove("headline");
+        }
         match facts.remove("arguments") {
             Some(args) if w.include_arguments => {
                 let mut args = args;
@@ -267,6 +275,12 @@ fn sentence_with(
                 .join(", ")
         ),
         _ => String::new(),
+    };
+    // The operator's plain words for the call, when the tool has them
+    // (made by the gateway, its values already legible).
+    let args = match f.get("headline").and_then(Value::as_str) {
+        Some(h) => format!(": {}", ours(h)),
+        None => args,
     };
     let id = o("proposal_id");
     match s(event, "kind") {

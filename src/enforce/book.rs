@@ -69,6 +69,8 @@ pub struct Ask<'a> {
     pub definition_change: Option<DefinitionChange>,
     /// Another listed tool whose name this one's looks like.
     pub looks_like: Option<String>,
+    /// The call in plain words (the operator's template for the tool).
+    pub headline: Option<String>,
     /// The budgets' and effect keys' figures, for the reviewer.
     pub guards: Vec<String>,
     /// Risk from the effective annotations.
@@ -773,6 +775,7 @@ impl Book {
             trace: ask.trace.clone(),
             withdrawn: Vec::new(),
             looks_like: ask.looks_like.clone(),
+            headline: ask.headline.clone(),
             guards: ask.guards.clone(),
         };
         if !self.write(&mut p, None).await? {

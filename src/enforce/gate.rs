@@ -219,6 +219,13 @@ impl Gate {
                 tool_definition: tool.digest.as_deref(),
                 definition_change: self.learner.catalog().change_of(c.ctx.server, &c.call.tool),
                 looks_like: tool.lookalike.clone(),
+                headline: self
+                    .config
+                    .servers
+                    .get(c.ctx.server)
+                    .and_then(|s| s.tools.get(c.call.tool.as_str()))
+                    .and_then(|t| t.summary.as_deref())
+                    .and_then(|t| crate::core::headline::render(t, &c.call.arguments)),
                 guards: figures
                     .map(crate::core::guard::Figures::sentences)
                     .unwrap_or_default(),

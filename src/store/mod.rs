@@ -726,6 +726,7 @@ pub(crate) mod tests {
             revises: None,
             beside: None,
             call_key: None,
+            headline: None,
             joined: 0,
             decision: None,
             quorum: Default::default(),

@@ -24,7 +24,8 @@
 //   {"uv": BOOL}                      -> the authenticator's user verification
 //   {"viewport": [W, H]}              -> resizes the page
 //   {"screenshot": FILE}              -> writes a PNG of the page
-//   {"layout": ACTION}                -> {scrollWidth, clientWidth, visible} of the page and the control
+//   {"layout": ACTION}                -> {scrollWidth, clientWidth, visible, bottom} of the page and the control
+//   {"box": SELECTOR}                 -> {top, bottom} of the first match, in page pixels
 //   {"capture": ID}                   -> clicks approve on proposal ID and keeps the
 //                                        decide request's body instead of sending it
 //   {"post": {"path": P, "body": B, "origin": O?, "csrf": BOOL}}
@@ -141,7 +142,10 @@ for (const step of plan.steps) {
   } else if (step.layout !== undefined) {
     const box = await page.locator(`[data-action="${step.layout}"]`).first().boundingBox();
     const widths = await page.evaluate(() => ({ scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth }));
-    results.push({ ...widths, visible: !!box && box.x >= 0 && box.x + box.width <= widths.clientWidth });
+    results.push({ ...widths, visible: !!box && box.x >= 0 && box.x + box.width <= widths.clientWidth, bottom: box ? box.y + box.height : null });
+  } else if (step.box !== undefined) {
+    const box = await page.locator(step.box).first().boundingBox();
+    results.push(box ? { top: box.y, bottom: box.y + box.height } : {});
   } else if (step.capture !== undefined) {
     await page.goto(`${plan.base}/review/p/${step.capture}`);
     await page.route('**/decide', async (route) => {

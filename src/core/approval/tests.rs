@@ -51,6 +51,7 @@ fn proposal() -> Proposal {
         revises: None,
         beside: None,
         call_key: None,
+        headline: None,
         joined: 0,
         decision: None,
         quorum: Quorum::default(),

@@ -1143,6 +1143,10 @@ pub struct ToolConfig {
     /// this long. Used only while the tool is read-only; never for writes.
     #[serde(default, deserialize_with = "optional_duration")]
     pub cache_ttl: Option<Duration>,
+    /// What a held call of this tool is, in plain words, for reviewers
+    /// ([`crate::core::headline`]): `"Charge {currency} {amount} to
+    /// {account}"`.
+    pub summary: Option<String>,
 }
 
 /// A read-only tool whose result carries the version of what a call changes.
@@ -1467,10 +1471,20 @@ impl ServerConfig {
         Ok(())
     }
 
-    /// `[servers.NAME.tools.TOOL]`: version probes that are other tools,
-    /// with JSON pointers.
+    /// `[servers.NAME.tools.TOOL]`: summaries that parse, version probes
+    /// that are other tools, with JSON pointers.
     fn check_tools(&self, name: &str, path: &Path) -> Result<(), ConfigError> {
         for (tool, t) in &self.tools {
+            if let Some(why) = t
+                .summary
+                .as_deref()
+                .and_then(|s| super::headline::check(s).err())
+            {
+                return Err(invalid(
+                    path,
+                    format!("[servers.{name}.tools.{tool}] summary: {why}"),
+                ));
+            }
             if let Some(p) = &t.version_probe {
                 if p.tool == *tool {
                     return Err(invalid(path, format!(

@@ -155,6 +155,7 @@ fn pending(quorum: Quorum) -> Proposal {
         revises: None,
         beside: None,
         call_key: None,
+        headline: None,
         joined: 0,
         decision: None,
         quorum,

@@ -467,6 +467,13 @@ pub(crate) async fn proposal(
     );
     let mine = p.approvals.iter().any(|g| g.reviewer() == r.name);
     let happened = outcome(gw, &p, now).await;
+    // Why a person is asked: each asking policy's `@reason`, or its id.
+    let policies = gw.pipeline().policies();
+    let why: Vec<String> = p
+        .policies
+        .iter()
+        .map(|id| policies.reason_of(id).unwrap_or_else(|| id.clone()))
+        .collect();
     let default_ttl = humantime::format_duration(c.default_ttl()).to_string();
     html(layout(
         &p.id,
@@ -474,8 +481,22 @@ pub(crate) async fn proposal(
         None,
         html! {
             article class="proposal" data-role="proposal" data-id=(p.id) {
-                h1 { (legible::text(&p.server)) "/" (legible::text(&p.tool)) " " span class=(format!("risk risk-{}", p.risk.as_str())) { (p.risk.as_str()) } }
-                p class="sentence" { (legible::visible(&summary(&p))) "." }
+                // What will happen, to what, for how much: first.
+                h1 class="headline" data-role="headline" { (legible::visible(&summary(&p))) }
+                p class="asks" {
+                    strong { (requester(&p)) } " of " (legible::text(&p.tenant)) " asks to run "
+                    code { (legible::text(&p.server)) "/" (legible::text(&p.tool)) } " "
+                    span class=(format!("risk risk-{}", p.risk.as_str())) { (p.risk.as_str()) }
+                }
+                @if !why.is_empty() {
+                    p class="why" data-role="why" { "You are asked because: " (legible::visible(&why.join("; "))) }
+                }
+                @for g in &p.guards {
+                    p class="warning" data-role="guard" { (legible::visible(g)) }
+                }
+                @if let Some(l) = &p.looks_like {
+                    p class="warning" { "This tool's name only looks like " code { (legible::text(l)) } ", another tool of this server. It is not that tool." }
+                }
                 @if let Some(h) = &happened {
                     p class=(format!("outcome state-{}", p.state.as_str())) data-role="outcome" { (h) }
                 }
@@ -483,25 +504,14 @@ pub(crate) async fn proposal(
                     h2 { "Decisions" }
                     (decision_list(&p))
                 }
-                @if let Some(l) = &p.looks_like {
-                    p class="warning" { "This tool's name only looks like " code { (legible::text(l)) } ", another tool of this server. It is not that tool." }
-                }
-                @for g in &p.guards {
-                    p class="warning" data-role="guard" { (legible::visible(g)) }
-                }
                 dl {
                     dt { "State" } dd data-role="state" { (p.state.as_str()) }
-                    dt { "Requester" } dd { (requester(&p)) " (tenant " (legible::text(&p.tenant)) ")" }
                     dt { "Approvals" } dd data-role="quorum" { (quorum_line(&p)) }
                     @match (p.state, p.expires_ms) {
                         (ProposalState::Approved, Some(e)) => { dt { "Approval usable until" } dd { (moment(&rfc3339(e))) } }
                         (ProposalState::Pending, _) => { dt { "Undecided until" } dd { (moment(&rfc3339(pending_until))) " (" (age(pending_until.max(now), now)) " left)" } }
                         _ => {}
                     }
-                    dt { "Call digest" } dd { code class="digest" { (p.call_digest) } }
-                    dt { "Tool definition" } dd { code class="digest" { (p.tool_definition.as_deref().unwrap_or("(not listed by the server)")) } }
-                    @if let Some(v) = &p.resource_version { dt { "Resource version" } dd { (legible::text(v)) } }
-                    @if !p.policies.is_empty() { dt { "Asked by" } dd { (legible::text(&p.policies.join(", "))) } }
                 }
                 h2 { "Arguments, as the server will receive them" }
                 table class="arguments" {
@@ -543,6 +553,18 @@ pub(crate) async fn proposal(
                                 button type="button" data-action="withdraw" { "Withdraw my approval" }
                             }
                         }
+                    }
+                }
+                // What binds the approval, folded away: present, not in the way.
+                details class="details" data-role="details" {
+                    summary { "Details" }
+                    dl {
+                        dt { "Proposal" } dd { (p.id) }
+                        dt { "Call digest" } dd { code class="digest" { (p.call_digest) } }
+                        dt { "Tool definition" } dd { code class="digest" { (p.tool_definition.as_deref().unwrap_or("(not listed by the server)")) } }
+                        @if let Some(v) = &p.resource_version { dt { "Resource version" } dd { (legible::text(v)) } }
+                        @if !p.policies.is_empty() { dt { "Policies" } dd { (legible::text(&p.policies.join(", "))) } }
+                        dt { "Asked at" } dd { (moment(&rfc3339(p.created_ms))) }
                     }
                 }
             }
