@@ -181,6 +181,34 @@ async fn invite_enrol_sign_in_and_approve_a_held_charge_that_then_runs_once() {
         String::from_utf8_lossy(&out.stdout).contains(entry.trim()),
         "{out:?}"
     );
+    // `--append` merges it into a reviewers file that lists alice already
+    // (an ed25519 reviewer adding a passkey): her entry keeps its groups.
+    let merged_file = console.state.path().join("reviewers-merged.toml");
+    std::fs::write(
+        &merged_file,
+        "# reviewed in git\n[[reviewers]]\nname = \"alice\"\ngroups = [\"finance\"]\ntenants = [\"acme\"]\npublic_key = \"ed25519:AAAA\"\n",
+    )
+    .unwrap();
+    let out = console.gw.cli(&[
+        "reviewer",
+        "enrolled",
+        "--append",
+        merged_file.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("is listed already") && said.contains("keeps its groups [finance]"),
+        "{said}"
+    );
+    let merged = std::fs::read_to_string(&merged_file).unwrap();
+    assert!(
+        merged.starts_with("# reviewed in git")
+            && merged.contains("ed25519:AAAA")
+            && merged.contains("passkeys")
+            && merged.matches("[[reviewers]]").count() == 1,
+        "{merged}"
+    );
     console.reviewers(&entry).await;
     console.sign_in("alice");
     let (c, call, id) = held(&console.gw, "ch-1", 120).await;
@@ -215,6 +243,12 @@ async fn invite_enrol_sign_in_and_approve_a_held_charge_that_then_runs_once() {
             {"text": "[data-role=outcome]"},
             {"goto": "/review/history"},
             {"text": format!("[data-role=proposal][data-id='{id}']")},
+            // The decided page and the history, as docs/ shows them.
+            {"viewport": [1280, 900]},
+            {"goto": format!("/review/p/{id}")},
+            {"screenshot": shot("console-decided.png")},
+            {"goto": "/review/history"},
+            {"screenshot": shot("console-history.png")},
         ]),
     );
     assert!(
@@ -1002,7 +1036,7 @@ async fn f11_a_value_that_mixes_scripts_is_marked_on_the_proposal_page() {
         json!([
             {"goto": format!("/review/p/{id}")},
             {"text": "table.arguments"},
-            {"text": "p.sentence"},
+            {"text": "[data-role=headline]"},
         ]),
     );
     let table = r[1]["text"].as_str().unwrap_or_default();
@@ -1031,7 +1065,7 @@ async fn a_held_charge_under_a_budget_shows_the_figures_on_its_page() {
         json!([
             {"goto": format!("/review/p/{id}")},
             {"text": "[data-role=guard]"},
-            {"text": "p.sentence"},
+            {"text": "[data-role=headline]"},
         ]),
     );
     let figures = "budget card-daily (principal:agent-7): spent 0 of 1,000 in 1d; this call 400; after it 400";

@@ -341,7 +341,13 @@ pub(crate) enum ReviewerCommand {
     },
     /// The `[[reviewers]]` entries of every finished enrolment, to add to
     /// `reviewers.toml`.
-    Enrolled,
+    Enrolled {
+        /// Merge them into this reviewers file instead: a reviewer listed
+        /// already gets the passkey added to their entry, which keeps its
+        /// groups and tenants; a new reviewer's entry is appended.
+        #[arg(long, value_name = "FILE")]
+        append: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]

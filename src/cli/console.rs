@@ -60,7 +60,7 @@ pub(crate) fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result
             println!("{origin}/review/enrol/{token}");
             Ok(ExitCode::SUCCESS)
         }
-        ReviewerCommand::Enrolled => {
+        ReviewerCommand::Enrolled { append } => {
             let folder = crate::front::review::invite::enrolled_dir(&dir);
             let mut files: Vec<_> = match std::fs::read_dir(&folder) {
                 Ok(entries) => entries
@@ -78,7 +78,35 @@ pub(crate) fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result
                 );
                 return Ok(ExitCode::SUCCESS);
             }
-            eprintln!("countersign: add these entries to reviewers.toml (a reviewer listed already gets the `passkeys` line added to their entry):");
+            if let Some(target) = append {
+                let mut text = match std::fs::read_to_string(&target) {
+                    Ok(t) => t,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                    Err(e) => anyhow::bail!("cannot read {}: {e}", target.display()),
+                };
+                let mut said = Vec::new();
+                for f in &files {
+                    let entry = std::fs::read_to_string(f)?;
+                    let (next, merged) =
+                        crate::cli::enrolled::merge(&text, &entry).map_err(|e| {
+                            anyhow::anyhow!("{} into {}: {e}", f.display(), target.display())
+                        })?;
+                    text = next;
+                    said.push(merged);
+                }
+                // Whole or not at all: the gateway reloads the file when it
+                // changes, and must never read half of it.
+                let tmp = target.with_extension("toml.new");
+                std::fs::write(&tmp, &text)
+                    .and_then(|()| std::fs::rename(&tmp, &target))
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", target.display()))?;
+                for m in said {
+                    eprintln!("countersign: {m}");
+                }
+                eprintln!("countersign: wrote {}", target.display());
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!("countersign: add these entries to reviewers.toml (a reviewer listed already gets the `passkeys` line added to their entry; `--append FILE` does it):");
             for f in files {
                 let text = std::fs::read_to_string(&f)?;
                 println!("{}", text.trim_end());

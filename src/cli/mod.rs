@@ -6,6 +6,8 @@
 //! - [`policy`]: `policy check|test|schema`.
 //! - [`reconcile`]: settling unknown outcomes on a stopped gateway's ledger.
 //! - [`review`]: `keygen|pending|show|approve|deny` for reviewers.
+//! - [`enrolled`]: `reviewer enrolled --append`: an enrolment merged into a
+//!   reviewers file.
 //! - [`console`]: `reviewer invite|enrolled`: enrolment links of the review
 //!   console.
 //! - [`client`]: the signed client of the control API (also the TUI's).
@@ -23,6 +25,7 @@ pub(crate) mod check;
 pub mod client;
 pub(crate) mod console;
 pub(crate) mod demo;
+pub(crate) mod enrolled;
 pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
