@@ -807,6 +807,23 @@ async fn the_session_cookie_and_the_pages_are_hardened() {
             "inline script: <script{open}>"
         );
     }
+    // The pending list reloads itself: never stale for long.
+    let list = http
+        .get(format!("{}/review/", console.base))
+        .header(
+            "cookie",
+            format!("__Host-countersign-review={}", c["value"].as_str().unwrap()),
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        list.contains(r#"<meta http-equiv="refresh" content="30">"#),
+        "{list}"
+    );
     // The icon, linked and at the address browsers ask for anyway.
     assert!(
         body.contains(r#"rel="icon" type="image/svg+xml" href="/review/assets/icon.svg""#),

@@ -47,11 +47,27 @@ fn layout(
     status: Option<&str>,
     body: Markup,
 ) -> Markup {
+    layout_refreshing(title, who, status, None, body)
+}
+
+/// [`layout`], reloaded by the browser every `refresh` seconds (the pending
+/// list: a decision made elsewhere, or a new proposal, shows without a
+/// click, and the list is never older than that).
+fn layout_refreshing(
+    title: &str,
+    who: Option<(&Reviewer, &str)>,
+    status: Option<&str>,
+    refresh: Option<u32>,
+    body: Markup,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
+                @if let Some(secs) = refresh {
+                    meta http-equiv="refresh" content=(secs);
+                }
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 @if let Some((_, csrf)) = who {
                     meta name="csrf-token" content=(csrf);
@@ -103,6 +119,9 @@ fn signed_in(c: &Console, headers: &HeaderMap) -> Result<(Reviewer, session::Ses
         )),
     }
 }
+
+/// How often the pending list reloads itself.
+const LIST_REFRESH_SECS: u32 = 30;
 
 /// `GET /review`.
 pub(crate) async fn to_list() -> Response {
@@ -200,12 +219,14 @@ pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> R
             Some(format!("the proposals could not be read: {e}")),
         ),
     };
-    html(layout(
+    html(layout_refreshing(
         "Pending",
         Some((&r, &s.csrf)),
         status.as_deref(),
+        Some(LIST_REFRESH_SECS),
         html! {
             h1 { "Waiting for you" }
+            p class="hint" data-role="refresh" { "This list reloads itself every " (LIST_REFRESH_SECS) " seconds." }
             @if items.is_empty() {
                 p class="empty" { "No proposals waiting. New ones appear here as agents ask." }
             } @else {
