@@ -794,32 +794,24 @@ impl Book {
                 _ => ("arguments_digest", v),
             }));
         }
-        match &p.revises {
-            Some(r) => {
-                // The diff's values are argument values: recorded as the
-                // arguments are (a redacted card number must not come back
-                // through its `before` and `after`).
-                let changes = match &self.audit {
-                    Some(a) => a.changes_value(&r.changes),
-                    None => Value::Null,
-                };
-                extra.push((
-                    "revises",
-                    serde_json::json!({"proposal_id": r.proposal_id, "changes": changes}),
-                ));
+        // The diff's values are argument values: recorded as the arguments
+        // are (a redacted card number must not come back through its
+        // `before` and `after`).
+        let other = |r: &Revision| {
+            let changes = match &self.audit {
+                Some(a) => a.changes_value(&r.changes),
+                None => Value::Null,
+            };
+            serde_json::json!({"proposal_id": r.proposal_id, "changes": changes})
+        };
+        match (&p.revises, &p.beside) {
+            (Some(r), _) => {
+                extra.push(("revises", other(r)));
                 self.audit("proposal_revised", &p, &extra);
             }
-            None => {
-                if let Some(b) = &p.beside {
-                    // Redacted as a revision's diff is.
-                    let changes = match &self.audit {
-                        Some(a) => a.changes_value(&b.changes),
-                        None => Value::Null,
-                    };
-                    extra.push((
-                        "beside",
-                        serde_json::json!({"proposal_id": b.proposal_id, "changes": changes}),
-                    ));
+            (None, beside) => {
+                if let Some(b) = beside {
+                    extra.push(("beside", other(b)));
                 }
                 self.audit("proposal_created", &p, &extra)
             }
