@@ -8,12 +8,12 @@
 //!
 //! | layer | modules | I/O |
 //! |---|---|---|
-//! | cli | [`cli`] (`args`, `serve`, `check`, `policy`, `reconcile`, `review`, `tools`, `store`, `transparency`, `demo`, `client`, `files`, `log`, `fuzzing`: the routes in process for the fuzz targets) | yes |
+//! | cli | [`cli`] (`args`, `serve`, `check`, `policy`, `reconcile`, `review`, `enrolled`, `console`, `tools`, `store`, `transparency`, `demo`, `client`, `files`, `log`, `fuzzing`: the routes in process for the fuzz targets) | yes |
 //! | front ends | `front` (`gateway`, `route`, `http`, `bounds`, `request`, `mcp`, `tasks`, `task_runner`, `task_state`, `upstream_tasks`, `stream`, `respond`, `ops`, `control`, `bridge`, `tls`) | yes |
 //! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`, `notify`) | yes |
 //! | enforce | [`enforce`] (`pipeline`, `call`, `learn`, `judge`, `reads`, `writes`, `gate`, `guards`, `breakers`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`, `metrics`) | through traits |
 //! | store, audit | [`store`] (`redb_store`, `postgres`, `memory`, `tasks`, `guards`, `private`, `durable`; `redb_store::power` in tests: disks that lose what was not fsynced), [`audit`] (`log`, `writer`, `recover`, `outbox`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`; `power` in tests: the log cut as a power loss leaves it) | yes |
-//! | core | [`telemetry`] (the spans of a call and their W3C context; no export), [`core`] (`canonical`, `ledger`, `guard`, `decision`, `arguments`, `approval`, `reviewers`, `signed_request`, `confirm`, `task`, `recovery`, `redact`, `annotations`, `catalog`, `identity`, `notify`, `token`, `config` (`limits`, `guards`, `delegation`, `review`, `tasks`), `time`) | no |
+//! | core | [`telemetry`] (the spans of a call and their W3C context; no export), [`core`] (`canonical`, `ledger`, `guard`, `decision`, `arguments`, `approval` (`words`: its sentence, flags and queue order; `related`: revision or another call), `headline`, `reviewers`, `signed_request`, `confirm`, `task`, `recovery`, `redact`, `annotations`, `catalog`, `identity`, `notify`, `token`, `config` (`limits`, `guards`, `delegation`, `review`, `tasks`, `tools`), `time`) | no |
 //! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`, `trace`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two

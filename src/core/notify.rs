@@ -469,6 +469,30 @@ mod tests {
         e.notices(&[hook(WebhookFormat::Json)], 0)[0].event.clone()
     }
 
+    /// The operator's headline is made of argument values: it leads the
+    /// sentence where the arguments go whole, and goes nowhere they don't
+    /// (left out, or with a value redacted).
+    #[test]
+    fn the_headline_goes_only_where_the_arguments_go_whole() {
+        let mut e = event();
+        e["facts"]["headline"] = json!("Charge 4242 to acct_1");
+        for fmt in [WebhookFormat::Json, WebhookFormat::Slack] {
+            let mut w = hook(fmt);
+            let b = body(&e, &w, b"s");
+            assert!(!b.contains("4242") && !b.contains("Charge"), "{b}");
+            w.include_arguments = true;
+            w.redact = vec!["card".into()];
+            let b = body(&e, &w, b"s");
+            assert!(!b.contains("4242") && !b.contains("Charge"), "{b}");
+            w.redact.clear();
+            let b = body(&e, &w, b"s");
+            assert!(
+                b.contains("(write): Charge 4242 to acct_1: proposal p-1"),
+                "{b}"
+            );
+        }
+    }
+
     #[test]
     fn arguments_only_as_far_as_the_webhook_allows() {
         let e = event();

@@ -711,35 +711,6 @@ impl Book {
         mine: &[Proposal],
         now: i64,
     ) -> Result<Proposal, StoreError> {
-        let window = ms(self.config.revision_window);
-        // Recent proposals of the same requester and tool, within the
-        // window, for other arguments. The newest under this call's own key
-        // is what it revises (the same call resent with changes: shown with
-        // the difference, so a drifted retry is not mistaken for a new
-        // request). Otherwise the newest is another call, shown beside it
-        // for comparison: calls with keys of their own are separate calls
-        // (four invoices are four invoices), never "changes".
-        let recent = |same_key: bool| {
-            mine.iter()
-                .filter(|p| {
-                    p.server == ask.server
-                        && p.tool == ask.tool
-                        && p.call_digest != ask.digest
-                        && now - p.created_ms <= window
-                        && (p.call_key.as_deref() == Some(ask.key)) == same_key
-                })
-                .max_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)))
-                .map(|p| Revision {
-                    proposal_id: p.id.clone(),
-                    changes: approval::diff(&p.arguments, ask.arguments),
-                })
-        };
-        let revises = recent(true);
-        let beside = if revises.is_some() {
-            None
-        } else {
-            recent(false)
-        };
         let mut p = Proposal {
             id: format!("p-{:016x}", rand::random::<u64>()),
             state: ProposalState::Pending,
@@ -758,8 +729,8 @@ impl Book {
             definition_change: ask.definition_change.clone(),
             risk: ask.risk,
             policies: ask.policies.to_vec(),
-            revises,
-            beside,
+            revises: None,
+            beside: None,
             call_key: Some(ask.key.to_owned()),
             joined: 0,
             decision: None,
@@ -778,6 +749,7 @@ impl Book {
             headline: ask.headline.clone(),
             guards: ask.guards.clone(),
         };
+        p.relate(mine, ms(self.config.revision_window));
         if !self.write(&mut p, None).await? {
             return Err(StoreError::Collision(p.id.clone()));
         }

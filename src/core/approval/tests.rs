@@ -373,3 +373,33 @@ fn the_queue_puts_the_proposal_that_expires_first_in_front() {
     let ids: Vec<&str> = list.iter().map(|v| v["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["b", "c", "a"]);
 }
+
+#[test]
+fn a_proposal_revises_only_its_own_keys_and_stands_beside_another_calls() {
+    let made = |id: &str, key: &str, amount: i64, at: i64| {
+        let mut p = proposal();
+        (p.id, p.call_key, p.created_ms) = (id.into(), Some(key.into()), at);
+        p.call_digest = format!("sha256:{amount}");
+        p.arguments = json!({"account": "acct-1", "amount": amount});
+        p
+    };
+    let mine = [made("p-a", "k1", 10, 0), made("p-b", "k2", 20, 100)];
+    // The same key, another amount: a revision, with the difference.
+    let mut resent = made("p-c", "k1", 11, 200);
+    resent.relate(&mine, 1_000);
+    assert_eq!(resent.revises.as_ref().unwrap().proposal_id, "p-a");
+    assert_eq!(
+        resent.revises.as_ref().unwrap().changes[0].pointer,
+        "/amount"
+    );
+    assert!(resent.beside.is_none());
+    // A key of its own: the newest other call beside it, no revision.
+    let mut other = made("p-d", "k3", 30, 200);
+    other.relate(&mine, 1_000);
+    assert!(other.revises.is_none());
+    assert_eq!(other.beside.unwrap().proposal_id, "p-b");
+    // Out of the window: nothing.
+    let mut late = made("p-e", "k1", 12, 5_000);
+    late.relate(&mine, 1_000);
+    assert!(late.revises.is_none() && late.beside.is_none());
+}

@@ -9,11 +9,13 @@ mod guards;
 mod limits;
 mod review;
 mod tasks;
+mod tools;
 pub use delegation::{mode, DelegationConfig, Fallback, Grant, Mode, Unavailable};
 pub use guards::{BudgetConfig, EffectKeyConfig, Over, Per};
 pub use limits::Limits;
 pub use review::{console_of, console_origin, ReviewConfig};
 pub use tasks::TasksConfig;
+pub use tools::{ToolConfig, VersionProbe};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -1124,45 +1126,6 @@ fn default_call_timeout() -> Duration {
     Duration::from_secs(30)
 }
 
-/// `[servers.S.tools.T]`: the operator's word on a tool, which wins over the
-/// server's annotations.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolConfig {
-    /// Override of `readOnlyHint`.
-    pub read_only: Option<bool>,
-    /// Override of `destructiveHint`.
-    pub destructive: Option<bool>,
-    /// Override of `idempotentHint`.
-    pub idempotent: Option<bool>,
-    /// Override of `openWorldHint`.
-    pub open_world: Option<bool>,
-    /// Resource version probe (used by approvals, DESIGN.md section 6).
-    pub version_probe: Option<VersionProbe>,
-    /// Answer an identical read (same principal and tenant) from memory for
-    /// this long. Used only while the tool is read-only; never for writes.
-    #[serde(default, deserialize_with = "optional_duration")]
-    pub cache_ttl: Option<Duration>,
-    /// What a held call of this tool is, in plain words, for reviewers
-    /// ([`crate::core::headline`]): `"Charge {currency} {amount} to
-    /// {account}"`.
-    pub summary: Option<String>,
-}
-
-/// A read-only tool whose result carries the version of what a call changes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VersionProbe {
-    /// The probe tool (same server).
-    pub tool: String,
-    /// Argument template: probe argument name → JSON pointer into the call's
-    /// arguments.
-    #[serde(default)]
-    pub arguments: BTreeMap<String, String>,
-    /// JSON pointer into the probe's result.
-    pub pointer: String,
-}
-
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     duration(d).map(Some)
 }
@@ -1212,7 +1175,7 @@ impl Config {
         self.audit.check(path)?;
         self.approvals.check(path)?;
         for (name, server) in &self.servers {
-            server.check_tools(name, path)?;
+            tools::check(&server.tools, name, path)?;
         }
         self.auth.check(&self.identities, path)?;
         for (name, server) in &self.servers {
@@ -1467,39 +1430,6 @@ impl ServerConfig {
                 path,
                 format!("[servers.{name}] call_timeout must be more than zero"),
             ));
-        }
-        Ok(())
-    }
-
-    /// `[servers.NAME.tools.TOOL]`: summaries that parse, version probes
-    /// that are other tools, with JSON pointers.
-    fn check_tools(&self, name: &str, path: &Path) -> Result<(), ConfigError> {
-        for (tool, t) in &self.tools {
-            if let Some(why) = t
-                .summary
-                .as_deref()
-                .and_then(|s| super::headline::check(s).err())
-            {
-                return Err(invalid(
-                    path,
-                    format!("[servers.{name}.tools.{tool}] summary: {why}"),
-                ));
-            }
-            if let Some(p) = &t.version_probe {
-                if p.tool == *tool {
-                    return Err(invalid(path, format!(
-                        "[servers.{name}.tools.{tool}] version_probe names the tool itself: the probe must be a read-only tool"
-                    )));
-                }
-                let pointer_name = "pointer".to_owned();
-                for (arg, pointer) in p.arguments.iter().chain([(&pointer_name, &p.pointer)]) {
-                    if !pointer.is_empty() && !pointer.starts_with('/') {
-                        return Err(invalid(path, format!(
-                            "[servers.{name}.tools.{tool}] version_probe `{arg}` = `{pointer}` is not a JSON pointer (it starts with `/`)"
-                        )));
-                    }
-                }
-            }
         }
         Ok(())
     }

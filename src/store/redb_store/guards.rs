@@ -322,148 +322,117 @@ pub(super) fn fold(
     Ok(())
 }
 
-pub(super) fn look<'a>(
-    store: &'a RedbStore,
-    key: &'a str,
-    claims: &'a [Claim],
-    now_ms: i64,
-) -> StoreFuture<'a, Standing> {
-    let out = look_in(&store.guards.lock().rows, key, claims, now_ms);
-    Box::pin(async move { out })
-}
-
-pub(super) fn take<'a>(
-    store: &'a RedbStore,
-    key: &'a str,
-    claims: &'a [Claim],
-    force: bool,
-    now_ms: i64,
-) -> StoreFuture<'a, Taken> {
-    let mut mem = store.guards.lock();
-    let Memory {
-        rows,
-        unsent,
-        pruned,
-        ..
-    } = &mut *mem;
-    let mut log = TakeLog::default();
-    let out = take_in(rows, key, claims, force, now_ms, Some(&mut log));
-    if !log.made.is_empty() {
-        unsent.entry(key.to_owned()).or_default().extend(log.made);
-    }
-    pruned.extend(log.pruned);
-    drop(mem);
-    Box::pin(async move { out })
-}
-
-pub(super) fn release<'a>(store: &'a RedbStore, key: &'a str) -> StoreFuture<'a, usize> {
-    let mut mem = store.guards.lock();
-    // Never journaled: the call was not dispatched.
-    mem.unsent.remove(key);
-    let out = release_in(&mut mem.rows, key);
-    drop(mem);
-    Box::pin(async move { out })
-}
-
-pub(super) fn rows(store: &RedbStore, since_ms: i64) -> StoreFuture<'_, Vec<GuardRow>> {
-    let out = rows_in(&store.guards.lock().rows, since_ms);
-    Box::pin(async move { out })
-}
-
-pub(super) fn gc(store: &RedbStore, now_ms: i64) -> StoreFuture<'_, usize> {
-    let (gone, single) = {
-        let mut mem = store.guards.lock();
-        let gone = gc_in(&mut mem.rows, now_ms);
-        let single: Vec<String> = match &gone {
-            Ok(gone) if !mem.single.is_empty() => gone
-                .iter()
-                .filter(|k| mem.single.remove(k.as_str()))
-                .cloned()
-                .collect(),
-            _ => Vec::new(),
-        };
-        (gone, single)
-    };
-    let db = store.db.clone();
-    Box::pin(async move {
-        let n = gone?.len();
-        // Gone from the table too: the entries whose rows all ended (a take
-        // may have pruned them from memory long before), and single rows,
-        // in a commit of its own (not fsynced: what a crash brings back has
-        // ended anyway, and the next sweep takes it again).
-        blocking(move || {
-            let ended = entry_key(now_ms.saturating_add(1), "");
-            let entries: Vec<String> = {
-                let txn = db.begin_read().map_err(|e| err("begin read")(e.into()))?;
-                let table = txn
-                    .open_table(GUARDS)
-                    .map_err(|e| err("open table")(e.into()))?;
-                let range = table
-                    .range("b"..ended.as_str())
-                    .map_err(|e| err("scan")(e.into()))?;
-                let mut keys = Vec::new();
-                for item in range {
-                    keys.push(
-                        item.map_err(|e| err("scan")(e.into()))?
-                            .0
-                            .value()
-                            .to_owned(),
-                    );
-                }
-                keys
-            };
-            if entries.is_empty() && single.is_empty() {
-                return Ok(());
-            }
-            let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
-            txn.set_durability(redb::Durability::None);
-            {
-                let mut table = txn
-                    .open_table(GUARDS)
-                    .map_err(|e| err("open table")(e.into()))?;
-                for k in entries.iter().chain(&single) {
-                    table
-                        .remove(k.as_str())
-                        .map_err(|e| err("write")(e.into()))?;
-                }
-            }
-            txn.commit().map_err(|e| err("commit")(e.into()))
-        })
-        .await?;
-        Ok(n)
-    })
-}
-
 impl crate::store::guards::Guards for RedbStore {
     fn guards_look<'a>(
         &'a self,
         key: &'a str,
-        claims: &'a [crate::core::guard::Claim],
+        claims: &'a [Claim],
         now_ms: i64,
-    ) -> StoreFuture<'a, crate::store::guards::Standing> {
-        look(self, key, claims, now_ms)
+    ) -> StoreFuture<'a, Standing> {
+        let out = look_in(&self.guards.lock().rows, key, claims, now_ms);
+        Box::pin(async move { out })
     }
 
     fn guards_take<'a>(
         &'a self,
         key: &'a str,
-        claims: &'a [crate::core::guard::Claim],
+        claims: &'a [Claim],
         force: bool,
         now_ms: i64,
-    ) -> StoreFuture<'a, crate::store::guards::Taken> {
-        take(self, key, claims, force, now_ms)
+    ) -> StoreFuture<'a, Taken> {
+        let mut mem = self.guards.lock();
+        let Memory {
+            rows,
+            unsent,
+            pruned,
+            ..
+        } = &mut *mem;
+        let mut log = TakeLog::default();
+        let out = take_in(rows, key, claims, force, now_ms, Some(&mut log));
+        if !log.made.is_empty() {
+            unsent.entry(key.to_owned()).or_default().extend(log.made);
+        }
+        pruned.extend(log.pruned);
+        drop(mem);
+        Box::pin(async move { out })
     }
 
     fn guards_release<'a>(&'a self, key: &'a str) -> StoreFuture<'a, usize> {
-        release(self, key)
+        let mut mem = self.guards.lock();
+        // Never journaled: the call was not dispatched.
+        mem.unsent.remove(key);
+        let out = release_in(&mut mem.rows, key);
+        drop(mem);
+        Box::pin(async move { out })
     }
 
     fn guards_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
-        gc(self, now_ms)
+        let (gone, single) = {
+            let mut mem = self.guards.lock();
+            let gone = gc_in(&mut mem.rows, now_ms);
+            let single: Vec<String> = match &gone {
+                Ok(gone) if !mem.single.is_empty() => gone
+                    .iter()
+                    .filter(|k| mem.single.remove(k.as_str()))
+                    .cloned()
+                    .collect(),
+                _ => Vec::new(),
+            };
+            (gone, single)
+        };
+        let db = self.db.clone();
+        Box::pin(async move {
+            let n = gone?.len();
+            // Gone from the table too: the entries whose rows all ended (a take
+            // may have pruned them from memory long before), and single rows,
+            // in a commit of its own (not fsynced: what a crash brings back has
+            // ended anyway, and the next sweep takes it again).
+            blocking(move || {
+                let ended = entry_key(now_ms.saturating_add(1), "");
+                let entries: Vec<String> = {
+                    let txn = db.begin_read().map_err(|e| err("begin read")(e.into()))?;
+                    let table = txn
+                        .open_table(GUARDS)
+                        .map_err(|e| err("open table")(e.into()))?;
+                    let range = table
+                        .range("b"..ended.as_str())
+                        .map_err(|e| err("scan")(e.into()))?;
+                    let mut keys = Vec::new();
+                    for item in range {
+                        keys.push(
+                            item.map_err(|e| err("scan")(e.into()))?
+                                .0
+                                .value()
+                                .to_owned(),
+                        );
+                    }
+                    keys
+                };
+                if entries.is_empty() && single.is_empty() {
+                    return Ok(());
+                }
+                let mut txn = db.begin_write().map_err(|e| err("begin")(e.into()))?;
+                txn.set_durability(redb::Durability::None);
+                {
+                    let mut table = txn
+                        .open_table(GUARDS)
+                        .map_err(|e| err("open table")(e.into()))?;
+                    for k in entries.iter().chain(&single) {
+                        table
+                            .remove(k.as_str())
+                            .map_err(|e| err("write")(e.into()))?;
+                    }
+                }
+                txn.commit().map_err(|e| err("commit")(e.into()))
+            })
+            .await?;
+            Ok(n)
+        })
     }
 
-    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<crate::store::guards::GuardRow>> {
-        rows(self, since_ms)
+    fn guards_rows(&self, since_ms: i64) -> StoreFuture<'_, Vec<GuardRow>> {
+        let out = rows_in(&self.guards.lock().rows, since_ms);
+        Box::pin(async move { out })
     }
 }
 
