@@ -252,6 +252,9 @@ fn boxed<'a, T: Send + 'a>(
 /// No guards in these tests: a call under one is refused.
 impl countersign::store::guards::Guards for Flaky {}
 
+/// No review console in these tests.
+impl countersign::store::console::ConsoleState for Flaky {}
+
 impl Store for Flaky {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         if let Err(e) = self.failing(Fail::Get) {

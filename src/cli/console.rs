@@ -2,9 +2,10 @@
 //! console, and the entries finished enrolments made.
 //!
 //! An invitation is written into the gateway's data dir (`review/invites/`,
-//! named by its token's SHA-256: the token is in the link only); the
-//! gateway that owns that data dir serves the link. Nothing an enrolment
-//! makes is trusted until its entry is in `reviewers.toml`.
+//! named by its token's SHA-256: the token is in the link only), and on a
+//! PostgreSQL store into the store too, so that every gateway sharing it
+//! serves the link at once. Nothing an enrolment makes is trusted until its
+//! entry is in `reviewers.toml`.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -12,7 +13,7 @@ use std::process::ExitCode;
 use crate::cli::args::ReviewerCommand;
 
 /// Run a `reviewer` command.
-pub(crate) fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result<ExitCode> {
     let cfg = crate::cli::files::load_config(config).map_err(|e| anyhow::anyhow!("{e}"))?;
     let dir = cfg.gateway.data_dir.join("review");
     match command {
@@ -28,12 +29,28 @@ pub(crate) fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result
             let tenants: Vec<String> = tenants.into_iter().filter(|t| !t.is_empty()).collect();
             let ttl = ttl.unwrap_or(cfg.review.invite_ttl);
             let now = crate::core::time::now_ms();
-            let token = crate::front::review::invite::write_invite(
+            let (token, invite) = crate::front::review::invite::write_invite(
                 &dir, &name, &groups, &tenants, ttl, now,
             )
             .map_err(|e| {
                 anyhow::anyhow!("cannot write the invitation under `{}`: {e}", dir.display())
             })?;
+            // Gateways sharing a database serve the link through any of
+            // them from now on.
+            if let Some(store) = crate::cli::store::shared(&cfg).await? {
+                use crate::store::console::ConsoleState;
+                let hash = crate::front::review::invite::hash_of(&token);
+                store
+                    .console_put(
+                        crate::front::review::invite::Invite::key(&hash),
+                        invite.text(),
+                        invite.kept_until(),
+                    )
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("cannot record the invitation in the store: {e}")
+                    })?;
+            }
             // The link: at the console's origin when the config names it;
             // else the path, for the gateway's address.
             let origin = match crate::core::config::console_of(

@@ -62,7 +62,7 @@ impl Routes {
             .map_err(|e| format!("the policies: {e:?}"))?;
         let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::MemoryStore::default());
         let gw = crate::front::gateway::Gateway::new(config, store, loaded, None);
-        let token = crate::front::review::invite::write_invite(
+        let (token, _) = crate::front::review::invite::write_invite(
             &gw.config().gateway.data_dir.join("review"),
             "fuzz",
             &["leads".to_owned()],

@@ -188,6 +188,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Tools { command, config } => crate::cli::tools::command(command, &config).await,
         Command::Check { config, json } => crate::cli::check::command(&config, json).await,
-        Command::Reviewer { command, config } => crate::cli::console::command(command, &config),
+        Command::Reviewer { command, config } => {
+            crate::cli::console::command(command, &config).await
+        }
     }
 }

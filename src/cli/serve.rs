@@ -227,6 +227,13 @@ pub(crate) async fn serve(config: Config) -> anyhow::Result<()> {
                 gw.sweep_idle().await;
                 if let Some(c) = &console {
                     crate::front::review::enrol::note_invites(c).await;
+                    // Ended sessions, challenges, counts and invitations.
+                    let now = c.now_ms();
+                    match gw.pipeline().store().console_gc(now).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(forgotten = n, "review console sweep"),
+                        Err(e) => tracing::warn!("review console sweep failed: {e}"),
+                    }
                 }
                 let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
                 match gw.pipeline().store().gc(now).await {

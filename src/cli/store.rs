@@ -186,6 +186,21 @@ pub(crate) async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, Str
     }
 }
 
+/// The PostgreSQL store the config names, for a command that writes the
+/// state gateways share (an invitation); none on redb, whose file the
+/// running gateway holds. No lease: the command dispatches nothing.
+pub(crate) async fn shared(config: &Config) -> anyhow::Result<Option<PgStore>> {
+    let Some(url) = config.store.url.as_deref() else {
+        return Ok(None);
+    };
+    let id = gateway_id(&config.gateway.data_dir)?;
+    let (pg, tls) = pg_config(config, url)?;
+    let (store, _) = PgStore::connect(pg, tls, 1, &id)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", worded(&e)))?;
+    Ok(Some(store))
+}
+
 /// `countersign store migrate`: bring a PostgreSQL schema up to date.
 pub(crate) async fn migrate(config: &Config) -> anyhow::Result<String> {
     let url =

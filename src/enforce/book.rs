@@ -185,8 +185,6 @@ pub struct Book {
     redact: Vec<String>,
     /// Signalled when a write queued notices: the delivery worker wakes.
     queued: Arc<tokio::sync::Notify>,
-    /// The last signature counter seen per passkey credential.
-    passkey_counters: parking_lot::Mutex<std::collections::HashMap<String, u32>>,
     /// `ORIGIN/review/p/` when the review console is on: proposal events
     /// carry their page's URL.
     review_url: std::sync::OnceLock<String>,
@@ -231,7 +229,6 @@ impl Book {
             webhooks: Vec::new(),
             redact: Vec::new(),
             queued: Arc::new(tokio::sync::Notify::new()),
-            passkey_counters: Default::default(),
             review_url: std::sync::OnceLock::new(),
         }
     }
@@ -851,7 +848,10 @@ impl Book {
             } => (
                 String::new(),
                 format!("passkey:{}", assertion.credential_id),
-                Some(self.check_passkey(&statement, reviewer, assertion, origin, rp_id)?),
+                Some(
+                    self.check_passkey(&statement, reviewer, assertion, origin, rp_id)
+                        .await?,
+                ),
             ),
         };
         // A statement whose approval was withdrawn stays withdrawn: sent
@@ -986,7 +986,7 @@ impl Book {
     /// reviewer's in `reviewers.toml`, and its counter above the last one
     /// seen for that credential (when the authenticator keeps one: a cloned
     /// authenticator falls behind).
-    fn check_passkey(
+    async fn check_passkey(
         &self,
         statement: &Statement,
         reviewer: &Reviewer,
@@ -1015,6 +1015,7 @@ impl Book {
         )
         .map_err(|e| refused(format!("the passkey's assertion is refused: {e}")))?;
         self.passkey_counter(&reviewer.name, &key.id, verified.counter)
+            .await
             .map_err(refused)?;
         Ok(crate::core::approval::PasskeyProof {
             assertion: assertion.clone(),
@@ -1025,27 +1026,33 @@ impl Book {
         })
     }
 
-    /// Record `counter` for credential `id`: it must exceed the last one
-    /// seen, unless both are 0 (an authenticator without a counter, as
-    /// synced passkeys are). Kept for this gateway's life.
-    pub(crate) fn passkey_counter(
+    /// Record `counter` for credential `id` of `reviewer`: it must exceed
+    /// the last one seen, unless both are 0 (an authenticator without a
+    /// counter, as synced passkeys are). Kept in the store, in one
+    /// compare-and-set: a cloned authenticator falls behind, and an
+    /// assertion replayed at another gateway sharing the store, or after a
+    /// restart, is refused.
+    pub(crate) async fn passkey_counter(
         &self,
         reviewer: &str,
         id: &str,
         counter: u32,
     ) -> Result<(), String> {
-        // Kept per (reviewer, credential): a copy of one reviewer's
-        // credential id under another name never moves the holder's counter.
-        let key = format!("{reviewer}\u{0}{id}");
-        let mut seen = self.passkey_counters.lock();
-        let last = seen.get(&key).copied().unwrap_or(0);
-        if (counter != 0 || last != 0) && counter <= last {
-            return Err(format!(
-                "the passkey's signature counter went from {last} to {counter}: the authenticator may have been cloned"
-            ));
+        use crate::store::console::{counter_key, Counted};
+        match self
+            .store
+            .passkey_counter(counter_key(reviewer, id), counter)
+            .await
+        {
+            Ok(Counted::Advanced) => Ok(()),
+            Ok(Counted::Behind { last }) => Err(format!(
+                "the passkey's signature counter went from {last} to {counter}: the authenticator may have been cloned, or the assertion replayed"
+            )),
+            // Fail closed: a counter that cannot be checked lets nothing in.
+            Err(e) => Err(format!(
+                "the passkey's signature counter could not be checked ({e}): try again"
+            )),
         }
-        seen.insert(key, counter);
-        Ok(())
     }
 
     /// Log and audit a decision just written: for a single reviewer, the

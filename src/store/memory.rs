@@ -29,6 +29,8 @@ pub struct MemoryStore {
     tasks: Mutex<BTreeMap<String, crate::core::task::TaskRecord>>,
     /// Guard rows (see [`super::guards`]).
     guards: Mutex<super::guards::Rows>,
+    /// The review console's entries: value, and until when it counts.
+    console: Mutex<BTreeMap<String, (String, i64)>>,
 }
 
 impl MemoryStore {
@@ -38,6 +40,68 @@ impl MemoryStore {
 
     fn proposals(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Proposal>> {
         self.proposals.lock()
+    }
+}
+
+impl super::console::ConsoleState for MemoryStore {
+    fn console_put(&self, key: String, value: String, until_ms: i64) -> StoreFuture<'_, ()> {
+        self.console.lock().insert(key, (value, until_ms));
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn console_get(&self, key: String, now_ms: i64) -> StoreFuture<'_, Option<String>> {
+        let out = self
+            .console
+            .lock()
+            .get(&key)
+            .filter(|(_, until)| *until > now_ms)
+            .map(|(v, _)| v.clone());
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn console_take(&self, key: String, now_ms: i64) -> StoreFuture<'_, Option<String>> {
+        let out = self
+            .console
+            .lock()
+            .remove(&key)
+            .filter(|(_, until)| *until > now_ms)
+            .map(|(v, _)| v);
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn console_count(&self, key: String, window_ms: i64, now_ms: i64) -> StoreFuture<'_, u32> {
+        let mut all = self.console.lock();
+        let current = all.get(&key).map(|(v, u)| (v.as_str(), *u));
+        let (n, until) = super::console::next_count(current, window_ms, now_ms);
+        all.insert(key, (n.to_string(), until));
+        Box::pin(std::future::ready(Ok(n)))
+    }
+
+    fn passkey_counter(
+        &self,
+        key: String,
+        counter: u32,
+    ) -> StoreFuture<'_, super::console::Counted> {
+        use super::console::{counter_follows, last_counter, Counted};
+        let mut all = self.console.lock();
+        let last = all.get(&key).map(|(v, _)| last_counter(v));
+        let out = if counter_follows(last, counter) {
+            all.insert(key, (counter.to_string(), i64::MAX));
+            Counted::Advanced
+        } else {
+            Counted::Behind {
+                last: last.unwrap_or(0),
+            }
+        };
+        Box::pin(std::future::ready(Ok(out)))
+    }
+
+    fn console_gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
+        let mut all = self.console.lock();
+        let n = all.len();
+        all.retain(|_, (_, until)| *until > now_ms);
+        let gone = n - all.len();
+        Box::pin(std::future::ready(Ok(gone)))
     }
 }
 

@@ -39,6 +39,7 @@
 //! gateway that wrote them (a gateway's `recover` is of its own rows). See
 //! the module for the lease that fences a paused gateway.
 
+pub mod console;
 pub mod durable;
 pub mod guards;
 mod journal;
@@ -235,7 +236,7 @@ pub enum StoreEvent {
 }
 
 /// Ledger storage. Keys are [`crate::core::ledger::storage_key`]s.
-pub trait Store: guards::Guards + Send + Sync {
+pub trait Store: guards::Guards + console::ConsoleState + Send + Sync {
     /// Changes made through any process sharing this store, as they commit
     /// (PostgreSQL: `LISTEN/NOTIFY`). `None` for a store no other process
     /// can write (redb, memory): this process knows its own changes.
@@ -934,6 +935,7 @@ pub(crate) mod tests {
         notify_conformance(&MemoryStore::default()).await;
         inputs_conformance(&MemoryStore::default()).await;
         super::tasks::conformance::tasks_conformance(&MemoryStore::default()).await;
+        super::console::tests::console_conformance(&MemoryStore::default()).await;
     }
 
     fn input(tenant: &str, time_ms: i64, n: u32) -> InputRow {
@@ -1275,6 +1277,7 @@ pub(crate) mod tests {
         pin_conformance(&store).await;
         notify_conformance(&store).await;
         super::tasks::conformance::tasks_conformance(&store).await;
+        super::console::tests::console_conformance(&store).await;
         // The audit writer clears the outbox from its own thread, outside any
         // runtime, and drops the future: the request is made all the same.
         assert!(!store.outbox().await.unwrap().is_empty());
@@ -1545,6 +1548,27 @@ pub(crate) mod tests {
         let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
         conformance(&store).await;
         inputs_conformance(&store).await;
+    }
+
+    /// The console's entries conform, and a passkey's counter survives a
+    /// restart (a replayed assertion stays refused).
+    #[tokio::test]
+    async fn redb_console_state_conforms_and_counters_survive_reopen() {
+        use super::console::{counter_key, ConsoleState, Counted};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        {
+            let store = RedbStore::open(&path).unwrap();
+            super::console::tests::console_conformance(&store).await;
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(
+            store
+                .passkey_counter(counter_key("alice", "cred"), 6)
+                .await
+                .unwrap(),
+            Counted::Behind { last: 6 }
+        );
     }
 
     #[tokio::test]

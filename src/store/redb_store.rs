@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 
 use super::journal::{self, Frames, ItemRef, Journal};
 
+mod console;
 mod guards;
 #[cfg(test)]
 pub(super) mod power;
@@ -313,6 +314,8 @@ impl RedbStore {
         txn.open_table(OPEN_TASKS)
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(guards::GUARDS)
+            .map_err(|e| err("create table")(e.into()))?;
+        txn.open_table(console::CONSOLE)
             .map_err(|e| err("create table")(e.into()))?;
         {
             // One process per file: no delivery of a previous run is still

@@ -28,6 +28,17 @@ macro_rules! yielding {
 /// No guards in these tests.
 impl crate::store::guards::Guards for Yielding {}
 
+/// Passkey counters as the memory store keeps them.
+impl crate::store::console::ConsoleState for Yielding {
+    fn passkey_counter(
+        &self,
+        key: String,
+        counter: u32,
+    ) -> StoreFuture<'_, crate::store::console::Counted> {
+        yielding!(self, s => s.passkey_counter(key, counter))
+    }
+}
+
 impl Store for Yielding {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         yielding!(self, s => s.get(key))

@@ -1,31 +1,24 @@
 //! The console's state: where it lives (origin, relying party id, data
-//! folder), the challenges it issued, its sessions and its sign-in
-//! throttle, and the gateway it reviews for.
+//! folder) and the gateway it reviews for. What changes as reviewers use it
+//! (the challenges it issued, its sessions, failed sign-ins, invitations,
+//! passkey counters) is in the store ([`crate::store::console`]), so that
+//! several gateways behind one address serve one console: a challenge
+//! issued through one gateway is answered through another.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::HeaderMap;
-use parking_lot::Mutex;
 
 use super::session::{self, NotSignedIn, Session, Sessions};
 use super::throttle::Failures;
 use crate::core::reviewers::Reviewer;
 use crate::front::gateway::Gateway;
+use crate::store::StoreError;
 
 /// How long a challenge the console issued may be answered.
 const CHALLENGE_TTL: Duration = Duration::from_secs(300);
-
-/// A challenge the console issued for a sign-in or an enrolment: used
-/// once, within [`CHALLENGE_TTL`].
-#[derive(Debug, Clone)]
-pub(crate) struct Issued {
-    /// What it is for: `sign-in`, or `enrol:TOKEN_HASH`.
-    pub(crate) purpose: String,
-    pub(crate) at: Instant,
-}
 
 /// The console's state on this gateway: the state of its routes.
 pub(crate) struct Console {
@@ -37,8 +30,6 @@ pub(crate) struct Console {
     pub(crate) rp_id: String,
     /// `DATA_DIR/review`: `invites/` and `enrolled/`.
     pub(crate) dir: PathBuf,
-    /// Challenges issued and not yet answered, by their base64url text.
-    pub(crate) challenges: Mutex<HashMap<String, Issued>>,
     /// Signed-in sessions.
     pub(crate) sessions: Sessions,
     /// Failed sign-ins, per credential and per address.
@@ -58,53 +49,66 @@ impl Console {
             sessions: Sessions::new(gw.config().review.session_ttl),
             origin,
             rp_id,
-            challenges: Mutex::new(HashMap::new()),
-            failures: Failures::default(),
+            failures: Failures,
             gw,
         })
     }
 
-    /// A fresh challenge for `purpose` (32 random bytes, base64url).
-    pub(crate) fn challenge(&self, purpose: String) -> String {
+    /// Now, Unix ms, on the gateway's clock.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.gw.pipeline().clock().now_ms()
+    }
+
+    /// A fresh challenge for `purpose` (32 random bytes, base64url),
+    /// recorded in the store so that any gateway can take it back.
+    pub(crate) async fn challenge(&self, purpose: String) -> Result<String, StoreError> {
         use base64::Engine;
         let text = crate::core::passkey::b64url().encode(rand::random::<[u8; 32]>());
-        let mut all = self.challenges.lock();
-        all.retain(|_, i| i.at.elapsed() < CHALLENGE_TTL);
-        all.insert(
-            text.clone(),
-            Issued {
-                purpose,
-                at: Instant::now(),
-            },
-        );
-        text
+        let until = self.now_ms().saturating_add(millis(CHALLENGE_TTL));
+        self.gw
+            .pipeline()
+            .store()
+            .console_put(format!("challenge/{text}"), purpose, until)
+            .await?;
+        Ok(text)
     }
 
     /// Take the challenge `text` back for `purpose`: once, and in time.
-    /// A challenge answered twice, late, or for another purpose is refused.
-    pub(crate) fn take_challenge(&self, text: &str, purpose: &str) -> bool {
-        let mut all = self.challenges.lock();
-        match all.remove(text) {
-            Some(i) => i.purpose == purpose && i.at.elapsed() < CHALLENGE_TTL,
-            None => false,
+    /// A challenge answered twice (through any gateway), late, or for
+    /// another purpose is refused; a store that cannot answer refuses too.
+    pub(crate) async fn take_challenge(&self, text: &str, purpose: &str) -> bool {
+        match self
+            .gw
+            .pipeline()
+            .store()
+            .console_take(format!("challenge/{text}"), self.now_ms())
+            .await
+        {
+            Ok(Some(p)) => p == purpose,
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!("a console challenge could not be checked: {e}");
+                false
+            }
         }
     }
 
     /// The reviewer signed in on this request, as the reviewers file in
     /// force has them (a session ends when its reviewer or passkey leaves).
-    pub(crate) fn signed_in(
+    pub(crate) async fn signed_in(
         &self,
         headers: &HeaderMap,
     ) -> Result<(Reviewer, Session), NotSignedIn> {
-        session::reviewer_of(
-            &self.sessions,
-            self.gw.pipeline().policies().reviewers(),
-            headers,
-        )
+        session::reviewer_of(self, headers).await
     }
 
     /// How long an approval may be used when the reviewer says nothing.
     pub(crate) fn default_ttl(&self) -> Duration {
         self.gw.config().approvals.ttl
     }
+}
+
+/// A duration in Unix ms, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -49,15 +49,19 @@ struct Signed {
 /// The signed-in reviewer of a state-changing request: a live session whose
 /// reviewer and passkey are in the reviewers file, from the console's own
 /// origin, with the session's CSRF token.
-#[expect(clippy::result_large_err, reason = "the refusal is the response")]
-fn reviewer(c: &Console, headers: &HeaderMap) -> Result<(Reviewer, session::Session), Response> {
-    let (r, s) = c.signed_in(headers).map_err(|why| match why {
-        session::NotSignedIn::NoSession => refusal(StatusCode::UNAUTHORIZED, "signed_out", "sign in first (your session ended or never began)"),
-        session::NotSignedIn::Revoked(name) => refusal(
-            StatusCode::UNAUTHORIZED,
-            "revoked",
-            format!("reviewer `{name}` (or this passkey) is no longer in reviewers.toml: the session ended"),
-        ),
+async fn reviewer(
+    c: &Console,
+    headers: &HeaderMap,
+) -> Result<(Reviewer, session::Session), Response> {
+    let (r, s) = c.signed_in(headers).await.map_err(|why| {
+        let (status, code) = match why {
+            session::NotSignedIn::NoSession => (StatusCode::UNAUTHORIZED, "signed_out"),
+            session::NotSignedIn::Revoked(_) => (StatusCode::UNAUTHORIZED, "revoked"),
+            session::NotSignedIn::Unavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+        };
+        refusal(status, code, why.words())
     })?;
     session::same_origin_and_token(&c.origin, headers, None, &s).map_err(|e| {
         c.gw.refused("console_csrf", None, &e);
@@ -90,7 +94,7 @@ pub(crate) async fn statement(
     body: axum::body::Bytes,
 ) -> Response {
     let gw = &c.gw;
-    let (reviewer, s) = match reviewer(&c, &headers) {
+    let (reviewer, s) = match reviewer(&c, &headers).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -181,7 +185,7 @@ pub(crate) async fn decide(
     body: axum::body::Bytes,
 ) -> Response {
     let gw = &c.gw;
-    let (reviewer, _) = match reviewer(&c, &headers) {
+    let (reviewer, _) = match reviewer(&c, &headers).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -231,7 +235,7 @@ pub(crate) async fn withdraw(
     headers: HeaderMap,
 ) -> Response {
     let gw = &c.gw;
-    let (reviewer, _) = match reviewer(&c, &headers) {
+    let (reviewer, _) = match reviewer(&c, &headers).await {
         Ok(x) => x,
         Err(r) => return r,
     };

@@ -24,10 +24,11 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::console::Console;
-use super::invite::{enrolled_dir, entry, find, hash_of, invites, Invite, Unusable};
+use super::invite::{enrolled_dir, entry, find, hash_of, invites, Invite, Lookup, Unusable};
 use super::pages;
 use super::reply::{json_answer, refusal};
 use super::session;
+use super::sign_in::unavailable;
 use crate::core::passkey::{self, Alg, Expect, PasskeyKey, Registration};
 use crate::front::gateway::Gateway;
 
@@ -74,49 +75,71 @@ async fn note(gw: &Gateway, dir: &Path, hash: &str) {
     else {
         return;
     };
-    let now = now(gw);
-    let fields = |extra: (&'static str, Value)| {
-        [
-            ("reviewer", Value::from(invite.name.clone())),
-            ("groups", json!(invite.groups)),
-            ("tenants", json!(invite.tenants)),
-            (
-                "invited",
-                Value::from(crate::core::time::rfc3339(invite.created_ms)),
-            ),
-            // The SHA-256 of the link's token, as the file is named: it
-            // identifies the invitation and gives nothing towards the link.
-            ("invite", Value::from(hash.to_owned())),
-            extra,
-        ]
-    };
-    if invite.expires_ms > now {
-        match gw
-            .pipeline()
-            .store()
-            .use_nonce(format!("invited/{hash}"), invite.expires_ms, now)
-            .await
-        {
-            Ok(true) => audit(
-                gw,
-                "reviewer_invited",
-                &fields((
-                    "expires",
-                    Value::from(crate::core::time::rfc3339(invite.expires_ms)),
-                )),
-            ),
-            Ok(false) => {}
-            Err(e) => tracing::warn!("an invitation could not be noted, it is audited later: {e}"),
-        }
+    if invite.expires_ms > now(gw) {
+        noted(gw, hash, &invite).await;
     } else if std::fs::rename(&path, path.with_extension("expired")).is_ok() {
         audit(
             gw,
             "enrolment_expired",
-            &fields((
-                "expired",
-                Value::from(crate::core::time::rfc3339(invite.expires_ms)),
-            )),
+            &fields_of(
+                hash,
+                &invite,
+                (
+                    "expired",
+                    Value::from(crate::core::time::rfc3339(invite.expires_ms)),
+                ),
+            ),
         );
+    }
+}
+
+/// The fields of an invitation's audit entries, with `extra`.
+fn fields_of(
+    hash: &str,
+    invite: &Invite,
+    extra: (&'static str, Value),
+) -> [(&'static str, Value); 6] {
+    [
+        ("reviewer", Value::from(invite.name.clone())),
+        ("groups", json!(invite.groups)),
+        ("tenants", json!(invite.tenants)),
+        (
+            "invited",
+            Value::from(crate::core::time::rfc3339(invite.created_ms)),
+        ),
+        // The SHA-256 of the link's token, as the file is named: it
+        // identifies the invitation and gives nothing towards the link.
+        ("invite", Value::from(hash.to_owned())),
+        extra,
+    ]
+}
+
+/// Audit `reviewer_invited` for a good invitation the first time any
+/// gateway sees it (once across restarts and gateways: a nonce in the
+/// store). An invitation made on another host reaches the log here, when
+/// its link is first opened.
+async fn noted(gw: &Gateway, hash: &str, invite: &Invite) {
+    let now = now(gw);
+    match gw
+        .pipeline()
+        .store()
+        .use_nonce(format!("invited/{hash}"), invite.expires_ms, now)
+        .await
+    {
+        Ok(true) => audit(
+            gw,
+            "reviewer_invited",
+            &fields_of(
+                hash,
+                invite,
+                (
+                    "expires",
+                    Value::from(crate::core::time::rfc3339(invite.expires_ms)),
+                ),
+            ),
+        ),
+        Ok(false) => {}
+        Err(e) => tracing::warn!("an invitation could not be noted, it is audited later: {e}"),
     }
 }
 
@@ -135,8 +158,8 @@ fn address_of(peer: Option<Extension<ConnectInfo<SocketAddr>>>) -> String {
 /// per minute with its count), so made-up links cannot flood the log that
 /// can never be edited; a real invitation's refused use is its own
 /// `enrolment_refused` entry (the address limit bounds those).
-fn refused_use(c: &Console, address: &str, why: &Unusable) {
-    c.failures.failed(address);
+async fn refused_use(c: &Console, address: &str, why: &Unusable) {
+    c.failures.failed(c, address).await;
     match why {
         Unusable::Unknown => c.gw.refused(
             "enrolment_link",
@@ -153,9 +176,11 @@ fn refused_use(c: &Console, address: &str, why: &Unusable) {
 
 /// Too many refused enrolment requests from this address: nothing is
 /// looked up for it for a while.
-fn slowed(c: &Console, address: &str) -> Option<Response> {
-    if c.failures.allowed(address) {
-        return None;
+async fn slowed(c: &Console, address: &str) -> Option<Response> {
+    match c.failures.allowed(c, address).await {
+        Ok(true) => return None,
+        Ok(false) => {}
+        Err(e) => return Some(unavailable(&e)),
     }
     c.gw.refused(
         "enrolment_link",
@@ -177,16 +202,20 @@ pub(crate) async fn page(
 ) -> Response {
     let gw = &c.gw;
     let address = address_of(peer);
-    if let Some(r) = slowed(&c, &address) {
+    if let Some(r) = slowed(&c, &address).await {
         return r;
     }
-    note(gw, &c.dir, &hash_of(&token)).await;
-    match find(&c.dir, &token, now(gw)) {
-        Ok(invite) => pages::html(pages::enrol(&c, &invite, None)),
-        Err(why) => {
-            refused_use(&c, &address, &why);
+    match find(gw.pipeline().store().as_ref(), &c.dir, &token, now(gw)).await {
+        Ok(invite) => {
+            noted(gw, &hash_of(&token), &invite).await;
+            pages::html(pages::enrol(&c, &invite, None))
+        }
+        Err(Lookup::Unusable(why)) => {
+            note(gw, &c.dir, &hash_of(&token)).await;
+            refused_use(&c, &address, &why).await;
             pages::html_status(StatusCode::GONE, pages::enrol_refused(&c, &why.to_string()))
         }
+        Err(Lookup::Store(e)) => unavailable(&e),
     }
 }
 
@@ -203,17 +232,21 @@ pub(crate) async fn options(
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
     let address = address_of(peer);
-    if let Some(r) = slowed(&c, &address) {
+    if let Some(r) = slowed(&c, &address).await {
         return r;
     }
-    let invite = match find(&c.dir, &token, now(gw)) {
+    let invite = match find(gw.pipeline().store().as_ref(), &c.dir, &token, now(gw)).await {
         Ok(i) => i,
-        Err(why) => {
-            c.failures.failed(&address);
+        Err(Lookup::Unusable(why)) => {
+            c.failures.failed(&c, &address).await;
             return refusal(StatusCode::GONE, "enrolment", why.to_string());
         }
+        Err(Lookup::Store(e)) => return unavailable(&e),
     };
-    let challenge = c.challenge(format!("enrol:{}", hash_of(&token)));
+    let challenge = match c.challenge(format!("enrol:{}", hash_of(&token))).await {
+        Ok(t) => t,
+        Err(e) => return unavailable(&e),
+    };
     let user_id = passkey::b64url().encode(&Sha256::digest(invite.name.as_bytes())[..16]);
     json_answer(
         StatusCode::OK,
@@ -248,7 +281,7 @@ pub(crate) async fn finish(
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
     let address = address_of(peer);
-    if let Some(r) = slowed(&c, &address) {
+    if let Some(r) = slowed(&c, &address).await {
         return r;
     }
     match enrol(gw, &c, &token, &body).await {
@@ -270,7 +303,7 @@ pub(crate) async fn finish(
             )
         }
         Err((status, why)) => {
-            c.failures.failed(&address);
+            c.failures.failed(&c, &address).await;
             audit(
                 gw,
                 "enrolment_refused",
@@ -290,7 +323,15 @@ async fn enrol(
     token: &str,
     body: &[u8],
 ) -> Result<(Invite, PasskeyKey, String), (StatusCode, String)> {
-    let invite = find(&c.dir, token, now(gw)).map_err(|w| (StatusCode::GONE, w.to_string()))?;
+    let invite = find(gw.pipeline().store().as_ref(), &c.dir, token, now(gw))
+        .await
+        .map_err(|w| match w {
+            Lookup::Unusable(w) => (StatusCode::GONE, w.to_string()),
+            Lookup::Store(e) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the invitation could not be read ({e}): try again"),
+            ),
+        })?;
     let reg: Registration = serde_json::from_slice(body).map_err(|e| {
         (
             StatusCode::BAD_REQUEST,
@@ -300,7 +341,7 @@ async fn enrol(
     let challenge = passkey::claimed_challenge(&reg.client_data_json)
         .map_err(|e| (StatusCode::BAD_REQUEST, e.to_owned()))?;
     let hash = hash_of(token);
-    if !c.take_challenge(&challenge, &format!("enrol:{hash}")) {
+    if !c.take_challenge(&challenge, &format!("enrol:{hash}")).await {
         return Err((
             StatusCode::BAD_REQUEST,
             "the enrolment's challenge is not one this link was given, or it expired: reload the page".into(),
@@ -350,9 +391,23 @@ async fn enrol(
     if !fresh {
         return Err((StatusCode::GONE, Unusable::Used.to_string()));
     }
+    // The store's copy says it is used, on every gateway (the spent nonce
+    // above is what refuses a second use; this words the refusal).
+    let used = Invite {
+        used_ms: Some(now(gw)),
+        ..invite.clone()
+    };
+    if let Err(e) = gw
+        .pipeline()
+        .store()
+        .console_put(Invite::key(&hash), used.text(), used.kept_until())
+        .await
+    {
+        tracing::warn!("a used invitation could not be marked so (its second use is refused all the same): {e}");
+    }
     let base = invites(&c.dir).join(&hash);
-    // Best effort: the spent nonce above is what refuses a second use; the
-    // rename only tells `reviewer enrolled` and an operator which are spent.
+    // Best effort: the rename only tells `reviewer enrolled` and an
+    // operator which are spent.
     let _ = std::fs::rename(base.with_extension("json"), base.with_extension("used"));
     let text = entry(&invite, &key);
     let folder = enrolled_dir(&c.dir);

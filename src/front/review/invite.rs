@@ -1,9 +1,11 @@
-//! Invitations to enrol, as files: `DATA_DIR/review/invites/HASH.json`,
-//! named by the SHA-256 of the link's token (the token itself is stored
-//! nowhere), renamed `.used` once used and `.expired` once audited as lapsed;
-//! and the `[[reviewers]]` entries finished enrolments made, under
-//! `DATA_DIR/review/enrolled/`. `countersign reviewer invite|enrolled` and
-//! the console's enrolment pages share this layout.
+//! Invitations to enrol, named by the SHA-256 of the link's token (the
+//! token itself is stored nowhere). `countersign reviewer invite` writes
+//! each as a file, `DATA_DIR/review/invites/HASH.json` (renamed `.used`
+//! once used and `.expired` once audited as lapsed), and, on a PostgreSQL
+//! store, into the store as well (`invite/HASH`), where every gateway
+//! sharing it finds it. A gateway that finds only the file copies it into
+//! the store when the link is first opened. The `[[reviewers]]` entries
+//! finished enrolments made are kept under `DATA_DIR/review/enrolled/`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,6 +30,30 @@ pub(crate) struct Invite {
     pub(crate) created_ms: i64,
     /// Unix ms: no longer good after this.
     pub(crate) expires_ms: i64,
+    /// Unix ms: used to enrol a passkey (in the store's copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) used_ms: Option<i64>,
+}
+
+/// How long the store keeps an invitation after it expired, so that its
+/// link is told "expired" or "used" rather than "not valid".
+const KEPT_AFTER: i64 = 7 * 24 * 3_600_000;
+
+impl Invite {
+    /// Its key in the store.
+    pub(crate) fn key(hash: &str) -> String {
+        format!("invite/{hash}")
+    }
+
+    /// Until when the store keeps it.
+    pub(crate) fn kept_until(&self) -> i64 {
+        self.expires_ms.saturating_add(KEPT_AFTER)
+    }
+
+    /// Its text in the store.
+    pub(crate) fn text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }
 
 pub(crate) fn hash_of(token: &str) -> String {
@@ -44,7 +70,8 @@ pub(crate) fn enrolled_dir(dir: &Path) -> PathBuf {
 }
 
 /// Write an invitation under `dir` (`DATA_DIR/review`); its token (32
-/// random bytes, base64url), which only the link carries.
+/// random bytes, base64url), which only the link carries, and the
+/// invitation.
 pub(crate) fn write_invite(
     dir: &Path,
     name: &str,
@@ -52,7 +79,7 @@ pub(crate) fn write_invite(
     tenants: &[String],
     ttl: Duration,
     now_ms: i64,
-) -> std::io::Result<String> {
+) -> std::io::Result<(String, Invite)> {
     let token = passkey::b64url().encode(rand::random::<[u8; 32]>());
     let invite = Invite {
         name: name.to_owned(),
@@ -60,6 +87,7 @@ pub(crate) fn write_invite(
         tenants: tenants.to_vec(),
         created_ms: now_ms,
         expires_ms: now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)),
+        used_ms: None,
     };
     let folder = invites(dir);
     crate::store::durable::dir_all(&folder)?;
@@ -77,7 +105,7 @@ pub(crate) fn write_invite(
     f.sync_all()?;
     // Its entry in the folder too: a link handed out is not lost to a cut.
     crate::store::durable::created(&path)?;
-    Ok(token)
+    Ok((token, invite))
 }
 
 /// Why an enrolment link does not work.
@@ -105,20 +133,60 @@ impl std::fmt::Display for Unusable {
     }
 }
 
-/// The invitation behind `token`, while it may be used.
-pub(crate) fn find(dir: &Path, token: &str, now_ms: i64) -> Result<Invite, Unusable> {
-    let base = invites(dir).join(hash_of(token));
+/// Why an invitation cannot be looked up now.
+#[derive(Debug)]
+pub(crate) enum Lookup {
+    /// The link does not work (said to its holder).
+    Unusable(Unusable),
+    /// The store could not answer: nothing is decided about the link.
+    Store(crate::store::StoreError),
+}
+
+/// The invitation behind `token`, while it may be used: the store's copy,
+/// or this gateway's file (copied into the store, so that every gateway
+/// sharing it knows the link from then on).
+pub(crate) async fn find(
+    store: &dyn crate::store::Store,
+    dir: &Path,
+    token: &str,
+    now_ms: i64,
+) -> Result<Invite, Lookup> {
+    let hash = hash_of(token);
+    let stored = store
+        .console_get(Invite::key(&hash), now_ms)
+        .await
+        .map_err(Lookup::Store)?;
+    let invite = match stored {
+        Some(text) => serde_json::from_str::<Invite>(&text)
+            .map_err(|_| Lookup::Unusable(Unusable::Unknown))?,
+        None => {
+            let invite = from_file(dir, &hash).map_err(Lookup::Unusable)?;
+            store
+                .console_put(Invite::key(&hash), invite.text(), invite.kept_until())
+                .await
+                .map_err(Lookup::Store)?;
+            invite
+        }
+    };
+    if invite.used_ms.is_some() {
+        return Err(Lookup::Unusable(Unusable::Used));
+    }
+    if invite.expires_ms <= now_ms {
+        return Err(Lookup::Unusable(Unusable::Expired(invite.expires_ms)));
+    }
+    Ok(invite)
+}
+
+/// The invitation file `hash` under `dir`: used ones say so.
+fn from_file(dir: &Path, hash: &str) -> Result<Invite, Unusable> {
+    let base = invites(dir).join(hash);
     if base.with_extension("used").exists() {
         return Err(Unusable::Used);
     }
     let text = std::fs::read(base.with_extension("json"))
         .or_else(|_| std::fs::read(base.with_extension("expired")))
         .map_err(|_| Unusable::Unknown)?;
-    let invite: Invite = serde_json::from_slice(&text).map_err(|_| Unusable::Unknown)?;
-    if invite.expires_ms <= now_ms {
-        return Err(Unusable::Expired(invite.expires_ms));
-    }
-    Ok(invite)
+    serde_json::from_slice(&text).map_err(|_| Unusable::Unknown)
 }
 
 /// The `[[reviewers]]` entry of an enrolment.

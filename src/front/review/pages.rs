@@ -104,18 +104,26 @@ fn layout_refreshing(
 }
 
 /// The signed-in reviewer of a page request, or the sign-in page.
-#[expect(clippy::result_large_err, reason = "the other page is the response")]
-fn signed_in(c: &Console, headers: &HeaderMap) -> Result<(Reviewer, session::Session), Response> {
-    match c.signed_in(headers) {
+async fn signed_in(
+    c: &Console,
+    headers: &HeaderMap,
+) -> Result<(Reviewer, session::Session), Response> {
+    match c.signed_in(headers).await {
         Ok((r, s)) => Ok((r, s)),
-        Err(session::NotSignedIn::NoSession) => {
-            Err(hardened((StatusCode::SEE_OTHER, [(header::LOCATION, "/review/sign-in")]).into_response()))
-        }
-        Err(session::NotSignedIn::Revoked(name)) => Err(html_status(
+        Err(session::NotSignedIn::NoSession) => Err(hardened(
+            (
+                StatusCode::SEE_OTHER,
+                [(header::LOCATION, "/review/sign-in")],
+            )
+                .into_response(),
+        )),
+        Err(why @ session::NotSignedIn::Revoked(_)) => Err(html_status(
             StatusCode::UNAUTHORIZED,
-            sign_in_with(c, Some(&format!(
-                "reviewer `{name}` (or this passkey) is no longer in reviewers.toml: the session ended"
-            ))),
+            sign_in_with(c, Some(&why.words())),
+        )),
+        Err(why @ session::NotSignedIn::Unavailable(_)) => Err(html_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            sign_in_with(c, Some(&why.words())),
         )),
     }
 }
@@ -190,7 +198,7 @@ async fn proposals(gw: &Gateway, reviewer: &Reviewer) -> Result<Vec<Proposal>, S
 /// expires first first (the queue's order in the TUI and `pending` too).
 pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let gw = &c.gw;
-    let (r, s) = match signed_in(&c, &headers) {
+    let (r, s) = match signed_in(&c, &headers).await {
         Ok(x) => x,
         Err(resp) => return resp,
     };
@@ -239,7 +247,7 @@ pub(crate) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap) -> R
 /// `GET /review/history`: decided proposals, newest first.
 pub(crate) async fn history(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let gw = &c.gw;
-    let (r, s) = match signed_in(&c, &headers) {
+    let (r, s) = match signed_in(&c, &headers).await {
         Ok(x) => x,
         Err(resp) => return resp,
     };
@@ -453,7 +461,7 @@ pub(crate) async fn proposal(
     headers: HeaderMap,
 ) -> Response {
     let gw = &c.gw;
-    let (r, s) = match signed_in(&c, &headers) {
+    let (r, s) = match signed_in(&c, &headers).await {
         Ok(x) => x,
         Err(resp) => return resp,
     };

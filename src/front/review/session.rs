@@ -12,20 +12,22 @@
 //!   form's `csrf`); SameSite=Strict keeps the cookie off cross-site
 //!   requests besides.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::HeaderMap;
-use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
-use crate::core::reviewers::{Reviewer, Reviewers};
+use super::console::{millis, Console};
+use crate::core::reviewers::Reviewer;
+use crate::store::StoreError;
 
 /// The session cookie: `__Host-` binds it to this origin, path `/`, Secure
 /// (browsers accept Secure cookies on `http://localhost`).
 pub(crate) const COOKIE: &str = "__Host-countersign-review";
 
-/// One signed-in reviewer.
-#[derive(Debug, Clone)]
+/// One signed-in reviewer, as the store keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Session {
     /// The reviewer's name.
     pub(crate) reviewer: String,
@@ -33,13 +35,14 @@ pub(crate) struct Session {
     pub(crate) credential_id: String,
     /// The CSRF token of this session.
     pub(crate) csrf: String,
-    /// When it ends.
-    pub(crate) until: Instant,
+    /// When it ends, Unix ms.
+    pub(crate) until_ms: i64,
 }
 
-/// The sessions of this gateway.
+/// The console's sessions, in the store shared by the gateways: kept under
+/// the SHA-256 of their id, so that whoever reads the store (a backup, a
+/// database operator) finds no cookie to present.
 pub(crate) struct Sessions {
-    by_id: Mutex<HashMap<String, Session>>,
     ttl: Duration,
 }
 
@@ -48,46 +51,67 @@ fn random_token() -> String {
     crate::core::passkey::b64url().encode(rand::random::<[u8; 32]>())
 }
 
+/// Where session `id` is in the store.
+fn key_of(id: &str) -> String {
+    format!("session/{}", hex::encode(Sha256::digest(id.as_bytes())))
+}
+
 impl Sessions {
     pub(crate) fn new(ttl: Duration) -> Sessions {
-        Sessions {
-            by_id: Mutex::new(HashMap::new()),
-            ttl,
-        }
+        Sessions { ttl }
     }
 
     /// Open a session for `reviewer` signed in with `credential_id`: its id
     /// (for the cookie) and the session.
-    pub(crate) fn open(&self, reviewer: &str, credential_id: &str) -> (String, Session) {
+    pub(crate) async fn open(
+        &self,
+        c: &Console,
+        reviewer: &str,
+        credential_id: &str,
+    ) -> Result<(String, Session), StoreError> {
         let id = random_token();
         let s = Session {
             reviewer: reviewer.to_owned(),
             credential_id: credential_id.to_owned(),
             csrf: random_token(),
-            until: Instant::now() + self.ttl,
+            until_ms: c.now_ms().saturating_add(millis(self.ttl)),
         };
-        let mut all = self.by_id.lock();
-        all.retain(|_, s| s.until > Instant::now());
-        all.insert(id.clone(), s.clone());
-        (id, s)
+        let text = serde_json::to_string(&s).map_err(|e| StoreError::Encode {
+            what: "console session",
+            reason: e.to_string(),
+        })?;
+        c.gw.pipeline()
+            .store()
+            .console_put(key_of(&id), text, s.until_ms)
+            .await?;
+        Ok((id, s))
     }
 
-    /// The live session `id`.
-    pub(crate) fn get(&self, id: &str) -> Option<Session> {
-        let mut all = self.by_id.lock();
-        match all.get(id) {
-            Some(s) if s.until > Instant::now() => Some(s.clone()),
-            Some(_) => {
-                all.remove(id);
-                None
-            }
-            None => None,
-        }
+    /// The live session `id` (`None`: none, or it ended).
+    pub(crate) async fn get(&self, c: &Console, id: &str) -> Result<Option<Session>, StoreError> {
+        let Some(text) =
+            c.gw.pipeline()
+                .store()
+                .console_get(key_of(id), c.now_ms())
+                .await?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                what: "console session",
+                reason: e.to_string(),
+            })
     }
 
-    /// End session `id`.
-    pub(crate) fn close(&self, id: &str) {
-        self.by_id.lock().remove(id);
+    /// End session `id`, on every gateway.
+    pub(crate) async fn close(&self, c: &Console, id: &str) -> Result<(), StoreError> {
+        c.gw.pipeline()
+            .store()
+            .console_take(key_of(id), c.now_ms())
+            .await
+            .map(drop)
     }
 
     /// How long a session lasts.
@@ -130,26 +154,52 @@ pub(crate) enum NotSignedIn {
     /// The session's reviewer, or its passkey, is no longer in the
     /// reviewers file: the session ended with it.
     Revoked(String),
+    /// The store could not say (fail closed: nobody is signed in).
+    Unavailable(String),
 }
 
-/// The reviewer signed in on this request, as `reviewers` (the file in
-/// force) has them.
-pub(crate) fn reviewer_of(
-    sessions: &Sessions,
-    reviewers: &Reviewers,
+impl NotSignedIn {
+    /// What the reviewer is told.
+    pub(crate) fn words(&self) -> String {
+        match self {
+            NotSignedIn::NoSession => "sign in first (your session ended or never began)".into(),
+            NotSignedIn::Revoked(name) => format!(
+                "reviewer `{name}` (or this passkey) is no longer in reviewers.toml: the session ended"
+            ),
+            NotSignedIn::Unavailable(e) => format!(
+                "the console cannot read its sessions now ({e}): try again in a moment"
+            ),
+        }
+    }
+}
+
+/// The reviewer signed in on this request, as the reviewers file in force
+/// has them.
+pub(crate) async fn reviewer_of(
+    c: &Console,
     headers: &HeaderMap,
 ) -> Result<(Reviewer, Session), NotSignedIn> {
     let id = cookie(headers).ok_or(NotSignedIn::NoSession)?;
-    let session = sessions.get(&id).ok_or(NotSignedIn::NoSession)?;
-    // Revocation: the file decides, on every request.
-    let reviewer = reviewers
-        .get(&session.reviewer)
-        .filter(|r| r.passkey(&session.credential_id).is_some())
-        .cloned();
+    let session = c
+        .sessions
+        .get(c, &id)
+        .await
+        .map_err(|e| NotSignedIn::Unavailable(e.to_string()))?
+        .ok_or(NotSignedIn::NoSession)?;
+    // Revocation: the file in force decides, on every request.
+    let reviewer =
+        c.gw.pipeline()
+            .policies()
+            .reviewers()
+            .get(&session.reviewer)
+            .filter(|r| r.passkey(&session.credential_id).is_some())
+            .cloned();
     match reviewer {
         Some(r) => Ok((r, session)),
         None => {
-            sessions.close(&id);
+            if let Err(e) = c.sessions.close(c, &id).await {
+                tracing::warn!("a revoked console session could not be removed (it is refused on every request all the same): {e}");
+            }
             Err(NotSignedIn::Revoked(session.reviewer))
         }
     }

@@ -32,7 +32,10 @@ pub(crate) async fn options(State(c): State<Arc<Console>>, headers: HeaderMap) -
     if let Err(e) = session::same_origin(&c.origin, &headers) {
         return refusal(StatusCode::FORBIDDEN, "origin", e);
     }
-    let challenge = c.challenge("sign-in".into());
+    let challenge = match c.challenge("sign-in".into()).await {
+        Ok(t) => t,
+        Err(e) => return unavailable(&e),
+    };
     json_answer(
         StatusCode::OK,
         json!({
@@ -74,7 +77,14 @@ pub(crate) async fn finish(
     };
     let credential = format!("credential:{}", assertion.credential_id);
     // A guesser is slowed per address and per credential, before any work.
-    if !c.failures.allowed(&address) || !c.failures.allowed(&credential) {
+    let allowed = match (
+        c.failures.allowed(&c, &address).await,
+        c.failures.allowed(&c, &credential).await,
+    ) {
+        (Ok(a), Ok(b)) => a && b,
+        (Err(e), _) | (_, Err(e)) => return unavailable(&e),
+    };
+    if !allowed {
         gw.refused("console_sign_in", None, "sign-in attempts over the limit");
         return refusal(
             StatusCode::TOO_MANY_REQUESTS,
@@ -82,9 +92,12 @@ pub(crate) async fn finish(
             "too many failed sign-ins from here or with this passkey: wait a few minutes",
         );
     }
-    match verify(gw, &c, &assertion) {
+    match verify(gw, &c, &assertion).await {
         Ok(name) => {
-            let (id, s) = c.sessions.open(&name, &assertion.credential_id);
+            let (id, s) = match c.sessions.open(&c, &name, &assertion.credential_id).await {
+                Ok(opened) => opened,
+                Err(e) => return unavailable(&e),
+            };
             let mut fields = serde_json::Map::new();
             fields.insert("reviewer".into(), Value::from(name.clone()));
             fields.insert(
@@ -109,9 +122,9 @@ pub(crate) async fn finish(
             // credential only once its own key signed the assertion (no UV,
             // a counter gone back), or anyone could lock a reviewer out by
             // naming their passkey. Every failure counts per address.
-            c.failures.failed(&address);
+            c.failures.failed(&c, &address).await;
             if signed {
-                c.failures.failed(&credential);
+                c.failures.failed(&c, &credential).await;
             }
             let shown = crate::core::legible::text(&why).into_owned();
             // Every tried sign-in that fails is its own audit entry (the
@@ -171,10 +184,10 @@ impl From<&str> for Refused {
 
 /// The reviewer whose passkey made `a` over a challenge this console issued
 /// for a sign-in.
-fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, Refused> {
+async fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, Refused> {
     let challenge = passkey::claimed_challenge(&a.client_data_json)?;
     // A challenge answers once: a captured sign-in cannot be replayed.
-    if !c.take_challenge(&challenge, "sign-in") {
+    if !c.take_challenge(&challenge, "sign-in").await {
         return Err(Refused::from(
             "the sign-in's challenge is not one this console issued, or it was used or expired: start again"
                 .to_owned(),
@@ -183,10 +196,11 @@ fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, Refused> {
     let raw = passkey::b64url()
         .decode(&challenge)
         .map_err(|_| "the challenge is not base64url".to_owned())?;
-    let policies = gw.pipeline().policies();
-    let reviewers = policies.reviewers();
     // The trust root: only a passkey listed in reviewers.toml signs in.
-    let (name, key) = reviewers
+    let (name, key) = gw
+        .pipeline()
+        .policies()
+        .reviewers()
         .iter()
         .find_map(|r| r.passkey(&a.credential_id).map(|k| (r.name.clone(), k.clone())))
         .ok_or_else(|| {
@@ -212,6 +226,7 @@ fn verify(gw: &Gateway, c: &Console, a: &Assertion) -> Result<String, Refused> {
     gw.pipeline()
         .book()
         .passkey_counter(&name, &key.id, verified.counter)
+        .await
         .map_err(|why| Refused { why, signed: true })?;
     Ok(name)
 }
@@ -222,7 +237,7 @@ pub(crate) async fn sign_out(
     headers: HeaderMap,
     form: axum::extract::Form<HashMap<String, String>>,
 ) -> Response {
-    if let Ok((_, s)) = c.signed_in(&headers) {
+    if let Ok((_, s)) = c.signed_in(&headers).await {
         if let Err(e) = session::same_origin_and_token(
             &c.origin,
             &headers,
@@ -233,7 +248,9 @@ pub(crate) async fn sign_out(
         }
     }
     if let Some(id) = session::cookie(&headers) {
-        c.sessions.close(&id);
+        if let Err(e) = c.sessions.close(&c, &id).await {
+            return unavailable(&e);
+        }
     }
     let mut r = hardened(
         (
@@ -246,4 +263,16 @@ pub(crate) async fn sign_out(
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     r
+}
+
+/// The store could not do what a sign-in needs: nothing changed, try again.
+pub(crate) fn unavailable(e: &crate::store::StoreError) -> Response {
+    tracing::warn!("the review console's state is unavailable: {e}");
+    refusal(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!(
+            "the console cannot reach its state now ({e}): nothing changed; try again in a moment"
+        ),
+    )
 }

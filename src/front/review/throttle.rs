@@ -1,63 +1,46 @@
-//! Failed sign-ins to the console, counted per credential and per address
-//! in a window, so that a guesser is slowed before any work is done.
+//! Failed sign-ins and enrolment requests to the console, counted per
+//! credential and per address in a window, so that a guesser is slowed
+//! before any work is done. The counts are in the store: a guesser who
+//! spreads attempts over several gateways behind one address is counted
+//! once.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use super::console::{millis, Console};
+use crate::store::StoreError;
 
-/// Failed sign-ins allowed per credential and per address in [`WINDOW`].
-const FAILURES: u32 = 5;
+/// Failed attempts allowed per credential and per address in [`WINDOW`].
+pub(crate) const FAILURES: u32 = 5;
 const WINDOW: Duration = Duration::from_secs(300);
 
-/// Failed sign-ins, by `credential:ID` and `address:IP`.
-#[derive(Default)]
-pub(crate) struct Failures(Mutex<HashMap<String, (u32, Instant)>>);
+/// Failed attempts, by `credential:ID`, `address:IP` and `enrol:IP`.
+pub(crate) struct Failures;
 
-impl Failures {
-    /// Whether `key` may try again.
-    pub(crate) fn allowed(&self, key: &str) -> bool {
-        self.0
-            .lock()
-            .get(key)
-            .is_none_or(|(n, since)| *n < FAILURES || since.elapsed() >= WINDOW)
-    }
-
-    pub(crate) fn failed(&self, key: &str) {
-        let mut all = self.0.lock();
-        // Many addresses failing once each must not grow this without bound:
-        // entries whose window has passed say nothing any more.
-        if all.len() >= 4096 {
-            all.retain(|_, (_, since)| since.elapsed() < WINDOW);
-        }
-        let entry = all.entry(key.to_owned()).or_insert((0, Instant::now()));
-        if entry.1.elapsed() >= WINDOW {
-            *entry = (0, Instant::now());
-        }
-        entry.0 += 1;
-    }
+fn key_of(key: &str) -> String {
+    format!("failures/{key}")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{Failures, FAILURES};
+impl Failures {
+    /// Whether `key` may try again: fewer than [`FAILURES`] in the window.
+    pub(crate) async fn allowed(&self, c: &Console, key: &str) -> Result<bool, StoreError> {
+        let n =
+            c.gw.pipeline()
+                .store()
+                .console_get(key_of(key), c.now_ms())
+                .await?;
+        Ok(n.is_none_or(|n| n.parse::<u32>().is_ok_and(|n| n < FAILURES)))
+    }
 
-    #[test]
-    fn a_credential_or_address_is_refused_after_its_failures_and_others_are_not() {
-        let f = Failures::default();
-        for _ in 0..FAILURES - 1 {
-            f.failed("credential:a");
+    /// Count one more failure of `key`. A count that cannot be recorded is
+    /// logged: the attempt was refused already.
+    pub(crate) async fn failed(&self, c: &Console, key: &str) {
+        if let Err(e) =
+            c.gw.pipeline()
+                .store()
+                .console_count(key_of(key), millis(WINDOW), c.now_ms())
+                .await
+        {
+            tracing::warn!("a failed console attempt could not be counted: {e}");
         }
-        assert!(f.allowed("credential:a"), "below the limit");
-        f.failed("credential:a");
-        assert!(!f.allowed("credential:a"), "at the limit");
-        assert!(
-            f.allowed("credential:b"),
-            "another credential is unaffected"
-        );
-        assert!(
-            f.allowed("address:192.0.2.1"),
-            "an address is counted apart"
-        );
     }
 }

@@ -20,6 +20,7 @@
 //!   statement and one commit for what is queued at once, so concurrent
 //!   `dispatched` and answer commits share one WAL flush.
 
+mod console;
 mod group;
 mod guards;
 mod tasks;
@@ -143,6 +144,15 @@ pub const MIGRATIONS: &[&str] = &[
      CREATE INDEX guards_key ON guards (key);
      CREATE INDEX guards_window ON guards (grp, at_ms);
      CREATE INDEX guards_until ON guards (until_ms);",
+    // 10: the review console's state, shared by the gateways (DESIGN.md
+    // section 21): sessions, challenges, invitations, failed sign-ins and
+    // passkey counters.
+    "CREATE TABLE review_console (
+        key text PRIMARY KEY,
+        value text NOT NULL,
+        until_ms bigint NOT NULL
+     );
+     CREATE INDEX review_console_until ON review_console (until_ms);",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
