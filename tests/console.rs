@@ -1220,3 +1220,169 @@ async fn the_page_leads_with_the_operators_summary_and_fits_a_phone() {
         "{headline:?}"
     );
 }
+
+/// A balancer in front of several gateways, as a load balancer would be: a
+/// TCP relay on its own thread whose backend the test switches. Each new
+/// connection goes to the backend chosen when it is made.
+struct Balancer {
+    port: u16,
+    to: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Balancer {
+    fn start() -> Balancer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let to = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let backend = to.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let addr = backend.lock().unwrap().clone();
+                    tokio::spawn(async move {
+                        if let Ok(mut out) = tokio::net::TcpStream::connect(&addr).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                        }
+                    });
+                }
+            });
+        });
+        Balancer { port, to }
+    }
+
+    /// New connections go to `gw`.
+    fn to(&self, gw: &Gateway) {
+        *self.to.lock().unwrap() = gw.addr.clone();
+    }
+}
+
+/// Two gateways on one PostgreSQL database behind one address: a reviewer
+/// enrolled and signed in through A approves through B without signing in
+/// again (sessions, CSRF tokens and challenges are in the shared store), an
+/// invitation made with A's CLI enrols through B, the approved call runs
+/// once across both, and a cloned authenticator's counter, already used
+/// through B, is refused by A.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_behind_one_address_serve_one_console() {
+    let schema = common::pg::Schema::new();
+    let lb = Balancer::start();
+    let origin = format!("http://localhost:{}", lb.port);
+    let policies = tempfile::tempdir().unwrap();
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
+    for f in ["schema.cedarschema", "default.cedar"] {
+        std::fs::copy(shipped.join(f), policies.path().join(f)).unwrap();
+    }
+    std::fs::write(policies.path().join("reviewers.toml"), "").unwrap();
+    let start = || {
+        common::pg::on(
+            &schema,
+            Options {
+                policies: Some(policies.path().to_owned()),
+                extra: format!("\n[review]\nenabled = true\norigin = \"{origin}\"\n"),
+                ..Default::default()
+            },
+        )
+    };
+    let a = start();
+    let b = start();
+    let console = Console {
+        gw: a,
+        policies,
+        state: tempfile::tempdir().unwrap(),
+        base: origin.clone(),
+    };
+    let state = |who: &str| console.state.path().join(format!("{who}.json"));
+
+    // Enrol and sign in through A.
+    lb.to(&console.gw);
+    let link = console.invite("alice", "leads", "1h");
+    let entry = console.enrol("alice", &link);
+    let reloads = |gw: &Gateway| {
+        gw.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("policies reloaded"))
+            .count()
+    };
+    let at_b = reloads(&b);
+    console.reviewers(&entry).await;
+    eventually("B reloaded the reviewers file", || reloads(&b) > at_b).await;
+    console.sign_in("alice");
+    // A copy of alice's authenticator as A last saw it: a clone.
+    std::fs::copy(state("alice"), state("alice-clone")).unwrap();
+
+    // Opened and approved through B, with the session A opened.
+    let (c, call, id) = held(&console.gw, "lb-1", 300).await;
+    lb.to(&b);
+    let r = console.browser(
+        "alice",
+        json!([
+            {"goto": format!("/review/p/{id}")},
+            {"text": "[data-role=quorum]"},
+            {"fill": {"reason": "checked through B"}},
+            {"click": "approve"},
+            {"goto": format!("/review/p/{id}")},
+            {"text": "[data-role=state]"},
+        ]),
+    );
+    assert!(
+        r[0]["url"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/review/p/{id}")),
+        "B asked to sign in again: {r:?}"
+    );
+    assert_eq!(r[1]["text"], "needs one approval", "{r:?}");
+    assert!(
+        r[3]["status"]
+            .as_str()
+            .unwrap()
+            .starts_with("approved, recorded"),
+        "{r:?}"
+    );
+    assert_eq!(r[5]["text"], "approved", "{r:?}");
+
+    // The agent's retry runs it through B, once; through A it is a replay.
+    let mut c = c;
+    c.http = reqwest::Client::new();
+    let via_b = listed(&b, "payments").await;
+    let ran = via_b.post(&call).await;
+    assert_eq!(ran.last()["result"]["isError"], false, "{ran:?}");
+    let again = c.post(&call).await;
+    assert!(
+        again.last()["result"]["_meta"]["dev.countersign/replayed"].is_object(),
+        "{again:?}"
+    );
+    assert_eq!(
+        console.gw.executions("charge_card") + b.executions("charge_card"),
+        1
+    );
+
+    // An invitation made with A's CLI enrols through B.
+    let link = console.invite("bob", "leads", "1h");
+    let bob = console.enrol("bob", &link);
+    assert!(bob.contains("name = \"bob\""), "{bob}");
+
+    // The clone signs in through A with the counter alice's authenticator
+    // already used through B (A alone saw a lower one): refused, and
+    // nothing opened.
+    lb.to(&console.gw);
+    let r = console.browser(
+        "alice-clone",
+        json!([{"goto": "/review/sign-in"}, {"click": "sign-in"}]),
+    );
+    let said = r[1]["status"].as_str().unwrap_or_default();
+    assert!(
+        r[1]["url"].as_str().unwrap().ends_with("/review/sign-in")
+            && said.contains("signature counter")
+            && said.contains("cloned"),
+        "{r:?}"
+    );
+}
