@@ -1108,6 +1108,15 @@ async fn separate_charges_are_not_revisions_and_a_changed_resend_is() {
     let (_, _, first) = held(&console.gw, "invoice-240", 240).await;
     let (_, _, second) = held(&console.gw, "invoice-980", 980).await;
     let (_, _, resent) = held(&console.gw, "invoice-980", 990).await;
+    // A key of its own, but the agent says it replaces the first invoice.
+    let c = listed(&console.gw, "payments").await;
+    let linked = c
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge_card",
+            "arguments":{"account":"acct_1","amount":250},
+            "_meta":{"dev.countersign/idempotency-key":"invoice-250","dev.countersign/revises":first}}}))
+        .await;
+    assert_eq!(code(&linked), "approval_pending", "{linked:?}");
+    let linked = proposal_id(&linked);
     let r = console.browser(
         "alice",
         json!([
@@ -1121,7 +1130,14 @@ async fn separate_charges_are_not_revisions_and_a_changed_resend_is() {
             {"text": "table.changes"},
             {"goto": "/review/"},
             {"text": "[data-role=proposal]"},
+            {"goto": format!("/review/p/{linked}")},
+            {"text": "h2:has-text('Changed since')"},
         ]),
+    );
+    assert_eq!(
+        r[11]["text"].as_str().unwrap(),
+        format!("Changed since proposal {first}"),
+        "{r:?}"
     );
     // The queue's order: the one that expires first (the first made) on top.
     assert!(r[9]["text"].as_str().unwrap().contains(&first), "{r:?}");

@@ -85,6 +85,9 @@ pub struct Ask<'a> {
     pub client_key: &'a str,
     /// The W3C `traceparent` of the asking request's span, when traced.
     pub trace: Option<String>,
+    /// The proposal the agent says this call replaces
+    /// (`_meta["dev.countersign/revises"]`).
+    pub revises: Option<&'a str>,
 }
 
 /// What a call that needs approval finds.
@@ -746,7 +749,7 @@ impl Book {
             headline: ask.headline.clone(),
             guards: ask.guards.clone(),
         };
-        p.relate(mine, ms(self.config.revision_window));
+        p.relate(mine, ms(self.config.revision_window), ask.revises);
         if !self.write(&mut p, None).await? {
             return Err(StoreError::Collision(p.id.clone()));
         }

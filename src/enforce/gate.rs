@@ -234,6 +234,12 @@ impl Gate {
                 quorum: &quorum,
                 key: &c.claim.key,
                 client_key: &c.claim.client_key,
+                revises: c
+                    .call
+                    .reserved
+                    .meta
+                    .get("dev.countersign/revises")
+                    .and_then(serde_json::Value::as_str),
                 // The request's SERVER span (the current one here): a
                 // proposal remembers the request that asked for it.
                 trace: crate::telemetry::on()

@@ -11,8 +11,30 @@ impl Proposal {
     /// the difference, so a drifted retry is not mistaken for a new
     /// request). Otherwise the newest is another call, shown beside it for
     /// comparison: calls with keys of their own are separate calls (four
-    /// invoices are four invoices), never "changes".
-    pub fn relate(&mut self, mine: &[Proposal], window_ms: i64) {
+    /// invoices are four invoices), never "changes". An agent may also say
+    /// which proposal this call replaces (`link`, from
+    /// `_meta["dev.countersign/revises"]`): it is the revision when it is
+    /// one of the requester's own, of the same tool (an id of another
+    /// requester's, or of another tool, is not followed, and the call is
+    /// related as if no link were given).
+    pub fn relate(&mut self, mine: &[Proposal], window_ms: i64, link: Option<&str>) {
+        let linked = link.and_then(|id| {
+            mine.iter()
+                .find(|p| {
+                    p.id == id
+                        && p.server == self.server
+                        && p.tool == self.tool
+                        && p.call_digest != self.call_digest
+                })
+                .map(|p| Revision {
+                    proposal_id: p.id.clone(),
+                    changes: diff(&p.arguments, &self.arguments),
+                })
+        });
+        if linked.is_some() {
+            (self.revises, self.beside) = (linked, None);
+            return;
+        }
         let recent = |same_key: bool| {
             mine.iter()
                 .filter(|p| {

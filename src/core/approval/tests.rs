@@ -386,7 +386,7 @@ fn a_proposal_revises_only_its_own_keys_and_stands_beside_another_calls() {
     let mine = [made("p-a", "k1", 10, 0), made("p-b", "k2", 20, 100)];
     // The same key, another amount: a revision, with the difference.
     let mut resent = made("p-c", "k1", 11, 200);
-    resent.relate(&mine, 1_000);
+    resent.relate(&mine, 1_000, None);
     assert_eq!(resent.revises.as_ref().unwrap().proposal_id, "p-a");
     assert_eq!(
         resent.revises.as_ref().unwrap().changes[0].pointer,
@@ -395,11 +395,26 @@ fn a_proposal_revises_only_its_own_keys_and_stands_beside_another_calls() {
     assert!(resent.beside.is_none());
     // A key of its own: the newest other call beside it, no revision.
     let mut other = made("p-d", "k3", 30, 200);
-    other.relate(&mine, 1_000);
+    other.relate(&mine, 1_000, None);
     assert!(other.revises.is_none());
     assert_eq!(other.beside.unwrap().proposal_id, "p-b");
     // Out of the window: nothing.
     let mut late = made("p-e", "k1", 12, 5_000);
-    late.relate(&mine, 1_000);
+    late.relate(&mine, 1_000, None);
     assert!(late.revises.is_none() && late.beside.is_none());
+    // A key of its own, but the agent says it replaces p-a: a revision.
+    let mut linked = made("p-f", "k4", 15, 300);
+    linked.relate(&mine, 1_000, Some("p-a"));
+    assert_eq!(linked.revises.as_ref().unwrap().proposal_id, "p-a");
+    assert!(linked.beside.is_none());
+    // A link to a proposal that is not the requester's (not in `mine`), or
+    // of another tool, is not followed.
+    let mut stray = made("p-g", "k5", 16, 300);
+    stray.relate(&mine, 1_000, Some("p-someone-elses"));
+    assert!(stray.revises.is_none());
+    assert_eq!(stray.beside.unwrap().proposal_id, "p-b");
+    let mut other_tool = made("p-h", "k6", 17, 300);
+    other_tool.tool = "refund".into();
+    other_tool.relate(&mine, 1_000, Some("p-a"));
+    assert!(other_tool.revises.is_none() && other_tool.beside.is_none());
 }
