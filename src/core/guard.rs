@@ -285,12 +285,27 @@ impl Figures {
 /// the text of another's parts is still another group).
 fn group_of(kind: &str, name: &str, tenant: &str, scope: &str) -> String {
     let mut out = String::with_capacity(kind.len() + name.len() + tenant.len() + scope.len() + 16);
+    let mut digits = itoa::Buffer::new();
     for part in [kind, name, tenant, scope] {
-        use std::fmt::Write;
-        let _ = write!(out, "{}:", part.len());
+        out.push_str(digits.format(part.len()));
+        out.push(':');
         out.push_str(part);
     }
     out
+}
+
+/// A decimal's text, as its `Display` writes it (a whole number without
+/// `fmt`: the write path writes a few per guarded call).
+pub fn decimal_text(d: Decimal) -> String {
+    if d.scale() == 0 {
+        let mut digits = itoa::Buffer::new();
+        match i64::try_from(d.mantissa()) {
+            Ok(m) => digits.format(m).to_owned(),
+            Err(_) => digits.format(d.mantissa()).to_owned(),
+        }
+    } else {
+        d.to_string()
+    }
 }
 
 /// `context.budgets`: per budget `{ spent, after, limit, over }`, amounts
@@ -385,7 +400,7 @@ pub fn claims(
             if j > 0 {
                 text.push(b',');
             }
-            match arguments.pointer(p) {
+            match at(arguments, p) {
                 Some(v) => super::canonical::jcs_into(v, &mut text),
                 None => text.extend_from_slice(b"null"),
             }
@@ -406,11 +421,51 @@ pub fn claims(
     Ok(out)
 }
 
+/// The value at JSON pointer `pointer` (RFC 6901), as
+/// `serde_json::Value::pointer` finds it, without a new string per token
+/// unless the token is escaped (`~0`, `~1`): the write path looks up each
+/// guard's fields on every call.
+pub fn at<'v>(value: &'v Value, pointer: &str) -> Option<&'v Value> {
+    if pointer.is_empty() {
+        return Some(value);
+    }
+    let rest = pointer.strip_prefix('/')?;
+    let mut here = value;
+    for token in rest.split('/') {
+        let unescaped;
+        let token = if token.contains('~') {
+            unescaped = token.replace("~1", "/").replace("~0", "~");
+            unescaped.as_str()
+        } else {
+            token
+        };
+        here = match here {
+            Value::Object(map) => map.get(token)?,
+            Value::Array(items) => {
+                // An index: digits, without a leading zero or sign.
+                if token.is_empty()
+                    || (token.len() > 1 && token.starts_with('0'))
+                    || !token.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return None;
+                }
+                items.get(token.parse::<usize>().ok()?)?
+            }
+            _ => return None,
+        };
+    }
+    Some(here)
+}
+
 /// The amount at `pointer`: a JSON number, or a string holding a plain
 /// decimal ("12.50"), read exactly from its text; never negative.
 pub fn amount_at(arguments: &Value, pointer: &str) -> Result<Decimal, String> {
-    let text = match arguments.pointer(pointer) {
+    let text = match at(arguments, pointer) {
         None | Some(Value::Null) => return Err("the call has no amount there".into()),
+        // A whole number is exact as it is (no text to read back).
+        Some(Value::Number(n)) if n.is_u64() => {
+            return Ok(Decimal::from(n.as_u64().unwrap_or_default()));
+        }
         Some(Value::Number(n)) => n.to_string(),
         Some(Value::String(s)) => s.clone(),
         Some(other) => return Err(format!("`{other}` is not a number or a decimal string")),
@@ -520,6 +575,32 @@ mod tests {
         // Three times 0.1 is 0.3 here, which floats never make it.
         let three = amount_at(&a, "/n").unwrap() * Decimal::from(3);
         assert_eq!(three, Decimal::from_str("0.3").unwrap());
+    }
+
+    #[test]
+    fn a_pointer_finds_what_serde_json_finds() {
+        let v = serde_json::json!({"a": {"b/c": [10, {"~d": 2}], "": 3}, "n": null});
+        for p in [
+            "", "/a", "/a/b~1c", "/a/b~1c/0", "/a/b~1c/1/~0d", "/a/", "/n", "/a/b~1c/01",
+            "/a/b~1c/+1", "/a/b~1c/2", "/x", "a", "/a/b~1c/0/z", "/a/b~1c/",
+        ] {
+            assert_eq!(super::at(&v, p), v.pointer(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_decimals_text_is_its_display() {
+        for text in ["0", "7", "-3", "100000000", "12.50", "0.0001", "79228162514264337593543950335"] {
+            let d = Decimal::from_str(text).unwrap();
+            assert_eq!(super::decimal_text(d), d.to_string(), "{text}");
+        }
+        let args = serde_json::json!({"a": 18446744073709551615_u64, "b": 12.5, "c": -4});
+        assert_eq!(
+            super::amount_at(&args, "/a").unwrap().to_string(),
+            "18446744073709551615"
+        );
+        assert_eq!(super::amount_at(&args, "/b").unwrap().to_string(), "12.5");
+        assert!(super::amount_at(&args, "/c").unwrap_err().contains("negative"));
     }
 
     #[test]

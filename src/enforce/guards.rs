@@ -98,11 +98,25 @@ impl Guarding {
         if !taken.taken {
             return Err(NotTaken::Raced);
         }
-        let figures = self.figures(claims, &taken.standing).await;
         ticket.guarded();
-        for s in &figures.spending {
-            self.metrics
-                .budget_counted(&s.name, to_f64(s.amount), to_f64(s.limit));
+        // The budgets' figures, read from the claims and the standing as
+        // they are (no `Figures` made: nothing is worded for a person here).
+        let mut spent = taken.standing.spent.iter();
+        let mut budgets = Vec::with_capacity(claims.len());
+        for c in claims {
+            if let Claim::Budget {
+                name,
+                scope,
+                amount,
+                limit,
+                ..
+            } = c
+            {
+                let s = spent.next().copied().unwrap_or_default();
+                self.metrics
+                    .budget_counted(name, to_f64(*amount), to_f64(*limit));
+                budgets.push(budget_json(name, scope, s, *amount, *limit));
+            }
         }
         // The figures the call ran with, in its `dispatched` entry.
         // (The figures, not the sentences: `after` and `over` follow from them.)
@@ -119,7 +133,7 @@ impl Guarding {
         if force {
             guards.insert("approved_over".into(), true.into());
         }
-        guards.insert("budgets".into(), budgets_json(&figures.spending));
+        guards.insert("budgets".into(), serde_json::Value::Array(budgets));
         guards.insert("effect_keys".into(), serde_json::Value::Array(effects));
         c.trail
             .at_dispatch(vec![("guards", serde_json::Value::Object(guards))]);
@@ -189,21 +203,31 @@ impl Guarding {
 
 /// The budgets' figures for the audit log: exact decimals as text.
 pub(crate) fn budgets_json(spending: &[Spending]) -> serde_json::Value {
-    // Built as values directly (`json!` serializes each value once more).
     serde_json::Value::Array(
         spending
             .iter()
-            .map(|s| {
-                let mut b = serde_json::Map::with_capacity(5);
-                b.insert("name".into(), s.name.clone().into());
-                b.insert("scope".into(), s.scope.clone().into());
-                b.insert("spent".into(), s.spent.to_string().into());
-                b.insert("amount".into(), s.amount.to_string().into());
-                b.insert("limit".into(), s.limit.to_string().into());
-                serde_json::Value::Object(b)
-            })
+            .map(|s| budget_json(&s.name, &s.scope, s.spent, s.amount, s.limit))
             .collect(),
     )
+}
+
+/// One budget's figures for the audit log. Built as values directly
+/// (`json!` serializes each value once more).
+fn budget_json(
+    name: &str,
+    scope: &str,
+    spent: rust_decimal::Decimal,
+    amount: rust_decimal::Decimal,
+    limit: rust_decimal::Decimal,
+) -> serde_json::Value {
+    let text = |d| crate::core::guard::decimal_text(d).into();
+    let mut b = serde_json::Map::with_capacity(5);
+    b.insert("name".into(), name.into());
+    b.insert("scope".into(), scope.into());
+    b.insert("spent".into(), text(spent));
+    b.insert("amount".into(), text(amount));
+    b.insert("limit".into(), text(limit));
+    serde_json::Value::Object(b)
 }
 
 fn to_f64(d: rust_decimal::Decimal) -> f64 {

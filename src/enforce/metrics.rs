@@ -75,7 +75,16 @@ pub struct Metrics {
     guard_stops: Family<CircuitLabels, Counter>,
     budget_spent: Family<NameLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     budget_limit: Family<NameLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Each budget's two series, once made: a guarded write updates them
+    /// without making a label (names come from the config, not from
+    /// clients: foldhash serves).
+    budget_series: parking_lot::RwLock<crate::core::FastMap<String, BudgetSeries>>,
 }
+
+type BudgetSeries = (
+    Counter<f64, std::sync::atomic::AtomicU64>,
+    Gauge<f64, std::sync::atomic::AtomicU64>,
+);
 
 type NameLabel = [(&'static str, String); 1];
 
@@ -231,6 +240,7 @@ impl Metrics {
             guard_stops,
             budget_spent,
             budget_limit,
+            budget_series: Default::default(),
             tasks,
             mcp_tasks,
             shadow,
@@ -277,9 +287,19 @@ impl Metrics {
 
     /// A call counted `amount` against budget `name` (limit `limit`).
     pub fn budget_counted(&self, name: &str, amount: f64, limit: f64) {
+        if let Some((spent, lim)) = self.budget_series.read().get(name) {
+            spent.inc_by(amount);
+            lim.set(limit);
+            return;
+        }
         let label = [("budget", name.to_owned())];
-        self.budget_spent.get_or_create(&label).inc_by(amount);
-        self.budget_limit.get_or_create(&label).set(limit);
+        let spent = self.budget_spent.get_or_create(&label).clone();
+        let lim = self.budget_limit.get_or_create(&label).clone();
+        spent.inc_by(amount);
+        lim.set(limit);
+        self.budget_series
+            .write()
+            .insert(name.to_owned(), (spent, lim));
     }
 
     /// A front refused something before it reached the pipeline or an

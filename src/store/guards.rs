@@ -164,7 +164,7 @@ pub(crate) fn row(claim: &Claim, key: &str, now_ms: i64) -> GuardRow {
             tenant: tenant.clone(),
             scope: scope.clone(),
             key: key.into(),
-            amount: amount.to_string(),
+            amount: crate::core::guard::decimal_text(*amount),
             at_ms: now_ms,
             until_ms: now_ms + window_ms(claim),
         },
@@ -221,16 +221,13 @@ pub(crate) fn row_key(group: &str, at_ms: i64, key: &str) -> String {
 
 /// `n` in decimal, zero-padded to `width` digits (no `format!`: a take
 /// makes a few of these per call).
-fn push_digits(out: &mut String, mut n: u64, width: usize) {
-    let mut buf = [b'0'; 20];
-    let mut i = buf.len();
-    while n > 0 && i > 0 {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
+fn push_digits(out: &mut String, n: u64, width: usize) {
+    let mut digits = itoa::Buffer::new();
+    let text = digits.format(n);
+    for _ in text.len()..width {
+        out.push('0');
     }
-    let from = i.min(buf.len().saturating_sub(width));
-    out.extend(buf[from..].iter().map(|&b| char::from(b)));
+    out.push_str(text);
 }
 
 /// The group of a row's table key.
@@ -316,6 +313,27 @@ impl Rows {
         Ok(())
     }
 
+    /// Add the rows a call under `key` made now (none of it is counted
+    /// yet): each in its group with its amount, and the key's index once.
+    fn insert_call(
+        &mut self,
+        key: &str,
+        at_ms: i64,
+        rows: Vec<(&str, std::sync::Arc<GuardRow>, Decimal)>,
+    ) {
+        let mut at = Vec::with_capacity(rows.len());
+        for (group, row, amount) in rows {
+            let g = match self.groups.get_mut(group) {
+                Some(g) => g,
+                None => self.groups.entry(group.to_owned()).or_default(),
+            };
+            g.sum += amount;
+            g.rows.insert((at_ms, key.to_owned()), Kept { row, amount });
+            at.push((group.to_owned(), at_ms));
+        }
+        self.by_key.insert(key.to_owned(), at);
+    }
+
     /// Add a row of redb's table, under its table key.
     pub(crate) fn insert_keyed(
         &mut self,
@@ -360,7 +378,7 @@ impl Rows {
 
     /// A claim's figure for the call under `key`, leaving out the call's own
     /// rows and every row taken at or before `now_ms` less the window.
-    fn figure(&self, key: &str, c: &Claim, now_ms: i64) -> Figure {
+    fn figure(&self, key: &str, c: &Claim, now_ms: i64, counted: bool) -> Figure {
         let since = now_ms - window_ms(c);
         let g = self.groups.get(group(c));
         match c {
@@ -372,7 +390,8 @@ impl Rows {
                 for (_, kept) in g.rows.range(..(since.saturating_add(1), String::new())) {
                     spent -= kept.amount;
                 }
-                for (gg, at) in self.by_key.get(key).into_iter().flatten() {
+                let own = if counted { self.by_key.get(key) } else { None };
+                for (gg, at) in own.into_iter().flatten() {
                     if gg == group(c) && *at > since {
                         if let Some(kept) = g.rows.get(&(*at, key.to_owned())) {
                             spent -= kept.amount;
@@ -399,9 +418,20 @@ pub(crate) fn look_in(
     claims: &[Claim],
     now_ms: i64,
 ) -> Result<Standing, StoreError> {
+    look_counted(t, key, claims, now_ms, t.by_key.contains_key(key))
+}
+
+/// [`look_in`], knowing whether the call under `key` counts already.
+fn look_counted(
+    t: &Rows,
+    key: &str,
+    claims: &[Claim],
+    now_ms: i64,
+    counted: bool,
+) -> Result<Standing, StoreError> {
     let mut standing = Standing::default();
     for c in claims {
-        match t.figure(key, c, now_ms) {
+        match t.figure(key, c, now_ms, counted) {
             Figure::Spent(spent) => standing.spent.push(spent),
             Figure::Earlier(earlier) => standing.earlier.push(earlier),
         }
@@ -419,7 +449,8 @@ pub(crate) fn take_in(
     now_ms: i64,
     mut log: Option<&mut TakeLog>,
 ) -> Result<Taken, StoreError> {
-    let standing = look_in(t, key, claims, now_ms)?;
+    let counted = t.by_key.contains_key(key);
+    let standing = look_counted(t, key, claims, now_ms, counted)?;
     for c in claims {
         let g = group(c);
         for (at, k) in t.expired(g, now_ms - window_ms(c)) {
@@ -429,7 +460,8 @@ pub(crate) fn take_in(
             }
         }
     }
-    if t.by_key.contains_key(key) {
+    // (Pruning only takes rows away: a call not counted before is not now.)
+    if counted && t.by_key.contains_key(key) {
         // This call (a retry under its key) counts already.
         return Ok(Taken {
             taken: true,
@@ -442,6 +474,7 @@ pub(crate) fn take_in(
             standing,
         });
     }
+    let mut made = Vec::with_capacity(claims.len());
     for c in claims {
         let r = std::sync::Arc::new(row(c, key, now_ms));
         let g = group(c);
@@ -449,8 +482,13 @@ pub(crate) fn take_in(
             log.made
                 .push(Change::Insert(row_key(g, now_ms, key), r.clone()));
         }
-        t.insert(g, r)?;
+        let amount = match c {
+            Claim::Budget { amount, .. } => *amount,
+            Claim::Effect { .. } => Decimal::ZERO,
+        };
+        made.push((g, r, amount));
     }
+    t.insert_call(key, now_ms, made);
     Ok(Taken {
         taken: true,
         standing,

@@ -12,7 +12,7 @@
 //! the next checkpoint (a crash before it brings them back, ended, and the
 //! next take or sweep prunes them again).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use redb::{Database, ReadableTable, TableDefinition};
 
@@ -150,26 +150,79 @@ fn decode_row(bytes: &[u8]) -> Result<GuardRow, StoreError> {
     decode_json("guard row", bytes)
 }
 
-/// A table entry `b…`: one group's rows folded at one checkpoint.
+/// The first byte of a table entry whose rows share their guard's parts
+/// (kind, name, tenant, scope), written once after the group.
+const SHARED: u8 = 2;
+
+/// A table entry `b…`: one group's rows folded at one checkpoint. The rows
+/// of one group share their guard's parts, which are written once; each row
+/// then holds its ledger key, amount and times.
 fn encode_entry(group: &str, rows: &[&GuardRow]) -> Result<Vec<u8>, StoreError> {
-    let mut out = Vec::with_capacity(16 + group.len() + rows.len() * 128);
-    out.push(BINARY);
+    let mut out = Vec::with_capacity(64 + group.len() + rows.len() * 64);
+    let Some(first) = rows.first() else {
+        out.push(BINARY);
+        put_str(&mut out, group)?;
+        return Ok(out);
+    };
+    let shared = |r: &&GuardRow| {
+        r.kind == first.kind
+            && r.name == first.name
+            && r.tenant == first.tenant
+            && r.scope == first.scope
+    };
+    if !rows.iter().all(shared) {
+        // Never made (a group is its guard's parts), but written whole
+        // rather than wrongly if it were.
+        out.push(BINARY);
+        put_str(&mut out, group)?;
+        for r in rows {
+            put_row(&mut out, r)?;
+        }
+        return Ok(out);
+    }
+    out.push(SHARED);
     put_str(&mut out, group)?;
+    for s in [&first.kind, &first.name, &first.tenant, &first.scope] {
+        put_str(&mut out, s)?;
+    }
     for r in rows {
-        put_row(&mut out, r)?;
+        put_str(&mut out, &r.key)?;
+        put_str(&mut out, &r.amount)?;
+        out.extend_from_slice(&r.at_ms.to_le_bytes());
+        out.extend_from_slice(&r.until_ms.to_le_bytes());
     }
     Ok(out)
 }
 
 fn decode_entry(bytes: &[u8]) -> Result<(String, Vec<GuardRow>), StoreError> {
-    if bytes.first() != Some(&BINARY) {
-        return Err(corrupt("a guards entry of an unknown form".into()));
-    }
-    let mut r = Reader(&bytes[1..]);
+    let (form, rest) = bytes
+        .split_first()
+        .ok_or_else(|| corrupt("an empty guards entry".into()))?;
+    let mut r = Reader(rest);
     let group = r.string()?;
     let mut rows = Vec::new();
-    while !r.0.is_empty() {
-        rows.push(r.row()?);
+    match *form {
+        BINARY => {
+            while !r.0.is_empty() {
+                rows.push(r.row()?);
+            }
+        }
+        SHARED => {
+            let (kind, name, tenant, scope) = (r.string()?, r.string()?, r.string()?, r.string()?);
+            while !r.0.is_empty() {
+                rows.push(GuardRow {
+                    kind: kind.clone(),
+                    name: name.clone(),
+                    tenant: tenant.clone(),
+                    scope: scope.clone(),
+                    key: r.string()?,
+                    amount: r.string()?,
+                    at_ms: i64::from_le_bytes(r.bytes::<8>()?),
+                    until_ms: i64::from_le_bytes(r.bytes::<8>()?),
+                });
+            }
+        }
+        _ => return Err(corrupt("a guards entry of an unknown form".into())),
     }
     Ok((group, rows))
 }
@@ -269,21 +322,34 @@ pub(super) fn fold(
     if batches.is_empty() && pruned.all.is_empty() {
         return Ok(());
     }
-    // Row key -> what it is after the changes (None: gone).
-    let mut net: BTreeMap<&str, Option<&GuardRow>> = BTreeMap::new();
-    for c in batches.iter().flatten() {
-        match c {
-            Change::Insert(k, r) => {
-                net.insert(k, Some(r));
-            }
-            Change::Remove(k) => {
-                net.insert(k, None);
-            }
+    // Row key -> what it is after the changes (None: gone), in key order:
+    // sorted once (stable: a key's later change stays after its earlier
+    // one, and wins), then the rows pruned since are left out in one walk
+    // beside them (a map built change by change cost more per call).
+    let mut changes: Vec<(&str, Option<&GuardRow>)> = batches
+        .iter()
+        .flatten()
+        .map(|c| match c {
+            Change::Insert(k, r) => (k.as_str(), Some(&**r)),
+            Change::Remove(k) => (k.as_str(), None),
+        })
+        .collect();
+    changes.sort_by(|a, b| a.0.cmp(b.0));
+    let mut gone: Vec<&str> = pruned.all.iter().map(String::as_str).collect();
+    gone.sort_unstable();
+    let mut gone = gone.into_iter().peekable();
+    let mut net: Vec<(&str, Option<&GuardRow>)> = Vec::with_capacity(changes.len());
+    for (k, row) in changes {
+        if let Some(last) = net.last_mut().filter(|(l, _)| *l == k) {
+            last.1 = row;
+            continue;
         }
+        net.push((k, row));
     }
-    for k in &pruned.all {
-        net.remove(k.as_str());
-    }
+    net.retain(|(k, _)| {
+        while gone.next_if(|g| g < k).is_some() {}
+        gone.peek() != Some(k)
+    });
     let mut table = txn
         .open_table(GUARDS)
         .map_err(|e| err("open table")(e.into()))?;
@@ -467,10 +533,29 @@ mod tests {
         let r = row("k2");
         assert_eq!(decode_row(&serde_json::to_vec(&r).unwrap()).unwrap(), r);
         let entry = encode_entry("3:g", &[&r, &row("k3")]).unwrap();
+        assert_eq!(entry[0], SHARED, "a group's parts written once");
         assert_eq!(
             decode_entry(&entry).unwrap(),
-            ("3:g".to_owned(), vec![r, row("k3")])
+            ("3:g".to_owned(), vec![r.clone(), row("k3")])
         );
+        // An entry of the earlier form (each row whole) still reads.
+        let mut whole = vec![BINARY];
+        put_str(&mut whole, "3:g").unwrap();
+        for x in [&r, &row("k3")] {
+            put_row(&mut whole, x).unwrap();
+        }
+        assert_eq!(
+            decode_entry(&whole).unwrap(),
+            ("3:g".to_owned(), vec![r.clone(), row("k3")])
+        );
+        // Rows that do not share their parts are written whole.
+        let other = GuardRow {
+            name: "other".into(),
+            ..row("k4")
+        };
+        let mixed = encode_entry("3:g", &[&r, &other]).unwrap();
+        assert_eq!(mixed[0], BINARY);
+        assert_eq!(decode_entry(&mixed).unwrap().1, vec![r, other]);
     }
 
     #[test]
@@ -485,11 +570,21 @@ mod tests {
         let mut bent = bytes.clone();
         bent[1] = b'X';
         assert!(matches!(decode(&bent), Err(StoreError::Corrupt { .. })));
-        let mut long = encode_entry("g", &[&row("k1")]).unwrap();
+        let entry = encode_entry("g", &[&row("k1")]).unwrap();
+        let mut long = entry.clone();
         long.push(0);
         assert!(matches!(
             decode_entry(&long),
             Err(StoreError::Corrupt { .. })
         ));
+        // A cut inside a text or a row is corrupt; a cut between rows reads
+        // the rows before it (never a row that was not written).
+        for cut in 0..entry.len() {
+            match decode_entry(&entry[..cut]) {
+                Err(StoreError::Corrupt { .. }) => {}
+                Ok((g, rows)) => assert!(g == "g" && rows.is_empty(), "cut at {cut}"),
+                Err(e) => panic!("cut at {cut}: {e}"),
+            }
+        }
     }
 }
