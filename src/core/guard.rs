@@ -581,8 +581,20 @@ mod tests {
     fn a_pointer_finds_what_serde_json_finds() {
         let v = serde_json::json!({"a": {"b/c": [10, {"~d": 2}], "": 3}, "n": null});
         for p in [
-            "", "/a", "/a/b~1c", "/a/b~1c/0", "/a/b~1c/1/~0d", "/a/", "/n", "/a/b~1c/01",
-            "/a/b~1c/+1", "/a/b~1c/2", "/x", "a", "/a/b~1c/0/z", "/a/b~1c/",
+            "",
+            "/a",
+            "/a/b~1c",
+            "/a/b~1c/0",
+            "/a/b~1c/1/~0d",
+            "/a/",
+            "/n",
+            "/a/b~1c/01",
+            "/a/b~1c/+1",
+            "/a/b~1c/2",
+            "/x",
+            "a",
+            "/a/b~1c/0/z",
+            "/a/b~1c/",
         ] {
             assert_eq!(super::at(&v, p), v.pointer(p), "{p}");
         }
@@ -590,7 +602,15 @@ mod tests {
 
     #[test]
     fn a_decimals_text_is_its_display() {
-        for text in ["0", "7", "-3", "100000000", "12.50", "0.0001", "79228162514264337593543950335"] {
+        for text in [
+            "0",
+            "7",
+            "-3",
+            "100000000",
+            "12.50",
+            "0.0001",
+            "79228162514264337593543950335",
+        ] {
             let d = Decimal::from_str(text).unwrap();
             assert_eq!(super::decimal_text(d), d.to_string(), "{text}");
         }
@@ -600,7 +620,9 @@ mod tests {
             "18446744073709551615"
         );
         assert_eq!(super::amount_at(&args, "/b").unwrap().to_string(), "12.5");
-        assert!(super::amount_at(&args, "/c").unwrap_err().contains("negative"));
+        assert!(super::amount_at(&args, "/c")
+            .unwrap_err()
+            .contains("negative"));
     }
 
     #[test]

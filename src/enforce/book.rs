@@ -168,14 +168,18 @@ pub(crate) fn quorum_missing(p: &Proposal, reviewers: &Reviewers) -> Option<appr
     p.quorum.missing(&approvers)
 }
 
+/// How many locks the requesters' create-or-join is striped over.
+const MAKING_STRIPES: usize = 64;
+
 /// Proposals and approvals over the store.
 pub struct Book {
     store: Arc<dyn Store>,
     config: ApprovalsConfig,
-    // Serializes create-or-join: two identical calls with different keys
-    // must not both create a proposal (retries never stack approvals). A
-    // tokio mutex: it is held across the store write.
-    making: tokio::sync::Mutex<()>,
+    // Serializes create-or-join per requester: two identical calls with
+    // different keys must not both create a proposal (retries never stack
+    // approvals). Striped by requester, so that one requester's calls never
+    // wait on another's. Tokio mutexes: held across the store write.
+    making: Vec<tokio::sync::Mutex<()>>,
     events: broadcast::Sender<Event>,
     audit: Option<Arc<dyn AuditSink>>,
     /// Expiries are judged on this clock (tests move it by hand).
@@ -225,7 +229,9 @@ impl Book {
         Book {
             store,
             config,
-            making: tokio::sync::Mutex::new(()),
+            making: (0..MAKING_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
             events,
             audit,
             clock,
@@ -475,21 +481,27 @@ impl Book {
         Ok(())
     }
 
+    /// The create-or-join lock of `requester` in `tenant`.
+    fn making_for(&self, tenant: &str, requester: &str) -> &tokio::sync::Mutex<()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (tenant, requester).hash(&mut h);
+        let i = usize::try_from(h.finish() % MAKING_STRIPES as u64).unwrap_or(0);
+        &self.making[i]
+    }
+
     /// Find what a call that needs approval may use, or create (or join)
     /// the pending proposal it waits on. Revalidates an approval before
     /// offering it: expiry, resource version, the reviewer still registered
     /// with the same key.
     pub async fn find(&self, ask: &Ask<'_>, reviewers: &Reviewers) -> Result<Found, StoreError> {
-        let _making = self.making.lock().await;
-        let now = self.clock.now_ms();
         let who = ask.identity;
-        let mine: Vec<Proposal> = self
-            .store
-            .list_proposals()
-            .await?
-            .into_iter()
-            .filter(|p| p.tenant == who.tenant && p.requester == who.principal)
-            .collect();
+        // One requester's calls are looked at and proposed one at a time
+        // (two concurrent calls must not both make a proposal for one call);
+        // other requesters' go on beside them.
+        let _making = self.making_for(&who.tenant, &who.principal).lock().await;
+        let now = self.clock.now_ms();
+        let mine: Vec<Proposal> = self.store.proposals_of(&who.tenant, &who.principal).await?;
         // The newest proposal for this call. Within one millisecond (a
         // proposal invalidated and its replacement made at once), one still in
         // play wins over a void one, whatever their random ids say.

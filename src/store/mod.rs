@@ -372,6 +372,24 @@ pub trait Store: guards::Guards + console::ConsoleState + Send + Sync {
     /// Every stored proposal.
     fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>>;
 
+    /// The proposals `requester` of `tenant` made (every state), read by an
+    /// index on the stores that keep one: a held call looks at its own
+    /// requester's proposals, never at every proposal in the store.
+    fn proposals_of<'a>(
+        &'a self,
+        tenant: &'a str,
+        requester: &'a str,
+    ) -> StoreFuture<'a, Vec<Proposal>> {
+        Box::pin(async move {
+            Ok(self
+                .list_proposals()
+                .await?
+                .into_iter()
+                .filter(|p| p.tenant == tenant && p.requester == requester)
+                .collect())
+        })
+    }
+
     /// Forget proposals in a final state (denied, consumed, expired,
     /// invalidated) last changed before `before_ms`.
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize>;
@@ -881,6 +899,52 @@ pub(crate) mod tests {
             .map(|p| p.id)
             .collect();
         assert_eq!(left, vec!["p2".to_owned()]);
+        proposals_of_conformance(store).await;
+    }
+
+    /// A requester's proposals, and no one else's (another tenant's
+    /// requester of the same name, a requester whose name runs into the
+    /// tenant's), before and after retention.
+    async fn proposals_of_conformance(store: &dyn Store) {
+        let made = |id: &str, tenant: &str, requester: &str, state| {
+            let mut p = proposal(id, state, None);
+            (p.tenant, p.requester) = (tenant.into(), requester.into());
+            p
+        };
+        for p in [
+            made("q1", "t1", "ann", ProposalState::Pending),
+            made("q2", "t1", "ann", ProposalState::Denied),
+            made("q3", "t2", "ann", ProposalState::Pending),
+            made("q4", "t1", "annie", ProposalState::Pending),
+            made("q5", "t1a", "nn", ProposalState::Pending),
+        ] {
+            assert!(store.put_proposal(p, None).await.unwrap());
+        }
+        let ids = |mut ps: Vec<Proposal>| {
+            ps.sort_by(|a, b| a.id.cmp(&b.id));
+            ps.into_iter().map(|p| p.id).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(store.proposals_of("t1", "ann").await.unwrap()),
+            ["q1", "q2"]
+        );
+        assert_eq!(ids(store.proposals_of("t2", "ann").await.unwrap()), ["q3"]);
+        assert!(store.proposals_of("t1", "bob").await.unwrap().is_empty());
+        // A change of state keeps it in its requester's list.
+        let mut q1 = store.get_proposal("q1").await.unwrap().unwrap();
+        q1.state = ProposalState::Approved;
+        q1.revision += 1;
+        assert!(store
+            .put_proposal(q1, Some(ProposalState::Pending))
+            .await
+            .unwrap());
+        assert_eq!(
+            ids(store.proposals_of("t1", "ann").await.unwrap()),
+            ["q1", "q2"]
+        );
+        // Retention takes the final one from the list too.
+        store.gc_proposals(i64::MAX).await.unwrap();
+        assert_eq!(ids(store.proposals_of("t1", "ann").await.unwrap()), ["q1"]);
     }
 
     /// The outbox: a row commits only with the move it rides on.
@@ -1540,6 +1604,20 @@ pub(crate) mod tests {
             store.get_proposal("p2").await.unwrap().unwrap().state,
             ProposalState::Approved
         );
+        assert_eq!(store.proposals_of("t2", "ann").await.unwrap().len(), 1);
+        drop(store);
+        // A ledger made before the index by requester: it is built at open.
+        {
+            let db = redb::Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            assert!(txn
+                .delete_table(redb_store::proposals_index_for_tests())
+                .unwrap());
+            txn.commit().unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.proposals_of("t2", "ann").await.unwrap().len(), 1);
+        assert_eq!(store.proposals_of("acme", "r").await.unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -29,11 +29,19 @@ mod console;
 mod guards;
 #[cfg(test)]
 pub(super) mod power;
+mod proposals;
+
+/// The index of proposals by requester (a test deletes it, as a ledger
+/// made before it lacks it).
+#[cfg(test)]
+pub(super) fn proposals_index_for_tests() -> TableDefinition<'static, &'static str, ()> {
+    proposals::BY_REQUESTER
+}
 mod tasks;
 
 use super::{
-    check_transition, inputs_stale, needs_durability, proposal_durable, proposal_final, InputRow,
-    Recovery, Reservation, Settle, Store, StoreError, StoreFuture,
+    check_transition, inputs_stale, needs_durability, proposal_durable, InputRow, Recovery,
+    Reservation, Settle, Store, StoreError, StoreFuture,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
@@ -317,6 +325,7 @@ impl RedbStore {
             .map_err(|e| err("create table")(e.into()))?;
         txn.open_table(console::CONSOLE)
             .map_err(|e| err("create table")(e.into()))?;
+        proposals::index_at_open(&txn)?;
         {
             // One process per file: no delivery of a previous run is still
             // in flight, so its leases are void (its notices go out now,
@@ -1158,6 +1167,7 @@ fn apply_batch(
         let mut outbox_slot = None;
         let mut pins_slot = None;
         let mut notices_slot = None;
+        let mut index_slot = None;
         for op in batch {
             done.push(match op {
                 Op::Reserve {
@@ -1220,8 +1230,9 @@ fn apply_batch(
                     notices: queued,
                     ..
                 } => Done::Transition(
-                    put_proposal(
+                    proposals::put(
                         opened(&mut proposals_slot, &txn, PROPOSALS)?,
+                        opened(&mut index_slot, &txn, proposals::BY_REQUESTER)?,
                         proposal,
                         *expect,
                     )
@@ -1239,8 +1250,9 @@ fn apply_batch(
                         Ok(wrote)
                     }),
                 ),
-                Op::GcProposals { before_ms, .. } => Done::Gc(gc_proposals(
+                Op::GcProposals { before_ms, .. } => Done::Gc(proposals::gc(
                     opened(&mut proposals_slot, &txn, PROPOSALS)?,
+                    opened(&mut index_slot, &txn, proposals::BY_REQUESTER)?,
                     *before_ms,
                 )),
                 Op::Pin { pins: new, .. } => {
@@ -1376,30 +1388,6 @@ fn remove_keys<V: redb::Value + 'static>(
             .map_err(|e| err("delete")(e.into()))?;
     }
     Ok(keys.len())
-}
-
-fn put_proposal(
-    proposals: &mut Table<'_>,
-    p: &Proposal,
-    expect: Option<ProposalState>,
-) -> Result<bool, StoreError> {
-    let current = match proposals
-        .get(p.id.as_str())
-        .map_err(|e| err("read")(e.into()))?
-    {
-        Some(v) => {
-            let stored = decode_proposal(v.value())?;
-            Some((stored.state, stored.revision))
-        }
-        None => None,
-    };
-    if !super::proposal_expected(current, expect, p) {
-        return Ok(false);
-    }
-    proposals
-        .insert(p.id.as_str(), encode_proposal(p)?.as_slice())
-        .map_err(|e| err("write")(e.into()))?;
-    Ok(true)
 }
 
 /// Run `f` on blocking thread: redb's calls block.
@@ -1554,18 +1542,6 @@ fn outbox_clear(
         outbox.remove(*id).map_err(|e| err("delete")(e.into()))?;
     }
     Ok(ids.len())
-}
-
-fn gc_proposals(proposals: &mut Table<'_>, before_ms: i64) -> Result<usize, StoreError> {
-    let mut stale = Vec::new();
-    for entry in proposals.iter().map_err(|e| err("scan")(e.into()))? {
-        let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
-        let p = decode_proposal(v.value())?;
-        if proposal_final(&p) && p.updated_ms < before_ms {
-            stale.push(k.value().to_owned());
-        }
-    }
-    remove_keys(proposals, &stale)
 }
 
 impl Store for RedbStore {
@@ -1839,6 +1815,14 @@ impl Store for RedbStore {
 
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
         self.submit(|reply| Op::GcProposals { before_ms, reply })
+    }
+
+    fn proposals_of<'a>(
+        &'a self,
+        tenant: &'a str,
+        requester: &'a str,
+    ) -> StoreFuture<'a, Vec<Proposal>> {
+        Box::pin(async move { proposals::of(&self.db, tenant, requester) })
     }
 
     fn transition_telling(

@@ -153,6 +153,11 @@ pub const MIGRATIONS: &[&str] = &[
         until_ms bigint NOT NULL
      );
      CREATE INDEX review_console_until ON review_console (until_ms);",
+    // 11: a proposal's tenant and requester as columns, indexed: a held call
+    // reads its own requester's proposals, not the table.
+    "ALTER TABLE proposals ADD COLUMN tenant text, ADD COLUMN requester text;
+     UPDATE proposals SET tenant = proposal::jsonb->>'tenant', requester = proposal::jsonb->>'requester';
+     CREATE INDEX proposals_requester ON proposals (tenant, requester);",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -961,10 +966,18 @@ impl Store for PgStore {
             let n = match expect {
                 None => txn
                     .execute(
-                        "INSERT INTO proposals (id, state, updated_ms, proposal, revision)
-                         VALUES ($1, $2, $3, $4, $5)
+                        "INSERT INTO proposals (id, state, updated_ms, proposal, revision, tenant, requester)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7)
                          ON CONFLICT (id) DO NOTHING",
-                        &[&proposal.id, &state, &proposal.updated_ms, &text, &rev],
+                        &[
+                            &proposal.id,
+                            &state,
+                            &proposal.updated_ms,
+                            &text,
+                            &rev,
+                            &proposal.tenant,
+                            &proposal.requester,
+                        ],
                     )
                     .await
                     .map_err(backend("write a proposal"))?,
@@ -1159,6 +1172,26 @@ impl Store for PgStore {
                 .query("SELECT proposal FROM proposals", &[])
                 .await
                 .map_err(backend("list proposals"))?;
+            rows.iter()
+                .map(|r| decode("proposal", r.get::<_, &str>(0)))
+                .collect()
+        })
+    }
+
+    fn proposals_of<'a>(
+        &'a self,
+        tenant: &'a str,
+        requester: &'a str,
+    ) -> StoreFuture<'a, Vec<Proposal>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT proposal FROM proposals WHERE tenant = $1 AND requester = $2",
+                    &[&tenant, &requester],
+                )
+                .await
+                .map_err(backend("list a requester's proposals"))?;
             rows.iter()
                 .map(|r| decode("proposal", r.get::<_, &str>(0)))
                 .collect()
