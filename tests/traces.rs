@@ -779,3 +779,87 @@ async fn arguments_and_results_are_recorded_only_when_opted_in() {
         }
     }
 }
+
+/// Observability never changes evidence: the same calls, traces on and
+/// off, leave the same audit entries, with the same fields and the same
+/// values, apart from what differs between any two runs (times, the hash
+/// chain, and ids made at random: sessions, proposals, keys derived from a
+/// session).
+#[tokio::test]
+async fn traces_on_or_off_the_audit_log_is_the_same() {
+    let rx = Receiver::start("ok");
+    let traced = format!(
+        "\n[telemetry]\nendpoint = \"{}\"\nexport_interval = \"50ms\"\n",
+        rx.endpoint()
+    );
+    let mut logs = Vec::new();
+    for extra in [String::new(), traced] {
+        let gw = Gateway::start_with(Options {
+            extra,
+            ..Default::default()
+        });
+        let c = listed(&gw, "payments").await;
+        // An unattended read, a write with a key, a write without one.
+        let read = c.call(1, "get_balance", json!({"account": "acct_1"})).await;
+        assert_eq!(read.last()["result"]["isError"], false, "{read:?}");
+        let keyed = c
+            .post(&json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"charge_card",
+                "arguments":{"account":"acct_1","amount":7},"_meta":{"dev.countersign/idempotency-key":"same-key"}}}))
+            .await;
+        assert_eq!(keyed.last()["result"]["isError"], false, "{keyed:?}");
+        let derived = c
+            .call(3, "charge_card", json!({"account": "acct_2", "amount": 5}))
+            .await;
+        assert_eq!(derived.last()["result"]["isError"], false, "{derived:?}");
+        wait_for_audit(&gw, "the three calls' outcomes", |es| {
+            es.iter().filter(|e| e["kind"] == "completed").count() >= 3
+        })
+        .await;
+        let entries: Vec<Value> = audit_entries(&gw.audit_dir())
+            .into_iter()
+            .filter(|e| e.contains_key("tool"))
+            .map(|e| Value::Object(stable(e)))
+            .collect();
+        logs.push(entries);
+    }
+    assert!(logs[0].len() >= 7, "{:#?}", logs[0]);
+    assert_eq!(
+        logs[0], logs[1],
+        "traces off (left) and on (right) recorded different evidence"
+    );
+}
+
+/// An audit entry without what differs between any two runs: each such
+/// field is kept by name (its presence is evidence), its value replaced.
+fn stable(mut e: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+    const VOLATILE: &[&str] = &[
+        "time",
+        "ts",
+        "seq",
+        "hash",
+        "prev",
+        "gateway",
+        "outbox",
+        "session",
+        "proposal_id",
+        "elapsed_ms",
+        "duration_ms",
+        "answered_at",
+        "dispatched_at",
+        "received_at",
+        "expires",
+        "expires_at",
+    ];
+    for (k, v) in e.iter_mut() {
+        if VOLATILE.contains(&k.as_str()) {
+            *v = Value::from("(varies)");
+        }
+    }
+    // A key derived from the session varies with it; an explicit one not.
+    if let Some(k) = e.get_mut("idempotency_key") {
+        if k != "same-key" {
+            *k = Value::from("(derived)");
+        }
+    }
+    e
+}

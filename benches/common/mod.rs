@@ -164,6 +164,18 @@ impl Drop for Pair {
 
 /// Start both, the gateway with its ledger in a fresh temp dir.
 pub fn start_pair(bin: &std::path::Path) -> Pair {
+    start_pair_with(bin, "permit (principal, action, resource);\n", "", |_| {})
+}
+
+/// Start both, with `policy` as the gateway's one policy file, `extra`
+/// appended to its config, and `prepare` run on its data dir before it
+/// starts (to fill a store, say).
+pub fn start_pair_with(
+    bin: &std::path::Path,
+    policy: &str,
+    extra: &str,
+    prepare: impl FnOnce(&std::path::Path),
+) -> Pair {
     let example = bin.parent().unwrap().join("examples/payments_server");
     assert!(
         example.exists(),
@@ -183,19 +195,18 @@ pub fn start_pair(bin: &std::path::Path) -> Pair {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()))
     };
-    // Benchmarks measure the relay and the ledger: one policy allows all.
+    // Benchmarks measure the relay and the ledger: one policy (by default
+    // allowing all).
     let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).unwrap();
-    std::fs::write(
-        policies.join("allow-all.cedar"),
-        "permit (principal, action, resource);\n",
-    )
-    .unwrap();
+    std::fs::write(policies.join("bench.cedar"), policy).unwrap();
     let config = format!(
-        "[gateway]\nlisten = \"127.0.0.1:0\"\npolicies = \"{}\"\ndata_dir = \"{}\"\n[[identities]]\ntoken_sha256 = \"{digest}\"\nprincipal = \"bench\"\ntenant = \"bench\"\n[servers.payments]\nurl = \"http://{up_addr}/mcp\"\n",
+        "[gateway]\nlisten = \"127.0.0.1:0\"\npolicies = \"{}\"\ndata_dir = \"{}\"\n[[identities]]\ntoken_sha256 = \"{digest}\"\nprincipal = \"bench\"\ntenant = \"bench\"\n[servers.payments]\nurl = \"http://{up_addr}/mcp\"\n{extra}",
         policies.display(),
         dir.join("data").display()
     );
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    prepare(&dir.join("data"));
     let config_path = dir.join("countersign.toml");
     std::fs::write(&config_path, config).unwrap();
     let mut gateway = Command::new(bin)

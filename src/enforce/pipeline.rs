@@ -373,12 +373,10 @@ impl Pipeline {
         let annotations = tool.annotations;
         // An unattended read derives no idempotency key: it never touches
         // the ledger (a read the policies hold or deny gets its key then).
-        // With traces on, the span wants the key's digest, so it is
-        // derived as for any call.
-        let unattended = annotations.read_only
-            && explicit_key.is_none()
-            && call.reserved.reply.is_none()
-            && !crate::telemetry::on();
+        // Traces on or off, the same: observability never changes what the
+        // audit log records.
+        let unattended =
+            annotations.read_only && explicit_key.is_none() && call.reserved.reply.is_none();
         let (claim, explicit) = if unattended {
             (read_claim(ctx.caller, ctx.server, call), false)
         } else {
@@ -387,12 +385,17 @@ impl Pipeline {
         if crate::telemetry::on() {
             // On the request's SERVER span: the key as a digest only (a key
             // may carry an order number or a customer's id); the arguments
-            // only when the operator opted in.
+            // only when the operator opted in. An unattended read's key is
+            // derived for the span alone.
             let span = tracing::Span::current();
-            span.record(
-                "countersign.key_digest",
-                crate::telemetry::key_digest(&claim.key),
-            );
+            let derived;
+            let key = if unattended {
+                derived = claim_with(ctx.caller, ctx.server, call, None).0;
+                &derived.key
+            } else {
+                &claim.key
+            };
+            span.record("countersign.key_digest", crate::telemetry::key_digest(key));
             if crate::telemetry::records_arguments() {
                 // The collector is someone else's system: the values
                 // `audit.redact` names are not sent there either.
