@@ -1380,7 +1380,7 @@ impl Book {
     pub async fn sweep(&self, retention: std::time::Duration) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
         let mut changed = 0;
-        for p in self.store.list_proposals().await? {
+        for p in self.store.open_proposals().await? {
             if self.quorum_lapsed(&p, now).await? {
                 changed += 1;
                 continue;

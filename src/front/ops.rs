@@ -69,7 +69,7 @@ pub(super) async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) 
             .into_response();
     }
     let store = gw.pipeline().store();
-    let pending = match store.list_proposals().await {
+    let pending = match store.open_proposals().await {
         Ok(all) => all
             .iter()
             .filter(|p| p.state == crate::core::approval::ProposalState::Pending)

@@ -372,6 +372,20 @@ pub trait Store: guards::Guards + console::ConsoleState + Send + Sync {
     /// Every stored proposal.
     fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>>;
 
+    /// The proposals still open (pending or approved): what the sweep may
+    /// expire. Read by an index on the stores that keep one, not by reading
+    /// every proposal kept.
+    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        Box::pin(async move {
+            Ok(self
+                .list_proposals()
+                .await?
+                .into_iter()
+                .filter(|p| matches!(p.state, ProposalState::Pending | ProposalState::Approved))
+                .collect())
+        })
+    }
+
     /// The proposals `requester` of `tenant` made (every state), read by an
     /// index on the stores that keep one: a held call looks at its own
     /// requester's proposals, never at every proposal in the store.
@@ -942,9 +956,26 @@ pub(crate) mod tests {
             ids(store.proposals_of("t1", "ann").await.unwrap()),
             ["q1", "q2"]
         );
+        // The open ones: pending and approved, not denied.
+        let open = ids(store.open_proposals().await.unwrap());
+        assert!(
+            ["q1", "q3", "q4", "q5"]
+                .iter()
+                .all(|q| open.contains(&(*q).to_owned()))
+                && !open.contains(&"q2".to_owned()),
+            "{open:?}"
+        );
         // Retention takes the final one from the list too.
         store.gc_proposals(i64::MAX).await.unwrap();
         assert_eq!(ids(store.proposals_of("t1", "ann").await.unwrap()), ["q1"]);
+        let mut q3 = store.get_proposal("q3").await.unwrap().unwrap();
+        q3.state = ProposalState::Expired;
+        q3.revision += 1;
+        assert!(store
+            .put_proposal(q3, Some(ProposalState::Pending))
+            .await
+            .unwrap());
+        assert!(!ids(store.open_proposals().await.unwrap()).contains(&"q3".to_owned()));
     }
 
     /// The outbox: a row commits only with the move it rides on.
@@ -1610,14 +1641,25 @@ pub(crate) mod tests {
         {
             let db = redb::Database::open(&path).unwrap();
             let txn = db.begin_write().unwrap();
-            assert!(txn
-                .delete_table(redb_store::proposals_index_for_tests())
-                .unwrap());
+            for index in redb_store::proposals_index_for_tests() {
+                assert!(txn.delete_table(index).unwrap());
+            }
             txn.commit().unwrap();
         }
         let store = RedbStore::open(&path).unwrap();
         assert_eq!(store.proposals_of("t2", "ann").await.unwrap().len(), 1);
         assert_eq!(store.proposals_of("acme", "r").await.unwrap().len(), 1);
+        let open: Vec<String> = store
+            .open_proposals()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert!(
+            open.contains(&"q1".to_owned()) && !open.contains(&"q3".to_owned()),
+            "the open ones, found again: {open:?}"
+        );
     }
 
     #[tokio::test]

@@ -31,11 +31,11 @@ mod guards;
 pub(super) mod power;
 mod proposals;
 
-/// The index of proposals by requester (a test deletes it, as a ledger
-/// made before it lacks it).
+/// The indexes of proposals, by requester and open (a test deletes them, as
+/// a ledger made before them lacks them).
 #[cfg(test)]
-pub(super) fn proposals_index_for_tests() -> TableDefinition<'static, &'static str, ()> {
-    proposals::BY_REQUESTER
+pub(super) fn proposals_index_for_tests() -> [TableDefinition<'static, &'static str, ()>; 2] {
+    [proposals::BY_REQUESTER, proposals::OPEN]
 }
 mod tasks;
 
@@ -1168,6 +1168,7 @@ fn apply_batch(
         let mut pins_slot = None;
         let mut notices_slot = None;
         let mut index_slot = None;
+        let mut open_slot = None;
         for op in batch {
             done.push(match op {
                 Op::Reserve {
@@ -1179,6 +1180,7 @@ fn apply_batch(
                 } => Done::Reserve(reserve(
                     opened(&mut ledger, &txn, LEDGER)?,
                     opened(&mut proposals_slot, &txn, PROPOSALS)?,
+                    opened(&mut open_slot, &txn, proposals::OPEN)?,
                     key,
                     record,
                     *now_ms,
@@ -1233,6 +1235,7 @@ fn apply_batch(
                     proposals::put(
                         opened(&mut proposals_slot, &txn, PROPOSALS)?,
                         opened(&mut index_slot, &txn, proposals::BY_REQUESTER)?,
+                        opened(&mut open_slot, &txn, proposals::OPEN)?,
                         proposal,
                         *expect,
                     )
@@ -1253,6 +1256,7 @@ fn apply_batch(
                 Op::GcProposals { before_ms, .. } => Done::Gc(proposals::gc(
                     opened(&mut proposals_slot, &txn, PROPOSALS)?,
                     opened(&mut index_slot, &txn, proposals::BY_REQUESTER)?,
+                    opened(&mut open_slot, &txn, proposals::OPEN)?,
                     *before_ms,
                 )),
                 Op::Pin { pins: new, .. } => {
@@ -1316,6 +1320,7 @@ fn read(
 fn reserve(
     table: &mut Table<'_>,
     proposals: &mut Table<'_>,
+    open_ids: &mut proposals::Index<'_>,
     key: &str,
     record: &Record,
     now_ms: i64,
@@ -1339,6 +1344,8 @@ fn reserve(
                 proposals
                     .insert(id, encode_proposal(&next)?.as_slice())
                     .map_err(|e| err("write")(e.into()))?;
+                // Consumed: no longer open.
+                open_ids.remove(id).map_err(|e| err("write")(e.into()))?;
             }
         }
     }
@@ -1823,6 +1830,11 @@ impl Store for RedbStore {
         requester: &'a str,
     ) -> StoreFuture<'a, Vec<Proposal>> {
         Box::pin(async move { proposals::of(&self.db, tenant, requester) })
+    }
+
+    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || proposals::open_ones(&db)))
     }
 
     fn transition_telling(

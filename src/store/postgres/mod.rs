@@ -157,7 +157,8 @@ pub const MIGRATIONS: &[&str] = &[
     // reads its own requester's proposals, not the table.
     "ALTER TABLE proposals ADD COLUMN tenant text, ADD COLUMN requester text;
      UPDATE proposals SET tenant = proposal::jsonb->>'tenant', requester = proposal::jsonb->>'requester';
-     CREATE INDEX proposals_requester ON proposals (tenant, requester);",
+     CREATE INDEX proposals_requester ON proposals (tenant, requester);
+     CREATE INDEX proposals_open ON proposals (id) WHERE state IN ('pending', 'approved');",
 ];
 
 /// The database's clock in unix milliseconds: leases are judged on one
@@ -1172,6 +1173,22 @@ impl Store for PgStore {
                 .query("SELECT proposal FROM proposals", &[])
                 .await
                 .map_err(backend("list proposals"))?;
+            rows.iter()
+                .map(|r| decode("proposal", r.get::<_, &str>(0)))
+                .collect()
+        })
+    }
+
+    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT proposal FROM proposals WHERE state IN ('pending', 'approved')",
+                    &[],
+                )
+                .await
+                .map_err(backend("list open proposals"))?;
             rows.iter()
                 .map(|r| decode("proposal", r.get::<_, &str>(0)))
                 .collect()

@@ -1,10 +1,13 @@
-//! Proposals on redb: the `proposals` table by id, and its index by
-//! requester (`proposals_by_requester`), so that a held call reads its own
-//! requester's proposals and never the whole table. The index changes only
-//! when a proposal is made or forgotten (a proposal's tenant and requester
-//! never change), in the same transaction as the table.
+//! Proposals on redb: the `proposals` table by id, its index by requester
+//! (`proposals_by_requester`), so that a held call reads its own
+//! requester's proposals and never the whole table, and the ids of the
+//! proposals still open (`open_proposals`: pending or approved), which the
+//! sweep reads instead of every proposal kept. The by-requester index
+//! changes only when a proposal is made or forgotten (a proposal's tenant
+//! and requester never change); the open one with a proposal's state; both
+//! in the same transaction as the table.
 
-use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{ReadableTable, TableDefinition, TableHandle};
 
 use super::{decode_proposal, encode_proposal, err, Table, PROPOSALS};
 use crate::core::approval::{Proposal, ProposalState};
@@ -15,7 +18,15 @@ use crate::store::{proposal_final, StoreError};
 pub(super) const BY_REQUESTER: TableDefinition<&str, ()> =
     TableDefinition::new("proposals_by_requester");
 
+/// The ids of the proposals pending or approved.
+pub(super) const OPEN: TableDefinition<&str, ()> = TableDefinition::new("open_proposals");
+
 pub(super) type Index<'t> = redb::Table<'t, &'static str, ()>;
+
+/// Whether `p` is still open (the sweep may expire it).
+fn open(p: &Proposal) -> bool {
+    matches!(p.state, ProposalState::Pending | ProposalState::Approved)
+}
 
 /// The index's prefix of one requester's proposals.
 pub(super) fn prefix(tenant: &str, requester: &str) -> String {
@@ -41,6 +52,7 @@ fn index_key(p: &Proposal) -> String {
 pub(super) fn put(
     proposals: &mut Table<'_>,
     index: &mut Index<'_>,
+    open_ids: &mut Index<'_>,
     p: &Proposal,
     expect: Option<ProposalState>,
 ) -> Result<bool, StoreError> {
@@ -65,6 +77,21 @@ pub(super) fn put(
             .insert(index_key(p).as_str(), ())
             .map_err(|e| err("write")(e.into()))?;
     }
+    let was_open =
+        current.is_some_and(|(s, _)| matches!(s, ProposalState::Pending | ProposalState::Approved));
+    match (was_open, open(p)) {
+        (false, true) => {
+            open_ids
+                .insert(p.id.as_str(), ())
+                .map_err(|e| err("write")(e.into()))?;
+        }
+        (true, false) => {
+            open_ids
+                .remove(p.id.as_str())
+                .map_err(|e| err("write")(e.into()))?;
+        }
+        _ => {}
+    }
     Ok(true)
 }
 
@@ -73,6 +100,7 @@ pub(super) fn put(
 pub(super) fn gc(
     proposals: &mut Table<'_>,
     index: &mut Index<'_>,
+    open_ids: &mut Index<'_>,
     before_ms: i64,
 ) -> Result<usize, StoreError> {
     let mut stale = Vec::new();
@@ -89,6 +117,11 @@ pub(super) fn gc(
             .map_err(|e| err("delete")(e.into()))?;
         index
             .remove(key.as_str())
+            .map_err(|e| err("delete")(e.into()))?;
+        // Final proposals are not open; removed all the same, whatever an
+        // earlier writer left.
+        open_ids
+            .remove(id.as_str())
             .map_err(|e| err("delete")(e.into()))?;
     }
     Ok(stale.len())
@@ -126,13 +159,45 @@ pub(super) fn of(
     Ok(out)
 }
 
-/// Build the index when a ledger made before it has proposals and no index
-/// (once, at open, in the opening transaction).
+/// The proposals still open (pending or approved), by their index.
+pub(super) fn open_ones(db: &redb::Database) -> Result<Vec<Proposal>, StoreError> {
+    let txn = db.begin_read().map_err(|e| err("begin read")(e.into()))?;
+    let ids = txn
+        .open_table(OPEN)
+        .map_err(|e| err("open table")(e.into()))?;
+    let proposals = txn
+        .open_table(PROPOSALS)
+        .map_err(|e| err("open table")(e.into()))?;
+    let mut out = Vec::new();
+    for entry in ids.iter().map_err(|e| err("scan")(e.into()))? {
+        let (id, _) = entry.map_err(|e| err("scan")(e.into()))?;
+        if let Some(v) = proposals
+            .get(id.value())
+            .map_err(|e| err("read")(e.into()))?
+        {
+            out.push(decode_proposal(v.value())?);
+        }
+    }
+    Ok(out)
+}
+
+/// Build the indexes a ledger made before them lacks (once, at open, in the
+/// opening transaction).
 pub(super) fn index_at_open(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
+    let have: Vec<String> = txn
+        .list_tables()
+        .map_err(|e| err("list tables")(e.into()))?
+        .map(|t| t.name().to_owned())
+        .collect();
+    let has = |def: &TableDefinition<&str, ()>| have.iter().any(|n| n == def.name());
+    let (by_requester, open_ids) = (!has(&BY_REQUESTER), !has(&OPEN));
     let mut index = txn
         .open_table(BY_REQUESTER)
         .map_err(|e| err("create table")(e.into()))?;
-    if !index.is_empty().map_err(|e| err("read")(e.into()))? {
+    let mut opened = txn
+        .open_table(OPEN)
+        .map_err(|e| err("create table")(e.into()))?;
+    if !by_requester && !open_ids {
         return Ok(());
     }
     let proposals = txn
@@ -141,9 +206,16 @@ pub(super) fn index_at_open(txn: &redb::WriteTransaction) -> Result<(), StoreErr
     for entry in proposals.iter().map_err(|e| err("scan")(e.into()))? {
         let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
         let p = decode_proposal(v.value())?;
-        index
-            .insert(index_key(&p).as_str(), ())
-            .map_err(|e| err("write")(e.into()))?;
+        if by_requester {
+            index
+                .insert(index_key(&p).as_str(), ())
+                .map_err(|e| err("write")(e.into()))?;
+        }
+        if open_ids && open(&p) {
+            opened
+                .insert(p.id.as_str(), ())
+                .map_err(|e| err("write")(e.into()))?;
+        }
     }
     Ok(())
 }
