@@ -8,13 +8,13 @@
 //!
 //! | layer | modules | I/O |
 //! |---|---|---|
-//! | cli | [`cli`] (`args`, `serve`, `check`, `policy`, `reconcile`, `review`, `enrolled`, `console`, `tools`, `store`, `transparency`, `demo`, `client`, `files`, `log`, `fuzzing`: the routes in process for the fuzz targets) | yes |
-//! | front ends | `front` (`gateway`, `route`, `http`, `bounds`, `request`, `mcp`, `tasks`, `task_runner`, `task_state`, `upstream_tasks`, `stream`, `respond`, `ops`, `control`, `bridge`, `tls`) | yes |
-//! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`, `notify`) | yes |
-//! | enforce | [`enforce`] (`pipeline`, `call`, `learn`, `judge`, `reads`, `writes`, `gate`, `guards`, `breakers`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`, `metrics`) | through traits |
-//! | store, audit | [`store`] (`redb_store`, `postgres`, `memory`, `tasks`, `guards`, `console`, `private`, `durable`; `redb_store::power` in tests: disks that lose what was not fsynced), [`audit`] (`log`, `writer`, `recover`, `outbox`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`; `power` in tests: the log cut as a power loss leaves it) | yes |
-//! | core | [`telemetry`] (the spans of a call and their W3C context; no export), [`core`] (`canonical`, `ledger`, `guard`, `decision`, `arguments`, `approval` (`words`: its sentence, flags and queue order; `related`: revision or another call), `headline`, `reviewers`, `signed_request`, `confirm`, `task`, `recovery`, `redact`, `annotations`, `catalog`, `identity`, `notify`, `token`, `config` (`limits`, `guards`, `delegation`, `review`, `tasks`, `tools`), `time`) | no |
-//! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`, `trace`) | no |
+//! | cli | [`cli`] (`args`, `serve`, `check`, `policy`, `reconcile`, `review`, `enrolled`, `console`, `tools`, `store`, `transparency`, `demo`, `client`, `files`, `log`, `cases`: the `policy test` file format, `policy_diff`: what a policy change would move, `fuzzing`: the routes in process for the fuzz targets) | yes |
+//! | front ends | `front` (`gateway`, `route`, `http`, `bounds`, `request`, `mcp`, `tasks`, `task_runner`, `task_state`, `upstream_tasks`, `stream`, `respond`, `ops`, `control`, `bridge`, `tls`; `auth`: who is asking; `issuers`: the identity providers' keys; `refusals`: what the door turns away; `delegated` and `callers`: calls on a caller's behalf and their connections; `review`, the console: `console`, `session`, `sign_in`, `enrol`, `invite`, `decide`, `pages`, `throttle`, `reply`, `assets`) | yes |
+//! | upstream | [`upstream`] (`mux`, `stdio`, `streamable_http`, `credentials`, `tls`, `witness`, `notify`; `provider`: identity providers as the gateway calls them; `delegation`: `exchange` (RFC 8693), `assertion` (`private_key_jwt`), `cache` (exchanged tokens, in memory)) | yes |
+//! | enforce | [`enforce`] (`pipeline`, `call`, `learn`, `judge`, `reads`, `writes`, `gate`, `guards`, `breakers`, `flight`, `book`, `client`, `permit`, `outcome`, `reconcile`, `upstream`, `answer`, `metrics`; `announce`: incidents told to the webhooks; `inputs`: decision inputs; `shadow`: shadow policies) | through traits |
+//! | store, audit | [`store`] (`redb_store` with its `journal` and `proposals` (the indexes by requester and of open ones), `postgres` with its `group` commit, `memory`, `tasks`, `guards`, `console`, `private`, `durable`; `redb_store::power` in tests: disks that lose what was not fsynced), [`audit`] (`log`, `writer`, `recover`, `outbox`, `segment`, `trail`, `verify`, `export`, `merkle`, `tree`, `note`, `proofs`; `power` in tests: the log cut as a power loss leaves it) | yes |
+//! | core | [`telemetry`] (the spans of a call and their W3C context; no export), [`core`] (`canonical`, `ledger`, `guard`, `decision`, `arguments`, `approval` (`words`: its sentence, flags and queue order; `related`: revision or another call), `headline`, `reviewers`, `signed_request`, `confirm`, `task`, `recovery`, `redact`, `annotations`, `catalog`, `identity`, `notify`, `token`, `legible` (agent text made legible for people), `passkey` (WebAuthn reviewer keys), `config` (`limits`, `guards`, `delegation`, `review`, `tasks`, `tools`), `time`) | no |
+//! | wire | [`wire`] (`jsonrpc`, `era`, `sse`, `lines`, `trace`, `members`: an object edited member by member, `toolcall`: what counts as a `tools/call`) | no |
 //!
 //! - [`wire`]: JSON-RPC envelopes that keep payloads as raw bytes, the two
 //!   MCP wire eras and their headers, SSE and line framing.
@@ -59,3 +59,44 @@ pub mod store;
 pub mod telemetry;
 pub mod upstream;
 pub mod wire;
+
+/// The map stays true: every module in `src/` is named in the layout above.
+#[cfg(test)]
+mod map {
+    /// Every file or folder that makes a module under `src/`.
+    fn modules(dir: &std::path::Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let stem = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_owned();
+            if path.is_dir() {
+                out.push(stem);
+                modules(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !["lib", "main", "mod", "tests"].contains(&stem.as_str())
+            {
+                out.push(stem);
+            }
+        }
+    }
+
+    #[test]
+    fn every_module_is_named_in_the_layout() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let map = std::fs::read_to_string(root.join("lib.rs")).unwrap();
+        let mut all = Vec::new();
+        modules(&root, &mut all);
+        assert!(all.len() > 100, "{all:?}");
+        let missing: Vec<&String> = all
+            .iter()
+            .filter(|m| !map.contains(&format!("`{m}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "modules the layout in src/lib.rs does not name: {missing:?}"
+        );
+    }
+}
