@@ -68,7 +68,12 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("countersign: error: {e:#}");
+            // The error, then each cause on a line of its own: what was
+            // being done, then why, down to what the system said.
+            eprintln!("countersign: error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
             ExitCode::FAILURE
         }
     }
