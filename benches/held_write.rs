@@ -36,7 +36,7 @@ const HOLD: &str =
 fn other(i: usize, now_ms: i64) -> Proposal {
     Proposal {
         id: format!("p-bench-{i:012}"),
-        state: if i % 100 == 0 {
+        state: if i.is_multiple_of(100) {
             ProposalState::Pending
         } else {
             ProposalState::Denied
