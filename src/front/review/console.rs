@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 
-use super::session::{self, NotSignedIn, Session, Sessions};
-use super::throttle::Failures;
+use super::session::{cookie, NotSignedIn, Session, Sessions};
+use super::throttle;
 use crate::core::reviewers::Reviewer;
 use crate::front::gateway::Gateway;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// How long a challenge the console issued may be answered.
 const CHALLENGE_TTL: Duration = Duration::from_secs(300);
@@ -32,8 +32,6 @@ pub(crate) struct Console {
     pub(crate) dir: PathBuf,
     /// Signed-in sessions.
     pub(crate) sessions: Sessions,
-    /// Failed sign-ins, per credential and per address.
-    pub(crate) failures: Failures,
 }
 
 impl Console {
@@ -49,7 +47,6 @@ impl Console {
             sessions: Sessions::new(gw.config().review.session_ttl),
             origin,
             rp_id,
-            failures: Failures,
             gw,
         })
     }
@@ -59,12 +56,30 @@ impl Console {
         self.gw.pipeline().clock().now_ms()
     }
 
+    /// The store the console's state is in (shared by the gateways).
+    pub(crate) fn store(&self) -> &dyn Store {
+        self.gw.pipeline().store().as_ref()
+    }
+
+    /// Whether `key` (`credential:ID`, `address:IP`, `enrol:IP`) may try
+    /// again ([`throttle`]).
+    pub(crate) async fn allowed(&self, key: &str) -> Result<bool, StoreError> {
+        throttle::allowed(self.store(), self.now_ms(), key).await
+    }
+
+    /// Count one more failure of `key`.
+    pub(crate) async fn failed(&self, key: &str) {
+        throttle::failed(self.store(), self.now_ms(), key).await;
+    }
+
     /// A fresh challenge for `purpose` (32 random bytes, base64url),
     /// recorded in the store so that any gateway can take it back.
     pub(crate) async fn challenge(&self, purpose: String) -> Result<String, StoreError> {
         use base64::Engine;
         let text = crate::core::passkey::b64url().encode(rand::random::<[u8; 32]>());
-        let until = self.now_ms().saturating_add(millis(CHALLENGE_TTL));
+        let until = self
+            .now_ms()
+            .saturating_add(crate::core::time::ms(CHALLENGE_TTL));
         self.gw
             .pipeline()
             .store()
@@ -99,16 +114,35 @@ impl Console {
         &self,
         headers: &HeaderMap,
     ) -> Result<(Reviewer, Session), NotSignedIn> {
-        session::reviewer_of(self, headers).await
+        let id = cookie(headers).ok_or(NotSignedIn::NoSession)?;
+        let session = self
+            .sessions
+            .get(self.store(), self.now_ms(), &id)
+            .await
+            .map_err(|e| NotSignedIn::Unavailable(e.to_string()))?
+            .ok_or(NotSignedIn::NoSession)?;
+        // Revocation: the file in force decides, on every request.
+        let reviewer = self
+            .gw
+            .pipeline()
+            .policies()
+            .reviewers()
+            .get(&session.reviewer)
+            .filter(|r| r.passkey(&session.credential_id).is_some())
+            .cloned();
+        match reviewer {
+            Some(r) => Ok((r, session)),
+            None => {
+                if let Err(e) = self.sessions.close(self.store(), self.now_ms(), &id).await {
+                    tracing::warn!("a revoked console session could not be removed (it is refused on every request all the same): {e}");
+                }
+                Err(NotSignedIn::Revoked(session.reviewer))
+            }
+        }
     }
 
     /// How long an approval may be used when the reviewer says nothing.
     pub(crate) fn default_ttl(&self) -> Duration {
         self.gw.config().approvals.ttl
     }
-}
-
-/// A duration in Unix ms, saturating.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

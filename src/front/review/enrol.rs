@@ -159,7 +159,7 @@ fn address_of(peer: Option<Extension<ConnectInfo<SocketAddr>>>) -> String {
 /// can never be edited; a real invitation's refused use is its own
 /// `enrolment_refused` entry (the address limit bounds those).
 async fn refused_use(c: &Console, address: &str, why: &Unusable) {
-    c.failures.failed(c, address).await;
+    c.failed(address).await;
     match why {
         Unusable::Unknown => c.gw.refused(
             "enrolment_link",
@@ -177,7 +177,7 @@ async fn refused_use(c: &Console, address: &str, why: &Unusable) {
 /// Too many refused enrolment requests from this address: nothing is
 /// looked up for it for a while.
 async fn slowed(c: &Console, address: &str) -> Option<Response> {
-    match c.failures.allowed(c, address).await {
+    match c.allowed(address).await {
         Ok(true) => return None,
         Ok(false) => {}
         Err(e) => return Some(unavailable(&e)),
@@ -238,7 +238,7 @@ pub(crate) async fn options(
     let invite = match find(gw.pipeline().store().as_ref(), &c.dir, &token, now(gw)).await {
         Ok(i) => i,
         Err(Lookup::Unusable(why)) => {
-            c.failures.failed(&c, &address).await;
+            c.failed(&address).await;
             return refusal(StatusCode::GONE, "enrolment", why.to_string());
         }
         Err(Lookup::Store(e)) => return unavailable(&e),
@@ -303,7 +303,7 @@ pub(crate) async fn finish(
             )
         }
         Err((status, why)) => {
-            c.failures.failed(&c, &address).await;
+            c.failed(&address).await;
             audit(
                 gw,
                 "enrolment_refused",

@@ -18,9 +18,7 @@ use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::console::{millis, Console};
-use crate::core::reviewers::Reviewer;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// The session cookie: `__Host-` binds it to this origin, path `/`, Secure
 /// (browsers accept Secure cookies on `http://localhost`).
@@ -65,7 +63,8 @@ impl Sessions {
     /// (for the cookie) and the session.
     pub(crate) async fn open(
         &self,
-        c: &Console,
+        store: &dyn Store,
+        now_ms: i64,
         reviewer: &str,
         credential_id: &str,
     ) -> Result<(String, Session), StoreError> {
@@ -74,27 +73,24 @@ impl Sessions {
             reviewer: reviewer.to_owned(),
             credential_id: credential_id.to_owned(),
             csrf: random_token(),
-            until_ms: c.now_ms().saturating_add(millis(self.ttl)),
+            until_ms: now_ms.saturating_add(crate::core::time::ms(self.ttl)),
         };
         let text = serde_json::to_string(&s).map_err(|e| StoreError::Encode {
             what: "console session",
             reason: e.to_string(),
         })?;
-        c.gw.pipeline()
-            .store()
-            .console_put(key_of(&id), text, s.until_ms)
-            .await?;
+        store.console_put(key_of(&id), text, s.until_ms).await?;
         Ok((id, s))
     }
 
     /// The live session `id` (`None`: none, or it ended).
-    pub(crate) async fn get(&self, c: &Console, id: &str) -> Result<Option<Session>, StoreError> {
-        let Some(text) =
-            c.gw.pipeline()
-                .store()
-                .console_get(key_of(id), c.now_ms())
-                .await?
-        else {
+    pub(crate) async fn get(
+        &self,
+        store: &dyn Store,
+        now_ms: i64,
+        id: &str,
+    ) -> Result<Option<Session>, StoreError> {
+        let Some(text) = store.console_get(key_of(id), now_ms).await? else {
             return Ok(None);
         };
         serde_json::from_str(&text)
@@ -106,12 +102,13 @@ impl Sessions {
     }
 
     /// End session `id`, on every gateway.
-    pub(crate) async fn close(&self, c: &Console, id: &str) -> Result<(), StoreError> {
-        c.gw.pipeline()
-            .store()
-            .console_take(key_of(id), c.now_ms())
-            .await
-            .map(drop)
+    pub(crate) async fn close(
+        &self,
+        store: &dyn Store,
+        now_ms: i64,
+        id: &str,
+    ) -> Result<(), StoreError> {
+        store.console_take(key_of(id), now_ms).await.map(drop)
     }
 
     /// How long a session lasts.
@@ -169,38 +166,6 @@ impl NotSignedIn {
             NotSignedIn::Unavailable(e) => format!(
                 "the console cannot read its sessions now ({e}): try again in a moment"
             ),
-        }
-    }
-}
-
-/// The reviewer signed in on this request, as the reviewers file in force
-/// has them.
-pub(crate) async fn reviewer_of(
-    c: &Console,
-    headers: &HeaderMap,
-) -> Result<(Reviewer, Session), NotSignedIn> {
-    let id = cookie(headers).ok_or(NotSignedIn::NoSession)?;
-    let session = c
-        .sessions
-        .get(c, &id)
-        .await
-        .map_err(|e| NotSignedIn::Unavailable(e.to_string()))?
-        .ok_or(NotSignedIn::NoSession)?;
-    // Revocation: the file in force decides, on every request.
-    let reviewer =
-        c.gw.pipeline()
-            .policies()
-            .reviewers()
-            .get(&session.reviewer)
-            .filter(|r| r.passkey(&session.credential_id).is_some())
-            .cloned();
-    match reviewer {
-        Some(r) => Ok((r, session)),
-        None => {
-            if let Err(e) = c.sessions.close(c, &id).await {
-                tracing::warn!("a revoked console session could not be removed (it is refused on every request all the same): {e}");
-            }
-            Err(NotSignedIn::Revoked(session.reviewer))
         }
     }
 }

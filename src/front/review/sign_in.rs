@@ -77,10 +77,7 @@ pub(crate) async fn finish(
     };
     let credential = format!("credential:{}", assertion.credential_id);
     // A guesser is slowed per address and per credential, before any work.
-    let allowed = match (
-        c.failures.allowed(&c, &address).await,
-        c.failures.allowed(&c, &credential).await,
-    ) {
+    let allowed = match (c.allowed(&address).await, c.allowed(&credential).await) {
         (Ok(a), Ok(b)) => a && b,
         (Err(e), _) | (_, Err(e)) => return unavailable(&e),
     };
@@ -94,7 +91,11 @@ pub(crate) async fn finish(
     }
     match verify(gw, &c, &assertion).await {
         Ok(name) => {
-            let (id, s) = match c.sessions.open(&c, &name, &assertion.credential_id).await {
+            let (id, s) = match c
+                .sessions
+                .open(c.store(), c.now_ms(), &name, &assertion.credential_id)
+                .await
+            {
                 Ok(opened) => opened,
                 Err(e) => return unavailable(&e),
             };
@@ -122,9 +123,9 @@ pub(crate) async fn finish(
             // credential only once its own key signed the assertion (no UV,
             // a counter gone back), or anyone could lock a reviewer out by
             // naming their passkey. Every failure counts per address.
-            c.failures.failed(&c, &address).await;
+            c.failed(&address).await;
             if signed {
-                c.failures.failed(&c, &credential).await;
+                c.failed(&credential).await;
             }
             let shown = crate::core::legible::text(&why).into_owned();
             // Every tried sign-in that fails is its own audit entry (the
@@ -248,7 +249,7 @@ pub(crate) async fn sign_out(
         }
     }
     if let Some(id) = session::cookie(&headers) {
-        if let Err(e) = c.sessions.close(&c, &id).await {
+        if let Err(e) = c.sessions.close(c.store(), c.now_ms(), &id).await {
             return unavailable(&e);
         }
     }

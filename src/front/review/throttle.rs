@@ -6,41 +6,28 @@
 
 use std::time::Duration;
 
-use super::console::{millis, Console};
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// Failed attempts allowed per credential and per address in [`WINDOW`].
 pub(crate) const FAILURES: u32 = 5;
 const WINDOW: Duration = Duration::from_secs(300);
 
-/// Failed attempts, by `credential:ID`, `address:IP` and `enrol:IP`.
-pub(crate) struct Failures;
-
 fn key_of(key: &str) -> String {
     format!("failures/{key}")
 }
 
-impl Failures {
-    /// Whether `key` may try again: fewer than [`FAILURES`] in the window.
-    pub(crate) async fn allowed(&self, c: &Console, key: &str) -> Result<bool, StoreError> {
-        let n =
-            c.gw.pipeline()
-                .store()
-                .console_get(key_of(key), c.now_ms())
-                .await?;
-        Ok(n.is_none_or(|n| n.parse::<u32>().is_ok_and(|n| n < FAILURES)))
-    }
+/// Whether `key` (`credential:ID`, `address:IP`, `enrol:IP`) may try again:
+/// fewer than [`FAILURES`] in the window.
+pub(crate) async fn allowed(store: &dyn Store, now_ms: i64, key: &str) -> Result<bool, StoreError> {
+    let n = store.console_get(key_of(key), now_ms).await?;
+    Ok(n.is_none_or(|n| n.parse::<u32>().is_ok_and(|n| n < FAILURES)))
+}
 
-    /// Count one more failure of `key`. A count that cannot be recorded is
-    /// logged: the attempt was refused already.
-    pub(crate) async fn failed(&self, c: &Console, key: &str) {
-        if let Err(e) =
-            c.gw.pipeline()
-                .store()
-                .console_count(key_of(key), millis(WINDOW), c.now_ms())
-                .await
-        {
-            tracing::warn!("a failed console attempt could not be counted: {e}");
-        }
+/// Count one more failure of `key`. A count that cannot be recorded is
+/// logged: the attempt was refused already.
+pub(crate) async fn failed(store: &dyn Store, now_ms: i64, key: &str) {
+    let window = crate::core::time::ms(WINDOW);
+    if let Err(e) = store.console_count(key_of(key), window, now_ms).await {
+        tracing::warn!("a failed console attempt could not be counted: {e}");
     }
 }
