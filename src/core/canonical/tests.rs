@@ -97,10 +97,10 @@ fn rfc8785_number_vectors() {
 #[test]
 fn rfc8785_example_object() {
     let input = r#"{
-        "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
-        "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
-        "literals": [null, true, false]
-    }"#;
+            "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+            "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+            "literals": [null, true, false]
+        }"#;
     let v: Value = serde_json::from_str(input).unwrap();
     assert_eq!(
         jcs(&v),
@@ -113,19 +113,19 @@ fn rfc8785_example_object() {
 #[test]
 fn rfc8785_utf16_key_order() {
     let input = r#"{
-        "\u20ac": "Euro Sign",
-        "\r": "Carriage Return",
-        "\ufb33": "Hebrew Letter Dalet With Dagesh",
-        "1": "One",
-        "\ud83d\ude00": "Emoji: Grinning Face",
-        "\u0080": "Control\u007f",
-        "\u00f6": "Latin Small Letter O With Diaeresis"
-    }"#;
+            "\u20ac": "Euro Sign",
+            "\r": "Carriage Return",
+            "\ufb33": "Hebrew Letter Dalet With Dagesh",
+            "1": "One",
+            "\ud83d\ude00": "Emoji: Grinning Face",
+            "\u0080": "Control\u007f",
+            "\u00f6": "Latin Small Letter O With Diaeresis"
+        }"#;
     let v: Value = serde_json::from_str(input).unwrap();
     assert_eq!(
-        jcs(&v),
-        "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\u{7f}\",\"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\"😀\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
-    );
+            jcs(&v),
+            "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\u{7f}\",\"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\"😀\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
+        );
 }
 
 #[test]
@@ -204,10 +204,10 @@ proptest::proptest! {
 #[test]
 fn reserved_inputs_are_read_and_stripped() {
     let c = canon(
-        r#"{"name":"charge_card","arguments":{"amount":5,"_idempotency_key":"k-1"},
-            "_meta":{"dev.countersign/idempotency-key":"k-2","progressToken":"p","idempotencyKey":"k-3"}}"#,
-    )
-    .unwrap();
+            r#"{"name":"charge_card","arguments":{"amount":5,"_idempotency_key":"k-1"},
+                "_meta":{"dev.countersign/idempotency-key":"k-2","progressToken":"p","idempotencyKey":"k-3"}}"#,
+        )
+        .unwrap();
     assert_eq!(c.reserved.argument_key, Some(json!("k-1")));
     assert_eq!(
         c.reserved.meta["dev.countersign/idempotency-key"],

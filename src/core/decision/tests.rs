@@ -91,18 +91,18 @@ fn which_policies_read_a_calls_own_context() {
 #[test]
 fn quorum_annotations_are_checked_and_the_strictest_applies() {
     let text = r#"
-        @id("one")
-        permit (principal, action == Action::"call", resource) when { context.approved };
-        @id("two")
-        @approvals("2")
-        @denials("2")
-        permit (principal, action == Action::"call", resource == Tool::"payments/transfer")
-        when { context.approved };
-        @id("pair")
-        @approvals_from("finance, leads")
-        permit (principal, action == Action::"call", resource == Tool::"payments/transfer")
-        when { context.approved };
-    "#;
+            @id("one")
+            permit (principal, action == Action::"call", resource) when { context.approved };
+            @id("two")
+            @approvals("2")
+            @denials("2")
+            permit (principal, action == Action::"call", resource == Tool::"payments/transfer")
+            when { context.approved };
+            @id("pair")
+            @approvals_from("finance, leads")
+            permit (principal, action == Action::"call", resource == Tool::"payments/transfer")
+            when { context.approved };
+        "#;
     let p = policies(text, None).unwrap();
     let Decision::Approval { policies: asked } =
         decide(&p, "transfer", Annotations::default(), json!({}))
@@ -312,11 +312,11 @@ fn default_deny_and_errors_deny() {
     ));
     // A forbid that errors must not fail open.
     let p = policies(
-        r#"permit(principal, action, resource);
-           forbid(principal, action, resource) when { context.arguments.amount.greaterThan(decimal("10.0")) };"#,
-        None,
-    )
-    .unwrap();
+            r#"permit(principal, action, resource);
+               forbid(principal, action, resource) when { context.arguments.amount.greaterThan(decimal("10.0")) };"#,
+            None,
+        )
+        .unwrap();
     let d = decide(&p, "x", read(), json!({"amount": "lots"}));
     assert!(
         matches!(d, Decision::Deny { ref errors, .. } if !errors.is_empty()),
@@ -331,26 +331,26 @@ fn default_deny_and_errors_deny() {
 #[test]
 fn awkward_arguments_map_deterministically() {
     let p = policies(
-        r#"@id("shape") permit(principal, action, resource) when {
-             !(context.arguments has gone) &&
-             context.arguments.f == decimal("4.5") &&
-             context.arguments.i == decimal("7.0") &&
-             context.arguments.big == "100000000000000000000" &&
-             context.arguments.tiny == "1e-7" &&
-             context.arguments.nested.deep.x == true &&
-             context.arguments.mixed.contains("a") && context.arguments.mixed.contains(decimal("1.0")) &&
-             context.arguments["not an-identifier"] == "ok"
-           };"#,
-        None,
-    )
-    .unwrap();
+            r#"@id("shape") permit(principal, action, resource) when {
+                 !(context.arguments has gone) &&
+                 context.arguments.f == decimal("4.5") &&
+                 context.arguments.i == decimal("7.0") &&
+                 context.arguments.big == "100000000000000000000" &&
+                 context.arguments.tiny == "1e-7" &&
+                 context.arguments.nested.deep.x == true &&
+                 context.arguments.mixed.contains("a") && context.arguments.mixed.contains(decimal("1.0")) &&
+                 context.arguments["not an-identifier"] == "ok"
+               };"#,
+            None,
+        )
+        .unwrap();
     // As canonical arguments hold them: 1e20 is beyond a decimal's range
     // and 1e-7 beyond its precision, so both become strings.
     let args: Value = serde_json::from_str(
-        r#"{"gone": null, "f": 4.50, "i": 7, "big": 100000000000000000000, "tiny": 0.0000001,
-            "nested": {"deep": {"x": true}}, "mixed": ["a", 1, null, "a"], "not an-identifier": "ok"}"#,
-    )
-    .unwrap();
+            r#"{"gone": null, "f": 4.50, "i": 7, "big": 100000000000000000000, "tiny": 0.0000001,
+                "nested": {"deep": {"x": true}}, "mixed": ["a", 1, null, "a"], "not an-identifier": "ok"}"#,
+        )
+        .unwrap();
     let d = decide(&p, "t", read(), args);
     assert!(matches!(d, Decision::Allow { .. }), "{d:?}");
 }
@@ -438,8 +438,8 @@ fn slicing_decides_like_the_whole_set() {
     let mut text = SHIPPED_POLICIES.to_owned();
     for i in 0..50 {
         text.push_str(&format!(
-            "@id(\"other-{i}\") forbid (principal, action == Action::\"call\", resource == Tool::\"payments/other_{i}\");\n"
-        ));
+                "@id(\"other-{i}\") forbid (principal, action == Action::\"call\", resource == Tool::\"payments/other_{i}\");\n"
+            ));
     }
     text.push_str(
         "@id(\"server-wide\") forbid (principal, action, resource in Server::\"vault\");\n",
