@@ -23,6 +23,12 @@
 mod console;
 mod group;
 mod guards;
+mod inputs;
+mod lease;
+use lease::{register, renew};
+mod notices;
+mod proposals;
+mod schema;
 mod tasks;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -42,124 +48,7 @@ use crate::core::ledger::{Record, State};
 use crate::core::notify::{Notice, WebhookStatus};
 use std::collections::BTreeMap;
 
-/// The schema, one step per version. Never edit a step that shipped: add one.
-pub const MIGRATIONS: &[&str] = &[
-    // 1: the tables of one or several gateways.
-    "CREATE TABLE ledger (
-        key text PRIMARY KEY,
-        state text NOT NULL,
-        expires_ms bigint NOT NULL,
-        gateway text NOT NULL,
-        record text NOT NULL
-     );
-     CREATE INDEX ledger_state ON ledger (state);
-     CREATE TABLE proposals (
-        id text PRIMARY KEY,
-        state text NOT NULL,
-        updated_ms bigint NOT NULL,
-        proposal text NOT NULL
-     );
-     CREATE TABLE audit_outbox (
-        gateway text NOT NULL,
-        id bigint NOT NULL,
-        entries text NOT NULL,
-        PRIMARY KEY (gateway, id)
-     );
-     CREATE TABLE tool_pins (
-        key text PRIMARY KEY,
-        value text NOT NULL
-     );",
-    // 2: gateway leases.
-    "CREATE TABLE gateways (
-        id text PRIMARY KEY,
-        epoch bigint NOT NULL,
-        lease_until_ms bigint NOT NULL
-     );",
-    // 3: the lease epoch a key was reserved under.
-    "ALTER TABLE ledger ADD COLUMN epoch bigint NOT NULL DEFAULT 0;",
-    // 4: a proposal's revision, the compare of every write over it.
-    "ALTER TABLE proposals ADD COLUMN revision bigint NOT NULL DEFAULT 0;",
-    // 5: notifications waiting for delivery, leased to one gateway at a
-    // time, and each webhook's status.
-    "CREATE TABLE notices (
-        key text PRIMARY KEY,
-        next_ms bigint NOT NULL,
-        gave_up boolean NOT NULL DEFAULT false,
-        lease_owner text,
-        lease_until bigint,
-        notice text NOT NULL
-     );
-     CREATE INDEX notices_due ON notices (next_ms) WHERE NOT gave_up;
-     CREATE TABLE notify_status (
-        webhook text PRIMARY KEY,
-        status text NOT NULL
-     );",
-    // 6: nonces of signed control requests, each usable once until it
-    // expires (a captured request replayed at any gateway is refused).
-    "CREATE TABLE used_nonces (
-        nonce text PRIMARY KEY,
-        expires_ms bigint NOT NULL
-     );
-     CREATE INDEX used_nonces_expiry ON used_nonces (expires_ms);",
-    // 7: decision inputs (`[policy] inputs`), kept for a bounded window.
-    "CREATE TABLE decision_inputs (
-        key text PRIMARY KEY,
-        tenant text NOT NULL,
-        time_ms bigint NOT NULL,
-        inputs text NOT NULL
-     );
-     CREATE INDEX decision_inputs_time ON decision_inputs (time_ms);
-     CREATE INDEX decision_inputs_tenant ON decision_inputs (tenant);",
-    // 8: held calls as tasks (DESIGN.md section 24): the task as JSON,
-    // with the columns its look-ups and compare-and-set read.
-    "CREATE TABLE tasks (
-        id text PRIMARY KEY,
-        tenant text NOT NULL,
-        principal text NOT NULL,
-        join_key text NOT NULL,
-        proposal text,
-        state text NOT NULL,
-        revision bigint NOT NULL,
-        created_ms bigint NOT NULL,
-        updated_ms bigint NOT NULL,
-        task text NOT NULL
-     );
-     CREATE INDEX tasks_owner ON tasks (tenant, principal);
-     CREATE INDEX tasks_join ON tasks (join_key);
-     CREATE INDEX tasks_open ON tasks (proposal) WHERE state IN ('waiting', 'claimed');",
-    // 9: guards on the business effect (DESIGN.md section 25): one row per
-    // call and guard, in the guard's group (kind, name and scope hashed).
-    "CREATE TABLE guards (
-        grp text NOT NULL,
-        kind text NOT NULL,
-        name text NOT NULL,
-        tenant text NOT NULL,
-        scope text NOT NULL,
-        key text NOT NULL,
-        amount numeric NOT NULL,
-        at_ms bigint NOT NULL,
-        until_ms bigint NOT NULL,
-        PRIMARY KEY (grp, key)
-     );
-     CREATE INDEX guards_key ON guards (key);
-     CREATE INDEX guards_window ON guards (grp, at_ms);
-     CREATE INDEX guards_until ON guards (until_ms);",
-    // 10: the review console's state, shared by the gateways (DESIGN.md
-    // section 21): sessions, challenges, invitations, failed sign-ins and
-    // passkey counters.
-    "CREATE TABLE review_console (
-        key text PRIMARY KEY,
-        value text NOT NULL,
-        until_ms bigint NOT NULL
-     );
-     CREATE INDEX review_console_until ON review_console (until_ms);",
-    // 11: a proposal's tenant and requester as columns, indexed: a held call
-    // reads its own requester's proposals, not the table.
-    "ALTER TABLE proposals ADD COLUMN tenant text, ADD COLUMN requester text;
-     UPDATE proposals SET tenant = proposal::jsonb->>'tenant', requester = proposal::jsonb->>'requester';
-     CREATE INDEX proposals_requester ON proposals (tenant, requester);
-     CREATE INDEX proposals_open ON proposals (id) WHERE state IN ('pending', 'approved');",
-];
+pub use schema::MIGRATIONS;
 
 /// The database's clock in unix milliseconds: leases are judged on one
 /// clock, whatever the gateways' hosts think the time is.
@@ -357,63 +246,6 @@ fn unused_tls() -> Result<rustls::ClientConfig, StoreError> {
         })?
         .with_root_certificates(rustls::RootCertStore::empty())
         .with_no_client_auth())
-}
-
-/// Take (or take again) `gateway`'s lease: a new epoch, valid `lease_ms`.
-async fn register(pool: &Pool, gateway: &str, lease_ms: i64) -> Result<i64, StoreError> {
-    let client = pool.get().await.map_err(pool_error)?;
-    let row = client
-        .query_one(
-            &format!(
-                "INSERT INTO gateways (id, epoch, lease_until_ms) VALUES ($1, 1, {NOW_MS} + $2)
-                 ON CONFLICT (id) DO UPDATE
-                 SET epoch = gateways.epoch + 1, lease_until_ms = EXCLUDED.lease_until_ms
-                 RETURNING epoch"
-            ),
-            &[&gateway, &lease_ms],
-        )
-        .await
-        .map_err(backend("take the lease"))?;
-    Ok(row.get(0))
-}
-
-/// Renew the lease every third of its length. A lease found lapsed (the
-/// process was paused, or cut off from the database) is not renewed: it is
-/// taken again under a new epoch, and until then nothing is dispatched.
-async fn renew(pool: Pool, gateway: Arc<str>, epoch: Arc<AtomicI64>, lease_ms: i64) {
-    let every =
-        std::time::Duration::from_millis(u64::try_from(lease_ms / 3).unwrap_or(1000).max(10));
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let current = epoch.load(Ordering::SeqCst);
-        let renewed = async {
-            let client = pool.get().await.map_err(pool_error)?;
-            client
-                .execute(
-                    &format!(
-                        "UPDATE gateways SET lease_until_ms = {NOW_MS} + $3
-                         WHERE id = $1 AND epoch = $2 AND lease_until_ms > {NOW_MS}"
-                    ),
-                    &[&&*gateway, &current, &lease_ms],
-                )
-                .await
-                .map_err(backend("renew the lease"))
-        }
-        .await;
-        match renewed {
-            Ok(1) => {}
-            Ok(_) => {
-                tracing::warn!(gateway = %gateway, "the gateway's lease lapsed: taking it again under a new epoch");
-                match register(&pool, &gateway, lease_ms).await {
-                    Ok(e) => epoch.store(e, Ordering::SeqCst),
-                    Err(e) => tracing::error!("lease not taken again: {e}"),
-                }
-            }
-            Err(e) => tracing::error!("lease not renewed (the database is unreachable?): {e}"),
-        }
-    }
 }
 
 /// How the schema of a database stands against this binary.
@@ -819,13 +651,7 @@ impl Store for PgStore {
     }
 
     fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let mut client = self.client().await?;
-            let txn = client.transaction().await.map_err(backend("begin"))?;
-            insert_notices(&txn, &notices).await?;
-            txn.commit().await.map_err(backend("commit"))?;
-            Ok(())
-        })
+        self.notices_enqueue_in(notices)
     }
 
     fn notices_claim(
@@ -835,120 +661,15 @@ impl Store for PgStore {
         lease_ms: i64,
         limit: usize,
     ) -> StoreFuture<'_, Vec<Notice>> {
-        let owner = owner.to_owned();
-        Box::pin(async move {
-            let client = self.client().await?;
-            // Leases are judged on the database's clock, like the
-            // gateways' own: one gateway delivers each notice at a time,
-            // and a lapsed lease (its gateway died) is taken over.
-            let _ = now_ms;
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let rows = client
-                .query(
-                    &format!(
-                        "WITH due AS (
-                           SELECT key FROM notices
-                           WHERE NOT gave_up AND next_ms <= {NOW_MS}
-                             AND (lease_until IS NULL OR lease_until < {NOW_MS})
-                           ORDER BY next_ms LIMIT $3
-                           FOR UPDATE SKIP LOCKED)
-                         UPDATE notices n SET lease_owner = $1, lease_until = {NOW_MS} + $2
-                         FROM due WHERE n.key = due.key
-                         RETURNING n.notice, n.lease_until"
-                    ),
-                    &[&owner, &lease_ms, &limit],
-                )
-                .await
-                .map_err(backend("claim notices"))?;
-            let mut out = Vec::with_capacity(rows.len());
-            for row in rows {
-                let mut n: Notice = decode("notice", row.get::<_, &str>(0))?;
-                n.lease = Some((owner.clone(), row.get::<_, i64>(1)));
-                out.push(n);
-            }
-            Ok(out)
-        })
+        self.notices_claim_in(owner, now_ms, lease_ms, limit)
     }
 
     fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let mut client = self.client().await?;
-            let txn = client.transaction().await.map_err(backend("begin"))?;
-            // Lost to a crash, a settlement only means the notice is sent
-            // again, with the same id.
-            relaxed(&txn, false).await?;
-            let name = notice.webhook.clone();
-            let key = notice.key();
-            let row = txn
-                .query_opt(
-                    "SELECT status FROM notify_status WHERE webhook = $1 FOR UPDATE",
-                    &[&name],
-                )
-                .await
-                .map_err(backend("read a webhook status"))?;
-            let mut status: WebhookStatus = match &row {
-                Some(r) => decode("webhook status", r.get::<_, &str>(0))?,
-                None => WebhookStatus::default(),
-            };
-            match super::settled(notice, &outcome, &mut status) {
-                Some(n) => {
-                    txn.execute(
-                        "UPDATE notices SET next_ms = $2, gave_up = $3, lease_owner = NULL,
-                         lease_until = NULL, notice = $4 WHERE key = $1",
-                        &[&key, &n.next_ms, &n.gave_up, &encode("notice", &n)?],
-                    )
-                    .await
-                    .map_err(backend("settle a notice"))?;
-                }
-                None => {
-                    txn.execute("DELETE FROM notices WHERE key = $1", &[&key])
-                        .await
-                        .map_err(backend("settle a notice"))?;
-                }
-            }
-            txn.execute(
-                "INSERT INTO notify_status (webhook, status) VALUES ($1, $2)
-                 ON CONFLICT (webhook) DO UPDATE SET status = EXCLUDED.status",
-                &[&name, &encode("webhook status", &status)?],
-            )
-            .await
-            .map_err(backend("write a webhook status"))?;
-            txn.commit().await.map_err(backend("commit"))?;
-            Ok(())
-        })
+        self.notice_settle_in(notice, outcome)
     }
 
     fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
-        Box::pin(async move {
-            let mut conn = self.client().await?;
-            // One snapshot: the queue and the counts agree (a settlement
-            // moves both in one transaction).
-            let client = conn
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(backend("begin"))?;
-            let rows = client
-                .query("SELECT webhook, status FROM notify_status", &[])
-                .await
-                .map_err(backend("read webhook status"))?;
-            let mut out = BTreeMap::new();
-            for r in rows {
-                out.insert(
-                    r.get::<_, String>(0),
-                    decode("webhook status", r.get::<_, &str>(1))?,
-                );
-            }
-            let waiting: i64 = client
-                .query_one("SELECT count(*) FROM notices WHERE NOT gave_up", &[])
-                .await
-                .map_err(backend("count notices"))?
-                .get(0);
-            client.commit().await.map_err(backend("commit"))?;
-            Ok((out, usize::try_from(waiting).unwrap_or(0)))
-        })
+        self.notify_status_in()
     }
 
     fn put_proposal_with(
@@ -957,58 +678,7 @@ impl Store for PgStore {
         expect: Option<ProposalState>,
         notices: Vec<Notice>,
     ) -> StoreFuture<'_, bool> {
-        Box::pin(async move {
-            let mut client = self.client().await?;
-            let txn = client.transaction().await.map_err(backend("begin"))?;
-            relaxed(&txn, proposal_durable(&proposal) || !notices.is_empty()).await?;
-            let text = encode("proposal", &proposal)?;
-            let state = proposal.state.as_str();
-            let rev = revision(&proposal)?;
-            let n = match expect {
-                None => txn
-                    .execute(
-                        "INSERT INTO proposals (id, state, updated_ms, proposal, revision, tenant, requester)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7)
-                         ON CONFLICT (id) DO NOTHING",
-                        &[
-                            &proposal.id,
-                            &state,
-                            &proposal.updated_ms,
-                            &text,
-                            &rev,
-                            &proposal.tenant,
-                            &proposal.requester,
-                        ],
-                    )
-                    .await
-                    .map_err(backend("write a proposal"))?,
-                // Compare and set on the state and the revision it was read at.
-                Some(from) => txn
-                    .execute(
-                        "UPDATE proposals SET state = $2, updated_ms = $3, proposal = $4, revision = $5
-                         WHERE id = $1 AND state = $6 AND revision = $7",
-                        &[
-                            &proposal.id,
-                            &state,
-                            &proposal.updated_ms,
-                            &text,
-                            &rev,
-                            &from.as_str(),
-                            &rev.wrapping_sub(1),
-                        ],
-                    )
-                    .await
-                    .map_err(backend("write a proposal"))?,
-            };
-            if n == 1 {
-                notify(&txn, PROPOSALS_CHANNEL, &proposal.id).await?;
-                // INVARIANT: a notification commits with the proposal
-                // change it announces, or not at all.
-                insert_notices(&txn, &notices).await?;
-            }
-            txn.commit().await.map_err(backend("commit"))?;
-            Ok(n == 1)
-        })
+        self.put_proposal_with_in(proposal, expect, notices)
     }
 
     fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
@@ -1059,26 +729,7 @@ impl Store for PgStore {
     }
 
     fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            if rows.is_empty() {
-                return Ok(());
-            }
-            let client = self.client().await?;
-            let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
-            let tenants: Vec<&str> = rows.iter().map(|r| r.tenant.as_str()).collect();
-            let times: Vec<i64> = rows.iter().map(|r| r.time_ms).collect();
-            let inputs: Vec<&str> = rows.iter().map(|r| r.inputs.as_str()).collect();
-            client
-                .execute(
-                    "INSERT INTO decision_inputs (key, tenant, time_ms, inputs)
-                     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])
-                     ON CONFLICT (key) DO NOTHING",
-                    &[&keys, &tenants, &times, &inputs],
-                )
-                .await
-                .map_err(backend("keep decision inputs"))?;
-            Ok(())
-        })
+        self.inputs_put_in(rows)
     }
 
     fn inputs_since(
@@ -1086,61 +737,15 @@ impl Store for PgStore {
         since_ms: i64,
         tenant: Option<String>,
     ) -> StoreFuture<'_, Vec<InputRow>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "SELECT key, tenant, time_ms, inputs FROM decision_inputs
-                     WHERE time_ms >= $1 AND ($2::text IS NULL OR tenant = $2)
-                     ORDER BY key",
-                    &[&since_ms, &tenant],
-                )
-                .await
-                .map_err(backend("read decision inputs"))?;
-            Ok(rows
-                .iter()
-                .map(|r| InputRow {
-                    key: r.get(0),
-                    tenant: r.get(1),
-                    time_ms: r.get(2),
-                    inputs: r.get(3),
-                })
-                .collect())
-        })
+        self.inputs_since_in(since_ms, tenant)
     }
 
     fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let n = client
-                .execute("DELETE FROM decision_inputs WHERE tenant = $1", &[&tenant])
-                .await
-                .map_err(backend("erase decision inputs"))?;
-            Ok(usize::try_from(n).unwrap_or(usize::MAX))
-        })
+        self.inputs_erase_in(tenant)
     }
 
     fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let old = client
-                .execute(
-                    "DELETE FROM decision_inputs WHERE time_ms < $1",
-                    &[&before_ms],
-                )
-                .await
-                .map_err(backend("collect decision inputs"))?;
-            let cap = i64::try_from(max_rows).unwrap_or(i64::MAX);
-            let over = client
-                .execute(
-                    "DELETE FROM decision_inputs WHERE key IN (
-                       SELECT key FROM decision_inputs ORDER BY key DESC OFFSET $1)",
-                    &[&cap],
-                )
-                .await
-                .map_err(backend("collect decision inputs"))?;
-            Ok(usize::try_from(old + over).unwrap_or(usize::MAX))
-        })
+        self.inputs_gc_in(before_ms, max_rows)
     }
 
     fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
@@ -1155,44 +760,15 @@ impl Store for PgStore {
     }
 
     fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let row = client
-                .query_opt("SELECT proposal FROM proposals WHERE id = $1", &[&id])
-                .await
-                .map_err(backend("read a proposal"))?;
-            row.map(|r| decode("proposal", r.get::<_, &str>(0)))
-                .transpose()
-        })
+        self.get_proposal_in(id)
     }
 
     fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let rows = client
-                .query("SELECT proposal FROM proposals", &[])
-                .await
-                .map_err(backend("list proposals"))?;
-            rows.iter()
-                .map(|r| decode("proposal", r.get::<_, &str>(0)))
-                .collect()
-        })
+        self.list_proposals_in()
     }
 
     fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "SELECT proposal FROM proposals WHERE state IN ('pending', 'approved')",
-                    &[],
-                )
-                .await
-                .map_err(backend("list open proposals"))?;
-            rows.iter()
-                .map(|r| decode("proposal", r.get::<_, &str>(0)))
-                .collect()
-        })
+        self.open_proposals_in()
     }
 
     fn proposals_of<'a>(
@@ -1200,51 +776,11 @@ impl Store for PgStore {
         tenant: &'a str,
         requester: &'a str,
     ) -> StoreFuture<'a, Vec<Proposal>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "SELECT proposal FROM proposals WHERE tenant = $1 AND requester = $2",
-                    &[&tenant, &requester],
-                )
-                .await
-                .map_err(backend("list a requester's proposals"))?;
-            rows.iter()
-                .map(|r| decode("proposal", r.get::<_, &str>(0)))
-                .collect()
-        })
+        self.proposals_of_in(tenant, requester)
     }
 
     fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        Box::pin(async move {
-            // Which states are final is the store's rule (`proposal_final`),
-            // decided here on the decoded proposals, not in SQL.
-            let mut client = self.client().await?;
-            let txn = client.transaction().await.map_err(backend("begin"))?;
-            relaxed(&txn, false).await?;
-            let rows = txn
-                .query(
-                    "SELECT id, proposal FROM proposals WHERE updated_ms < $1 FOR UPDATE",
-                    &[&before_ms],
-                )
-                .await
-                .map_err(backend("list proposals"))?;
-            let mut gone = 0;
-            for r in &rows {
-                let p: Proposal = decode("proposal", r.get::<_, &str>(1))?;
-                if proposal_final(&p) {
-                    gone += txn
-                        .execute(
-                            "DELETE FROM proposals WHERE id = $1",
-                            &[&r.get::<_, &str>(0)],
-                        )
-                        .await
-                        .map_err(backend("forget a proposal"))?;
-                }
-            }
-            txn.commit().await.map_err(backend("commit"))?;
-            Ok(usize::try_from(gone).unwrap_or(usize::MAX))
-        })
+        self.gc_proposals_in(before_ms)
     }
 
     fn transition_telling(
