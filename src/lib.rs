@@ -60,7 +60,8 @@ pub mod telemetry;
 pub mod upstream;
 pub mod wire;
 
-/// The map stays true: every module in `src/` is named in the layout above.
+/// The map stays true: every module in `src/` is named in the layout above
+/// and in docs/architecture.md.
 #[cfg(test)]
 mod map {
     /// Every file or folder that makes a module under `src/`.
@@ -97,6 +98,26 @@ mod map {
         assert!(
             missing.is_empty(),
             "modules the layout in src/lib.rs does not name: {missing:?}"
+        );
+        // docs/architecture.md names each too (as `name`, or in a path).
+        let doc = std::fs::read_to_string(root.join("../docs/architecture.md")).unwrap();
+        let missing: Vec<&String> = all
+            .iter()
+            .filter(|m| {
+                ![
+                    format!("`{m}`"),
+                    format!("{m}.rs"),
+                    format!("/{m}`"),
+                    format!("/{m}/"),
+                    format!("`{m}/"),
+                ]
+                .iter()
+                .any(|form| doc.contains(form.as_str()))
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "modules docs/architecture.md does not name: {missing:?}"
         );
     }
 }
