@@ -73,6 +73,10 @@ mod map {
                 .and_then(|s| s.to_str())
                 .unwrap_or_default()
                 .to_owned();
+            if path.is_dir() && stem == "tests" {
+                // A module's unit tests (`x/tests.rs` and its rooms): not on the map.
+                continue;
+            }
             if path.is_dir() {
                 out.push(stem);
                 modules(&path, out);

@@ -1,0 +1,265 @@
+//! The suite on PostgreSQL (a schema of each test's own on the local
+//! server), and what only several gateways sharing it show.
+
+use super::*;
+
+/// Gateway `id` on `config`, holding its lease.
+async fn leased(config: &tokio_postgres::Config, id: &str) -> PgStore {
+    let (mut store, _) = PgStore::connect(config.clone(), None, 2, id).await.unwrap();
+    store.start_lease(LEASE).await.unwrap();
+    store
+}
+
+/// Gateway `id` was paused past its lease.
+async fn lapse(client: &tokio_postgres::Client, id: &str) {
+    client
+        .execute(
+            "UPDATE gateways SET lease_until_ms = 0 WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+}
+
+/// A schema of its own in the local PostgreSQL (127.0.0.1:5432, trust
+/// auth, database `test`), dropped when the guard goes.
+pub(crate) struct PgSchema {
+    name: String,
+}
+
+impl PgSchema {
+    pub(crate) async fn new() -> (PgSchema, tokio_postgres::Config) {
+        let name = format!("cs_test_{:016x}", rand::random::<u64>());
+        let mut admin = tokio_postgres::Config::new();
+        admin
+            .host("127.0.0.1")
+            .port(5432)
+            .user("postgres")
+            .dbname("test");
+        let (client, conn) = admin
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL at 127.0.0.1:5432 (database test): `.ci/run` starts it");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("CREATE SCHEMA {name}"))
+            .await
+            .unwrap();
+        let mut config = admin.clone();
+        config.options(format!("-c search_path={name}"));
+        (PgSchema { name }, config)
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Synchronous: the test's runtime may be gone by now.
+        let _ = std::process::Command::new("psql")
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc"])
+            .arg(format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_conforms() {
+    let (_schema, config) = PgSchema::new().await;
+    let (mut store, migrated) = PgStore::connect(config.clone(), None, 4, "gw-a")
+        .await
+        .unwrap();
+    let lease = std::time::Duration::from_secs(10);
+    store.start_lease(lease).await.unwrap();
+    assert_eq!(migrated.from, 0);
+    assert_eq!(migrated.to, postgres::MIGRATIONS.len());
+    conformance(&store).await;
+    inputs_conformance(&store).await;
+    approval_conformance(&store).await;
+    outbox_conformance(&store).await;
+    pin_conformance(&store).await;
+    notify_conformance(&store).await;
+    super::tasks::conformance::tasks_conformance(&store).await;
+    super::console::tests::console_conformance(&store).await;
+    // The audit writer clears the outbox from its own thread, outside any
+    // runtime, and drops the future: the request is made all the same.
+    assert!(!store.outbox().await.unwrap().is_empty());
+    std::thread::scope(|t| {
+        t.spawn(|| drop(store.outbox_clear(u64::MAX)));
+    });
+    let mut cleared = false;
+    for _ in 0..200 {
+        if store.outbox().await.unwrap().is_empty() {
+            cleared = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(cleared, "outbox_clear from a plain thread");
+    // Migrations are applied once: a second gateway finds them done.
+    let (_again, migrated) = PgStore::connect(config, None, 2, "gw-b").await.unwrap();
+    assert_eq!(migrated.from, migrated.to);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refuses_a_newer_schema_and_recovers_only_its_own_rows() {
+    let (_schema, config) = PgSchema::new().await;
+    let a = leased(&config, "gw-a").await;
+    let b = leased(&config, "gw-b").await;
+    for (store, key) in [(&a, "ka"), (&b, "kb")] {
+        let r = Record::reserve(&claim("d"), 0, 1000);
+        store.reserve(key.into(), r.clone(), 0).await.unwrap();
+        assert!(dispatch(store, key, &r).await);
+    }
+    // Gateway A restarts: its own dispatched call is unknown, B's is B's.
+    assert_eq!(a.recover().await.unwrap().unknown, 1);
+    assert_eq!(a.get("ka").await.unwrap().unwrap().state, State::Unknown);
+    assert_eq!(a.get("kb").await.unwrap().unwrap().state, State::Dispatched);
+    // A schema from a newer countersign is refused, with the reason.
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("INSERT INTO countersign_migrations (version) VALUES (999)")
+        .await
+        .unwrap();
+    let Err(e) = PgStore::connect(config, None, 2, "gw-c").await else {
+        panic!("a newer schema must be refused");
+    };
+    assert!(
+        e.to_string().contains("newer than this countersign knows"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_lease_lapsed_dispatches_nothing_and_its_calls_are_settled() {
+    let (_schema, config) = PgSchema::new().await;
+    let mut a = leased(&config, "gw-a").await;
+    let b = leased(&config, "gw-b").await;
+    let r = Record::reserve(&claim("d"), 0, 1000);
+    a.reserve("sent".into(), r.clone(), 0).await.unwrap();
+    assert!(dispatch(&a, "sent", &r).await);
+    a.reserve("held".into(), r.clone(), 0).await.unwrap();
+    // A is paused past its lease (as SIGSTOP would): its lease is over.
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    lapse(&client, "gw-a").await;
+    // A wakes up: its reservation cannot be dispatched.
+    assert!(
+        !dispatch(&a, "held", &r).await,
+        "no dispatch on a lapsed lease"
+    );
+    // A takes its lease again (a new epoch), as it does when it finds
+    // the lapse: what it reserved before still cannot be dispatched.
+    a.start_lease(LEASE).await.unwrap();
+    assert!(
+        !dispatch(&a, "held", &r).await,
+        "a reservation from before the lapse is never dispatched"
+    );
+    assert!(a
+        .transition(
+            "held".into(),
+            State::Reserved,
+            with_state(r.clone(), State::NotDispatched)
+        )
+        .await
+        .unwrap());
+    a.reserve("held".into(), r.clone(), 0).await.unwrap();
+    assert!(
+        dispatch(&a, "held", &r).await,
+        "reserved again under the new lease, it runs"
+    );
+    // The lease lapses again (A paused once more).
+    lapse(&client, "gw-a").await;
+    a.reserve("held2".into(), r.clone(), 0).await.unwrap();
+    // B settles A's calls: the one sent is unknown, never free; the one
+    // only reserved was never sent, and its key is free.
+    b.gc(0).await.unwrap();
+    assert_eq!(b.get("sent").await.unwrap().unwrap().state, State::Unknown);
+    assert_eq!(b.get("held").await.unwrap().unwrap().state, State::Unknown);
+    assert_eq!(b.get("held2").await.unwrap(), None);
+    assert!(matches!(
+        b.reserve("held2".into(), r, 0).await.unwrap(),
+        Reservation::Reserved
+    ));
+}
+
+/// Grouped writes under load: two gateways reserve the same 64 keys at
+/// once, in opposite orders (so their batches take row locks both
+/// ways); each key is reserved exactly once. The winners dispatch with
+/// an outbox row each and complete, all at once: every move lands, an
+/// outbox row for each dispatch and none for a write that did not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_grouped_writes_keep_every_key_once_across_gateways() {
+    let (_schema, config) = PgSchema::new().await;
+    let a = std::sync::Arc::new(leased(&config, "gw-a").await);
+    let b = std::sync::Arc::new(leased(&config, "gw-b").await);
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i:02}")).collect();
+    let r = Record::reserve(&claim("d"), 0, 1000);
+    let mut tasks = Vec::new();
+    for (store, order) in [(a.clone(), false), (b.clone(), true)] {
+        let mut keys = keys.clone();
+        if order {
+            keys.reverse();
+        }
+        for key in keys {
+            let (store, r) = (store.clone(), r.clone());
+            tasks.push(tokio::spawn(async move {
+                let got = store.reserve(key.clone(), r, 0).await.unwrap();
+                (key, order, got)
+            }));
+        }
+    }
+    let mut won: std::collections::BTreeMap<String, bool> = Default::default();
+    for t in tasks {
+        let (key, by_b, got) = t.await.unwrap();
+        match got {
+            Reservation::Reserved => {
+                assert!(
+                    won.insert(key.clone(), by_b).is_none(),
+                    "{key} reserved twice"
+                );
+            }
+            Reservation::Bound(_) => {}
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    assert_eq!(won.len(), 64, "every key reserved by one gateway");
+    // Dispatch (with an outbox row) and complete every winner at once,
+    // plus a dispatch of each key by the gateway that lost it: those
+    // must not move, and leave no outbox row.
+    let mut tasks = Vec::new();
+    for (i, (key, by_b)) in won.iter().enumerate() {
+        for mine in [true, false] {
+            let store = if *by_b == mine { b.clone() } else { a.clone() };
+            let (key, r) = (key.clone(), r.clone());
+            let id = u64::try_from(i).unwrap() * 2 + u64::from(mine);
+            tasks.push(tokio::spawn(async move {
+                let moved = store
+                    .transition_with(
+                        key.clone(),
+                        State::Reserved,
+                        with_state(r.clone(), State::Dispatched),
+                        Some((id, format!("[{id}]"))),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(moved, mine, "{key}: only its own gateway dispatches it");
+                if moved {
+                    let mut done = with_state(r, State::Complete);
+                    done.answer = Some(Answer::Result("{}".into()));
+                    assert!(store
+                        .transition(key, State::Dispatched, done)
+                        .await
+                        .unwrap());
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let complete = a.list(Some(State::Complete)).await.unwrap();
+    assert_eq!(complete.len(), 64);
+    let outbox = a.outbox().await.unwrap().len() + b.outbox().await.unwrap().len();
+    assert_eq!(outbox, 64, "one outbox row per dispatch that moved");
+}
