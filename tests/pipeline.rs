@@ -29,7 +29,10 @@ use countersign::enforce::pipeline::{CallCtx, Caller, Pipeline};
 use countersign::enforce::upstream::UpstreamError;
 use countersign::enforce::Proof;
 use countersign::enforce::Under;
-use countersign::store::{MemoryStore, Recovery, Reservation, Store, StoreError, StoreFuture};
+use countersign::store::{
+    Inputs, Ledger, MemoryStore, Outbox, Proposals, Recovery, Reservation, Seen, Store, StoreError,
+    StoreFuture, Tasks,
+};
 use countersign::wire::era::Era;
 use countersign::wire::jsonrpc::{raw, Message};
 // The memory store's futures are ready at once: test helpers read it
@@ -255,13 +258,16 @@ impl countersign::store::guards::Guards for Flaky {}
 /// No review console in these tests.
 impl countersign::store::console::ConsoleState for Flaky {}
 
-impl Store for Flaky {
+impl Store for Flaky {}
+
+impl Ledger for Flaky {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         if let Err(e) = self.failing(Fail::Get) {
             return boxed(Err(e));
         }
         self.inner.get(key)
     }
+
     fn reserve_with(
         &self,
         key: String,
@@ -274,44 +280,7 @@ impl Store for Flaky {
         }
         self.inner.reserve_with(key, record, now_ms, approval)
     }
-    fn put_proposal_with(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-        notices: Vec<countersign::core::notify::Notice>,
-    ) -> StoreFuture<'_, bool> {
-        if let Err(e) = self.failing(Fail::Proposals) {
-            return boxed(Err(e));
-        }
-        self.inner.put_proposal_with(proposal, expect, notices)
-    }
-    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
-        self.inner.get_proposal(id)
-    }
-    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
-        self.inner.pin_first_use(pins)
-    }
-    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
-        self.inner.first_use_pins()
-    }
-    fn use_nonce(&self, nonce: String, until: i64, now: i64) -> StoreFuture<'_, bool> {
-        self.inner.use_nonce(nonce, until, now)
-    }
-    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        if let Err(e) = self.failing(Fail::Proposals) {
-            return boxed(Err(e));
-        }
-        Box::pin(async move {
-            let out = self.inner.list_proposals().await;
-            if let Some(hook) = self.on_list.lock().unwrap().as_ref() {
-                hook();
-            }
-            out
-        })
-    }
-    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        self.inner.gc_proposals(before_ms)
-    }
+
     fn transition_telling(
         &self,
         key: String,
@@ -345,22 +314,82 @@ impl Store for Flaky {
         self.inner
             .transition_telling(key, from, to, outbox, notices)
     }
-    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
-        self.inner.outbox()
-    }
-    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
-        self.inner.outbox_clear(upto)
-    }
+
     fn recover(&self) -> StoreFuture<'_, Recovery> {
         self.inner.recover()
     }
+
     fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
         self.inner.gc(now_ms)
     }
+
     fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>> {
         self.inner.list(state)
     }
 }
+
+impl Proposals for Flaky {
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<countersign::core::notify::Notice>,
+    ) -> StoreFuture<'_, bool> {
+        if let Err(e) = self.failing(Fail::Proposals) {
+            return boxed(Err(e));
+        }
+        self.inner.put_proposal_with(proposal, expect, notices)
+    }
+
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        self.inner.get_proposal(id)
+    }
+
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        if let Err(e) = self.failing(Fail::Proposals) {
+            return boxed(Err(e));
+        }
+        Box::pin(async move {
+            let out = self.inner.list_proposals().await;
+            if let Some(hook) = self.on_list.lock().unwrap().as_ref() {
+                hook();
+            }
+            out
+        })
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        self.inner.gc_proposals(before_ms)
+    }
+}
+
+impl Outbox for Flaky {
+    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
+        self.inner.outbox()
+    }
+
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        self.inner.outbox_clear(upto)
+    }
+}
+
+impl Seen for Flaky {
+    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
+        self.inner.pin_first_use(pins)
+    }
+
+    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
+        self.inner.first_use_pins()
+    }
+
+    fn use_nonce(&self, nonce: String, until: i64, now: i64) -> StoreFuture<'_, bool> {
+        self.inner.use_nonce(nonce, until, now)
+    }
+}
+
+impl Inputs for Flaky {}
+
+impl Tasks for Flaky {}
 
 // ---------------------------------------------------------------- fixture
 

@@ -1,5 +1,5 @@
 //! The audit log's side of the ledger's outbox (see
-//! [`crate::store::Store::transition_with`]): the entries a dispatch needs
+//! [`crate::store::Ledger::transition_with`]): the entries a dispatch needs
 //! on disk are committed in the ledger's transaction with the durable
 //! `dispatched` record (one fsync for both), queued for the log, and their
 //! rows cleared once the log has fsynced them. At startup, what a crash left

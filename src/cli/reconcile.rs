@@ -12,7 +12,7 @@ use crate::core::ledger::Record;
 use crate::enforce::reconcile::{
     list_unknown_in, reconcile_in, reconciled_fields, Keep, ReconcileError, Verdict,
 };
-use crate::store::{RedbStore, Store};
+use crate::store::{Ledger, RedbStore, Store};
 use std::process::ExitCode;
 
 /// Open a stopped gateway's ledger. Holding the file lock proves no gateway

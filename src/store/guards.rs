@@ -543,7 +543,7 @@ pub(crate) fn rows_in(t: &Rows, since_ms: i64) -> Result<Vec<GuardRow>, StoreErr
 pub(crate) mod tests {
     use super::*;
     use crate::core::config::Over;
-    use crate::store::Store;
+    use crate::store::{Ledger, Store};
     use std::sync::Arc;
 
     pub(crate) fn budget(scope: &str, amount: i64, limit: i64) -> Claim {

@@ -10,7 +10,50 @@
 
 use crate::core::task::TaskRecord;
 
-/// Which tasks [`super::Store::tasks`] returns.
+use super::{StoreError, StoreFuture};
+
+/// Tasks (DESIGN.md section 24). A store without them (a wrapper in a
+/// test) refuses every call.
+pub trait Tasks: Send + Sync {
+    /// Create `task` (revision 0), unless a task of the same requester
+    /// still waits on the same proposal with the same key
+    /// ([`tasks::joins`]): then that one is returned and nothing is written.
+    /// Durable before it returns: the answer that names the task leaves
+    /// after it (DESIGN.md section 24).
+    fn task_create(&self, task: TaskRecord) -> StoreFuture<'_, TaskRecord> {
+        drop(task);
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// A task by id (a read: never a write, however often a client polls).
+    fn task_get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<TaskRecord>> {
+        let _ = id;
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// The tasks `filter` selects.
+    fn tasks(&self, filter: TaskFilter) -> StoreFuture<'_, Vec<TaskRecord>> {
+        drop(filter);
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// Write `task` if the stored one is at the revision before
+    /// `task.revision` (compare-and-set); returns whether it did. Durable
+    /// before it returns. The execution claim and a cancel are two such
+    /// writes from `waiting`: exactly one of them wins.
+    fn task_put(&self, task: TaskRecord) -> StoreFuture<'_, bool> {
+        drop(task);
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+
+    /// Forget ended tasks last changed before `before_ms`; returns how many.
+    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        let _ = before_ms;
+        Box::pin(std::future::ready(Err(StoreError::NoTasks)))
+    }
+}
+
+/// Which tasks [`super::Tasks::tasks`] returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskFilter {
     /// Every task of one requester, newest first.

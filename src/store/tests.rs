@@ -3,7 +3,9 @@
 //! stores' tests share.
 
 use super::*;
-use crate::core::ledger::{Answer, Claim};
+use crate::core::approval::{Proposal, ProposalState};
+use crate::core::ledger::{Answer, Claim, Record};
+use crate::core::notify::Notice;
 
 mod on_postgres;
 mod on_redb;

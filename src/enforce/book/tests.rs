@@ -7,7 +7,9 @@ use super::*;
 use crate::core::ledger::{Claim, Record, State};
 use crate::core::time::SystemClock;
 use crate::store::MemoryStore;
-use crate::store::{Recovery, Reservation, StoreFuture};
+use crate::store::{
+    Inputs, Ledger, Outbox, Proposals, Recovery, Reservation, Seen, StoreFuture, Tasks,
+};
 
 /// The memory store, yielding before every operation: two decisions
 /// joined in one task interleave at each store call, as two gateways'
@@ -39,10 +41,13 @@ impl crate::store::console::ConsoleState for Yielding {
     }
 }
 
-impl Store for Yielding {
+impl Store for Yielding {}
+
+impl Ledger for Yielding {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         yielding!(self, s => s.get(key))
     }
+
     fn reserve_with(
         &self,
         key: String,
@@ -52,32 +57,7 @@ impl Store for Yielding {
     ) -> StoreFuture<'_, Reservation> {
         yielding!(self, s => s.reserve_with(key, record, now_ms, approval))
     }
-    fn put_proposal_with(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-        notices: Vec<crate::core::notify::Notice>,
-    ) -> StoreFuture<'_, bool> {
-        yielding!(self, s => s.put_proposal_with(proposal, expect, notices))
-    }
-    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
-        yielding!(self, s => s.pin_first_use(pins))
-    }
-    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
-        yielding!(self, s => s.first_use_pins())
-    }
-    fn use_nonce(&self, n: String, until: i64, now: i64) -> StoreFuture<'_, bool> {
-        yielding!(self, s => s.use_nonce(n, until, now))
-    }
-    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
-        yielding!(self, s => s.get_proposal(id))
-    }
-    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        yielding!(self, s => s.list_proposals())
-    }
-    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        yielding!(self, s => s.gc_proposals(before_ms))
-    }
+
     fn transition_telling(
         &self,
         key: String,
@@ -88,22 +68,70 @@ impl Store for Yielding {
     ) -> StoreFuture<'_, bool> {
         yielding!(self, s => s.transition_telling(key, from, to, outbox, notices))
     }
-    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
-        yielding!(self, s => s.outbox())
-    }
-    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
-        yielding!(self, s => s.outbox_clear(upto))
-    }
+
     fn recover(&self) -> StoreFuture<'_, Recovery> {
         yielding!(self, s => s.recover())
     }
+
     fn gc(&self, now_ms: i64) -> StoreFuture<'_, usize> {
         yielding!(self, s => s.gc(now_ms))
     }
+
     fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>> {
         yielding!(self, s => s.list(state))
     }
 }
+
+impl Proposals for Yielding {
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<crate::core::notify::Notice>,
+    ) -> StoreFuture<'_, bool> {
+        yielding!(self, s => s.put_proposal_with(proposal, expect, notices))
+    }
+
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        yielding!(self, s => s.get_proposal(id))
+    }
+
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        yielding!(self, s => s.list_proposals())
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        yielding!(self, s => s.gc_proposals(before_ms))
+    }
+}
+
+impl Outbox for Yielding {
+    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
+        yielding!(self, s => s.outbox())
+    }
+
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        yielding!(self, s => s.outbox_clear(upto))
+    }
+}
+
+impl Seen for Yielding {
+    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
+        yielding!(self, s => s.pin_first_use(pins))
+    }
+
+    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
+        yielding!(self, s => s.first_use_pins())
+    }
+
+    fn use_nonce(&self, n: String, until: i64, now: i64) -> StoreFuture<'_, bool> {
+        yielding!(self, s => s.use_nonce(n, until, now))
+    }
+}
+
+impl Inputs for Yielding {}
+
+impl Tasks for Yielding {}
 
 /// Reviewers by index: alice (leads, two keys), bob (leads), dave
 /// (finance), erin (finance and leads), and `agent-7`, the requester

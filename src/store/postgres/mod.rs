@@ -40,8 +40,9 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use group::{Durability, Group};
 
 use super::{
-    check_transition, needs_durability, proposal_durable, proposal_final, InputRow, Recovery,
-    Reservation, Settle, Store, StoreError, StoreEvent, StoreFuture,
+    check_transition, needs_durability, proposal_durable, proposal_final, InputRow, Inputs, Ledger,
+    Outbox, Proposals, Recovery, Reservation, Seen, Settle, Store, StoreError, StoreEvent,
+    StoreFuture, Tasks,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
@@ -553,35 +554,6 @@ async fn notify(
 }
 
 impl Store for PgStore {
-    fn task_create(
-        &self,
-        task: crate::core::task::TaskRecord,
-    ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
-        Box::pin(tasks::task_create(self, task))
-    }
-
-    fn task_get<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> StoreFuture<'a, Option<crate::core::task::TaskRecord>> {
-        Box::pin(tasks::task_get(self, id))
-    }
-
-    fn tasks(
-        &self,
-        filter: super::TaskFilter,
-    ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
-        Box::pin(tasks::tasks(self, filter))
-    }
-
-    fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
-        Box::pin(tasks::task_put(self, task))
-    }
-
-    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        Box::pin(tasks::tasks_gc(self, before_ms))
-    }
-
     fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<StoreEvent>> {
         Some(self.events.subscribe())
     }
@@ -604,7 +576,9 @@ impl Store for PgStore {
             }
         })
     }
+}
 
+impl Ledger for PgStore {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             let client = self.client().await?;
@@ -650,139 +624,6 @@ impl Store for PgStore {
         })
     }
 
-    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
-        self.notices_enqueue_in(notices)
-    }
-
-    fn notices_claim(
-        &self,
-        owner: &str,
-        now_ms: i64,
-        lease_ms: i64,
-        limit: usize,
-    ) -> StoreFuture<'_, Vec<Notice>> {
-        self.notices_claim_in(owner, now_ms, lease_ms, limit)
-    }
-
-    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
-        self.notice_settle_in(notice, outcome)
-    }
-
-    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
-        self.notify_status_in()
-    }
-
-    fn put_proposal_with(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-        notices: Vec<Notice>,
-    ) -> StoreFuture<'_, bool> {
-        self.put_proposal_with_in(proposal, expect, notices)
-    }
-
-    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
-        Box::pin(async move {
-            if pins.is_empty() {
-                return Ok(0);
-            }
-            let mut client = self.client().await?;
-            let txn = client.transaction().await.map_err(backend("begin"))?;
-            let mut wrote = 0;
-            for (key, value) in &pins {
-                wrote += txn
-                    .execute(
-                        "INSERT INTO tool_pins (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
-                        &[key, value],
-                    )
-                    .await
-                    .map_err(backend("pin"))?;
-            }
-            txn.commit().await.map_err(backend("commit"))?;
-            Ok(usize::try_from(wrote).unwrap_or(usize::MAX))
-        })
-    }
-
-    fn use_nonce(&self, nonce: String, expires_ms: i64, now_ms: i64) -> StoreFuture<'_, bool> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            // One statement: two gateways given the same nonce at once
-            // cannot both record it. An expired row is taken over.
-            let row = client
-                .query_opt(
-                    "INSERT INTO used_nonces (nonce, expires_ms) VALUES ($1, $2)
-                     ON CONFLICT (nonce) DO UPDATE SET expires_ms = EXCLUDED.expires_ms
-                       WHERE used_nonces.expires_ms <= $3
-                     RETURNING 1",
-                    &[&nonce, &expires_ms, &now_ms],
-                )
-                .await
-                .map_err(backend("use a nonce"))?;
-            // Now and then, drop what can no longer match.
-            if rand::random::<u8>() < 8 {
-                let _ = client
-                    .execute("DELETE FROM used_nonces WHERE expires_ms <= $1", &[&now_ms])
-                    .await;
-            }
-            Ok(row.is_some())
-        })
-    }
-
-    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
-        self.inputs_put_in(rows)
-    }
-
-    fn inputs_since(
-        &self,
-        since_ms: i64,
-        tenant: Option<String>,
-    ) -> StoreFuture<'_, Vec<InputRow>> {
-        self.inputs_since_in(since_ms, tenant)
-    }
-
-    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
-        self.inputs_erase_in(tenant)
-    }
-
-    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
-        self.inputs_gc_in(before_ms, max_rows)
-    }
-
-    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let rows = client
-                .query("SELECT value FROM tool_pins", &[])
-                .await
-                .map_err(backend("read pins"))?;
-            Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
-        })
-    }
-
-    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
-        self.get_proposal_in(id)
-    }
-
-    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        self.list_proposals_in()
-    }
-
-    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        self.open_proposals_in()
-    }
-
-    fn proposals_of<'a>(
-        &'a self,
-        tenant: &'a str,
-        requester: &'a str,
-    ) -> StoreFuture<'a, Vec<Proposal>> {
-        self.proposals_of_in(tenant, requester)
-    }
-
-    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        self.gc_proposals_in(before_ms)
-    }
-
     fn transition_telling(
         &self,
         key: String,
@@ -817,49 +658,6 @@ impl Store for PgStore {
             } else {
                 self.relaxed.write(op).await
             }
-        })
-    }
-
-    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let gateway: &str = &self.gateway;
-            let rows = client
-                .query(
-                    "SELECT id, entries FROM audit_outbox WHERE gateway = $1 ORDER BY id",
-                    &[&gateway],
-                )
-                .await
-                .map_err(backend("read the outbox"))?;
-            Ok(rows
-                .iter()
-                .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), r.get(1)))
-                .collect())
-        })
-    }
-
-    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
-        // The request is made now (the contract allows dropping the future):
-        // the work runs on its own task.
-        let pool = self.pool.clone();
-        let gateway = self.gateway.clone();
-        let done = self.runtime.spawn(async move {
-            let client = pool.get().await.map_err(pool_error)?;
-            let upto = i64::try_from(upto).unwrap_or(i64::MAX);
-            let n = client
-                .execute(
-                    "DELETE FROM audit_outbox WHERE gateway = $1 AND id <= $2",
-                    &[&&*gateway, &upto],
-                )
-                .await
-                .map_err(backend("clear the outbox"))?;
-            Ok::<usize, StoreError>(usize::try_from(n).unwrap_or(usize::MAX))
-        });
-        Box::pin(async move {
-            done.await.map_err(|e| StoreError::Backend {
-                op: "clear the outbox",
-                reason: e.to_string(),
-            })?
         })
     }
 
@@ -995,5 +793,220 @@ impl Store for PgStore {
                 })
                 .collect()
         })
+    }
+}
+
+impl Proposals for PgStore {
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
+        self.put_proposal_with_in(proposal, expect, notices)
+    }
+
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        self.get_proposal_in(id)
+    }
+
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        self.list_proposals_in()
+    }
+
+    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        self.open_proposals_in()
+    }
+
+    fn proposals_of<'a>(
+        &'a self,
+        tenant: &'a str,
+        requester: &'a str,
+    ) -> StoreFuture<'a, Vec<Proposal>> {
+        self.proposals_of_in(tenant, requester)
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        self.gc_proposals_in(before_ms)
+    }
+}
+
+impl Outbox for PgStore {
+    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
+        self.notices_enqueue_in(notices)
+    }
+
+    fn notices_claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Notice>> {
+        self.notices_claim_in(owner, now_ms, lease_ms, limit)
+    }
+
+    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
+        self.notice_settle_in(notice, outcome)
+    }
+
+    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
+        self.notify_status_in()
+    }
+
+    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let gateway: &str = &self.gateway;
+            let rows = client
+                .query(
+                    "SELECT id, entries FROM audit_outbox WHERE gateway = $1 ORDER BY id",
+                    &[&gateway],
+                )
+                .await
+                .map_err(backend("read the outbox"))?;
+            Ok(rows
+                .iter()
+                .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), r.get(1)))
+                .collect())
+        })
+    }
+
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        // The request is made now (the contract allows dropping the future):
+        // the work runs on its own task.
+        let pool = self.pool.clone();
+        let gateway = self.gateway.clone();
+        let done = self.runtime.spawn(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let upto = i64::try_from(upto).unwrap_or(i64::MAX);
+            let n = client
+                .execute(
+                    "DELETE FROM audit_outbox WHERE gateway = $1 AND id <= $2",
+                    &[&&*gateway, &upto],
+                )
+                .await
+                .map_err(backend("clear the outbox"))?;
+            Ok::<usize, StoreError>(usize::try_from(n).unwrap_or(usize::MAX))
+        });
+        Box::pin(async move {
+            done.await.map_err(|e| StoreError::Backend {
+                op: "clear the outbox",
+                reason: e.to_string(),
+            })?
+        })
+    }
+}
+
+impl Seen for PgStore {
+    fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            if pins.is_empty() {
+                return Ok(0);
+            }
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(backend("begin"))?;
+            let mut wrote = 0;
+            for (key, value) in &pins {
+                wrote += txn
+                    .execute(
+                        "INSERT INTO tool_pins (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
+                        &[key, value],
+                    )
+                    .await
+                    .map_err(backend("pin"))?;
+            }
+            txn.commit().await.map_err(backend("commit"))?;
+            Ok(usize::try_from(wrote).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn use_nonce(&self, nonce: String, expires_ms: i64, now_ms: i64) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            // One statement: two gateways given the same nonce at once
+            // cannot both record it. An expired row is taken over.
+            let row = client
+                .query_opt(
+                    "INSERT INTO used_nonces (nonce, expires_ms) VALUES ($1, $2)
+                     ON CONFLICT (nonce) DO UPDATE SET expires_ms = EXCLUDED.expires_ms
+                       WHERE used_nonces.expires_ms <= $3
+                     RETURNING 1",
+                    &[&nonce, &expires_ms, &now_ms],
+                )
+                .await
+                .map_err(backend("use a nonce"))?;
+            // Now and then, drop what can no longer match.
+            if rand::random::<u8>() < 8 {
+                let _ = client
+                    .execute("DELETE FROM used_nonces WHERE expires_ms <= $1", &[&now_ms])
+                    .await;
+            }
+            Ok(row.is_some())
+        })
+    }
+
+    fn first_use_pins(&self) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query("SELECT value FROM tool_pins", &[])
+                .await
+                .map_err(backend("read pins"))?;
+            Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+        })
+    }
+}
+
+impl Inputs for PgStore {
+    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
+        self.inputs_put_in(rows)
+    }
+
+    fn inputs_since(
+        &self,
+        since_ms: i64,
+        tenant: Option<String>,
+    ) -> StoreFuture<'_, Vec<InputRow>> {
+        self.inputs_since_in(since_ms, tenant)
+    }
+
+    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
+        self.inputs_erase_in(tenant)
+    }
+
+    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
+        self.inputs_gc_in(before_ms, max_rows)
+    }
+}
+
+impl Tasks for PgStore {
+    fn task_create(
+        &self,
+        task: crate::core::task::TaskRecord,
+    ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
+        Box::pin(tasks::task_create(self, task))
+    }
+
+    fn task_get<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> StoreFuture<'a, Option<crate::core::task::TaskRecord>> {
+        Box::pin(tasks::task_get(self, id))
+    }
+
+    fn tasks(
+        &self,
+        filter: super::TaskFilter,
+    ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
+        Box::pin(tasks::tasks(self, filter))
+    }
+
+    fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
+        Box::pin(tasks::task_put(self, task))
+    }
+
+    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(tasks::tasks_gc(self, before_ms))
     }
 }

@@ -164,6 +164,7 @@ mod tests {
     use crate::core::approval::ProposalState;
     use crate::core::ledger::{Answer, Record, State};
     use crate::store::tests::{claim, proposal, with_state};
+    use crate::store::{Ledger, Proposals};
     use crate::store::{RedbStore, Reservation, Store};
 
     /// Power loss (F5): an approval consumed with its reservation, then

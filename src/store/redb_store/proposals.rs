@@ -9,9 +9,10 @@
 
 use redb::{ReadableTable, TableDefinition, TableHandle};
 
-use super::{decode_proposal, encode_proposal, err, Table, PROPOSALS};
+use super::{blocking, decode_proposal, encode_proposal, err, Op, RedbStore, Table, PROPOSALS};
 use crate::core::approval::{Proposal, ProposalState};
-use crate::store::{proposal_final, StoreError};
+use crate::core::notify::Notice;
+use crate::store::{proposal_final, Proposals, StoreError, StoreFuture};
 
 /// The index: `LEN:TENANT` `LEN:REQUESTER` `ID` (each name after its length,
 /// so that no tenant and requester make another pair's prefix).
@@ -48,7 +49,7 @@ fn index_key(p: &Proposal) -> String {
 }
 
 /// Write `p` when the stored one is as `expect`ed (see
-/// [`crate::store::Store::put_proposal_with`]); a new one enters the index.
+/// [`crate::store::Proposals::put_proposal_with`]); a new one enters the index.
 pub(super) fn put(
     proposals: &mut Table<'_>,
     index: &mut Index<'_>,
@@ -218,4 +219,62 @@ pub(super) fn index_at_open(txn: &redb::WriteTransaction) -> Result<(), StoreErr
         }
     }
     Ok(())
+}
+
+impl Proposals for RedbStore {
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
+        self.submit(|reply| Op::PutProposal {
+            proposal: Box::new(proposal),
+            expect,
+            notices,
+            reply,
+        })
+    }
+
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        Box::pin(async move {
+            match self
+                .read(PROPOSALS)?
+                .get(id)
+                .map_err(|e| err("read")(e.into()))?
+            {
+                Some(v) => decode_proposal(v.value()).map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn list_proposals<'a>(&'a self) -> StoreFuture<'a, Vec<Proposal>> {
+        Box::pin(async move {
+            let table = self.read(PROPOSALS)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
+                let (_, v) = entry.map_err(|e| err("scan")(e.into()))?;
+                out.push(decode_proposal(v.value())?);
+            }
+            Ok(out)
+        })
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        self.submit(|reply| Op::GcProposals { before_ms, reply })
+    }
+
+    fn proposals_of<'a>(
+        &'a self,
+        tenant: &'a str,
+        requester: &'a str,
+    ) -> StoreFuture<'a, Vec<Proposal>> {
+        Box::pin(async move { of(&self.db, tenant, requester) })
+    }
+
+    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        let db = self.db.clone();
+        Box::pin(blocking(move || open_ones(&db)))
+    }
 }

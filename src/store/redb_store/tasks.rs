@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use redb::{Database, Durability, ReadableTable};
 
-use super::{blocking, decode_json, err, RedbStore, OPEN_TASKS, TASKS};
-use crate::store::{StoreError, StoreFuture};
+use super::{blocking, decode_json, err, tasks, RedbStore, OPEN_TASKS, TASKS};
+use crate::store::{StoreError, StoreFuture, Tasks};
 
 /// One durable write transaction on the tasks table: `f` reads and writes
 /// it, and the commit is fsynced before the answer (a task the client was
@@ -226,4 +226,35 @@ pub(super) fn tasks_gc(store: &RedbStore, before_ms: i64) -> StoreFuture<'_, usi
         }
         Ok(stale.len())
     }))
+}
+
+impl Tasks for RedbStore {
+    fn task_create(
+        &self,
+        task: crate::core::task::TaskRecord,
+    ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
+        tasks::task_create(self, task)
+    }
+
+    fn task_get<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> StoreFuture<'a, Option<crate::core::task::TaskRecord>> {
+        tasks::task_get(self, id)
+    }
+
+    fn tasks(
+        &self,
+        filter: crate::store::TaskFilter,
+    ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
+        tasks::tasks(self, filter)
+    }
+
+    fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
+        tasks::task_put(self, task)
+    }
+
+    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        tasks::tasks_gc(self, before_ms)
+    }
 }
