@@ -937,4 +937,4 @@ mod words;
 pub use words::{flags, queue_key, queue_order, summary};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -62,6 +62,8 @@ pub mod notify;
 pub mod passkey;
 pub(crate) mod recovery;
 pub mod redact;
+pub mod refusal;
+pub mod review;
 pub mod reviewers;
 pub mod signed_request;
 pub mod task;

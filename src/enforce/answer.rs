@@ -9,10 +9,10 @@ use serde_json::{json, Value};
 
 pub mod task;
 
-use super::flight::{ApprovalCode, ApprovalNote, ConfirmCode, Outcome, Question};
 use super::outcome::CallOutcome;
 use super::upstream::UpstreamError;
 use crate::core::ledger::Answer;
+use crate::core::refusal::{ApprovalCode, ApprovalNote, ConfirmCode, Outcome, Question};
 use crate::wire::era::{Era, HeaderProblem, HANDSHAKE_VERSIONS, MODERN_VERSIONS};
 use crate::wire::jsonrpc::{code, raw, Message, ParseError};
 use crate::wire::members;

@@ -11,15 +11,15 @@ use tokio::sync::broadcast;
 
 use crate::audit::AuditSink;
 use crate::core::approval::{
-    self, ApprovalError, Confirmation, DefinitionChange, Given, Proposal, ProposalState, Quorum,
-    Revision, Risk, SignedDecision, Statement, Verdict,
+    ApprovalError, Confirmation, DefinitionChange, Given, Proposal, ProposalState, Quorum,
+    Revision, Risk, SignedDecision, Statement,
 };
 use crate::core::config::ApprovalsConfig;
 use crate::core::identity::Identity;
-use crate::core::notify::{self, Notice};
+use crate::core::refusal::{ApprovalCode, ApprovalNote};
+use crate::core::review::{self, decided_kind, note, Step};
 use crate::core::reviewers::{Reviewer, Reviewers};
-use crate::core::time::{ms, parse_rfc3339, rfc3339, Clock};
-use crate::enforce::flight::{ApprovalCode, ApprovalNote};
+use crate::core::time::{ms, rfc3339, Clock};
 use crate::store::{Store, StoreError};
 
 /// A change, for the control API's event stream.
@@ -138,6 +138,17 @@ pub enum DecideError {
     Store(#[from] StoreError),
 }
 
+impl From<review::Refusal> for DecideError {
+    fn from(r: review::Refusal) -> DecideError {
+        match r {
+            review::Refusal::TooLate { id, state, by } => DecideError::TooLate { id, state, by },
+            review::Refusal::NotPending { id, state } => DecideError::NotPending { id, state },
+            review::Refusal::Refused(why) => DecideError::Refused(why),
+            review::Refusal::Forbidden(why) => DecideError::Forbidden(why),
+        }
+    }
+}
+
 /// What a decision is judged under: the policy set in force (its digest,
 /// which a version-3 statement must name) and the reviewers file in force
 /// (whose groups a quorum is matched against).
@@ -147,25 +158,6 @@ pub struct Under<'a> {
     pub policy_set: &'a str,
     /// The reviewers file in force.
     pub reviewers: &'a Reviewers,
-}
-
-/// What `p`'s approvals still lack under `reviewers` in force: an approval
-/// counts while its reviewer is registered with the key that signed it and
-/// covers the tenant, with the groups the file gives them now. `None`: the
-/// quorum is met.
-pub(crate) fn quorum_missing(p: &Proposal, reviewers: &Reviewers) -> Option<approval::Missing> {
-    let approvers: Vec<(&str, &[String])> = p
-        .approvals
-        .iter()
-        .filter_map(|g| {
-            let r = reviewers.get(g.reviewer())?;
-            (r.has_key(&g.signed.public_key)
-                && r.covers(&p.tenant)
-                && !r.is_requester(&p.requester, &p.requester_aka))
-            .then_some((r.name.as_str(), r.groups.as_slice()))
-        })
-        .collect();
-    p.quorum.missing(&approvers)
 }
 
 /// How many locks the requesters' create-or-join is striped over.
@@ -195,26 +187,6 @@ pub struct Book {
     /// `ORIGIN/review/p/` when the review console is on: proposal events
     /// carry their page's URL.
     review_url: std::sync::OnceLock<String>,
-}
-
-/// The fields every proposal entry of the audit log carries.
-fn proposal_fields(p: &Proposal) -> serde_json::Map<String, Value> {
-    let mut f = serde_json::Map::new();
-    f.insert("proposal_id".into(), Value::from(p.id.clone()));
-    f.insert("principal".into(), Value::from(p.requester.clone()));
-    f.insert("tenant".into(), Value::from(p.tenant.clone()));
-    f.insert("server".into(), Value::from(p.server.clone()));
-    f.insert("tool".into(), Value::from(p.tool.clone()));
-    f.insert("call_digest".into(), Value::from(p.call_digest.clone()));
-    f.insert(
-        "resource_version".into(),
-        p.resource_version.clone().map_or(Value::Null, Value::from),
-    );
-    f.insert(
-        "tool_definition".into(),
-        p.tool_definition.clone().map_or(Value::Null, Value::from),
-    );
-    f
 }
 
 impl Book {
@@ -260,97 +232,6 @@ impl Book {
         self
     }
 
-    /// The notices `p`'s change announces (none without webhooks): created,
-    /// decided (approved, quorum met, denied, an approval withdrawn), or
-    /// expired.
-    fn announce(
-        &self,
-        p: &Proposal,
-        from: Option<ProposalState>,
-        withdrawn: Option<&str>,
-    ) -> Vec<Notice> {
-        if self.webhooks.is_empty() {
-            return Vec::new();
-        }
-        use crate::core::config::EventKind as K;
-        let by = |d: &Option<SignedDecision>| {
-            d.as_ref()
-                .map(|d| {
-                    (
-                        format!("reviewer {}", d.statement.reviewer),
-                        d.statement.reason.clone(),
-                    )
-                })
-                .unwrap_or_default()
-        };
-        let (kind, decision) = match (from, p.state, withdrawn) {
-            (None, ProposalState::Pending, _) => (K::ProposalCreated, None),
-            (Some(ProposalState::Pending), ProposalState::Pending, Some(who)) => (
-                K::ProposalDecided,
-                Some((
-                    "approval withdrawn".to_owned(),
-                    format!("reviewer {who}"),
-                    String::new(),
-                )),
-            ),
-            (Some(ProposalState::Pending), ProposalState::Approved, _) => {
-                let what = if p.quorum.is_single() {
-                    "approved"
-                } else {
-                    "quorum met"
-                };
-                let (who, reason) = match &p.confirmation {
-                    Some(c) => (
-                        format!("the person at the client ({})", c.principal),
-                        c.reason.clone(),
-                    ),
-                    None => by(&p.decision),
-                };
-                (K::ProposalDecided, Some((what.to_owned(), who, reason)))
-            }
-            (Some(ProposalState::Pending), ProposalState::Denied, _) => {
-                let (who, reason) = match &p.confirmation {
-                    Some(c) => (
-                        format!("the person at the client ({})", c.principal),
-                        c.reason.clone(),
-                    ),
-                    None => by(&p.decision),
-                };
-                (K::ProposalDecided, Some(("denied".to_owned(), who, reason)))
-            }
-            (Some(_), ProposalState::Expired, _) => (K::ProposalExpired, None),
-            _ => return Vec::new(),
-        };
-        let decision = decision
-            .as_ref()
-            .map(|(w, b, r)| (w.as_str(), b.as_str(), r.as_str()));
-        let pending_until = p.created_ms.saturating_add(ms(self.config.pending_ttl));
-        let mut event = notify::Event::proposal(kind, p, decision, pending_until);
-        // Before the event is queued: a value `audit.redact` names is in
-        // neither the outbox nor any webhook's body.
-        if let Some(arguments) = event.facts.get_mut("arguments") {
-            crate::core::redact::redact(arguments, &self.redact);
-        }
-        if let Some(prefix) = self.review_url.get() {
-            event.facts.insert(
-                "review_url".into(),
-                Value::from(format!("{prefix}{}", p.id)),
-            );
-        }
-        event.notices(&self.webhooks, self.clock.now_ms())
-    }
-
-    /// Record a proposal's change in the audit log.
-    fn audit(&self, kind: &'static str, p: &Proposal, extra: &[(&str, Value)]) {
-        if let Some(a) = &self.audit {
-            let mut f = proposal_fields(p);
-            for (k, v) in extra {
-                f.insert((*k).to_owned(), v.clone());
-            }
-            a.record(kind, f);
-        }
-    }
-
     /// The review console is at this origin: proposal events carry
     /// `review_url` (this prefix and the proposal id).
     pub(crate) fn set_review_url(&self, prefix: String) {
@@ -375,14 +256,6 @@ impl Book {
     /// Live changes.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
-    }
-
-    fn publish(&self, kind: &'static str, p: &Proposal) {
-        // No receivers is fine: nobody is watching.
-        let _ = self.events.send(Event {
-            kind,
-            proposal: p.clone(),
-        });
     }
 
     /// Publish a proposal changed outside the book (consumed by the store's
@@ -502,218 +375,102 @@ impl Book {
         let _making = self.making_for(&who.tenant, &who.principal).lock().await;
         let now = self.clock.now_ms();
         let mine: Vec<Proposal> = self.store.proposals_of(&who.tenant, &who.principal).await?;
-        // The newest proposal for this call. Within one millisecond (a
-        // proposal invalidated and its replacement made at once), one still in
-        // play wins over a void one, whatever their random ids say.
-        let live =
-            |p: &Proposal| !matches!(p.state, ProposalState::Invalidated | ProposalState::Expired);
-        let latest = mine
-            .iter()
-            .filter(|p| p.same_call(&who.tenant, &who.principal, ask.server, ask.digest))
-            .max_by(|a, b| {
-                a.created_ms
-                    .cmp(&b.created_ms)
-                    .then(live(a).cmp(&live(b)))
-                    .then(a.id.cmp(&b.id))
-            })
-            .cloned();
-        // Flooding: a requester with `approvals.max_pending` proposals
-        // waiting gets no new one (reviewers' queues stay readable, the
-        // store stays bounded); calls that join or use an existing proposal
-        // are unaffected. The call does not run.
-        let continues = latest.as_ref().is_some_and(|p| {
-            matches!(
-                p.state,
-                ProposalState::Pending | ProposalState::Approved | ProposalState::Denied
-            ) || p.consumed_by.as_deref() == Some(ask.key)
-        });
-        let waiting = mine
-            .iter()
-            .filter(|p| p.state == ProposalState::Pending)
-            .count();
-        if !continues && waiting >= self.config.max_pending {
-            tracing::warn!(requester = %who.principal, tenant = %who.tenant, waiting, "proposal refused: too many pending");
-            return Ok(Found::Refuse(ApprovalNote {
-                code: ApprovalCode::Pending,
-                proposal_id: None,
-                revises: None,
-                reason: Some(format!(
-                    "{waiting} of your proposals are already waiting for reviewers (approvals.max_pending); \
-                     no new one was made"
-                )),
-                by_client: false,
-            }));
-        }
-        let Some(p) = latest else {
-            return self.create(ask, &mine, now).await.map(Found::Wait);
+        let call = review::HeldCall {
+            tenant: &who.tenant,
+            requester: &who.principal,
+            server: ask.server,
+            digest: ask.digest,
+            key: ask.key,
+            resource_version: ask.resource_version,
+            tool_definition: ask.tool_definition,
+            quorum: ask.quorum,
         };
-        match p.state {
-            ProposalState::Approved => {
-                if p.expires_ms.is_none_or(|e| e <= now) {
-                    let mut expired = p.clone();
-                    expired.state = ProposalState::Expired;
-                    expired.reason = Some("approved, but not used before its expiry".into());
-                    expired.updated_ms = now;
-                    if self
-                        .write(&mut expired, Some(ProposalState::Approved))
-                        .await?
-                    {
-                        self.audit("approval_expired", &p, &[]);
-                    }
-                    let fresh = self.create(ask, &mine, now).await?;
-                    return Ok(Found::Refuse(note(ApprovalCode::Expired, &fresh, None)));
-                }
-                if p.resource_version.as_deref() != ask.resource_version {
-                    let reason = format!(
-                        "the resource version changed from `{}` to `{}` after the approval",
-                        p.resource_version.as_deref().unwrap_or("none"),
-                        ask.resource_version.unwrap_or("none")
-                    );
-                    self.invalidate(&p, &reason).await?;
-                    let fresh = self.create(ask, &mine, now).await?;
-                    return Ok(Found::Refuse(note(
-                        ApprovalCode::Stale,
-                        &fresh,
-                        Some(reason),
-                    )));
-                }
-                if p.tool_definition.as_deref() != ask.tool_definition {
-                    // A yes given for one definition of a tool never runs it
-                    // under another: the server may have changed what the
-                    // tool does since the reviewer looked.
-                    let reason = format!(
-                        "the tool's definition changed from `{}` to `{}` after the approval",
-                        p.tool_definition.as_deref().unwrap_or("none"),
-                        ask.tool_definition.unwrap_or("none")
-                    );
-                    self.invalidate(&p, &reason).await?;
-                    return self.create(ask, &mine, now).await.map(Found::Wait);
-                }
-                if !reviewer_still_valid(&p, reviewers) {
-                    self.invalidate(
-                        &p,
-                        "the approving reviewer is no longer registered with that key",
-                    )
-                    .await?;
-                    return self.create(ask, &mine, now).await.map(Found::Wait);
-                }
-                // The policies in force now may ask for more reviewers than
-                // approved it: then it waits for them again, with the
-                // approvals it has.
-                if p.quorum != *ask.quorum && p.confirmation.is_none() {
-                    let mut next = p.clone();
-                    next.quorum = ask.quorum.clone();
-                    next.updated_ms = now;
-                    if quorum_missing(&next, reviewers).is_some() {
-                        next.state = ProposalState::Pending;
-                        next.expires_ms = None;
-                        next.decision = None;
-                    }
-                    if !self.write(&mut next, Some(ProposalState::Approved)).await? {
-                        // Changed in between: the caller looks again.
-                        return Ok(Found::Wait(p));
-                    }
-                    self.audit(
-                        "quorum_changed",
-                        &next,
-                        &[(
-                            "quorum",
-                            serde_json::to_value(&next.quorum).unwrap_or(Value::Null),
-                        )],
-                    );
-                    return Ok(if next.state == ProposalState::Approved {
-                        Found::Usable(next)
-                    } else {
-                        Found::Wait(next)
-                    });
-                }
-                Ok(Found::Usable(p))
+        match review::step(&mine, &call, reviewers, now, self.config.max_pending) {
+            Step::Flooded(note) => {
+                tracing::warn!(requester = %who.principal, tenant = %who.tenant, "proposal refused: too many pending");
+                Ok(Found::Refuse(note))
             }
-            // A retry of the key that consumed it (its first attempt was
-            // proven not sent): the same consumption, not a second one.
-            ProposalState::Consumed if p.consumed_by.as_deref() == Some(ask.key) => {
-                Ok(Found::Usable(p))
-            }
-            // A quorum whose first approval expired before it was met: a
-            // later approval cannot complete it; this call needs a new one.
-            ProposalState::Pending if self.quorum_lapsed(&p, now).await? => {
+            Step::Create => self.create(ask, &mine, now).await.map(Found::Wait),
+            Step::ExpireThenRefresh { was, mut expired } => {
+                if self
+                    .write(&mut expired, Some(ProposalState::Approved))
+                    .await?
+                {
+                    self.audit("approval_expired", &was, &[]);
+                }
                 let fresh = self.create(ask, &mine, now).await?;
                 Ok(Found::Refuse(note(ApprovalCode::Expired, &fresh, None)))
             }
-            ProposalState::Pending
-                if p.resource_version.as_deref() == ask.resource_version
-                    && p.tool_definition.as_deref() == ask.tool_definition =>
-            {
-                let mut joined = p.clone();
-                joined.joined = joined.joined.saturating_add(1);
-                joined.updated_ms = now;
-                // The quorum the policies ask for now; approvals already
-                // gathered may meet a smaller one.
-                joined.quorum = ask.quorum.clone();
-                if !joined.approvals.is_empty() && quorum_missing(&joined, reviewers).is_none() {
-                    joined.state = ProposalState::Approved;
-                    joined.expires_ms = joined.earliest_expiry();
-                    joined.decision = joined.approvals.last().map(|g| g.signed.clone());
+            Step::Replace { old, reason, code } => {
+                self.invalidate(&old, &reason).await?;
+                let fresh = self.create(ask, &mine, now).await?;
+                Ok(match code {
+                    Some(code) => Found::Refuse(note(code, &fresh, Some(reason))),
+                    None => Found::Wait(fresh),
+                })
+            }
+            Step::Requorum { was, mut next } => {
+                if !self.write(&mut next, Some(ProposalState::Approved)).await? {
+                    // Changed in between: the caller looks again.
+                    return Ok(Found::Wait(was));
                 }
-                if self
+                self.audit(
+                    "quorum_changed",
+                    &next,
+                    &[(
+                        "quorum",
+                        serde_json::to_value(&next.quorum).unwrap_or(Value::Null),
+                    )],
+                );
+                Ok(if next.state == ProposalState::Approved {
+                    Found::Usable(next)
+                } else {
+                    Found::Wait(next)
+                })
+            }
+            Step::Usable(p) => Ok(Found::Usable(p)),
+            Step::Lapsed { was, mut expired } => {
+                self.expire_lapsed(&was, &mut expired).await?;
+                let fresh = self.create(ask, &mine, now).await?;
+                Ok(Found::Refuse(note(ApprovalCode::Expired, &fresh, None)))
+            }
+            Step::Join { was, mut joined } => {
+                if !self
                     .write(&mut joined, Some(ProposalState::Pending))
                     .await?
                 {
-                    if joined.state == ProposalState::Approved {
-                        self.audit(
-                            "approval_granted",
-                            &joined,
-                            &[
-                                ("channel", Value::from("reviewer")),
-                                (
-                                    "approvers",
-                                    joined
-                                        .approvals
-                                        .iter()
-                                        .map(|g| Value::from(g.reviewer()))
-                                        .collect(),
-                                ),
-                                (
-                                    "quorum",
-                                    serde_json::to_value(&joined.quorum).unwrap_or(Value::Null),
-                                ),
-                            ],
-                        );
-                        return Ok(Found::Usable(joined));
-                    }
-                    Ok(Found::Wait(joined))
-                } else {
                     // Decided in between: the caller looks again.
-                    Ok(Found::Wait(p))
+                    return Ok(Found::Wait(was));
                 }
+                if joined.state != ProposalState::Approved {
+                    return Ok(Found::Wait(joined));
+                }
+                self.audit(
+                    "approval_granted",
+                    &joined,
+                    &[
+                        ("channel", Value::from("reviewer")),
+                        (
+                            "approvers",
+                            joined
+                                .approvals
+                                .iter()
+                                .map(|g| Value::from(g.reviewer()))
+                                .collect(),
+                        ),
+                        (
+                            "quorum",
+                            serde_json::to_value(&joined.quorum).unwrap_or(Value::Null),
+                        ),
+                    ],
+                );
+                Ok(Found::Usable(joined))
             }
-            ProposalState::Pending => {
-                self.invalidate(
-                    &p,
-                    "superseded: the resource version or the tool's definition changed while pending",
-                )
-                    .await?;
-                self.create(ask, &mine, now).await.map(Found::Wait)
-            }
-            ProposalState::Denied => {
-                let reason = match (&p.confirmation, &p.decision) {
-                    (Some(c), _) => Some(c.reason.clone()).filter(|r| !r.is_empty()),
-                    (None, Some(d)) => Some(d.statement.reason.clone()),
-                    (None, None) => None,
-                };
-                let mut n = note(ApprovalCode::Denied, &p, reason);
-                n.by_client = p.confirmation.is_some();
-                Ok(Found::Refuse(n))
-            }
-            // An approval that expired unused (found by the sweep): say so
-            // once, with the fresh proposal that replaces it.
-            ProposalState::Expired if p.decision.is_some() => {
+            Step::Refuse(note) => Ok(Found::Refuse(note)),
+            Step::Refresh => {
                 let fresh = self.create(ask, &mine, now).await?;
                 Ok(Found::Refuse(note(ApprovalCode::Expired, &fresh, None)))
             }
-            // Consumed by another key, expired while pending, invalidated:
-            // this call needs a new yes.
-            _ => self.create(ask, &mine, now).await.map(Found::Wait),
         }
     }
 
@@ -833,7 +590,7 @@ impl Book {
             .filter(|p| reviewer.covers(&p.tenant))
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
         if p.state != ProposalState::Pending {
-            return Err(not_pending(&p));
+            return Err(review::not_pending(&p).into());
         }
         // What the statement binds does not change while a proposal is
         // pending: checked once, against the policy set in force.
@@ -873,118 +630,44 @@ impl Book {
         // again (a replay, or a client retrying an old body), it is refused.
         let digest = statement.digest().map_err(refused)?;
         let now = self.clock.now_ms();
-        let skew = ms(self.config.clock_skew);
-        let issued = parse_rfc3339(&statement.issued_at).ok_or_else(|| {
-            DecideError::Refused(format!(
-                "`issued_at` `{}` is not RFC 3339",
-                statement.issued_at
-            ))
-        })?;
-        if (issued - now).abs() > skew {
-            return Err(DecideError::Refused(format!(
-                "`issued_at` {} is too far from the gateway's clock ({}): check the reviewer's clock",
-                statement.issued_at,
-                rfc3339(now)
-            )));
-        }
-        let expires = parse_rfc3339(&statement.expires_at).ok_or_else(|| {
-            DecideError::Refused(format!(
-                "`expires_at` `{}` is not RFC 3339",
-                statement.expires_at
-            ))
-        })?;
-        match statement.decision {
-            // The reviewer chooses the expiry; the gateway caps it at
-            // `approvals.ttl` after signing (never extends it).
-            Verdict::Approve if expires <= now => {
-                return Err(DecideError::Refused(format!(
-                    "`expires_at` {} is already past",
-                    statement.expires_at
-                )))
-            }
-            Verdict::Deny if statement.reason.trim().is_empty() => {
-                return Err(DecideError::Refused(
-                    "a denial needs a reason (`--reason TEXT`): the agent and the audit log get it"
-                        .into(),
-                ))
-            }
-            _ => {}
-        }
+        let expires_ms = review::timely(
+            &statement,
+            now,
+            ms(self.config.clock_skew),
+            ms(self.config.ttl),
+        )?;
         let given = Given {
             signed: SignedDecision {
-                statement: statement.clone(),
+                statement,
                 signature,
                 public_key,
                 passkey,
             },
             groups: reviewer.groups.clone(),
-            expires_ms: expires.min(issued.saturating_add(ms(self.config.ttl))),
+            expires_ms,
         };
         // Change and write over the revision read; a write that finds
         // another reviewer's decision landed first reads again.
         for _ in 0..16 {
             if p.state != ProposalState::Pending {
-                return Err(not_pending(&p));
+                return Err(review::not_pending(&p).into());
             }
-            if self.quorum_lapsed(&p, now).await? {
+            if let Some(mut expired) = review::lapsed(&p, now) {
+                self.expire_lapsed(&p, &mut expired).await?;
                 return Err(DecideError::NotPending {
                     id: p.id.clone(),
                     state: ProposalState::Expired.as_str(),
                 });
             }
-            if p.withdrawn.contains(&digest) {
-                return Err(DecideError::Refused(format!(
-                    "this approval of proposal `{id}` was withdrawn: the same signed statement is never accepted again (approve anew to sign a new one)"
-                )));
-            }
-            if let Some(g) = p
-                .approvals
-                .iter()
-                .chain(&p.denials)
-                .find(|g| g.reviewer() == reviewer.name)
-            {
-                let did = match g.signed.statement.decision {
-                    Verdict::Approve => "approved",
-                    Verdict::Deny => "denied",
-                };
-                return Err(DecideError::Refused(format!(
-                    "reviewer `{}` already {did} proposal `{id}`: a reviewer counts once, whichever key or gateway they use{}",
-                    reviewer.name,
-                    if did == "approved" { " (`countersign withdraw` takes an approval back while the quorum is not met)" } else { "" }
-                )));
-            }
-            let mut next = p.clone();
-            next.updated_ms = now;
-            match statement.decision {
-                Verdict::Approve => {
-                    may_approve(&p).map_err(DecideError::Forbidden)?;
-                    // The requester never counts, whatever the policies
-                    // say: a quorum is other people's eyes on the call.
-                    if reviewer.is_requester(&p.requester, &p.requester_aka) {
-                        return Err(DecideError::Forbidden(format!(
-                            "reviewer `{}` asked for this call (as `{}`): nobody approves their own call",
-                            reviewer.name, p.requester
-                        )));
-                    }
-                    next.approvals.push(given.clone());
-                    if quorum_missing(&next, under.reviewers).is_none() {
-                        next.state = ProposalState::Approved;
-                        next.expires_ms = next.earliest_expiry();
-                        next.decision = Some(given.signed.clone());
-                    }
-                }
-                Verdict::Deny => {
-                    next.denials.push(given.clone());
-                    if next.denials.len() >= p.quorum.denials as usize {
-                        next.state = ProposalState::Denied;
-                        next.decision = Some(given.signed.clone());
-                    }
-                    if p.quorum.denials <= 1 {
-                        // One denial ends it: the decision says it all.
-                        next.denials.clear();
-                    }
-                }
-            }
+            let mut next = review::decided(
+                &p,
+                &given,
+                &digest,
+                reviewer,
+                under.reviewers,
+                now,
+                &may_approve,
+            )?;
             if self.write(&mut next, Some(ProposalState::Pending)).await? {
                 self.decided(&next, reviewer, &given);
                 return Ok(next);
@@ -994,51 +677,6 @@ impl Book {
         Err(DecideError::Refused(format!(
             "proposal `{id}` kept changing while this decision was being recorded: try again"
         )))
-    }
-
-    /// A passkey's assertion over `statement` (W3C WebAuthn 7.2): its
-    /// challenge is the statement's digest, its credential one of the
-    /// reviewer's in `reviewers.toml`, and its counter above the last one
-    /// seen for that credential (when the authenticator keeps one: a cloned
-    /// authenticator falls behind).
-    async fn check_passkey(
-        &self,
-        statement: &Statement,
-        reviewer: &Reviewer,
-        assertion: &crate::core::passkey::Assertion,
-        origin: &str,
-        rp_id: &str,
-    ) -> Result<crate::core::approval::PasskeyProof, DecideError> {
-        let refused = DecideError::Refused;
-        let key = reviewer.passkey(&assertion.credential_id).ok_or_else(|| {
-            refused(format!(
-                "passkey `{}` is not one of reviewer `{}`'s in reviewers.toml",
-                assertion.credential_id, reviewer.name
-            ))
-        })?;
-        let digest = statement
-            .digest_bytes()
-            .map_err(|e| refused(e.to_string()))?;
-        let verified = crate::core::passkey::verify_assertion(
-            key,
-            assertion,
-            &crate::core::passkey::Expect {
-                challenge: &digest,
-                origin,
-                rp_id,
-            },
-        )
-        .map_err(|e| refused(format!("the passkey's assertion is refused: {e}")))?;
-        self.passkey_counter(&reviewer.name, &key.id, verified.counter)
-            .await
-            .map_err(refused)?;
-        Ok(crate::core::approval::PasskeyProof {
-            assertion: assertion.clone(),
-            credential_public_key: key.public_key.clone(),
-            alg: key.alg,
-            origin: origin.to_owned(),
-            rp_id: rp_id.to_owned(),
-        })
     }
 
     /// Record `counter` for credential `id` of `reviewer`: it must exceed
@@ -1070,86 +708,6 @@ impl Book {
         }
     }
 
-    /// Log and audit a decision just written: for a single reviewer, the
-    /// decision; with a quorum, one entry per reviewer's part, and one more
-    /// when the quorum is met or the denials end it. The signed statement
-    /// goes into the log whole: `audit verify` checks it against
-    /// reviewers.toml without trusting the gateway.
-    fn decided(&self, next: &Proposal, reviewer: &Reviewer, given: &Given) {
-        tracing::info!(proposal = %next.id, reviewer = %reviewer.name, state = next.state.as_str(), progress = %next.progress().unwrap_or_default(), "proposal decided");
-        let policy_set = given
-            .signed
-            .statement
-            .policy_set
-            .clone()
-            .map_or(Value::Null, Value::from);
-        let expires_at = next
-            .expires_ms
-            .map_or(Value::Null, |e| Value::from(rfc3339(e)));
-        if next.quorum.is_single() {
-            self.audit(
-                decided_kind(next),
-                next,
-                &[
-                    ("channel", Value::from("reviewer")),
-                    ("reviewer", Value::from(reviewer.name.clone())),
-                    (
-                        "approval",
-                        serde_json::to_value(&given.signed).unwrap_or(Value::Null),
-                    ),
-                    ("policy_set", policy_set),
-                    ("expires_at", expires_at),
-                ],
-            );
-            return;
-        }
-        let kind = match given.signed.statement.decision {
-            Verdict::Approve => "approval_partial",
-            Verdict::Deny => "denial_partial",
-        };
-        self.audit(
-            kind,
-            next,
-            &[
-                ("channel", Value::from("reviewer")),
-                ("reviewer", Value::from(reviewer.name.clone())),
-                ("groups", Value::from(given.groups.clone())),
-                (
-                    "approval",
-                    serde_json::to_value(&given.signed).unwrap_or(Value::Null),
-                ),
-                ("policy_set", policy_set),
-                (
-                    "quorum",
-                    serde_json::to_value(&next.quorum).unwrap_or(Value::Null),
-                ),
-                ("progress", Value::from(next.progress().unwrap_or_default())),
-            ],
-        );
-        if next.state != ProposalState::Pending {
-            let names = |list: &[Given]| -> Value {
-                list.iter().map(|g| Value::from(g.reviewer())).collect()
-            };
-            let (who, field) = match next.state {
-                ProposalState::Approved => (names(&next.approvals), "approvers"),
-                _ => (names(&next.denials), "deniers"),
-            };
-            self.audit(
-                decided_kind(next),
-                next,
-                &[
-                    ("channel", Value::from("reviewer")),
-                    (field, who),
-                    (
-                        "quorum",
-                        serde_json::to_value(&next.quorum).unwrap_or(Value::Null),
-                    ),
-                    ("expires_at", expires_at),
-                ],
-            );
-        }
-    }
-
     /// A reviewer takes their approval of a pending proposal back, before
     /// the quorum is met (DESIGN.md section 20). The request is signed by
     /// the reviewer (the control API checks that); once the quorum is met
@@ -1163,25 +721,7 @@ impl Book {
             .filter(|p| reviewer.covers(&p.tenant))
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
         for _ in 0..16 {
-            if p.state != ProposalState::Pending {
-                return Err(not_pending(&p));
-            }
-            let Some(at) = p
-                .approvals
-                .iter()
-                .position(|g| g.reviewer() == reviewer.name)
-            else {
-                return Err(DecideError::Refused(format!(
-                    "reviewer `{}` has no approval of proposal `{id}` to withdraw",
-                    reviewer.name
-                )));
-            };
-            let mut next = p.clone();
-            let gone = next.approvals.remove(at);
-            if let Ok(d) = gone.signed.statement.digest() {
-                next.withdrawn.push(d);
-            }
-            next.updated_ms = now;
+            let (mut next, gone) = review::withdrawn(&p, &reviewer.name, now)?;
             if self
                 .write_telling(
                     &mut next,
@@ -1224,31 +764,25 @@ impl Book {
             })
     }
 
-    /// A pending proposal whose earliest approval expired before the quorum
-    /// was met: expired now (a later approval cannot complete it, and a
-    /// retry of the call makes a new proposal). Returns whether it had.
-    async fn quorum_lapsed(&self, p: &Proposal, now: i64) -> Result<bool, StoreError> {
-        if p.state != ProposalState::Pending || p.earliest_expiry().is_none_or(|e| e > now) {
-            return Ok(false);
-        }
-        let mut next = p.clone();
-        next.state = ProposalState::Expired;
-        next.reason = Some("an approval expired before the quorum was reached".into());
-        next.updated_ms = now;
-        if self.write(&mut next, Some(ProposalState::Pending)).await? {
+    /// Write `expired` over the lapsed quorum `was` (from `pending`; see
+    /// [`review::lapsed`]), and say so in the audit log if this write made
+    /// it.
+    async fn expire_lapsed(
+        &self,
+        was: &Proposal,
+        expired: &mut Proposal,
+    ) -> Result<(), StoreError> {
+        if self.write(expired, Some(ProposalState::Pending)).await? {
             self.audit(
                 "approval_expired",
-                p,
+                was,
                 &[
                     ("was", Value::from("pending")),
-                    (
-                        "reason",
-                        Value::from("an approval expired before the quorum was reached"),
-                    ),
+                    ("reason", Value::from(review::LAPSED)),
                 ],
             );
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Write a decided proposal over its pending self; the first decision
@@ -1258,7 +792,7 @@ impl Book {
             return Ok(());
         }
         Err(match self.store.get_proposal(&next.id).await? {
-            Some(now) => not_pending(&now),
+            Some(now) => review::not_pending(&now).into(),
             None => DecideError::NotPending {
                 id: next.id,
                 state: "gone",
@@ -1306,36 +840,7 @@ impl Book {
             .get_proposal(id)
             .await?
             .ok_or_else(|| DecideError::NotFound(id.to_owned()))?;
-        if p.state != ProposalState::Pending {
-            return Err(not_pending(&p));
-        }
-        // A yes in the client is the requester's own: it can never be one
-        // of the distinct reviewers a quorum asks for.
-        if !p.quorum.is_single() {
-            return Err(DecideError::Refused(format!(
-                "proposal `{id}` needs {} reviewers: a yes in the client is the requester's own and does not count towards them",
-                p.quorum.needed()
-            )));
-        }
-        // Only the requester answers in the client: the question went to
-        // their session or their state, and the answer must come back the same way.
-        if c.principal != p.requester {
-            return Err(DecideError::Refused(format!(
-                "proposal `{id}` is `{}`'s call; `{}` cannot answer it",
-                p.requester, c.principal
-            )));
-        }
-        let now = self.clock.now_ms();
-        let mut next = p.clone();
-        next.updated_ms = now;
-        match c.decision {
-            Verdict::Approve => {
-                next.state = ProposalState::Approved;
-                next.expires_ms = Some(now.saturating_add(ms(self.config.ttl)));
-            }
-            Verdict::Deny => next.state = ProposalState::Denied,
-        }
-        next.confirmation = Some(c.clone());
+        let next = review::confirmed(&p, &c, self.clock.now_ms(), ms(self.config.ttl))?;
         self.settle(next.clone()).await?;
         tracing::info!(proposal = %id, principal = %c.principal, via = %c.via, state = next.state.as_str(), "proposal answered in the client");
         self.audit(
@@ -1357,48 +862,18 @@ impl Book {
         Ok(next)
     }
 
-    /// An answer from the client that came after another answer won:
-    /// recorded, never applied.
-    pub fn too_late(&self, p: &Proposal, c: &Confirmation, why: &str) {
-        tracing::warn!(proposal = %p.id, principal = %c.principal, "the client's answer came too late: {why}");
-        self.audit(
-            "confirmation_too_late",
-            p,
-            &[
-                ("channel", Value::from("client")),
-                (
-                    "confirmation",
-                    serde_json::to_value(c).unwrap_or(Value::Null),
-                ),
-                ("reason", Value::from(why)),
-            ],
-        );
-    }
-
     /// Expire approvals past their expiry and proposals pending too long;
     /// forget final ones older than `retention`.
     pub async fn sweep(&self, retention: std::time::Duration) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
         let mut changed = 0;
         for p in self.store.open_proposals().await? {
-            if self.quorum_lapsed(&p, now).await? {
+            if let Some(mut expired) = review::lapsed(&p, now) {
+                self.expire_lapsed(&p, &mut expired).await?;
                 changed += 1;
                 continue;
             }
-            let expired = match p.state {
-                ProposalState::Approved => p.expires_ms.is_none_or(|e| e <= now),
-                ProposalState::Pending => now - p.created_ms > ms(self.config.pending_ttl),
-                _ => false,
-            };
-            if expired {
-                let mut next = p.clone();
-                next.state = ProposalState::Expired;
-                next.reason = Some(if p.state == ProposalState::Approved {
-                    "approved, but not used before its expiry".into()
-                } else {
-                    "nobody decided it in time".into()
-                });
-                next.updated_ms = now;
+            if let Some(mut next) = review::overdue(&p, now, ms(self.config.pending_ttl)) {
                 if self.write(&mut next, Some(p.state)).await? {
                     self.audit(
                         "approval_expired",
@@ -1414,88 +889,7 @@ impl Book {
     }
 }
 
-fn note(code: ApprovalCode, p: &Proposal, reason: Option<String>) -> ApprovalNote {
-    ApprovalNote {
-        code,
-        proposal_id: Some(p.id.clone()),
-        revises: p.revises.as_ref().map(|r| r.proposal_id.clone()),
-        reason,
-        by_client: false,
-    }
-}
-
-/// The audit kind of a decision just made.
-fn decided_kind(p: &Proposal) -> &'static str {
-    if p.state == ProposalState::Approved {
-        "approval_granted"
-    } else {
-        "approval_denied"
-    }
-}
-
-/// Who answered `p`, in words.
-pub(crate) fn answered_by(p: &Proposal) -> String {
-    match (&p.confirmation, &p.decision) {
-        (Some(c), _) => format!("the person at the client ({})", c.principal),
-        (None, Some(d)) => format!("reviewer {}", d.statement.reviewer),
-        (None, None) => "the gateway".into(),
-    }
-}
-
-/// The refusal for a proposal that is no longer pending: too late when
-/// someone answered it, else not pending.
-fn not_pending(p: &Proposal) -> DecideError {
-    if p.confirmation.is_some() || p.decision.is_some() {
-        DecideError::TooLate {
-            id: p.id.clone(),
-            state: p.state.as_str(),
-            by: answered_by(p),
-        }
-    } else {
-        DecideError::NotPending {
-            id: p.id.clone(),
-            state: p.state.as_str(),
-        }
-    }
-}
-
-/// Revalidation: the reviewer who approved is still in `reviewers.toml`,
-/// with the key that signed. Removing a reviewer voids their unused yeses.
-/// A yes from the client is the requester's own: it stays valid (the
-/// `confirm` policy is asked again at execution start).
-fn reviewer_still_valid(p: &Proposal, reviewers: &Reviewers) -> bool {
-    if let Some(c) = &p.confirmation {
-        return c.principal == p.requester && c.decision == Verdict::Approve;
-    }
-    let Some(d) = &p.decision else {
-        return false;
-    };
-    // A quorum: every approval still counts, and together they still meet
-    // it under the reviewers file in force (a reviewer who left, or lost
-    // the group they were counted for, voids it).
-    if !p.approvals.is_empty() {
-        let all_count = p.approvals.iter().all(|g| {
-            reviewers.get(g.reviewer()).is_some_and(|r| {
-                r.has_key(&g.signed.public_key)
-                    && r.covers(&p.tenant)
-                    && !r.is_requester(&p.requester, &p.requester_aka)
-            })
-        });
-        return all_count && quorum_missing(p, reviewers).is_none();
-    }
-    // A reviewer since listed as the requester (`principals`) no longer
-    // counts: the file in force says the yes was their own.
-    reviewers.get(&d.statement.reviewer).is_some_and(|r| {
-        r.has_key(&d.public_key)
-            && r.covers(&p.tenant)
-            && !r.is_requester(&p.requester, &p.requester_aka)
-    })
-}
-
-/// The pending answer for a proposal.
-pub(crate) fn pending(p: &Proposal) -> ApprovalNote {
-    note(ApprovalCode::Pending, p, None)
-}
-
+mod passkey;
 #[cfg(test)]
 mod tests;
+mod told;

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::breakers::Admitted;
-use super::flight::{Lookup, Outcome, Settled};
+use super::flight::{Lookup, Settled};
 use super::outcome::CallOutcome;
 use super::upstream::UpstreamError;
 use crate::audit::trail::Trail;
@@ -26,11 +26,12 @@ use crate::core::decision;
 use crate::core::identity::Identity;
 use crate::core::ledger::{self, Answer, Claim};
 use crate::core::recovery::Backoff;
+use crate::core::refusal::Outcome;
 use crate::store::StoreError;
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::Message;
 
-use super::flight::ApprovalCode;
+use crate::core::refusal::ApprovalCode;
 
 /// Who is calling, for idempotency keys: the identity and the session scope
 /// (the bridge's stable scope, the session id, or none when stateless).

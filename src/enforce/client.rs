@@ -19,12 +19,13 @@ use std::collections::HashMap;
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
 
-use super::book::{answered_by, Book, DecideError};
-use super::flight::{ConfirmCode, ConfirmRefusal, Outcome, Question};
+use super::book::{Book, DecideError};
 use crate::core::approval::{self, Confirmation, Proposal, ProposalState, Verdict};
 use crate::core::canonical::Reply;
 use crate::core::confirm::{self, Answer, StateClaims, STATE_TYPE};
 use crate::core::identity::Identity;
+use crate::core::refusal::{ConfirmCode, ConfirmRefusal, Outcome, Question};
+use crate::core::review::answered_by;
 use crate::core::time::rfc3339;
 use crate::store::StoreError;
 use crate::wire::jsonrpc::{raw, Message};
@@ -405,7 +406,7 @@ impl Asker {
         };
         let Some(decision) = verdict(&answer) else {
             // Dismissed: no decision; the proposal waits for reviewers.
-            return Replied::Stop(Outcome::Approval(super::book::pending(&p)));
+            return Replied::Stop(Outcome::Approval(crate::core::review::pending(&p)));
         };
         if ours {
             // The same answer again before its yes was used (the first retry

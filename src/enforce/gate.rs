@@ -14,7 +14,6 @@ use tracing::Instrument;
 use super::book::{Ask, Book, Found};
 use super::call::{claim, explicit_version, parse, risk, subject, Call, CallCtx};
 use super::client::Asker;
-use super::flight::{ApprovalCode, ApprovalNote, Outcome, Question};
 use super::judge::Judge;
 use super::learn::Learner;
 use super::outcome::CallOutcome;
@@ -26,6 +25,7 @@ use crate::core::approval::{Proposal, ProposalState};
 use crate::core::canonical;
 use crate::core::config::{Config, VersionProbe};
 use crate::core::decision::Decision;
+use crate::core::refusal::{ApprovalCode, ApprovalNote, Outcome, Question};
 use crate::core::time::{ms, Clock};
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{raw, Message};
@@ -368,15 +368,15 @@ impl Gate {
         loop {
             let left = hold_until.saturating_duration_since(Instant::now());
             if left.is_zero() || *draining.borrow() {
-                return Some(Chosen::Refuse(Outcome::Approval(super::book::pending(
-                    proposal,
-                ))));
+                return Some(Chosen::Refuse(Outcome::Approval(
+                    crate::core::review::pending(proposal),
+                )));
             }
             let tick = self.config.approvals.progress_interval.min(left);
             tokio::select! {
                 _ = draining.changed() => {
                     tracing::info!(proposal = %proposal.id, "shutting down: a held call answers approval_pending");
-                    return Some(Chosen::Refuse(Outcome::Approval(super::book::pending(proposal))));
+                    return Some(Chosen::Refuse(Outcome::Approval(crate::core::review::pending(proposal))));
                 }
                 change = changes.recv() => match change {
                     Ok(e) if e.proposal.id == proposal.id && e.proposal.state != ProposalState::Pending => return None,
@@ -384,7 +384,7 @@ impl Gate {
                     // Missed some: look again rather than wait blind.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return None,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                        return Some(Chosen::Refuse(Outcome::Approval(super::book::pending(proposal))));
+                        return Some(Chosen::Refuse(Outcome::Approval(crate::core::review::pending(proposal))));
                     }
                 },
                 () = tokio::time::sleep(tick) => {

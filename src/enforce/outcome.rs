@@ -1,9 +1,9 @@
 //! How a `tools/call` ended, as a value: what the pipeline returns and the
 //! answer module words.
 
-use super::flight::Outcome;
 use super::upstream::UpstreamError;
 use crate::core::ledger::Answer;
+use crate::core::refusal::Outcome;
 use crate::store::StoreError;
 use crate::wire::jsonrpc::Message;
 

@@ -43,7 +43,7 @@ use super::call::{
 };
 pub use super::call::{CallCtx, Caller};
 use super::client::{Asker, Replied};
-use super::flight::{Idempotency, Outcome, Retention};
+use super::flight::{Idempotency, Retention};
 use super::gate::Gate;
 use super::judge::Judge;
 use super::learn::Learner;
@@ -58,6 +58,7 @@ use crate::core::canonical::{self, CanonicalCall};
 use crate::core::catalog::Catalog;
 use crate::core::config::Config;
 use crate::core::decision::{Decision, Policies};
+use crate::core::refusal::Outcome;
 use crate::core::time::Clock;
 use crate::store::{Store, StoreError};
 use crate::wire::jsonrpc::Message;

@@ -19,7 +19,7 @@ use super::call::{
     answer_of, completed_fields, failed, is_error, next_attempt, open_circuit, refused, settled,
     shared, unreachable_hold, Attempt, Call,
 };
-use super::flight::{follow, Idempotency, Outcome, ReadLead};
+use super::flight::{follow, Idempotency, ReadLead};
 use super::learn::Stale;
 use super::outcome::CallOutcome;
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
@@ -27,6 +27,7 @@ use super::upstream::UpstreamError;
 use crate::core::config::Config;
 use crate::core::ledger::{self, Answer};
 use crate::core::recovery::{classify_response, ResponseClass};
+use crate::core::refusal::Outcome;
 use crate::core::time::{ms, rfc3339, Clock};
 
 /// A cached read answer.

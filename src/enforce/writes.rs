@@ -18,9 +18,7 @@ use super::call::{
     refused, settled, unreachable_hold, Attempt, Call,
 };
 use super::client::Asker;
-use super::flight::{
-    follow, Idempotency, Lead, Lookup, Outcome, Reserve, Settled, Ticket, GATE_ROUNDS,
-};
+use super::flight::{follow, Idempotency, Lead, Lookup, Reserve, Settled, Ticket, GATE_ROUNDS};
 use super::gate::{Chosen, Gate};
 use super::guards::NotTaken;
 use super::metrics::Metrics;
@@ -31,6 +29,7 @@ use super::upstream::UpstreamError;
 use crate::core::config::Config;
 use crate::core::guard::Claim;
 use crate::core::recovery::{classify_response, ResponseClass};
+use crate::core::refusal::Outcome;
 use crate::core::time::Clock;
 
 /// Why a write attempt does not go on to dispatch.

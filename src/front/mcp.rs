@@ -154,7 +154,7 @@ async fn answer_in(
 /// countersign's attributes of a `tools/call` on its SERVER span: how it
 /// ended, whether it was a replay, and the proposal it waits on.
 fn record_outcome(span: &tracing::Span, outcome: &crate::enforce::outcome::CallOutcome) {
-    use crate::enforce::flight::Outcome;
+    use crate::core::refusal::Outcome;
     use crate::enforce::outcome::CallOutcome;
     span.record(
         "countersign.outcome",

@@ -29,7 +29,7 @@ fn the_guards_figures_are_in_the_summary_and_the_flags() {
     assert!(f.iter().all(|f| !f.contains('\u{1b}')), "{f:?}");
 }
 
-fn proposal() -> Proposal {
+pub(crate) fn proposal() -> Proposal {
     Proposal {
         id: "p-0123456789abcdef".into(),
         state: ProposalState::Pending,

@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 
 use super::codes;
+use crate::core::refusal::{ApprovalCode, ApprovalNote, Outcome};
 use crate::core::task::{Disposition, DISPOSITION_META};
-use crate::enforce::flight::{ApprovalCode, ApprovalNote, Outcome};
 use crate::enforce::outcome::CallOutcome;
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{code, Message};

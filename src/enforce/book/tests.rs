@@ -4,6 +4,7 @@ use ed25519_dalek::SigningKey;
 use proptest::prelude::*;
 
 use super::*;
+use crate::core::approval::Verdict;
 use crate::core::ledger::{Claim, Record, State};
 use crate::core::time::SystemClock;
 use crate::store::MemoryStore;
