@@ -92,3 +92,106 @@ fn gw_wait(mut gw: Gateway) -> std::process::ExitStatus {
     assert_eq!(gw.executions("charge_card"), 0, "nothing ran");
     status
 }
+
+/// The gateway run in this process through the same type `serve` runs it
+/// with: started, one write through it, then stopped. Every background
+/// task ends and is waited for, none panicked, the listener is closed, the
+/// audit log ends with the shutdown checkpoint after the call's entries,
+/// and the store is let go of last: reopened, it holds the call as
+/// complete with its journal folded into the database.
+#[tokio::test]
+async fn a_running_gateway_stops_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("allow-all.cedar"), ALLOW_ALL).unwrap();
+    let data = dir.path().join("data");
+    let config_path = dir.path().join("countersign.toml");
+    let text = format!(
+        r#"
+[gateway]
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+policies = "{policies}"
+shutdown_grace = "2s"
+
+[[identities]]
+token_sha256 = "{token}"
+principal = "agent-7"
+tenant = "acme"
+
+[servers.payments]
+command = "{bin}"
+args = ["--record", "{record}"]
+"#,
+        data = data.display(),
+        policies = policies.display(),
+        token = sha(TOKEN),
+        bin = example_server_bin().display(),
+        record = dir.path().join("executions.jsonl").display(),
+    );
+    std::fs::write(&config_path, &text).unwrap();
+    let config = countersign::core::config::Config::parse(&text, &config_path).unwrap();
+    let running = countersign::cli::running::start(config).await.unwrap();
+    let addr = running.local_addr();
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"charge_card",
+        "arguments":{"account":"acct_42","amount":5},
+        "_meta":{
+            "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities":{},
+            "dev.countersign/idempotency-key":"stop-1"}}});
+    let text = modern_post(&format!("http://{addr}/mcp/payments"), &body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert!(answer.get("result").is_some(), "{answer}");
+
+    let stopped = running.shutdown().await;
+    for task in ["sweep", "tasks", "policy reload"] {
+        assert!(stopped.background.contains(&task), "{stopped:?}");
+    }
+    assert_eq!(stopped.ended, stopped.background.len(), "{stopped:?}");
+    assert!(stopped.panicked.is_empty(), "{stopped:?}");
+    assert!(!stopped.cut_short, "{stopped:?}");
+    assert!(stopped.store_closed, "{stopped:?}");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+
+    // The shutdown checkpoint comes after the call's entries.
+    let entries = audit_entries(&data.join("audit"));
+    let kinds: Vec<&str> = entries
+        .iter()
+        .filter_map(|e| e.get("kind").and_then(Value::as_str))
+        .collect();
+    let completed = kinds.iter().rposition(|k| *k == "completed");
+    let checkpoint = kinds.iter().rposition(|k| k.contains("checkpoint"));
+    assert!(
+        completed.is_some() && checkpoint > completed,
+        "the last checkpoint follows the call: {kinds:?}"
+    );
+
+    // Reopened, the store has the call complete, and its journal is
+    // folded into the database (nothing left to replay).
+    let journal = data.join("ledger.journal");
+    let left = std::fs::metadata(&journal).map_or(0, |m| m.len());
+    let store = countersign::store::RedbStore::open(&data.join("ledger.redb")).unwrap();
+    use countersign::store::Ledger;
+    let records = store.list(None).await.unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        records[0].1.state,
+        countersign::core::ledger::State::Complete
+    );
+    // A journal's header is 16 bytes; a frame is more.
+    assert!(
+        left <= 16,
+        "the journal still holds {left} bytes after a clean stop"
+    );
+}

@@ -29,16 +29,19 @@ pub(crate) mod enrolled;
 pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod listen;
 pub(crate) mod log;
 pub(crate) mod policy;
 pub(crate) mod policy_diff;
 pub(crate) mod reconcile;
 pub(crate) mod review;
+pub mod running;
 pub(crate) mod serve;
 pub(crate) mod store;
 pub(crate) mod telemetry;
 pub(crate) mod tools;
 pub(crate) mod transparency;
+pub(crate) mod watch;
 
 use std::process::ExitCode;
 use std::time::Duration;
