@@ -35,6 +35,7 @@ use countersign::store::{
 };
 use countersign::wire::era::Era;
 use countersign::wire::jsonrpc::{raw, Message};
+use countersign::wire::sse::UpstreamEvent;
 // The memory store's futures are ready at once: test helpers read it
 // without a runtime.
 use ed25519_dalek::SigningKey;
@@ -161,7 +162,7 @@ impl ToolConn for FakeConn {
     async fn call_tool(
         &self,
         permit: Permit,
-        _events: Option<mpsc::Sender<Message>>,
+        _events: Option<mpsc::Sender<UpstreamEvent>>,
         _timeout: Duration,
     ) -> Sent {
         let (request, receipt) = permit.spend();
@@ -1902,6 +1903,7 @@ async fn a_session_client_is_asked_by_elicitation_and_its_answer_releases_the_he
         let ask = rx
             .recv()
             .await
+            .and_then(message)
             .expect("an elicitation/create on the call's stream");
         assert_eq!(ask.method(), "elicitation/create");
         let params = ask.params_value().unwrap();
@@ -1994,7 +1996,11 @@ async fn a_session_answer_after_the_hold_decides_for_the_next_call_and_one_after
     // already on its stream.
     let (o, mut rx) = call(refund(5), "h-1").await;
     assert_eq!(code(o), "approval_pending");
-    let ask = rx.recv().await.expect("the question was sent");
+    let ask = rx
+        .recv()
+        .await
+        .and_then(message)
+        .expect("the question was sent");
     let open = asks.take(ask.id.as_ref()).unwrap();
     let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
     countersign::enforce::client::answered(f.pipeline.book(), &caller.identity, open, &response)
@@ -2004,7 +2010,7 @@ async fn a_session_answer_after_the_hold_decides_for_the_next_call_and_one_after
     // Another call, answered after the question expired: nothing decided.
     let (o, mut rx) = call(refund(6), "h-2").await;
     assert_eq!(code(o), "approval_pending");
-    let ask = rx.recv().await.unwrap();
+    let ask = rx.recv().await.and_then(message).unwrap();
     let open = asks.take(ask.id.as_ref()).unwrap();
     f.clock.advance(Duration::from_secs(301));
     let response = Message::response(ask.id.clone().unwrap(), raw(&yes()));
@@ -2012,4 +2018,13 @@ async fn a_session_answer_after_the_hold_decides_for_the_next_call_and_one_after
         .await;
     assert_eq!(f.pending().len(), 1, "the late yes decided nothing");
     assert_eq!(f.fake.runs("refund"), 1);
+}
+
+/// The message of an event on a call's stream (`None` for what a transport
+/// says about the stream itself).
+fn message(e: UpstreamEvent) -> Option<Message> {
+    match e {
+        UpstreamEvent::Message(m) => Some(m),
+        UpstreamEvent::Streamed | UpstreamEvent::Resumed => None,
+    }
 }

@@ -32,6 +32,7 @@ use crate::wire::era::Era;
 use crate::wire::jsonrpc::Message;
 
 use crate::core::refusal::ApprovalCode;
+use crate::wire::sse::UpstreamEvent;
 
 /// Who is calling, for idempotency keys: the identity and the session scope
 /// (the bridge's stable scope, the session id, or none when stateless).
@@ -57,7 +58,7 @@ pub struct CallCtx<'a, U> {
     pub era: Era,
     /// Where progress notifications and other related messages go, when the
     /// client can receive them.
-    pub events: Option<mpsc::Sender<Message>>,
+    pub events: Option<mpsc::Sender<UpstreamEvent>>,
     /// The upstream the call goes to.
     pub upstream: &'a U,
     /// Handshake era: the session's open questions, when its client

@@ -29,6 +29,7 @@ use crate::core::refusal::{ApprovalCode, ApprovalNote, Outcome, Question};
 use crate::core::time::{ms, Clock};
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{raw, Message};
+use crate::wire::sse::UpstreamEvent;
 
 /// What the approval gate chose, as a value.
 pub(crate) enum Chosen {
@@ -400,7 +401,7 @@ impl Gate {
                             ),
                         });
                         let _ = events
-                            .send(Message::notification("notifications/progress", Some(raw(&params))))
+                            .send(UpstreamEvent::Message(Message::notification("notifications/progress", Some(raw(&params)))))
                             .await;
                     }
                 }
@@ -460,7 +461,7 @@ impl Gate {
                     &id,
                     &super::client::question_params(p, asks.with_mode),
                 );
-                if events.send(request).await.is_ok() {
+                if events.send(UpstreamEvent::Message(request)).await.is_ok() {
                     asked("elicitation/create");
                 }
                 None

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use super::flight::{ReadLead, Ticket};
 use super::upstream::UpstreamError;
 use crate::wire::jsonrpc::Message;
+use crate::wire::sse::UpstreamEvent;
 
 /// Leave to send one `tools/call` upstream. Only the pipeline's last stage
 /// ([`issue`]) constructs one, after every earlier stage passed: it owns
@@ -173,7 +174,7 @@ pub trait ToolConn: Send + Sync {
     fn call_tool(
         &self,
         permit: Permit,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
     ) -> impl Future<Output = Sent> + Send;
 }

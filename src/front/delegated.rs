@@ -24,6 +24,7 @@ use crate::enforce::permit::{Permit, Sent};
 use crate::upstream::delegation::DelegationError;
 use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
 use crate::wire::jsonrpc::{raw, Message};
+use crate::wire::sse::UpstreamEvent;
 
 /// What a call needs to go out on its caller's behalf.
 pub(crate) struct Delegate<'a> {
@@ -40,7 +41,7 @@ impl Delegate<'_> {
     pub(crate) async fn call_tool(
         &self,
         permit: Permit,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
         extra: &ExtraHeaders,
     ) -> Sent {

@@ -15,6 +15,7 @@ pub(crate) use crate::front::request::{Origin, RequestCtx};
 use crate::front::route::Target;
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::Message;
+use crate::wire::sse::UpstreamEvent;
 
 /// The answer the client gets to request `msg`: the upstream's response, or
 /// the gateway's account of what happened. Server messages related to the
@@ -24,7 +25,7 @@ pub(crate) async fn answer(
     gw: &Gateway,
     rc: &RequestCtx,
     msg: Message,
-    events: Option<mpsc::Sender<Message>>,
+    events: Option<mpsc::Sender<UpstreamEvent>>,
 ) -> Message {
     // Off, nothing of the request is read for a span (the hot path).
     let span = match crate::telemetry::on() {
@@ -67,7 +68,7 @@ async fn answer_in(
     gw: &Gateway,
     rc: &RequestCtx,
     msg: Message,
-    events: Option<mpsc::Sender<Message>>,
+    events: Option<mpsc::Sender<UpstreamEvent>>,
     span: &tracing::Span,
 ) -> Message {
     let id = msg.id.clone().unwrap_or(Value::Null);

@@ -15,6 +15,7 @@ use crate::enforce::permit::{ToolConn, Upstream};
 use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
 use crate::wire::era::{modern_headers, own_envelope, MODERN_VERSIONS};
 use crate::wire::jsonrpc::{raw, Message};
+use crate::wire::sse::UpstreamEvent;
 
 /// Which connection serves a request.
 #[derive(Clone)]
@@ -62,7 +63,7 @@ impl Route<'_> {
         &self,
         server: &str,
         msg: Message,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
     ) -> Result<Message, UpstreamError> {
         let request = Passthrough::checked(server, msg)?;
@@ -183,7 +184,7 @@ impl ToolConn for Bound<'_> {
     async fn call_tool(
         &self,
         permit: Permit,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
     ) -> Sent {
         match &self.via {

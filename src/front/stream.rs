@@ -19,7 +19,7 @@ use crate::enforce::answer::Rejection;
 use crate::front::gateway::{Gateway, Session};
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{Kind, Message};
-use crate::wire::sse;
+use crate::wire::sse::{self, UpstreamEvent};
 
 /// Aborts the relayed call when the client goes away (2026-07-28: closing the
 /// response stream is the cancellation).
@@ -107,7 +107,7 @@ pub(super) async fn relay_request(
     sse: bool,
     resumable: Option<Resumable>,
 ) -> Response {
-    let (tx, mut rx) = mpsc::channel::<Message>(64);
+    let (tx, mut rx) = mpsc::channel::<UpstreamEvent>(64);
     let events = sse.then(|| tx.clone());
     let poll_after = gw.config().gateway.sse_poll_after;
     let era = rc.era;
@@ -120,15 +120,14 @@ pub(super) async fn relay_request(
     let mut call = Inline::new(
         Box::pin(async move {
             let final_answer = mcp::answer(&gw, &rc, msg, events).await;
-            let _ = tx.send(final_answer).await;
+            let _ = tx.send(UpstreamEvent::Message(final_answer)).await;
         }),
         era != Era::Modern,
     );
-    // The upstream's word that it answers as a stream (a marker, never
-    // relayed) makes this answer a stream too.
-    // The stream opens then, before the first message; and when the
-    // upstream already closed its stream early, the client's is cut at the
-    // same point.
+    // The upstream's word that it answers as a stream makes this answer a
+    // stream too. The stream opens then, before the first message; and when
+    // the upstream already closed its stream early, the client's is cut at
+    // the same point.
     let mut cut_early = false;
     let first = loop {
         let m = tokio::select! {
@@ -137,14 +136,16 @@ pub(super) async fn relay_request(
             () = &mut call => rx.recv().await,
         };
         match m {
-            Some(m) if is_streamed_marker(&m) => {
-                cut_early |= m.method() == crate::wire::sse::RESUMED;
-                if sse {
-                    break None;
-                }
+            Some(UpstreamEvent::Streamed) if sse => break None,
+            Some(UpstreamEvent::Resumed) if sse => {
+                cut_early = true;
+                break None;
             }
-            Some(m) if m.kind() == Kind::Response => return rpc(StatusCode::OK, &m),
-            Some(m) => break Some(m),
+            Some(UpstreamEvent::Streamed | UpstreamEvent::Resumed) => {}
+            Some(UpstreamEvent::Message(m)) if m.kind() == Kind::Response => {
+                return rpc(StatusCode::OK, &m)
+            }
+            Some(UpstreamEvent::Message(m)) => break Some(m),
             None => return reject(Rejection::NoAnswer, Value::Null),
         }
     };
@@ -179,20 +180,19 @@ pub(super) async fn relay_request(
                 let msg = match next.take() {
                     Some(m) => m,
                     None => match rx.recv().await {
-                        Some(m) => m,
+                        Some(UpstreamEvent::Message(m)) => m,
+                        Some(UpstreamEvent::Streamed) => continue,
+                        Some(UpstreamEvent::Resumed) => {
+                            // The upstream closed its stream early: the
+                            // client's ends at the same point, and it resumes
+                            // from the gateway (the rest is kept for it).
+                            lock_replay(&pump).cut(number);
+                            pump.sse_sent.notify_waiters();
+                            continue;
+                        }
                         None => break,
                     },
                 };
-                if is_streamed_marker(&msg) {
-                    if msg.method() == crate::wire::sse::RESUMED {
-                        // The upstream closed its stream early: the
-                        // client's ends at the same point, and it resumes
-                        // from the gateway (the rest is kept for it).
-                        lock_replay(&pump).cut(number);
-                        pump.sse_sent.notify_waiters();
-                    }
-                    continue;
-                }
                 let last = msg.kind() == Kind::Response;
                 lock_replay(&pump).push(number, &msg.to_bytes());
                 pump.sse_sent.notify_waiters();
@@ -214,13 +214,14 @@ pub(super) async fn relay_request(
             if done {
                 return None;
             }
-            let mut msg = match next {
+            let msg = match next {
                 Some(m) => m,
-                None => rx.recv().await?,
+                None => loop {
+                    if let UpstreamEvent::Message(m) = rx.recv().await? {
+                        break m;
+                    }
+                },
             };
-            while is_streamed_marker(&msg) {
-                msg = rx.recv().await?;
-            }
             let last = msg.kind() == Kind::Response;
             Some((
                 Ok::<Bytes, Infallible>(sse::encode(&msg.to_bytes())),
@@ -229,16 +230,6 @@ pub(super) async fn relay_request(
         },
     );
     sse_response(HttpBody::from_stream(frames))
-}
-
-/// An upstream transport's marker (it answers as a stream; it resumes a
-/// stream closed early): read by the front, never relayed.
-pub(super) fn is_streamed_marker(m: &Message) -> bool {
-    m.kind() == Kind::Notification
-        && matches!(
-            m.method(),
-            crate::wire::sse::STREAMED | crate::wire::sse::RESUMED
-        )
 }
 
 pub(super) fn lock_replay(session: &Session) -> parking_lot::MutexGuard<'_, sse::Replay> {

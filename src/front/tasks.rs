@@ -33,6 +33,7 @@ use crate::enforce::pipeline::CallCtx;
 use crate::store::TaskFilter;
 use crate::wire::era::Era;
 use crate::wire::jsonrpc::{code, raw, Message};
+use crate::wire::sse::UpstreamEvent;
 
 /// The first handshake-era version with core tasks.
 const V1_FROM: &str = "2025-11-25";
@@ -192,7 +193,7 @@ pub(crate) async fn tools_call(
     gw: &Gateway,
     rc: &RequestCtx,
     msg: Message,
-    events: Option<tokio::sync::mpsc::Sender<Message>>,
+    events: Option<tokio::sync::mpsc::Sender<UpstreamEvent>>,
 ) -> Message {
     let id = msg.id.clone().unwrap_or(Value::Null);
     let asked = msg.params_value().unwrap_or_else(|| json!({}));

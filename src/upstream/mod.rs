@@ -37,6 +37,7 @@ use crate::core::config::ServerConfig;
 use crate::enforce::permit::{Permit, Sent};
 use crate::upstream::mux::Mux;
 use crate::wire::jsonrpc::{raw, Kind, Message};
+use crate::wire::sse::UpstreamEvent;
 pub use crate::wire::toolcall::Unrelayable;
 
 pub use streamable_http::HttpClient;
@@ -261,7 +262,7 @@ impl UpstreamConn {
     pub async fn call_tool(
         &self,
         permit: Permit,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
         extra: &ExtraHeaders,
     ) -> Sent {
@@ -275,7 +276,7 @@ impl UpstreamConn {
     pub async fn call(
         &self,
         request: Passthrough,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
         extra: &ExtraHeaders,
     ) -> Result<Message, UpstreamError> {
@@ -285,7 +286,7 @@ impl UpstreamConn {
     async fn call_inner(
         &self,
         msg: Message,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
         extra: &ExtraHeaders,
     ) -> Result<Message, UpstreamError> {
@@ -340,7 +341,7 @@ impl UpstreamConn {
     async fn exchange(
         &self,
         msg: Message,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
         timeout: Duration,
         extra: &ExtraHeaders,
     ) -> Result<Message, UpstreamError> {

@@ -15,6 +15,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::wire::jsonrpc::{raw, Kind, Message};
+use crate::wire::sse::UpstreamEvent;
 
 /// Where an upstream message arrived.
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +36,7 @@ pub struct Lost(pub String);
 struct Pending {
     client_id: Value,
     progress_token: Option<Value>,
-    events: Option<mpsc::Sender<Message>>,
+    events: Option<mpsc::Sender<UpstreamEvent>>,
     done: oneshot::Sender<Result<Message, Lost>>,
 }
 
@@ -100,7 +101,7 @@ impl Mux {
     pub fn register(
         &self,
         mut msg: Message,
-        events: Option<mpsc::Sender<Message>>,
+        events: Option<mpsc::Sender<UpstreamEvent>>,
     ) -> Result<(Message, Ticket), Lost> {
         let upstream_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let client_id = msg
@@ -169,23 +170,22 @@ impl Mux {
     }
 
     /// The upstream answers request `id` as an SSE stream: tell whoever
-    /// relays it (a [`crate::wire::sse::STREAMED`] marker on its events), so
-    /// that a client that accepts SSE gets a stream too, with the gateway's
-    /// own priming event and ids.
+    /// relays it ([`UpstreamEvent::Streamed`]), so that a client that
+    /// accepts SSE gets a stream too.
     pub fn streaming(&self, id: u64) {
-        self.mark(id, crate::wire::sse::STREAMED);
+        self.tell(id, UpstreamEvent::Streamed);
     }
 
     /// The upstream closed request `id`'s stream before answering, and it is
-    /// being resumed: a [`crate::wire::sse::RESUMED`] marker on its events.
+    /// being resumed ([`UpstreamEvent::Resumed`]).
     pub fn resuming(&self, id: u64) {
-        self.mark(id, crate::wire::sse::RESUMED);
+        self.tell(id, UpstreamEvent::Resumed);
     }
 
-    fn mark(&self, id: u64, marker: &str) {
+    fn tell(&self, id: u64, event: UpstreamEvent) {
         let events = self.lock().pending.get(&id).and_then(|p| p.events.clone());
         if let Some(events) = events {
-            let _ = events.try_send(Message::notification(marker, None));
+            let _ = events.try_send(event);
         }
     }
 
@@ -196,9 +196,10 @@ impl Mux {
 
     /// Route one message that came from upstream.
     pub fn deliver(&self, mut msg: Message, origin: Origin) {
-        // The gateway's own markers (`countersign/...`) come only from its
-        // transports: an upstream that sends one could otherwise cut a
-        // client's stream. Dropped.
+        // `countersign/...` is the gateway's own namespace: a server's
+        // notification there would reach the client as if the gateway had
+        // sent it. Dropped. (What the transports tell about a stream is an
+        // `UpstreamEvent` of its own, never a message.)
         if msg.kind() == Kind::Notification && msg.method().starts_with("countersign/") {
             tracing::warn!(method = %msg.method(), "upstream sent a notification in countersign's namespace; dropped");
             return;
@@ -265,7 +266,13 @@ impl Mux {
             }
         };
         let delivered = match target {
-            Some(events) => events.try_send(msg).map_err(|e| e.into_inner()),
+            Some(events) => match events.try_send(UpstreamEvent::Message(msg)) {
+                Ok(()) => Ok(()),
+                Err(e) => match e.into_inner() {
+                    UpstreamEvent::Message(msg) => Err(msg),
+                    UpstreamEvent::Streamed | UpstreamEvent::Resumed => Ok(()),
+                },
+            },
             None => Err(msg),
         };
         if let Err(msg) = delivered {
@@ -280,7 +287,7 @@ impl Mux {
     /// pending. A token shared by several pending requests (possible when
     /// clients share an upstream) attributes to none, so one client never
     /// receives another's progress.
-    fn attribute(inner: &Inner, msg: &Message) -> Option<mpsc::Sender<Message>> {
+    fn attribute(inner: &Inner, msg: &Message) -> Option<mpsc::Sender<UpstreamEvent>> {
         let token = msg
             .params_value()
             .and_then(|p| p.get("progressToken").cloned());
@@ -348,7 +355,7 @@ mod forged_markers {
             )
             .unwrap();
         mux.deliver(
-            Message::notification(crate::wire::sse::RESUMED, None),
+            Message::notification("countersign/upstream-resumed", None),
             Origin::Pipe,
         );
         assert!(erx.try_recv().is_err(), "not on the request's events");

@@ -9,17 +9,25 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::{Bytes, BytesMut};
 
-/// The method of the marker an upstream transport puts on a request's
-/// events when the upstream answers it as an SSE stream. Never sent to a
-/// client: the front reads it to answer as a stream too.
-pub const STREAMED: &str = "countersign/upstream-streamed";
-
-/// The method of the marker an upstream transport puts on a request's
-/// events when the upstream closed that request's stream before answering
-/// and the transport resumes it (SEP-1699). Never sent to a client: the
-/// front closes the client's stream at the same point, and the client
-/// resumes it from the gateway with `Last-Event-ID`.
-pub const RESUMED: &str = "countersign/upstream-resumed";
+/// What an upstream transport hands whoever relays one request: the
+/// messages of the request's stream, and two facts about the stream itself.
+/// The facts are their own variants, never messages: nothing an upstream
+/// sends can pose as one, and nothing has to be filtered out before a
+/// client sees the messages.
+#[derive(Debug, Clone)]
+pub enum UpstreamEvent {
+    /// A message for the client: a notification, a request of the server,
+    /// or the answer.
+    Message(crate::wire::jsonrpc::Message),
+    /// The upstream answers as an SSE stream: a client that accepts SSE
+    /// gets a stream too, with the gateway's own priming event and ids.
+    Streamed,
+    /// The upstream closed the request's stream before answering, and the
+    /// transport resumes it (SEP-1699): the client's stream is closed at
+    /// the same point, and the client resumes it from the gateway with
+    /// `Last-Event-ID`.
+    Resumed,
+}
 
 /// One event: its `data` lines joined with `\n`, and its `id` if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
