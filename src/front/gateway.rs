@@ -33,7 +33,7 @@ use crate::wire::era::{modern_headers, own_envelope, MODERN_VERSIONS};
 use crate::wire::jsonrpc::{raw, Message};
 
 /// How many server messages wait for a client's standalone stream.
-const UNSOLICITED_BUFFER: usize = 256;
+pub(crate) const UNSOLICITED_BUFFER: usize = 256;
 
 /// One handshake-era client session.
 pub(crate) struct Session {
@@ -279,7 +279,7 @@ pub(crate) struct Gateway {
     /// Tokens exchanged on callers' behalf (servers with delegation).
     delegator: crate::upstream::delegation::Delegator,
     /// The connections that carry them, one per (server, principal, tenant).
-    delegated: super::callers::Delegated,
+    delegated: super::delegation::connections::Delegated,
     /// Held calls as tasks: this gateway's runner of approved ones.
     tasks: super::task_state::Runner,
 }
@@ -390,7 +390,7 @@ impl Gateway {
     }
 
     /// The delegated connections.
-    pub(crate) fn delegated(&self) -> &super::callers::Delegated {
+    pub(crate) fn delegated(&self) -> &super::delegation::connections::Delegated {
         &self.delegated
     }
 
@@ -466,20 +466,9 @@ impl Gateway {
         self.open(server, unsolicited, false).await
     }
 
-    /// A connection to `server` for one caller under delegation: none of
-    /// the server's static headers, the caller's token set per call.
-    pub(crate) async fn connect_delegated(
-        &self,
-        server: &str,
-    ) -> Result<(Arc<UpstreamConn>, mpsc::Receiver<Message>), UpstreamError> {
-        let (tx, rx) = mpsc::channel(UNSOLICITED_BUFFER);
-        let conn = self.open(server, tx, true).await?;
-        Ok((conn, rx))
-    }
-
     /// A connection to `server`: the shared kind, or one caller's
     /// (`delegated`).
-    async fn open(
+    pub(crate) async fn open(
         &self,
         server: &str,
         unsolicited: mpsc::Sender<Message>,

@@ -38,9 +38,8 @@
 pub(crate) mod auth;
 pub(crate) mod bounds;
 pub(crate) mod bridge;
-pub(crate) mod callers;
 pub(crate) mod control;
-pub(crate) mod delegated;
+pub(crate) mod delegation;
 pub(crate) mod gateway;
 pub(crate) mod http;
 pub(crate) mod issuers;

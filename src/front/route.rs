@@ -95,7 +95,7 @@ enum Via<'a> {
     /// On this connection, with the server's own credential.
     Conn(Arc<UpstreamConn>),
     /// On the caller's own connection, with the caller's exchanged token.
-    Delegate(super::delegated::Delegate<'a>),
+    Delegate(super::delegation::Delegate<'a>),
 }
 
 impl<'a> Upstream for Route<'a> {
@@ -108,21 +108,13 @@ impl<'a> Upstream for Route<'a> {
         // The pipeline refused a caller that cannot be delegated before
         // this (`delegation_unavailable`); a `fallback = "service"` caller
         // has no token here and goes out as without delegation.
-        let caller: &'a crate::enforce::call::Caller = self.caller;
-        if let Some(subject) = caller.subject.as_deref() {
-            if self.gw.delegator().delegates(self.server()) {
-                // The caller's own connection is opened (or found) at
-                // dispatch, under the permit, not here.
-                return Ok(Bound {
-                    via: Via::Delegate(super::delegated::Delegate {
-                        gw: self.gw,
-                        server: self.server().to_owned(),
-                        identity: &caller.identity,
-                        subject,
-                    }),
-                    extra: self.extra.clone(),
-                });
-            }
+        // The caller's own connection is opened (or found) at dispatch,
+        // under the permit, not here.
+        if let Some(delegate) = super::delegation::of(self.gw, self.server(), self.caller) {
+            return Ok(Bound {
+                via: Via::Delegate(delegate),
+                extra: self.extra.clone(),
+            });
         }
         let conn = self.conn().await.map_err(|e| match e {
             e if !e.dispatched() => e,

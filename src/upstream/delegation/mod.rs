@@ -104,11 +104,6 @@ impl Delegator {
         }
     }
 
-    /// Whether `server` delegates.
-    pub fn delegates(&self, server: &str) -> bool {
-        self.servers.contains_key(server)
-    }
-
     /// Whose tokens, at `s`'s issuer: `identity` in its tenant.
     fn whose<'a>(s: &'a Server, identity: &'a Identity) -> Whose<'a> {
         Whose {

@@ -1,7 +1,11 @@
-//! Tool calls on a caller's behalf (DESIGN.md section 23): at dispatch,
-//! under the permit, the caller's token is traded for one meant for the
-//! server ([`crate::upstream::delegation::Delegator`]) and the call goes out
-//! on a connection of that caller's own.
+//! Tool calls on a caller's behalf (DESIGN.md section 23), in one room: the
+//! rule ([`of`], which asks the same [`crate::core::config::mode`] the
+//! pipeline refuses an undelegable caller with), the connections held for
+//! callers ([`connections`]), the exchange at dispatch and what a 401 from
+//! the server does. At dispatch, under the permit, the caller's token is
+//! traded for one meant for the server
+//! ([`crate::upstream::delegation::Delegator`]) and the call goes out on a
+//! connection of that caller's own.
 //!
 //! One upstream connection per (server, principal, tenant), built without
 //! the server's static headers, so its service credential is never sent
@@ -17,7 +21,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::callers::Held;
+pub(crate) mod connections;
+
 use super::gateway::Gateway;
 use crate::core::identity::{Identity, SubjectToken};
 use crate::enforce::permit::{Permit, Sent};
@@ -25,6 +30,32 @@ use crate::upstream::delegation::DelegationError;
 use crate::upstream::{ExtraHeaders, Passthrough, UpstreamConn, UpstreamError};
 use crate::wire::jsonrpc::{raw, Message};
 use crate::wire::sse::UpstreamEvent;
+use connections::Held;
+
+/// How `caller`'s call to `server` goes out: on the caller's behalf
+/// (`Some`), when the server delegates and the caller's verified token
+/// comes from its delegation issuer ([`crate::core::config::mode`] says
+/// `Delegated`); else (`None`) under the server's own credential. A caller
+/// the rule refuses never gets here: the pipeline refused it
+/// (`delegation_unavailable`) before anything was decided or held.
+pub(crate) fn of<'a>(
+    gw: &'a Gateway,
+    server: &str,
+    caller: &'a crate::enforce::call::Caller,
+) -> Option<Delegate<'a>> {
+    // Most callers carry no subject token: nothing else is looked at.
+    let subject = caller.subject.as_deref()?;
+    let config = gw.config().servers.get(server)?.delegation.as_ref();
+    match crate::core::config::mode(config, Some(subject)) {
+        Ok(crate::core::config::Mode::Delegated) => Some(Delegate {
+            gw,
+            server: server.to_owned(),
+            identity: &caller.identity,
+            subject,
+        }),
+        _ => None,
+    }
+}
 
 /// What a call needs to go out on its caller's behalf.
 pub(crate) struct Delegate<'a> {
@@ -117,7 +148,10 @@ impl Delegate<'_> {
             h.used = Instant::now();
             return Ok(h.conn.clone());
         }
-        let (conn, unsolicited) = self.gw.connect_delegated(&self.server).await?;
+        // None of the server's static headers: the caller's token is set
+        // per call.
+        let (tx, unsolicited) = mpsc::channel(super::gateway::UNSOLICITED_BUFFER);
+        let conn = self.gw.open(&self.server, tx, true).await?;
         // Nothing listens for this connection's unattributed messages.
         tokio::spawn(async move {
             let mut rx = unsolicited;

@@ -1,7 +1,7 @@
 //! The upstream connections held for callers under delegation, one per
-//! (server, principal, tenant, era) (see [`super::delegated`]): kept here,
-//! apart from the code that opens them, so the gateway can own, sweep and
-//! close them without depending on it.
+//! (server, principal, tenant, era): the gateway owns them (it sweeps the
+//! idle ones and closes them all when it stops); [`super::Delegate`] opens
+//! them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
