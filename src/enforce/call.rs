@@ -7,25 +7,19 @@
 //! nothing runs in a circle through it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::breakers::Admitted;
 use super::flight::{Lookup, Settled};
 use super::outcome::CallOutcome;
-use super::upstream::UpstreamError;
 use crate::audit::trail::Trail;
 use crate::core::annotations::Annotations;
-use crate::core::approval::Risk;
 use crate::core::canonical::{self, CanonicalCall};
 use crate::core::catalog::ToolView;
-use crate::core::config::{Config, RetryConfig};
-use crate::core::decision;
+use crate::core::config::Config;
 use crate::core::identity::Identity;
-use crate::core::ledger::{self, Answer, Claim};
-use crate::core::recovery::Backoff;
+use crate::core::ledger::{self, Claim};
 use crate::core::refusal::Outcome;
 use crate::store::StoreError;
 use crate::wire::era::Era;
@@ -99,6 +93,114 @@ impl<U> Call<'_, U> {
         } else {
             self.claim.client_key.clone()
         }
+    }
+
+    /// The call as the person at the client is asked about it.
+    pub(crate) fn subject(&self) -> super::client::Subject<'_> {
+        super::client::Subject {
+            identity: &self.ctx.caller.identity,
+            server: self.ctx.server,
+            tool: &self.call.tool,
+            digest: &self.call.digest,
+            tool_definition: self.tool.digest.as_deref(),
+            key: &self.claim.key,
+        }
+    }
+
+    /// The ending of a call its server's circuit refused: nothing sent.
+    pub(crate) fn open_circuit(&self) -> CallOutcome {
+        CallOutcome::CircuitOpen {
+            server: self.ctx.server.to_owned(),
+        }
+    }
+
+    /// The ending of a call refused for `why`, with the audit entry the
+    /// ledger's and a stale version's refusals need.
+    pub(crate) fn refused(&self, why: Outcome) -> CallOutcome {
+        // Audit entries of refusals the ledger or a stale version made (policy
+        // and approval refusals have theirs).
+        match &why {
+            Outcome::Drift => self
+                .trail
+                .record("rejected", vec![("reason", json!("drift"))]),
+            Outcome::Remap => self
+                .trail
+                .record("rejected", vec![("reason", json!("remap"))]),
+            Outcome::Unknown => self
+                .trail
+                .record("outcome_unknown", vec![("repeat", json!(true))]),
+            Outcome::Approval(note) if note.code == ApprovalCode::Stale => self.trail.record(
+                "rejected",
+                vec![
+                    ("reason", json!("stale")),
+                    ("detail", json!(note.reason)),
+                    ("proposal_id", json!(note.proposal_id)),
+                ],
+            ),
+            _ => {}
+        }
+        CallOutcome::Refused {
+            why,
+            key: self.client_key(),
+            tool: self.call.tool.clone(),
+        }
+    }
+
+    /// A replay or a stop the ledger concluded.
+    pub(crate) fn concluded(&self, found: Lookup) -> CallOutcome {
+        match found {
+            Lookup::Replay {
+                answer,
+                answered_at,
+            } => {
+                self.trail
+                    .record("replayed", vec![("first_answered_at", json!(answered_at))]);
+                CallOutcome::Replayed {
+                    answer,
+                    key: self.client_key(),
+                    answered_at,
+                }
+            }
+            Lookup::Stop(why) => self.refused(why),
+            // Not produced once the key is bound; fail closed all the same.
+            Lookup::Lead(_) | Lookup::Follow(_) | Lookup::Elsewhere => {
+                self.refused(Outcome::Unknown)
+            }
+        }
+    }
+
+    /// What a follower gets from its leader: a write's answer as a replay, a
+    /// read's as a joined answer, or the leader's verdict.
+    pub(crate) fn settled(&self, s: Settled, write: bool) -> CallOutcome {
+        match s {
+            Settled::Answered {
+                answer,
+                answered_at,
+            } if write => CallOutcome::Replayed {
+                answer,
+                key: self.client_key(),
+                answered_at,
+            },
+            Settled::Answered { answer, .. } => CallOutcome::Joined(answer),
+            Settled::Verdict(why) => CallOutcome::Refused {
+                why,
+                key: self.client_key(),
+                tool: self.call.tool.clone(),
+            },
+            // Only a write's follower waits for another process; anything else
+            // that meets one never runs it again.
+            Settled::Elsewhere => CallOutcome::Refused {
+                why: Outcome::Unknown,
+                key: self.client_key(),
+                tool: self.call.tool.clone(),
+            },
+        }
+    }
+
+    /// The ending of a call the ledger could not serve: it does not run.
+    pub(crate) fn ledger_unavailable(&self, e: StoreError) -> CallOutcome {
+        tracing::error!(tool = %self.call.tool, "refusing a call: {e}");
+        CallOutcome::LedgerUnavailable(e)
     }
 }
 
@@ -217,94 +319,6 @@ pub(crate) fn read_claim(caller: &Caller, server: &str, call: &CanonicalCall) ->
     }
 }
 
-pub(crate) fn subject<'b, U>(c: &'b Call<'b, U>) -> super::client::Subject<'b> {
-    super::client::Subject {
-        identity: &c.ctx.caller.identity,
-        server: c.ctx.server,
-        tool: &c.call.tool,
-        digest: &c.call.digest,
-        tool_definition: c.tool.digest.as_deref(),
-        key: &c.claim.key,
-    }
-}
-
-/// What one attempt ended with.
-pub(crate) enum Attempt {
-    /// Final.
-    Done(CallOutcome),
-    /// Proven not run (or a read): try again if attempts remain.
-    Retry(CallOutcome),
-}
-
-/// After an attempt: the outcome to give, or `None` after pausing when a
-/// retry is due (`retry.*`: capped exponential backoff with jitter).
-pub(crate) async fn next_attempt(
-    cfg: &RetryConfig,
-    server: &str,
-    result: Attempt,
-    attempt: &mut u32,
-) -> Option<CallOutcome> {
-    let backoff = Backoff {
-        max_attempts: cfg.max_attempts,
-        base: cfg.base_delay,
-        max: cfg.max_delay,
-    };
-    match result {
-        Attempt::Done(o) => Some(o),
-        Attempt::Retry(o) if *attempt >= backoff.max_attempts => Some(o),
-        Attempt::Retry(_) => {
-            *attempt += 1;
-            let pause: Duration = backoff.delay(*attempt, rand::random::<f64>());
-            tracing::info!(server, attempt = *attempt, pause = %humantime::format_duration(pause), "retrying a call that is safe to retry");
-            tokio::time::sleep(pause).await;
-            None
-        }
-    }
-}
-
-/// An upstream failure, counted by the breaker when it says the
-/// upstream is unhealthy (otherwise the admission is returned unused).
-pub(crate) fn failed(server: &str, e: UpstreamError, admitted: Admitted<'_>) -> CallOutcome {
-    if e.class().unhealthy() {
-        admitted.record(false);
-    }
-    tracing::warn!(
-        server,
-        dispatched = e.dispatched(),
-        "upstream call failed: {e}"
-    );
-    CallOutcome::Failed(e)
-}
-
-pub(crate) fn open_circuit<U>(c: &Call<'_, U>) -> CallOutcome {
-    CallOutcome::CircuitOpen {
-        server: c.ctx.server.to_owned(),
-    }
-}
-
-#[track_caller]
-pub(crate) fn unreachable_hold() -> ! {
-    // INVARIANT: a read's permit comes back as a read, a write's as a write;
-    // the pipeline builds both, and the upstream can only hand them back.
-    unreachable!("a ledger hold came back of the other kind")
-}
-
-/// The facts of a call the policies decide on (the tool as the catalog had
-/// it when the call arrived).
-pub(crate) fn facts<'b, U>(c: &'b Call<'b, U>) -> decision::Call<'b> {
-    decision::Call {
-        identity: &c.ctx.caller.identity,
-        server: c.ctx.server,
-        tool: &c.call.tool,
-        annotations: c.annotations,
-        definition_changed: c.tool.changed,
-        budgets: None,
-        arguments: &c.call.arguments,
-        digest: &c.call.digest,
-        resource_version: explicit_version(c.call),
-    }
-}
-
 /// `_meta["dev.countersign/resource-version"]`: a version the client binds
 /// explicitly (DESIGN.md section 6).
 pub(crate) fn explicit_version(call: &CanonicalCall) -> Option<&str> {
@@ -312,155 +326,4 @@ pub(crate) fn explicit_version(call: &CanonicalCall) -> Option<&str> {
         .meta
         .get("dev.countersign/resource-version")
         .and_then(Value::as_str)
-}
-
-pub(crate) fn risk(a: Annotations) -> Risk {
-    if a.read_only {
-        Risk::Read
-    } else if a.destructive {
-        Risk::Destructive
-    } else {
-        Risk::Write
-    }
-}
-
-pub(crate) fn refused<U>(c: &Call<'_, U>, why: Outcome) -> CallOutcome {
-    // Audit entries of refusals the ledger or a stale version made (policy
-    // and approval refusals have theirs).
-    match &why {
-        Outcome::Drift => c.trail.record("rejected", vec![("reason", json!("drift"))]),
-        Outcome::Remap => c.trail.record("rejected", vec![("reason", json!("remap"))]),
-        Outcome::Unknown => c
-            .trail
-            .record("outcome_unknown", vec![("repeat", json!(true))]),
-        Outcome::Approval(note) if note.code == ApprovalCode::Stale => c.trail.record(
-            "rejected",
-            vec![
-                ("reason", json!("stale")),
-                ("detail", json!(note.reason)),
-                ("proposal_id", json!(note.proposal_id)),
-            ],
-        ),
-        _ => {}
-    }
-    CallOutcome::Refused {
-        why,
-        key: c.client_key(),
-        tool: c.call.tool.clone(),
-    }
-}
-
-/// A replay or a stop the ledger concluded.
-pub(crate) fn concluded<U>(c: &Call<'_, U>, found: Lookup) -> CallOutcome {
-    match found {
-        Lookup::Replay {
-            answer,
-            answered_at,
-        } => {
-            c.trail
-                .record("replayed", vec![("first_answered_at", json!(answered_at))]);
-            CallOutcome::Replayed {
-                answer,
-                key: c.client_key(),
-                answered_at,
-            }
-        }
-        Lookup::Stop(why) => refused(c, why),
-        // Not produced once the key is bound; fail closed all the same.
-        Lookup::Lead(_) | Lookup::Follow(_) | Lookup::Elsewhere => refused(c, Outcome::Unknown),
-    }
-}
-
-/// What a follower gets from its leader: a write's answer as a replay, a
-/// read's as a joined answer, or the leader's verdict.
-pub(crate) fn settled<U>(c: &Call<'_, U>, s: Settled, write: bool) -> CallOutcome {
-    match s {
-        Settled::Answered {
-            answer,
-            answered_at,
-        } if write => CallOutcome::Replayed {
-            answer,
-            key: c.client_key(),
-            answered_at,
-        },
-        Settled::Answered { answer, .. } => CallOutcome::Joined(answer),
-        Settled::Verdict(why) => CallOutcome::Refused {
-            why,
-            key: c.client_key(),
-            tool: c.call.tool.clone(),
-        },
-        // Only a write's follower waits for another process; anything else
-        // that meets one never runs it again.
-        Settled::Elsewhere => CallOutcome::Refused {
-            why: Outcome::Unknown,
-            key: c.client_key(),
-            tool: c.call.tool.clone(),
-        },
-    }
-}
-
-pub(crate) fn ledger_unavailable<U>(c: &Call<'_, U>, e: StoreError) -> CallOutcome {
-    tracing::error!(tool = %c.call.tool, "refusing a call: {e}");
-    CallOutcome::LedgerUnavailable(e)
-}
-
-/// The part of a response the ledger keeps.
-pub(crate) fn answer_of(resp: &Message) -> Option<Answer> {
-    match (&resp.result, &resp.error) {
-        (Some(r), _) => Some(Answer::Result(r.get().to_owned())),
-        (None, Some(e)) => Some(Answer::Error(e.get().to_owned())),
-        _ => None,
-    }
-}
-
-/// What a read's followers get.
-pub(crate) fn shared(outcome: &CallOutcome) -> Settled {
-    match outcome {
-        CallOutcome::Answered(resp) => match answer_of(resp) {
-            Some(answer) => Settled::Answered {
-                answer,
-                answered_at: String::new(),
-            },
-            None => Settled::Verdict(Outcome::NotDispatched),
-        },
-        _ => Settled::Verdict(Outcome::NotDispatched),
-    }
-}
-
-/// Whether an upstream answer is an error (a JSON-RPC error, or a result
-/// with `isError`).
-pub(crate) fn is_error(answer: &Message) -> bool {
-    answer.error.is_some()
-        || answer.result.as_ref().is_some_and(|r| {
-            // Only `isError` is read: the rest is skipped, not built.
-            #[derive(serde::Deserialize)]
-            struct Flag<'a> {
-                #[serde(rename = "isError", borrow, default)]
-                is_error: Option<&'a serde_json::value::RawValue>,
-            }
-            serde_json::from_str::<Flag<'_>>(r.get())
-                .ok()
-                .and_then(|f| f.is_error)
-                .is_some_and(|v| v.get() == "true")
-        })
-}
-
-/// `completed` fields of an upstream answer: whether it is an error.
-pub(crate) fn answered_fields(answer: &Message) -> Vec<(&'static str, Value)> {
-    vec![("is_error", json!(is_error(answer)))]
-}
-
-/// `completed` fields of any outcome: whether it is an error, and the code
-/// when countersign itself answered.
-pub(crate) fn completed_fields(outcome: &CallOutcome) -> Vec<(&'static str, Value)> {
-    match outcome {
-        CallOutcome::Answered(m) => answered_fields(m),
-        other => {
-            let mut f = vec![("is_error", json!(true))];
-            if let Some(code) = super::answer::code_of(other) {
-                f.push(("code", json!(code)));
-            }
-            f
-        }
-    }
 }

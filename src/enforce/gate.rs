@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::book::{Ask, Book, Found};
-use super::call::{claim, explicit_version, parse, risk, subject, Call, CallCtx};
+use super::call::{claim, explicit_version, parse, Call, CallCtx};
 use super::client::Asker;
 use super::judge::Judge;
 use super::learn::Learner;
@@ -437,7 +437,7 @@ impl Gate {
                 {
                     return None;
                 }
-                match self.asker.question(&self.book, &subject(c), p, now).await {
+                match self.asker.question(&self.book, &c.subject(), p, now).await {
                     Ok(q) => {
                         asked("input_required");
                         Some(q)
@@ -595,5 +595,17 @@ fn traced_under(p: &Proposal, here: Option<&str>) {
         if Some(there) != here {
             crate::telemetry::link(&span, there);
         }
+    }
+}
+
+/// A call's risk, as reviewers see it, from its effective annotations.
+fn risk(a: crate::core::annotations::Annotations) -> crate::core::approval::Risk {
+    use crate::core::approval::Risk;
+    if a.read_only {
+        Risk::Read
+    } else if a.destructive {
+        Risk::Destructive
+    } else {
+        Risk::Write
     }
 }

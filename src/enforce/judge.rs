@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use parking_lot::RwLock;
 
-use super::call::{facts, Call};
+use super::call::{explicit_version, Call};
 use super::metrics::Metrics;
 use super::shadow::Shadow;
 use crate::core::config::Config;
@@ -158,5 +158,21 @@ impl Judge {
                 false
             }
         }
+    }
+}
+
+/// The facts of a call the policies decide on (the tool as the catalog had
+/// it when the call arrived).
+fn facts<'b, U>(c: &'b Call<'b, U>) -> crate::core::decision::Call<'b> {
+    crate::core::decision::Call {
+        identity: &c.ctx.caller.identity,
+        server: c.ctx.server,
+        tool: &c.call.tool,
+        annotations: c.annotations,
+        definition_changed: c.tool.changed,
+        budgets: None,
+        arguments: &c.call.arguments,
+        digest: &c.call.digest,
+        resource_version: explicit_version(c.call),
     }
 }

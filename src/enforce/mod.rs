@@ -49,6 +49,7 @@ pub mod permit;
 pub mod pipeline;
 pub(crate) mod reads;
 pub mod reconcile;
+pub(crate) mod retry;
 pub(crate) mod shadow;
 pub mod upstream;
 pub(crate) mod writes;

@@ -1,11 +1,13 @@
 //! How a `tools/call` ended, as a value: what the pipeline returns and the
 //! answer module words.
 
+use super::flight::Settled;
 use super::upstream::UpstreamError;
 use crate::core::ledger::Answer;
 use crate::core::refusal::Outcome;
 use crate::store::StoreError;
 use crate::wire::jsonrpc::Message;
+use serde_json::{json, Value};
 
 /// How a `tools/call` ended, before it is worded for the wire (that is
 /// [`super::answer`]'s job, and nobody else's).
@@ -75,4 +77,69 @@ pub enum CallOutcome {
     /// The upstream failed; [`UpstreamError::dispatched`] says whether the
     /// call may have run.
     Failed(UpstreamError),
+}
+
+/// The part of a response the ledger keeps.
+pub(crate) fn answer_of(resp: &Message) -> Option<Answer> {
+    match (&resp.result, &resp.error) {
+        (Some(r), _) => Some(Answer::Result(r.get().to_owned())),
+        (None, Some(e)) => Some(Answer::Error(e.get().to_owned())),
+        _ => None,
+    }
+}
+
+impl CallOutcome {
+    /// What a read's followers get.
+    pub(crate) fn shared(&self) -> Settled {
+        match self {
+            CallOutcome::Answered(resp) => match answer_of(resp) {
+                Some(answer) => Settled::Answered {
+                    answer,
+                    answered_at: String::new(),
+                },
+                None => Settled::Verdict(Outcome::NotDispatched),
+            },
+            _ => Settled::Verdict(Outcome::NotDispatched),
+        }
+    }
+}
+
+/// Whether an upstream answer is an error (a JSON-RPC error, or a result
+/// with `isError`).
+pub(crate) fn is_error(answer: &Message) -> bool {
+    answer.error.is_some()
+        || answer.result.as_ref().is_some_and(|r| {
+            // Only `isError` is read: the rest is skipped, not built.
+            #[derive(serde::Deserialize)]
+            struct Flag<'a> {
+                #[serde(rename = "isError", borrow, default)]
+                is_error: Option<&'a serde_json::value::RawValue>,
+            }
+            serde_json::from_str::<Flag<'_>>(r.get())
+                .ok()
+                .and_then(|f| f.is_error)
+                .is_some_and(|v| v.get() == "true")
+        })
+}
+
+/// `completed` fields of an upstream answer: whether it is an error.
+pub(crate) fn answered_fields(answer: &Message) -> Vec<(&'static str, Value)> {
+    vec![("is_error", json!(is_error(answer)))]
+}
+
+impl CallOutcome {
+    /// `completed` fields of any outcome: whether it is an error, and the
+    /// code when countersign itself answered.
+    pub(crate) fn completed_fields(&self) -> Vec<(&'static str, Value)> {
+        match self {
+            CallOutcome::Answered(m) => answered_fields(m),
+            other => {
+                let mut f = vec![("is_error", json!(true))];
+                if let Some(code) = super::answer::code_of(other) {
+                    f.push(("code", json!(code)));
+                }
+                f
+            }
+        }
+    }
 }

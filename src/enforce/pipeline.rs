@@ -38,9 +38,7 @@ use serde_json::{json, Value};
 
 use super::book::Book;
 use super::breakers::Breakers;
-use super::call::{
-    claim_with, explicit_key, ledger_unavailable, parse, read_claim, refused, subject, Call,
-};
+use super::call::{claim_with, explicit_key, parse, read_claim, Call};
 pub use super::call::{CallCtx, Caller};
 use super::client::{Asker, Replied};
 use super::flight::{Idempotency, Retention};
@@ -491,7 +489,7 @@ impl Pipeline {
             c
         };
         match decision {
-            Decision::Deny { .. } => refused(&c, Outcome::Denied),
+            Decision::Deny { .. } => c.refused(Outcome::Denied),
             // A read the policies want approved goes through the approval
             // book and the ledger like a write: its yes is single-use too.
             _ => Box::pin(self.writes.write(&c)).await,
@@ -503,7 +501,7 @@ impl Pipeline {
     /// and the answer given to the book before the ledger is looked at, so
     /// that a forged, moved, expired or used state is refused as such.
     async fn reply<U>(&self, c: &Call<'_, U>, reply: &canonical::Reply) -> Option<CallOutcome> {
-        let subject = subject(c);
+        let subject = c.subject();
         let replied = self
             .asker
             .reply(&self.book, &subject, reply, self.clock.now_ms())
@@ -533,7 +531,7 @@ impl Pipeline {
                 Some(outcome)
             }
             Replied::Invalid(text) => Some(CallOutcome::Invalid(text)),
-            Replied::Store(e) => Some(ledger_unavailable(c, e)),
+            Replied::Store(e) => Some(c.ledger_unavailable(e)),
         }
     }
 

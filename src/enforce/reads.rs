@@ -15,14 +15,13 @@ use parking_lot::Mutex;
 use serde_json::json;
 
 use super::breakers::{Admitted, Breakers};
-use super::call::{
-    answer_of, completed_fields, failed, is_error, next_attempt, open_circuit, refused, settled,
-    shared, unreachable_hold, Attempt, Call,
-};
+use super::call::Call;
 use super::flight::{follow, Idempotency, ReadLead};
 use super::learn::Stale;
 use super::outcome::CallOutcome;
+use super::outcome::{answer_of, is_error};
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
+use super::retry::{failed, next_attempt, unreachable_hold, Attempt};
 use super::upstream::UpstreamError;
 use crate::core::config::Config;
 use crate::core::ledger::{self, Answer};
@@ -122,7 +121,7 @@ impl Reads {
     pub(crate) async fn fresh<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
         let mut lead = match self.flights.coalesce_read(c.claim) {
             Ok(lead) => Box::new(lead),
-            Err(rx) => return settled(c, follow(rx).await, false),
+            Err(rx) => return c.settled(follow(rx).await, false),
         };
         let mut attempt = 1;
         let outcome = loop {
@@ -134,8 +133,8 @@ impl Reads {
                 break done;
             }
         };
-        lead.finish(shared(&outcome));
-        c.trail.record("completed", completed_fields(&outcome));
+        lead.finish(outcome.shared());
+        c.trail.record("completed", outcome.completed_fields());
         outcome
     }
 
@@ -147,7 +146,7 @@ impl Reads {
     ) -> (Attempt, Box<ReadLead>) {
         let server = c.ctx.server;
         let Some(admitted) = self.breakers.admit(server) else {
-            return (Attempt::Done(open_circuit(c)), lead);
+            return (Attempt::Done(c.open_circuit()), lead);
         };
         let conn = match c.ctx.upstream.ready().await {
             Ok(conn) => conn,
@@ -156,7 +155,7 @@ impl Reads {
         let permit = match issue(c.request, Hold::Read(lead)) {
             Ok(p) => p,
             Err(Hold::Read(lead)) => {
-                let refusal = refused(c, Outcome::NotDispatched);
+                let refusal = c.refused(Outcome::NotDispatched);
                 return (Attempt::Done(refusal), lead);
             }
             Err(Hold::Write(_)) => unreachable_hold(),

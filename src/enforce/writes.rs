@@ -13,18 +13,17 @@ use tracing::Instrument;
 
 use super::book::Book;
 use super::breakers::{Admitted, Breakers};
-use super::call::{
-    answer_of, answered_fields, concluded, failed, ledger_unavailable, next_attempt, open_circuit,
-    refused, settled, unreachable_hold, Attempt, Call,
-};
+use super::call::Call;
 use super::client::Asker;
 use super::flight::{follow, Idempotency, Lead, Lookup, Reserve, Settled, Ticket, GATE_ROUNDS};
 use super::gate::{Chosen, Gate};
 use super::guards::NotTaken;
 use super::metrics::Metrics;
 use super::outcome::CallOutcome;
+use super::outcome::{answer_of, answered_fields};
 use super::permit::{issue, Hold, Sent, ToolConn, Upstream};
 use super::reads::Reads;
+use super::retry::{failed, next_attempt, unreachable_hold, Attempt};
 use super::upstream::UpstreamError;
 use crate::core::config::Config;
 use crate::core::guard::Claim;
@@ -159,7 +158,7 @@ impl Writes {
     async fn write_once<U: Upstream>(&self, c: &Call<'_, U>, claims: &[Claim]) -> Attempt {
         // The breaker's fast check, before anything is reserved.
         if self.breakers.is_open(c.ctx.server) {
-            return Attempt::Done(open_circuit(c));
+            return Attempt::Done(c.open_circuit());
         }
         // How long an identical call waits for another gateway's flight:
         // the call's own upstream timeout, and a margin for the answer to be
@@ -190,7 +189,7 @@ impl Writes {
                     raced += 1;
                     continue;
                 }
-                Err(Stop::Again) => return Attempt::Done(refused(c, Outcome::NotDispatched)),
+                Err(Stop::Again) => return Attempt::Done(c.refused(Outcome::NotDispatched)),
                 Err(Stop::Elsewhere) => match self.wait_elsewhere(c, changes, deadline).await {
                     Ok(()) => continue,
                     Err(done) => return Attempt::Done(done),
@@ -260,10 +259,10 @@ impl Writes {
             Ok(Some(r)) => r,
             // Settled and gone meanwhile: the lookup says what it is now.
             Ok(None) => return Ok(()),
-            Err(e) => return Err(ledger_unavailable(c, e)),
+            Err(e) => return Err(c.ledger_unavailable(e)),
         };
         match rec.state {
-            State::Reserved => Err(refused(c, Outcome::NotDispatched)),
+            State::Reserved => Err(c.refused(Outcome::NotDispatched)),
             State::Dispatched => {
                 let reason = "another gateway sent the call and did not record its end in time";
                 let notices = self.unknown_notices(c, reason);
@@ -290,7 +289,7 @@ impl Writes {
                         })
                     }
                     Ok(false) => Ok(()),
-                    Err(e) => Err(ledger_unavailable(c, e)),
+                    Err(e) => Err(c.ledger_unavailable(e)),
                 }
             }
             // Settled meanwhile (unknown, complete, freed): look again.
@@ -321,15 +320,15 @@ impl Writes {
             };
             span.record("countersign.ledger_state", state);
         }
-        let found = found.map_err(|e| Stop::Done(ledger_unavailable(c, e)))?;
+        let found = found.map_err(|e| Stop::Done(c.ledger_unavailable(e)))?;
         match found {
             Lookup::Lead(lead) => Ok(lead),
             Lookup::Follow(rx) => match follow(rx).await {
                 Settled::Elsewhere => Err(Stop::Elsewhere),
-                s => Err(Stop::Done(settled(c, s, true))),
+                s => Err(Stop::Done(c.settled(s, true))),
             },
             Lookup::Elsewhere => Err(Stop::Elsewhere),
-            other => Err(Stop::Done(concluded(c, other))),
+            other => Err(Stop::Done(c.concluded(other))),
         }
     }
 
@@ -351,7 +350,7 @@ impl Writes {
                 Chosen::Consume { proposal, approval } => (Some(proposal), approval),
                 Chosen::Refuse(why) => {
                     lead.refuse(why.clone());
-                    return Err(Stop::Done(refused(c, why)));
+                    return Err(Stop::Done(c.refused(why)));
                 }
             };
             // Judged at the time of the reservation: the gate may have
@@ -377,7 +376,7 @@ impl Writes {
                 }
             }
             match reserved {
-                Err(e) => return Err(Stop::Done(ledger_unavailable(c, e))),
+                Err(e) => return Err(Stop::Done(c.ledger_unavailable(e))),
                 Ok(Reserve::Go(mut ticket)) => {
                     // The guards, atomically, before anything is dispatched:
                     // an approved call may go over.
@@ -396,7 +395,7 @@ impl Writes {
                             }
                             Err(NotTaken::Store(e)) => {
                                 ticket.not_dispatched().await;
-                                return Err(Stop::Done(ledger_unavailable(c, e)));
+                                return Err(Stop::Done(c.ledger_unavailable(e)));
                             }
                         }
                     }
@@ -431,12 +430,12 @@ impl Writes {
                 }
                 // Another gateway reserved the key first: wait for it.
                 Ok(Reserve::Bound(Lookup::Elsewhere)) => return Err(Stop::Elsewhere),
-                Ok(Reserve::Bound(found)) => return Err(Stop::Done(concluded(c, found))),
+                Ok(Reserve::Bound(found)) => return Err(Stop::Done(c.concluded(found))),
             }
         }
         // The approval kept slipping away: fail closed.
         lead.refuse(Outcome::NotDispatched);
-        Err(Stop::Done(refused(c, Outcome::NotDispatched)))
+        Err(Stop::Done(c.refused(Outcome::NotDispatched)))
     }
 
     /// Durable `dispatched` (with the audit entry that records it), the
@@ -446,7 +445,7 @@ impl Writes {
         // that a call the ledger or the gate answered never uses it.
         let Some(admitted) = self.breakers.admit(c.ctx.server) else {
             ticket.not_dispatched().await;
-            return Attempt::Done(open_circuit(c));
+            return Attempt::Done(c.open_circuit());
         };
         let conn = match c.ctx.upstream.ready().await {
             Ok(conn) => conn,
@@ -509,13 +508,13 @@ impl Writes {
             ticket.not_dispatched().await;
             c.trail
                 .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
-            return Attempt::Done(ledger_unavailable(c, e));
+            return Attempt::Done(c.ledger_unavailable(e));
         }
         let permit = match issue(c.request, Hold::Write(ticket)) {
             Ok(p) => p,
             Err(Hold::Write(ticket)) => {
                 ticket.not_dispatched().await;
-                return Attempt::Done(refused(c, Outcome::NotDispatched));
+                return Attempt::Done(c.refused(Outcome::NotDispatched));
             }
             Err(Hold::Read(_)) => unreachable_hold(),
         };
