@@ -124,4 +124,51 @@ mod map {
             "modules docs/architecture.md does not name: {missing:?}"
         );
     }
+
+    /// Every source file under `dir`, with its text.
+    fn sources(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, String)>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                out.push((path, text));
+            }
+        }
+    }
+
+    /// The quick loop (`cargo test --lib -- --skip postgres`, README) runs
+    /// without PostgreSQL: every unit test that makes a schema on the
+    /// server has `postgres` in its path (its name, or a module
+    /// `on_postgres`), so the filter skips exactly those.
+    #[test]
+    fn every_unit_test_on_postgresql_says_so_in_its_path() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut all = Vec::new();
+        sources(&root, &mut all);
+        let mut checked = 0;
+        for (path, text) in &all {
+            let in_module = path.to_string_lossy().contains("postgres");
+            let mut test_name = String::new();
+            for line in text.lines() {
+                let t = line.trim_start();
+                if let Some(rest) = t
+                    .strip_prefix("async fn ")
+                    .or_else(|| t.strip_prefix("fn "))
+                {
+                    test_name = rest.split('(').next().unwrap_or_default().to_owned();
+                }
+                if t.contains("PgSchema::new()") && !t.starts_with("pub(crate) async fn") {
+                    checked += 1;
+                    assert!(
+                        in_module || test_name.contains("postgres"),
+                        "{}: `{test_name}` uses PostgreSQL but `postgres` is not in its path",
+                        path.display()
+                    );
+                }
+            }
+        }
+        assert!(checked >= 5, "found {checked} uses of PgSchema::new()");
+    }
 }

@@ -4,7 +4,7 @@
 //! `json-rpc` dispatcher, which runs a `tools/call` sent without an id.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! a truncated tail, not corruption.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

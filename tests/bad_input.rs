@@ -4,7 +4,7 @@
 //! gateway alive (`/healthz` answers and a good call still runs).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! the server receives, and malformed arguments never reach the server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

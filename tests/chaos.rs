@@ -6,7 +6,7 @@
 //! ledger, either is killed, and the database is restarted too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! health reports with effective annotations, clean shutdown.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! `leads`) approves anything but her own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! mixed with CLI reviewers, and every refusal with nothing run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

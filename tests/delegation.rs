@@ -6,7 +6,7 @@
 //! scope, the gateway as actor), recording who each call came from.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! against the example server's execution record and the audit log.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

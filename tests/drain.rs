@@ -3,7 +3,7 @@
 //! with the proposal, and nothing runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! piped into `head`, a live export, and a gateway that is down.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};

@@ -22,7 +22,7 @@
 //! A failing cell names itself: `cell <server> × <client>`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! and remap, crashes, lost answers and reconciliation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! (`openmetrics-parser`), and its values move as calls run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use openmetrics_parser::{MetricsExposition, OpenMetricsType, OpenMetricsValue};
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! `Mcp-Method`/`Mcp-Name` headers checked against the body.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

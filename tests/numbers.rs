@@ -5,7 +5,7 @@
 //! reviewer sees the agent's number, not a neighbour.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

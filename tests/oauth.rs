@@ -5,7 +5,7 @@
 //! published to the gateway as JWKS files (`jwks_file`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -9,7 +9,7 @@
 //! the provider found through the gateway's RFC 9728 metadata).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! as an upstream. `.ci/setup-peers` installs them under `.ci/cache`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! CI in a policy repository.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::code;
 

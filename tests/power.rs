@@ -9,7 +9,7 @@
 //! (renamed over their real names, whose folder is fsynced then).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! server-to-client requests, auth, origin, malformed and oversized input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

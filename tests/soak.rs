@@ -3,7 +3,7 @@
 //! soak with memory per round is `benches/session_memory.py`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;

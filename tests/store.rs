@@ -2,7 +2,7 @@
 //! 127.0.0.1:5432 (trust auth, database `test`), one schema per test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::pg::{on, Schema};
 use common::*;

@@ -6,7 +6,7 @@
 //! extension). Every case asserts how many times the server ran the call.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

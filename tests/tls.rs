@@ -3,7 +3,7 @@
 //! certificates made in the test (rcgen).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -7,7 +7,7 @@
 //! those crates', cosigns what the gateway submits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
