@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use countersign::core::approval::{Proposal, ProposalState, Risk};
+use countersign::core::approval::{Proposal, ProposalState};
 use countersign::store::Store;
 
 const HOLD: &str =
@@ -35,7 +35,6 @@ const HOLD: &str =
 /// history a store keeps until retention.
 fn other(i: usize, now_ms: i64) -> Proposal {
     Proposal {
-        id: format!("p-bench-{i:012}"),
         state: if i.is_multiple_of(100) {
             ProposalState::Pending
         } else {
@@ -43,38 +42,17 @@ fn other(i: usize, now_ms: i64) -> Proposal {
         },
         created_ms: now_ms,
         updated_ms: now_ms,
-        server: "payments".into(),
-        tool: "charge_card".into(),
-        arguments: serde_json::json!({"account": format!("acct_{i}"), "amount": 120}),
-        call_digest: format!("sha256:{i:064}"),
-        requester: format!("agent-{}", i % 5_000),
-        requester_aka: Vec::new(),
-        client: None,
-        tenant: format!("tenant-{}", i % 50),
-        resource_version: None,
-        tool_definition: None,
-        definition_change: None,
-        risk: Risk::Write,
         policies: vec!["bench".into()],
-        revises: None,
-        beside: None,
         call_key: Some(format!("key-{i}")),
-        headline: None,
-        joined: 0,
-        decision: None,
-        quorum: Default::default(),
-        approvals: Vec::new(),
-        denials: Vec::new(),
-        revision: 0,
-        expires_ms: None,
-        consumed_by: None,
-        reason: None,
-        confirmation: None,
-        asked_by: Vec::new(),
-        trace: None,
-        withdrawn: Vec::new(),
-        looks_like: None,
-        guards: vec![],
+        ..Proposal::pending(
+            format!("p-bench-{i:012}"),
+            format!("tenant-{}", i % 50),
+            format!("agent-{}", i % 5_000),
+            "payments".into(),
+            "charge_card".into(),
+            serde_json::json!({"account": format!("acct_{i}"), "amount": 120}),
+            format!("sha256:{i:064}"),
+        )
     }
 }
 

@@ -14,7 +14,7 @@ use crate::cli::args::ReviewerCommand;
 
 /// Run a `reviewer` command.
 pub(crate) async fn command(command: ReviewerCommand, config: &Path) -> anyhow::Result<ExitCode> {
-    let cfg = crate::cli::files::load_config(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cfg = crate::cli::files::load_config(config)?;
     let dir = cfg.gateway.data_dir.join("review");
     match command {
         ReviewerCommand::Invite {
@@ -23,8 +23,7 @@ pub(crate) async fn command(command: ReviewerCommand, config: &Path) -> anyhow::
             tenants,
             ttl,
         } => {
-            crate::core::reviewers::check_reviewer_name(&name)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            crate::core::reviewers::check_reviewer_name(&name)?;
             let groups: Vec<String> = groups.into_iter().filter(|g| !g.is_empty()).collect();
             let tenants: Vec<String> = tenants.into_iter().filter(|t| !t.is_empty()).collect();
             let ttl = ttl.unwrap_or(cfg.review.invite_ttl);

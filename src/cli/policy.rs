@@ -253,10 +253,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                             );
                         };
                         let (store, _) = crate::cli::store::open(&kept).await?;
-                        let rows = store
-                            .inputs_since(since_ms, None)
-                            .await
-                            .map_err(|e| anyhow::anyhow!("{e}"))?;
+                        let rows = store.inputs_since(since_ms, None).await?;
                         let rows = rows
                             .iter()
                             .map(|r| diff::parse_inputs(&r.inputs).map(|mut v| v.remove(0)))
@@ -292,10 +289,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                         crate::core::time::now_ms()
                             .saturating_sub(i64::try_from(s.as_millis()).unwrap_or(i64::MAX))
                     });
-                    let rows = store
-                        .inputs_since(since_ms, tenant)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let rows = store.inputs_since(since_ms, tenant).await?;
                     let redact = if full {
                         &[][..]
                     } else {
@@ -321,10 +315,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                 InputsCommand::Erase { tenant, config } => {
                     let config = crate::cli::files::load_config(&config)?;
                     let (store, _) = crate::cli::store::open(&config).await?;
-                    let n = store
-                        .inputs_erase(tenant.clone())
-                        .await
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let n = store.inputs_erase(tenant.clone()).await?;
                     eprintln!("countersign: erased {n} decision inputs of tenant {tenant}");
                 }
             }

@@ -130,8 +130,7 @@ pub(crate) fn from_audit(
         Some(since_ms),
         None,
         &mut buf,
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    )?;
     let mut groups = Groups::default();
     let mut looked_at = 0;
     for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {

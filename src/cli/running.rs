@@ -126,13 +126,13 @@ impl Gateway {
             tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");
         }
         // Every upstream credential resolves now, or the gateway does not start.
-        crate::upstream::credentials::check_all(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
-        crate::upstream::tls::check_all(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        crate::upstream::credentials::check_all(&config).map_err(anyhow::Error::msg)?;
+        crate::upstream::tls::check_all(&config).map_err(anyhow::Error::msg)?;
         let (store, opened) = crate::cli::store::open(&config).await?;
         tracing::info!("ledger store: {opened}");
         // Before serving: what was reserved never went out; what was dispatched
         // when the last process died has an unknown outcome.
-        let recovery = store.recover().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let recovery = store.recover().await?;
         if recovery.unknown > 0 || recovery.freed > 0 {
             tracing::warn!(
             freed = recovery.freed,
@@ -175,13 +175,10 @@ impl Gateway {
         tracing::info!(policies = policies.len(), dir = %policy_dir.display(), "policies loaded");
         // The audit log before anything can happen that it must record.
         let audit_dir = config.audit_dir();
-        let audit = Arc::new(
-            crate::audit::log::AuditLog::open(
-                crate::audit::log::Settings::from_config(&config)
-                    .with_gateway(crate::cli::store::gateway_id(&config.gateway.data_dir)?),
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
-        );
+        let audit = Arc::new(crate::audit::log::AuditLog::open(
+            crate::audit::log::Settings::from_config(&config)
+                .with_gateway(crate::cli::store::gateway_id(&config.gateway.data_dir)?),
+        )?);
         tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
         // Entries a crash left in the ledger's outbox go into the log first.
         let recovered = audit
@@ -289,9 +286,9 @@ impl Gateway {
         // taken again whenever the files change.
         let tls = match (&gw.config().gateway.tls_cert, &gw.config().gateway.tls_key) {
             (Some(cert), Some(key)) => {
-                let certs = crate::front::tls::Reloading::open(cert, key)
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
-                let config = certs.server_config().map_err(|e| anyhow::anyhow!("{e}"))?;
+                let certs =
+                    crate::front::tls::Reloading::open(cert, key).map_err(anyhow::Error::msg)?;
+                let config = certs.server_config().map_err(anyhow::Error::msg)?;
                 background.spawn(
                     "certificate reload",
                     certs.watch(Duration::from_millis(500)),
@@ -310,7 +307,7 @@ impl Gateway {
             // refused here, with what to set instead.
             let (origin, rp_id) =
                 crate::core::config::console_of(gw.config(), local, tls.is_some())
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    .map_err(anyhow::Error::msg)?;
             tracing::info!(%origin, rp_id = %rp_id, "review console at {origin}/review/");
             Some(Console::open(Arc::clone(&gw), origin, rp_id))
         } else {

@@ -64,7 +64,7 @@ fn pg_config(
         .map_err(|e| anyhow::anyhow!("store.url is not a PostgreSQL connection url: {e}"))?;
     if let Some(password) = &config.store.password {
         let value = crate::upstream::credentials::resolve(password, "store.password")
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(anyhow::Error::msg)?;
         pg.password(value);
     }
     if pg.get_application_name().is_none() {
@@ -74,7 +74,7 @@ fn pg_config(
         pg.ssl_mode(tokio_postgres::config::SslMode::Require);
         Some(
             crate::upstream::tls::store_config(config.store.tls.as_ref())
-                .map_err(|e| anyhow::anyhow!("{e}"))?,
+                .map_err(anyhow::Error::msg)?,
         )
     } else {
         pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
@@ -153,7 +153,7 @@ pub(crate) async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, Str
     match &config.store.url {
         None => {
             let path = ledger_path(&config.gateway.data_dir);
-            let store = RedbStore::open(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let store = RedbStore::open(&path)?;
             Ok((Arc::new(store), format!("redb at {}", path.display())))
         }
         Some(url) => {
@@ -165,10 +165,7 @@ pub(crate) async fn open(config: &Config) -> anyhow::Result<(Arc<dyn Store>, Str
             let (mut store, migrated) = PgStore::connect(pg, tls, config.store.pool_size, &id)
                 .await
                 .map_err(|e| anyhow::anyhow!("{}", worded(&e)))?;
-            let epoch = store
-                .start_lease(config.store.lease)
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let epoch = store.start_lease(config.store.lease).await?;
             let id = format!("{id} (lease epoch {epoch})");
             let said = if migrated.from == migrated.to {
                 format!(

@@ -578,6 +578,60 @@ pub struct Binding<'a> {
 }
 
 impl Proposal {
+    /// A new pending proposal of `requester` in `tenant` for the call of
+    /// `tool` on `server` with `arguments` (digest `call_digest`): nothing
+    /// decided, one reviewer's yes asked for, made at time 0, every other
+    /// field empty. The approval book fills in the rest of what it knows of
+    /// the call; tests and benches start from it.
+    pub fn pending(
+        id: String,
+        tenant: String,
+        requester: String,
+        server: String,
+        tool: String,
+        arguments: serde_json::Value,
+        call_digest: String,
+    ) -> Proposal {
+        Proposal {
+            id,
+            state: ProposalState::Pending,
+            created_ms: 0,
+            updated_ms: 0,
+            server,
+            tool,
+            arguments,
+            call_digest,
+            requester,
+            requester_aka: Vec::new(),
+            client: None,
+            tenant,
+            resource_version: None,
+            tool_definition: None,
+            definition_change: None,
+            risk: Risk::Write,
+            policies: Vec::new(),
+            revises: None,
+            beside: None,
+            call_key: None,
+            headline: None,
+            joined: 0,
+            decision: None,
+            quorum: Quorum::default(),
+            approvals: Vec::new(),
+            denials: Vec::new(),
+            revision: 0,
+            expires_ms: None,
+            consumed_by: None,
+            reason: None,
+            confirmation: None,
+            asked_by: Vec::new(),
+            trace: None,
+            withdrawn: Vec::new(),
+            looks_like: None,
+            guards: Vec::new(),
+        }
+    }
+
     /// The binding an approval of this proposal must carry.
     pub fn binding(&self) -> Binding<'_> {
         Binding {
