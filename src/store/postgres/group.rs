@@ -525,24 +525,11 @@ mod tests {
     /// kept once, as the ledger grew, when left to itself).
     #[tokio::test]
     async fn a_writer_finds_its_rows_by_key_on_an_empty_ledger_and_on_a_large_one() {
-        let schema = format!("cs_test_{:016x}", rand::random::<u64>());
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host("127.0.0.1")
-            .port(5432)
-            .user("postgres")
-            .dbname("test");
-        let (client, conn) = config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .expect("PostgreSQL at 127.0.0.1:5432 (database test): `.ci/run` starts it");
+        let Some((_schema, config)) = crate::store::tests::PgSchema::new().await else {
+            return;
+        };
+        let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
-        client
-            .batch_execute(&format!(
-                "CREATE SCHEMA {schema}; SET search_path = {schema}"
-            ))
-            .await
-            .unwrap();
         for m in super::super::MIGRATIONS {
             client.batch_execute(m).await.unwrap();
         }
@@ -567,9 +554,6 @@ mod tests {
             .await
             .unwrap();
         let large = plan(&client, 2).await;
-        let _ = client
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await;
         for (when, plan) in [("empty", &empty), ("large", &large)] {
             assert!(
                 plan.contains("Index Scan using ledger_pkey on ledger")

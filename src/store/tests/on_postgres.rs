@@ -28,7 +28,12 @@ pub(crate) struct PgSchema {
 }
 
 impl PgSchema {
-    pub(crate) async fn new() -> (PgSchema, tokio_postgres::Config) {
+    /// A fresh schema, or `None` when no PostgreSQL answers at
+    /// 127.0.0.1:5432 and `COUNTERSIGN_REQUIRE_SERVICES` is not set: the
+    /// test then says it is skipped and returns (the quick loop on a
+    /// machine with only Rust). `.ci/run` sets the variable, so there a
+    /// missing server fails the test instead of skipping it.
+    pub(crate) async fn new() -> Option<(PgSchema, tokio_postgres::Config)> {
         let name = format!("cs_test_{:016x}", rand::random::<u64>());
         let mut admin = tokio_postgres::Config::new();
         admin
@@ -36,10 +41,22 @@ impl PgSchema {
             .port(5432)
             .user("postgres")
             .dbname("test");
-        let (client, conn) = admin
-            .connect(tokio_postgres::NoTls)
-            .await
-            .expect("PostgreSQL at 127.0.0.1:5432 (database test): `.ci/run` starts it");
+        let (client, conn) = match admin.connect(tokio_postgres::NoTls).await {
+            Ok(c) => c,
+            Err(e) if std::env::var_os("COUNTERSIGN_REQUIRE_SERVICES").is_none() => {
+                // Straight to stderr, past the test harness's capture: the
+                // skip shows in the run's output.
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "skipped: this test needs PostgreSQL at 127.0.0.1:5432, database test ({e}); `.ci/run` starts it"
+                );
+                return None;
+            }
+            Err(e) => panic!(
+                "PostgreSQL at 127.0.0.1:5432 (database test) is required here (COUNTERSIGN_REQUIRE_SERVICES): {e}"
+            ),
+        };
         tokio::spawn(conn);
         client
             .batch_execute(&format!("CREATE SCHEMA {name}"))
@@ -47,7 +64,7 @@ impl PgSchema {
             .unwrap();
         let mut config = admin.clone();
         config.options(format!("-c search_path={name}"));
-        (PgSchema { name }, config)
+        Some((PgSchema { name }, config))
     }
 }
 
@@ -64,7 +81,9 @@ impl Drop for PgSchema {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_conforms() {
-    let (_schema, config) = PgSchema::new().await;
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
     let (mut store, migrated) = PgStore::connect(config.clone(), None, 4, "gw-a")
         .await
         .unwrap();
@@ -102,7 +121,9 @@ async fn postgres_store_conforms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_refuses_a_newer_schema_and_recovers_only_its_own_rows() {
-    let (_schema, config) = PgSchema::new().await;
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
     let a = leased(&config, "gw-a").await;
     let b = leased(&config, "gw-b").await;
     for (store, key) in [(&a, "ka"), (&b, "kb")] {
@@ -132,7 +153,9 @@ async fn postgres_refuses_a_newer_schema_and_recovers_only_its_own_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_whose_lease_lapsed_dispatches_nothing_and_its_calls_are_settled() {
-    let (_schema, config) = PgSchema::new().await;
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
     let mut a = leased(&config, "gw-a").await;
     let b = leased(&config, "gw-b").await;
     let r = Record::reserve(&claim("d"), 0, 1000);
@@ -190,7 +213,9 @@ async fn a_gateway_whose_lease_lapsed_dispatches_nothing_and_its_calls_are_settl
 /// outbox row for each dispatch and none for a write that did not move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_grouped_writes_keep_every_key_once_across_gateways() {
-    let (_schema, config) = PgSchema::new().await;
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
     let a = std::sync::Arc::new(leased(&config, "gw-a").await);
     let b = std::sync::Arc::new(leased(&config, "gw-b").await);
     let keys: Vec<String> = (0..64).map(|i| format!("k{i:02}")).collect();
