@@ -886,3 +886,22 @@ fn approval_answer(id: Value, note: &ApprovalNote, key: &str, tool: &str, shape:
     };
     tool_error(id, approval_code(note.code), &text, details, shape)
 }
+
+/// What the audit log's `completed` entry says of an outcome (worded here,
+/// where every code is).
+impl CallOutcome {
+    /// `completed` fields of any outcome: whether it is an error, and the
+    /// code when countersign itself answered.
+    pub(crate) fn completed_fields(&self) -> Vec<(&'static str, Value)> {
+        match self {
+            CallOutcome::Answered(m) => super::outcome::answered_fields(m),
+            other => {
+                let mut f = vec![("is_error", json!(true))];
+                if let Some(code) = code_of(other) {
+                    f.push(("code", json!(code)));
+                }
+                f
+            }
+        }
+    }
+}

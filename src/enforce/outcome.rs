@@ -126,20 +126,3 @@ pub(crate) fn is_error(answer: &Message) -> bool {
 pub(crate) fn answered_fields(answer: &Message) -> Vec<(&'static str, Value)> {
     vec![("is_error", json!(is_error(answer)))]
 }
-
-impl CallOutcome {
-    /// `completed` fields of any outcome: whether it is an error, and the
-    /// code when countersign itself answered.
-    pub(crate) fn completed_fields(&self) -> Vec<(&'static str, Value)> {
-        match self {
-            CallOutcome::Answered(m) => answered_fields(m),
-            other => {
-                let mut f = vec![("is_error", json!(true))];
-                if let Some(code) = super::answer::code_of(other) {
-                    f.push(("code", json!(code)));
-                }
-                f
-            }
-        }
-    }
-}

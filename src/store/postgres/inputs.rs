@@ -88,3 +88,25 @@ impl PgStore {
         })
     }
 }
+
+impl Inputs for PgStore {
+    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
+        self.inputs_put_in(rows)
+    }
+
+    fn inputs_since(
+        &self,
+        since_ms: i64,
+        tenant: Option<String>,
+    ) -> StoreFuture<'_, Vec<InputRow>> {
+        self.inputs_since_in(since_ms, tenant)
+    }
+
+    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
+        self.inputs_erase_in(tenant)
+    }
+
+    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
+        self.inputs_gc_in(before_ms, max_rows)
+    }
+}

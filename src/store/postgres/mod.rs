@@ -42,7 +42,7 @@ use group::{Durability, Group};
 use super::{
     check_transition, needs_durability, proposal_durable, proposal_final, InputRow, Inputs, Ledger,
     Outbox, Proposals, Recovery, Reservation, Seen, Settle, Store, StoreError, StoreEvent,
-    StoreFuture, Tasks,
+    StoreFuture,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
@@ -796,108 +796,6 @@ impl Ledger for PgStore {
     }
 }
 
-impl Proposals for PgStore {
-    fn put_proposal_with(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-        notices: Vec<Notice>,
-    ) -> StoreFuture<'_, bool> {
-        self.put_proposal_with_in(proposal, expect, notices)
-    }
-
-    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
-        self.get_proposal_in(id)
-    }
-
-    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        self.list_proposals_in()
-    }
-
-    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        self.open_proposals_in()
-    }
-
-    fn proposals_of<'a>(
-        &'a self,
-        tenant: &'a str,
-        requester: &'a str,
-    ) -> StoreFuture<'a, Vec<Proposal>> {
-        self.proposals_of_in(tenant, requester)
-    }
-
-    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        self.gc_proposals_in(before_ms)
-    }
-}
-
-impl Outbox for PgStore {
-    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
-        self.notices_enqueue_in(notices)
-    }
-
-    fn notices_claim(
-        &self,
-        owner: &str,
-        now_ms: i64,
-        lease_ms: i64,
-        limit: usize,
-    ) -> StoreFuture<'_, Vec<Notice>> {
-        self.notices_claim_in(owner, now_ms, lease_ms, limit)
-    }
-
-    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
-        self.notice_settle_in(notice, outcome)
-    }
-
-    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
-        self.notify_status_in()
-    }
-
-    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
-        Box::pin(async move {
-            let client = self.client().await?;
-            let gateway: &str = &self.gateway;
-            let rows = client
-                .query(
-                    "SELECT id, entries FROM audit_outbox WHERE gateway = $1 ORDER BY id",
-                    &[&gateway],
-                )
-                .await
-                .map_err(backend("read the outbox"))?;
-            Ok(rows
-                .iter()
-                .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), r.get(1)))
-                .collect())
-        })
-    }
-
-    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
-        // The request is made now (the contract allows dropping the future):
-        // the work runs on its own task.
-        let pool = self.pool.clone();
-        let gateway = self.gateway.clone();
-        let done = self.runtime.spawn(async move {
-            let client = pool.get().await.map_err(pool_error)?;
-            let upto = i64::try_from(upto).unwrap_or(i64::MAX);
-            let n = client
-                .execute(
-                    "DELETE FROM audit_outbox WHERE gateway = $1 AND id <= $2",
-                    &[&&*gateway, &upto],
-                )
-                .await
-                .map_err(backend("clear the outbox"))?;
-            Ok::<usize, StoreError>(usize::try_from(n).unwrap_or(usize::MAX))
-        });
-        Box::pin(async move {
-            done.await.map_err(|e| StoreError::Backend {
-                op: "clear the outbox",
-                reason: e.to_string(),
-            })?
-        })
-    }
-}
-
 impl Seen for PgStore {
     fn pin_first_use(&self, pins: Vec<(String, String)>) -> StoreFuture<'_, usize> {
         Box::pin(async move {
@@ -955,58 +853,5 @@ impl Seen for PgStore {
                 .map_err(backend("read pins"))?;
             Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
         })
-    }
-}
-
-impl Inputs for PgStore {
-    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
-        self.inputs_put_in(rows)
-    }
-
-    fn inputs_since(
-        &self,
-        since_ms: i64,
-        tenant: Option<String>,
-    ) -> StoreFuture<'_, Vec<InputRow>> {
-        self.inputs_since_in(since_ms, tenant)
-    }
-
-    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
-        self.inputs_erase_in(tenant)
-    }
-
-    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
-        self.inputs_gc_in(before_ms, max_rows)
-    }
-}
-
-impl Tasks for PgStore {
-    fn task_create(
-        &self,
-        task: crate::core::task::TaskRecord,
-    ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
-        Box::pin(tasks::task_create(self, task))
-    }
-
-    fn task_get<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> StoreFuture<'a, Option<crate::core::task::TaskRecord>> {
-        Box::pin(tasks::task_get(self, id))
-    }
-
-    fn tasks(
-        &self,
-        filter: super::TaskFilter,
-    ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
-        Box::pin(tasks::tasks(self, filter))
-    }
-
-    fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
-        Box::pin(tasks::task_put(self, task))
-    }
-
-    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        Box::pin(tasks::tasks_gc(self, before_ms))
     }
 }

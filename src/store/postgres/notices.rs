@@ -138,3 +138,70 @@ impl PgStore {
         })
     }
 }
+
+impl Outbox for PgStore {
+    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
+        self.notices_enqueue_in(notices)
+    }
+
+    fn notices_claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        limit: usize,
+    ) -> StoreFuture<'_, Vec<Notice>> {
+        self.notices_claim_in(owner, now_ms, lease_ms, limit)
+    }
+
+    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
+        self.notice_settle_in(notice, outcome)
+    }
+
+    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
+        self.notify_status_in()
+    }
+
+    fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let gateway: &str = &self.gateway;
+            let rows = client
+                .query(
+                    "SELECT id, entries FROM audit_outbox WHERE gateway = $1 ORDER BY id",
+                    &[&gateway],
+                )
+                .await
+                .map_err(backend("read the outbox"))?;
+            Ok(rows
+                .iter()
+                .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), r.get(1)))
+                .collect())
+        })
+    }
+
+    fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
+        // The request is made now (the contract allows dropping the future):
+        // the work runs on its own task.
+        let pool = self.pool.clone();
+        let gateway = self.gateway.clone();
+        let done = self.runtime.spawn(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let upto = i64::try_from(upto).unwrap_or(i64::MAX);
+            let n = client
+                .execute(
+                    "DELETE FROM audit_outbox WHERE gateway = $1 AND id <= $2",
+                    &[&&*gateway, &upto],
+                )
+                .await
+                .map_err(backend("clear the outbox"))?;
+            Ok::<usize, StoreError>(usize::try_from(n).unwrap_or(usize::MAX))
+        });
+        Box::pin(async move {
+            done.await.map_err(|e| StoreError::Backend {
+                op: "clear the outbox",
+                reason: e.to_string(),
+            })?
+        })
+    }
+}

@@ -156,3 +156,38 @@ impl PgStore {
         })
     }
 }
+
+impl Proposals for PgStore {
+    fn put_proposal_with(
+        &self,
+        proposal: Proposal,
+        expect: Option<ProposalState>,
+        notices: Vec<Notice>,
+    ) -> StoreFuture<'_, bool> {
+        self.put_proposal_with_in(proposal, expect, notices)
+    }
+
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+        self.get_proposal_in(id)
+    }
+
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        self.list_proposals_in()
+    }
+
+    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
+        self.open_proposals_in()
+    }
+
+    fn proposals_of<'a>(
+        &'a self,
+        tenant: &'a str,
+        requester: &'a str,
+    ) -> StoreFuture<'a, Vec<Proposal>> {
+        self.proposals_of_in(tenant, requester)
+    }
+
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        self.gc_proposals_in(before_ms)
+    }
+}

@@ -2,7 +2,7 @@
 //! beside the columns the look-ups and the compare-and-set read.
 
 use super::{backend, decode, notify, PgStore, TASKS_CHANNEL};
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreFuture, Tasks};
 
 /// The key under which a held call joins an open task (see
 /// [`crate::store::tasks::joins`]): requester, tool, key and proposal.
@@ -176,4 +176,35 @@ pub(super) async fn tasks_gc(store: &PgStore, before_ms: i64) -> Result<usize, S
         .await
         .map_err(backend("collect tasks"))?;
     Ok(n as usize)
+}
+
+impl Tasks for PgStore {
+    fn task_create(
+        &self,
+        task: crate::core::task::TaskRecord,
+    ) -> StoreFuture<'_, crate::core::task::TaskRecord> {
+        Box::pin(task_create(self, task))
+    }
+
+    fn task_get<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> StoreFuture<'a, Option<crate::core::task::TaskRecord>> {
+        Box::pin(task_get(self, id))
+    }
+
+    fn tasks(
+        &self,
+        filter: crate::store::TaskFilter,
+    ) -> StoreFuture<'_, Vec<crate::core::task::TaskRecord>> {
+        Box::pin(tasks(self, filter))
+    }
+
+    fn task_put(&self, task: crate::core::task::TaskRecord) -> StoreFuture<'_, bool> {
+        Box::pin(task_put(self, task))
+    }
+
+    fn tasks_gc(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+        Box::pin(tasks_gc(self, before_ms))
+    }
 }

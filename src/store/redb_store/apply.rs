@@ -5,8 +5,7 @@
 use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 
-use super::outbox::outbox_clear;
-use super::writer::{fold, Pending};
+use super::pending::{fold, outbox_clear, Pending};
 use super::{
     decode, decode_proposal, encode, encode_notice, encode_proposal, err, guards, proposals, Done,
     Op, Table, LEDGER, NOTICES, NOTIFY, OUTBOX, PINS, PROPOSALS,

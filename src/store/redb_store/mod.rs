@@ -30,6 +30,7 @@ mod guards;
 mod inputs;
 mod ledger;
 mod outbox;
+mod pending;
 #[cfg(test)]
 pub(super) mod power;
 mod proposals;
@@ -49,7 +50,8 @@ use crate::core::approval::{Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
 use crate::core::notify::Notice;
 use inputs::{inputs_db, inputs_txn};
-use writer::{replay, set_generation, JournalAt, Limits, Pending, CHECKPOINT_BYTES, JOURNAL_LIMIT};
+use pending::{set_generation, Pending};
+use writer::{replay, JournalAt, Limits, CHECKPOINT_BYTES, JOURNAL_LIMIT};
 
 const LEDGER: TableDefinition<&str, &[u8]> = TableDefinition::new("ledger");
 /// Approval proposals, in the same database: consuming an approval and

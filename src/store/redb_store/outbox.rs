@@ -5,25 +5,10 @@ use std::collections::BTreeMap;
 use redb::ReadableTable;
 
 use super::apply::queue_txn;
-use super::writer::outbox_rows;
+use super::pending::outbox_rows;
 use super::{blocking, decode_json, encode_notice, err, Op, RedbStore, NOTICES, NOTIFY};
 use crate::core::notify::{Notice, WebhookStatus};
 use crate::store::{Outbox, Settle, StoreError, StoreFuture};
-
-pub(super) fn outbox_clear(
-    outbox: &mut redb::Table<'_, u64, &'static str>,
-    upto: u64,
-) -> Result<usize, StoreError> {
-    let ids: Vec<u64> = outbox
-        .range(..=upto)
-        .map_err(|e| err("scan")(e.into()))?
-        .filter_map(|e| e.ok().map(|(k, _)| k.value()))
-        .collect();
-    for id in &ids {
-        outbox.remove(*id).map_err(|e| err("delete")(e.into()))?;
-    }
-    Ok(ids.len())
-}
 
 impl Outbox for RedbStore {
     // The queue's own writes are rare (one per event and attempt): they
