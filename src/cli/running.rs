@@ -125,72 +125,10 @@ impl Gateway {
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");
         }
-        // Every upstream credential resolves now, or the gateway does not start.
-        crate::upstream::credentials::check_all(&config).map_err(anyhow::Error::msg)?;
-        crate::upstream::tls::check_all(&config).map_err(anyhow::Error::msg)?;
-        let (store, opened) = crate::cli::store::open(&config).await?;
-        tracing::info!("ledger store: {opened}");
-        // Before serving: what was reserved never went out; what was dispatched
-        // when the last process died has an unknown outcome.
-        let recovery = store.recover().await?;
-        if recovery.unknown > 0 || recovery.freed > 0 {
-            tracing::warn!(
-            freed = recovery.freed,
-            unknown = recovery.unknown,
-            "ledger recovered after an unclean stop: calls in flight are now `unknown` until reconciled"
-        );
-        }
-        if recovery.unknown > 0 && !config.notify.webhooks.is_empty() {
-            // Queued before serving, durably: the delivery worker sends it.
-            let mut facts = serde_json::Map::new();
-            facts.insert("count".into(), serde_json::json!(recovery.unknown));
-            facts.insert(
-                "reason".into(),
-                serde_json::json!("the gateway stopped uncleanly while they were in flight"),
-            );
-            facts.insert(
-                "command".into(),
-                serde_json::json!("countersign reconcile --list"),
-            );
-            let notices = crate::core::notify::Event::incident(
-                crate::core::config::EventKind::OutcomeUnknown,
-                None,
-                facts,
-            )
-            .notices(&config.notify.webhooks, crate::core::time::now_ms());
-            if let Err(e) = store.notices_enqueue(notices).await {
-                tracing::error!("the notification of the recovered calls was not queued: {e}");
-            }
-        }
+        let store = open_store(&config).await?;
         let policy_dir = config.gateway.policies.clone();
-        let reviewers_file = config.approvals.reviewers.clone();
-        let policies = crate::cli::files::load_policies(&policy_dir, reviewers_file.as_deref()).map_err(|errors| {
-        anyhow::anyhow!(
-            "the policies in `{}` do not load (fix them, or check with `countersign policy check --dir {}`):\n{}",
-            policy_dir.display(),
-            policy_dir.display(),
-            errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
-        )
-    })?;
-        tracing::info!(policies = policies.len(), dir = %policy_dir.display(), "policies loaded");
-        // The audit log before anything can happen that it must record.
-        let audit_dir = config.audit_dir();
-        let audit = Arc::new(crate::audit::log::AuditLog::open(
-            crate::audit::log::Settings::from_config(&config)
-                .with_gateway(crate::cli::store::gateway_id(&config.gateway.data_dir)?),
-        )?);
-        tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
-        // Entries a crash left in the ledger's outbox go into the log first.
-        let recovered = audit
-            .attach_outbox(store.clone())
-            .await
-            .map_err(|e| anyhow::anyhow!("audit log recovery from the ledger's outbox: {e}"))?;
-        if recovered > 0 {
-            tracing::warn!(
-                entries = recovered,
-                "audit entries recovered from the ledger's outbox"
-            );
-        }
+        let policies = load_policies(&config)?;
+        let audit = open_audit(&config, &store).await?;
         // Changes another gateway made in a shared store (PostgreSQL): proposals
         // it created or decided are shown here too, and wake calls held here.
         let store_events = store.subscribe();
@@ -220,68 +158,7 @@ impl Gateway {
         // Every background task, in one set under one cancellation: shutdown
         // stops them together and waits for each to end.
         let mut background = Background::default();
-        // Each checkpoint to the witness, when one is configured.
-        if let Some(w) = gw.config().audit.witness.clone() {
-            let key = crate::audit::note::parse_vkey(&w.key)
-                .map_err(|e| anyhow::anyhow!("audit.witness.key: {e}"))?;
-            anyhow::ensure!(
-            key.kind == 0x04,
-            "audit.witness.key is a note key (type 0x01); a witness cosigns with a cosignature key (type 0x04)"
-        );
-            tracing::info!(url = %w.url, witness = %key.name, "checkpoints go to the witness");
-            background.spawn(
-                "witness",
-                crate::upstream::witness::run(audit.clone(), w, key),
-            );
-        }
-        // Reviewer notifications: delivered by a worker of their own, never on
-        // a call's path.
-        if !gw.config().notify.webhooks.is_empty() {
-            let worker = crate::upstream::notify::Deliverer::new(
-                gw.pipeline().store().clone(),
-                &gw.config().notify,
-                Some(audit.clone()),
-                Arc::new(crate::core::time::SystemClock),
-            );
-            tracing::info!(
-                webhooks = gw.config().notify.webhooks.len(),
-                "notifications go to the webhooks"
-            );
-            background.spawn("notifications", worker.run(gw.pipeline().book().queued()));
-        }
-        background.spawn("policy reload", watch_policies(Arc::clone(&gw), policy_dir));
-        if gw.config().policy.inputs {
-            gw.pipeline()
-                .start_inputs(Arc::new(crate::core::time::SystemClock));
-            tracing::info!(
-                retention = %humantime::format_duration(gw.config().policy.inputs_retention),
-                max_rows = gw.config().policy.inputs_max_rows,
-                "decision inputs are kept for policy diff"
-            );
-        }
-        // The shadow set: loaded now if it loads, and watched like the set in
-        // force. It never stops the gateway.
-        if let Some(dir) = gw.config().policy.shadow.clone() {
-            let seen = fingerprint(&dir, None);
-            load_shadow(&gw, &dir);
-            background.spawn("shadow reload", watch_shadow(Arc::clone(&gw), dir, seen));
-        }
-        // The data dir holds arguments and keys: say so when others can read it
-        // (files made by an older release, or by hand).
-        let exposed = crate::store::private::exposed(&gw.config().gateway.data_dir);
-        if let Some(first) = exposed.first() {
-            tracing::warn!(
-                count = exposed.len(),
-                first = %first.display(),
-                "data files or folders are readable by other users of this host: chmod 600 the files and 700 the folders (new ones are made so)"
-            );
-        }
-        if let Some(rx) = store_events {
-            background.spawn("store changes", follow_store(Arc::clone(&gw), rx));
-        }
-        // Held calls as tasks: approved ones are run here (or on any other
-        // gateway sharing the store), whether or not their client is connected.
-        background.spawn("tasks", crate::front::task_runner::run(Arc::clone(&gw)));
+        spawn_background(&gw, &audit, policy_dir, store_events, &mut background)?;
         // TLS on the listener, when configured: the pair must load now, and is
         // taken again whenever the files change.
         let tls = match (&gw.config().gateway.tls_cert, &gw.config().gateway.tls_key) {
@@ -318,52 +195,7 @@ impl Gateway {
         }
         tracing::info!(servers = gw.config().servers.len(), "gateway ready");
 
-        {
-            let gw = Arc::clone(&gw);
-            let console = console.clone();
-            background.spawn("sweep", async move {
-                let mut tick =
-                    tokio::time::interval(sweep_every(gw.config().gateway.session_idle_timeout));
-                loop {
-                    tick.tick().await;
-                    gw.sweep_idle().await;
-                    if let Some(c) = &console {
-                        crate::front::review::enrol::note_invites(c).await;
-                        // Ended sessions, challenges, counts and invitations.
-                        let now = c.now_ms();
-                        match gw.pipeline().store().console_gc(now).await {
-                            Ok(0) => {}
-                            Ok(n) => tracing::debug!(forgotten = n, "review console sweep"),
-                            Err(e) => tracing::warn!("review console sweep failed: {e}"),
-                        }
-                    }
-                    let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
-                    match gw.pipeline().store().gc(now).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::debug!(forgotten = n, "ledger retention sweep"),
-                        Err(e) => tracing::warn!("ledger retention sweep failed: {e}"),
-                    }
-                    // Budgets' spending and effects whose window ended.
-                    match gw.pipeline().store().guards_gc(now).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::debug!(forgotten = n, "guards sweep"),
-                        Err(e) => tracing::warn!("guards sweep failed: {e}"),
-                    }
-                    // Expiry is also checked at consumption; the sweep keeps
-                    // reviewers' lists honest and forgets old final proposals.
-                    match gw
-                        .pipeline()
-                        .book()
-                        .sweep(gw.config().idempotency.retention)
-                        .await
-                    {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(expired = n, "approval expiry sweep"),
-                        Err(e) => tracing::warn!("approval expiry sweep failed: {e}"),
-                    }
-                }
-            });
-        }
+        spawn_sweep(&gw, console.clone(), &mut background);
 
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         // As many serving threads as the CPUs the process may use now (or
@@ -452,4 +284,213 @@ impl Running {
             store_closed,
         }
     }
+}
+
+/// Open the store and recover it before serving: what was reserved never
+/// went out; what was dispatched when the last process died has an unknown
+/// outcome (and the webhooks are told, durably, before the first call).
+/// Every upstream credential resolves first, or the gateway does not start.
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    // Every upstream credential resolves now, or the gateway does not start.
+    crate::upstream::credentials::check_all(config).map_err(anyhow::Error::msg)?;
+    crate::upstream::tls::check_all(config).map_err(anyhow::Error::msg)?;
+    let (store, opened) = crate::cli::store::open(config).await?;
+    tracing::info!("ledger store: {opened}");
+    // Before serving: what was reserved never went out; what was dispatched
+    // when the last process died has an unknown outcome.
+    let recovery = store.recover().await?;
+    if recovery.unknown > 0 || recovery.freed > 0 {
+        tracing::warn!(
+        freed = recovery.freed,
+        unknown = recovery.unknown,
+        "ledger recovered after an unclean stop: calls in flight are now `unknown` until reconciled"
+    );
+    }
+    if recovery.unknown > 0 && !config.notify.webhooks.is_empty() {
+        // Queued before serving, durably: the delivery worker sends it.
+        let mut facts = serde_json::Map::new();
+        facts.insert("count".into(), serde_json::json!(recovery.unknown));
+        facts.insert(
+            "reason".into(),
+            serde_json::json!("the gateway stopped uncleanly while they were in flight"),
+        );
+        facts.insert(
+            "command".into(),
+            serde_json::json!("countersign reconcile --list"),
+        );
+        let notices = crate::core::notify::Event::incident(
+            crate::core::config::EventKind::OutcomeUnknown,
+            None,
+            facts,
+        )
+        .notices(&config.notify.webhooks, crate::core::time::now_ms());
+        if let Err(e) = store.notices_enqueue(notices).await {
+            tracing::error!("the notification of the recovered calls was not queued: {e}");
+        }
+    }
+    Ok(store)
+}
+
+/// The policies in force at the start: they must load, or the gateway does
+/// not start (the error names each problem and the command that checks).
+fn load_policies(config: &Config) -> anyhow::Result<crate::core::decision::Policies> {
+    let policy_dir = config.gateway.policies.clone();
+    let reviewers_file = config.approvals.reviewers.clone();
+    let policies = crate::cli::files::load_policies(&policy_dir, reviewers_file.as_deref()).map_err(|errors| {
+    anyhow::anyhow!(
+        "the policies in `{}` do not load (fix them, or check with `countersign policy check --dir {}`):\n{}",
+        policy_dir.display(),
+        policy_dir.display(),
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    )
+})?;
+    tracing::info!(policies = policies.len(), dir = %policy_dir.display(), "policies loaded");
+    Ok(policies)
+}
+
+/// The audit log, open before anything can happen that it must record,
+/// with the entries a crash left in the ledger's outbox written first.
+async fn open_audit(config: &Config, store: &Arc<dyn Store>) -> anyhow::Result<Arc<AuditLog>> {
+    // The audit log before anything can happen that it must record.
+    let audit_dir = config.audit_dir();
+    let audit = Arc::new(crate::audit::log::AuditLog::open(
+        crate::audit::log::Settings::from_config(config)
+            .with_gateway(crate::cli::store::gateway_id(&config.gateway.data_dir)?),
+    )?);
+    tracing::info!(dir = %audit_dir.display(), key = %audit.public_key, "audit log open");
+    // Entries a crash left in the ledger's outbox go into the log first.
+    let recovered = audit
+        .attach_outbox(store.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("audit log recovery from the ledger's outbox: {e}"))?;
+    if recovered > 0 {
+        tracing::warn!(
+            entries = recovered,
+            "audit entries recovered from the ledger's outbox"
+        );
+    }
+    Ok(audit)
+}
+
+/// The background tasks of a gateway that serves (all but the sweep, which
+/// needs the console): the witness, notifications, policy and shadow
+/// reloads, a shared store's changes, the task runner; and what is only
+/// said once (decision inputs kept, data files others can read).
+fn spawn_background(
+    gw: &Arc<Gateway>,
+    audit: &Arc<AuditLog>,
+    policy_dir: std::path::PathBuf,
+    store_events: Option<tokio::sync::broadcast::Receiver<crate::store::StoreEvent>>,
+    background: &mut Background,
+) -> anyhow::Result<()> {
+    // Each checkpoint to the witness, when one is configured.
+    if let Some(w) = gw.config().audit.witness.clone() {
+        let key = crate::audit::note::parse_vkey(&w.key)
+            .map_err(|e| anyhow::anyhow!("audit.witness.key: {e}"))?;
+        anyhow::ensure!(
+        key.kind == 0x04,
+        "audit.witness.key is a note key (type 0x01); a witness cosigns with a cosignature key (type 0x04)"
+    );
+        tracing::info!(url = %w.url, witness = %key.name, "checkpoints go to the witness");
+        background.spawn(
+            "witness",
+            crate::upstream::witness::run(audit.clone(), w, key),
+        );
+    }
+    // Reviewer notifications: delivered by a worker of their own, never on
+    // a call's path.
+    if !gw.config().notify.webhooks.is_empty() {
+        let worker = crate::upstream::notify::Deliverer::new(
+            gw.pipeline().store().clone(),
+            &gw.config().notify,
+            Some(audit.clone()),
+            Arc::new(crate::core::time::SystemClock),
+        );
+        tracing::info!(
+            webhooks = gw.config().notify.webhooks.len(),
+            "notifications go to the webhooks"
+        );
+        background.spawn("notifications", worker.run(gw.pipeline().book().queued()));
+    }
+    background.spawn("policy reload", watch_policies(Arc::clone(gw), policy_dir));
+    if gw.config().policy.inputs {
+        gw.pipeline()
+            .start_inputs(Arc::new(crate::core::time::SystemClock));
+        tracing::info!(
+            retention = %humantime::format_duration(gw.config().policy.inputs_retention),
+            max_rows = gw.config().policy.inputs_max_rows,
+            "decision inputs are kept for policy diff"
+        );
+    }
+    // The shadow set: loaded now if it loads, and watched like the set in
+    // force. It never stops the gateway.
+    if let Some(dir) = gw.config().policy.shadow.clone() {
+        let seen = fingerprint(&dir, None);
+        load_shadow(gw, &dir);
+        background.spawn("shadow reload", watch_shadow(Arc::clone(gw), dir, seen));
+    }
+    // The data dir holds arguments and keys: say so when others can read it
+    // (files made by an older release, or by hand).
+    let exposed = crate::store::private::exposed(&gw.config().gateway.data_dir);
+    if let Some(first) = exposed.first() {
+        tracing::warn!(
+            count = exposed.len(),
+            first = %first.display(),
+            "data files or folders are readable by other users of this host: chmod 600 the files and 700 the folders (new ones are made so)"
+        );
+    }
+    if let Some(rx) = store_events {
+        background.spawn("store changes", follow_store(Arc::clone(gw), rx));
+    }
+    // Held calls as tasks: approved ones are run here (or on any other
+    // gateway sharing the store), whether or not their client is connected.
+    background.spawn("tasks", crate::front::task_runner::run(Arc::clone(gw)));
+    Ok(())
+}
+
+/// The sweep, every few seconds: idle sessions, the console's state,
+/// ledger and guards retention, and approval expiry.
+fn spawn_sweep(gw: &Arc<Gateway>, console: Option<Arc<Console>>, background: &mut Background) {
+    let gw = Arc::clone(gw);
+    background.spawn("sweep", async move {
+        let mut tick = tokio::time::interval(sweep_every(gw.config().gateway.session_idle_timeout));
+        loop {
+            tick.tick().await;
+            gw.sweep_idle().await;
+            if let Some(c) = &console {
+                crate::front::review::enrol::note_invites(c).await;
+                // Ended sessions, challenges, counts and invitations.
+                let now = c.now_ms();
+                match gw.pipeline().store().console_gc(now).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(forgotten = n, "review console sweep"),
+                    Err(e) => tracing::warn!("review console sweep failed: {e}"),
+                }
+            }
+            let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+            match gw.pipeline().store().gc(now).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(forgotten = n, "ledger retention sweep"),
+                Err(e) => tracing::warn!("ledger retention sweep failed: {e}"),
+            }
+            // Budgets' spending and effects whose window ended.
+            match gw.pipeline().store().guards_gc(now).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(forgotten = n, "guards sweep"),
+                Err(e) => tracing::warn!("guards sweep failed: {e}"),
+            }
+            // Expiry is also checked at consumption; the sweep keeps
+            // reviewers' lists honest and forgets old final proposals.
+            match gw
+                .pipeline()
+                .book()
+                .sweep(gw.config().idempotency.retention)
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(expired = n, "approval expiry sweep"),
+                Err(e) => tracing::warn!("approval expiry sweep failed: {e}"),
+            }
+        }
+    });
 }
