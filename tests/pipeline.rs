@@ -241,6 +241,7 @@ impl Flaky {
             return Err(StoreError::Backend {
                 op: "injected failure",
                 reason: format!("{op:?}"),
+                cause: None,
             });
         }
         Ok(())
@@ -304,6 +305,7 @@ impl Ledger for Flaky {
                 Err(StoreError::Backend {
                     op: "injected failure",
                     reason: "the commit's reply was lost".into(),
+                    cause: None,
                 })
             });
         }

@@ -74,8 +74,16 @@ pub fn main() -> ExitCode {
             // The error, then each cause on a line of its own: what was
             // being done, then why, down to what the system said.
             eprintln!("countersign: error: {e}");
+            // A cause whose words the line above already ends with (an
+            // error that repeats its source's text for one-line logs) is
+            // not said twice.
+            let mut above = e.to_string();
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                let said = cause.to_string();
+                if !above.ends_with(&said) {
+                    eprintln!("  caused by: {said}");
+                }
+                above = said;
             }
             ExitCode::FAILURE
         }

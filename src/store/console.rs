@@ -87,6 +87,7 @@ fn unsupported() -> StoreError {
     StoreError::Backend {
         op: "console",
         reason: "this store keeps no review console state".into(),
+        cause: None,
     }
 }
 

@@ -134,6 +134,7 @@ fn unsupported() -> StoreError {
     StoreError::Backend {
         op: "guards",
         reason: "this store keeps no budgets or effect keys".into(),
+        cause: None,
     }
 }
 

@@ -52,6 +52,7 @@ pub(super) fn inputs_unsupported() -> StoreError {
     StoreError::Backend {
         op: "decision inputs",
         reason: "this store does not keep decision inputs".into(),
+        cause: None,
     }
 }
 

@@ -83,6 +83,7 @@ fn io<'p>(op: &'static str, path: &'p Path) -> impl Fn(std::io::Error) -> StoreE
     move |e| StoreError::Backend {
         op,
         reason: format!("{}: {e}", path.display()),
+        cause: Some(super::Cause::new(e)),
     }
 }
 

@@ -91,6 +91,10 @@ pub enum StoreError {
         op: &'static str,
         /// What the database said.
         reason: String,
+        /// The database's own error, when there is one: kept, not only
+        /// its text (`reason` repeats it for logs that print one line).
+        #[source]
+        cause: Option<Cause>,
     },
     /// The ledger file could not be opened.
     #[error("ledger store: cannot open `{path}`: {reason}")]
@@ -148,6 +152,54 @@ pub enum StoreError {
     /// This store keeps no tasks (a wrapper in a test).
     #[error("ledger store: this store keeps no tasks")]
     NoTasks,
+}
+
+/// The error a store error comes from, kept with it: shared, so that an
+/// error a whole batch of calls shares stays `Clone`, and compared by its
+/// text (two errors of the database are the same failure when they say the
+/// same).
+#[derive(Debug, Clone)]
+pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync>);
+
+impl Cause {
+    /// Keep `e`.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Cause {
+        Cause(std::sync::Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Cause) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Cause {}
+
+impl StoreError {
+    /// A failure of the database in `op`, with its error kept as the cause.
+    pub fn backend(
+        op: &'static str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Backend {
+            op,
+            reason: e.to_string(),
+            cause: Some(Cause::new(e)),
+        }
+    }
 }
 
 /// A future returned by the store.

@@ -658,3 +658,19 @@ pub(crate) async fn dispatch(store: &dyn Store, key: &str, r: &Record) -> bool {
         .await
         .unwrap()
 }
+
+/// A failure of the database keeps the database's own error as its cause
+/// (the CLI prints the chain), and stays `Clone` and comparable: a batch of
+/// calls shares one error.
+#[test]
+fn a_backend_error_keeps_its_cause() {
+    let e = StoreError::backend("write", std::io::Error::other("disk full"));
+    assert_eq!(e.to_string(), "ledger store: write: disk full");
+    let cause = std::error::Error::source(&e).expect("the cause is kept");
+    assert_eq!(cause.to_string(), "disk full");
+    assert_eq!(e.clone(), e);
+    assert_ne!(
+        e,
+        StoreError::backend("write", std::io::Error::other("disk gone"))
+    );
+}

@@ -271,6 +271,7 @@ async fn run<K: Kind>(
                 return Err(StoreError::Backend {
                     op: K::WHAT,
                     reason: format!("{} answers for {} writes", outs.len(), ops.len()),
+                    cause: None,
                 })
             }
             Err(e) => {

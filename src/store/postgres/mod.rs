@@ -62,6 +62,7 @@ fn backend(op: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |e| StoreError::Backend {
         op,
         reason: chain(&e),
+        cause: Some(super::Cause::new(e)),
     }
 }
 
@@ -69,6 +70,7 @@ fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     StoreError::Backend {
         op: "connect",
         reason: chain(&e),
+        cause: Some(super::Cause::new(e)),
     }
 }
 
@@ -572,6 +574,7 @@ impl Store for PgStore {
                 Err(_) => Err(StoreError::Backend {
                     op: "health check",
                     reason: "no answer within 2s".into(),
+                    cause: None,
                 }),
             }
         })

@@ -198,10 +198,8 @@ impl Outbox for PgStore {
             Ok::<usize, StoreError>(usize::try_from(n).unwrap_or(usize::MAX))
         });
         Box::pin(async move {
-            done.await.map_err(|e| StoreError::Backend {
-                op: "clear the outbox",
-                reason: e.to_string(),
-            })?
+            done.await
+                .map_err(|e| StoreError::backend("clear the outbox", e))?
         })
     }
 }

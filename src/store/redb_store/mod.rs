@@ -269,10 +269,7 @@ impl Drop for RedbStore {
 }
 
 fn err(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
-    move |e| StoreError::Backend {
-        op,
-        reason: e.to_string(),
-    }
+    move |e| StoreError::backend(op, e)
 }
 
 fn encode(r: &Record) -> Result<Vec<u8>, StoreError> {
@@ -415,10 +412,7 @@ impl RedbStore {
                     &limits,
                 )
             })
-            .map_err(|e| StoreError::Backend {
-                op: "start the ledger writer",
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| StoreError::backend("start the ledger writer", e))?;
         Ok(RedbStore {
             db,
             queue: Some(queue),
@@ -554,10 +548,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 ) -> Result<T, StoreError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| StoreError::Backend {
-            op: "notification queue",
-            reason: e.to_string(),
-        })?
+        .map_err(|e| StoreError::backend("notification queue", e))?
 }
 
 pub(super) type Table<'t> = redb::Table<'t, &'static str, &'static [u8]>;

@@ -144,6 +144,7 @@ pub(super) fn start(
                              writes are refused until the gateway restarts on a working disk (reads go on)",
                             w.journal.len()
                         ),
+                        cause: Some(crate::store::Cause::new(e)),
                     });
                 }
             }
@@ -353,6 +354,7 @@ impl Writer<'_> {
                 _ => Done::Gc(Err(StoreError::Backend {
                     op: "ledger journal",
                     reason: "an operation the journal does not take".into(),
+                    cause: None,
                 })),
             });
         }
@@ -415,6 +417,7 @@ impl Writer<'_> {
             return Err(StoreError::Backend {
                 op: "ledger flush",
                 reason: "the fsync before a dispatch failed".into(),
+                cause: None,
             });
         }
         self.redb_unsynced = false;
