@@ -6,7 +6,7 @@
 //! ledger, either is killed, and the database is restarted too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
+mod common;
 
 use std::process::Command;
 

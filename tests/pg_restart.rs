@@ -4,7 +4,7 @@
 //! using the server at the same time (cargo runs test binaries one by one).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
+mod common;
 
 use std::process::Command;
 
