@@ -28,9 +28,16 @@ use crate::core::annotations::Annotations;
 use crate::core::arguments::{declared, map_value, typed_value, ArgType};
 use crate::core::identity::Identity;
 
+mod cache;
 mod entities;
+mod load;
+mod slice;
+
+use cache::{entity_key, CachedEntities, ENTITY_CACHE_MAX};
 pub use entities::Call;
 use entities::{call_context, entities, uid};
+use load::{line_col, located, quorum_of, sources_digest};
+use slice::{reads_call_context_in, Index, Slice};
 
 /// What the policies say about a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,231 +166,8 @@ fn context_arguments(
     }
 }
 
-type CachedEntities = std::sync::Arc<(Entities, EntityUid, EntityUid)>;
-
-/// The policies that can apply to one tool.
-#[derive(Debug)]
-struct Slice {
-    set: PolicySet,
-    /// Whether a policy may read what differs from call to call of one
-    /// identity and tool (the arguments, the call digest, the resource
-    /// version, or the context as a whole). `context.approved` (both
-    /// values are asked by every decision) and `context.tenant` (the
-    /// identity's) do not.
-    reads_call_context: bool,
-}
-
-/// Whether a policy's text reads a call's own context: any `context` that
-/// is not `context.approved` or `context.tenant`. Conservative: a
-/// `context` in a string or an annotation counts too, and only costs the
-/// cache.
-fn reads_call_context_in(text: &str) -> bool {
-    let ident = |c: char| c.is_alphanumeric() || c == '_';
-    text.match_indices("context").any(|(i, word)| {
-        let after = &text[i + word.len()..];
-        if text[..i].chars().next_back().is_some_and(ident)
-            || after.chars().next().is_some_and(ident)
-        {
-            // Part of another name (`contextual`), not the context.
-            return false;
-        }
-        !["approved", "tenant"].iter().any(|a| {
-            after
-                .strip_prefix('.')
-                .and_then(|x| x.strip_prefix(a))
-                .is_some_and(|x| !x.chars().next().is_some_and(ident))
-        })
-    })
-}
-
-/// What a call's entities are built from (`entities`), as a cache key.
-fn entity_key(call: &Call<'_>) -> String {
-    let a = call.annotations;
-    // A JSON array (unambiguous), serialized from the fields as they are:
-    // no `Value` is built on the hot path.
-    serde_json::to_string(&(
-        &call.identity.principal,
-        &call.identity.tenant,
-        &call.identity.groups,
-        &call.identity.scopes,
-        &call.identity.client,
-        call.server,
-        call.tool,
-        [
-            a.read_only,
-            a.destructive,
-            a.idempotent,
-            a.open_world,
-            call.definition_changed,
-        ],
-    ))
-    .unwrap_or_default()
-}
-
-/// Most cached entity sets before the cache starts over.
-const ENTITY_CACHE_MAX: usize = 4096;
-
-/// Call policies by resource scope. Cedar's authorizer evaluates every policy
-/// it is given, so a call is decided against only those whose scope can
-/// match its tool: the cost follows the policies that can apply, not all.
-#[derive(Debug, Default)]
-struct Index {
-    /// Unscoped (or scoped by type only).
-    global: Vec<cedar_policy::Policy>,
-    /// `resource == Tool::"S/t"` (or `in` it), by tool uid text.
-    by_tool: HashMap<String, Vec<cedar_policy::Policy>>,
-    /// `resource in Server::"S"`, by server uid text.
-    by_server: HashMap<String, Vec<cedar_policy::Policy>>,
-}
-
-impl Index {
-    fn build(set: &PolicySet) -> Index {
-        use cedar_policy::{ActionConstraint, ResourceConstraint};
-        let call = EntityUid::from_str(r#"Action::"call""#).ok();
-        let mut index = Index::default();
-        for p in set.policies() {
-            let for_call = match p.action_constraint() {
-                ActionConstraint::Any => true,
-                ActionConstraint::Eq(a) => Some(&a) == call.as_ref(),
-                ActionConstraint::In(list) => list.iter().any(|a| Some(a) == call.as_ref()),
-            };
-            if !for_call {
-                continue;
-            }
-            let bucket = match p.resource_constraint() {
-                ResourceConstraint::Eq(uid)
-                | ResourceConstraint::In(uid)
-                | ResourceConstraint::IsIn(_, uid) => match uid.type_name().to_string().as_str() {
-                    "Tool" => Some((&mut index.by_tool, uid.to_string())),
-                    "Server" => Some((&mut index.by_server, uid.to_string())),
-                    _ => None,
-                },
-                ResourceConstraint::Any | ResourceConstraint::Is(_) => None,
-            };
-            match bucket {
-                Some((map, key)) => map.entry(key).or_default().push(p.clone()),
-                None => index.global.push(p.clone()),
-            }
-        }
-        index
-    }
-}
-
 /// The schema file in the policy folder.
 pub const SCHEMA_FILE: &str = "schema.cedarschema";
-
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before
-        .rfind('\n')
-        .map_or(before.len(), |i| before.len() - i - 1)
-        + 1;
-    (line, column)
-}
-
-/// The first source offset a Cedar diagnostic points at.
-fn first_offset(d: &dyn miette::Diagnostic) -> Option<usize> {
-    d.labels().and_then(|mut l| l.next()).map(|l| l.offset())
-}
-
-fn located(file: &Path, text: &str, d: &dyn miette::Diagnostic, message: String) -> PolicyError {
-    let (line, column) = match first_offset(d) {
-        Some(o) => {
-            let (l, c) = line_col(text, o);
-            (Some(l), Some(c))
-        }
-        None => (None, None),
-    };
-    PolicyError {
-        file: file.to_owned(),
-        line,
-        column,
-        message,
-    }
-}
-
-/// The quorum annotations of a policy (DESIGN.md section 20), checked:
-/// `@approvals("N")` distinct reviewers, `@approvals_from("g1, g2")` one
-/// reviewer of each group listed, `@denials("N")` denials to end it. Only
-/// on a `permit`: a `forbid` never asks for approval, so the annotation
-/// would silently do nothing there.
-fn quorum_of(p: &cedar_policy::Policy) -> Result<Option<crate::core::approval::Quorum>, String> {
-    let count = |name: &str| -> Result<Option<u32>, String> {
-        match p.annotation(name) {
-            None => Ok(None),
-            Some(v) => match v.trim().parse::<u32>() {
-                Ok(n) if (1..=20).contains(&n) => Ok(Some(n)),
-                _ => Err(format!(
-                    "@{name}(\"{v}\") must be a whole number from 1 to 20"
-                )),
-            },
-        }
-    };
-    let approvals = count("approvals")?;
-    let denials = count("denials")?;
-    let from = match p.annotation("approvals_from") {
-        None => None,
-        Some(v) => {
-            let groups: Vec<String> = v
-                .split(',')
-                .map(|g| g.trim().to_owned())
-                .filter(|g| !g.is_empty())
-                .collect();
-            if groups.is_empty() || groups.len() > 20 {
-                return Err(format!(
-                    "@approvals_from(\"{v}\") must list one to 20 groups, separated by commas"
-                ));
-            }
-            if let Some(bad) = groups.iter().find(|g| uid("Group", g).is_err()) {
-                return Err(format!(
-                    "@approvals_from names `{bad}`, which is not a group name"
-                ));
-            }
-            Some(groups)
-        }
-    };
-    if approvals.is_none() && denials.is_none() && from.is_none() {
-        return Ok(None);
-    }
-    if p.effect() == cedar_policy::Effect::Forbid {
-        return Err(
-            "@approvals, @approvals_from and @denials belong on a `permit` that asks for approval (one that reads `context.approved`), not on a `forbid`"
-                .into(),
-        );
-    }
-    Ok(Some(crate::core::approval::Quorum {
-        approvals: approvals.unwrap_or(1),
-        from: from.unwrap_or_default(),
-        denials: denials.unwrap_or(1),
-    }))
-}
-
-/// `sha256:` of a policy folder's text, by file name (see
-/// [`Policies::digest`]).
-fn sources_digest(src: &PolicySources) -> String {
-    use sha2::{Digest, Sha256};
-    let hash = |t: &str| format!("sha256:{}", hex::encode(Sha256::digest(t.as_bytes())));
-    let files: serde_json::Map<String, Value> = src
-        .policies
-        .iter()
-        .map(|(path, text)| {
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (name, Value::from(hash(text)))
-        })
-        .collect();
-    let all = serde_json::json!({
-        "policies": files,
-        "schema": src.schema.as_deref().map(hash),
-        "reviewers": src.reviewers.as_deref().map(hash),
-    });
-    let mut bytes = Vec::new();
-    crate::core::canonical::jcs_into(&all, &mut bytes);
-    format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))
-}
 
 /// The text of a policy folder, as read from disk: the `*.cedar` files in
 /// name order, `schema.cedarschema` and `reviewers.toml` when present, and
