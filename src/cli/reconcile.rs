@@ -27,6 +27,7 @@ async fn open(config: &Config) -> Result<RedbStore, ReconcileError> {
             reason: "the ledger is in PostgreSQL, shared by running gateways: reconcile through one of them \
                      (--reviewer-key FILE --gateway URL)"
                 .into(),
+            cause: None,
         }));
     }
     let store = RedbStore::open(&crate::cli::store::ledger_path(&config.gateway.data_dir))?;

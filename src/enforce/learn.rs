@@ -98,6 +98,7 @@ impl Learner {
             let pin: FirstUse = serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
                 what: "tool pin",
                 reason: e.to_string(),
+                cause: Some(crate::store::Cause::new(e)),
             })?;
             pins.push((pin.server, pin.pin));
         }

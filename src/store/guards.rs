@@ -192,6 +192,7 @@ pub(crate) fn amount(row: &GuardRow) -> Result<Decimal, StoreError> {
     Decimal::from_str(&row.amount).map_err(|e| StoreError::Corrupt {
         what: "guards",
         reason: format!("row of key {} has amount `{}`: {e}", row.key, row.amount),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -344,6 +345,7 @@ impl Rows {
         let (group, _, _) = split_row_key(row_key).ok_or_else(|| StoreError::Corrupt {
             what: "guards",
             reason: format!("`{row_key}` is not a guard row's key"),
+            cause: None,
         })?;
         self.insert(group, row)
     }

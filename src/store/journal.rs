@@ -91,6 +91,7 @@ fn corrupt(reason: String) -> StoreError {
     StoreError::Corrupt {
         what: "ledger journal",
         reason,
+        cause: None,
     }
 }
 

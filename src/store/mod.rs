@@ -103,6 +103,9 @@ pub enum StoreError {
         path: String,
         /// Why, and what to do.
         reason: String,
+        /// The error it comes from, when there is one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// A value could not be encoded for storage.
     #[error("ledger store: cannot encode a {what}: {reason}")]
@@ -111,6 +114,9 @@ pub enum StoreError {
         what: &'static str,
         /// Why.
         reason: String,
+        /// The error it comes from, when there is one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// A stored value does not decode.
     #[error(
@@ -121,6 +127,9 @@ pub enum StoreError {
         what: &'static str,
         /// Why.
         reason: String,
+        /// The error it comes from, when there is one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// A transition the ledger does not allow.
     #[error("ledger store: transition {from:?} → {to:?} is not allowed")]

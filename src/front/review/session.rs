@@ -78,6 +78,7 @@ impl Sessions {
         let text = serde_json::to_string(&s).map_err(|e| StoreError::Encode {
             what: "console session",
             reason: e.to_string(),
+            cause: Some(crate::store::Cause::new(e)),
         })?;
         store.console_put(key_of(&id), text, s.until_ms).await?;
         Ok((id, s))
@@ -98,6 +99,7 @@ impl Sessions {
             .map_err(|e| StoreError::Corrupt {
                 what: "console session",
                 reason: e.to_string(),
+                cause: Some(crate::store::Cause::new(e)),
             })
     }
 

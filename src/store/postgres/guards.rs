@@ -20,6 +20,7 @@ fn decimal(text: &str) -> Result<Decimal, StoreError> {
     Decimal::from_str(text).map_err(|e| StoreError::Corrupt {
         what: "guards",
         reason: format!("a sum `{text}`: {e}"),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 

@@ -94,6 +94,7 @@ fn encode<T: serde::Serialize>(what: &'static str, v: &T) -> Result<String, Stor
     serde_json::to_string(v).map_err(|e| StoreError::Encode {
         what,
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -101,6 +102,7 @@ fn decode<T: serde::de::DeserializeOwned>(what: &'static str, text: &str) -> Res
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
         what,
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -126,6 +128,7 @@ fn revision(p: &Proposal) -> Result<i64, StoreError> {
     i64::try_from(p.revision).map_err(|_| StoreError::Encode {
         what: "proposal",
         reason: format!("revision {} is out of range", p.revision),
+        cause: None,
     })
 }
 
@@ -246,6 +249,7 @@ fn unused_tls() -> Result<rustls::ClientConfig, StoreError> {
         .map_err(|e| StoreError::Open {
             path: "store.url".into(),
             reason: e.to_string(),
+            cause: Some(crate::store::Cause::new(e)),
         })?
         .with_root_certificates(rustls::RootCertStore::empty())
         .with_no_client_auth())
@@ -278,6 +282,7 @@ impl PgStore {
                     return Err(StoreError::Open {
                         path: "store.url".into(),
                         reason: "the url requires TLS but no TLS settings were given".into(),
+                        cause: None,
                     });
                 }
                 // Plain TCP: never offer TLS that nothing would check.
@@ -326,6 +331,7 @@ impl PgStore {
             .map_err(|e| StoreError::Open {
                 path: "store.url".into(),
                 reason: e.to_string(),
+                cause: Some(crate::store::Cause::new(e)),
             })?;
         let (events, _) = tokio::sync::broadcast::channel(1024);
         let listener = tokio::spawn(listen(config_for_listen, tls, events.clone()));
@@ -396,6 +402,7 @@ impl PgStore {
                     "the database schema is at version {from}, newer than this countersign knows ({}): upgrade countersign",
                     MIGRATIONS.len()
                 ),
+                cause: None,
             });
         }
         for (i, step) in MIGRATIONS.iter().enumerate().skip(from) {

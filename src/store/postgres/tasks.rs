@@ -22,6 +22,7 @@ fn encode_task(t: &crate::core::task::TaskRecord) -> Result<String, StoreError> 
     serde_json::to_string(t).map_err(|e| StoreError::Encode {
         what: "task",
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 

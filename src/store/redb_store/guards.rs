@@ -242,6 +242,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) -> Result<(), StoreError> {
     let len = u32::try_from(s.len()).map_err(|_| StoreError::Encode {
         what: "guard row",
         reason: format!("a text of {} bytes", s.len()),
+        cause: None,
     })?;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(s.as_bytes());
@@ -261,6 +262,7 @@ fn corrupt(reason: String) -> StoreError {
     StoreError::Corrupt {
         what: "guards",
         reason,
+        cause: None,
     }
 }
 

@@ -53,6 +53,7 @@ pub(super) fn input_row(key: &str, value: &str) -> Result<InputRow, StoreError> 
     let corrupt = || StoreError::Corrupt {
         what: "decision inputs",
         reason: format!("row {key} does not start with its tenant"),
+        cause: None,
     };
     let (len, rest) = value.split_once(':').ok_or_else(corrupt)?;
     let len: usize = len.parse().map_err(|_| corrupt())?;

@@ -191,6 +191,7 @@ fn encode_notice(n: &Notice) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(n).map_err(|e| StoreError::Encode {
         what: "notice",
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -201,6 +202,7 @@ fn decode_json<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         what,
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -208,6 +210,7 @@ fn encode_proposal(p: &Proposal) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(p).map_err(|e| StoreError::Encode {
         what: "proposal",
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -215,6 +218,7 @@ fn decode_proposal(bytes: &[u8]) -> Result<Proposal, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         what: "proposal",
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -276,6 +280,7 @@ fn encode(r: &Record) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(r).map_err(|e| StoreError::Encode {
         what: "record",
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -283,6 +288,7 @@ fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         what: "record",
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
@@ -294,6 +300,7 @@ impl RedbStore {
             super::durable::dir_all(dir).map_err(|e| StoreError::Open {
                 path: dir.display().to_string(),
                 reason: e.to_string(),
+                cause: Some(crate::store::Cause::new(e)),
             })?;
         }
         RedbStore::on(path, open_db(path)?, JournalAt::File)
@@ -500,6 +507,8 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
     let open_err = |e: &dyn std::fmt::Display| StoreError::Open {
         path: path.display().to_string(),
         reason: e.to_string(),
+        // Errors of several kinds (I/O, redb's) reach here as text.
+        cause: None,
     };
     if !path.exists() {
         let mut name = path.file_name().unwrap_or_default().to_owned();
@@ -525,6 +534,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
             reason: format!(
                 "{e}: another process has it open (is a gateway running on this data_dir? stop it, or act through it)"
             ),
+            cause: Some(crate::store::Cause::new(e)),
         },
         other => open_err(&format!(
             "{other} (the file may be damaged: keep a copy, and restore it from a backup)"

@@ -90,6 +90,7 @@ impl Outbox for RedbStore {
                 let bytes = serde_json::to_vec(&st).map_err(|e| StoreError::Encode {
                     what: "webhook status",
                     reason: e.to_string(),
+                    cause: Some(crate::store::Cause::new(e)),
                 })?;
                 status
                     .insert(name.as_str(), bytes.as_slice())

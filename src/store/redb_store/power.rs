@@ -125,6 +125,7 @@ impl RedbStore {
             .map_err(|e| StoreError::Open {
                 path: path.display().to_string(),
                 reason: e.to_string(),
+                cause: Some(crate::store::Cause::new(e)),
             })?;
         RedbStore::on(path, db, journal.map_or(JournalAt::File, JournalAt::Disk))
     }

@@ -96,6 +96,7 @@ fn encode_task(t: &crate::core::task::TaskRecord) -> Result<Vec<u8>, StoreError>
     serde_json::to_vec(t).map_err(|e| StoreError::Encode {
         what: "task",
         reason: e.to_string(),
+        cause: Some(crate::store::Cause::new(e)),
     })
 }
 
