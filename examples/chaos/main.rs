@@ -781,7 +781,20 @@ impl Agent {
             }
             let result = match (self.modern, status.as_str()) {
                 (true, _) => t["result"].clone(),
-                (false, "completed") => self.task_request("tasks/result", id).await?,
+                (false, "completed") => match self.task_request("tasks/result", id).await {
+                    Some(r) => r,
+                    // The gateway was killed between the two requests: the
+                    // task is the store's, so ask again (on the other
+                    // gateway when there are two), as for `tasks/get`.
+                    None => {
+                        if self.urls.len() > 1 {
+                            self.session = None;
+                            self.current = (self.current + 1) % self.urls.len();
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                },
                 (false, _) => Value::Null,
             };
             let disposition = result["_meta"]["io.modelcontextprotocol/tool-approval-disposition"]

@@ -326,6 +326,7 @@ pub(crate) fn export(
                 err.get_or_insert(ExportError::Log(AuditError {
                     path: dir.clone(),
                     message: "the reader stopped".into(),
+                    cause: None,
                 }));
             }
         }
@@ -343,6 +344,7 @@ fn not_an_entry(dir: &Path, place: &str) -> ExportError {
     ExportError::Log(AuditError {
         path: dir.to_owned(),
         message: format!("{place} is not a JSON entry: run `countersign audit verify`"),
+        cause: None,
     })
 }
 
@@ -383,6 +385,7 @@ pub(crate) fn follow(
         let io = |e: std::io::Error| AuditError {
             path: seg.clone(),
             message: e.to_string(),
+            cause: Some(Box::new(e)),
         };
         let mut file = std::fs::File::open(&seg).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();

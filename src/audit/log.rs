@@ -88,6 +88,7 @@ fn take_writer_lock(dir: &Path) -> Result<File, AuditError> {
             message: "another process writes this audit log (is a gateway already running on this data dir?): \
                       one writer per log"
                 .into(),
+            cause: None,
         }),
         Err(std::fs::TryLockError::Error(e)) => Err(io_err(&path)(e)),
     }
@@ -116,18 +117,21 @@ pub fn load_or_create_key(dir: &Path) -> Result<SigningKey, AuditError> {
             .map_err(|e| AuditError {
                 path: path.clone(),
                 message: format!("{e} (the audit key is damaged: restore it from backup)"),
+                cause: Some(Box::new(e)),
             }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let kf = KeyFile::generate("gateway", rand::random());
             let key = kf.signing_key().map_err(|e| AuditError {
                 path: path.clone(),
                 message: e.to_string(),
+                cause: Some(Box::new(e)),
             })?;
             let text = format!(
                 "# countersign gateway audit key: signs checkpoints; keep it secret, back it up\n{}",
                 toml::to_string(&kf).map_err(|e| AuditError {
                     path: path.clone(),
                     message: e.to_string(),
+                    cause: Some(Box::new(e)),
                 })?
             );
             // Durably (file and folder): a key lost to a power cut after
@@ -401,8 +405,11 @@ impl AuditLog {
     /// there (committed with a dispatch but not fsynced here), marked
     /// `recovered`, and from now on share the ledger's fsync for the entries
     /// a dispatch needs on disk. Returns how many entries were recovered.
-    pub async fn attach_outbox(&self, store: Arc<dyn Store>) -> Result<usize, String> {
-        let rows = store.outbox().await.map_err(|e| e.to_string())?;
+    pub async fn attach_outbox(
+        &self,
+        store: Arc<dyn Store>,
+    ) -> Result<usize, outbox::RecoveryError> {
+        let rows = store.outbox().await?;
         let recovered = outbox::recovered(&self.dir, &rows).await?;
         let n = recovered.len();
         if n > 0 {
@@ -410,10 +417,12 @@ impl AuditLog {
                 entries = n,
                 "audit log: appending entries a crash left in the ledger's outbox"
             );
-            self.record_all_durable(recovered).await?;
+            self.record_all_durable(recovered)
+                .await
+                .map_err(outbox::RecoveryError::Writer)?;
         }
         if let Some(max) = rows.iter().map(|(id, _)| *id).max() {
-            store.outbox_clear(max).await.map_err(|e| e.to_string())?;
+            store.outbox_clear(max).await?;
         }
         self.outbox.attach(store, &rows);
         Ok(n)

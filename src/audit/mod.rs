@@ -19,6 +19,7 @@ pub mod log;
 pub mod merkle;
 pub mod note;
 pub(crate) mod outbox;
+pub use outbox::RecoveryError;
 #[cfg(test)]
 mod power;
 pub(crate) mod proofs;

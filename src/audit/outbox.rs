@@ -15,8 +15,29 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 
+use super::segment::AuditError;
 use super::Entries;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
+
+/// Why what a crash left in the ledger's outbox could not be taken over.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// The ledger's outbox could not be read or cleared.
+    #[error("the ledger's outbox: {0}")]
+    Store(#[from] StoreError),
+    /// The log's own tail could not be read.
+    #[error(transparent)]
+    Log(#[from] AuditError),
+    /// The read of the tail did not finish (its thread panicked).
+    #[error("reading the log's tail: {0}")]
+    Tail(#[from] tokio::task::JoinError),
+    /// A row that is not the entries the gateway put there.
+    #[error("a damaged outbox row: {0}")]
+    Damaged(#[source] serde_json::Error),
+    /// The audit writer did not take the recovered entries (its words).
+    #[error("{0}")]
+    Writer(String),
+}
 
 /// How soon entries that came through the outbox are fsynced here (after
 /// which their outbox rows are cleared).
@@ -98,23 +119,23 @@ pub(super) fn unstaged(staged: Staged) -> Entries {
 
 /// The entries of outbox `rows` that the log in `dir` does not hold yet
 /// (by their `outbox` tag), marked `recovered`.
-pub(super) async fn recovered(dir: &Path, rows: &[(u64, String)]) -> Result<Entries, String> {
+pub(super) async fn recovered(
+    dir: &Path,
+    rows: &[(u64, String)],
+) -> Result<Entries, RecoveryError> {
     let mut recovered = Vec::new();
     if rows.is_empty() {
         return Ok(recovered);
     }
     let dir = dir.to_owned();
-    let tail = tokio::task::spawn_blocking(move || super::segment::tail(&dir, u64::MAX))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let tail = tokio::task::spawn_blocking(move || super::segment::tail(&dir, u64::MAX)).await??;
     let present: HashSet<String> = tail
         .iter()
         .filter_map(|e| e.get("outbox").and_then(Value::as_str).map(str::to_owned))
         .collect();
     for (_, text) in rows {
         let entries: Vec<(String, Map<String, Value>)> =
-            serde_json::from_str(text).map_err(|e| format!("a damaged outbox row: {e}"))?;
+            serde_json::from_str(text).map_err(RecoveryError::Damaged)?;
         for (kind, mut fields) in entries {
             let tag = fields.get("outbox").and_then(Value::as_str).unwrap_or("");
             if !present.contains(tag) {

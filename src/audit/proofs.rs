@@ -28,10 +28,12 @@ pub(crate) fn latest(dir: &Path) -> Result<(String, Checkpoint), AuditError> {
     let text = std::fs::read_to_string(&path).map_err(|e| AuditError {
         path: path.clone(),
         message: format!("{e} (the gateway writes it at its first checkpoint: audit.checkpoint_every entries, audit.checkpoint_interval, or a clean stop)"),
+        cause: Some(Box::new(e)),
     })?;
     let bad = |why: String| AuditError {
         path: path.clone(),
         message: why,
+        cause: None,
     };
     let note = Note::parse(&text).map_err(|e| bad(e.to_string()))?;
     let cp = Checkpoint::parse(&note.text).map_err(|e| bad(e.to_string()))?;
@@ -108,6 +110,7 @@ fn io(dir: &Path) -> impl Fn(std::io::Error) -> ProveError + '_ {
         ProveError::Audit(AuditError {
             path: dir.join(super::tree::TREE_FILE),
             message: e.to_string(),
+            cause: Some(Box::new(e)),
         })
     }
 }

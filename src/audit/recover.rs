@@ -77,11 +77,13 @@ fn last_logged(dir: &Path, key: &SigningKey) -> Result<Option<Checkpoint>, Audit
             .map_err(|e| AuditError {
                 path: seg.clone(),
                 message: format!("the log's last checkpoint entry does not parse: {e}"),
+                cause: Some(Box::new(e)),
             })?;
         n.verify(&cp.origin, &key.verifying_key())
             .map_err(|e| AuditError {
                 path: seg.clone(),
                 message: format!("{e}: the log's last checkpoint is not this gateway's"),
+                cause: Some(Box::new(e)),
             })?;
         return Ok(Some(cp));
     }
@@ -109,6 +111,7 @@ fn from_file(dir: &Path, key: &SigningKey) -> Result<Option<Checkpoint>, AuditEr
         .map_err(|e| AuditError {
             path: path.clone(),
             message: format!("{e}: not this gateway's checkpoint"),
+            cause: Some(Box::new(e)),
         })?;
     Ok(Some(cp))
 }
@@ -129,6 +132,7 @@ pub(super) fn check_extends(
              check it with `countersign audit verify --checkpoint {}/{CHECKPOINT_FILE}`, and start with a new audit.dir",
             dir.display()
         ),
+        cause: None,
     }
     };
     if tree.size() < cp.size {
@@ -185,6 +189,7 @@ pub(super) fn tail_hashes(dir: &Path, from: u64) -> Result<Vec<Hash>, AuditError
                 let hash = hash_bytes(&h.hash).ok_or_else(|| AuditError {
                     path: seg.clone(),
                     message: format!("entry {} has no usable `hash`", h.seq),
+                    cause: None,
                 })?;
                 out.push(hash);
             }

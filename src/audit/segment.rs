@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// Why the audit log could not be opened.
+/// Why the audit log could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
 #[error("audit log `{path}`: {message}")]
 pub struct AuditError {
@@ -11,12 +11,17 @@ pub struct AuditError {
     pub path: PathBuf,
     /// What went wrong and what to do.
     pub message: String,
+    /// The error it was made from (the system's, a parser's), kept for the
+    /// CLI's "caused by" lines; `None` for a rule of the log's own.
+    #[source]
+    pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 pub(super) fn io_err(path: &Path) -> impl Fn(std::io::Error) -> AuditError + '_ {
     move |e| AuditError {
         path: path.to_owned(),
         message: e.to_string(),
+        cause: Some(Box::new(e)),
     }
 }
 
@@ -55,6 +60,7 @@ pub(crate) fn tail(
         let err = |e: std::io::Error| AuditError {
             path: seg.clone(),
             message: e.to_string(),
+            cause: Some(Box::new(e)),
         };
         let mut f = std::fs::File::open(seg).map_err(err)?;
         let len = f.metadata().map_err(err)?.len();

@@ -45,6 +45,7 @@ impl TreeReader {
             message: format!(
                 "{e} (the tree is made by a gateway of this version; start it once on this log)"
             ),
+            cause: Some(Box::new(e)),
         })?;
         let len = file.metadata().map_err(io_err(&path))?.len();
         Ok(TreeReader {
@@ -119,6 +120,7 @@ impl TreeWriter {
                         missing.len(),
                         entries - size
                     ),
+                    cause: None,
                 });
             }
             if size + 1 < entries {

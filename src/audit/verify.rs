@@ -148,6 +148,7 @@ pub fn each_line(
         let file = std::fs::File::open(seg).map_err(|e| AuditError {
             path: seg.clone(),
             message: e.to_string(),
+            cause: Some(Box::new(e)),
         })?;
         let mut reader = BufReader::with_capacity(1 << 16, file);
         let mut line = Vec::with_capacity(512);
@@ -163,6 +164,7 @@ pub fn each_line(
                 .map_err(|e| AuditError {
                     path: seg.clone(),
                     message: e.to_string(),
+                    cause: Some(Box::new(e)),
                 })?;
             if got == 0 {
                 break;

@@ -2,6 +2,7 @@
 //! and the decision expected. `policy test` checks them; `policy diff`
 //! decides them under two policy folders.
 
+use anyhow::Context as _;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -81,7 +82,7 @@ pub(crate) fn load(dir: &Path) -> anyhow::Result<crate::core::decision::Policies
 /// The cases of a `policy test` file.
 pub(crate) fn cases(file: &Path) -> anyhow::Result<Vec<Case>> {
     let text = std::fs::read_to_string(file)
-        .map_err(|e| anyhow::anyhow!("cannot read `{}`: {e}", file.display()))?;
+        .with_context(|| format!("cannot read `{}`", file.display()))?;
     let cases: Cases = toml::from_str(&text)
         .map_err(|e| anyhow::anyhow!("invalid case file `{}`:\n{e}", file.display()))?;
     Ok(cases.case)

@@ -3,6 +3,7 @@
 //! the reviewer's key; decisions are signed locally, so the private key
 //! never leaves the reviewer's machine.
 
+use anyhow::Context as _;
 use std::path::Path;
 
 use ed25519_dalek::SigningKey;
@@ -24,7 +25,7 @@ pub struct Client {
 /// approves real actions.
 pub fn load_key(path: &Path) -> anyhow::Result<KeyFile> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("cannot read key file `{}`: {e}", path.display()))?;
+        .with_context(|| format!("cannot read key file `{}`", path.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -38,7 +39,7 @@ pub fn load_key(path: &Path) -> anyhow::Result<KeyFile> {
             );
         }
     }
-    KeyFile::parse(&text).map_err(|e| anyhow::anyhow!("key file `{}`: {e}", path.display()))
+    KeyFile::parse(&text).with_context(|| format!("key file `{}`", path.display()))
 }
 
 impl Client {
@@ -201,7 +202,7 @@ impl Client {
         let shown = self.proposal(id).await?;
         let policy_set = shown["policy_set"].as_str().map(str::to_owned);
         let proposal: Proposal = serde_json::from_value(strip_view(shown))
-            .map_err(|e| anyhow::anyhow!("the gateway's proposal does not parse: {e}"))?;
+            .context("the gateway's proposal does not parse")?;
         let now = now_ms();
         let expires = now.saturating_add(ttl.as_millis().min(i64::MAX as u128) as i64);
         // The policy set in force as the gateway shows it: the statement

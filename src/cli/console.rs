@@ -7,6 +7,7 @@
 //! serves the link at once. Nothing an enrolment makes is trusted until its
 //! entry is in `reviewers.toml`.
 
+use anyhow::Context as _;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -115,7 +116,7 @@ pub(crate) async fn command(command: ReviewerCommand, config: &Path) -> anyhow::
                 let tmp = target.with_extension("toml.new");
                 std::fs::write(&tmp, &text)
                     .and_then(|()| std::fs::rename(&tmp, &target))
-                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", target.display()))?;
+                    .with_context(|| format!("cannot write {}", target.display()))?;
                 for m in said {
                     eprintln!("countersign: {m}");
                 }

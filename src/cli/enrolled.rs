@@ -5,6 +5,7 @@
 //! trust root; the invitation's are said, not applied); a new reviewer's
 //! entry is appended. The file's comments and layout are kept (`toml_edit`).
 
+use anyhow::Context as _;
 use toml_edit::{Array, ArrayOfTables, DocumentMut, Item, Table, Value};
 
 /// What merging one entry did, for the operator.
@@ -45,12 +46,10 @@ fn groups_and_tenants(t: &Table) -> String {
 /// Merge the enrolment `entry` (one `[[reviewers]]` table) into the
 /// reviewers file's text `file`: the new text and what was done.
 pub(crate) fn merge(file: &str, entry: &str) -> anyhow::Result<(String, Merged)> {
-    let mut doc: DocumentMut = file
-        .parse()
-        .map_err(|e| anyhow::anyhow!("the reviewers file does not parse: {e}"))?;
+    let mut doc: DocumentMut = file.parse().context("the reviewers file does not parse")?;
     let new: DocumentMut = entry
         .parse()
-        .map_err(|e| anyhow::anyhow!("the enrolment entry does not parse: {e}"))?;
+        .context("the enrolment entry does not parse")?;
     let Some(new) = new
         .get("reviewers")
         .and_then(Item::as_array_of_tables)

@@ -1,6 +1,7 @@
 //! Reading the operator's files: the configuration and the policy folder.
 //! The rules that parse them live in the core and read nothing themselves.
 
+use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 
 use crate::core::catalog::{ToolLock, LOCK_FILE};
@@ -84,7 +85,7 @@ pub fn load_policies(dir: &Path, reviewers: Option<&Path>) -> Result<Policies, V
 pub fn load_tool_lock(dir: &Path) -> anyhow::Result<ToolLock> {
     let path = dir.join(LOCK_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(text) => ToolLock::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display())),
+        Ok(text) => ToolLock::parse(&text).with_context(|| format!("{}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ToolLock::default()),
         Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
     }
@@ -96,6 +97,6 @@ pub fn load_tool_lock(dir: &Path) -> anyhow::Result<ToolLock> {
 pub fn save_tool_lock(dir: &Path, lock: &ToolLock) -> anyhow::Result<PathBuf> {
     let path = dir.join(LOCK_FILE);
     crate::store::durable::write(&path, lock.to_text())
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
 }

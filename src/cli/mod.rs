@@ -112,7 +112,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let traces = telemetry::settings(&config.telemetry, &|name| std::env::var(name).ok())
                 .map_err(|e| anyhow::anyhow!("[telemetry]: {e}"))?;
             let export = match &traces {
-                Some(s) => Some(telemetry::start(s).map_err(anyhow::Error::msg)?),
+                Some(s) => Some(telemetry::start(s)?),
                 None => None,
             };
             log::init(export.as_ref().map(|e| e.tracer.clone()));

@@ -11,6 +11,7 @@
 //! (deny → approval → allow), `--fail-on any` on any move; otherwise the
 //! exit is 0 whatever moved.
 
+use anyhow::Context as _;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -210,8 +211,7 @@ pub(crate) fn parse_inputs(text: &str) -> anyhow::Result<Vec<crate::enforce::inp
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| anyhow::anyhow!("decision inputs, line {}: {e}", i + 1))
+            serde_json::from_str(l).with_context(|| format!("decision inputs, line {}", i + 1))
         })
         .collect()
 }

@@ -45,17 +45,18 @@ pub(crate) async fn reconcile(
     note: Option<String>,
 ) -> Result<Record, ReconcileError> {
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(open(config).await?);
-    let audit_err = ReconcileError::Audit;
+    fn audit_err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> ReconcileError {
+        ReconcileError::Audit(e.into())
+    }
     // The gateway is stopped (we hold its ledger): this command appends to
     // its audit log itself, first taking over what a crash left in the
     // ledger's outbox (so the log keeps dispatch before reconciliation), and
     // closes it with a signed checkpoint.
-    let gateway = crate::cli::store::gateway_id(&config.gateway.data_dir)
-        .map_err(|e| audit_err(e.to_string()))?;
+    let gateway = crate::cli::store::gateway_id(&config.gateway.data_dir).map_err(audit_err)?;
     let audit = crate::audit::log::AuditLog::open(
         crate::audit::log::Settings::from_config(config).with_gateway(gateway),
     )
-    .map_err(|e| audit_err(e.to_string()))?;
+    .map_err(audit_err)?;
     audit
         .attach_outbox(store.clone())
         .await

@@ -3,6 +3,7 @@
 //! reviewers without the TUI; they talk to `/v1` through
 //! [`crate::cli::client`].
 
+use anyhow::Context as _;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -46,7 +47,7 @@ pub(crate) fn keygen(
         }
         builder
             .create(dir)
-            .map_err(|e| anyhow::anyhow!("cannot create the folder `{}`: {e}", dir.display()))?;
+            .with_context(|| format!("cannot create the folder `{}`", dir.display()))?;
     }
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
@@ -411,7 +412,7 @@ fn append_entry(file: &Path, entry: &str) -> anyhow::Result<()> {
             #[cfg(unix)]
             std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
             b.create(dir)
-                .map_err(|e| anyhow::anyhow!("cannot make {}: {e}", dir.display()))?;
+                .with_context(|| format!("cannot make {}", dir.display()))?;
         }
     }
     let before = std::fs::read_to_string(file).unwrap_or_default();
@@ -427,7 +428,7 @@ fn append_entry(file: &Path, entry: &str) -> anyhow::Result<()> {
         .append(true)
         .open(file)
         .and_then(|mut f| f.write_all(format!("{sep}{entry}").as_bytes()))
-        .map_err(|e| anyhow::anyhow!("cannot append to {}: {e}", file.display()))
+        .with_context(|| format!("cannot append to {}", file.display()))
 }
 
 /// `countersign pending`.

@@ -138,11 +138,7 @@ impl Gateway {
         // Identity providers' keys before the first request: a provider that
         // cannot be reached now is asked again on its first token.
         gw.auth().load().await;
-        let pins = gw
-            .pipeline()
-            .load_pins()
-            .await
-            .map_err(|e| anyhow::anyhow!("tool pins: {e}"))?;
+        let pins = gw.pipeline().load_pins().await.context("tool pins")?;
         tracing::info!(
             first_use = pins,
             locked = gw
@@ -163,9 +159,8 @@ impl Gateway {
         // taken again whenever the files change.
         let tls = match (&gw.config().gateway.tls_cert, &gw.config().gateway.tls_key) {
             (Some(cert), Some(key)) => {
-                let certs =
-                    crate::front::tls::Reloading::open(cert, key).map_err(anyhow::Error::msg)?;
-                let config = certs.server_config().map_err(anyhow::Error::msg)?;
+                let certs = crate::front::tls::Reloading::open(cert, key)?;
+                let config = certs.server_config()?;
                 background.spawn(
                     "certificate reload",
                     certs.watch(Duration::from_millis(500)),
@@ -293,7 +288,7 @@ impl Running {
 async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     // Every upstream credential resolves now, or the gateway does not start.
     crate::upstream::credentials::check_all(config).map_err(anyhow::Error::msg)?;
-    crate::upstream::tls::check_all(config).map_err(anyhow::Error::msg)?;
+    crate::upstream::tls::check_all(config)?;
     let (store, opened) = crate::cli::store::open(config).await?;
     tracing::info!("ledger store: {opened}");
     // Before serving: what was reserved never went out; what was dispatched
@@ -362,7 +357,7 @@ async fn open_audit(config: &Config, store: &Arc<dyn Store>) -> anyhow::Result<A
     let recovered = audit
         .attach_outbox(store.clone())
         .await
-        .map_err(|e| anyhow::anyhow!("audit log recovery from the ledger's outbox: {e}"))?;
+        .context("audit log recovery from the ledger's outbox")?;
     if recovered > 0 {
         tracing::warn!(
             entries = recovered,
@@ -385,8 +380,7 @@ fn spawn_background(
 ) -> anyhow::Result<()> {
     // Each checkpoint to the witness, when one is configured.
     if let Some(w) = gw.config().audit.witness.clone() {
-        let key = crate::audit::note::parse_vkey(&w.key)
-            .map_err(|e| anyhow::anyhow!("audit.witness.key: {e}"))?;
+        let key = crate::audit::note::parse_vkey(&w.key).context("audit.witness.key")?;
         anyhow::ensure!(
         key.kind == 0x04,
         "audit.witness.key is a note key (type 0x01); a witness cosigns with a cosignature key (type 0x04)"

@@ -61,7 +61,7 @@ fn pg_config(
     let (url, mode) = sslmode(url)?;
     let mut pg: tokio_postgres::Config = url
         .parse()
-        .map_err(|e| anyhow::anyhow!("store.url is not a PostgreSQL connection url: {e}"))?;
+        .context("store.url is not a PostgreSQL connection url")?;
     if let Some(password) = &config.store.password {
         let value = crate::upstream::credentials::resolve(password, "store.password")
             .map_err(anyhow::Error::msg)?;
@@ -72,10 +72,9 @@ fn pg_config(
     }
     let tls = if mode == Some("require") {
         pg.ssl_mode(tokio_postgres::config::SslMode::Require);
-        Some(
-            crate::upstream::tls::store_config(config.store.tls.as_ref())
-                .map_err(anyhow::Error::msg)?,
-        )
+        Some(crate::upstream::tls::store_config(
+            config.store.tls.as_ref(),
+        )?)
     } else {
         pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
         if config.store.tls.is_some() {

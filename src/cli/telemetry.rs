@@ -11,6 +11,7 @@
 //! itself, hence this small one; the exporter (OTLP/HTTP protobuf) is the
 //! official one, given the gateway's own HTTP client.
 
+use anyhow::Context as _;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -175,22 +176,17 @@ impl Export {
 }
 
 /// Start exporting with `s` (on the current runtime).
-pub(crate) fn start(s: &Settings) -> Result<Export, String> {
+pub(crate) fn start(s: &Settings) -> anyhow::Result<Export> {
     let tls = crate::upstream::tls::collector_config(s.tls.as_ref())?;
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .timeout(s.timeout)
-        // A redirect could send spans to a host nobody configured.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| format!("traces: no HTTP client for the collector: {e}"))?;
+    // No redirects: one could send spans to a host nobody configured.
+    let http = crate::upstream::tls::http_client(tls, s.timeout, "the trace collector")?;
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(Collector(http))
         .with_endpoint(&s.endpoint)
         .with_timeout(s.timeout)
         .build()
-        .map_err(|e| format!("traces: the exporter to `{}`: {e}", s.endpoint))?;
+        .with_context(|| format!("traces: the exporter to `{}`", s.endpoint))?;
     let resource = Resource::builder()
         .with_service_name(s.service_name.clone())
         .with_attribute(opentelemetry::KeyValue::new(

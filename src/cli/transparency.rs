@@ -46,7 +46,7 @@ fn gateway_key(dir: &Path) -> anyhow::Result<ed25519_dalek::SigningKey> {
     })?;
     crate::core::reviewers::KeyFile::parse(&text)
         .and_then(|k| k.signing_key())
-        .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))
+        .with_context(|| format!("`{}`", path.display()))
 }
 
 /// `audit pubkey --vkey`: the checkpoints' verifier key.
@@ -132,11 +132,10 @@ fn checkpoint_key(text: &str) -> anyhow::Result<(Option<String>, ed25519_dalek::
     };
     let text = text.trim();
     if text.starts_with(crate::core::reviewers::PUBLIC_PREFIX) {
-        let key = crate::core::reviewers::parse_public_key(text)
-            .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))?;
+        let key = crate::core::reviewers::parse_public_key(text).context("--pubkey")?;
         return Ok((None, key));
     }
-    let v = note::parse_vkey(text).map_err(|e| anyhow::anyhow!("--pubkey: {e}"))?;
+    let v = note::parse_vkey(text).context("--pubkey")?;
     Ok((Some(v.name), v.key))
 }
 
@@ -159,10 +158,10 @@ pub(crate) fn check_export(file: &Path, pubkey: &str) -> anyhow::Result<ExitCode
         .get("checkpoint")
         .and_then(Value::as_str)
         .context("the first line holds no `checkpoint`: not an export with proofs")?;
-    let n = Note::parse(text).map_err(|e| anyhow::anyhow!("the checkpoint: {e}"))?;
-    let cp = Checkpoint::parse(&n.text).map_err(|e| anyhow::anyhow!("the checkpoint: {e}"))?;
+    let n = Note::parse(text).context("the checkpoint")?;
+    let cp = Checkpoint::parse(&n.text).context("the checkpoint")?;
     n.verify(name.as_deref().unwrap_or(&cp.origin), &key)
-        .map_err(|e| anyhow::anyhow!("the checkpoint: {e}"))?;
+        .context("the checkpoint")?;
     let mut checked = 0u64;
     for (i, line) in lines.enumerate() {
         let line = line?;
@@ -261,8 +260,7 @@ pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                         std::fs::read_to_string(&k)
                             .with_context(|| format!("cannot read --pubkey file `{k}`"))?
                     };
-                    crate::core::reviewers::parse_public_key(text.trim())
-                        .map_err(|e| anyhow::anyhow!("--pubkey: {e}"))
+                    crate::core::reviewers::parse_public_key(text.trim()).context("--pubkey")
                 })
                 .transpose()?;
             let reviewers = reviewers
@@ -291,7 +289,7 @@ pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let witnesses = witness
                 .iter()
-                .map(|w| audit::note::parse_vkey(w).map_err(|e| anyhow::anyhow!("--witness: {e}")))
+                .map(|w| audit::note::parse_vkey(w).context("--witness"))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let mut broken = false;
             for d in &dir {
@@ -373,7 +371,7 @@ pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             })?;
             let key = crate::core::reviewers::KeyFile::parse(&text)
                 .and_then(|k| k.signing_key())
-                .map_err(|e| anyhow::anyhow!("`{}`: {e}", path.display()))?;
+                .with_context(|| format!("`{}`", path.display()))?;
             println!(
                 "{}",
                 crate::core::reviewers::format_public_key(&key.verifying_key())

@@ -43,9 +43,10 @@ pub enum ReconcileError {
     /// `--result` is not JSON.
     #[error("--result must be a JSON CallToolResult: {0}")]
     BadResult(String),
-    /// The audit log could not record the reconciliation.
+    /// The audit log could not record the reconciliation (its error kept
+    /// as the cause).
     #[error("audit log: {0}")]
-    Audit(String),
+    Audit(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The audit fields of a reconciliation.

@@ -62,7 +62,11 @@ impl Issuers {
                 .issuers
                 .iter()
                 .map(|c| Issuer {
-                    http: provider::http_client(c).inspect_err(|e| tracing::error!("{e}")),
+                    // Kept as its words (what a refused token's log line
+                    // repeats); `serve` printed the chain at start.
+                    http: provider::http_client(c)
+                        .inspect_err(|e| tracing::error!("{e}"))
+                        .map_err(|e| e.to_string()),
                     config: c.clone(),
                     keys: Mutex::new(Arc::new(Keys::default())),
                     fetched: Mutex::new(None),

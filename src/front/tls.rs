@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::upstream::tls::{certificates, private_key};
+use crate::upstream::tls::{certificates, private_key, TlsError};
 
 /// The certificate in use, swapped whole on reload.
 #[derive(Debug)]
@@ -27,11 +27,14 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// Load a certificate chain and its key, checking that they belong together.
-fn load(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
+fn load(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     let chain = certificates(cert, "gateway.tls_cert")?;
     let key = private_key(key, "gateway.tls_key")?;
-    let certified = CertifiedKey::from_der(chain, key, &provider())
-        .map_err(|e| format!("gateway.tls_cert and gateway.tls_key: {e}"))?;
+    let certified =
+        CertifiedKey::from_der(chain, key, &provider()).map_err(|cause| TlsError::Refused {
+            setting: "gateway.tls_cert and gateway.tls_key".to_owned(),
+            cause,
+        })?;
     Ok(certified)
 }
 
@@ -42,7 +45,7 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 
 impl Reloading {
     /// Load the pair now (a failure stops `serve`).
-    pub(crate) fn open(cert: &Path, key: &Path) -> Result<Arc<Reloading>, String> {
+    pub(crate) fn open(cert: &Path, key: &Path) -> Result<Arc<Reloading>, TlsError> {
         let current = load(cert, key)?;
         Ok(Arc::new(Reloading {
             cert: cert.to_owned(),
@@ -52,10 +55,13 @@ impl Reloading {
     }
 
     /// The server configuration (HTTP/1.1, TLS 1.2 and 1.3).
-    pub(crate) fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, String> {
+    pub(crate) fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS on the listener: {e}"))?
+            .map_err(|cause| TlsError::Refused {
+                setting: "TLS on the listener".to_owned(),
+                cause,
+            })?
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];

@@ -45,15 +45,14 @@ pub(crate) struct Deliverer {
 }
 
 /// The HTTP client for one webhook: its TLS settings, a time limit, no
-/// redirects (a redirect could carry a signed event elsewhere).
+/// redirects (a redirect could carry a signed event elsewhere). Kept as its
+/// words: `serve` built it once at start and stopped with the whole chain
+/// (`tls::check_all`); here it is what a failed delivery's record says.
 fn client(w: &WebhookConfig, timeout: Duration) -> Result<reqwest::Client, String> {
-    let tls = crate::upstream::tls::webhook_config(&w.name, w.tls.as_ref())?;
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .timeout(timeout)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| format!("no HTTP client for webhook `{}`: {e}", w.name))
+    let tls =
+        crate::upstream::tls::webhook_config(&w.name, w.tls.as_ref()).map_err(|e| e.to_string())?;
+    crate::upstream::tls::http_client(tls, timeout, &format!("webhook `{}`", w.name))
+        .map_err(|e| e.to_string())
 }
 
 impl Deliverer {

@@ -7,19 +7,18 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::tls::TlsError;
 use crate::core::config::IssuerConfig;
 
 /// The HTTP client for one provider: its TLS settings, a time limit, and no
-/// redirects.
-pub(crate) fn http_client(c: &IssuerConfig) -> Result<reqwest::Client, String> {
+/// redirects (a redirect could lead a key fetch off the provider's host).
+pub(crate) fn http_client(c: &IssuerConfig) -> Result<reqwest::Client, TlsError> {
     let tls = super::tls::issuer_config(&c.name, c.tls.as_ref())?;
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .timeout(Duration::from_secs(10))
-        // A redirect could lead a key fetch off the provider's host.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| format!("no HTTP client for identity provider `{}`: {e}", c.name))
+    super::tls::http_client(
+        tls,
+        Duration::from_secs(10),
+        &format!("identity provider `{}`", c.name),
+    )
 }
 
 /// The issuer's metadata document and where it was found: OpenID Connect

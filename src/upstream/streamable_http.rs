@@ -207,7 +207,9 @@ impl HttpClient {
         if let Some(p) = self.pools.lock().get(&key) {
             return Ok(p.clone());
         }
-        let config = super::tls::client_config(server, tls)?;
+        // Its words: this becomes a call's `upstream_unavailable` message;
+        // `serve` printed the whole chain at start (`tls::check_all`).
+        let config = super::tls::client_config(server, tls).map_err(|e| e.to_string())?;
         let name = rustls::pki_types::ServerName::try_from(host.to_owned())
             .map_err(|e| format!("host `{host}` is not a valid TLS server name: {e}"))?;
         let pool = Arc::new(Pool {

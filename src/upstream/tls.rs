@@ -3,14 +3,63 @@
 //! certificate checks off, so a misconfigured upstream fails closed with a
 //! message that says what to set.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
 use crate::core::config::{TlsRoots, UpstreamTls};
+
+/// Why a TLS configuration (or the HTTP client built on one) could not be
+/// made. Each says which setting to look at; the library's own error stays
+/// its source, so the CLI prints it as the cause and a log line (which has
+/// only `Display`) still ends with its words.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TlsError {
+    /// A PEM file that does not read or parse.
+    #[error("{setting} `{}`: {cause}", path.display())]
+    Pem {
+        setting: String,
+        path: PathBuf,
+        #[source]
+        cause: rustls::pki_types::pem::Error,
+    },
+    /// A certificate file with no certificate in it.
+    #[error("{setting} `{}` holds no PEM certificate", path.display())]
+    NoCertificate { setting: String, path: PathBuf },
+    /// `roots = "system"` on a host whose store gave nothing.
+    #[error("{setting}: the host's certificate store is empty or unreadable")]
+    NoSystemRoots { setting: String },
+    /// A CA certificate rustls does not take as a root.
+    #[error("{setting} `{}`: {cause}", path.display())]
+    BadRoot {
+        setting: String,
+        path: PathBuf,
+        #[source]
+        cause: rustls::Error,
+    },
+    /// No root at all: nothing to check the peer's certificate with.
+    #[error("{setting}: no root certificate to check {peer} with; set ca_file")]
+    NoRoots { setting: String, peer: String },
+    /// rustls refused the configuration (protocol versions, a client
+    /// certificate and key that do not belong together).
+    #[error("{setting}: {cause}")]
+    Refused {
+        setting: String,
+        #[source]
+        cause: rustls::Error,
+    },
+    /// The HTTP client on this configuration could not be built.
+    #[error("no HTTP client for {peer}: {cause}")]
+    Client {
+        peer: String,
+        #[source]
+        cause: reqwest::Error,
+    },
+}
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -20,30 +69,58 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub(crate) fn certificates(
     path: &Path,
     what: &str,
-) -> Result<Vec<CertificateDer<'static>>, String> {
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = |cause| TlsError::Pem {
+        setting: what.to_owned(),
+        path: path.to_owned(),
+        cause,
+    };
     let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{what} `{}`: {e}", path.display()))?
+        .map_err(pem)?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{what} `{}`: {e}", path.display()))?;
+        .map_err(pem)?;
     if certs.is_empty() {
-        return Err(format!(
-            "{what} `{}` holds no PEM certificate",
-            path.display()
-        ));
+        return Err(TlsError::NoCertificate {
+            setting: what.to_owned(),
+            path: path.to_owned(),
+        });
     }
     Ok(certs)
 }
 
 /// The PEM private key of `path`.
-pub(crate) fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{what} `{}`: {e}", path.display()))
+pub(crate) fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|cause| TlsError::Pem {
+        setting: what.to_owned(),
+        path: path.to_owned(),
+        cause,
+    })
+}
+
+/// An HTTP client for `peer` on `tls`: a time limit, and no redirects (a
+/// redirect could carry a token, a signed event or spans to a host nobody
+/// configured, or lead a key fetch off the provider's host).
+pub(crate) fn http_client(
+    tls: ClientConfig,
+    timeout: Duration,
+    peer: &str,
+) -> Result<reqwest::Client, TlsError> {
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|cause| TlsError::Client {
+            peer: peer.to_owned(),
+            cause,
+        })
 }
 
 /// The client configuration for `server`'s upstream.
 pub(crate) fn client_config(
     server: &str,
     tls: Option<&UpstreamTls>,
-) -> Result<Arc<ClientConfig>, String> {
+) -> Result<Arc<ClientConfig>, TlsError> {
     let default = UpstreamTls::default();
     let mut config = config_at(
         &format!("[servers.{server}.tls]"),
@@ -57,7 +134,7 @@ pub(crate) fn client_config(
 
 /// The client configuration for the PostgreSQL store (`[store.tls]`):
 /// the same roots, CA file and client certificate settings as an upstream.
-pub(crate) fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, String> {
+pub(crate) fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig>, TlsError> {
     let default = UpstreamTls::default();
     Ok(Arc::new(config_at(
         "[store.tls]",
@@ -69,7 +146,10 @@ pub(crate) fn store_config(tls: Option<&UpstreamTls>) -> Result<Arc<ClientConfig
 /// The client configuration for the identity provider `name`'s metadata
 /// and keys (`[[auth.issuers]]`, its `tls`): Mozilla's roots unless it says
 /// otherwise.
-pub(crate) fn issuer_config(name: &str, tls: Option<&UpstreamTls>) -> Result<ClientConfig, String> {
+pub(crate) fn issuer_config(
+    name: &str,
+    tls: Option<&UpstreamTls>,
+) -> Result<ClientConfig, TlsError> {
     let default = UpstreamTls::default();
     config_at(
         &format!("[[auth.issuers]] `{name}` tls:"),
@@ -80,7 +160,7 @@ pub(crate) fn issuer_config(name: &str, tls: Option<&UpstreamTls>) -> Result<Cli
 
 /// A client configuration from `tls`; `table` names its settings in
 /// errors, `peer` what it connects to.
-fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig, String> {
+fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig, TlsError> {
     let at = |field: &str| format!("{table} {field}");
     let mut roots = RootCertStore::empty();
     let which = tls.roots.unwrap_or(if tls.ca_file.is_some() {
@@ -98,30 +178,34 @@ fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig,
                 let _ = roots.add(cert);
             }
             if roots.is_empty() {
-                return Err(format!(
-                    "{}: the host's certificate store is empty or unreadable",
-                    at("roots = \"system\"")
-                ));
+                return Err(TlsError::NoSystemRoots {
+                    setting: at("roots = \"system\""),
+                });
             }
         }
         TlsRoots::None => {}
     }
     if let Some(ca) = &tls.ca_file {
         for cert in certificates(ca, &at("ca_file"))? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("{} `{}`: {e}", at("ca_file"), ca.display()))?;
+            roots.add(cert).map_err(|cause| TlsError::BadRoot {
+                setting: at("ca_file"),
+                path: ca.clone(),
+                cause,
+            })?;
         }
     }
     if roots.is_empty() {
-        return Err(format!(
-            "{}: no root certificate to check {peer} with; set ca_file",
-            at("roots = \"none\"")
-        ));
+        return Err(TlsError::NoRoots {
+            setting: at("roots = \"none\""),
+            peer: peer.to_owned(),
+        });
     }
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS for {peer}: {e}"))?
+        .map_err(|cause| TlsError::Refused {
+            setting: format!("TLS for {peer}"),
+            cause,
+        })?
         .with_root_certificates(roots);
     match (&tls.client_cert, &tls.client_key) {
         (Some(cert), Some(key)) => builder
@@ -129,14 +213,17 @@ fn config_at(table: &str, peer: &str, tls: &UpstreamTls) -> Result<ClientConfig,
                 certificates(cert, &at("client_cert"))?,
                 private_key(key, &at("client_key"))?,
             )
-            .map_err(|e| format!("{}: {e}", at("client_cert/client_key"))),
+            .map_err(|cause| TlsError::Refused {
+                setting: at("client_cert/client_key"),
+                cause,
+            }),
         _ => Ok(builder.with_no_client_auth()),
     }
 }
 
 /// The client configuration for the trace collector (`[telemetry]`, its
 /// `tls`): Mozilla's roots unless it says otherwise.
-pub(crate) fn collector_config(tls: Option<&UpstreamTls>) -> Result<ClientConfig, String> {
+pub(crate) fn collector_config(tls: Option<&UpstreamTls>) -> Result<ClientConfig, TlsError> {
     let default = UpstreamTls::default();
     config_at(
         "[telemetry.tls]",
@@ -150,7 +237,7 @@ pub(crate) fn collector_config(tls: Option<&UpstreamTls>) -> Result<ClientConfig
 pub(crate) fn webhook_config(
     name: &str,
     tls: Option<&UpstreamTls>,
-) -> Result<ClientConfig, String> {
+) -> Result<ClientConfig, TlsError> {
     let default = UpstreamTls::default();
     config_at(
         &format!("[[notify.webhooks]] `{name}` tls:"),
@@ -162,7 +249,7 @@ pub(crate) fn webhook_config(
 /// Build the TLS configuration of every `https://` upstream and identity
 /// provider once (at start): an unreadable `ca_file` or client key stops
 /// `serve` with the reason, rather than failing the first call.
-pub(crate) fn check_all(config: &crate::core::config::Config) -> Result<(), String> {
+pub(crate) fn check_all(config: &crate::core::config::Config) -> Result<(), TlsError> {
     for (name, s) in &config.servers {
         if s.url.as_deref().is_some_and(|u| u.starts_with("https://")) {
             client_config(name, s.tls.as_ref())?;
@@ -212,7 +299,8 @@ mod tests {
         };
         let e = client_config("s", Some(&missing)).unwrap_err();
         assert!(
-            e.contains("[servers.s.tls] ca_file `/nonexistent/ca.pem`"),
+            e.to_string()
+                .contains("[servers.s.tls] ca_file `/nonexistent/ca.pem`"),
             "{e}"
         );
         let dir = tempfile::tempdir().unwrap();
@@ -226,7 +314,7 @@ mod tests {
             }),
         )
         .unwrap_err();
-        assert!(e.contains("holds no PEM certificate"), "{e}");
+        assert!(e.to_string().contains("holds no PEM certificate"), "{e}");
     }
 
     #[test]
@@ -239,7 +327,8 @@ mod tests {
         .unwrap();
         let e = check_all(&config).unwrap_err();
         assert!(
-            e.contains("[[auth.issuers]] `corp` tls: ca_file `/nonexistent/corp-ca.pem`"),
+            e.to_string()
+                .contains("[[auth.issuers]] `corp` tls: ca_file `/nonexistent/corp-ca.pem`"),
             "{e}"
         );
         config.auth.issuers[0].tls = None;
@@ -256,7 +345,8 @@ mod tests {
         .unwrap();
         let e = check_all(&config).unwrap_err();
         assert!(
-            e.contains("[telemetry.tls] ca_file `/nonexistent/collector-ca.pem`"),
+            e.to_string()
+                .contains("[telemetry.tls] ca_file `/nonexistent/collector-ca.pem`"),
             "{e}"
         );
         config.telemetry.tls = None;

@@ -24,6 +24,9 @@ use crate::audit::note::{Checkpoint, Note, Vkey};
 use crate::audit::proofs;
 use crate::core::config::WitnessConfig;
 
+/// An error of the exchange with the witness, kept whole as a cause.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The longest witness answer read.
 const MAX_ANSWER: usize = 64 * 1024;
 
@@ -40,12 +43,13 @@ pub(crate) enum Submitted {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum WitnessError {
     /// Not reachable, or the answer could not be read.
-    #[error("the witness at {url} is not reachable: {why}")]
+    #[error("the witness at {url} is not reachable: {cause}")]
     Unreachable {
         /// The URL.
         url: String,
-        /// What happened.
-        why: String,
+        /// What happened (the connection's, TLS's or HTTP's own error).
+        #[source]
+        cause: BoxError,
     },
     /// It refused the checkpoint.
     #[error("the witness refused checkpoint {size}: {why}")]
@@ -109,30 +113,24 @@ async fn post(
     body: String,
     tls: Option<&crate::core::config::UpstreamTls>,
     timeout: Duration,
-) -> Result<(u16, String, String), String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("`{url}`: {e}"))?;
+) -> Result<(u16, String, String), BoxError> {
+    let uri: http::Uri = url.parse()?;
     let https = uri.scheme_str() == Some("https");
     let host = uri.host().ok_or("no host")?.to_owned();
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let work = async {
-        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(|e| e.to_string())?;
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
         let io: Box<dyn crate::upstream::streamable_http::Io> = if https {
             let config = crate::upstream::tls::store_config(tls)?;
-            let name =
-                rustls_pki_types::ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+            let name = rustls_pki_types::ServerName::try_from(host.clone())?;
             let stream = tokio_rustls::TlsConnector::from(config)
                 .connect(name, tcp)
-                .await
-                .map_err(|e| format!("TLS: {e}"))?;
+                .await?;
             Box::new(stream)
         } else {
             Box::new(tcp)
         };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
         let driver = tokio::spawn(conn);
         let req = http::Request::post(uri.clone())
             .header(
@@ -140,9 +138,8 @@ async fn post(
                 uri.authority().map_or(host.clone(), |a| a.to_string()),
             )
             .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+            .body(Full::new(Bytes::from(body)))?;
+        let resp = sender.send_request(req).await?;
         let status = resp.status().as_u16();
         let kind = resp
             .headers()
@@ -152,11 +149,10 @@ async fn post(
             .to_owned();
         let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
             .collect()
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .to_bytes();
         driver.abort();
-        Ok::<_, String>((status, kind, String::from_utf8_lossy(&bytes).into_owned()))
+        Ok::<_, BoxError>((status, kind, String::from_utf8_lossy(&bytes).into_owned()))
     };
     tokio::time::timeout(timeout, work)
         .await
@@ -189,9 +185,9 @@ pub(crate) async fn submit(
         cfg.timeout,
     )
     .await
-    .map_err(|why| WitnessError::Unreachable {
+    .map_err(|cause| WitnessError::Unreachable {
         url: url.clone(),
-        why,
+        cause,
     })?;
     match status {
         200 => {

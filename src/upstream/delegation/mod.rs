@@ -92,7 +92,9 @@ impl Delegator {
                 Server {
                     config: d.clone(),
                     issuer: issuer.clone(),
-                    http: super::provider::http_client(issuer),
+                    // Kept as its words (what a refused call's message
+                    // repeats); `serve` printed the chain at start.
+                    http: super::provider::http_client(issuer).map_err(|e| e.to_string()),
                     signer,
                     endpoint: tokio::sync::Mutex::new(d.token_endpoint.clone()),
                 },
