@@ -205,6 +205,12 @@ provider.registerGrantType(
 // not a crash on EPIPE.
 process.stdout.on('error', () => {});
 const server = tls ? https.createServer(tls, provider.callback()) : provider;
-server.listen(Number(port), '127.0.0.1', () => {
+const listening = server.listen(Number(port), '127.0.0.1', () => {
   console.log('listening');
 });
+// Node closes an idle keep-alive connection after 5 s, the very time after
+// which Python's httpx stops reusing one: a request sent at that moment
+// meets a closed socket ("Server disconnected without sending a
+// response"). Idle connections are kept longer than any client keeps them.
+listening.keepAliveTimeout = 65_000;
+listening.headersTimeout = 66_000;
