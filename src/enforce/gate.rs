@@ -110,83 +110,12 @@ impl Gate {
             if tool.unavailable {
                 return Chosen::Refuse(Outcome::NotDispatched);
             }
-            // The budgets and effect keys it falls under, as they stand now
-            // (read again at every look: a held call's figures move). Read
-            // before the decision only when a policy may read them, when a
-            // take refused the call (the figures say why) or while it is
-            // held; an unattended call within them is checked by the take
-            // alone, atomically, after its reservation.
-            let early = !claims.is_empty()
-                && (must_look || waiting.is_some() || self.judge.policies().reads_budgets());
-            let mut looked = match early {
-                true => match self.guards.look(c, claims).await {
-                    Ok(l) => Some(l),
-                    Err(e) => {
-                        tracing::error!("guards unavailable, refusing: {e}");
-                        return Chosen::Refuse(Outcome::NotDispatched);
-                    }
-                },
-                false => None,
-            };
-            // Revalidation right before execution: the policies in force now.
-            let spending = looked.as_ref().map(|f| f.spending.as_slice());
-            let decision = self.judge.decide_with(c, spending);
-            if let Decision::Deny { .. } = decision {
-                return Chosen::Refuse(Outcome::Denied);
-            }
-            // A call a person must decide shows them the figures.
-            if looked.is_none() && !claims.is_empty() && !matches!(decision, Decision::Allow { .. })
-            {
-                match self.guards.look(c, claims).await {
-                    Ok(l) => looked = Some(l),
-                    Err(e) => {
-                        tracing::error!("guards unavailable, refusing: {e}");
-                        return Chosen::Refuse(Outcome::NotDispatched);
-                    }
-                }
-            }
+            let (policies, looked) =
+                match self.judged(c, claims, must_look, waiting.is_none()).await {
+                    Ok(held) => held,
+                    Err(chosen) => return chosen,
+                };
             let figures = looked.as_ref();
-            // A guard that denies refuses the call whatever the policies say.
-            if let Some(refusal) = figures.and_then(crate::core::guard::Figures::refusal) {
-                for (name, _) in figures.map(|f| f.stopped()).unwrap_or_default() {
-                    self.guards.metrics.guard_stop(&name, "refused");
-                }
-                c.trail.record(
-                    "rejected",
-                    vec![
-                        ("reason", json!(refusal.code)),
-                        ("guards", json!(refusal.sentences)),
-                        (
-                            "budgets",
-                            super::guards::budgets_json(
-                                &figures.map(|f| f.spending.clone()).unwrap_or_default(),
-                            ),
-                        ),
-                    ],
-                );
-                return Chosen::Refuse(Outcome::Guarded(Box::new(refusal)));
-            }
-            let stopped: Vec<String> = figures
-                .map(|f| f.stopped().into_iter().map(|(name, _)| name).collect())
-                .unwrap_or_default();
-            let policies = match decision {
-                Decision::Allow { .. } if stopped.is_empty() => return Chosen::Pass,
-                // Past a budget or repeating an effect: a person decides,
-                // and the guards stand where the policies would.
-                Decision::Allow { .. } => stopped,
-                Decision::Deny { .. } => return Chosen::Refuse(Outcome::Denied),
-                Decision::Approval { mut policies } => {
-                    policies.extend(stopped);
-                    policies
-                }
-            };
-            if let Some(f) = figures.filter(|f| !f.stopped().is_empty()) {
-                if waiting.is_none() {
-                    for (name, _) in f.stopped() {
-                        self.guards.metrics.guard_stop(&name, "held");
-                    }
-                }
-            }
             let quorum = self.judge.policies().quorum(&policies);
             // Subscribed before the first look, so a decision made between
             // the look and the wait is not missed.
@@ -210,44 +139,7 @@ impl Gate {
                     }));
                 }
             };
-            let ask = Ask {
-                identity: &c.ctx.caller.identity,
-                server: c.ctx.server,
-                tool: &c.call.tool,
-                arguments: &c.call.arguments,
-                digest: &c.call.digest,
-                resource_version: version.as_deref(),
-                tool_definition: tool.digest.as_deref(),
-                definition_change: self.learner.catalog().change_of(c.ctx.server, &c.call.tool),
-                looks_like: tool.lookalike.clone(),
-                headline: self
-                    .config
-                    .servers
-                    .get(c.ctx.server)
-                    .and_then(|s| s.tools.get(c.call.tool.as_str()))
-                    .and_then(|t| t.summary.as_deref())
-                    .and_then(|t| crate::core::headline::render(t, &c.call.arguments)),
-                guards: figures
-                    .map(crate::core::guard::Figures::sentences)
-                    .unwrap_or_default(),
-                risk: risk(c.annotations),
-                policies: &policies,
-                quorum: &quorum,
-                key: &c.claim.key,
-                client_key: &c.claim.client_key,
-                revises: c
-                    .call
-                    .reserved
-                    .meta
-                    .get("dev.countersign/revises")
-                    .and_then(serde_json::Value::as_str),
-                // The request's SERVER span (the current one here): a
-                // proposal remembers the request that asked for it.
-                trace: crate::telemetry::on()
-                    .then(|| crate::telemetry::traceparent(&tracing::Span::current()))
-                    .flatten()
-                    .map(|t| t.traceparent),
-            };
+            let ask = self.ask(c, &tool, version.as_deref(), figures, &policies, &quorum);
             let reviewers = self.judge.policies();
             // Entries so far go first: the proposal this call may create
             // follows its cause in the log.
@@ -271,37 +163,9 @@ impl Gate {
                     continue;
                 }
                 Ok(Found::Usable(p)) => {
-                    let approval = match &p.confirmation {
-                        Some(conf) => json!({ "channel": "client", "confirmation": conf }),
-                        None => {
-                            let mut v = serde_json::to_value(&p.decision).unwrap_or(Value::Null);
-                            // The policy set each yes was given under, and the
-                            // one in force now, which decided the call again.
-                            if let Some(o) = v.as_object_mut() {
-                                let under: Vec<Value> = p
-                                    .approvals
-                                    .iter()
-                                    .map(|g| {
-                                        json!({
-                                            "reviewer": g.reviewer(),
-                                            "policy_set": g.signed.statement.policy_set,
-                                        })
-                                    })
-                                    .collect();
-                                if !under.is_empty() {
-                                    o.insert("approvers".into(), Value::from(under));
-                                }
-                                o.insert(
-                                    "policy_set_now".into(),
-                                    json!(self.judge.policies().digest()),
-                                );
-                            }
-                            v
-                        }
-                    };
                     return Chosen::Consume {
+                        approval: self.approval_of(&p),
                         proposal: p.id,
-                        approval,
                     };
                 }
                 Ok(Found::Refuse(note)) => return Chosen::Refuse(Outcome::Approval(note)),
@@ -349,6 +213,182 @@ impl Gate {
             );
             if let Some(stop) = held {
                 return stop;
+            }
+        }
+    }
+
+    /// One look's judgement: the guards' figures (when they are read
+    /// before the decision) and the policies in force now. `Ok`: the
+    /// policies (and guards) a person must decide under, with the figures;
+    /// `Err`: what the gate chose without a person (a pass or a refusal).
+    async fn judged<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+        claims: &[crate::core::guard::Claim],
+        must_look: bool,
+        first_look: bool,
+    ) -> Result<(Vec<String>, Option<crate::core::guard::Figures>), Chosen> {
+        // The budgets and effect keys it falls under, as they stand now
+        // (read again at every look: a held call's figures move). Read
+        // before the decision only when a policy may read them, when a
+        // take refused the call (the figures say why) or while it is
+        // held; an unattended call within them is checked by the take
+        // alone, atomically, after its reservation.
+        let early = !claims.is_empty()
+            && (must_look || !first_look || self.judge.policies().reads_budgets());
+        let mut looked = match early {
+            true => match self.guards.look(c, claims).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!("guards unavailable, refusing: {e}");
+                    return Err(Chosen::Refuse(Outcome::NotDispatched));
+                }
+            },
+            false => None,
+        };
+        // Revalidation right before execution: the policies in force now.
+        let spending = looked.as_ref().map(|f| f.spending.as_slice());
+        let decision = self.judge.decide_with(c, spending);
+        if let Decision::Deny { .. } = decision {
+            return Err(Chosen::Refuse(Outcome::Denied));
+        }
+        // A call a person must decide shows them the figures.
+        if looked.is_none() && !claims.is_empty() && !matches!(decision, Decision::Allow { .. }) {
+            match self.guards.look(c, claims).await {
+                Ok(l) => looked = Some(l),
+                Err(e) => {
+                    tracing::error!("guards unavailable, refusing: {e}");
+                    return Err(Chosen::Refuse(Outcome::NotDispatched));
+                }
+            }
+        }
+        let figures = looked.as_ref();
+        // A guard that denies refuses the call whatever the policies say.
+        if let Some(refusal) = figures.and_then(crate::core::guard::Figures::refusal) {
+            for (name, _) in figures.map(|f| f.stopped()).unwrap_or_default() {
+                self.guards.metrics.guard_stop(&name, "refused");
+            }
+            c.trail.record(
+                "rejected",
+                vec![
+                    ("reason", json!(refusal.code)),
+                    ("guards", json!(refusal.sentences)),
+                    (
+                        "budgets",
+                        super::guards::budgets_json(
+                            &figures.map(|f| f.spending.clone()).unwrap_or_default(),
+                        ),
+                    ),
+                ],
+            );
+            return Err(Chosen::Refuse(Outcome::Guarded(Box::new(refusal))));
+        }
+        let stopped: Vec<String> = figures
+            .map(|f| f.stopped().into_iter().map(|(name, _)| name).collect())
+            .unwrap_or_default();
+        let policies = match decision {
+            Decision::Allow { .. } if stopped.is_empty() => return Err(Chosen::Pass),
+            // Past a budget or repeating an effect: a person decides,
+            // and the guards stand where the policies would.
+            Decision::Allow { .. } => stopped,
+            Decision::Deny { .. } => return Err(Chosen::Refuse(Outcome::Denied)),
+            Decision::Approval { mut policies } => {
+                policies.extend(stopped);
+                policies
+            }
+        };
+        if let Some(f) = figures.filter(|f| !f.stopped().is_empty()) {
+            if first_look {
+                for (name, _) in f.stopped() {
+                    self.guards.metrics.guard_stop(&name, "held");
+                }
+            }
+        }
+        Ok((policies, looked))
+    }
+
+    /// What is put to the reviewers for `c`: the call, the tool as listed
+    /// now, the figures, and the policies and quorum that hold it.
+    fn ask<'a, U: Upstream>(
+        &self,
+        c: &'a Call<'_, U>,
+        tool: &'a crate::core::catalog::ToolView,
+        version: Option<&'a str>,
+        figures: Option<&crate::core::guard::Figures>,
+        policies: &'a [String],
+        quorum: &'a crate::core::approval::Quorum,
+    ) -> Ask<'a> {
+        Ask {
+            identity: &c.ctx.caller.identity,
+            server: c.ctx.server,
+            tool: &c.call.tool,
+            arguments: &c.call.arguments,
+            digest: &c.call.digest,
+            resource_version: version,
+            tool_definition: tool.digest.as_deref(),
+            definition_change: self.learner.catalog().change_of(c.ctx.server, &c.call.tool),
+            looks_like: tool.lookalike.clone(),
+            headline: self
+                .config
+                .servers
+                .get(c.ctx.server)
+                .and_then(|s| s.tools.get(c.call.tool.as_str()))
+                .and_then(|t| t.summary.as_deref())
+                .and_then(|t| crate::core::headline::render(t, &c.call.arguments)),
+            guards: figures
+                .map(crate::core::guard::Figures::sentences)
+                .unwrap_or_default(),
+            risk: risk(c.annotations),
+            policies,
+            quorum,
+            key: &c.claim.key,
+            client_key: &c.claim.client_key,
+            revises: c
+                .call
+                .reserved
+                .meta
+                .get("dev.countersign/revises")
+                .and_then(serde_json::Value::as_str),
+            // The request's SERVER span (the current one here): a
+            // proposal remembers the request that asked for it.
+            trace: crate::telemetry::on()
+                .then(|| crate::telemetry::traceparent(&tracing::Span::current()))
+                .flatten()
+                .map(|t| t.traceparent),
+        }
+    }
+
+    /// The approval a usable proposal gives the audit entry: the client's
+    /// confirmation, or the reviewers' decision with the policy set each
+    /// yes was given under and the one in force now, which decided the call
+    /// again.
+    fn approval_of(&self, p: &Proposal) -> Value {
+        match &p.confirmation {
+            Some(conf) => json!({ "channel": "client", "confirmation": conf }),
+            None => {
+                let mut v = serde_json::to_value(&p.decision).unwrap_or(Value::Null);
+                // The policy set each yes was given under, and the
+                // one in force now, which decided the call again.
+                if let Some(o) = v.as_object_mut() {
+                    let under: Vec<Value> = p
+                        .approvals
+                        .iter()
+                        .map(|g| {
+                            json!({
+                                "reviewer": g.reviewer(),
+                                "policy_set": g.signed.statement.policy_set,
+                            })
+                        })
+                        .collect();
+                    if !under.is_empty() {
+                        o.insert("approvers".into(), Value::from(under));
+                    }
+                    o.insert(
+                        "policy_set_now".into(),
+                        json!(self.judge.policies().digest()),
+                    );
+                }
+                v
             }
         }
     }
