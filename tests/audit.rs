@@ -509,7 +509,7 @@ async fn arguments_are_recorded_as_configured_and_segments_rotate() {
 }
 
 /// An unattended read is one entry, its `completed`: who called what (the
-/// call's digest, never the arguments), the decision with its policies,
+/// call's digest, and the arguments as configured), the decision with its policies,
 /// when it was received and answered, and no idempotency key (it has none).
 /// A read the policies deny keeps the separate entries of any call, with
 /// its derived key, so nothing about an exception is lost.
@@ -565,9 +565,13 @@ async fn a_read_is_one_entry_and_a_denied_read_keeps_its_entries() {
     ] {
         assert!(e.contains_key(f), "{f} missing in {e:?}");
     }
-    for f in ["arguments", "arguments_digest", "idempotency_key"] {
-        assert!(!e.contains_key(f), "{f} in {e:?}");
-    }
+    // Its arguments as `audit.arguments` says (`full` here): who read
+    // which record is the evidence of an access log.
+    assert_eq!(e["arguments"], json!({"account":"acct-1"}), "{e:?}");
+    assert!(e["arguments_digest"]
+        .as_str()
+        .is_some_and(|d| d.starts_with("sha256:")));
+    assert!(!e.contains_key("idempotency_key"), "{e:?}");
     // RFC 3339 times as the log writes them (a whole second has no
     // fraction): compared as milliseconds, not as text.
     let ms = |t: &Value| -> (String, u64) {
@@ -589,4 +593,78 @@ async fn a_read_is_one_entry_and_a_denied_read_keeps_its_entries() {
     assert_eq!(balance[2]["policies"], json!(["frozen/frozen-account"]));
     let (ok, out) = verify(&audit_dir(&gw), &[]);
     assert!(ok, "{out}");
+}
+
+/// An unattended read's one entry carries its arguments as
+/// `audit.arguments` says: as they are under `full`, none under `digest`
+/// (the digest only), the values at `audit.redact` pointers digested under
+/// `redact`; and `audit export --follow` streams them so.
+#[tokio::test]
+async fn a_reads_arguments_are_in_its_entry_as_configured_and_follow_shows_them() {
+    use std::io::BufRead;
+    for mode in ["full", "digest", "redact"] {
+        let gw = common::Gateway::start_with(common::Options {
+            extra: match mode {
+                "redact" => "[audit]\narguments = \"redact\"\nredact = [\"/account\"]\n".into(),
+                _ => format!("[audit]\narguments = \"{mode}\"\n"),
+            },
+            ..Default::default()
+        });
+        let dir = audit_dir(&gw);
+        let mut follow = std::process::Command::new(common::countersign_bin())
+            .args(["audit", "export", "--follow", "--dir"])
+            .arg(&dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+        let stdout = follow.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut c = common::Client::new(&gw.url("payments"));
+        c.initialize().await;
+        let read = c
+            .call(2, "get_balance", json!({"account":"acct-7","currency":"EUR"}))
+            .await;
+        assert_eq!(read.last()["result"]["isError"], false, "{read:?}");
+        let e = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while let Some(e) = rx.recv().await {
+                if e["kind"] == "completed" && e["tool"] == "get_balance" {
+                    return e;
+                }
+            }
+            panic!("{mode}: the export ended");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{mode}: the read's entry never came out of --follow"));
+        follow.kill().unwrap();
+        follow.wait().unwrap();
+        assert_eq!(e["decision"], "allow", "{mode}: {e}");
+        assert!(
+            e["arguments_digest"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("sha256:")),
+            "{mode}: {e}"
+        );
+        match mode {
+            "full" => assert_eq!(
+                e["arguments"],
+                json!({"account":"acct-7","currency":"EUR"}),
+                "{e}"
+            ),
+            "digest" => assert!(e.get("arguments").is_none(), "{e}"),
+            _ => {
+                let account = e["arguments"]["account"].as_str().unwrap_or_default();
+                assert!(account.starts_with("sha256:"), "redacted: {e}");
+                assert_eq!(e["arguments"]["currency"], "EUR", "other fields stay: {e}");
+            }
+        }
+    }
 }

@@ -11,8 +11,9 @@
 //! relayed read.
 //!
 //! An unattended read the policies allow is one entry, its `completed`:
-//! what was called and by whom (the call's digest covers the arguments),
-//! the decision and its policies, the outcome, and when it was received (`received_at`) and
+//! what was called and by whom, with the arguments as `audit.arguments`
+//! says (as any call's `call_received` has them), the decision and its
+//! policies, the outcome, and when it was received (`received_at`) and
 //! answered (`time`). Each entry
 //! is hashed into the chain and into the Merkle tree, so three entries per
 //! read (`call_received`, `decision`, `completed`) cost more than the whole
@@ -153,7 +154,7 @@ impl<'c> Trail<'c> {
         }
         if kind == "completed" {
             if let Some(read) = p.read.take_if(|r| r.allowed.is_some()) {
-                p.entries.push(("completed", read.into_entry(f)));
+                p.entries.push(("completed", read.into_entry(log, f)));
                 return;
             }
         }
@@ -290,9 +291,13 @@ impl Log<'_> {
 
 impl ReadSoFar {
     /// The read as one entry: the base (with the call's digest, which
-    /// covers server, tool and arguments), the decision, `received_at`, and
-    /// the outcome's fields in `done`.
-    fn into_entry(self, mut done: Map<String, Value>) -> Map<String, Value> {
+    /// covers server, tool and arguments), the arguments as
+    /// `audit.arguments` says (who read which record is the evidence of an
+    /// access log: a digest alone cannot say it), the decision,
+    /// `received_at`, and the outcome's fields in `done`.
+    fn into_entry(self, log: &Log<'_>, mut done: Map<String, Value>) -> Map<String, Value> {
+        log.sink
+            .arguments_fields_jcs(&log.call.arguments, &log.call.arguments_jcs, &mut done);
         done.insert("decision".into(), json!("allow"));
         done.insert("policies".into(), json!(self.allowed.unwrap_or_default()));
         done.insert("received_at".into(), self.received_at);
