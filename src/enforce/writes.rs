@@ -218,6 +218,34 @@ impl Writes {
             return self.unsettled_elsewhere(c).await;
         }
         let key = c.claim.key.clone();
+        let store = self.flights.store();
+        // Announce the wait, then look once more: a settlement between the
+        // reservation that found the key held and the announcement was
+        // told to nobody. A store that cannot take the wait is a store that
+        // cannot answer: the deadline's answer, as without a way to hear.
+        if let Err(e) = store.wait_for(key.clone()).await {
+            tracing::warn!("ledger: cannot wait on a key held elsewhere: {e}");
+            return self.unsettled_elsewhere(c).await;
+        }
+        let waited = || async {
+            if let Err(e) = store.waited(key.clone()).await {
+                tracing::debug!("ledger: the end of a wait was not recorded: {e}");
+            }
+        };
+        let held = match store.get(&key).await {
+            Ok(Some(r)) => matches!(
+                r.state,
+                crate::core::ledger::State::Reserved | crate::core::ledger::State::Dispatched
+            ),
+            // Freed meanwhile: look again.
+            Ok(None) => false,
+            // Unreadable: wait, and the deadline's answer reads it again.
+            Err(_) => true,
+        };
+        if !held {
+            waited().await;
+            return Ok(());
+        }
         let settled_there = async {
             loop {
                 match rx.recv().await {
@@ -230,7 +258,9 @@ impl Writes {
                 }
             }
         };
-        match tokio::time::timeout(left, settled_there).await {
+        let heard = tokio::time::timeout(left, settled_there).await;
+        waited().await;
+        match heard {
             Ok(()) => Ok(()),
             Err(_) => self.unsettled_elsewhere(c).await,
         }

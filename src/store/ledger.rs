@@ -100,6 +100,25 @@ pub trait Ledger: Send + Sync {
 
     /// All records, optionally only those in `state`.
     fn list(&self, state: Option<State>) -> StoreFuture<'_, Vec<(String, Record)>>;
+
+    /// This process waits for `key`, which another process holds, to
+    /// settle: its settlement is to be announced to it
+    /// ([`super::StoreEvent::Ledger`]). A store shared by processes
+    /// announces a settled record only to those that wait on it, so that N
+    /// gateways do not each hear every write; a store of one process
+    /// announces every settlement and needs nothing. After this, the caller
+    /// reads the record again (it may have settled before), and calls
+    /// [`Ledger::waited`] when it stops waiting.
+    fn wait_for(&self, key: String) -> StoreFuture<'_, ()> {
+        let _ = key;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// This process no longer waits on `key` (see [`Ledger::wait_for`]).
+    fn waited(&self, key: String) -> StoreFuture<'_, ()> {
+        let _ = key;
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Whether a transition to `to` from `from` must be on disk when it returns.

@@ -435,6 +435,7 @@ impl Kind for Transition {
             ON CONFLICT (key) DO NOTHING
          )
          SELECT m.key, CASE WHEN m.to_state IN ('complete', 'not_dispatched', 'unknown')
+             AND EXISTS (SELECT 1 FROM ledger_waiters w WHERE w.key = m.key)
            THEN pg_notify('countersign_ledger', m.key)::text END
          FROM moved m";
 

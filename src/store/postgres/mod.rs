@@ -761,6 +761,14 @@ impl Ledger for PgStore {
                     "calls of gateways whose lease lapsed settled"
                 );
             }
+            // Waits a gateway that stopped never ended (a wait lasts a hold
+            // at most): only an announcement more for a settled key.
+            txn.execute(
+                "DELETE FROM ledger_waiters WHERE since_ms < $1",
+                &[&(now_ms - 600_000)],
+            )
+            .await
+            .map_err(backend("forget waits"))?;
             // What no longer binds its key (`Record::binds`).
             let n = txn
                 .execute(
@@ -772,6 +780,37 @@ impl Ledger for PgStore {
                 .map_err(backend("forget records"))?;
             txn.commit().await.map_err(backend("commit"))?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn wait_for(&self, key: String) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            client
+                .execute(
+                    &format!(
+                        "INSERT INTO ledger_waiters (key, gateway, since_ms) VALUES ($1, $2, {NOW_MS})
+                         ON CONFLICT (key, gateway) DO NOTHING"
+                    ),
+                    &[&key, &&*self.gateway],
+                )
+                .await
+                .map_err(backend("wait for a key"))?;
+            Ok(())
+        })
+    }
+
+    fn waited(&self, key: String) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "DELETE FROM ledger_waiters WHERE key = $1 AND gateway = $2",
+                    &[&key, &&*self.gateway],
+                )
+                .await
+                .map_err(backend("end a wait for a key"))?;
+            Ok(())
         })
     }
 

@@ -117,4 +117,13 @@ pub const MIGRATIONS: &[&str] = &[
      UPDATE proposals SET tenant = proposal::jsonb->>'tenant', requester = proposal::jsonb->>'requester';
      CREATE INDEX proposals_requester ON proposals (tenant, requester);
      CREATE INDEX proposals_open ON proposals (id) WHERE state IN ('pending', 'approved');",
+    // 12: the keys a gateway waits on while another one holds them: a
+    // settled record is announced (`pg_notify`) only when someone waits on
+    // it, not to every gateway's listener for every write.
+    "CREATE TABLE ledger_waiters (
+        key text NOT NULL,
+        gateway text NOT NULL,
+        since_ms bigint NOT NULL,
+        PRIMARY KEY (key, gateway)
+     );",
 ];

@@ -288,3 +288,66 @@ async fn postgres_grouped_writes_keep_every_key_once_across_gateways() {
     let outbox = a.outbox().await.unwrap().len() + b.outbox().await.unwrap().len();
     assert_eq!(outbox, 64, "one outbox row per dispatch that moved");
 }
+
+/// A settled record is announced only when a gateway waits on its key
+/// (`wait_for`): N gateways do not each hear every write. Notifications
+/// arrive in commit order, so the one awaited key heard first proves the
+/// unawaited one before it was never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_is_announced_only_to_a_gateway_that_waits_on_it() {
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
+    let a = leased(&config, "gw-a").await;
+    let b = leased(&config, "gw-b").await;
+    let mut heard = b.subscribe().expect("PostgreSQL announces changes");
+    let settle = |key: &'static str| {
+        let a = &a;
+        async move {
+            let r = Record::reserve(&claim("d"), 0, 1000);
+            assert_eq!(
+                a.reserve(key.into(), r.clone(), 0).await.unwrap(),
+                Reservation::Reserved
+            );
+            assert!(a
+                .transition(
+                    key.into(),
+                    State::Reserved,
+                    with_state(r.clone(), State::Dispatched)
+                )
+                .await
+                .unwrap());
+            let mut done = with_state(r, State::Complete);
+            done.answer = Some(Answer::Result("{}".into()));
+            assert!(a
+                .transition(key.into(), State::Dispatched, done)
+                .await
+                .unwrap());
+        }
+    };
+    settle("nobody-waits").await;
+    b.wait_for("b-waits".into()).await.unwrap();
+    settle("b-waits").await;
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match heard.recv().await {
+                Ok(StoreEvent::Ledger(k)) => return k,
+                Ok(_) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the awaited settlement was announced");
+    assert_eq!(first, "b-waits");
+    // The wait ended: the next settlement of that key is not announced.
+    b.waited("b-waits".into()).await.unwrap();
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let left: i64 = client
+        .query_one("SELECT count(*) FROM ledger_waiters", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
