@@ -631,7 +631,11 @@ async fn a_reads_arguments_are_in_its_entry_as_configured_and_follow_shows_them(
         let mut c = common::Client::new(&gw.url("payments"));
         c.initialize().await;
         let read = c
-            .call(2, "get_balance", json!({"account":"acct-7","currency":"EUR"}))
+            .call(
+                2,
+                "get_balance",
+                json!({"account":"acct-7","currency":"EUR"}),
+            )
             .await;
         assert_eq!(read.last()["result"]["isError"], false, "{read:?}");
         let e = tokio::time::timeout(std::time::Duration::from_secs(20), async {

@@ -461,8 +461,8 @@ impl AuditLog {
         jcs: &str,
         fields: &mut Map<String, Value>,
     ) {
-        use sha2::{Digest, Sha256};
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(jcs.as_bytes())));
+        let digest =
+            crate::core::canonical::sha256_text(&crate::core::sha256::digest(jcs.as_bytes()));
         super::record_arguments_digested(self.arguments, &self.redact, arguments, digest, fields);
     }
 

@@ -14,31 +14,32 @@
 //! Any other subtree (the right edge of a tree whose size is not a power
 //! of two) is computed from O(log n) stored ones.
 
-use sha2::{Digest, Sha256};
+use crate::core::sha256;
 
 /// A SHA-256 hash.
 pub type Hash = [u8; 32];
 
 /// The root of the empty tree: SHA-256 of nothing.
 pub fn empty_root() -> Hash {
-    Sha256::digest([]).into()
+    sha256::digest(&[])
 }
 
 /// A leaf's hash: SHA-256(0x00 || data).
 pub fn leaf_hash(data: &[u8]) -> Hash {
-    let mut h = Sha256::new();
-    h.update([0u8]);
+    let mut h = sha256::Hasher::new();
+    h.update(&[0u8]);
     h.update(data);
-    h.finalize().into()
+    h.finish()
 }
 
 /// An interior node's hash: SHA-256(0x01 || left || right).
 pub fn node_hash(left: &Hash, right: &Hash) -> Hash {
-    let mut h = Sha256::new();
-    h.update([1u8]);
-    h.update(left);
-    h.update(right);
-    h.finalize().into()
+    // One 65-byte message in one call.
+    let mut m = [0u8; 65];
+    m[0] = 1;
+    m[1..33].copy_from_slice(left);
+    m[33..].copy_from_slice(right);
+    sha256::digest(&m)
 }
 
 /// Where the `n`th hash of `level` sits in the stored sequence.

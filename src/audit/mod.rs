@@ -33,7 +33,6 @@ pub(crate) mod writer;
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
 use crate::core::approval::Statement;
 use crate::core::reviewers::Reviewers;
@@ -73,7 +72,7 @@ pub fn entry_digest(entry: &Map<String, Value>) -> [u8; 32] {
         // The writer hashes an entry before it has a `hash`: no copy.
         crate::core::canonical::jcs_object_into(entry, &mut buf);
     }
-    Sha256::digest(&buf).into()
+    crate::core::sha256::digest(&buf)
 }
 
 /// What a checkpoint signs: the JCS of `{seq, head, time}`.
@@ -334,10 +333,10 @@ fn digest_without_hash(line: &[u8]) -> Option<[u8; 32]> {
     } else {
         (s, e)
     };
-    let mut h = Sha256::new();
+    let mut h = crate::core::sha256::Hasher::new();
     h.update(&line[..cut_from]);
     h.update(&line[cut_to..]);
-    Some(h.finalize().into())
+    Some(h.finish())
 }
 
 /// An entry line's hash, checked: the digest its content hashes to, which

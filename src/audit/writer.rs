@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
 use serde_json::{json, Map, Value};
-use sha2::Digest;
 use tokio::sync::oneshot;
 
 use super::merkle::Hash;
@@ -152,7 +151,7 @@ impl Writer {
         // of parsing and re-serializing each entry.
         let mut jcs = Vec::with_capacity(640);
         let slot = crate::core::canonical::jcs_object_into_at(&e, &mut jcs, "hash");
-        let digest: Hash = sha2::Sha256::digest(&jcs).into();
+        let digest: Hash = crate::core::sha256::digest(&jcs);
         let hash = crate::core::canonical::sha256_text(&digest);
         let member = format!("\"hash\":\"{hash}\"");
         let mut line = Vec::with_capacity(jcs.len() + member.len() + 2);

@@ -46,7 +46,6 @@ use strict::check_strict;
 pub use strict::check_unambiguous;
 
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 
 /// Prefix of a `requestState` the gateway issued. A state without it is
 /// the upstream server's own, and is forwarded untouched.
@@ -371,7 +370,7 @@ pub fn call_digest(server: &str, tool: &str, arguments: &Value) -> String {
 /// assembled around them (its keys sort `arguments` < `server` < `tool`)
 /// instead of serializing the arguments a second time on every call.
 fn digest_of(server: &str, tool: &str, arguments_jcs: &str) -> String {
-    let mut h = Sha256::new();
+    let mut h = crate::core::sha256::Hasher::new();
     h.update(b"{\"arguments\":");
     h.update(arguments_jcs.as_bytes());
     let mut names = Vec::with_capacity(server.len() + tool.len() + 24);
@@ -381,7 +380,7 @@ fn digest_of(server: &str, tool: &str, arguments_jcs: &str) -> String {
     jcs_string(tool, &mut names);
     names.push(b'}');
     h.update(&names);
-    sha256_text(&h.finalize().into())
+    sha256_text(&h.finish())
 }
 
 /// `sha256:` and the lower-case hex of a SHA-256 digest, without the

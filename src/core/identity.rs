@@ -93,7 +93,7 @@ impl Identities {
 
     /// The identity a raw bearer token stands for.
     pub fn lookup(&self, token: &str) -> Option<Arc<Identity>> {
-        self.by_digest(&Sha256::digest(token.as_bytes()).into())
+        self.by_digest(&crate::core::sha256::digest(token.as_bytes()))
     }
 
     /// The identity whose token has this SHA-256.

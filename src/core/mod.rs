@@ -65,6 +65,7 @@ pub mod redact;
 pub mod refusal;
 pub mod review;
 pub mod reviewers;
+pub mod sha256;
 pub mod signed_request;
 pub mod task;
 pub mod time;

@@ -1,4 +1,5 @@
 use super::*;
+use sha2::{Digest, Sha256};
 
 #[test]
 fn sha256_text_is_the_prefixed_lower_hex() {
