@@ -27,7 +27,6 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use super::issuers::Issuers;
 use super::respond::reject;
@@ -144,7 +143,7 @@ impl Auth {
         let token = token.trim();
         // One hash for both kinds: the static table and the cache of
         // verified access tokens are keyed by the token's SHA-256.
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let digest = crate::core::sha256::digest(token.as_bytes());
         if let Some(identity) = self.statics.by_digest(&digest) {
             return Ok(Authenticated {
                 identity,
