@@ -126,7 +126,9 @@ impl Gate {
                     .and_then(|p| p.get("_meta")?.get("progressToken").cloned());
                 (self.book.subscribe(), token)
             });
-            let version = match self.resource_version(c).await {
+            // The held path's steps are boxed where they are awaited: the
+            // gate's future, which every call moves, stays small.
+            let version = match Box::pin(self.resource_version(c)).await {
                 Ok(v) => v,
                 Err(reason) => {
                     tracing::warn!(tool = %c.call.tool, "resource version: {reason}");
@@ -144,7 +146,7 @@ impl Gate {
             // Entries so far go first: the proposal this call may create
             // follows its cause in the log.
             c.trail.flush();
-            let found = self.book.find(&ask, reviewers.reviewers()).await;
+            let found = Box::pin(self.book.find(&ask, reviewers.reviewers())).await;
             if let Ok(Found::Usable(p) | Found::Wait(p)) = &found {
                 traced_under(p, ask.trace.as_deref());
             }
@@ -152,10 +154,11 @@ impl Gate {
                 Ok(Found::Usable(p)) if p.confirmation.is_some() && !self.judge.may_confirm(c) => {
                     // A yes from the client counts only while the policies
                     // in force let the requester confirm this call.
-                    if let Err(e) = self
-                        .book
-                        .invalidate(&p, "the policies no longer let the requester confirm this call in the client")
-                        .await
+                    if let Err(e) = Box::pin(self.book.invalidate(
+                        &p,
+                        "the policies no longer let the requester confirm this call in the client",
+                    ))
+                    .await
                     {
                         tracing::error!("approval book unavailable, refusing: {e}");
                         return Chosen::Refuse(Outcome::NotDispatched);
@@ -182,7 +185,7 @@ impl Gate {
                 && !c.ctx.task
             {
                 asked = Some(proposal.id.clone());
-                if let Some(question) = self.ask_client(c, &proposal).await {
+                if let Some(question) = Box::pin(self.ask_client(c, &proposal)).await {
                     return Chosen::Refuse(Outcome::Ask(Box::new(question)));
                 }
             }
@@ -192,8 +195,8 @@ impl Gate {
                 countersign.proposal = %proposal.id,
                 countersign.outcome = tracing::field::Empty,
             );
-            let held = self
-                .hold(
+            let held = Box::pin(
+                self.hold(
                     c,
                     &proposal,
                     changes,
@@ -201,8 +204,9 @@ impl Gate {
                     &mut progress,
                     hold_until,
                 )
-                .instrument(span.clone())
-                .await;
+                .instrument(span.clone()),
+            )
+            .await;
             span.record(
                 "countersign.outcome",
                 if held.is_none() {

@@ -132,19 +132,34 @@ impl Learner {
     /// a time per server; the others wait for it. A fetch that fails leaves
     /// the cautious defaults (write-capable).
     pub(crate) async fn learn<U: Upstream>(&self, server: &str, tool: &str, upstream: &U) -> Stale {
-        let nothing = Stale::Tools(Vec::new());
+        if !self.due(server, tool, self.clock.now_ms()) {
+            return Stale::Tools(Vec::new());
+        }
+        // The fetch in a box of its own: every call awaits `learn`, and
+        // its future stays small when there is nothing to fetch (the fetch's
+        // state, the upstream exchange's, is kilobytes, and a future is
+        // copied whole wherever it is moved).
+        Box::pin(self.fetch(server, tool, upstream)).await
+    }
+
+    /// Whether the list of `server` is to be fetched for a call of `tool`
+    /// at `now` (see [`Learner::learn`]).
+    fn due(&self, server: &str, tool: &str, now: i64) -> bool {
         let cfg = &self.config.catalog;
-        let due = |now: i64| match self.catalog.fetched_at(server) {
+        match self.catalog.fetched_at(server) {
             None => true,
             Some(at) if now.saturating_sub(at) >= ms(cfg.max_age) => true,
             Some(at) => {
                 !self.catalog.knows(server, tool)
                     && now.saturating_sub(at) >= ms(cfg.unknown_tool_interval)
             }
-        };
-        if !due(self.clock.now_ms()) {
-            return nothing;
         }
+    }
+
+    /// Fetch the list of `server` (every page), one fetch at a time.
+    async fn fetch<U: Upstream>(&self, server: &str, tool: &str, upstream: &U) -> Stale {
+        let nothing = Stale::Tools(Vec::new());
+        let due = |now: i64| self.due(server, tool, now);
         let Some(one) = self.fetching.get(server) else {
             return nothing;
         };

@@ -148,7 +148,10 @@ impl Reads {
         let Some(admitted) = self.breakers.admit(server) else {
             return (Attempt::Done(c.open_circuit()), lead);
         };
-        let conn = match c.ctx.upstream.ready().await {
+        // The upstream's futures (kilobytes) are boxed where they are
+        // awaited: the call's own futures above them stay small, and a
+        // future is copied whole wherever it is moved.
+        let conn = match Box::pin(c.ctx.upstream.ready()).await {
             Ok(conn) => conn,
             Err(e) => return (Attempt::Retry(failed(server, e, admitted)), lead),
         };
@@ -161,7 +164,7 @@ impl Reads {
             Err(Hold::Write(_)) => unreachable_hold(),
         };
         let timeout = self.config.call_timeout(server);
-        let mut sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
+        let mut sent = Box::pin(conn.call_tool(permit, c.ctx.events.clone(), timeout)).await;
         if let Some(evidence) = sent.delegated.take() {
             c.trail.delegated(evidence);
         }

@@ -477,7 +477,10 @@ impl Writes {
             ticket.not_dispatched().await;
             return Attempt::Done(c.open_circuit());
         };
-        let conn = match c.ctx.upstream.ready().await {
+        // The upstream's futures (kilobytes) are boxed where they are
+        // awaited: the call's own futures above them stay small, and a
+        // future is copied whole wherever it is moved.
+        let conn = match Box::pin(c.ctx.upstream.ready()).await {
             Ok(conn) => conn,
             Err(e) => {
                 ticket.not_dispatched().await;
@@ -549,7 +552,7 @@ impl Writes {
             Err(Hold::Read(_)) => unreachable_hold(),
         };
         let timeout = self.config.call_timeout(c.ctx.server);
-        let sent = conn.call_tool(permit, c.ctx.events.clone(), timeout).await;
+        let sent = Box::pin(conn.call_tool(permit, c.ctx.events.clone(), timeout)).await;
         self.record(c, sent, admitted).await
     }
 

@@ -81,7 +81,9 @@ async fn answer_in(
     let route = rc.route(gw);
     if msg.method() == "tools/call" {
         if super::tasks::wants_task(gw, rc, &msg) {
-            return super::tasks::tools_call(gw, rc, msg, events).await;
+            // The rarer paths are boxed where they are awaited: the answer's
+            // future, made for every request, stays the size of a call's.
+            return Box::pin(super::tasks::tools_call(gw, rc, msg, events)).await;
         }
         let tool = crate::wire::era::named_param(&msg);
         let ctx = CallCtx {
@@ -122,11 +124,11 @@ async fn answer_in(
     }
     // The gateway's own tasks: answered here, never relayed.
     if msg.method().starts_with("tasks/") {
-        return super::tasks::request(gw, rc, &msg).await;
+        return Box::pin(super::tasks::request(gw, rc, &msg)).await;
     }
     let method = msg.method().to_owned();
     let timeout = gw.pipeline().call_timeout(&rc.server);
-    match route.call(&rc.server, msg, events, timeout).await {
+    match Box::pin(route.call(&rc.server, msg, events, timeout)).await {
         Ok(resp) => {
             if method == "tools/list" {
                 if let Some(result) = &resp.result {
