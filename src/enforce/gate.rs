@@ -102,11 +102,19 @@ impl Gate {
         let mut progress = 0u64;
         // The proposal last put to the client: asked once per proposal.
         let mut asked: Option<String> = None;
+        // The first look of a call that just arrived uses the tool as the
+        // pipeline found it a moment ago (learnt and read then).
+        let mut arrived = lost.is_none().then(|| c.tool.clone());
         loop {
             // The tool as the server lists it now: a definition that
             // changed while the call waited is not the one approved.
-            self.learn(c.ctx, &c.call.tool).await;
-            let tool = self.learner.catalog().view(c.ctx.server, &c.call.tool);
+            let tool = match arrived.take() {
+                Some(t) => t,
+                None => {
+                    self.learn(c.ctx, &c.call.tool).await;
+                    self.learner.catalog().view(c.ctx.server, &c.call.tool)
+                }
+            };
             if tool.unavailable {
                 return Chosen::Refuse(Outcome::NotDispatched);
             }
