@@ -110,3 +110,80 @@ async fn a_read_costs_no_more_instructions_than_recorded() {
          with its reason."
     );
 }
+
+/// `tasks/get` on a task that waits for a reviewer costs at most 1.2 × a
+/// read (DESIGN.md section 24's polling is a read of one task record, with
+/// no store write): both counted in one gateway under callgrind, 200 of
+/// each after a warm-up, each run dumped on its own.
+#[tokio::test]
+async fn polling_a_waiting_task_costs_at_most_a_fifth_more_than_a_read() {
+    let valgrind = Command::new("valgrind").arg("--version").output();
+    assert!(
+        valgrind.is_ok_and(|o| o.status.success()),
+        "this test needs valgrind (apt-get install valgrind)"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let cg = out.path().join("cg.out");
+    let (pdir, _alice) = common::default_policies_with_alice();
+    let gw = common::Gateway::start_with(common::Options {
+        policies: Some(pdir.path().to_owned()),
+        approvals: "hold = \"0s\"\n".into(),
+        extra: "\n[tasks]\npoll_interval = \"200ms\"\n".into(),
+        wrapper: vec![
+            "valgrind".into(),
+            "--tool=callgrind".into(),
+            "--instr-atstart=no".into(),
+            format!("--callgrind-out-file={}", cg.display()),
+            format!("--log-file={}", out.path().join("valgrind.log").display()),
+        ],
+        ..Default::default()
+    });
+    let mut c = common::Client::new(&gw.url("payments"));
+    c.protocol = "2025-11-25".into();
+    c.initialize().await;
+    // A charge needs a reviewer (the shipped policies): asked as a task,
+    // it waits for one, and nobody decides it here.
+    let created = c
+        .post(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name": "charge_card", "arguments": {"account": "acct-1", "amount": 12},
+            "task": {}, "_meta": {"dev.countersign/idempotency-key": "poll-1"}}}),
+        )
+        .await;
+    let task = created.last()["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {:?}", created.last()))
+        .to_owned();
+    let poll = |id: u64| json!({"jsonrpc":"2.0","id": id + 10_000,"method":"tasks/get","params":{"taskId": task}});
+    for id in 0..WARMUP {
+        read(&mut c, id).await;
+        let got = c.post(&poll(id)).await;
+        assert_eq!(got.last()["result"]["status"], "working", "{got:?}");
+    }
+    let pid = gw.pid().to_string();
+    // Reads, dumped; then polls, dumped: each dump holds what ran since the
+    // one before.
+    callgrind_control(&["-i", "on", &pid]);
+    for id in WARMUP..WARMUP + READS {
+        read(&mut c, id).await;
+    }
+    callgrind_control(&["-i", "off", &pid]);
+    callgrind_control(&["-d", &pid]);
+    common::eventually("the reads' dump", || totals(out.path()) > 0).await;
+    let reads = totals(out.path());
+    callgrind_control(&["-i", "on", &pid]);
+    for id in WARMUP..WARMUP + READS {
+        let got = c.post(&poll(id)).await;
+        assert_eq!(got.last()["result"]["status"], "working", "{got:?}");
+    }
+    callgrind_control(&["-i", "off", &pid]);
+    callgrind_control(&["-d", &pid]);
+    common::eventually("the polls' dump", || totals(out.path()) > reads).await;
+    let per_read = reads / READS;
+    let per_poll = (totals(out.path()) - reads) / READS;
+    eprintln!("instructions (test build): per read {per_read}, per tasks/get {per_poll}");
+    assert!(
+        per_poll * 10 <= per_read * 12,
+        "a tasks/get of a waiting task costs {per_poll} instructions, more than 1.2 × a read's {per_read}"
+    );
+}
