@@ -67,8 +67,10 @@ async fn read(c: &mut common::Client, id: u64) {
     assert_eq!(answer.last()["result"]["isError"], false, "{answer:?}");
 }
 
-#[tokio::test]
-async fn a_read_costs_no_more_instructions_than_recorded() {
+/// A gateway started with `options` under valgrind's callgrind, counting
+/// nothing until told (`callgrind_control -i on`); its dumps go to the
+/// returned folder.
+fn under_callgrind(options: common::Options) -> (common::Gateway, tempfile::TempDir) {
     let valgrind = Command::new("valgrind").arg("--version").output();
     assert!(
         valgrind.is_ok_and(|o| o.status.success()),
@@ -84,8 +86,14 @@ async fn a_read_costs_no_more_instructions_than_recorded() {
             format!("--callgrind-out-file={}", cg.display()),
             format!("--log-file={}", out.path().join("valgrind.log").display()),
         ],
-        ..Default::default()
+        ..options
     });
+    (gw, out)
+}
+
+#[tokio::test]
+async fn a_read_costs_no_more_instructions_than_recorded() {
+    let (gw, out) = under_callgrind(common::Options::default());
     let mut c = common::Client::new(&gw.url("payments"));
     c.initialize().await;
     for id in 0..WARMUP {
@@ -117,25 +125,11 @@ async fn a_read_costs_no_more_instructions_than_recorded() {
 /// each after a warm-up, each run dumped on its own.
 #[tokio::test]
 async fn polling_a_waiting_task_costs_at_most_a_fifth_more_than_a_read() {
-    let valgrind = Command::new("valgrind").arg("--version").output();
-    assert!(
-        valgrind.is_ok_and(|o| o.status.success()),
-        "this test needs valgrind (apt-get install valgrind)"
-    );
-    let out = tempfile::tempdir().unwrap();
-    let cg = out.path().join("cg.out");
     let (pdir, _alice) = common::default_policies_with_alice();
-    let gw = common::Gateway::start_with(common::Options {
+    let (gw, out) = under_callgrind(common::Options {
         policies: Some(pdir.path().to_owned()),
         approvals: "hold = \"0s\"\n".into(),
         extra: "\n[tasks]\npoll_interval = \"200ms\"\n".into(),
-        wrapper: vec![
-            "valgrind".into(),
-            "--tool=callgrind".into(),
-            "--instr-atstart=no".into(),
-            format!("--callgrind-out-file={}", cg.display()),
-            format!("--log-file={}", out.path().join("valgrind.log").display()),
-        ],
         ..Default::default()
     });
     let mut c = common::Client::new(&gw.url("payments"));
