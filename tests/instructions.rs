@@ -18,19 +18,39 @@ use serde_json::json;
 /// Reads counted (after a warm-up that is not).
 const READS: u64 = 200;
 const WARMUP: u64 = 30;
+/// Writes counted (each reserves, dispatches durably and completes).
+const WRITES: u64 = 100;
 
-/// The figure docs/performance.md records for this test, from its line
-/// `guard: N instructions per read (test build)`.
-fn recorded() -> u64 {
+/// The figure docs/performance.md records for a `what` ("read" or
+/// "write"), from its line `guard: N instructions per WHAT (test build)`.
+fn recorded(what: &str) -> u64 {
     let doc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
     let text = std::fs::read_to_string(&doc).unwrap();
+    let suffix = format!(" instructions per {what} (test build)");
     text.lines()
         .find_map(|l| {
             let rest = l.trim().strip_prefix("guard: ")?;
-            let n = rest.strip_suffix(" instructions per read (test build)")?;
+            let n = rest.strip_suffix(suffix.as_str())?;
             n.replace(',', "").parse().ok()
         })
-        .expect("docs/performance.md has no line `guard: N instructions per read (test build)`")
+        .unwrap_or_else(|| panic!("docs/performance.md has no line `guard: N{suffix}`"))
+}
+
+/// The instructions `gw` executes while `each` runs `n` times (counting
+/// switched on, then off, then dumped: a dump holds what ran since the one
+/// before, and the folder `out` keeps every dump).
+async fn counted(gw: &common::Gateway, out: &Path, n: u64, mut each: impl AsyncFnMut(u64)) -> u64 {
+    let before = totals(out);
+    let pid = gw.pid().to_string();
+    callgrind_control(&["-i", "on", &pid]);
+    for i in 0..n {
+        each(i).await;
+    }
+    callgrind_control(&["-i", "off", &pid]);
+    callgrind_control(&["-d", &pid]);
+    // The dump is written by the gateway's process: wait for its totals.
+    common::eventually("the callgrind dump", || totals(out) > before).await;
+    totals(out) - before
 }
 
 fn callgrind_control(args: &[&str]) {
@@ -99,17 +119,12 @@ async fn a_read_costs_no_more_instructions_than_recorded() {
     for id in 0..WARMUP {
         read(&mut c, id).await;
     }
-    let pid = gw.pid().to_string();
-    callgrind_control(&["-i", "on", &pid]);
-    for id in WARMUP..WARMUP + READS {
-        read(&mut c, id).await;
-    }
-    callgrind_control(&["-i", "off", &pid]);
-    callgrind_control(&["-d", &pid]);
-    // The dump is written by the gateway's process: wait for its totals.
-    common::eventually("the callgrind dump", || totals(out.path()) > 0).await;
-    let per_read = totals(out.path()) / READS;
-    let line = recorded();
+    let per_read = counted(&gw, out.path(), READS, async |i| {
+        read(&mut c, WARMUP + i).await
+    })
+    .await
+        / READS;
+    let line = recorded("read");
     eprintln!("instructions per read (test build): {per_read}; recorded: {line}");
     assert!(
         per_read * 10 <= line * 12,
@@ -154,30 +169,67 @@ async fn polling_a_waiting_task_costs_at_most_a_fifth_more_than_a_read() {
         let got = c.post(&poll(id)).await;
         assert_eq!(got.last()["result"]["status"], "working", "{got:?}");
     }
-    let pid = gw.pid().to_string();
-    // Reads, dumped; then polls, dumped: each dump holds what ran since the
-    // one before.
-    callgrind_control(&["-i", "on", &pid]);
-    for id in WARMUP..WARMUP + READS {
-        read(&mut c, id).await;
-    }
-    callgrind_control(&["-i", "off", &pid]);
-    callgrind_control(&["-d", &pid]);
-    common::eventually("the reads' dump", || totals(out.path()) > 0).await;
-    let reads = totals(out.path());
-    callgrind_control(&["-i", "on", &pid]);
-    for id in WARMUP..WARMUP + READS {
-        let got = c.post(&poll(id)).await;
+    let per_read = counted(&gw, out.path(), READS, async |i| {
+        read(&mut c, WARMUP + i).await
+    })
+    .await
+        / READS;
+    let per_poll = counted(&gw, out.path(), READS, async |i| {
+        let got = c.post(&poll(WARMUP + i)).await;
         assert_eq!(got.last()["result"]["status"], "working", "{got:?}");
-    }
-    callgrind_control(&["-i", "off", &pid]);
-    callgrind_control(&["-d", &pid]);
-    common::eventually("the polls' dump", || totals(out.path()) > reads).await;
-    let per_read = reads / READS;
-    let per_poll = (totals(out.path()) - reads) / READS;
+    })
+    .await
+        / READS;
     eprintln!("instructions (test build): per read {per_read}, per tasks/get {per_poll}");
     assert!(
         per_poll * 10 <= per_read * 12,
         "a tasks/get of a waiting task costs {per_poll} instructions, more than 1.2 × a read's {per_read}"
+    );
+}
+
+/// A write (a `charge_card` the policies allow, each with a key of its
+/// own: reserved, durably dispatched, completed, four audit entries) costs
+/// at most 1.2 × the figure docs/performance.md records ("Guard").
+#[tokio::test]
+async fn a_write_costs_no_more_instructions_than_recorded() {
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies/schema.cedarschema"),
+        pdir.path().join("schema.cedarschema"),
+    )
+    .unwrap();
+    std::fs::write(
+        pdir.path().join("all.cedar"),
+        "@id(\"allow-all\")\npermit (principal, action, resource);\n",
+    )
+    .unwrap();
+    let (gw, out) = under_callgrind(common::Options {
+        policies: Some(pdir.path().to_owned()),
+        ..Default::default()
+    });
+    let mut c = common::Client::new(&gw.url("payments"));
+    c.initialize().await;
+    let write = async |id: u64| {
+        let answer = c
+            .post(
+                &json!({"jsonrpc":"2.0","id": id + 2,"method":"tools/call","params":{
+                "name": "charge_card", "arguments": {"account": "acct-1", "amount": 5},
+                "_meta": {"dev.countersign/idempotency-key": format!("guard-{id}")}}}),
+            )
+            .await;
+        assert_eq!(answer.last()["result"]["isError"], false, "{answer:?}");
+    };
+    for id in 0..WARMUP {
+        write(id).await;
+    }
+    let per_write =
+        counted(&gw, out.path(), WRITES, async |i| write(WARMUP + i).await).await / WRITES;
+    let line = recorded("write");
+    eprintln!("instructions per write (test build): {per_write}; recorded: {line}");
+    assert!(
+        per_write * 10 <= line * 12,
+        "a write costs {per_write} instructions in the test build, more than 1.2 × the {line} \
+         recorded in docs/performance.md (guard). If the increase is intended, record the new \
+         figure there with its reason."
     );
 }
