@@ -2,8 +2,8 @@
 
 use super::*;
 
-impl PgStore {
-    pub(super) fn inputs_put_in(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
+impl Inputs for PgStore {
+    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             if rows.is_empty() {
                 return Ok(());
@@ -26,7 +26,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn inputs_since_in(
+    fn inputs_since(
         &self,
         since_ms: i64,
         tenant: Option<String>,
@@ -54,7 +54,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn inputs_erase_in(&self, tenant: String) -> StoreFuture<'_, usize> {
+    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
         Box::pin(async move {
             let client = self.client().await?;
             let n = client
@@ -65,7 +65,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn inputs_gc_in(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
+    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
         Box::pin(async move {
             let client = self.client().await?;
             let old = client
@@ -86,27 +86,5 @@ impl PgStore {
                 .map_err(backend("collect decision inputs"))?;
             Ok(usize::try_from(old + over).unwrap_or(usize::MAX))
         })
-    }
-}
-
-impl Inputs for PgStore {
-    fn inputs_put(&self, rows: Vec<InputRow>) -> StoreFuture<'_, ()> {
-        self.inputs_put_in(rows)
-    }
-
-    fn inputs_since(
-        &self,
-        since_ms: i64,
-        tenant: Option<String>,
-    ) -> StoreFuture<'_, Vec<InputRow>> {
-        self.inputs_since_in(since_ms, tenant)
-    }
-
-    fn inputs_erase(&self, tenant: String) -> StoreFuture<'_, usize> {
-        self.inputs_erase_in(tenant)
-    }
-
-    fn inputs_gc(&self, before_ms: i64, max_rows: usize) -> StoreFuture<'_, usize> {
-        self.inputs_gc_in(before_ms, max_rows)
     }
 }

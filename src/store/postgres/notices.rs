@@ -2,8 +2,8 @@
 
 use super::*;
 
-impl PgStore {
-    pub(super) fn notices_enqueue_in(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
+impl Outbox for PgStore {
+    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut client = self.client().await?;
             let txn = client.transaction().await.map_err(backend("begin"))?;
@@ -13,7 +13,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn notices_claim_in(
+    fn notices_claim(
         &self,
         owner: &str,
         now_ms: i64,
@@ -55,7 +55,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn notice_settle_in(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
+    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut client = self.client().await?;
             let txn = client.transaction().await.map_err(backend("begin"))?;
@@ -103,9 +103,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn notify_status_in(
-        &self,
-    ) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
+    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
         Box::pin(async move {
             let mut conn = self.client().await?;
             // One snapshot: the queue and the counts agree (a settlement
@@ -136,30 +134,6 @@ impl PgStore {
             client.commit().await.map_err(backend("commit"))?;
             Ok((out, usize::try_from(waiting).unwrap_or(0)))
         })
-    }
-}
-
-impl Outbox for PgStore {
-    fn notices_enqueue(&self, notices: Vec<Notice>) -> StoreFuture<'_, ()> {
-        self.notices_enqueue_in(notices)
-    }
-
-    fn notices_claim(
-        &self,
-        owner: &str,
-        now_ms: i64,
-        lease_ms: i64,
-        limit: usize,
-    ) -> StoreFuture<'_, Vec<Notice>> {
-        self.notices_claim_in(owner, now_ms, lease_ms, limit)
-    }
-
-    fn notice_settle(&self, notice: Notice, outcome: Settle) -> StoreFuture<'_, ()> {
-        self.notice_settle_in(notice, outcome)
-    }
-
-    fn notify_status(&self) -> StoreFuture<'_, (BTreeMap<String, WebhookStatus>, usize)> {
-        self.notify_status_in()
     }
 
     fn outbox(&self) -> StoreFuture<'_, Vec<(u64, String)>> {

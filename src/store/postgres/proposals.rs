@@ -2,8 +2,8 @@
 
 use super::*;
 
-impl PgStore {
-    pub(super) fn put_proposal_with_in(
+impl Proposals for PgStore {
+    fn put_proposal_with(
         &self,
         proposal: Proposal,
         expect: Option<ProposalState>,
@@ -63,7 +63,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn get_proposal_in<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
+    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
         Box::pin(async move {
             let client = self.client().await?;
             let row = client
@@ -75,7 +75,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn list_proposals_in(&self) -> StoreFuture<'_, Vec<Proposal>> {
+    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
         Box::pin(async move {
             let client = self.client().await?;
             let rows = client
@@ -88,7 +88,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn open_proposals_in(&self) -> StoreFuture<'_, Vec<Proposal>> {
+    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
         Box::pin(async move {
             let client = self.client().await?;
             let rows = client
@@ -104,7 +104,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn proposals_of_in<'a>(
+    fn proposals_of<'a>(
         &'a self,
         tenant: &'a str,
         requester: &'a str,
@@ -124,7 +124,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn gc_proposals_in(&self, before_ms: i64) -> StoreFuture<'_, usize> {
+    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
         Box::pin(async move {
             // Which states are final is the store's rule (`proposal_final`),
             // decided here on the decoded proposals, not in SQL.
@@ -154,40 +154,5 @@ impl PgStore {
             txn.commit().await.map_err(backend("commit"))?;
             Ok(usize::try_from(gone).unwrap_or(usize::MAX))
         })
-    }
-}
-
-impl Proposals for PgStore {
-    fn put_proposal_with(
-        &self,
-        proposal: Proposal,
-        expect: Option<ProposalState>,
-        notices: Vec<Notice>,
-    ) -> StoreFuture<'_, bool> {
-        self.put_proposal_with_in(proposal, expect, notices)
-    }
-
-    fn get_proposal<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Proposal>> {
-        self.get_proposal_in(id)
-    }
-
-    fn list_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        self.list_proposals_in()
-    }
-
-    fn open_proposals(&self) -> StoreFuture<'_, Vec<Proposal>> {
-        self.open_proposals_in()
-    }
-
-    fn proposals_of<'a>(
-        &'a self,
-        tenant: &'a str,
-        requester: &'a str,
-    ) -> StoreFuture<'a, Vec<Proposal>> {
-        self.proposals_of_in(tenant, requester)
-    }
-
-    fn gc_proposals(&self, before_ms: i64) -> StoreFuture<'_, usize> {
-        self.gc_proposals_in(before_ms)
     }
 }
