@@ -37,6 +37,14 @@ pub enum State {
     Unknown,
 }
 
+impl State {
+    /// Held by a call that has not settled: reserved, or sent and waiting
+    /// for its answer. Another call of the key waits for it.
+    pub fn in_flight(self) -> bool {
+        matches!(self, State::Reserved | State::Dispatched)
+    }
+}
+
 /// The server's answer, kept for replay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -227,7 +227,7 @@ impl Idempotency {
             // process sharing the store leads it (the caller may wait for it
             // to settle), or a crash not yet recovered. Never run again.
             (_, Some(r))
-                if matches!(r.state, State::Reserved | State::Dispatched)
+                if r.state.in_flight()
                     && self.store.subscribe().is_some() =>
             {
                 Lookup::Elsewhere

@@ -233,10 +233,7 @@ impl Writes {
             }
         };
         let held = match store.get(&key).await {
-            Ok(Some(r)) => matches!(
-                r.state,
-                crate::core::ledger::State::Reserved | crate::core::ledger::State::Dispatched
-            ),
+            Ok(Some(r)) => r.state.in_flight(),
             // Freed meanwhile: look again.
             Ok(None) => false,
             // Unreadable: wait, and the deadline's answer reads it again.

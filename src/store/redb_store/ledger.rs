@@ -71,7 +71,7 @@ impl Ledger for RedbStore {
                 for entry in table.iter().map_err(|e| err("scan")(e.into()))? {
                     let (k, v) = entry.map_err(|e| err("scan")(e.into()))?;
                     let r = decode(v.value())?;
-                    if matches!(r.state, State::Reserved | State::Dispatched) {
+                    if r.state.in_flight() {
                         changes.push((k.value().to_owned(), r));
                     }
                 }
