@@ -344,10 +344,20 @@ async fn a_settlement_is_announced_only_to_a_gateway_that_waits_on_it() {
     b.waited("b-waits".into()).await.unwrap();
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
-    let left: i64 = client
-        .query_one("SELECT count(*) FROM ledger_waiters", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(left, 0);
+    let waits = || async {
+        client
+            .query_one("SELECT count(*) FROM ledger_waiters", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(waits().await, 0);
+    // A wait its gateway never ended (it stopped mid-wait) is forgotten by
+    // the sweep once it is ten minutes old, and not before.
+    b.wait_for("left-behind".into()).await.unwrap();
+    let now = crate::core::time::now_ms();
+    a.gc(now).await.unwrap();
+    assert_eq!(waits().await, 1, "a wait of now is kept");
+    a.gc(now + 601_000).await.unwrap();
+    assert_eq!(waits().await, 0, "a wait over ten minutes old is forgotten");
 }
