@@ -184,7 +184,10 @@ fn spent(budgets: &Value, name: &str, scope: &str) -> String {
 #[tokio::test]
 async fn within_the_budget_calls_run_the_one_past_it_is_held_with_the_figures_and_runs_once_approved(
 ) {
-    let g = Guarded::start(CARD_BUDGET);
+    let g = Guarded::start(&format!(
+        "{CARD_BUDGET}\n[metrics]\ntoken_sha256 = \"{}\"\n",
+        common::sha("scraper-token-1")
+    ));
     let c = g.client(common::TOKEN).await;
     assert!(ran(&charge(&c, 1, 400, Some("k1")).await));
     assert!(ran(&charge(&c, 2, 400, Some("k2")).await));
@@ -198,6 +201,14 @@ async fn within_the_budget_calls_run_the_one_past_it_is_held_with_the_figures_an
         g.gw.executions("charge_card"),
         2,
         "the held call did not run"
+    );
+    // The operator's metrics count the stop once, as held.
+    let metrics = common::scrape_metrics(&g.gw, "scraper-token-1").await;
+    assert!(
+        metrics.contains(
+            "countersign_guard_stops_total{guard=\"budget/card-daily\",result=\"held\"} 1\n"
+        ),
+        "{metrics}"
     );
     let figures = "spent 800 of 1,000 in 1d; this call 400; after it 1,200 (over the limit)";
     let (ok, shown, _) = g.cli(&["show", &id]).await;

@@ -226,10 +226,7 @@ impl Idempotency {
             // A record in flight with no leader in this process: another
             // process sharing the store leads it (the caller may wait for it
             // to settle), or a crash not yet recovered. Never run again.
-            (_, Some(r))
-                if r.state.in_flight()
-                    && self.store.subscribe().is_some() =>
-            {
+            (_, Some(r)) if r.state.in_flight() && self.store.subscribe().is_some() => {
                 Lookup::Elsewhere
             }
             // An unknown outcome, or a complete record without its answer

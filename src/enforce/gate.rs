@@ -249,13 +249,7 @@ impl Gate {
         let early = !claims.is_empty()
             && (must_look || !first_look || self.judge.policies().reads_budgets());
         let mut looked = match early {
-            true => match self.guards.look(c, claims).await {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::error!("guards unavailable, refusing: {e}");
-                    return Err(Chosen::Refuse(Outcome::NotDispatched));
-                }
-            },
+            true => Some(self.look(c, claims).await?),
             false => None,
         };
         // Revalidation right before execution: the policies in force now.
@@ -266,13 +260,7 @@ impl Gate {
         }
         // A call a person must decide shows them the figures.
         if looked.is_none() && !claims.is_empty() && !matches!(decision, Decision::Allow { .. }) {
-            match self.guards.look(c, claims).await {
-                Ok(l) => looked = Some(l),
-                Err(e) => {
-                    tracing::error!("guards unavailable, refusing: {e}");
-                    return Err(Chosen::Refuse(Outcome::NotDispatched));
-                }
-            }
+            looked = Some(self.look(c, claims).await?);
         }
         let figures = looked.as_ref();
         // A guard that denies refuses the call whatever the policies say.
@@ -298,6 +286,11 @@ impl Gate {
         let stopped: Vec<String> = figures
             .map(|f| f.stopped().into_iter().map(|(name, _)| name).collect())
             .unwrap_or_default();
+        if first_look {
+            for name in &stopped {
+                self.guards.metrics.guard_stop(name, "held");
+            }
+        }
         let policies = match decision {
             Decision::Allow { .. } if stopped.is_empty() => return Err(Chosen::Pass),
             // Past a budget or repeating an effect: a person decides,
@@ -309,14 +302,21 @@ impl Gate {
                 policies
             }
         };
-        if let Some(f) = figures.filter(|f| !f.stopped().is_empty()) {
-            if first_look {
-                for (name, _) in f.stopped() {
-                    self.guards.metrics.guard_stop(&name, "held");
-                }
-            }
-        }
         Ok((policies, looked))
+    }
+
+    /// The figures of `claims` for `c` now; a guard store that does not
+    /// answer refuses the call (fail closed: a budget unread is not a
+    /// budget kept).
+    async fn look<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+        claims: &[crate::core::guard::Claim],
+    ) -> Result<crate::core::guard::Figures, Chosen> {
+        self.guards.look(c, claims).await.map_err(|e| {
+            tracing::error!("guards unavailable, refusing: {e}");
+            Chosen::Refuse(Outcome::NotDispatched)
+        })
     }
 
     /// What is put to the reviewers for `c`: the call, the tool as listed

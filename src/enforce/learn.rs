@@ -159,13 +159,12 @@ impl Learner {
     /// Fetch the list of `server` (every page), one fetch at a time.
     async fn fetch<U: Upstream>(&self, server: &str, tool: &str, upstream: &U) -> Stale {
         let nothing = Stale::Tools(Vec::new());
-        let due = |now: i64| self.due(server, tool, now);
         let Some(one) = self.fetching.get(server) else {
             return nothing;
         };
         let _one = one.lock().await;
         // Another call may have fetched it while this one waited.
-        if !due(self.clock.now_ms()) {
+        if !self.due(server, tool, self.clock.now_ms()) {
             return nothing;
         }
         let started = Instant::now();
