@@ -173,3 +173,60 @@ fn deny_without_a_reason_says_that_the_reason_is_missing_and_nothing_else() {
         "{err}"
     );
 }
+
+#[test]
+fn serve_listens_where_countersign_listen_says_over_the_config() {
+    // The configured address cannot be bound here (TEST-NET-1): only the
+    // override lets the gateway start.
+    let gw = Gateway::start_with(Options {
+        listen: "192.0.2.1:9".into(),
+        gateway_env: vec![("COUNTERSIGN_LISTEN".into(), "127.0.0.1:0".into())],
+        ..Default::default()
+    });
+    assert!(gw.base().starts_with("http://127.0.0.1:"), "{}", gw.base());
+}
+
+#[test]
+fn the_example_config_finds_the_example_server_next_to_the_binary() {
+    // A folder without `target/`: the example configuration's default path
+    // is not there, and the example server next to `countersign` is used.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("countersign.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[servers.payments]\ncommand = \"target/release/examples/payments_server\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(countersign_bin())
+        .args(["check", "--json", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report[0]["up"], true, "{report}");
+    // Any other command is run as written: a missing one is down.
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[servers.payments]\ncommand = \"target/debug/examples/payments_server\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(countersign_bin())
+        .args(["check", "--json", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

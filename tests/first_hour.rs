@@ -304,3 +304,104 @@ async fn reviewers_can_live_outside_the_policy_checkout_and_are_hot_reloaded() {
     // The policy folder was never written.
     assert!(!pdir.path().join("reviewers.toml").exists());
 }
+
+/// Runs `args` with its standard output a pipe whose reader is already
+/// closed (`| head -1` that has read its line): stderr and the exit.
+fn into_a_closed_pipe(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(common::countersign_bin())
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn every_printing_command_ends_quietly_on_a_closed_pipe() {
+    let (pdir, key) = common::default_policies_with_alice();
+    let mut gw = common::Gateway::start_with(common::Options {
+        policies: Some(pdir.path().to_owned()),
+        extra: "\n[policy]\ninputs = true\n".into(),
+        ..Default::default()
+    });
+    let c = common::listed(&gw, "payments").await;
+    let held = c
+        .call(1, "refund", json!({"charge": "ch_1", "amount": 5}))
+        .await;
+    let id = common::proposal_id(&held);
+    c.call(2, "get_balance", json!({"account": "acct-1"})).await;
+    common::wait_for_audit(&gw, "the read's entry", |e| {
+        e.iter().any(|e| e["kind"] == "completed")
+    })
+    .await;
+    let config = gw.config_path().display().to_string();
+    let audit = gw.audit_dir().display().to_string();
+    let policies = pdir.path().display().to_string();
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
+    let tests = format!("{shipped}/tests.toml");
+    let keyfile = key.display().to_string();
+    let base = gw.base();
+    let newkey = pdir.path().join("bob.key").display().to_string();
+    let reviewer = ["--key", &keyfile, "--gateway", &base];
+    let running: Vec<Vec<&str>> = vec![
+        vec!["policy", "check", "--dir", &policies],
+        vec!["policy", "test", &tests, "--dir", shipped],
+        vec!["policy", "diff", shipped, shipped, "--cases", &tests],
+        vec![
+            "policy", "schema", "--server", "payments", "--config", &config,
+        ],
+        vec!["check", "--config", &config],
+        vec!["tools", "list", "--config", &config],
+        vec!["audit", "verify", "--dir", &audit],
+        vec!["audit", "export", "--dir", &audit],
+        vec!["audit", "pubkey", "--dir", &audit],
+        vec!["keygen", "--name", "bob", "--out", &newkey],
+        [&["pending"][..], &reviewer].concat(),
+        [&["show", &id][..], &reviewer].concat(),
+        [&["budgets"][..], &reviewer].concat(),
+        [
+            "reconcile",
+            "--list",
+            "--config",
+            &config,
+            "--reviewer-key",
+            &keyfile,
+            "--gateway",
+            &base,
+        ]
+        .to_vec(),
+        vec!["reviewer", "invite", "carol", "--config", &config],
+        vec!["help"],
+    ];
+    for args in &running {
+        let (status, err) = into_a_closed_pipe(args);
+        assert!(
+            status.success() && !err.contains("panicked") && !err.contains("Broken pipe"),
+            "`countersign {}` into a closed pipe: {status:?}\n{err}",
+            args.join(" ")
+        );
+    }
+    // The decision inputs and the checkpoint of a stopped gateway.
+    assert!(gw.terminate().success());
+    let stopped: Vec<Vec<&str>> = vec![
+        vec!["policy", "inputs", "export", "--config", &config],
+        vec!["policy", "diff", shipped, shipped, "--config", &config],
+        vec!["audit", "checkpoint", "--dir", &audit],
+        vec!["audit", "prove", "1", "--dir", &audit],
+        vec!["audit", "export", "--with-proofs", "--dir", &audit],
+    ];
+    for args in &stopped {
+        let (status, err) = into_a_closed_pipe(args);
+        assert!(
+            status.success() && !err.contains("panicked") && !err.contains("Broken pipe"),
+            "`countersign {}` into a closed pipe: {status:?}\n{err}",
+            args.join(" ")
+        );
+    }
+}

@@ -17,8 +17,8 @@ pub(crate) struct Cli {
 
 #[derive(Subcommand)]
 pub(crate) enum Command {
-    /// Show the guarantees in two minutes: the example payments server
-    /// behind a gateway in a temporary folder, and a scripted agent.
+    /// Show the guarantees in a second: the example payments server behind
+    /// a gateway in a temporary folder, and a scripted agent.
     Demo {
         /// Leave the gateway running and print what to try next.
         #[arg(long)]
@@ -39,6 +39,11 @@ pub(crate) enum Command {
         /// Configuration file.
         #[arg(long, short, default_value = "countersign.toml")]
         config: PathBuf,
+        /// Listen here instead of `gateway.listen` (e.g. 127.0.0.1:7474
+        /// when 7373 is taken). Reviewer commands then need
+        /// `--gateway`/`COUNTERSIGN_GATEWAY` set to match.
+        #[arg(long, env = "COUNTERSIGN_LISTEN", value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
     },
     /// Bridge a stdio-only MCP client to the gateway's endpoint for one server.
     Stdio {
@@ -67,7 +72,8 @@ pub(crate) enum Command {
         #[arg(long)]
         token_command: Option<String>,
     },
-    /// Check or test the Cedar policies.
+    /// Cedar policies: check, test, schema, diff two sets, and the kept
+    /// decision inputs.
     Policy {
         #[command(subcommand)]
         command: PolicyCommand,
@@ -85,9 +91,9 @@ pub(crate) enum Command {
         /// Where to write the private key (never overwritten).
         #[arg(long)]
         out: PathBuf,
-        /// The reviewer's name (defaults to $USER).
+        /// The reviewer's name (default: $USER).
         #[arg(long, env = "USER")]
-        name: String,
+        name: Option<String>,
         /// Groups for the printed entry, comma-separated. The shipped
         /// policies let only group `leads` approve destructive tools.
         #[arg(long, value_delimiter = ',')]
@@ -148,10 +154,10 @@ pub(crate) enum Command {
         id: String,
         #[command(flatten)]
         reviewer: ReviewerArgs,
-        /// Why (the agent is told). Required: checked after parsing, so
-        /// that its absence is said alone (clap's usage line would also list
-        /// `--key` and `--gateway` as missing when they come from the
-        /// environment).
+        /// Why (required: the agent is told, word for word).
+        // Checked after parsing, so that its absence is said alone: clap's
+        // usage line would also list `--key` and `--gateway` as missing
+        // when they come from the environment.
         #[arg(long)]
         reason: Option<String>,
     },
@@ -495,6 +501,7 @@ pub(crate) enum InputsCommand {
     },
     /// Forget every kept decision input of a tenant.
     Erase {
+        /// The tenant whose inputs are forgotten.
         #[arg(long)]
         tenant: String,
         /// Configuration file (the store).
@@ -546,4 +553,76 @@ pub(crate) struct ReconcileArgs {
         env = "COUNTERSIGN_GATEWAY"
     )]
     pub(crate) gateway: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand, by its full name (`audit verify`), with clap's
+    /// view of it.
+    fn every(c: &clap::Command, above: &str, out: &mut Vec<(String, clap::Command)>) {
+        for sub in c.get_subcommands() {
+            let name = format!("{above} {}", sub.get_name()).trim().to_owned();
+            out.push((name.clone(), sub.clone()));
+            every(sub, &name, out);
+        }
+    }
+
+    fn subcommands() -> Vec<(String, clap::Command)> {
+        let mut out = Vec::new();
+        every(&super::Cli::command(), "", &mut out);
+        out
+    }
+
+    #[test]
+    fn every_subcommand_and_every_option_says_what_it_is() {
+        let mut missing = Vec::new();
+        for (name, c) in subcommands() {
+            if c.get_about().is_none() {
+                missing.push(format!("`{name}` has no description"));
+            }
+            for a in c.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() {
+                    missing.push(format!("`{name}`'s `{id}` has no description"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn the_command_reference_names_every_subcommand() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/commands.md");
+        let text = std::fs::read_to_string(path).expect("docs/commands.md");
+        let missing: Vec<String> = subcommands()
+            .into_iter()
+            // A command with subcommands is named through them.
+            .filter(|(_, c)| !c.has_subcommands())
+            .map(|(name, _)| name)
+            .filter(|name| !text.contains(&format!("`countersign {name}")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/commands.md does not name: {}",
+            missing.join(", ")
+        );
+    }
+
+    #[test]
+    fn keygen_names_its_name_as_optional() {
+        let mut cmd = super::Cli::command();
+        let usage = cmd
+            .find_subcommand_mut("keygen")
+            .expect("keygen")
+            .render_usage()
+            .to_string();
+        // Defaulted from $USER: among the options, not a required flag.
+        assert!(!usage.contains("--name"), "{usage}");
+        assert!(usage.contains("--out <OUT>"), "{usage}");
+    }
 }

@@ -3,6 +3,7 @@
 //! their effective annotations. Also the tool listing behind
 //! `countersign policy schema`.
 
+use crate::cli::out::outln;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -287,7 +288,7 @@ pub(crate) async fn command(config: &std::path::Path, json: bool) -> anyhow::Res
         );
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         // The running gateway's own store and webhooks, when one answers.
         let health = running_health(&gw).await;
@@ -295,7 +296,7 @@ pub(crate) async fn command(config: &std::path::Path, json: bool) -> anyhow::Res
             .as_ref()
             .and_then(|h| h.get("store")?.as_str().map(str::to_owned))
         {
-            println!("{:<20} store {store}", "(gateway)");
+            outln!("{:<20} store {store}", "(gateway)");
         }
         for w in health
             .as_ref()
@@ -303,7 +304,7 @@ pub(crate) async fn command(config: &std::path::Path, json: bool) -> anyhow::Res
             .unwrap_or_default()
         {
             let at = |k: &str| w[k].as_str().unwrap_or("never").to_owned();
-            println!(
+            outln!(
                 "{:<20} webhook  last success {}  last failure {}{}  (delivered {}, retried {}, gave up {})",
                 w["webhook"].as_str().unwrap_or(""),
                 at("last_success"),
@@ -330,12 +331,15 @@ pub(crate) async fn command(config: &std::path::Path, json: bool) -> anyhow::Res
                 .as_deref()
                 .map(|c| format!("circuit {c}  "))
                 .unwrap_or_default();
-            println!(
+            outln!(
                 "{:<20} {:<5} {:>9.1} ms  {circuit}{}",
-                h.server, state, h.latency_ms, detail
+                h.server,
+                state,
+                h.latency_ms,
+                detail
             );
             for t in &h.tools {
-                println!("  {}", tool_line(t));
+                outln!("  {}", tool_line(t));
             }
         }
     }

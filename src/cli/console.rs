@@ -7,6 +7,7 @@
 //! serves the link at once. Nothing an enrolment makes is trusted until its
 //! entry is in `reviewers.toml`.
 
+use crate::cli::out::outln;
 use anyhow::Context as _;
 use std::path::Path;
 use std::process::ExitCode;
@@ -74,7 +75,7 @@ pub(crate) async fn command(command: ReviewerCommand, config: &Path) -> anyhow::
                 "countersign: an enrolment link for reviewer `{name}`, good once, until {} (the link is the secret: send it to {name} alone):",
                 crate::core::time::rfc3339(now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)))
             );
-            println!("{origin}/review/enrol/{token}");
+            outln!("{origin}/review/enrol/{token}");
             Ok(ExitCode::SUCCESS)
         }
         ReviewerCommand::Enrolled { append } => {
@@ -126,8 +127,8 @@ pub(crate) async fn command(command: ReviewerCommand, config: &Path) -> anyhow::
             eprintln!("countersign: add these entries to reviewers.toml (a reviewer listed already gets the `passkeys` line added to their entry; `--append FILE` does it):");
             for f in files {
                 let text = std::fs::read_to_string(&f)?;
-                println!("{}", text.trim_end());
-                println!();
+                outln!("{}", text.trim_end());
+                outln!();
             }
             Ok(ExitCode::SUCCESS)
         }

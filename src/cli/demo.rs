@@ -13,11 +13,11 @@
 //! 5. `audit verify` over the log (after a clean stop, which signs its
 //!    tail; with `--keep`, over the live log).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::cli::out::outln;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
@@ -60,9 +60,10 @@ struct Shown {
     verify_report: String,
 }
 
+/// The demo's narration. A reader that has gone (`| head -1`) does not stop
+/// the demo: it runs to its end and cleans up, silently.
 fn say(text: &str) {
-    println!("{text}");
-    let _ = std::io::stdout().flush();
+    let _ = crate::cli::out::write(format_args!("{text}\n"));
 }
 
 fn step(n: u32, title: &str) {
@@ -169,7 +170,7 @@ pub(crate) async fn run(opts: Options) -> anyhow::Result<()> {
         say("\nThe demo's folder is removed (`--keep` leaves it, with the gateway running).");
     }
     if opts.json {
-        println!("{}", serde_json::to_string(&shown)?);
+        outln!("{}", serde_json::to_string(&shown)?);
     }
     Ok(())
 }

@@ -15,7 +15,40 @@ pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
         path: path.to_owned(),
         error,
     })?;
-    Config::parse(&text, path)
+    let mut config = Config::parse(&text, path)?;
+    example_server_beside_binary(&mut config);
+    Ok(config)
+}
+
+/// Where the example configuration runs the example server from
+/// (`examples/countersign.toml`), relative to the repository.
+pub const EXAMPLE_SERVER_PATH: &str = "target/release/examples/payments_server";
+
+/// A server whose command is the example server's default path, when that
+/// path is not there (the gateway started outside the repository, or from
+/// a debug build), runs the example server next to this binary instead
+/// (`examples/payments_server` beside `countersign`, as cargo builds them),
+/// when that one exists. Only that exact default path is looked up: any
+/// other command runs as written. Every command that reads the
+/// configuration does this ([`load_config`]).
+fn example_server_beside_binary(config: &mut Config) {
+    let Some(beside) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.parent()
+                .map(|d| d.join("examples").join("payments_server"))
+        })
+        .filter(|p| p.is_file())
+    else {
+        return;
+    };
+    for server in config.servers.values_mut() {
+        if server.command.as_deref() == Some(EXAMPLE_SERVER_PATH)
+            && !Path::new(EXAMPLE_SERVER_PATH).is_file()
+        {
+            server.command = Some(beside.display().to_string());
+        }
+    }
 }
 
 /// Read a policy folder: `*.cedar` in name order, `schema.cedarschema` and

@@ -31,6 +31,7 @@ pub mod files;
 pub mod fuzzing;
 pub(crate) mod listen;
 pub(crate) mod log;
+pub(crate) mod out;
 pub(crate) mod policy;
 pub(crate) mod policy_diff;
 pub(crate) mod reconcile;
@@ -43,6 +44,7 @@ pub(crate) mod tools;
 pub(crate) mod transparency;
 pub(crate) mod watch;
 
+use crate::cli::out::outln;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -70,6 +72,8 @@ pub fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
+        // `| head -1` has read what it wanted: not a failure.
+        Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // The error, then each cause on a line of its own: what was
             // being done, then why, down to what the system said.
@@ -107,8 +111,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve { config } => {
-            let config = files::load_config(&config)?;
+        Command::Serve { config, listen } => {
+            let mut config = files::load_config(&config)?;
+            if let Some(addr) = listen {
+                config.gateway.listen = addr;
+            }
+
             let traces = telemetry::settings(&config.telemetry, &|name| std::env::var(name).ok())
                 .map_err(|e| anyhow::anyhow!("[telemetry]: {e}"))?;
             let export = match &traces {
@@ -161,7 +169,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             groups,
             tenants,
             append,
-        } => crate::cli::review::keygen_command(&out, &name, &groups, &tenants, append.as_deref()),
+        } => {
+            let name = name.filter(|n| !n.trim().is_empty()).context(
+                "keygen needs the reviewer's name: give --name NAME (it defaults to $USER, which is not set)",
+            )?;
+            crate::cli::review::keygen_command(&out, &name, &groups, &tenants, append.as_deref())
+        }
         Command::Budgets { reviewer, json } => {
             crate::cli::review::budgets_command(&reviewer, json).await
         }
@@ -199,7 +212,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: StoreCommand::Migrate { config },
         } => {
             let config = files::load_config(&config)?;
-            println!("{}", crate::cli::store::migrate(&config).await?);
+            outln!("{}", crate::cli::store::migrate(&config).await?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Tools { command, config } => crate::cli::tools::command(command, &config).await,

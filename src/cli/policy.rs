@@ -2,6 +2,7 @@
 //! policy repository.
 
 use crate::cli::args::PolicyCommand;
+use crate::cli::out::{out, outln};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -12,15 +13,15 @@ use crate::core::decision::Decision;
 
 /// Parse and validate the folder; print every error Cedar-style
 /// (`file:line:column: message`). Returns whether it is clean.
-pub(crate) fn check(dir: &Path) -> bool {
-    match crate::cli::files::load_policies(dir, None) {
+pub(crate) fn check(dir: &Path) -> anyhow::Result<bool> {
+    Ok(match crate::cli::files::load_policies(dir, None) {
         Ok(p) => {
             let how = if p.validated() {
                 "validated against schema.cedarschema"
             } else {
                 "no schema.cedarschema: parsed only"
             };
-            println!(
+            outln!(
                 "{}: {} policies, {how}; {} reviewers in {}",
                 dir.display(),
                 p.len(),
@@ -31,12 +32,12 @@ pub(crate) fn check(dir: &Path) -> bool {
         }
         Err(errors) => {
             for e in &errors {
-                println!("{e}");
+                outln!("{e}");
             }
-            println!("{} error(s)", errors.len());
+            outln!("{} error(s)", errors.len());
             false
         }
-    }
+    })
 }
 
 /// Run the decision cases of `file` against the folder `dir`. Prints one
@@ -90,18 +91,19 @@ pub(crate) fn test(dir: &Path, file: &Path) -> anyhow::Result<bool> {
         };
         if let Some(why) = quorum_wrong.filter(|_| got == c.expect) {
             failed += 1;
-            println!("FAIL  {}: {why} ({detail})", c.name);
+            outln!("FAIL  {}: {why} ({detail})", c.name);
         } else if got == c.expect {
-            println!("ok    {} ({got:?}: {detail})", c.name);
+            outln!("ok    {} ({got:?}: {detail})", c.name);
         } else {
             failed += 1;
-            println!(
+            outln!(
                 "FAIL  {}: expected {:?}, got {got:?} ({detail})",
-                c.name, c.expect
+                c.name,
+                c.expect
             );
         }
     }
-    println!("{} passed, {failed} failed", cases.len() - failed);
+    outln!("{} passed, {failed} failed", cases.len() - failed);
     Ok(failed == 0)
 }
 
@@ -203,7 +205,7 @@ fn cedar_type(schema: &Value, depth: usize) -> Option<String> {
 /// `countersign policy check|test|schema`.
 pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
     let ok = match command {
-        PolicyCommand::Check { dir } => crate::cli::policy::check(&dir),
+        PolicyCommand::Check { dir } => crate::cli::policy::check(&dir)?,
         PolicyCommand::Test { file, dir } => test(&dir, &file)?,
         PolicyCommand::Diff {
             base,
@@ -264,14 +266,14 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                             &rows,
                             &format!(
                                 "the decision inputs of the last {}",
-                                humantime::format_duration(since)
+                                diff::window_words(since)
                             ),
                         )?
                     }
                 },
                 _ => anyhow::bail!("policy diff needs BASE and HEAD folders, or --shadow"),
             };
-            print!("{}", report.render(format)?);
+            out!("{}", report.render(format)?);
             !report.fails(fail_on)
         }
         PolicyCommand::Inputs { command } => {
@@ -297,7 +299,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                     };
                     for r in rows {
                         if redact.is_empty() {
-                            println!("{}", r.inputs);
+                            outln!("{}", r.inputs);
                             continue;
                         }
                         // Leaves the store: the values `audit.redact`
@@ -309,7 +311,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                         if let Some(arguments) = row.get_mut("arguments") {
                             crate::core::redact::redact(arguments, redact);
                         }
-                        println!("{row}");
+                        outln!("{row}");
                     }
                 }
                 InputsCommand::Erase { tenant, config } => {
@@ -337,7 +339,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
             let tools = crate::cli::check::list_tools(&gw, &server)
                 .await
                 .map_err(|e| anyhow::anyhow!(e))?;
-            print!("{}", crate::cli::policy::arguments_schema(&server, &tools));
+            out!("{}", crate::cli::policy::arguments_schema(&server, &tools));
             true
         }
     };

@@ -62,8 +62,8 @@ pub(crate) struct Report {
     pub(crate) source: &'static str,
     /// Said in the heading: the window, or the two folders.
     pub(crate) over: String,
-    /// Calls (or cases) looked at: disagreements for `shadow`, every case
-    /// for `cases`.
+    /// Calls (or cases) looked at: every call decided in the window for
+    /// `shadow` and `inputs`, every case for `cases`.
     pub(crate) looked_at: u64,
     pub(crate) moves: Vec<Move>,
 }
@@ -133,14 +133,33 @@ pub(crate) fn from_audit(
         &mut buf,
     )?;
     let mut groups = Groups::default();
-    let mut looked_at = 0;
+    // The denominator is every call decided in the window, as in the other
+    // form: a `decision` entry, or a read's one `completed` entry, which
+    // carries its decision. A keyed call (a write and its retries) is one
+    // call, as the shadow set counts it: one per tenant, principal and key.
+    let mut keyed = std::collections::HashSet::new();
+    let mut unkeyed: u64 = 0;
+    let mut disagreed: u64 = 0;
     for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let e: Map<String, Value> = serde_json::from_slice(line)?;
-        if e.get("kind").and_then(Value::as_str) != Some("shadow_disagreement") {
+        let decided = match e.get("kind").and_then(Value::as_str) {
+            Some("decision") => true,
+            Some("completed") if e.contains_key("decision") => true,
+            Some("shadow_disagreement") => false,
+            _ => continue,
+        };
+        if decided {
+            let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+            match e.get("idempotency_key").and_then(Value::as_str) {
+                Some(key) => {
+                    keyed.insert(format!("{}\u{0}{}\u{0}{key}", s("tenant"), s("principal")));
+                }
+                None => unkeyed += 1,
+            }
             continue;
         }
         let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
-        looked_at += 1;
+        disagreed += 1;
         groups.add(
             &s("server"),
             &s("tool"),
@@ -153,11 +172,34 @@ pub(crate) fn from_audit(
         source: "shadow",
         over: format!(
             "the shadow policy set, on the calls of the last {}",
-            humantime::format_duration(window)
+            window_words(window)
         ),
-        looked_at,
+        // A window that starts between a call's decision and its
+        // disagreement would count fewer decisions than disagreements.
+        looked_at: (keyed.len() as u64 + unkeyed).max(disagreed),
         moves: groups.moves(),
     })
+}
+
+/// A window as a person says it: "day", "2 days", "hour", "90 minutes";
+/// humantime's form ("1day 2h") only when no one unit says it.
+pub(crate) fn window_words(window: Duration) -> String {
+    let secs = window.as_secs();
+    let units = [
+        (86_400, "day"),
+        (3_600, "hour"),
+        (60, "minute"),
+        (1, "second"),
+    ];
+    for (size, unit) in units {
+        if secs >= size && secs.is_multiple_of(size) && window.subsec_nanos() == 0 {
+            return match secs / size {
+                1 => unit.to_owned(),
+                n => format!("{n} {unit}s"),
+            };
+        }
+    }
+    humantime::format_duration(window).to_string()
 }
 
 fn verdict(d: &Decision) -> &'static str {
@@ -349,6 +391,18 @@ impl Report {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_window_reads_as_a_person_says_it() {
+        let w = |s| window_words(Duration::from_secs(s));
+        assert_eq!(w(86_400), "day");
+        assert_eq!(w(7 * 86_400), "7 days");
+        assert_eq!(w(3_600), "hour");
+        assert_eq!(w(36 * 3_600), "36 hours");
+        assert_eq!(w(90 * 60), "90 minutes");
+        assert_eq!(w(61), "61 seconds");
+        assert_eq!(window_words(Duration::from_millis(1_500)), "1s 500ms");
+    }
+
     fn report() -> Report {
         let mut g = Groups::default();
         for i in 0..20 {
@@ -363,7 +417,7 @@ mod tests {
         g.add("payments", "transfer", "approval", "deny", "sha256:aa");
         Report {
             source: "shadow",
-            over: "the shadow policy set, on the calls of the last 1day".into(),
+            over: "the shadow policy set, on the calls of the last day".into(),
             looked_at: 21,
             moves: g.moves(),
         }

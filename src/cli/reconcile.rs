@@ -7,6 +7,7 @@
 //! ([`crate::enforce::reconcile`]).
 
 use crate::cli::args::ReconcileArgs;
+use crate::cli::out::{out, outln};
 use crate::core::config::Config;
 use crate::core::ledger::Record;
 use crate::enforce::reconcile::{
@@ -113,7 +114,7 @@ pub(crate) async fn command(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         if list {
             let v = c.call(reqwest::Method::GET, "/v1/outcomes", None).await?;
             for o in v["outcomes"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "{}\t{}\t{}\t{}/{}\t{}",
                     o["tenant"].as_str().unwrap_or(""),
                     o["principal"].as_str().unwrap_or(""),
@@ -130,13 +131,13 @@ pub(crate) async fn command(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             "resolution": if executed { "executed" } else { "not_executed" },
             "note": note, "result": result,
         });
-        print!("{}", crate::cli::review::reconcile(&c, &body).await?);
+        out!("{}", crate::cli::review::reconcile(&c, &body).await?);
         return Ok(ExitCode::SUCCESS);
     }
     let config = crate::cli::files::load_config(&config)?;
     if list {
         for (t, p, k, r) in crate::cli::reconcile::list_unknown(&config).await? {
-            println!("{t}\t{p}\t{k}\t{}/{}\t{}", r.server, r.tool, r.digest);
+            outln!("{t}\t{p}\t{k}\t{}/{}\t{}", r.server, r.tool, r.digest);
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -150,7 +151,7 @@ pub(crate) async fn command(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     };
     let rec =
         crate::cli::reconcile::reconcile(&config, &tenant, &principal, &key, verdict, note).await?;
-    println!(
+    outln!(
         "reconciled `{key}` of {principal}@{tenant}: now {:?}",
         rec.state
     );

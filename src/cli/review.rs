@@ -3,6 +3,7 @@
 //! reviewers without the TUI; they talk to `/v1` through
 //! [`crate::cli::client`].
 
+use crate::cli::out::{out, outln};
 use anyhow::Context as _;
 use std::io::Write;
 use std::path::Path;
@@ -338,7 +339,7 @@ pub(crate) async fn withdraw_command(
 ) -> anyhow::Result<ExitCode> {
     let c = client(&reviewer.gateway, &reviewer.key)?;
     let p = c.withdraw(id).await?;
-    println!(
+    outln!(
         "withdrew your approval of {id}{}",
         p["progress"]
             .as_str()
@@ -396,7 +397,7 @@ pub(crate) fn keygen_command(
             out.display()
         ),
     }
-    print!("{entry}");
+    out!("{entry}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -437,7 +438,7 @@ pub(crate) async fn pending_command(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let c = client(&reviewer.gateway, &reviewer.key)?;
-    print!("{}", pending(&c, json).await?);
+    out!("{}", pending(&c, json).await?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -449,8 +450,8 @@ pub(crate) async fn budgets_command(
     let c = client(&reviewer.gateway, &reviewer.key)?;
     let v = c.call(reqwest::Method::GET, "/v1/budgets", None).await?;
     match json {
-        true => println!("{}", serde_json::to_string_pretty(&v)?),
-        false => print!("{}", crate::enforce::guards::render_summary(&v)),
+        true => outln!("{}", serde_json::to_string_pretty(&v)?),
+        false => out!("{}", crate::enforce::guards::render_summary(&v)),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -462,7 +463,7 @@ pub(crate) async fn show_command(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let c = client(&reviewer.gateway, &reviewer.key)?;
-    println!("{}", show(&c, id, json).await?);
+    outln!("{}", show(&c, id, json).await?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -475,7 +476,7 @@ pub(crate) async fn decide_command(
     ttl: Duration,
 ) -> anyhow::Result<ExitCode> {
     let c = client(&reviewer.gateway, &reviewer.key)?;
-    print!("{}", decide(&c, id, verdict, reason, ttl).await?);
+    out!("{}", decide(&c, id, verdict, reason, ttl).await?);
     Ok(ExitCode::SUCCESS)
 }
 

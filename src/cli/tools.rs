@@ -7,6 +7,7 @@
 //! `tools.lock` when it changes, like the policies.
 
 use crate::cli::args::ToolsCommand;
+use crate::cli::out::outln;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
@@ -209,12 +210,12 @@ pub(crate) async fn command(command: ToolsCommand, config: &Path) -> anyhow::Res
             let listed = fetch(gw, server.as_deref()).await?;
             let states = compare(&listed, &lock);
             if json {
-                println!("{}", serde_json::to_string_pretty(&states)?);
+                outln!("{}", serde_json::to_string_pretty(&states)?);
             } else {
                 for s in &states {
                     let digest = s.digest.as_deref().or(s.pinned.as_deref()).unwrap_or("");
                     let standing = serde_json::to_value(s.standing)?;
-                    println!(
+                    outln!(
                         "{:<32} {:<9} {digest}",
                         format!("{}/{}", s.server, s.tool),
                         standing.as_str().unwrap_or_default()
@@ -234,14 +235,14 @@ pub(crate) async fn command(command: ToolsCommand, config: &Path) -> anyhow::Res
                 let name = format!("{}/{}", s.server, s.tool);
                 match s.standing {
                     Standing::Pinned | Standing::Unpinned => continue,
-                    Standing::Changed => println!(
+                    Standing::Changed => outln!(
                         "{name}: pinned {} → listed {}\n{}",
                         s.pinned.unwrap_or_default(),
                         s.digest.unwrap_or_default(),
                         describe(&s.changes)
                     ),
                     Standing::Vanished => {
-                        println!(
+                        outln!(
                             "{name}: pinned {}, no longer listed",
                             s.pinned.unwrap_or_default()
                         );
@@ -259,7 +260,7 @@ pub(crate) async fn command(command: ToolsCommand, config: &Path) -> anyhow::Res
             let listed = fetch(gw, server.as_deref()).await?;
             let n = pin(&mut lock, &listed);
             let path = save(gw, &lock)?;
-            println!("pinned {n} tools in {}", path.display());
+            outln!("pinned {n} tools in {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
         ToolsCommand::Accept { tool, digest } => {
@@ -267,7 +268,7 @@ pub(crate) async fn command(command: ToolsCommand, config: &Path) -> anyhow::Res
             let listed = fetch(gw, Some(server)).await?;
             let said = accept(&mut lock, &listed, server, name, digest.as_deref())?;
             let path = save(gw, &lock)?;
-            println!("{said} in {}", path.display());
+            outln!("{said} in {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
     }

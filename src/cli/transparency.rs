@@ -3,6 +3,7 @@
 //! against a checkpoint without the rest of the log.
 
 use crate::cli::args::AuditCommand;
+use crate::cli::out::{out, outln};
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -31,7 +32,7 @@ pub(crate) fn prove(
         (Some(seq), None) => serde_json::to_value(proofs::inclusion(dir, seq, size)?)?,
         (None, None) => anyhow::bail!("give an entry's SEQ, or --consistency OLD_SIZE"),
     };
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    outln!("{}", serde_json::to_string_pretty(&out)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -72,7 +73,13 @@ pub(crate) fn export_with_proofs(dir: &Path, out: Option<&Path>) -> anyhow::Resu
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout())),
     };
-    writeln!(sink, "{}", json!({ "checkpoint": text }))?;
+    // A closed standard output ends the command quietly; a file that
+    // cannot be written is named.
+    let fail = |e: std::io::Error| match out {
+        None => crate::cli::out::written(e),
+        Some(p) => anyhow::Error::new(e).context(format!("cannot write `{}`", p.display())),
+    };
+    writeln!(sink, "{}", json!({ "checkpoint": text })).map_err(fail)?;
     let mut failed: Option<anyhow::Error> = None;
     let mut n = 0u64;
     verify::each_line(dir, |line, place| {
@@ -104,16 +111,16 @@ pub(crate) fn export_with_proofs(dir: &Path, out: Option<&Path>) -> anyhow::Resu
             .and_then(|()| sink.write_all(line))
             .and_then(|()| writeln!(sink, ",\"inclusion\":{inclusion}}}"));
         if let Err(e) = written {
-            failed = Some(e.into());
+            failed = Some(fail(e));
             return false;
         }
         n += 1;
         true
     })?;
-    sink.flush()?;
     if let Some(e) = failed {
         return Err(e);
     }
+    sink.flush().map_err(fail)?;
     eprintln!(
         "countersign: exported {n} entries with inclusion proofs against checkpoint {}",
         cp.size
@@ -213,9 +220,10 @@ pub(crate) fn check_export(file: &Path, pubkey: &str) -> anyhow::Result<ExitCode
         .map_err(|e| problem(format!("entry {}: {e}", row.inclusion.leaf_index + 1)))?;
         checked += 1;
     }
-    println!(
+    outln!(
         "ok: {checked} entries, each included in checkpoint {} of {} (signature verified)",
-        cp.size, cp.origin
+        cp.size,
+        cp.origin
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -235,7 +243,7 @@ pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
     match command {
         AuditCommand::Checkpoint { dir } => {
             let (note, _) = audit::proofs::latest(&dir)?;
-            print!("{note}");
+            out!("{note}");
             Ok(ExitCode::SUCCESS)
         }
         AuditCommand::Prove {
@@ -299,9 +307,9 @@ pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
                 };
                 let report = audit::verify::verify_dir_with(d, pubkey, reviewers.clone(), also)?;
                 if dir.len() > 1 {
-                    println!("{}:", d.display());
+                    outln!("{}:", d.display());
                 }
-                print!("{}", report.render());
+                out!("{}", report.render());
                 broken |= report.brk.is_some();
             }
             Ok(if broken {
@@ -358,7 +366,7 @@ pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             }
         }
         AuditCommand::Pubkey { dir, vkey: true } => {
-            println!("{}", vkey(&dir)?);
+            outln!("{}", vkey(&dir)?);
             Ok(ExitCode::SUCCESS)
         }
         AuditCommand::Pubkey { dir, vkey: false } => {
@@ -372,7 +380,7 @@ pub(crate) fn command(command: AuditCommand) -> anyhow::Result<ExitCode> {
             let key = crate::core::reviewers::KeyFile::parse(&text)
                 .and_then(|k| k.signing_key())
                 .with_context(|| format!("`{}`", path.display()))?;
-            println!(
+            outln!(
                 "{}",
                 crate::core::reviewers::format_public_key(&key.verifying_key())
             );
