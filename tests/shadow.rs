@@ -458,6 +458,41 @@ fn policy_diff_between_two_commits_of_a_policy_folder_shows_what_moves() {
     git(r, &["commit", "-qam", "only forbid transfers"]);
     assert!(diff(&["--fail-on", "loosen"]).0, "tightening only: passes");
     assert!(!diff(&["--fail-on", "any"]).0, "but it moves");
+    // The same from git revisions, in the repository, without a worktree:
+    // `--base-rev` against the folder as it is, then two revisions.
+    let in_repo = |extra: &[&str]| {
+        let out = std::process::Command::new(common::countersign_bin())
+            .args(["policy", "diff", "--cases", "policies/cases.toml"])
+            .args(extra)
+            .current_dir(r)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = in_repo(&["--base-rev", "HEAD~2", "--format", "json"]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["moves"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(report["moves"][0]["tool"], "transfer", "{report}");
+    assert!(
+        report["over"]
+            .as_str()
+            .unwrap()
+            .contains("under policies@HEAD~2 and then policies"),
+        "{report}"
+    );
+    let (ok, out, err) = in_repo(&["--base-rev", "HEAD~2", "--head-rev", "HEAD~1"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("2 of 3 cases") && out.contains("policies@HEAD~1"),
+        "{out}"
+    );
+    let (ok, _, err) = in_repo(&["--base-rev", "no-such-branch"]);
+    assert!(!ok && err.contains("no-such-branch"), "{err}");
     // Without cases, it says what to give.
     let (ok, _, err) = common::run_cli(&[
         "policy",

@@ -436,10 +436,31 @@ pub(crate) enum PolicyCommand {
     /// under two policy folders (`BASE HEAD --cases FILE`).
     Diff {
         /// The policy folder before the change.
-        #[arg(required_unless_present = "shadow", requires = "head")]
+        #[arg(
+            required_unless_present_any = ["shadow", "base_rev"],
+            requires = "head",
+            conflicts_with = "base_rev"
+        )]
         base: Option<PathBuf>,
         /// The policy folder after the change.
         head: Option<PathBuf>,
+        /// The policies before the change as this git revision holds them
+        /// (`origin/main`), read from git in the folder this runs in.
+        #[arg(long, value_name = "REV", conflicts_with = "shadow")]
+        base_rev: Option<String>,
+        /// With --base-rev: the policies after the change at this revision
+        /// (default: the folder as it is now, edits not yet committed
+        /// included).
+        #[arg(long, value_name = "REV", requires = "base_rev")]
+        head_rev: Option<String>,
+        /// With --base-rev: the policy folder, relative to where this runs.
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "policies",
+            requires = "base_rev"
+        )]
+        policies: PathBuf,
         /// Summarize the `shadow_disagreement` entries of the audit log.
         #[arg(long, conflicts_with_all = ["base", "cases"])]
         shadow: bool,

@@ -210,6 +210,9 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
         PolicyCommand::Diff {
             base,
             head,
+            base_rev,
+            head_rev,
+            policies,
             shadow,
             since,
             dir,
@@ -222,6 +225,29 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
             use crate::cli::policy_diff as diff;
             let since_ms = crate::core::time::now_ms()
                 .saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
+            // `--base-rev` (and `--head-rev`): the folders as git holds
+            // them, written out for the length of the command.
+            let mut named = Vec::new();
+            let (base, head) = match &base_rev {
+                Some(rev) => {
+                    let b = diff::at_revision(&policies, rev)?;
+                    let h = match &head_rev {
+                        Some(rev) => Some(diff::at_revision(&policies, rev)?),
+                        None => None,
+                    };
+                    let paths = (
+                        Some(b.path.clone()),
+                        Some(
+                            h.as_ref()
+                                .map_or_else(|| policies.clone(), |h| h.path.clone()),
+                        ),
+                    );
+                    named.push(b);
+                    named.extend(h);
+                    paths
+                }
+                None => (base, head),
+            };
             let report = match (shadow, base, head) {
                 (true, _, _) => {
                     let dirs = if dir.is_empty() {
@@ -273,6 +299,10 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                 },
                 _ => anyhow::bail!("policy diff needs BASE and HEAD folders, or --shadow"),
             };
+            let mut report = report;
+            for n in &named {
+                report.over = report.over.replace(&n.path.display().to_string(), &n.name);
+            }
             out!("{}", report.render(format)?);
             !report.fails(fail_on)
         }

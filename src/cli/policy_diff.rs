@@ -181,6 +181,85 @@ pub(crate) fn from_audit(
     })
 }
 
+/// A policy folder as a git revision holds it, written out to a folder of
+/// its own (removed on drop): what `policy diff --base-rev` decides under.
+pub(crate) struct AtRevision {
+    /// Where the files are written.
+    pub(crate) path: PathBuf,
+    /// How the report names it: `policies@origin/main`.
+    pub(crate) name: String,
+}
+
+impl Drop for AtRevision {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// The files under `dir` (a folder of the git work tree the command runs
+/// in) at revision `rev`, read from git itself (`git ls-tree`, `git show`):
+/// no checkout, no worktree, and the work tree is not touched.
+pub(crate) fn at_revision(dir: &Path, rev: &str) -> anyhow::Result<AtRevision> {
+    // A revision that starts with `-` would be read by git as an option.
+    anyhow::ensure!(
+        !rev.starts_with('-') && !rev.is_empty(),
+        "`{rev}` is not a git revision"
+    );
+    let git = |args: &[&str]| -> anyhow::Result<Vec<u8>> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .output()
+            .context("cannot run git (is it installed?)")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "git {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(out.stdout)
+    };
+    let folder = dir.display().to_string();
+    let listed = git(&["ls-tree", "-r", "-z", "--name-only", rev, "--", &folder])?;
+    let files: Vec<&[u8]> = listed
+        .split(|b| *b == 0)
+        .filter(|f| !f.is_empty())
+        .collect();
+    anyhow::ensure!(
+        !files.is_empty(),
+        "git revision `{rev}` has no files under `{folder}` (give the policy folder with --policies, relative to where you run this)"
+    );
+    let path = std::env::temp_dir().join(format!(
+        "countersign-policies-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
+    let written = AtRevision {
+        path,
+        name: format!("{folder}@{rev}"),
+    };
+    for file in files {
+        let file = std::str::from_utf8(file).context("a policy file name that is not UTF-8")?;
+        // Only the folder's own files: `read_policies` reads no subfolder.
+        let depth = |p: &Path| {
+            p.components()
+                .filter(|c| !matches!(c, std::path::Component::CurDir))
+                .count()
+        };
+        let listed = Path::new(file);
+        let Some(name) = listed
+            .file_name()
+            .filter(|_| depth(listed) == depth(dir) + 1)
+        else {
+            continue;
+        };
+        let bytes = git(&["show", &format!("{rev}:./{file}")])?;
+        std::fs::write(written.path.join(name), bytes)
+            .with_context(|| format!("cannot write {}", written.path.join(name).display()))?;
+    }
+    Ok(written)
+}
+
 /// A window as a person says it: "day", "2 days", "hour", "90 minutes";
 /// humantime's form ("1day 2h") only when no one unit says it.
 pub(crate) fn window_words(window: Duration) -> String {
