@@ -510,6 +510,8 @@ async fn kept_decision_inputs_feed_policy_diff_and_are_exported_and_erased_per_t
     let head = dirs.path().join("head");
     folder(&base, "");
     folder(&head, LOOSEN_REFUNDS);
+    let (key, entry) = common::lead_of_acme(dirs.path(), "alice");
+    std::fs::write(base.join("reviewers.toml"), entry).unwrap();
     let mut gw = common::Gateway::start_with(common::Options {
         policies: Some(base.clone()),
         extra: "\n[policy]\ninputs = true\ninputs_retention = \"1h\"\n".into(),
@@ -556,6 +558,41 @@ async fn kept_decision_inputs_feed_policy_diff_and_are_exported_and_erased_per_t
         "t-1",
     )
     .await;
+    // While the gateway runs on redb it holds the files: without a key the
+    // command says what to give; with a reviewer's key it reads through the
+    // gateway, in the reviewer's tenants only (alice reviews acme).
+    let config_path = gw.config_path().display().to_string();
+    let (ok, _, err) = common::run_cli(&["policy", "inputs", "export", "--config", &config_path]);
+    assert!(!ok && err.contains("--key"), "{err}");
+    let (ok, out, err) = common::review_cli(
+        &gw,
+        &key,
+        &["policy", "inputs", "export", "--config", &config_path],
+    );
+    assert!(ok, "{err}");
+    let live: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(live.len(), 4, "3 refunds and a read of acme: {out}");
+    assert!(live.iter().all(|r| r["tenant"] == "acme"), "{out}");
+    let (ok, out, err) = common::review_cli(
+        &gw,
+        &key,
+        &[
+            "policy",
+            "diff",
+            &base.display().to_string(),
+            &head.display().to_string(),
+            "--config",
+            &config_path,
+            "--format",
+            "json",
+        ],
+    );
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["looked_at"], 4, "{report}");
     // A clean stop writes what waits, and leaves the redb file to the
     // commands.
     gw.wait_for_log("decision inputs are kept").await;

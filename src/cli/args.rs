@@ -328,6 +328,21 @@ pub(crate) struct ReviewerArgs {
     pub(crate) gateway: String,
 }
 
+/// How a command reads kept decision inputs while a gateway runs on a redb
+/// data dir (it holds the files): through that gateway, signed by a
+/// reviewer, limited to the reviewer's tenants.
+#[derive(clap::Args, Clone)]
+pub(crate) struct ThroughGateway {
+    /// A reviewer's key file: read the inputs through the running gateway
+    /// (needed on redb while the gateway runs).
+    #[arg(long, env = "COUNTERSIGN_KEY")]
+    pub(crate) key: Option<PathBuf>,
+    /// The running gateway's base URL (default: the configuration's
+    /// `public_url`, or `http://` and `gateway.listen`).
+    #[arg(long, env = "COUNTERSIGN_GATEWAY")]
+    pub(crate) gateway: Option<String>,
+}
+
 #[derive(Subcommand)]
 pub(crate) enum ReviewerCommand {
     /// A one-time link on which NAME makes a passkey for the review console.
@@ -484,6 +499,8 @@ pub(crate) enum PolicyCommand {
         /// --config.
         #[arg(long)]
         inputs: Option<PathBuf>,
+        #[command(flatten)]
+        through: ThroughGateway,
         /// text, json or markdown (for a pull-request comment).
         #[arg(long, value_enum, default_value = "text")]
         format: crate::cli::policy_diff::Format,
@@ -493,7 +510,7 @@ pub(crate) enum PolicyCommand {
         fail_on: Option<crate::cli::policy_diff::FailOn>,
     },
     /// The decision inputs the gateway keeps (`[policy] inputs`): export
-    /// or erase them, per tenant. On redb, with the gateway stopped.
+    /// or erase them, per tenant.
     Inputs {
         #[command(subcommand)]
         command: InputsCommand,
@@ -519,6 +536,8 @@ pub(crate) enum InputsCommand {
         /// Configuration file (the store).
         #[arg(long, short, default_value = "countersign.toml")]
         config: PathBuf,
+        #[command(flatten)]
+        through: ThroughGateway,
     },
     /// Forget every kept decision input of a tenant.
     Erase {

@@ -202,6 +202,62 @@ fn cedar_type(schema: &Value, depth: usize) -> Option<String> {
     }
 }
 
+/// The kept decision inputs from `since_ms` on (of one tenant), as
+/// (tenant, inputs as kept). From the store, or, with a reviewer's key,
+/// through the running gateway (`GET /v1/inputs`): on redb a running
+/// gateway holds the files, and is the one that may read them.
+async fn kept_inputs(
+    config: &crate::core::config::Config,
+    since_ms: i64,
+    tenant: Option<String>,
+    through: &crate::cli::args::ThroughGateway,
+) -> anyhow::Result<Vec<(String, String)>> {
+    if let Some(key) = &through.key {
+        let base = through
+            .gateway
+            .clone()
+            .unwrap_or_else(|| config.gateway.public_url());
+        let c = crate::cli::review::client(&base, key)?;
+        let mut path = format!("/v1/inputs?since_ms={since_ms}");
+        if let Some(t) = &tenant {
+            path.push_str("&tenant=");
+            path.extend(form_urlencoded::byte_serialize(t.as_bytes()));
+        }
+        let v = c.call(reqwest::Method::GET, &path, None).await?;
+        return v["inputs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| match (r["tenant"].as_str(), r["inputs"].as_str()) {
+                (Some(t), Some(i)) => Ok((t.to_owned(), i.to_owned())),
+                _ => Err(anyhow::anyhow!(
+                    "the gateway sent a decision input without tenant or inputs: {r}"
+                )),
+            })
+            .collect();
+    }
+    let (store, _) = match crate::cli::store::open(config).await {
+        Ok(s) => s,
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<crate::store::StoreError>()
+                    .is_some_and(crate::store::StoreError::held_elsewhere)
+            }) =>
+        {
+            return Err(e.context(
+                "a gateway runs on this data dir and holds its files: give --key (a reviewer's key file, or COUNTERSIGN_KEY) to read the decision inputs through it",
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(store
+        .inputs_since(since_ms, tenant)
+        .await?
+        .into_iter()
+        .map(|r| (r.tenant, r.inputs))
+        .collect())
+}
+
 /// `countersign policy check|test|schema`.
 pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> {
     let ok = match command {
@@ -219,6 +275,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
             config,
             cases,
             inputs,
+            through,
             format,
             fail_on,
         } => {
@@ -280,11 +337,10 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                                 base.display()
                             );
                         };
-                        let (store, _) = crate::cli::store::open(&kept).await?;
-                        let rows = store.inputs_since(since_ms, None).await?;
+                        let rows = kept_inputs(&kept, since_ms, None, &through).await?;
                         let rows = rows
                             .iter()
-                            .map(|r| diff::parse_inputs(&r.inputs).map(|mut v| v.remove(0)))
+                            .map(|(_, inputs)| diff::parse_inputs(inputs).map(|mut v| v.remove(0)))
                             .collect::<anyhow::Result<Vec<_>>>()?;
                         diff::from_inputs(
                             &base,
@@ -314,27 +370,27 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                     full,
                     since,
                     config,
+                    through,
                 } => {
                     let config = crate::cli::files::load_config(&config)?;
-                    let (store, _) = crate::cli::store::open(&config).await?;
                     let since_ms = since.map_or(0, |s| {
                         crate::core::time::now_ms()
                             .saturating_sub(i64::try_from(s.as_millis()).unwrap_or(i64::MAX))
                     });
-                    let rows = store.inputs_since(since_ms, tenant).await?;
+                    let rows = kept_inputs(&config, since_ms, tenant, &through).await?;
                     let redact = if full {
                         &[][..]
                     } else {
                         config.audit.redaction()
                     };
-                    for r in rows {
+                    for (_, inputs) in rows {
                         if redact.is_empty() {
-                            outln!("{}", r.inputs);
+                            outln!("{inputs}");
                             continue;
                         }
                         // Leaves the store: the values `audit.redact`
                         // names are digests here as in the audit log.
-                        let mut row: serde_json::Value = serde_json::from_str(&r.inputs)
+                        let mut row: serde_json::Value = serde_json::from_str(&inputs)
                             .map_err(|e| {
                                 anyhow::anyhow!("a kept decision input is not JSON ({e}); export it with --full to see it as kept")
                             })?;

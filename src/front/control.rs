@@ -52,6 +52,7 @@ pub(crate) fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/outcomes/reconcile", post(reconcile))
         .route("/v1/events", get(events))
         .route("/v1/audit", get(audit_tail))
+        .route("/v1/inputs", get(inputs))
         .with_state(gw)
 }
 
@@ -702,6 +703,45 @@ async fn audit_tail(
         }
         Ok(Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "audit", e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputsQuery {
+    /// Only those kept at or after this time (ms since the epoch).
+    since_ms: Option<i64>,
+    tenant: Option<String>,
+}
+
+/// `GET /v1/inputs`: the kept decision inputs (`[policy] inputs`) of the
+/// reviewer's tenants, as kept (arguments in full: a `policy diff` decides
+/// on them, and a reviewer of a tenant sees its calls' arguments anyway).
+/// It is how `policy inputs export` and `policy diff` read them while a
+/// gateway on redb holds its files.
+async fn inputs(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<InputsQuery>,
+    Signed { reviewer, .. }: Signed,
+) -> Response {
+    // What was decided a moment ago is in the answer.
+    gw.pipeline().flush_inputs().await;
+    let rows = gw
+        .pipeline()
+        .store()
+        .inputs_since(q.since_ms.unwrap_or(0), q.tenant)
+        .await;
+    match rows {
+        // Only the reviewer's tenants: the arguments of another tenant's
+        // calls are not theirs to read.
+        Ok(rows) => ok(json!({
+            "inputs": rows
+                .into_iter()
+                .filter(|r| reviewer.covers(&r.tenant))
+                .map(|r| json!({ "tenant": r.tenant, "inputs": r.inputs }))
+                .collect::<Vec<_>>()
+        })),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store", e.to_string()),
     }
 }
 

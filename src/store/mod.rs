@@ -175,6 +175,20 @@ impl Cause {
     pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Cause {
         Cause(std::sync::Arc::new(e))
     }
+
+    /// The error kept, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref::<E>()
+    }
+}
+
+impl StoreError {
+    /// Whether the store's file is open in another process (a gateway
+    /// running on the same redb data dir holds its lock).
+    pub fn held_elsewhere(&self) -> bool {
+        matches!(self, StoreError::Open { cause: Some(c), .. }
+            if matches!(c.downcast_ref::<redb::DatabaseError>(), Some(redb::DatabaseError::DatabaseAlreadyOpen)))
+    }
 }
 
 impl std::fmt::Display for Cause {
