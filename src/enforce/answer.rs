@@ -346,6 +346,32 @@ fn in_era(result: &mut Value, era: Era) {
     }
 }
 
+/// What to do about a refused token exchange, by the provider's error
+/// (RFC 6749 section 5.2). The provider's word says whose side is at fault:
+/// `invalid_client` is the gateway's own credentials at the provider, not
+/// the person's sign-in, and telling the person to sign in again would
+/// send them after the wrong fix.
+fn exchange_advice(reason: &str) -> &'static str {
+    match reason {
+        "invalid_client" | "unauthorized_client" => {
+            "the identity provider does not accept the gateway's own client credentials for token exchange \
+             (the `client_id` and `client_secret` or `client_key` of the server's `[servers.S.delegation]`, and the \
+             client's registration at the provider, which must allow the token-exchange grant): an operator must \
+             fix them; a retry fails the same way until then."
+        }
+        "invalid_target" | "invalid_scope" => {
+            "the identity provider does not issue tokens for the audience or scope the gateway asks for this \
+             server (`audience` and `scope` of `[servers.S.delegation]`): an operator must fix them or the \
+             provider's policy; a retry fails the same way until then."
+        }
+        "timeout" | "unreachable" | "invalid_response" => {
+            "the identity provider did not give a usable answer: a retry may run it once the provider answers."
+        }
+        // `invalid_grant` and what a provider adds: the person's token.
+        _ => "a retry may run it once the person's sign-in is valid again.",
+    }
+}
+
 /// The answer to a request whose upstream call failed: an `isError` result
 /// for `tools/call` (the model reads it), a JSON-RPC `-32603` with the code
 /// in `data` for any other method.
@@ -367,7 +393,8 @@ pub fn upstream_failure(
         // The provider's word (`invalid_grant`, a timeout): the agent and
         // the person see why no token could be had on their behalf.
         let text = format!(
-            "The call did not run: {err}. Nothing was sent to the server; a retry may run it once the person's sign-in is valid again."
+            "The call did not run: {err}. Nothing was sent to the server; {}",
+            exchange_advice(reason)
         );
         if method == "tools/call" {
             return tool_error(
@@ -903,5 +930,22 @@ impl CallOutcome {
                 f
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_exchange_names_whose_side_must_act() {
+        let said = |reason: &str| exchange_advice(reason);
+        // The gateway's own credentials, not the person's sign-in.
+        assert!(said("invalid_client").contains("gateway's own client credentials"));
+        assert!(!said("invalid_client").contains("sign-in"));
+        assert!(said("unauthorized_client").contains("token-exchange grant"));
+        assert!(said("invalid_target").contains("audience or scope"));
+        assert!(said("timeout").contains("once the provider answers"));
+        assert!(said("invalid_grant").contains("the person's sign-in"));
     }
 }
