@@ -108,6 +108,10 @@ struct Server {
     faults: Option<PathBuf>,
     record_lock: Mutex<()>,
     charges: AtomicU64,
+    /// This process's own prefix of charge ids: the gateway starts a
+    /// process per session, and `ch_1` of two sessions would look like one
+    /// charge run twice.
+    charge_prefix: String,
     stubborn: bool,
     /// `--modern-only`: speak only 2026-07-28 (`initialize` is refused).
     modern_only: bool,
@@ -434,9 +438,10 @@ impl Server {
             "charge_card" => {
                 let n = self.charges.fetch_add(1, Ordering::Relaxed) + 1;
                 format!(
-                    "charged {} to {} (charge ch_{n})",
+                    "charged {} to {} (charge ch_{}_{n})",
                     args["amount"],
-                    args["account"].as_str().unwrap_or("?")
+                    args["account"].as_str().unwrap_or("?"),
+                    self.charge_prefix
                 )
             }
             "refund" => format!("refunded {}", args["charge"].as_str().unwrap_or("?")),
@@ -921,6 +926,7 @@ async fn main() {
         faults,
         record_lock: Mutex::new(()),
         charges: AtomicU64::new(0),
+        charge_prefix: format!("{:08x}", rand::random::<u32>()),
         stubborn,
         modern_only,
         page_size,

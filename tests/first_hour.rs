@@ -405,3 +405,25 @@ async fn every_printing_command_ends_quietly_on_a_closed_pipe() {
         );
     }
 }
+
+#[tokio::test]
+async fn two_sessions_charges_have_different_ids() {
+    let gw = common::Gateway::start();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        // A session of its own: on stdio, an example server process of its own.
+        let c = common::listed(&gw, "payments").await;
+        let a = c
+            .call(1, "charge_card", json!({"account": "acct-1", "amount": 5}))
+            .await;
+        let text = a.response_text();
+        let id = text
+            .split("(charge ")
+            .nth(1)
+            .and_then(|t| t.split(')').next())
+            .unwrap_or_else(|| panic!("no charge id in {text}"))
+            .to_owned();
+        ids.push(id);
+    }
+    assert_ne!(ids[0], ids[1], "one id for two charges looks like a replay");
+}

@@ -58,7 +58,12 @@ async def main() -> None:
         waiting = "charge_card: sent; if it needs an approval, the gateway holds it until a reviewer decides or its hold ends"
         print(waiting, file=sys.stderr, flush=True)
         first = await client.call_tool("charge_card", charge, meta=meta)
-        print("charge_card again with the same key: a retry, never a second charge", file=sys.stderr, flush=True)
+        print(
+            "charge_card again with the same key: a retry, never a second charge "
+            "(if the first still waits for a reviewer, this one waits again, up to approvals.hold)",
+            file=sys.stderr,
+            flush=True,
+        )
         again = await client.call_tool("charge_card", charge, meta=meta)
         protocol = client.protocol_version
 
