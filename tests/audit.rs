@@ -58,7 +58,11 @@ async fn recorded_run(audit_extra: &str) -> (common::Gateway, tempfile::TempDir)
         .as_str()
         .unwrap()
         .to_owned();
-    let (ok, out, err) = common::review_cli(&gw, &key, &["approve", &proposal]);
+    let (ok, out, err) = common::review_cli(
+        &gw,
+        &key,
+        &["approve", &proposal, "--reason", "within the monthly plan"],
+    );
     assert!(ok, "{out}{err}");
     assert_eq!(
         c.post(&write(4, 10)).await.last()["result"]["isError"],
@@ -379,7 +383,10 @@ async fn a_crash_leaves_a_truncated_tail_that_verify_reports_as_such() {
 
 #[tokio::test]
 async fn exports_round_trip_as_jsonl_csv_and_ocsf() {
-    let (gw, _pdir) = recorded_run("").await;
+    let (gw, _pdir) = recorded_run(
+        "\n[[budgets]]\nname = \"card-daily\"\ntools = [\"payments/charge_card\"]\namount = \"/amount\"\nper = \"principal\"\nwindow = \"24h\"\nlimit = 1000\nover = \"approval\"\n",
+    )
+    .await;
     let dir = audit_dir(&gw);
     let all = entries(&dir);
     let d = dir.to_str().unwrap();
@@ -409,11 +416,21 @@ async fn exports_round_trip_as_jsonl_csv_and_ocsf() {
     let mut rows = csv.lines();
     assert_eq!(
         rows.next().unwrap(),
-        "seq,time,kind,principal,tenant,server,tool,call_digest,idempotency_key,decision,policies,proposal_id,reviewer,key_kind,code,hash"
+        "seq,time,kind,principal,tenant,server,tool,call_digest,idempotency_key,decision,policies,proposal_id,reviewer,key_kind,reason,budgets,code,hash"
     );
     assert_eq!(rows.count(), all.len());
     assert!(
         csv.contains(",decision,agent-7,acme,payments,charge_card,"),
+        "{csv}"
+    );
+    // The reviewer's word, and the budget's figures, for an auditor.
+    assert!(
+        csv.lines()
+            .any(|l| l.contains(",alice,ed25519,within the monthly plan,")),
+        "{csv}"
+    );
+    assert!(
+        csv.contains("card-daily: spent 0 + amount 10 of limit 1000"),
         "{csv}"
     );
 
@@ -435,9 +452,17 @@ async fn exports_round_trip_as_jsonl_csv_and_ocsf() {
         assert_eq!(ev["metadata"]["version"], "1.3.0");
         assert_eq!(ev["metadata"]["uid"], e["hash"]);
         assert_eq!(ev["metadata"]["sequence"], e["seq"]);
-        if e.contains_key("principal") {
+        if let Some(reviewer) = e.get("reviewer") {
+            // The actor of an approval is its reviewer.
+            assert_eq!(ev["actor"]["user"]["name"], *reviewer, "{ev}");
+            assert_eq!(ev["actor"]["user"]["type"], "reviewer");
+        } else if e.contains_key("principal") {
             assert_eq!(ev["actor"]["user"]["name"], e["principal"]);
             assert_eq!(ev["actor"]["user"]["domain"], e["tenant"]);
+        }
+        if e.contains_key("server") && e.contains_key("call_digest") {
+            let uid = ev["api"]["request"]["uid"].as_str().unwrap_or_default();
+            assert!(!uid.is_empty(), "a request uid: {ev}");
         }
         if e.contains_key("server") && e.contains_key("tool") {
             assert_eq!(ev["api"]["operation"], "tools/call");

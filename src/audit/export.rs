@@ -11,8 +11,8 @@
 //! | `time` | `time`, as epoch milliseconds |
 //! | `severity_id` | 1 (informational); 3 (medium) for denials, rejections, unknown outcomes and breaks |
 //! | `status_id`, `status` | 1 Success / 2 Failure (refusals, `outcome_unknown`, `not_dispatched`), the `kind` |
-//! | `actor.user.name`, `actor.user.uid`, `actor.user.domain` | `principal`, `principal`, `tenant` |
-//! | `api.operation`, `api.service.name`, `api.request.uid` | `tools/call`, `server`, `idempotency_key` |
+//! | `actor.user.name`, `actor.user.uid`, `actor.user.domain` | `principal`, `principal`, `tenant`; on a reviewer's entry (approval, denial) the `reviewer` (`actor.user.type` `reviewer`, `actor.authorizations` the decision and key kind; the agent who asked stays in `unmapped.principal`) |
+//! | `api.operation`, `api.service.name`, `api.request.uid` | `tools/call`, `server`, `idempotency_key` (a read without one: `call_digest`) |
 //! | `resources[0]` | `{type: "mcp_tool", name: "server/tool", uid: call_digest}` |
 //! | `authorizations[0]` | `{decision, policy: {uid: policies joined}}` for `decision` entries |
 //! | `metadata.product`, `metadata.version`, `metadata.uid`, `metadata.sequence`, `metadata.log_name` | countersign, "1.3.0", `hash`, `seq`, "countersign-audit" |
@@ -39,8 +39,11 @@ pub(crate) enum Format {
     Ocsf,
 }
 
-/// CSV columns, in order.
-pub(crate) const CSV_COLUMNS: [&str; 16] = [
+/// CSV columns, in order. `reason` is the reviewer's (or the lapse's)
+/// word; `budgets` the figures of each budget a write ran under, from its
+/// `dispatched` entry (`name: spent S + amount A of limit L`, `; ` between
+/// budgets), so that an auditor reads the money without the JSON.
+pub(crate) const CSV_COLUMNS: [&str; 18] = [
     "seq",
     "time",
     "kind",
@@ -55,9 +58,59 @@ pub(crate) const CSV_COLUMNS: [&str; 16] = [
     "proposal_id",
     "reviewer",
     "key_kind",
+    "reason",
+    "budgets",
     "code",
     "hash",
 ];
+
+/// The reason of an entry: its own `reason`, else the one in the reviewer's
+/// signed statement.
+fn reason(e: &Map<String, Value>) -> String {
+    e.get("reason")
+        .and_then(Value::as_str)
+        .or_else(|| e.pointer_str("/approval/statement/reason"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The budget figures a write ran under (`guards.budgets` of `dispatched`).
+fn budgets(e: &Map<String, Value>) -> String {
+    let Some(list) = e
+        .get("guards")
+        .and_then(|g| g.get("budgets"))
+        .and_then(Value::as_array)
+    else {
+        return String::new();
+    };
+    let s = |b: &Value, k: &str| b.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+    list.iter()
+        .map(|b| {
+            format!(
+                "{}: spent {} + amount {} of limit {}",
+                s(b, "name"),
+                s(b, "spent"),
+                s(b, "amount"),
+                s(b, "limit")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `Value::pointer` on an entry's map, as text.
+trait PointerStr {
+    fn pointer_str(&self, pointer: &str) -> Option<&str>;
+}
+
+impl PointerStr for Map<String, Value> {
+    fn pointer_str(&self, pointer: &str) -> Option<&str> {
+        let (first, rest) = pointer.trim_start_matches('/').split_once('/')?;
+        self.get(first)?
+            .pointer(&format!("/{rest}"))
+            .and_then(Value::as_str)
+    }
+}
 
 /// Which kind of key signed an entry's reviewer statement: `passkey`,
 /// `ed25519`, or nothing when it holds none.
@@ -70,8 +123,11 @@ fn key_kind(e: &Map<String, Value>) -> &'static str {
 }
 
 fn text(e: &Map<String, Value>, k: &str) -> String {
-    if k == "key_kind" {
-        return key_kind(e).to_owned();
+    match k {
+        "key_kind" => return key_kind(e).to_owned(),
+        "reason" => return reason(e),
+        "budgets" => return budgets(e),
+        _ => {}
     }
     match e.get(k) {
         None | Some(Value::Null) => String::new(),
@@ -135,20 +191,30 @@ pub(crate) fn ocsf(e: &Map<String, Value>) -> Value {
         },
         "unmapped": Value::Object(e.clone()),
     });
-    if !key_kind(e).is_empty() {
-        event["actor"]["authorizations"] =
-            json!([{ "decision": text(e, "kind"), "key_kind": key_kind(e) }]);
-    }
-    if e.contains_key("principal") {
+    // The actor is who acted: on a reviewer's approval or denial, the
+    // reviewer (the agent who asked is `requester`); on the call's own
+    // entries, the agent.
+    if let Some(reviewer) = e.get("reviewer").and_then(Value::as_str) {
+        event["actor"] = json!({
+            "user": { "name": reviewer, "uid": reviewer, "type_id": 99, "type": "reviewer", "domain": text(e, "tenant") },
+            "authorizations": [{ "decision": kind, "key_kind": key_kind(e) }],
+        });
+    } else if e.contains_key("principal") {
         event["actor"] = json!({ "user": {
             "name": text(e, "principal"), "uid": text(e, "principal"), "domain": text(e, "tenant"),
         }});
     }
     if e.contains_key("server") {
+        // The request's id: the idempotency key when the call has one (a
+        // write and its retries are one request), else the call's digest.
+        let request = match text(e, "idempotency_key") {
+            k if k.is_empty() => text(e, "call_digest"),
+            k => k,
+        };
         event["api"] = json!({
             "operation": "tools/call",
             "service": { "name": text(e, "server") },
-            "request": { "uid": text(e, "idempotency_key") },
+            "request": { "uid": request },
         });
         event["resources"] = json!([{
             "type": "mcp_tool",
