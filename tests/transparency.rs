@@ -281,17 +281,16 @@ async fn a_truncation_after_a_checkpoint_held_elsewhere_is_reported() {
     let (seg, mut lines) = last_segment(&gw);
     lines.truncate(lines.len() - 5);
     write_lines(&seg, &lines);
-    // On its own the log only looks like a crash...
-    let (_, out) = verify(&gw, &[]);
-    assert!(
-        out.contains("truncation") && !out.contains("BROKEN"),
-        "{out}"
-    );
-    // ...and the checkpoint held elsewhere says what happened.
-    let (ok, out) = verify(&gw, &["--checkpoint", held.to_str().unwrap()]);
+    // The checkpoint the gateway published beside the log says what
+    // happened, without being asked...
+    let (ok, out) = verify(&gw, &[]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains(&format!("truncated: {} (signed by the gateway) covers {size} entries, and the log has {}: 4 entries were removed from its end", held.display(), size - 4)),
+        out.contains(&format!(
+            "covers {size} entries, and the log has {}: 4 entries were removed from its end (seq {} to {size} are missing)",
+            size - 4,
+            size - 3
+        )) && out.contains("the checkpoint the gateway published"),
         "{out}"
     );
     // The gateway itself will not sign over it.
@@ -305,6 +304,20 @@ async fn a_truncation_after_a_checkpoint_held_elsewhere_is_reported() {
     assert!(
         err.contains("no longer holds what this gateway signed"),
         "{err}"
+    );
+    // ...and when it is cut away too, the log alone looks like a crash...
+    std::fs::remove_file(gw.audit_dir().join("checkpoint")).unwrap();
+    let (ok, out) = verify(&gw, &[]);
+    assert!(
+        ok && out.contains("truncation") && !out.contains("BROKEN"),
+        "{out}"
+    );
+    // ...and only the checkpoint held elsewhere says what happened.
+    let (ok, out) = verify(&gw, &["--expect-checkpoint", held.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!("truncated: {} (signed by the gateway) covers {size} entries, and the log has {}: 4 entries were removed from its end", held.display(), size - 4)),
+        "{out}"
     );
 }
 
@@ -361,6 +374,11 @@ async fn a_history_rewritten_without_the_key_is_found_by_a_checkpoint_held_elsew
         rewritten.push(countersign::core::canonical::jcs(&Value::Object(e)));
     }
     write_lines(&seg, &rewritten);
+    // The checkpoint the gateway published beside the log catches it...
+    let (ok, out) = verify(&gw, &[]);
+    assert!(!ok, "{out}");
+    // ...and with that file rewritten away too, the chain holds together.
+    std::fs::remove_file(gw.audit_dir().join("checkpoint")).unwrap();
     let (ok, out) = verify(&gw, &[]);
     assert!(ok, "the rewritten chain holds together on its own: {out}");
     let (ok, out) = verify(&gw, &["--checkpoint", held.to_str().unwrap()]);

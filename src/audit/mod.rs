@@ -438,10 +438,12 @@ impl Verifier {
                 .map_err(|e| format!("{}: {e}", h.label))?;
             return Err(format!(
                 "truncated: {} (signed by the gateway) covers {} entries, and the log has {size}: \
-                 {} entries were removed from its end",
+                 {} entries were removed from its end (seq {} to {} are missing)",
                 h.label,
                 h.checkpoint.size,
-                h.checkpoint.size - size
+                h.checkpoint.size - size,
+                size + 1,
+                h.checkpoint.size
             ));
         }
         Ok(())

@@ -223,10 +223,12 @@ pub(crate) enum AuditCommand {
         #[arg(long)]
         pubkey: Option<String>,
         /// A signed checkpoint held elsewhere (a file, as `audit
-        /// checkpoint` prints it): the log must still hold it, so a
-        /// truncation or a rewrite before it is found. Repeatable; two of
-        /// one size with different roots are reported as a fork.
-        #[arg(long)]
+        /// checkpoint` prints it, or a witness keeps): the log must still
+        /// hold it, so a truncation or a rewrite before it is found.
+        /// Repeatable; two of one size with different roots are reported as
+        /// a fork. The checkpoint the gateway published in the audit dir
+        /// (`checkpoint`) is always held as well.
+        #[arg(long, visible_alias = "expect-checkpoint", value_name = "FILE")]
         checkpoint: Vec<PathBuf>,
         /// A witness's verifier key (`name+id+base64`): the cosignatures
         /// the log records from it are checked.
