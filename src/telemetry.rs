@@ -12,7 +12,7 @@
 //!
 //! Never in a span: argument values or results (unless the operator opts
 //! in), idempotency keys (a digest only), tokens, credentials. Only the
-//! names and ids listed in the README's Tracing section are recorded.
+//! names and ids listed in docs/operations.md, Tracing, are recorded.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

@@ -599,7 +599,7 @@ pub(crate) struct ReconcileArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
 
     /// Every subcommand, by its full name (`audit verify`), with clap's
     /// view of it.
@@ -653,6 +653,118 @@ mod tests {
             "docs/commands.md does not name: {}",
             missing.join(", ")
         );
+    }
+
+    /// The shell lines of the ```sh blocks of a Markdown file, with their
+    /// continuation lines joined and comments dropped.
+    fn shell_lines(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut in_sh = false;
+        let mut pending = String::new();
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("```") {
+                in_sh = !in_sh && trimmed.trim_start_matches('`').starts_with("sh");
+                continue;
+            }
+            if !in_sh {
+                continue;
+            }
+            pending.push_str(line.trim());
+            if pending.ends_with('\\') {
+                pending.pop();
+                pending.push(' ');
+                continue;
+            }
+            out.push(std::mem::take(&mut pending));
+        }
+        out
+    }
+
+    /// Every `countersign ...` command the README and the guides show in a
+    /// shell block parses: its subcommand and every flag exist. A renamed
+    /// flag fails here, not in a new user's terminal.
+    #[test]
+    fn every_documented_command_parses() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let mut files = vec![std::path::PathBuf::from(root).join("README.md")];
+        let mut docs: Vec<_> = std::fs::read_dir(std::path::Path::new(root).join("docs"))
+            .expect("docs/")
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        docs.sort();
+        files.extend(docs);
+        let mut checked = 0;
+        let mut failed = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("a doc");
+            // Shell blocks, and inline `countersign ...` spans in prose that
+            // are a command as typed (not a synopsis with `[...]` or `|`).
+            let inline = text
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|span| span.starts_with("countersign "))
+                .filter(|span| {
+                    !span.contains(['[', '|', '…']) && !span.contains("...") && !span.contains(": ")
+                })
+                .map(str::to_owned);
+            for line in shell_lines(&text).into_iter().chain(inline) {
+                // Each command of a line (`a && b`, `a | b`, `X=1 cmd`).
+                for part in line.split("&&").flat_map(|p| p.split(" | ")) {
+                    let code = part.split(" #").next().unwrap_or_default();
+                    let Some(words) = shlex::split(code) else {
+                        continue;
+                    };
+                    // The command word, after any `NAME=value` assignments.
+                    let Some(at) = words.iter().position(|w| !w.contains('=')) else {
+                        continue;
+                    };
+                    if words[at] != "countersign" && !words[at].ends_with("/countersign") {
+                        continue;
+                    }
+                    // Output redirections and `&` end the command's own words;
+                    // a placeholder (`ID`, `SEQ`, `FILE`) stands for a value.
+                    let args: Vec<String> = words[at..]
+                        .iter()
+                        .take_while(|w| !w.starts_with('>') && !w.starts_with("2>") && *w != "&")
+                        .map(|w| {
+                            if w.len() > 1 && w.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                            {
+                                "1".to_owned()
+                            } else {
+                                w.clone()
+                            }
+                        })
+                        .collect();
+                    checked += 1;
+                    use clap::error::ErrorKind as K;
+                    match super::Cli::try_parse_from(&args) {
+                        Ok(_) => {}
+                        // A mention names the command; its key and gateway
+                        // may come from the environment.
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                K::DisplayHelp
+                                    | K::DisplayVersion
+                                    | K::MissingRequiredArgument
+                                    | K::DisplayHelpOnMissingArgumentOrSubcommand
+                            ) => {}
+                        Err(e) => failed.push(format!(
+                            "{}: `{}`: {}",
+                            file.display(),
+                            code.trim(),
+                            e.kind()
+                        )),
+                    }
+                }
+            }
+        }
+        assert!(checked > 60, "only {checked} documented commands found");
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
     }
 
     #[test]
