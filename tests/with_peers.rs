@@ -17,3 +17,4 @@ mod oidc;
 mod peers;
 mod tasks;
 mod traces;
+mod walkthroughs;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub mod bridge;
+pub mod docs;
 pub mod idp;
 pub mod otlp;
 pub mod pg;
@@ -241,7 +242,7 @@ pub fn sha(token: &str) -> String {
 }
 
 /// Wait for `prefix` + address on a child's stderr; keep draining it after.
-fn wait_listening(child: &mut Child, what: &str) -> String {
+pub fn wait_listening(child: &mut Child, what: &str) -> String {
     wait_listening_logged(child, what, None)
 }
 
