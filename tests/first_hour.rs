@@ -427,3 +427,188 @@ async fn two_sessions_charges_have_different_ids() {
     }
     assert_ne!(ids[0], ids[1], "one id for two charges looks like a replay");
 }
+
+/// The README's set-up command and five-step quick start, run as written
+/// (in a folder with the clone's `policies/` and `examples/countersign.toml`,
+/// this run's binaries for `target/release`, a free port for 7373, and a
+/// 1 s `approvals.hold` for the example's 10 s): a read runs, a charge is
+/// held, approved, and runs once through two more sends; the log verifies.
+#[tokio::test]
+async fn the_readme_quick_start_runs_as_written() {
+    use common::docs::{sh, sh_blocks, spawn, Background, Rewrite};
+    let setup = sh_blocks("README.md", "## Set up", Some("## Quick start"));
+    let steps = sh_blocks("README.md", "## Quick start", Some("## Guides"));
+    assert_eq!(steps.len(), 4, "{steps:#?}");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(d.join("examples")).unwrap();
+    std::fs::create_dir_all(d.join("policies")).unwrap();
+    for f in [
+        "default.cedar",
+        "quorum.cedar",
+        "schema.cedarschema",
+        "tests.toml",
+    ] {
+        std::fs::copy(root.join("policies").join(f), d.join("policies").join(f)).unwrap();
+    }
+    let port = common::idp::free_port();
+    let rw = Rewrite::new().port(7373, port);
+    let config = std::fs::read_to_string(root.join("examples/countersign.toml"))
+        .unwrap()
+        .replace("hold = \"10s\"", "hold = \"1s\"");
+    std::fs::write(d.join("examples/countersign.toml"), rw.apply(&config)).unwrap();
+    // HOME for `~/.countersign/alice.key`.
+    let home = d.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    // Another port than 7373: the README says to set COUNTERSIGN_GATEWAY.
+    let in_home = |script: &str| {
+        format!(
+            "export HOME={} COUNTERSIGN_GATEWAY=http://127.0.0.1:{port}\n{}",
+            home.display(),
+            rw.apply(script)
+        )
+    };
+
+    let serve = setup
+        .iter()
+        .flat_map(|b| b.lines())
+        .find_map(|l| {
+            l.split("&& ")
+                .nth(1)
+                .filter(|c| c.contains("countersign serve"))
+        })
+        .expect("the set-up command that runs the gateway");
+    let mut gateway = spawn(d, &rw.apply(serve));
+    common::wait_listening(&mut gateway, "the gateway");
+    let _gateway = Background(gateway);
+
+    let said = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    // 1. A reviewer.
+    let out = sh(d, &in_home(&steps[0]));
+    assert!(out.status.success(), "{}", said(&out));
+    common::eventually("the gateway reads the new reviewer", || {
+        std::fs::read_to_string(d.join(".countersign/reviewers.toml"))
+            .is_ok_and(|t| t.contains("alice"))
+    })
+    .await;
+    // 2. A read runs.
+    let out = sh(d, &in_home(&steps[1]));
+    assert!(said(&out).contains("balance of acct_42"), "{}", said(&out));
+    // 3. The charge is held.
+    let out = sh(d, &in_home(&steps[2]));
+    let held = said(&out);
+    assert!(held.contains("approval_pending"), "{held}");
+    let id = held
+        .split("\"proposal_id\":\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .expect("a proposal id")
+        .to_owned();
+    // 4. Pending shows it; approve it.
+    let out = sh(d, &in_home(&steps[3].replace("p-…", &id)));
+    assert!(
+        out.status.success() && said(&out).contains(&id),
+        "{}",
+        said(&out)
+    );
+    // 5. Sent again: it runs; and again: the same answer, no second charge.
+    let first = said(&sh(d, &in_home(&steps[2])));
+    assert!(first.contains("charged 12.5 to acct_42"), "{first}");
+    let again = said(&sh(d, &in_home(&steps[2])));
+    assert!(again.contains("charged 12.5 to acct_42"), "{again}");
+    let charges = std::fs::read_to_string(d.join(".countersign/payments-executions.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"tool\":\"charge_card\""))
+        .count();
+    assert_eq!(charges, 1, "one charge through three sends");
+    let out = sh(
+        d,
+        &in_home("countersign audit verify --dir .countersign/audit"),
+    );
+    assert!(out.status.success(), "{}", said(&out));
+}
+
+/// docs/policies.md's walk-through, run as written in a fresh git
+/// repository holding the clone's `policies/` and example configuration:
+/// the shadow set's disagreement counted out of every call decided, and
+/// the change diffed from git revisions.
+#[tokio::test]
+async fn the_policies_walk_through_runs_as_written() {
+    use common::docs::{sh, sh_blocks, spawn, Background, Rewrite};
+    let steps = sh_blocks("docs/policies.md", "## Walk-through", Some("## Policies"));
+    assert_eq!(steps.len(), 5, "{steps:#?}");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(d.join("examples")).unwrap();
+    std::fs::create_dir_all(d.join("policies")).unwrap();
+    for f in [
+        "default.cedar",
+        "quorum.cedar",
+        "schema.cedarschema",
+        "tests.toml",
+    ] {
+        std::fs::copy(root.join("policies").join(f), d.join("policies").join(f)).unwrap();
+    }
+    let port = common::idp::free_port();
+    let rw = Rewrite::new().port(7373, port);
+    let config = std::fs::read_to_string(root.join("examples/countersign.toml"))
+        .unwrap()
+        .replace("hold = \"10s\"", "hold = \"1s\"");
+    std::fs::write(d.join("examples/countersign.toml"), rw.apply(&config)).unwrap();
+    let git = "git init -q -b main && git -c user.name=t -c user.email=t@example.com add -A \
+               && git -c user.name=t -c user.email=t@example.com commit -qm policies";
+    let said = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let out = sh(d, git);
+    assert!(out.status.success(), "{}", said(&out));
+
+    // 1. The changed set beside the one in force.
+    let out = sh(d, &rw.apply(&steps[0]));
+    assert!(out.status.success(), "{}", said(&out));
+    // 2. The gateway with the shadow set.
+    let mut gateway = spawn(d, &rw.apply(steps[1].trim()));
+    common::wait_listening(&mut gateway, "the gateway");
+    let gateway = Background(gateway);
+    // 3. A refund: held by the set in force.
+    let out = said(&sh(d, &rw.apply(&steps[2])));
+    assert!(out.contains("approval_pending"), "{out}");
+    common::eventually("the disagreement is in the audit log", || {
+        common::audit_entries(&d.join(".countersign/audit"))
+            .iter()
+            .any(|e| e["kind"] == "shadow_disagreement")
+    })
+    .await;
+    // 4. The diff over the calls seen, as the guide prints it.
+    let out = said(&sh(d, &rw.apply(&steps[3])));
+    assert!(
+        out.contains("on the calls of the last day: 1 of 1 calls would be decided otherwise (1 towards allow)")
+            && out.contains("payments/refund  approval -> allow (loosens)  1"),
+        "{out}"
+    );
+    drop(gateway);
+    // 5. The change against the last commit, from git; the folder put back.
+    let out = sh(d, &rw.apply(&steps[4]));
+    let diff = said(&out);
+    assert!(
+        out.status.success()
+            && diff.contains("under policies@HEAD and then policies")
+            && diff.contains("payments/refund  approval -> allow (loosens)"),
+        "{diff}"
+    );
+    let status = sh(d, "git status --porcelain policies");
+    assert!(said(&status).trim().is_empty(), "{}", said(&status));
+}
