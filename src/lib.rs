@@ -143,7 +143,7 @@ mod map {
     /// Every unit test that makes a schema on PostgreSQL has `postgres` in
     /// its path (its name, or a module `on_postgres`): on a machine with
     /// only Rust they say they are skipped, and `--skip postgres` leaves
-    /// them out by name (README, the quick loop).
+    /// them out by name (docs/install.md, the quick loop).
     #[test]
     fn every_unit_test_on_postgresql_says_so_in_its_path() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
