@@ -435,29 +435,13 @@ async fn two_sessions_charges_have_different_ids() {
 /// held, approved, and runs once through two more sends; the log verifies.
 #[tokio::test]
 async fn the_readme_quick_start_runs_as_written() {
-    use common::docs::{sh, sh_blocks, spawn, Background, Rewrite};
+    use common::docs::{example_clone, said, sh, sh_blocks, spawn, Background};
     let setup = sh_blocks("README.md", "## Set up", Some("## Quick start"));
     let steps = sh_blocks("README.md", "## Quick start", Some("## Guides"));
     assert_eq!(steps.len(), 4, "{steps:#?}");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::fs::create_dir_all(d.join("examples")).unwrap();
-    std::fs::create_dir_all(d.join("policies")).unwrap();
-    for f in [
-        "default.cedar",
-        "quorum.cedar",
-        "schema.cedarschema",
-        "tests.toml",
-    ] {
-        std::fs::copy(root.join("policies").join(f), d.join("policies").join(f)).unwrap();
-    }
-    let port = common::idp::free_port();
-    let rw = Rewrite::new().port(7373, port);
-    let config = std::fs::read_to_string(root.join("examples/countersign.toml"))
-        .unwrap()
-        .replace("hold = \"10s\"", "hold = \"1s\"");
-    std::fs::write(d.join("examples/countersign.toml"), rw.apply(&config)).unwrap();
+    let (port, rw) = example_clone(d);
     // HOME for `~/.countersign/alice.key`.
     let home = d.join("home");
     std::fs::create_dir_all(&home).unwrap();
@@ -483,13 +467,6 @@ async fn the_readme_quick_start_runs_as_written() {
     common::wait_listening(&mut gateway, "the gateway");
     let _gateway = Background(gateway);
 
-    let said = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
     // 1. A reviewer.
     let out = sh(d, &in_home(&steps[0]));
     assert!(out.status.success(), "{}", said(&out));
@@ -542,37 +519,14 @@ async fn the_readme_quick_start_runs_as_written() {
 /// the change diffed from git revisions.
 #[tokio::test]
 async fn the_policies_walk_through_runs_as_written() {
-    use common::docs::{sh, sh_blocks, spawn, Background, Rewrite};
+    use common::docs::{example_clone, said, sh, sh_blocks, spawn, Background};
     let steps = sh_blocks("docs/policies.md", "## Walk-through", Some("## Policies"));
     assert_eq!(steps.len(), 5, "{steps:#?}");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::fs::create_dir_all(d.join("examples")).unwrap();
-    std::fs::create_dir_all(d.join("policies")).unwrap();
-    for f in [
-        "default.cedar",
-        "quorum.cedar",
-        "schema.cedarschema",
-        "tests.toml",
-    ] {
-        std::fs::copy(root.join("policies").join(f), d.join("policies").join(f)).unwrap();
-    }
-    let port = common::idp::free_port();
-    let rw = Rewrite::new().port(7373, port);
-    let config = std::fs::read_to_string(root.join("examples/countersign.toml"))
-        .unwrap()
-        .replace("hold = \"10s\"", "hold = \"1s\"");
-    std::fs::write(d.join("examples/countersign.toml"), rw.apply(&config)).unwrap();
+    let (_, rw) = example_clone(d);
     let git = "git init -q -b main && git -c user.name=t -c user.email=t@example.com add -A \
                && git -c user.name=t -c user.email=t@example.com commit -qm policies";
-    let said = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    };
     let out = sh(d, git);
     assert!(out.status.success(), "{}", said(&out));
 

@@ -8,7 +8,7 @@ use crate::common;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use common::docs::{sh, sh_blocks, spawn, Background, Rewrite};
+use common::docs::{said as text, sh, sh_blocks, spawn, Background, Rewrite};
 use common::idp::free_port;
 
 /// The folders a guide's commands read, copied into `dir` as they are in a
@@ -31,14 +31,6 @@ fn clone_of(dir: &Path, files: &[&str]) {
             std::fs::copy(from, to).unwrap();
         }
     }
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// docs/delegation.md: the shipped provider, the example server over

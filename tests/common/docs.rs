@@ -103,3 +103,37 @@ pub fn spawn(dir: &Path, line: &str) -> Child {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start `{line}`: {e}"))
 }
+
+/// A folder as a clone holds it for the example gateway: the shipped
+/// `policies/` and `examples/countersign.toml` listening on a free port,
+/// with a 1 s `approvals.hold` for the example's 10 s. Its port, and the
+/// rewrite that puts that port in a guide's commands.
+pub fn example_clone(dir: &Path) -> (u16, Rewrite) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(dir.join("examples")).unwrap();
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    for f in [
+        "default.cedar",
+        "quorum.cedar",
+        "schema.cedarschema",
+        "tests.toml",
+    ] {
+        std::fs::copy(root.join("policies").join(f), dir.join("policies").join(f)).unwrap();
+    }
+    let port = super::idp::free_port();
+    let rw = Rewrite::new().port(7373, port);
+    let config = std::fs::read_to_string(root.join("examples/countersign.toml"))
+        .unwrap()
+        .replace("hold = \"10s\"", "hold = \"1s\"");
+    std::fs::write(dir.join("examples/countersign.toml"), rw.apply(&config)).unwrap();
+    (port, rw)
+}
+
+/// What a command printed, stdout then stderr.
+pub fn said(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

@@ -253,9 +253,10 @@ fn executions(dir: &Path) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
-    // The keys this test drives are the ones the README's TUI section names.
+    // The keys this test drives are the ones docs/approvals.md's TUI section names.
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/approvals.md"))
+            .unwrap();
     let section = readme
         .split("## Reviewer TUI")
         .nth(1)
@@ -273,7 +274,7 @@ async fn keys_in_a_real_terminal_approve_one_write_and_deny_another() {
     ] {
         assert!(
             section.contains(key),
-            "the README's TUI section names {key}"
+            "docs/approvals.md's TUI section names {key}"
         );
     }
     let gw = start_gateway();
