@@ -709,3 +709,27 @@ async fn a_flood_of_made_up_kids_makes_at_most_one_fetch_per_interval() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(jwks.fetches(), 2);
 }
+
+/// A request refused before its body is read is answered with
+/// `Connection: close`: hyper closes such a connection after the answer, and
+/// a client that reused it (the OAuth discovery right after a 401) would
+/// meet a closing socket.
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_closes_the_connection() {
+    let gw = common::Gateway::start();
+    let resp = reqwest::Client::new()
+        .post(gw.url("payments"))
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        resp.headers()
+            .get("connection")
+            .map(|v| v.to_str().unwrap()),
+        Some("close")
+    );
+}

@@ -184,7 +184,19 @@ async fn post_mcp(
     let super::auth::Authenticated { identity, subject } = match admit(&gw, &server, &headers).await
     {
         Ok(a) => a,
-        Err(r) => return r,
+        // Refused before its body is read (an unauthenticated body is never
+        // read): hyper then closes the connection after the answer, and a
+        // client that put it back in its pool would send its next request
+        // (the OAuth discovery right after a 401) into a closing socket,
+        // "server disconnected without sending a response". Saying
+        // `Connection: close` keeps it out of the pool.
+        Err(mut r) => {
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            return r;
+        }
     };
     let limit = gw.config().limits.max_body_bytes;
     // The header timeout ends at the header: a body trickled in a byte at a
