@@ -767,6 +767,24 @@ mod tests {
         assert!(failed.is_empty(), "{}", failed.join("\n"));
     }
 
+    /// The README's test command is the one `.ci/run` runs: a newcomer who
+    /// types it runs what CI runs.
+    #[test]
+    fn the_readme_test_command_is_the_one_ci_runs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
+        let command = shell_lines(&readme)
+            .into_iter()
+            .find(|l| l.starts_with("cargo test"))
+            .expect("the README names a `cargo test` command");
+        assert!(
+            ci.lines().any(|l| l.trim_start().starts_with(&command)),
+            "`.ci/run` does not run the README's `{command}`"
+        );
+        assert!(shell_lines(&readme).iter().any(|l| l == ".ci/run"));
+    }
+
     #[test]
     fn keygen_names_its_name_as_optional() {
         let mut cmd = super::Cli::command();
