@@ -710,7 +710,7 @@ async fn a_flood_of_made_up_kids_makes_at_most_one_fetch_per_interval() {
     assert_eq!(jwks.fetches(), 2);
 }
 
-/// A request refused before its body is read is answered with
+/// A request refused before its body is read to its end is answered with
 /// `Connection: close`: hyper closes such a connection after the answer, and
 /// a client that reused it (the OAuth discovery right after a 401) would
 /// meet a closing socket.
@@ -726,6 +726,25 @@ async fn a_refusal_before_the_body_is_read_closes_the_connection() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 401);
+    assert_eq!(
+        resp.headers()
+            .get("connection")
+            .map(|v| v.to_str().unwrap()),
+        Some("close")
+    );
+    // A body cut off at `limits.max_body_bytes` (64 KiB here) is not read
+    // to its end either; just over it, so the rest fits the socket's
+    // buffers and the client reads the answer.
+    let resp = reqwest::Client::new()
+        .post(gw.url("payments"))
+        .bearer_auth(common::TOKEN)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .body(format!(r#"{{"pad":"{}"}}"#, "x".repeat(70_000)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
     assert_eq!(
         resp.headers()
             .get("connection")

@@ -69,7 +69,11 @@ pub(crate) const CSV_COLUMNS: [&str; 18] = [
 fn reason(e: &Map<String, Value>) -> String {
     e.get("reason")
         .and_then(Value::as_str)
-        .or_else(|| e.pointer_str("/approval/statement/reason"))
+        .or_else(|| {
+            e.get("approval")
+                .and_then(|a| a.pointer("/statement/reason"))
+                .and_then(Value::as_str)
+        })
         .unwrap_or_default()
         .to_owned()
 }
@@ -96,20 +100,6 @@ fn budgets(e: &Map<String, Value>) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// `Value::pointer` on an entry's map, as text.
-trait PointerStr {
-    fn pointer_str(&self, pointer: &str) -> Option<&str>;
-}
-
-impl PointerStr for Map<String, Value> {
-    fn pointer_str(&self, pointer: &str) -> Option<&str> {
-        let (first, rest) = pointer.trim_start_matches('/').split_once('/')?;
-        self.get(first)?
-            .pointer(&format!("/{rest}"))
-            .and_then(Value::as_str)
-    }
 }
 
 /// Which kind of key signed an entry's reviewer statement: `passkey`,

@@ -284,25 +284,21 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                 .saturating_sub(i64::try_from(since.as_millis()).unwrap_or(i64::MAX));
             // `--base-rev` (and `--head-rev`): the folders as git holds
             // them, written out for the length of the command.
-            let mut named = Vec::new();
-            let (base, head) = match &base_rev {
-                Some(rev) => {
-                    let b = diff::at_revision(&policies, rev)?;
-                    let h = match &head_rev {
-                        Some(rev) => Some(diff::at_revision(&policies, rev)?),
-                        None => None,
-                    };
-                    let paths = (
-                        Some(b.path.clone()),
-                        Some(
-                            h.as_ref()
-                                .map_or_else(|| policies.clone(), |h| h.path.clone()),
-                        ),
-                    );
-                    named.push(b);
-                    named.extend(h);
-                    paths
-                }
+            let at = |rev: &Option<String>| {
+                rev.as_deref()
+                    .map(|r| diff::at_revision(&policies, r))
+                    .transpose()
+            };
+            let (base_at, head_at) = (at(&base_rev)?, at(&head_rev)?);
+            let (base, head) = match &base_at {
+                Some(b) => (
+                    Some(b.path.clone()),
+                    Some(
+                        head_at
+                            .as_ref()
+                            .map_or(policies.clone(), |h| h.path.clone()),
+                    ),
+                ),
                 None => (base, head),
             };
             let report = match (shadow, base, head) {
@@ -356,7 +352,7 @@ pub(crate) async fn command(command: PolicyCommand) -> anyhow::Result<ExitCode> 
                 _ => anyhow::bail!("policy diff needs BASE and HEAD folders, or --shadow"),
             };
             let mut report = report;
-            for n in &named {
+            for n in base_at.iter().chain(&head_at) {
                 report.over = report.over.replace(&n.path.display().to_string(), &n.name);
             }
             out!("{}", report.render(format)?);

@@ -171,6 +171,21 @@ fn accepts_sse(headers: &HeaderMap) -> bool {
         .is_none_or(|a| a.contains("text/event-stream") || a.contains("*/*"))
 }
 
+/// An answer to a request whose body was not read to its end (refused
+/// before it, or cut off in it). hyper closes such a connection after the
+/// answer, and a client that put it back in its pool would send its next
+/// request (the OAuth discovery right after a 401) into a closing socket:
+/// "server disconnected without sending a response". `Connection: close`
+/// keeps it out of the pool. Here rather than in `bounds` for every route:
+/// knowing whether a body ended would cost every call, and the other
+/// routes read their bodies whole before they answer (the console's
+/// refusals in `bounds` already say `close`).
+fn closing(mut r: Response) -> Response {
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
 /// The handler's future is moved by value by the router: the paths off
 /// the common one (batch, initialize, 2026-07-28, a session's relay) are
 /// boxed where they are awaited, so it stays small.
@@ -184,19 +199,8 @@ async fn post_mcp(
     let super::auth::Authenticated { identity, subject } = match admit(&gw, &server, &headers).await
     {
         Ok(a) => a,
-        // Refused before its body is read (an unauthenticated body is never
-        // read): hyper then closes the connection after the answer, and a
-        // client that put it back in its pool would send its next request
-        // (the OAuth discovery right after a 401) into a closing socket,
-        // "server disconnected without sending a response". Saying
-        // `Connection: close` keeps it out of the pool.
-        Err(mut r) => {
-            r.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-            return r;
-        }
+        // An unauthenticated body is never read.
+        Err(r) => return closing(r),
     };
     let limit = gw.config().limits.max_body_bytes;
     // The header timeout ends at the header: a body trickled in a byte at a
@@ -213,7 +217,7 @@ async fn post_mcp(
                     Some(&server),
                     "the request body did not arrive in time",
                 );
-                return reject(Rejection::BodyTimeout(within), Value::Null);
+                return closing(reject(Rejection::BodyTimeout(within), Value::Null));
             }
             // Only the limit's own error means "too large"; a malformed
             // chunked body or one shorter than its Content-Length is a bad
@@ -222,10 +226,13 @@ async fn post_mcp(
                 std::iter::successors(Some(&*e as &dyn std::error::Error), |e| e.source())
                     .any(|e| e.is::<http_body_util::LengthLimitError>());
             if too_large {
-                return reject(Rejection::TooLarge { limit }, Value::Null);
+                return closing(reject(Rejection::TooLarge { limit }, Value::Null));
             }
             tracing::warn!(%server, "request body could not be read: {e}");
-            return reject(Rejection::BodyUnreadable(e.to_string()), Value::Null);
+            return closing(reject(
+                Rejection::BodyUnreadable(e.to_string()),
+                Value::Null,
+            ));
         }
     };
     let parsed = match parse_client_body(&bytes) {
