@@ -361,7 +361,7 @@ fn exchange_advice(reason: &str) -> &'static str {
         }
         "invalid_target" | "invalid_scope" => {
             "the identity provider does not issue tokens for the audience or scope the gateway asks for this \
-             server (`audience` and `scope` of `[servers.S.delegation]`): an operator must fix them or the \
+             server (`audience` and `scopes` of `[servers.S.delegation]`): an operator must fix them or the \
              provider's policy; a retry fails the same way until then."
         }
         "timeout" | "unreachable" | "invalid_response" => {
