@@ -1157,13 +1157,7 @@ impl AuditSink for MemorySink {
     }
     fn record_staged(&self, _staged: Staged) {}
     fn unstage(&self, _staged: Staged) {}
-    fn arguments_fields_jcs(
-        &self,
-        _a: &Value,
-        _jcs: &str,
-        _f: &mut serde_json::Map<String, Value>,
-    ) {
-    }
+    fn arguments_fields_jcs(&self, _a: &Value, _jcs: &str, _f: &mut countersign::audit::Fields) {}
 }
 
 #[tokio::test]

@@ -43,7 +43,7 @@ pub use super::outbox::Staged;
 use super::outbox::{self, Outbox};
 use super::recover::{check_extends, latest_signed, recover, tail_hashes};
 use super::writer::{Msg, Queue, Writer, QUEUE_WAKE};
-use super::{hash_bytes, ArgumentMode, LOG_STARTED};
+use super::{hash_bytes, ArgumentMode, Fields, LOG_STARTED};
 use crate::core::reviewers::{format_public_key, KeyFile};
 use crate::store::Store;
 
@@ -190,14 +190,14 @@ pub struct AuditLog {
 /// before them (a `tools_learned` on a call's first use), a late drain would
 /// give it a later time than the call's, and the log's times would step
 /// back from cause to effect.
-fn stamp(entries: &mut [(&'static str, Map<String, Value>)]) {
+fn stamp(entries: &mut [(&'static str, Fields)]) {
     let mut now: Option<Value> = None;
     for (_, f) in entries.iter_mut() {
         if !f.get("time").is_some_and(Value::is_string) {
             let t = now.get_or_insert_with(|| {
                 Value::from(crate::core::time::rfc3339(crate::core::time::now_ms()))
             });
-            f.insert("time".into(), t.clone());
+            f.insert("time", t.clone());
         }
     }
 }
@@ -319,7 +319,8 @@ impl AuditLog {
                 "audit log: the previous run did not end with a shutdown checkpoint (crash?)"
             );
         }
-        w.append(LOG_STARTED, started).map_err(io_err(&path))?;
+        w.append(LOG_STARTED, started.into())
+            .map_err(io_err(&path))?;
         w.sync().map_err(io_err(&path))?;
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
@@ -342,13 +343,13 @@ impl AuditLog {
     }
 
     /// Append an entry (buffered), stamped now unless it carries its time.
-    pub fn record(&self, kind: &'static str, fields: Map<String, Value>) {
-        self.record_all(vec![(kind, fields)]);
+    pub fn record(&self, kind: &'static str, fields: impl Into<Fields>) {
+        self.record_all(vec![(kind, fields.into())]);
     }
 
     /// Append entries, in order (buffered). One message to the writer: a
     /// call's entries cost one wake-up of the writer thread, not one each.
-    pub fn record_all(&self, mut entries: Vec<(&'static str, Map<String, Value>)>) {
+    pub fn record_all(&self, mut entries: Entries) {
         if entries.is_empty() {
             return;
         }
@@ -376,16 +377,13 @@ impl AuditLog {
     pub async fn record_durable(
         &self,
         kind: &'static str,
-        fields: Map<String, Value>,
+        fields: impl Into<Fields>,
     ) -> Result<(), String> {
-        self.record_all_durable(vec![(kind, fields)]).await
+        self.record_all_durable(vec![(kind, fields.into())]).await
     }
 
     /// Append entries, in order, and return once all are on disk.
-    pub async fn record_all_durable(
-        &self,
-        mut entries: Vec<(&'static str, Map<String, Value>)>,
-    ) -> Result<(), String> {
+    pub async fn record_all_durable(&self, mut entries: Entries) -> Result<(), String> {
         stamp(&mut entries);
         let (done, wait) = oneshot::channel();
         {
@@ -450,17 +448,12 @@ impl AuditLog {
     }
 
     /// The recorded form of `arguments` (see [`super::record_arguments`]).
-    pub fn arguments_fields(&self, arguments: &Value, fields: &mut Map<String, Value>) {
+    pub fn arguments_fields(&self, arguments: &Value, fields: &mut Fields) {
         super::record_arguments(self.arguments, &self.redact, arguments, fields);
     }
 
     /// [`AuditLog::arguments_fields`] from the arguments' JCS text.
-    pub fn arguments_fields_jcs(
-        &self,
-        arguments: &Value,
-        jcs: &str,
-        fields: &mut Map<String, Value>,
-    ) {
+    pub fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Fields) {
         let digest =
             crate::core::canonical::sha256_text(&crate::core::sha256::digest(jcs.as_bytes()));
         super::record_arguments_digested(self.arguments, &self.redact, arguments, digest, fields);
@@ -503,7 +496,7 @@ impl super::AuditSink for AuditLog {
         AuditLog::unstage(self, staged);
     }
 
-    fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Map<String, Value>) {
+    fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Fields) {
         AuditLog::arguments_fields_jcs(self, arguments, jcs, fields);
     }
 

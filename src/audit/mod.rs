@@ -15,6 +15,8 @@
 //! file reader and the report in [`verify`], the exports in [`export`].
 
 pub(crate) mod export;
+pub mod fields;
+pub use fields::Fields;
 pub mod log;
 pub mod merkle;
 pub mod note;
@@ -94,7 +96,7 @@ pub fn value_digest(value: &Value) -> String {
 pub use crate::core::config::ArgumentMode;
 
 /// Entries in order: kind and fields.
-pub type Entries = Vec<(&'static str, Map<String, Value>)>;
+pub type Entries = Vec<(&'static str, Fields)>;
 
 /// Where evidence goes: the enforcement pipeline, the approval book and a
 /// call's trail record through this trait. [`log::AuditLog`] is the
@@ -105,7 +107,7 @@ pub trait AuditSink: Send + Sync {
 
     /// One entry.
     fn record(&self, kind: &'static str, fields: Map<String, Value>) {
-        self.record_all(vec![(kind, fields)]);
+        self.record_all(vec![(kind, fields.into())]);
     }
 
     /// Stage entries that must be durable with a dispatch (committed in
@@ -121,7 +123,7 @@ pub trait AuditSink: Send + Sync {
 
     /// The `arguments` fields of an entry, as `audit.arguments` says, from
     /// the arguments and their JCS text.
-    fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Map<String, Value>);
+    fn arguments_fields_jcs(&self, arguments: &Value, jcs: &str, fields: &mut Fields);
 
     /// A revision's argument changes as this sink records arguments (see
     /// [`record_changes`]). By default every value is a digest: a sink that
@@ -137,7 +139,7 @@ pub trait AuditSink: Send + Sync {
     }
 
     /// [`AuditSink::arguments_fields_jcs`], canonicalizing the arguments.
-    fn arguments_fields(&self, arguments: &Value, fields: &mut Map<String, Value>) {
+    fn arguments_fields(&self, arguments: &Value, fields: &mut Fields) {
         let jcs = crate::core::canonical::jcs(arguments);
         self.arguments_fields_jcs(arguments, &jcs, fields);
     }
@@ -150,7 +152,7 @@ pub fn record_arguments(
     mode: ArgumentMode,
     redact: &[String],
     arguments: &Value,
-    fields: &mut Map<String, Value>,
+    fields: &mut Fields,
 ) {
     record_arguments_digested(mode, redact, arguments, value_digest(arguments), fields);
 }
@@ -162,17 +164,17 @@ pub fn record_arguments_digested(
     redact: &[String],
     arguments: &Value,
     digest: String,
-    fields: &mut Map<String, Value>,
+    fields: &mut Fields,
 ) {
-    fields.insert("arguments_digest".into(), json!(digest));
+    fields.insert("arguments_digest", Value::from(digest));
     match mode {
         ArgumentMode::Full => {
-            fields.insert("arguments".into(), arguments.clone());
+            fields.insert("arguments", arguments.clone());
         }
         ArgumentMode::Digest => {}
         ArgumentMode::Redact => {
             let copy = crate::core::redact::redacted(arguments, redact).into_owned();
-            fields.insert("arguments".into(), copy);
+            fields.insert("arguments", copy);
         }
     }
 }
@@ -932,7 +934,7 @@ mod tests {
     #[test]
     fn redaction_replaces_values_by_their_digest_and_the_digest_stays() {
         let args = json!({"card": {"number": "4111"}, "amount": 5});
-        let mut f = Map::new();
+        let mut f = Fields::new();
         record_arguments(
             ArgumentMode::Redact,
             &["/card/number".into()],
@@ -945,7 +947,7 @@ mod tests {
             json!(value_digest(&json!("4111")))
         );
         assert_eq!(f["arguments_digest"], json!(value_digest(&args)));
-        let mut f = Map::new();
+        let mut f = Fields::new();
         record_arguments(ArgumentMode::Digest, &[], &args, &mut f);
         assert!(f.get("arguments").is_none() && f.get("arguments_digest").is_some());
     }

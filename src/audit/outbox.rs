@@ -94,7 +94,7 @@ impl Outbox {
         }
         let id = self.next.fetch_add(1, Ordering::SeqCst);
         for (i, (_, f)) in entries.iter_mut().enumerate() {
-            f.insert("outbox".into(), Value::from(format!("{id}/{i}")));
+            f.insert("outbox", Value::from(format!("{id}/{i}")));
         }
         let text = serde_json::to_string(&entries).unwrap_or_default();
         Ok(Staged { id, text, entries })
@@ -140,7 +140,7 @@ pub(super) async fn recovered(
             let tag = fields.get("outbox").and_then(Value::as_str).unwrap_or("");
             if !present.contains(tag) {
                 fields.insert("recovered".into(), Value::Bool(true));
-                recovered.push((intern(&kind), fields));
+                recovered.push((intern(&kind), fields.into()));
             }
         }
     }

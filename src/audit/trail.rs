@@ -23,10 +23,10 @@
 
 use std::sync::{Arc, OnceLock};
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::audit::log::Staged;
-use crate::audit::{AuditSink, Entries};
+use crate::audit::{AuditSink, Entries, Fields};
 use crate::core::canonical::CanonicalCall;
 use crate::core::decision::Decision;
 use crate::core::identity::Identity;
@@ -41,7 +41,7 @@ pub(crate) struct Trail<'c> {
 struct Log<'c> {
     sink: Arc<dyn AuditSink>,
     /// The fields every entry carries (but the key).
-    base: Map<String, Value>,
+    base: Fields,
     /// The idempotency key, once the call has one (a read without a key
     /// never derives one).
     key: OnceLock<String>,
@@ -52,14 +52,14 @@ struct Log<'c> {
 struct Pending {
     /// Entries to hand over, with their own fields (the base is added at
     /// hand-over).
-    entries: Vec<(&'static str, Map<String, Value>)>,
+    entries: Vec<(&'static str, Fields)>,
     /// An unattended read so far: its `call_received` and `decision`,
     /// not yet written (they go into its `completed` entry).
     read: Option<ReadSoFar>,
     /// Delegation evidence, added to every entry recorded from now on.
     delegated: Option<Value>,
     /// Fields for the `dispatched` entry (the guards' figures).
-    at_dispatch: Map<String, Value>,
+    at_dispatch: Fields,
 }
 
 struct ReadSoFar {
@@ -85,16 +85,16 @@ impl<'c> Trail<'c> {
     ) -> Trail<'c> {
         Trail {
             log: audit.map(|a| {
-                let mut base = Map::new();
-                base.insert("call_digest".into(), json!(call.digest));
-                base.insert("principal".into(), json!(who.principal));
-                base.insert("tenant".into(), json!(who.tenant));
+                let mut base = Fields::new();
+                base.insert("call_digest", json!(call.digest));
+                base.insert("principal", json!(who.principal));
+                base.insert("tenant", json!(who.tenant));
                 // The OAuth client the requester's token was issued to.
                 if let Some(c) = &who.client {
-                    base.insert("client".into(), json!(c));
+                    base.insert("client", json!(c));
                 }
-                base.insert("server".into(), json!(server));
-                base.insert("tool".into(), json!(call.tool));
+                base.insert("server", json!(server));
+                base.insert("tool", json!(call.tool));
                 let key = OnceLock::new();
                 if let Some(k) = client_key {
                     let _ = key.set(k.to_owned());
@@ -132,25 +132,25 @@ impl<'c> Trail<'c> {
             .collect()
     }
 
-    fn push(&self, kind: &'static str, mut f: Map<String, Value>) {
-        f.insert("time".into(), now());
+    fn push(&self, kind: &'static str, mut f: Fields) {
+        f.insert("time", now());
         self.pending.lock().entries.push((kind, f));
     }
 
     /// Record an entry: stamped now, handed to the writer with the
     /// dispatch, at a flush, or when the call ends.
-    pub(crate) fn record(&self, kind: &'static str, extra: Vec<(&str, Value)>) {
+    pub(crate) fn record(&self, kind: &'static str, extra: Vec<(&'static str, Value)>) {
         let Some(log) = &self.log else {
             return;
         };
-        let mut f = Map::new();
+        let mut f = Fields::new();
         for (k, v) in extra {
-            f.insert(k.to_owned(), v);
+            f.insert(k, v);
         }
-        f.insert("time".into(), now());
+        f.insert("time", now());
         let mut p = self.pending.lock();
         if let Some(d) = &p.delegated {
-            f.insert("delegated".into(), d.clone());
+            f.insert("delegated", d.clone());
         }
         if kind == "completed" {
             if let Some(read) = p.read.take_if(|r| r.allowed.is_some()) {
@@ -175,7 +175,7 @@ impl<'c> Trail<'c> {
 
     /// Fields the call's `dispatched` entry will carry (the figures of the
     /// guards it took: one entry, not one more).
-    pub(crate) fn at_dispatch(&self, extra: Vec<(&str, Value)>) {
+    pub(crate) fn at_dispatch(&self, extra: Vec<(&'static str, Value)>) {
         if self.log.is_some() {
             let mut p = self.pending.lock();
             for (k, v) in extra {
@@ -260,29 +260,29 @@ impl Pending {
 }
 
 impl Log<'_> {
-    fn with_base(&self, extra: Map<String, Value>) -> Map<String, Value> {
+    fn with_base(&self, extra: Fields) -> Fields {
         let mut f = self.base.clone();
         if let Some(k) = self.key.get() {
-            f.insert("idempotency_key".into(), json!(k));
+            f.insert("idempotency_key", json!(k));
         }
         f.extend(extra);
         f
     }
 
     /// [`Log::with_base`], taking the base fields (the trail's last entry).
-    fn taking_base(&mut self, extra: Map<String, Value>) -> Map<String, Value> {
+    fn taking_base(&mut self, extra: Fields) -> Fields {
         let mut f = std::mem::take(&mut self.base);
         if let Some(k) = self.key.get() {
-            f.insert("idempotency_key".into(), json!(k));
+            f.insert("idempotency_key", json!(k));
         }
         f.extend(extra);
         f
     }
 
-    fn received_fields(&self, explicit: bool, read_only: bool) -> Map<String, Value> {
-        let mut f = Map::new();
-        f.insert("explicit_key".into(), json!(explicit));
-        f.insert("read_only".into(), json!(read_only));
+    fn received_fields(&self, explicit: bool, read_only: bool) -> Fields {
+        let mut f = Fields::new();
+        f.insert("explicit_key", json!(explicit));
+        f.insert("read_only", json!(read_only));
         self.sink
             .arguments_fields_jcs(&self.call.arguments, &self.call.arguments_jcs, &mut f);
         f
@@ -295,27 +295,27 @@ impl ReadSoFar {
     /// `audit.arguments` says (who read which record is the evidence of an
     /// access log: a digest alone cannot say it), the decision,
     /// `received_at`, and the outcome's fields in `done`.
-    fn into_entry(self, log: &Log<'_>, mut done: Map<String, Value>) -> Map<String, Value> {
+    fn into_entry(self, log: &Log<'_>, mut done: Fields) -> Fields {
         log.sink
             .arguments_fields_jcs(&log.call.arguments, &log.call.arguments_jcs, &mut done);
-        done.insert("decision".into(), json!("allow"));
-        done.insert("policies".into(), json!(self.allowed.unwrap_or_default()));
-        done.insert("received_at".into(), self.received_at);
+        done.insert("decision", json!("allow"));
+        done.insert("policies", json!(self.allowed.unwrap_or_default()));
+        done.insert("received_at", self.received_at);
         done
     }
 
     /// The read as the separate entries of any call (it ended otherwise
     /// than answered): `call_received`, and `decision` when it was made.
-    fn separate(self, log: &Log<'_>) -> Vec<(&'static str, Map<String, Value>)> {
+    fn separate(self, log: &Log<'_>) -> Vec<(&'static str, Fields)> {
         // Only a read without a key is held back (see `received`).
         let mut received = log.received_fields(false, true);
-        received.insert("time".into(), self.received_at);
+        received.insert("time", self.received_at);
         let mut out = vec![("call_received", received)];
         if let (Some(policies), Some(at)) = (self.allowed, self.decided_at) {
-            let mut d = Map::new();
-            d.insert("decision".into(), json!("allow"));
-            d.insert("policies".into(), json!(policies));
-            d.insert("time".into(), at);
+            let mut d = Fields::new();
+            d.insert("decision", json!("allow"));
+            d.insert("policies", json!(policies));
+            d.insert("time", at);
             out.push(("decision", d));
         }
         out

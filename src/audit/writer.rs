@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::merkle::Hash;
@@ -20,7 +20,7 @@ use super::recover::write_latest;
 use super::segment::segment_path;
 use super::tree::TreeWriter;
 use super::ArgumentMode;
-use super::{sign_checkpoint, Entries, CHECKPOINT, CHECKPOINT_FILE, COSIGNED};
+use super::{sign_checkpoint, Entries, Fields, CHECKPOINT, CHECKPOINT_FILE, COSIGNED};
 
 /// `[audit]` settings the writer needs.
 #[derive(Debug, Clone)]
@@ -86,7 +86,7 @@ pub(super) const QUEUE_WAKE: usize = 4096;
 /// Entries appended together, in order; `durable` is answered once all of
 /// them are on disk.
 pub(super) struct Msg {
-    pub(super) entries: Vec<(&'static str, Map<String, Value>)>,
+    pub(super) entries: Entries,
     pub(super) durable: Option<oneshot::Sender<Result<(), String>>>,
 }
 
@@ -124,33 +124,35 @@ fn now() -> String {
 }
 
 impl Writer {
-    pub(super) fn append(&mut self, kind: &str, fields: Map<String, Value>) -> std::io::Result<()> {
+    pub(super) fn append(&mut self, kind: &str, fields: Fields) -> std::io::Result<()> {
         // The entry is the fields handed in, with the chain fields (the
         // writer's alone) set here: whatever a caller put under those names
         // is replaced. `time` may come with the entry (stamped when the
         // event happened).
         let mut e = fields;
-        e.insert("seq".into(), json!(self.seq + 1));
-        e.insert("kind".into(), json!(kind));
-        match &self.settings.gateway {
-            Some(g) => {
-                e.insert("gateway".into(), json!(g));
-            }
-            None => {
-                e.remove("gateway");
-            }
+        if self.settings.gateway.is_none() {
+            e.remove("gateway");
         }
-        e.remove("hash");
-        if !e.get("time").is_some_and(Value::is_string) {
-            e.insert("time".into(), json!(now()));
+        let seq = Value::from(self.seq + 1);
+        let kind_value = Value::from(kind);
+        let prev = Value::from(self.head.as_str());
+        let gateway = self.settings.gateway.as_deref().map(Value::from);
+        let stamped = (!e.get("time").is_some_and(Value::is_string)).then(|| Value::from(now()));
+        // In key order, set over the fields as the entry is written.
+        let mut over: Vec<(&str, &Value)> = Vec::with_capacity(5);
+        if let Some(g) = &gateway {
+            over.push(("gateway", g));
         }
-        e.insert("prev".into(), json!(self.head));
+        over.extend([("kind", &kind_value), ("prev", &prev), ("seq", &seq)]);
+        if let Some(t) = &stamped {
+            over.push(("time", t));
+        }
         // The entry's JCS is hashed, then written with `hash` spliced in at
         // its sorted place: the line is the JCS of the whole entry, so a
         // verifier hashes the line's own bytes with `hash` cut out instead
         // of parsing and re-serializing each entry.
         let mut jcs = Vec::with_capacity(640);
-        let slot = crate::core::canonical::jcs_object_into_at(&e, &mut jcs, "hash");
+        let slot = e.jcs_over_into_at(&over, &mut jcs, "hash");
         let digest: Hash = crate::core::sha256::digest(&jcs);
         let hash = crate::core::canonical::sha256_text(&digest);
         let member = format!("\"hash\":\"{hash}\"");
@@ -164,7 +166,6 @@ impl Writer {
         self.head = hash;
         self.since_checkpoint += 1;
         if kind == COSIGNED {
-            e.insert("hash".into(), json!(self.head));
             self.add_cosignatures(&e);
         }
         Ok(())
@@ -173,7 +174,7 @@ impl Writer {
     /// A witness's cosignatures go beside the checkpoint they cosign, in
     /// the checkpoint file (a note with more signature lines), when it is
     /// still the latest.
-    fn add_cosignatures(&mut self, e: &Map<String, Value>) {
+    fn add_cosignatures(&mut self, e: &Fields) {
         let size = e.get("size").and_then(Value::as_u64);
         let lines: Vec<&str> = e
             .get("cosignatures")
@@ -225,17 +226,18 @@ impl Writer {
         let signed = note::sign(&cp, &self.key).render();
         write_latest(&self.dir, &signed)?;
         let time = now();
-        let mut f = Map::new();
-        f.insert(
-            "checkpoint".into(),
-            json!({ "seq": self.seq, "head": self.head, "time": time }),
-        );
-        f.insert(
-            "signature".into(),
-            json!(sign_checkpoint(&self.key, self.seq, &self.head, &time)),
-        );
-        f.insert("note".into(), json!(signed));
-        f.insert("reason".into(), json!(reason));
+        let f = Fields::from([
+            (
+                "checkpoint",
+                json!({ "seq": self.seq, "head": self.head, "time": time }),
+            ),
+            (
+                "signature",
+                json!(sign_checkpoint(&self.key, self.seq, &self.head, &time)),
+            ),
+            ("note", json!(signed)),
+            ("reason", json!(reason)),
+        ]);
         self.append(CHECKPOINT, f)?;
         self.since_checkpoint = 0;
         self.last_signed = Some(cp);
@@ -298,7 +300,7 @@ impl Writer {
     fn append_counted(
         &mut self,
         kind: &str,
-        fields: Map<String, Value>,
+        fields: Fields,
         failed: &mut Option<String>,
         last_checkpoint: &mut Instant,
     ) {

@@ -516,9 +516,9 @@ impl Book {
             ("policies", Value::from(p.policies.clone())),
         ];
         if let Some(a) = &self.audit {
-            let mut args = serde_json::Map::new();
+            let mut args = crate::audit::Fields::new();
             a.arguments_fields(&p.arguments, &mut args);
-            extra.extend(args.into_iter().map(|(k, v)| match k.as_str() {
+            extra.extend(args.into_map().into_iter().map(|(k, v)| match k.as_str() {
                 "arguments" => ("arguments", v),
                 _ => ("arguments_digest", v),
             }));

@@ -1,0 +1,347 @@
+//! An audit entry's fields as they are built: a short vector kept in the
+//! entry's canonical (RFC 8785) key order.
+//!
+//! Every call's entries used to be built as `serde_json::Map`s. With
+//! `preserve_order` on (Cedar turns it on for the whole build), such a map is
+//! an `IndexMap` that hashes each key with SipHash on every insert and
+//! lookup, and the writer then sorted the members again to canonicalize the
+//! entry. An entry has about fifteen members: a sorted vector finds a key in
+//! four comparisons, needs no hash and no sort, and its members are written
+//! in order as they stand. Keys are mostly `'static` names, so they are
+//! never copied.
+
+use std::borrow::Cow;
+use std::cmp::Ordering;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::core::canonical::{jcs_into, jcs_string, Slot};
+
+/// A member's name.
+pub type Key = Cow<'static, str>;
+
+/// An audit entry's fields, in JCS key order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fields(Vec<(Key, Value)>);
+
+/// RFC 8785's key order: UTF-16 code units. UTF-8's byte order is code
+/// point order, which differs from UTF-16's only past U+FFFF; so where the
+/// first differing bytes are both ASCII (every name an entry uses), they
+/// decide, and only other keys are compared as UTF-16.
+#[inline]
+fn order(a: &str, b: &str) -> Ordering {
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) if x[i].is_ascii() && y[i].is_ascii() => x[i].cmp(&y[i]),
+        Some(_) => a.encode_utf16().cmp(b.encode_utf16()),
+    }
+}
+
+impl Fields {
+    /// No fields.
+    pub fn new() -> Fields {
+        Fields(Vec::new())
+    }
+
+    /// No fields, room for `n`.
+    pub fn with_capacity(n: usize) -> Fields {
+        Fields(Vec::with_capacity(n))
+    }
+
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| order(k, key))
+    }
+
+    /// Set `key` to `value`; the value it had, if any.
+    pub fn insert(&mut self, key: impl Into<Key>, value: Value) -> Option<Value> {
+        let key = key.into();
+        match self.find(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                self.0.insert(i, (key, value));
+                None
+            }
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.find(key).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Whether `key` is set.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Unset `key`; the value it had.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        self.find(key).ok().map(|i| self.0.remove(i).1)
+    }
+
+    /// How many fields.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// No fields.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The fields in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.0.iter().map(|(k, v)| (k.as_ref(), v))
+    }
+
+    /// Set every field of `other` (its values win): one merge of the two
+    /// ordered vectors.
+    pub fn extend(&mut self, other: Fields) {
+        if self.0.is_empty() {
+            self.0 = other.0;
+            return;
+        }
+        let mine = std::mem::take(&mut self.0);
+        self.0 = Vec::with_capacity(mine.len() + other.0.len());
+        let mut a = mine.into_iter().peekable();
+        let mut b = other.0.into_iter().peekable();
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) => match order(&x.0, &y.0) {
+                    Ordering::Less => a.next(),
+                    Ordering::Greater => b.next(),
+                    Ordering::Equal => {
+                        a.next();
+                        b.next()
+                    }
+                },
+                (Some(_), None) => a.next(),
+                (None, _) => b.next(),
+            };
+            match next {
+                Some(m) => self.0.push(m),
+                None => break,
+            }
+        }
+    }
+
+    /// As a JSON object.
+    pub fn into_map(self) -> Map<String, Value> {
+        self.0
+            .into_iter()
+            .map(|(k, v)| (k.into_owned(), v))
+            .collect()
+    }
+
+    /// The entry's JCS appended to `out`, and the [`Slot`] where a member
+    /// named `key` (absent here) goes: the writer hashes the text, then
+    /// writes it with `hash` spliced in. The members are in order already:
+    /// nothing is sorted here.
+    pub fn jcs_into_at(&self, out: &mut Vec<u8>, key: &str) -> Slot {
+        members_into_at(self.iter(), out, key)
+    }
+
+    /// [`Fields::jcs_into_at`] of these fields with `over` (in key order)
+    /// set over them, and without a member named `key`: the audit writer's
+    /// chain fields go in as the entry is written, not inserted first.
+    pub fn jcs_over_into_at(&self, over: &[(&str, &Value)], out: &mut Vec<u8>, key: &str) -> Slot {
+        let mut a = self.iter().peekable();
+        let mut b = over.iter().copied().peekable();
+        let merged = std::iter::from_fn(move || match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => match order(x.0, y.0) {
+                Ordering::Less => a.next(),
+                Ordering::Greater => b.next(),
+                Ordering::Equal => {
+                    a.next();
+                    b.next()
+                }
+            },
+            (Some(_), None) => a.next(),
+            (None, _) => b.next(),
+        });
+        members_into_at(merged.filter(|(k, _)| *k != key), out, key)
+    }
+}
+
+/// A JCS object of `members` (in key order) appended to `out`, and the
+/// [`Slot`] for a member named `key`, which they do not hold.
+fn members_into_at<'a>(
+    members: impl Iterator<Item = (&'a str, &'a Value)>,
+    out: &mut Vec<u8>,
+    key: &str,
+) -> Slot {
+    let start = out.len();
+    let mut at = None;
+    let mut any = false;
+    out.push(b'{');
+    for (k, v) in members {
+        if at.is_none() && order(k, key) != Ordering::Less {
+            at = Some((out.len() - start, any));
+        }
+        if any {
+            out.push(b',');
+        }
+        any = true;
+        jcs_string(k, out);
+        out.push(b':');
+        jcs_into(v, out);
+    }
+    out.push(b'}');
+    match at {
+        // Just after the brace (first member), or at the comma before the
+        // member it precedes.
+        Some((pos, after_some)) => Slot {
+            at: pos,
+            after_some,
+            before_some: true,
+        },
+        None => Slot {
+            at: out.len() - 1 - start,
+            after_some: any,
+            before_some: false,
+        },
+    }
+}
+
+impl From<Map<String, Value>> for Fields {
+    fn from(map: Map<String, Value>) -> Fields {
+        let mut v: Vec<(Key, Value)> = map.into_iter().map(|(k, v)| (Key::Owned(k), v)).collect();
+        v.sort_by(|a, b| order(&a.0, &b.0));
+        Fields(v)
+    }
+}
+
+impl<const N: usize> From<[(&'static str, Value); N]> for Fields {
+    fn from(members: [(&'static str, Value); N]) -> Fields {
+        let mut f = Fields::with_capacity(N);
+        for (k, v) in members {
+            f.insert(k, v);
+        }
+        f
+    }
+}
+
+impl std::ops::Index<&str> for Fields {
+    type Output = Value;
+
+    /// The value of `key`, `null` when it is unset (as a JSON map indexes).
+    fn index(&self, key: &str) -> &Value {
+        static NULL: Value = Value::Null;
+        self.get(key).unwrap_or(&NULL)
+    }
+}
+
+impl Serialize for Fields {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k.as_ref(), v)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields, D::Error> {
+        Map::<String, Value>::deserialize(d).map(Fields::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    #[test]
+    fn fields_write_the_same_jcs_as_the_map_they_hold() {
+        let m = map(json!({
+            "seq": 7, "kind": "completed", "arguments": {"b": 1, "a": [true, null]},
+            "\u{e000}x": "private use", "\u{1f600}": "astral", "time": "2026-12-07T00:00:00Z",
+            "a\"b": "quote",
+        }));
+        let f = Fields::from(m.clone());
+        for key in ["hash", "a", "zzz", "\u{1f601}", "\u{ffff}"] {
+            let mut want = Vec::new();
+            let want_slot = crate::core::canonical::jcs_object_into_at(&m, &mut want, key);
+            let mut got = Vec::new();
+            let got_slot = f.jcs_into_at(&mut got, key);
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                String::from_utf8(want).unwrap()
+            );
+            assert_eq!(got_slot, want_slot, "slot for {key:?}");
+        }
+    }
+
+    #[test]
+    fn members_set_over_the_fields_replace_theirs_and_the_slot_key_is_left_out() {
+        let f = Fields::from(map(
+            json!({"seq": "forged", "hash": "forged", "a": 1, "time": "t"}),
+        ));
+        let (seq, prev) = (json!(9), json!("p"));
+        let mut out = Vec::new();
+        let slot = f.jcs_over_into_at(&[("prev", &prev), ("seq", &seq)], &mut out, "hash");
+        let want = map(json!({"seq": 9, "a": 1, "time": "t", "prev": "p"}));
+        let mut want_text = Vec::new();
+        let want_slot = crate::core::canonical::jcs_object_into_at(&want, &mut want_text, "hash");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(want_text).unwrap()
+        );
+        assert_eq!(slot, want_slot);
+    }
+
+    #[test]
+    fn the_order_is_utf16s_where_it_differs_from_the_bytes() {
+        // U+FF61 is one UTF-16 unit (0xFF61), U+1F600 two (0xD83D...): in
+        // UTF-16 the astral one comes first, in UTF-8 bytes last.
+        assert_eq!(order("\u{1f600}", "\u{ff61}"), Ordering::Less);
+        assert_eq!(order("ab", "abc"), Ordering::Less);
+        assert_eq!(order("b", "a\u{ff61}"), Ordering::Greater);
+        assert_eq!(order("same", "same"), Ordering::Equal);
+    }
+
+    #[test]
+    fn an_empty_entry_takes_its_one_member_between_the_braces() {
+        let mut out = Vec::new();
+        let slot = Fields::new().jcs_into_at(&mut out, "hash");
+        let mut line = Vec::new();
+        slot.splice(&out, br#""hash":"x""#, &mut line);
+        assert_eq!(line, br#"{"hash":"x"}"#);
+    }
+
+    #[test]
+    fn inserts_keep_the_order_and_replace_a_value() {
+        let mut f = Fields::new();
+        assert_eq!(f.insert("time", json!(1)), None);
+        f.insert("kind", json!("a"));
+        f.insert(String::from("seq"), json!(2));
+        assert_eq!(f.insert("time", json!(3)), Some(json!(1)));
+        let keys: Vec<&str> = f.iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["kind", "seq", "time"]);
+        assert_eq!(f["time"], json!(3));
+        assert_eq!(f["nothing"], Value::Null);
+        assert_eq!(f.remove("kind"), Some(json!("a")));
+        assert!(!f.contains_key("kind") && f.len() == 2);
+        let mut g = Fields::from([("a", json!(0)), ("time", json!(4))]);
+        g.extend(f);
+        assert_eq!(
+            serde_json::to_value(&g).unwrap(),
+            json!({"a": 0, "seq": 2, "time": 3})
+        );
+    }
+
+    #[test]
+    fn fields_round_trip_through_json_in_order() {
+        let f = Fields::from(map(json!({"z": 1, "a": {"y": 2, "x": 3}})));
+        let text = serde_json::to_string(&f).unwrap();
+        assert_eq!(text, r#"{"a":{"y":2,"x":3},"z":1}"#);
+        let back: Fields = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, f);
+    }
+}
