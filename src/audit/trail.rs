@@ -63,14 +63,20 @@ struct Pending {
 }
 
 struct ReadSoFar {
-    received_at: Value,
+    /// Unix ms (formatted only when written: a read's decision time is
+    /// written only when the read ends otherwise than answered).
+    received_at: i64,
     /// The allow decision's policies, once decided.
     allowed: Option<Vec<String>>,
-    decided_at: Option<Value>,
+    decided_at: Option<i64>,
 }
 
 fn now() -> Value {
-    Value::from(crate::core::time::rfc3339(crate::core::time::now_ms()))
+    at(crate::core::time::now_ms())
+}
+
+fn at(ms: i64) -> Value {
+    Value::from(crate::core::time::rfc3339(ms))
 }
 
 impl<'c> Trail<'c> {
@@ -213,7 +219,7 @@ impl<'c> Trail<'c> {
         };
         if read_only && !explicit {
             self.pending.lock().read = Some(ReadSoFar {
-                received_at: now(),
+                received_at: crate::core::time::now_ms(),
                 allowed: None,
                 decided_at: None,
             });
@@ -228,7 +234,7 @@ impl<'c> Trail<'c> {
             let mut p = self.pending.lock();
             if let Some(read) = p.read.as_mut().filter(|r| r.allowed.is_none()) {
                 read.allowed = Some(policies.clone());
-                read.decided_at = Some(now());
+                read.decided_at = Some(crate::core::time::now_ms());
                 return;
             }
         }
@@ -300,7 +306,7 @@ impl ReadSoFar {
             .arguments_fields_jcs(&log.call.arguments, &log.call.arguments_jcs, &mut done);
         done.insert("decision", json!("allow"));
         done.insert("policies", json!(self.allowed.unwrap_or_default()));
-        done.insert("received_at", self.received_at);
+        done.insert("received_at", at(self.received_at));
         done
     }
 
@@ -309,13 +315,13 @@ impl ReadSoFar {
     fn separate(self, log: &Log<'_>) -> Vec<(&'static str, Fields)> {
         // Only a read without a key is held back (see `received`).
         let mut received = log.received_fields(false, true);
-        received.insert("time", self.received_at);
+        received.insert("time", at(self.received_at));
         let mut out = vec![("call_received", received)];
-        if let (Some(policies), Some(at)) = (self.allowed, self.decided_at) {
+        if let (Some(policies), Some(decided)) = (self.allowed, self.decided_at) {
             let mut d = Fields::new();
             d.insert("decision", json!("allow"));
             d.insert("policies", json!(policies));
-            d.insert("time", at);
+            d.insert("time", at(decided));
             out.push(("decision", d));
         }
         out

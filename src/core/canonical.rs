@@ -186,8 +186,9 @@ pub struct CanonicalCall {
     pub arguments_jcs: String,
     /// `sha256:` + hex SHA-256 of JCS({server, tool, arguments}).
     pub digest: String,
-    /// The params to forward: the client's params with `arguments` replaced
-    /// by the canonical form and reserved `_meta` keys removed.
+    /// The params to forward but `arguments` (whose canonical text,
+    /// `arguments_jcs`, [`CanonicalCall::forward_params_text`] puts first):
+    /// the client's other params, reserved `_meta` keys removed.
     pub forward_params: Value,
     /// Reserved inputs the client sent (for the ledger and approvals).
     pub reserved: Reserved,
@@ -199,19 +200,21 @@ impl CanonicalCall {
     /// and respell numbers), the other members follow as the client sent
     /// them, minus reserved `_meta` keys.
     pub fn forward_params_text(&self) -> String {
-        let mut out = String::with_capacity(self.arguments_jcs.len() + 64);
-        out.push_str("{\"arguments\":");
-        out.push_str(&self.arguments_jcs);
+        let mut out = Vec::with_capacity(self.arguments_jcs.len() + 64);
+        out.extend_from_slice(b"{\"arguments\":");
+        out.extend_from_slice(self.arguments_jcs.as_bytes());
         if let Value::Object(rest) = &self.forward_params {
-            for (k, v) in rest.iter().filter(|(k, _)| k.as_str() != "arguments") {
-                out.push(',');
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                out.push_str(&v.to_string());
+            for (k, v) in rest {
+                out.push(b',');
+                // Writing JSON into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut out, k);
+                out.push(b':');
+                let _ = serde_json::to_writer(&mut out, v);
             }
         }
-        out.push('}');
-        out
+        out.push(b'}');
+        // serde_json and JCS write UTF-8 only.
+        String::from_utf8(out).unwrap_or_default()
     }
 }
 
@@ -302,7 +305,6 @@ pub fn canonicalize(
     let arguments_jcs = jcs(&arguments);
     let digest = digest_of(server, &tool, &arguments_jcs);
     let mut forward = params;
-    forward.insert("arguments".into(), arguments.clone());
     if !reserved.other_meta.is_empty() {
         forward.insert("_meta".into(), Value::Object(reserved.other_meta.clone()));
     }
