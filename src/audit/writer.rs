@@ -155,9 +155,12 @@ impl Writer {
         let slot = e.jcs_over_into_at(&over, &mut jcs, "hash");
         let digest: Hash = crate::core::sha256::digest(&jcs);
         let hash = crate::core::canonical::sha256_text(&digest);
-        let member = format!("\"hash\":\"{hash}\"");
+        let mut member = Vec::with_capacity(hash.len() + 9);
+        member.extend_from_slice(b"\"hash\":\"");
+        member.extend_from_slice(hash.as_bytes());
+        member.push(b'"');
         let mut line = Vec::with_capacity(jcs.len() + member.len() + 2);
-        slot.splice(&jcs, member.as_bytes(), &mut line);
+        slot.splice(&jcs, &member, &mut line);
         line.push(b'\n');
         self.file.write_all(&line)?;
         self.tree.push(&digest)?;

@@ -451,7 +451,11 @@ impl Policies {
     fn slice(&self, server: &str, tool: &str) -> std::sync::Arc<Slice> {
         // Length-prefixed, so no two (server, tool) pairs share a key; the
         // Cedar uid is built only for a pair not seen yet.
-        let key = format!("{}:{server}{tool}", server.len());
+        let mut key = String::with_capacity(server.len() + tool.len() + 8);
+        key.push_str(itoa::Buffer::new().format(server.len()));
+        key.push(':');
+        key.push_str(server);
+        key.push_str(tool);
         let mut slices = self.slices.lock();
         if let Some(s) = slices.get(&key) {
             return s.clone();

@@ -9,7 +9,12 @@ use time::OffsetDateTime;
 
 /// Unix milliseconds now.
 pub fn now_ms() -> i64 {
-    (OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+    // From the system clock directly: `time`'s conversion to a calendar
+    // date is not needed for a count of milliseconds.
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => ms(d),
+        Err(before) => -ms(before.duration()),
+    }
 }
 
 /// RFC 3339 (UTC, to the millisecond) of unix milliseconds. Milliseconds,

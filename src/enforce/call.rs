@@ -294,12 +294,12 @@ pub(crate) fn claim_with(
 /// `read`, then tenant, principal and scope each after its length (so no
 /// two callers' fields run into each other), then the digest.
 fn read_key(tenant: &str, principal: &str, scope: &str, digest: &str) -> String {
-    use std::fmt::Write;
     let mut key =
         String::with_capacity(24 + tenant.len() + principal.len() + scope.len() + digest.len());
     key.push_str("read ");
     for part in [tenant, principal, scope] {
-        let _ = write!(key, "{}:", part.len());
+        key.push_str(itoa::Buffer::new().format(part.len()));
+        key.push(':');
         key.push_str(part);
     }
     key.push_str(digest);

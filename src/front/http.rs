@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::body::{Body as HttpBody, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -37,8 +37,10 @@ use crate::wire::era::{check_modern, declared_version, Era, ModernRequest, HANDS
 use crate::wire::jsonrpc::{parse_client_body, Body, Kind, Message};
 use crate::wire::sse;
 
-const SESSION_HEADER: &str = "mcp-session-id";
-const PROTOCOL_HEADER: &str = "mcp-protocol-version";
+// Header names parsed once, at compile time: a name given as text is
+// parsed again on every lookup.
+const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
+const PROTOCOL_HEADER: HeaderName = HeaderName::from_static("mcp-protocol-version");
 /// Header by which the stdio bridge names its stable session scope.
 pub(crate) const SCOPE_HEADER: &str = "countersign-session-scope";
 
@@ -162,12 +164,12 @@ fn origin_allowed(gw: &Gateway, headers: &HeaderMap) -> bool {
     matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]")
 }
 
-fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+fn header_str(headers: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 fn accepts_sse(headers: &HeaderMap) -> bool {
-    header_str(headers, "accept")
+    header_str(headers, header::ACCEPT)
         .is_none_or(|a| a.contains("text/event-stream") || a.contains("*/*"))
 }
 
@@ -258,12 +260,12 @@ async fn post_mcp(
             .flatten(),
         subject,
     };
-    if let Some(sid) = header_str(&headers, SESSION_HEADER) {
+    if let Some(sid) = header_str(&headers, &SESSION_HEADER) {
         let Some(session) = gw.session(&server, sid, &identity) else {
             return reject(Rejection::NoSuchSession, Value::Null);
         };
         session.touch();
-        if let Some(v) = header_str(&headers, PROTOCOL_HEADER) {
+        if let Some(v) = header_str(&headers, &PROTOCOL_HEADER) {
             if !HANDSHAKE_VERSIONS.contains(&v) && v != "2024-11-05" {
                 return reject(Rejection::SessionVersion(v.to_owned()), Value::Null);
             }
@@ -737,7 +739,7 @@ async fn named_session(
     headers: &HeaderMap,
 ) -> Result<Arc<Session>, Response> {
     let identity = admit(gw, server, headers).await?.identity;
-    let Some(sid) = header_str(headers, SESSION_HEADER) else {
+    let Some(sid) = header_str(headers, &SESSION_HEADER) else {
         // 405 as the specification asks of a server without such a stream,
         // with the reason in words.
         return Err((

@@ -85,7 +85,12 @@ async fn answer_in(
             // future, made for every request, stays the size of a call's.
             return Box::pin(super::tasks::tools_call(gw, rc, msg, events)).await;
         }
-        let tool = crate::wire::era::named_param(&msg);
+        // The tool's name is read only for an answer countersign words
+        // itself (rare): its params are kept aside, not parsed now.
+        let asked = Message {
+            params: msg.params.clone(),
+            ..Message::request(Value::Null, "tools/call", None)
+        };
         let ctx = CallCtx {
             caller: &rc.caller,
             server: &rc.server,
@@ -101,7 +106,7 @@ async fn answer_in(
         }
         // Only an answer countersign words itself is shaped by the schema.
         let output_schema = answer::code_of(&outcome).is_some()
-            && tool.is_some_and(|t| {
+            && crate::wire::era::named_param(&asked).is_some_and(|t| {
                 gw.pipeline()
                     .catalog()
                     .declares_output_schema(&rc.server, &t)

@@ -244,8 +244,10 @@ pub(super) struct Http {
     bearer: Mutex<Option<HeaderValue>>,
 }
 
-const SESSION: &str = "mcp-session-id";
-const PROTOCOL: &str = "mcp-protocol-version";
+// Parsed once, at compile time: a name given as text is parsed again on
+// every request.
+const SESSION: HeaderName = HeaderName::from_static("mcp-session-id");
+const PROTOCOL: HeaderName = HeaderName::from_static("mcp-protocol-version");
 
 /// What came back for one request, with the connection, which drives the
 /// body and goes back to the pool once the body has been read.
@@ -456,7 +458,7 @@ impl Http {
             mut conn,
         } = self.send(req).await?;
         if msg.method() == "initialize" {
-            if let Some(s) = headers.get(SESSION) {
+            if let Some(s) = headers.get(&SESSION) {
                 *self.session.lock() = Some(s.clone());
             }
         }

@@ -195,9 +195,40 @@ impl Message {
     }
 
     /// Serialize to compact JSON bytes.
+    ///
+    /// The members are written in the order and form `Serialize` gives them
+    /// (the test `to_bytes_is_what_serde_writes` holds the two together),
+    /// straight into one buffer: every call and every answer is written
+    /// this way, and serde's map serializer took twice as long.
     pub fn to_bytes(&self) -> Vec<u8> {
-        // Serializing owned strings, JSON values and raw JSON cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
+        let raw = [&self.params, &self.result, &self.error]
+            .iter()
+            .map(|r| r.as_ref().map_or(0, |r| r.get().len()))
+            .sum::<usize>();
+        let mut out = Vec::with_capacity(raw + 64);
+        out.extend_from_slice(b"{\"jsonrpc\":");
+        // Writing a string or a JSON value into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &self.jsonrpc);
+        if let Some(id) = &self.id {
+            out.extend_from_slice(b",\"id\":");
+            let _ = serde_json::to_writer(&mut out, id);
+        }
+        if let Some(method) = &self.method {
+            out.extend_from_slice(b",\"method\":");
+            let _ = serde_json::to_writer(&mut out, method);
+        }
+        for (name, raw) in [
+            (&b",\"params\":"[..], &self.params),
+            (b",\"result\":", &self.result),
+            (b",\"error\":", &self.error),
+        ] {
+            if let Some(raw) = raw {
+                out.extend_from_slice(name);
+                out.extend_from_slice(raw.get().as_bytes());
+            }
+        }
+        out.push(b'}');
+        out
     }
 
     /// A new request.
@@ -356,6 +387,24 @@ fn check_client_id(m: Message) -> Result<Message, ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn to_bytes_is_what_serde_writes() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"b":1,"a":"\u00e9"}}}"#,
+            r#"{"jsonrpc":"2.0","id":"x\"y","result":{"content":[]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32600,"message":"no"}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error"}}"#,
+        ] {
+            let m: Message = serde_json::from_str(text).unwrap();
+            assert_eq!(
+                String::from_utf8(m.to_bytes()).unwrap(),
+                serde_json::to_string(&m).unwrap(),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn client_ids_are_strings_or_integers() {

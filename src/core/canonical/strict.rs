@@ -110,7 +110,7 @@ impl Strict<'_> {
     fn object(&mut self, depth: usize) -> Result<(), CanonicalError> {
         self.enter(depth)?;
         self.i += 1;
-        let mut keys = HashSet::new();
+        let mut keys = Keys::Few(Vec::new());
         self.ws();
         if self.peek() == Some(b'}') {
             self.i += 1;
@@ -334,4 +334,36 @@ pub(super) fn decimal(text: &str) -> Option<(bool, String, i64)> {
         return Some((false, String::new(), 0));
     }
     Some((negative, digits, exp))
+}
+
+/// An object's keys so far, to find a duplicate: a short list compared in
+/// turn (a call's objects have a handful of members, and hashing each key
+/// cost more than comparing it), a hash set once the object is long (so a
+/// long object is not compared pairwise).
+enum Keys {
+    Few(Vec<String>),
+    Many(HashSet<String>),
+}
+
+impl Keys {
+    /// The list's length past which the keys go into a hash set.
+    const FEW: usize = 16;
+
+    /// Add `key`; false when the object had it already.
+    fn insert(&mut self, key: String) -> bool {
+        match self {
+            Keys::Few(list) if list.contains(&key) => false,
+            Keys::Few(list) if list.len() < Keys::FEW => {
+                list.push(key);
+                true
+            }
+            Keys::Few(list) => {
+                let mut set: HashSet<String> = list.drain(..).collect();
+                set.insert(key);
+                *self = Keys::Many(set);
+                true
+            }
+            Keys::Many(set) => set.insert(key),
+        }
+    }
 }

@@ -246,6 +246,25 @@ fn duplicate_keys_are_refused_anywhere() {
     let e = canon(r#"{"name":"t","arguments":{"a":1,"\u0061":2}}"#).unwrap_err();
     assert!(matches!(e, CanonicalError::DuplicateKey { .. }), "{e}");
     assert!(canon(r#"{"name":"t","name":"u"}"#).is_err());
+    // In a long object too, on either side of the point where the keys
+    // seen move from a list to a hash set.
+    let long = |dup: usize, n: usize| {
+        let mut members: Vec<String> = (0..n).map(|i| format!(r#""k{i}":{i}"#)).collect();
+        members.push(format!(r#""k{dup}":0"#));
+        format!(r#"{{"name":"t","arguments":{{{}}}}}"#, members.join(","))
+    };
+    for (dup, n) in [(3, 16), (15, 16), (3, 17), (16, 40), (39, 40)] {
+        let e = canon(&long(dup, n)).unwrap_err();
+        assert_eq!(
+            e,
+            CanonicalError::DuplicateKey {
+                path: "/arguments".into(),
+                key: format!("k{dup}")
+            },
+            "{dup} of {n}"
+        );
+    }
+    assert!(canon(&long(0, 40).replace(r#","k0":0}"#, "}")).is_ok());
 }
 
 #[test]
