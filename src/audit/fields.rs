@@ -57,6 +57,15 @@ impl Fields {
     /// Set `key` to `value`; the value it had, if any.
     pub fn insert(&mut self, key: impl Into<Key>, value: Value) -> Option<Value> {
         let key = key.into();
+        // Past the last key (fields are often set in order): no search.
+        if self
+            .0
+            .last()
+            .is_none_or(|(k, _)| order(k, &key) == Ordering::Less)
+        {
+            self.0.push((key, value));
+            return None;
+        }
         match self.find(&key) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
             Err(i) => {

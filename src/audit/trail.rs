@@ -91,15 +91,16 @@ impl<'c> Trail<'c> {
     ) -> Trail<'c> {
         Trail {
             log: audit.map(|a| {
-                let mut base = Fields::new();
+                // Set in key order (each one appended, none searched).
+                let mut base = Fields::with_capacity(8);
                 base.insert("call_digest", json!(call.digest));
-                base.insert("principal", json!(who.principal));
-                base.insert("tenant", json!(who.tenant));
                 // The OAuth client the requester's token was issued to.
                 if let Some(c) = &who.client {
                     base.insert("client", json!(c));
                 }
+                base.insert("principal", json!(who.principal));
                 base.insert("server", json!(server));
+                base.insert("tenant", json!(who.tenant));
                 base.insert("tool", json!(call.tool));
                 let key = OnceLock::new();
                 if let Some(k) = client_key {

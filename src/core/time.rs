@@ -22,32 +22,39 @@ pub fn now_ms() -> i64 {
 /// by the time a short approval reaches the gateway.
 ///
 /// Every audit entry carries such a time (a read two), so the text is
-/// written here from the calendar fields rather than through `time`'s
+/// written here from the date's arithmetic rather than through `time`'s
 /// general formatter (553 instructions a stamp). It is the same text:
 /// the fraction as `time` writes it (no trailing zeros, none when zero),
 /// which `rfc3339_is_the_text_time_writes` checks against the crate.
 pub fn rfc3339(ms: i64) -> String {
-    let Ok(t) = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000) else {
-        return String::new();
-    };
-    if !(0..=9999).contains(&t.year()) {
-        return t.format(&Rfc3339).unwrap_or_default();
+    // Years 0 to 9999 (every instant a gateway stamps); others as `time`
+    // writes them.
+    const FIRST: i64 = -62_167_219_200_000; // 0000-01-01T00:00:00Z
+    const END: i64 = 253_402_300_800_000; // 10000-01-01T00:00:00Z
+    if !(FIRST..END).contains(&ms) {
+        return OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+            .ok()
+            .and_then(|t| t.format(&Rfc3339).ok())
+            .unwrap_or_default();
     }
+    let days = ms.div_euclid(86_400_000);
+    let in_day = ms.rem_euclid(86_400_000);
+    let (year, month, day) = civil(days);
     let mut b = [0u8; 24];
-    let mut put = |at: usize, n: u32, digits: usize| {
+    let mut put = |at: usize, n: i64, digits: usize| {
         let mut n = n;
         for i in (0..digits).rev() {
             b[at + i] = b'0' + (n % 10) as u8;
             n /= 10;
         }
     };
-    put(0, t.year() as u32, 4);
-    put(5, u8::from(t.month()) as u32, 2);
-    put(8, t.day() as u32, 2);
-    put(11, t.hour() as u32, 2);
-    put(14, t.minute() as u32, 2);
-    put(17, t.second() as u32, 2);
-    let milli = t.millisecond() as u32;
+    put(0, year, 4);
+    put(5, month, 2);
+    put(8, day, 2);
+    put(11, in_day / 3_600_000, 2);
+    put(14, in_day / 60_000 % 60, 2);
+    put(17, in_day / 1000 % 60, 2);
+    let milli = in_day % 1000;
     put(20, milli, 3);
     (b[4], b[7], b[10], b[13], b[16], b[19]) = (b'-', b'-', b'T', b':', b':', b'.');
     // The fraction without its trailing zeros, and without the point when
@@ -62,6 +69,22 @@ pub fn rfc3339(ms: i64) -> String {
     text.push_str(std::str::from_utf8(&b[..end]).unwrap_or_default());
     text.push('Z');
     text
+}
+
+/// The proleptic Gregorian (year, month, day) of a count of days since
+/// 1970-01-01 (the "civil from days" algorithm of Howard Hinnant's
+/// date library: 400-year eras of 146,097 days, years counted from March).
+fn civil(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// RFC 3339 of now, to the nanosecond the system clock gives.
@@ -158,6 +181,12 @@ mod tests {
             253_402_300_800_000, // year 10000: `time`'s own text
             -62_167_219_200_000, // 0000-01-01
             -62_167_219_200_001, // before year 0
+            -2_203_891_200_001,  // 1900-02-28T23:59:59.999 (1900 has no 29th)
+            -2_203_891_200_000,  // 1900-03-01
+            4_107_499_200_500,   // 2100-02-28T12:00:00.5
+            4_107_542_400_000,   // 2100-03-01
+            -62_035_891_200_000, // 0004-02-29
+            -11_670_911_999_990, // 1600-03-01T00:00:00.01
         ] {
             assert_eq!(super::rfc3339(ms), by_time(ms), "{ms}");
         }

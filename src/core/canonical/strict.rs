@@ -45,11 +45,18 @@ fn strict_pass(text: &str, max_depth: usize, exact_numbers: bool) -> Result<usiz
     Ok(s.arguments_len)
 }
 
+/// One step of the path to where the walk is.
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
 struct Strict<'a> {
     b: &'a [u8],
     i: usize,
     max_depth: usize,
-    path: Vec<String>,
+    /// Where the walk is, for an error's pointer.
+    path: Vec<Seg>,
     arguments_len: usize,
     /// Numbers must name a double exactly (a call's arguments).
     exact_numbers: bool,
@@ -62,7 +69,10 @@ impl Strict<'_> {
         }
         self.path
             .iter()
-            .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
+            .map(|p| match p {
+                Seg::Key(k) => format!("/{}", k.replace('~', "~0").replace('/', "~1")),
+                Seg::Index(i) => format!("/{i}"),
+            })
             .collect()
     }
 
@@ -86,7 +96,7 @@ impl Strict<'_> {
         match self.peek() {
             Some(b'{') => self.object(depth),
             Some(b'[') => self.array(depth),
-            Some(b'"') => self.string().map(drop),
+            Some(b'"') => self.scan_string(None),
             Some(b't') => self.literal("true"),
             Some(b'f') => self.literal("false"),
             Some(b'n') => self.literal("null"),
@@ -134,7 +144,7 @@ impl Strict<'_> {
             }
             self.i += 1;
             let top_arguments = depth == 0 && key == "arguments";
-            self.path.push(key);
+            self.path.push(Seg::Key(key));
             let value_start = self.i;
             self.value(depth + 1)?;
             if top_arguments {
@@ -163,7 +173,7 @@ impl Strict<'_> {
         }
         let mut index = 0usize;
         loop {
-            self.path.push(index.to_string());
+            self.path.push(Seg::Index(index));
             self.value(depth + 1)?;
             self.path.pop();
             index += 1;
@@ -190,62 +200,49 @@ impl Strict<'_> {
 
     /// Decode a string, refusing unpaired surrogate escapes.
     fn string(&mut self) -> Result<String, CanonicalError> {
-        self.i += 1; // opening quote
         let mut out = String::new();
+        self.scan_string(Some(&mut out))?;
+        Ok(out)
+    }
+
+    /// Check a string, refusing unpaired surrogate escapes, and decode it
+    /// into `out` when one is given (a key; a value is only checked).
+    fn scan_string(&mut self, mut out: Option<&mut String>) -> Result<(), CanonicalError> {
+        self.i += 1; // opening quote
         let start = self.i;
         let mut plain_from = start;
         while let Some(c) = self.peek() {
             match c {
                 b'"' => {
-                    out.push_str(self.slice(plain_from, self.i)?);
+                    if let Some(out) = out.as_deref_mut() {
+                        out.push_str(self.slice(plain_from, self.i)?);
+                    }
                     self.i += 1;
-                    return Ok(out);
+                    return Ok(());
                 }
                 b'\\' => {
-                    out.push_str(self.slice(plain_from, self.i)?);
+                    if let Some(out) = out.as_deref_mut() {
+                        out.push_str(self.slice(plain_from, self.i)?);
+                    }
                     self.i += 1;
                     let esc = self
                         .peek()
                         .ok_or_else(|| self.invalid("unterminated escape"))?;
                     self.i += 1;
-                    match esc {
-                        b'"' => out.push('"'),
-                        b'\\' => out.push('\\'),
-                        b'/' => out.push('/'),
-                        b'b' => out.push('\u{8}'),
-                        b'f' => out.push('\u{c}'),
-                        b'n' => out.push('\n'),
-                        b'r' => out.push('\r'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            let ch = if (0xD800..0xDC00).contains(&hi) {
-                                // A high surrogate must be followed by `\u` + low surrogate.
-                                if !self.b[self.i..].starts_with(b"\\u") {
-                                    return Err(CanonicalError::LoneSurrogate {
-                                        path: self.pointer(),
-                                    });
-                                }
-                                self.i += 2;
-                                let lo = self.hex4()?;
-                                if !(0xDC00..0xE000).contains(&lo) {
-                                    return Err(CanonicalError::LoneSurrogate {
-                                        path: self.pointer(),
-                                    });
-                                }
-                                0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
-                            } else if (0xDC00..0xE000).contains(&hi) {
-                                return Err(CanonicalError::LoneSurrogate {
-                                    path: self.pointer(),
-                                });
-                            } else {
-                                hi
-                            };
-                            out.push(
-                                char::from_u32(ch).ok_or_else(|| self.invalid("invalid escape"))?,
-                            );
-                        }
+                    let ch = match esc {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => self.unicode_escape()?,
                         _ => return Err(self.invalid("invalid escape")),
+                    };
+                    if let Some(out) = out.as_deref_mut() {
+                        out.push(ch);
                     }
                     plain_from = self.i;
                 }
@@ -253,6 +250,35 @@ impl Strict<'_> {
             }
         }
         Err(self.invalid("unterminated string"))
+    }
+
+    /// The character of a `\u` escape (the `\u` read), a surrogate pair
+    /// as one; a lone surrogate is refused.
+    fn unicode_escape(&mut self) -> Result<char, CanonicalError> {
+        let hi = self.hex4()?;
+        let ch = if (0xD800..0xDC00).contains(&hi) {
+            // A high surrogate must be followed by `\u` + low surrogate.
+            if !self.b[self.i..].starts_with(b"\\u") {
+                return Err(CanonicalError::LoneSurrogate {
+                    path: self.pointer(),
+                });
+            }
+            self.i += 2;
+            let lo = self.hex4()?;
+            if !(0xDC00..0xE000).contains(&lo) {
+                return Err(CanonicalError::LoneSurrogate {
+                    path: self.pointer(),
+                });
+            }
+            0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+        } else if (0xDC00..0xE000).contains(&hi) {
+            return Err(CanonicalError::LoneSurrogate {
+                path: self.pointer(),
+            });
+        } else {
+            hi
+        };
+        char::from_u32(ch).ok_or_else(|| self.invalid("invalid escape"))
     }
 
     fn slice(&self, from: usize, to: usize) -> Result<&str, CanonicalError> {
@@ -280,6 +306,13 @@ impl Strict<'_> {
             }
         }
         if !self.exact_numbers {
+            return Ok(());
+        }
+        // An integer of at most 15 digits is a double exactly (below 2^53):
+        // the common amount or count needs no trip through a double.
+        let digits = &self.b[start..self.i];
+        let digits = digits.strip_prefix(b"-").unwrap_or(digits);
+        if !digits.is_empty() && digits.len() <= 15 && digits.iter().all(u8::is_ascii_digit) {
             return Ok(());
         }
         let literal = self.slice(start, self.i)?.to_owned();

@@ -293,6 +293,8 @@ fn lone_surrogates_are_refused() {
 fn numbers_that_a_double_changes_are_refused() {
     for (bad, becomes) in [
         ("9007199254740993", "9007199254740992"),
+        // Sixteen digits: past the integers every double holds.
+        ("9999999999999999", "10000000000000000"),
         ("1.00000000000000001", "1"),
         ("1e400", "inf"),
         ("123456789012345678901234567890", "1.2345678901234568e+29"),
@@ -318,6 +320,9 @@ fn numbers_that_a_double_changes_are_refused() {
         "0.000001",
         "100",
         "1E+2",
+        // Fifteen digits: exact without a trip through a double.
+        "999999999999999",
+        "-999999999999999",
     ] {
         assert!(
             canon(&format!(r#"{{"name":"t","arguments":{{"n":{good}}}}}"#)).is_ok(),
