@@ -114,26 +114,7 @@ impl Fields {
         }
         let mine = std::mem::take(&mut self.0);
         self.0 = Vec::with_capacity(mine.len() + other.0.len());
-        let mut a = mine.into_iter().peekable();
-        let mut b = other.0.into_iter().peekable();
-        loop {
-            let next = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) => match order(&x.0, &y.0) {
-                    Ordering::Less => a.next(),
-                    Ordering::Greater => b.next(),
-                    Ordering::Equal => {
-                        a.next();
-                        b.next()
-                    }
-                },
-                (Some(_), None) => a.next(),
-                (None, _) => b.next(),
-            };
-            match next {
-                Some(m) => self.0.push(m),
-                None => break,
-            }
-        }
+        self.0.extend(merge(mine.into_iter(), other.0.into_iter()));
     }
 
     /// As a JSON object.
@@ -156,22 +137,31 @@ impl Fields {
     /// set over them, and without a member named `key`: the audit writer's
     /// chain fields go in as the entry is written, not inserted first.
     pub fn jcs_over_into_at(&self, over: &[(&str, &Value)], out: &mut Vec<u8>, key: &str) -> Slot {
-        let mut a = self.iter().peekable();
-        let mut b = over.iter().copied().peekable();
-        let merged = std::iter::from_fn(move || match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) => match order(x.0, y.0) {
-                Ordering::Less => a.next(),
-                Ordering::Greater => b.next(),
-                Ordering::Equal => {
-                    a.next();
-                    b.next()
-                }
-            },
-            (Some(_), None) => a.next(),
-            (None, _) => b.next(),
-        });
+        let merged = merge(self.iter(), over.iter().copied());
         members_into_at(merged.filter(|(k, _)| *k != key), out, key)
     }
+}
+
+/// Two sequences of members in key order, merged into one in key order;
+/// where both hold a key, `b`'s member is taken.
+fn merge<K: AsRef<str>, V>(
+    a: impl Iterator<Item = (K, V)>,
+    b: impl Iterator<Item = (K, V)>,
+) -> impl Iterator<Item = (K, V)> {
+    let mut a = a.peekable();
+    let mut b = b.peekable();
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) => match order(x.0.as_ref(), y.0.as_ref()) {
+            Ordering::Less => a.next(),
+            Ordering::Greater => b.next(),
+            Ordering::Equal => {
+                a.next();
+                b.next()
+            }
+        },
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
 }
 
 /// A JCS object of `members` (in key order) appended to `out`, and the
