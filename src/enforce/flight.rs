@@ -685,9 +685,24 @@ pub struct ReadLead {
 
 impl ReadLead {
     /// Share the read's outcome with its followers.
-    pub fn finish(mut self, settled: Settled) {
+    ///
+    /// What the followers get is made only when a follower waits: most
+    /// reads have none, and the answer would be copied for nobody.
+    pub fn finish(mut self, settled: impl FnOnce() -> Settled) {
         self.done = true;
-        self.svc.settle(&self.key, &self.flight, settled);
+        let mut flights = self.svc.flights();
+        if flights
+            .get(&self.key)
+            .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+        {
+            flights.remove(&self.key);
+        }
+        drop(flights);
+        // Followers subscribe under the lock, through the map: once the
+        // flight is out of it, no follower can come that is not counted.
+        if self.flight.tx.receiver_count() > 0 {
+            self.flight.tx.send_replace(Some(settled()));
+        }
     }
 }
 

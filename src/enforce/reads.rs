@@ -133,7 +133,7 @@ impl Reads {
                 break done;
             }
         };
-        lead.finish(outcome.shared());
+        lead.finish(|| outcome.shared());
         c.trail.record("completed", outcome.completed_fields());
         outcome
     }
