@@ -16,7 +16,7 @@ use std::cmp::Ordering;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::core::canonical::{jcs_into, jcs_string, Slot};
+use crate::core::canonical::{jcs_into, jcs_string};
 
 /// A member's name.
 pub type Key = Cow<'static, str>;
@@ -80,24 +80,9 @@ impl Fields {
         self.find(key).ok().map(|i| &self.0[i].1)
     }
 
-    /// Whether `key` is set.
-    pub fn contains_key(&self, key: &str) -> bool {
-        self.find(key).is_ok()
-    }
-
     /// Unset `key`; the value it had.
     pub fn remove(&mut self, key: &str) -> Option<Value> {
         self.find(key).ok().map(|i| self.0.remove(i).1)
-    }
-
-    /// How many fields.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// No fields.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 
     /// The fields in key order.
@@ -117,14 +102,6 @@ impl Fields {
         self.0.extend(merge(mine.into_iter(), other.0.into_iter()));
     }
 
-    /// As a JSON object.
-    pub fn into_map(self) -> Map<String, Value> {
-        self.0
-            .into_iter()
-            .map(|(k, v)| (k.into_owned(), v))
-            .collect()
-    }
-
     /// The entry's JCS appended to `out`, and the [`Slot`] where a member
     /// named `key` (absent here) goes: the writer hashes the text, then
     /// writes it with `hash` spliced in. The members are in order already:
@@ -139,6 +116,32 @@ impl Fields {
     pub fn jcs_over_into_at(&self, over: &[(&str, &Value)], out: &mut Vec<u8>, key: &str) -> Slot {
         let merged = merge(self.iter(), over.iter().copied());
         members_into_at(merged.filter(|(k, _)| *k != key), out, key)
+    }
+}
+
+/// Where a member goes in an entry's JCS text (see [`Fields::jcs_into_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// The byte offset to insert at.
+    pub at: usize,
+    /// Members come before it (insert `,` then the member).
+    pub after_some: bool,
+    /// Members come after it (with none before: insert the member then `,`).
+    pub before_some: bool,
+}
+
+impl Slot {
+    /// Splice `member` (`"key":value`) into `jcs` at the slot.
+    pub fn splice(self, jcs: &[u8], member: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(&jcs[..self.at]);
+        if self.after_some {
+            out.push(b',');
+        }
+        out.extend_from_slice(member);
+        if !self.after_some && self.before_some {
+            out.push(b',');
+        }
+        out.extend_from_slice(&jcs[self.at..]);
     }
 }
 
@@ -204,6 +207,16 @@ fn members_into_at<'a>(
     }
 }
 
+impl IntoIterator for Fields {
+    type Item = (Key, Value);
+    type IntoIter = std::vec::IntoIter<(Key, Value)>;
+
+    /// The fields in key order.
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
 impl From<Map<String, Value>> for Fields {
     fn from(map: Map<String, Value>) -> Fields {
         let mut v: Vec<(Key, Value)> = map.into_iter().map(|(k, v)| (Key::Owned(k), v)).collect();
@@ -256,6 +269,21 @@ mod tests {
         }
     }
 
+    /// `text` (an object's JCS without `key`) with `"key":"x"` spliced in
+    /// at `slot`.
+    fn spliced(text: &[u8], slot: Slot, key: &str) -> String {
+        let mut line = Vec::new();
+        slot.splice(text, format!(r#""{key}":"x""#).as_bytes(), &mut line);
+        String::from_utf8(line).unwrap()
+    }
+
+    /// The JCS of `m` with `key` set to "x".
+    fn with_key(m: &Map<String, Value>, key: &str) -> String {
+        let mut whole = m.clone();
+        whole.insert(key.into(), json!("x"));
+        crate::core::canonical::jcs(&Value::Object(whole))
+    }
+
     #[test]
     fn fields_write_the_same_jcs_as_the_map_they_hold() {
         let m = map(json!({
@@ -265,15 +293,45 @@ mod tests {
         }));
         let f = Fields::from(m.clone());
         for key in ["hash", "a", "zzz", "\u{1f601}", "\u{ffff}"] {
-            let mut want = Vec::new();
-            let want_slot = crate::core::canonical::jcs_object_into_at(&m, &mut want, key);
             let mut got = Vec::new();
-            let got_slot = f.jcs_into_at(&mut got, key);
+            let slot = f.jcs_into_at(&mut got, key);
             assert_eq!(
-                String::from_utf8(got).unwrap(),
-                String::from_utf8(want).unwrap()
+                String::from_utf8(got.clone()).unwrap(),
+                crate::core::canonical::jcs(&Value::Object(m.clone()))
             );
-            assert_eq!(got_slot, want_slot, "slot for {key:?}");
+            assert_eq!(
+                spliced(&got, slot, key),
+                with_key(&m, key),
+                "slot for {key:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_member_spliced_at_its_slot_is_the_jcs_of_the_whole_object() {
+        for keys in [
+            vec![],
+            vec!["a"],
+            vec!["z"],
+            vec!["a", "z"],
+            vec!["gateway", "idempotency_key", "kind", "prev"],
+            vec!["arguments", "call_digest"],
+        ] {
+            let mut m = Map::new();
+            for (i, k) in keys.iter().enumerate() {
+                m.insert((*k).to_owned(), json!({"n": i, "hash": "inner"}));
+            }
+            let mut text = Vec::new();
+            let slot = Fields::from(m.clone()).jcs_into_at(&mut text, "hash");
+            assert_eq!(
+                spliced(&text, slot, "hash"),
+                with_key(&m, "hash"),
+                "{keys:?}"
+            );
+            assert_eq!(
+                text,
+                crate::core::canonical::jcs(&Value::Object(m)).into_bytes()
+            );
         }
     }
 
@@ -286,13 +344,11 @@ mod tests {
         let mut out = Vec::new();
         let slot = f.jcs_over_into_at(&[("prev", &prev), ("seq", &seq)], &mut out, "hash");
         let want = map(json!({"seq": 9, "a": 1, "time": "t", "prev": "p"}));
-        let mut want_text = Vec::new();
-        let want_slot = crate::core::canonical::jcs_object_into_at(&want, &mut want_text, "hash");
         assert_eq!(
-            String::from_utf8(out).unwrap(),
-            String::from_utf8(want_text).unwrap()
+            String::from_utf8(out.clone()).unwrap(),
+            crate::core::canonical::jcs(&Value::Object(want.clone()))
         );
-        assert_eq!(slot, want_slot);
+        assert_eq!(spliced(&out, slot, "hash"), with_key(&want, "hash"));
     }
 
     #[test]
@@ -326,7 +382,7 @@ mod tests {
         assert_eq!(f["time"], json!(3));
         assert_eq!(f["nothing"], Value::Null);
         assert_eq!(f.remove("kind"), Some(json!("a")));
-        assert!(!f.contains_key("kind") && f.len() == 2);
+        assert!(f.get("kind").is_none() && f.iter().count() == 2);
         let mut g = Fields::from([("a", json!(0)), ("time", json!(4))]);
         g.extend(f);
         assert_eq!(

@@ -41,7 +41,7 @@ mod jcs;
 mod strict;
 
 pub(crate) use jcs::jcs_string;
-pub use jcs::{jcs, jcs_into, jcs_object_into, jcs_object_into_at, Slot};
+pub use jcs::{jcs, jcs_into, jcs_object_into};
 use strict::check_strict;
 pub use strict::check_unambiguous;
 

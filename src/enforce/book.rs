@@ -518,7 +518,7 @@ impl Book {
         if let Some(a) = &self.audit {
             let mut args = crate::audit::Fields::new();
             a.arguments_fields(&p.arguments, &mut args);
-            extra.extend(args.into_map().into_iter().map(|(k, v)| match k.as_str() {
+            extra.extend(args.into_iter().map(|(k, v)| match k.as_ref() {
                 "arguments" => ("arguments", v),
                 _ => ("arguments_digest", v),
             }));

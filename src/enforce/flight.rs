@@ -162,12 +162,23 @@ impl Idempotency {
     }
 
     fn settle(&self, key: &str, flight: &Arc<Flight>, settled: Settled) {
+        self.settle_with(key, flight, || settled);
+    }
+
+    /// End `flight` and tell its followers what `settled` makes. It is made
+    /// only when a follower waits: most calls have none, and a read's
+    /// answer would be copied for nobody.
+    fn settle_with(&self, key: &str, flight: &Arc<Flight>, settled: impl FnOnce() -> Settled) {
         let mut flights = self.flights();
         if flights.get(key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
             flights.remove(key);
         }
         drop(flights);
-        flight.tx.send_replace(Some(settled));
+        // Followers subscribe under the lock, through the map: once the
+        // flight is out of it, no follower can come that is not counted.
+        if flight.tx.receiver_count() > 0 {
+            flight.tx.send_replace(Some(settled()));
+        }
     }
 
     /// Step "ledger lookup": what a call with this claim gets. A call that
@@ -685,24 +696,10 @@ pub struct ReadLead {
 
 impl ReadLead {
     /// Share the read's outcome with its followers.
-    ///
-    /// What the followers get is made only when a follower waits: most
-    /// reads have none, and the answer would be copied for nobody.
+    /// `settled` is made only when a follower waits.
     pub fn finish(mut self, settled: impl FnOnce() -> Settled) {
         self.done = true;
-        let mut flights = self.svc.flights();
-        if flights
-            .get(&self.key)
-            .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
-        {
-            flights.remove(&self.key);
-        }
-        drop(flights);
-        // Followers subscribe under the lock, through the map: once the
-        // flight is out of it, no follower can come that is not counted.
-        if self.flight.tx.receiver_count() > 0 {
-            self.flight.tx.send_replace(Some(settled()));
-        }
+        self.svc.settle_with(&self.key, &self.flight, settled);
     }
 }
 

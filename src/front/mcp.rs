@@ -87,10 +87,7 @@ async fn answer_in(
         }
         // The tool's name is read only for an answer countersign words
         // itself (rare): its params are kept aside, not parsed now.
-        let asked = Message {
-            params: msg.params.clone(),
-            ..Message::request(Value::Null, "tools/call", None)
-        };
+        let params = msg.params.clone();
         let ctx = CallCtx {
             caller: &rc.caller,
             server: &rc.server,
@@ -106,11 +103,14 @@ async fn answer_in(
         }
         // Only an answer countersign words itself is shaped by the schema.
         let output_schema = answer::code_of(&outcome).is_some()
-            && crate::wire::era::named_param(&asked).is_some_and(|t| {
-                gw.pipeline()
-                    .catalog()
-                    .declares_output_schema(&rc.server, &t)
-            });
+            && params
+                .as_deref()
+                .and_then(|p| crate::wire::era::param_text(p, "name"))
+                .is_some_and(|t| {
+                    gw.pipeline()
+                        .catalog()
+                        .declares_output_schema(&rc.server, &t)
+                });
         let shape = answer::Shape {
             era: rc.era,
             output_schema,

@@ -6,6 +6,7 @@
 //!   `params._meta["io.modelcontextprotocol/protocolVersion"]` and repeats its
 //!   method and name in `Mcp-Method` / `Mcp-Name` headers.
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::wire::jsonrpc::Message;
@@ -76,6 +77,12 @@ pub fn headers_for<'a>(
 /// The parameter a request repeats in `Mcp-Name` (a tool's, a prompt's
 /// name, a resource's uri), read without building the rest of the params.
 pub fn named_param(msg: &Message) -> Option<String> {
+    param_text(msg.params.as_ref()?, name_field(msg.method())?)
+}
+
+/// The string member `field` (`name`, `uri` or `taskId`) of `params`, read
+/// without building the rest of them.
+pub fn param_text(params: &RawValue, field: &str) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Named {
         name: Option<String>,
@@ -83,8 +90,7 @@ pub fn named_param(msg: &Message) -> Option<String> {
         #[serde(rename = "taskId")]
         task_id: Option<String>,
     }
-    let field = name_field(msg.method())?;
-    let named: Named = serde_json::from_str(msg.params.as_ref()?.get()).ok()?;
+    let named: Named = serde_json::from_str(params.get()).ok()?;
     match field {
         "uri" => named.uri,
         "taskId" => named.task_id,

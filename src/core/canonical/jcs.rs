@@ -58,79 +58,6 @@ pub(super) fn jcs_number(f: f64, out: &mut Vec<u8>) {
 
 /// RFC 8785 JCS of an object, appended to `out`.
 pub fn jcs_object_into(map: &serde_json::Map<String, Value>, out: &mut Vec<u8>) {
-    jcs_object_visit(map, out, |_, _| {});
-}
-
-/// Where a member goes in a JCS object text (see [`jcs_object_into_at`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
-    /// The byte offset to insert at.
-    pub at: usize,
-    /// Members come before it (insert `,` then the member).
-    pub after_some: bool,
-    /// Members come after it (with none before: insert the member then `,`).
-    pub before_some: bool,
-}
-
-impl Slot {
-    /// Splice `member` (`"key":value`) into `jcs` at the slot.
-    pub fn splice(self, jcs: &[u8], member: &[u8], out: &mut Vec<u8>) {
-        out.extend_from_slice(&jcs[..self.at]);
-        if self.after_some {
-            out.push(b',');
-        }
-        out.extend_from_slice(member);
-        if !self.after_some && self.before_some {
-            out.push(b',');
-        }
-        out.extend_from_slice(&jcs[self.at..]);
-    }
-}
-
-/// [`jcs_object_into`], and the [`Slot`] where a member with key `key`
-/// (absent from `map`) goes. The audit writer hashes an entry's JCS, then
-/// writes the same bytes with `hash` spliced in: one serialization for both.
-pub fn jcs_object_into_at(
-    map: &serde_json::Map<String, Value>,
-    out: &mut Vec<u8>,
-    key: &str,
-) -> Slot {
-    let start = out.len();
-    let mut next = None;
-    let sorts_before =
-        |k: &str| k.encode_utf16().cmp(key.encode_utf16()) == std::cmp::Ordering::Less;
-    jcs_object_visit(map, out, |k, out| {
-        if next.is_none() && !sorts_before(k) {
-            next = Some(out.len());
-        }
-    });
-    match next {
-        // Just after the brace (first member) or the comma before the next.
-        Some(pos) if pos == start + 1 => Slot {
-            at: pos - start,
-            after_some: false,
-            before_some: true,
-        },
-        Some(pos) => Slot {
-            at: pos - 1 - start,
-            after_some: true,
-            before_some: true,
-        },
-        None => Slot {
-            at: out.len() - 1 - start,
-            after_some: !map.is_empty(),
-            before_some: false,
-        },
-    }
-}
-
-/// JCS of an object; `visit` sees each key just before its member is
-/// written (with `out` as it is then).
-fn jcs_object_visit(
-    map: &serde_json::Map<String, Value>,
-    out: &mut Vec<u8>,
-    mut visit: impl FnMut(&str, &mut Vec<u8>),
-) {
     let mut entries: Vec<(&String, &Value)> = map.iter().collect();
     // Keys in UTF-16 code unit order (RFC 8785 section 3.2.3); for the
     // common all-ASCII keys that is plain byte order.
@@ -144,7 +71,6 @@ fn jcs_object_visit(
         if i > 0 {
             out.push(b',');
         }
-        visit(k, out);
         jcs_string(k, out);
         out.push(b':');
         jcs_into(v, out);

@@ -457,32 +457,3 @@ fn shape_errors_name_the_field() {
         .to_string()
         .contains("params._meta"));
 }
-
-#[test]
-fn a_member_spliced_at_its_slot_is_the_jcs_of_the_whole_object() {
-    for keys in [
-        vec![],
-        vec!["a"],
-        vec!["z"],
-        vec!["a", "z"],
-        vec!["gateway", "idempotency_key", "kind", "prev"],
-        vec!["arguments", "call_digest"],
-    ] {
-        let mut map = serde_json::Map::new();
-        for (i, k) in keys.iter().enumerate() {
-            map.insert((*k).to_owned(), json!({"n": i, "hash": "inner"}));
-        }
-        let mut jcs_buf = Vec::new();
-        let slot = jcs_object_into_at(&map, &mut jcs_buf, "hash");
-        let mut line = Vec::new();
-        slot.splice(&jcs_buf, br#""hash":"sha256:00""#, &mut line);
-        let mut whole = map.clone();
-        whole.insert("hash".into(), json!("sha256:00"));
-        assert_eq!(
-            String::from_utf8(line).unwrap(),
-            jcs(&Value::Object(whole)),
-            "{keys:?}"
-        );
-        assert_eq!(jcs_buf, jcs(&Value::Object(map)).into_bytes());
-    }
-}
