@@ -97,9 +97,29 @@ impl Fields {
             self.0 = other.0;
             return;
         }
-        let mine = std::mem::take(&mut self.0);
-        self.0 = Vec::with_capacity(mine.len() + other.0.len());
-        self.0.extend(merge(mine.into_iter(), other.0.into_iter()));
+        let mut a = std::mem::take(&mut self.0).into_iter();
+        let mut b = other.0.into_iter();
+        let mut out = Vec::with_capacity(a.len() + b.len());
+        // Each member is looked at where it lies and moved once, into
+        // `out` (a peeking iterator moves it out and back first).
+        loop {
+            let step = match (a.as_slice().first(), b.as_slice().first()) {
+                (Some(x), Some(y)) => order(&x.0, &y.0),
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (None, None) => break,
+            };
+            let next = match step {
+                Ordering::Less => a.next(),
+                Ordering::Greater => b.next(),
+                Ordering::Equal => {
+                    a.next();
+                    b.next()
+                }
+            };
+            out.extend(next);
+        }
+        self.0 = out;
     }
 
     /// The entry's JCS appended to `out`, and the [`Slot`] where a member
@@ -107,15 +127,45 @@ impl Fields {
     /// writes it with `hash` spliced in. The members are in order already:
     /// nothing is sorted here.
     pub fn jcs_into_at(&self, out: &mut Vec<u8>, key: &str) -> Slot {
-        members_into_at(self.iter(), out, key)
+        members_into_at(self.iter().map(|(k, v)| (k, Member::Value(v))), out, key)
     }
 
     /// [`Fields::jcs_into_at`] of these fields with `over` (in key order)
     /// set over them, and without a member named `key`: the audit writer's
-    /// chain fields go in as the entry is written, not inserted first.
-    pub fn jcs_over_into_at(&self, over: &[(&str, &Value)], out: &mut Vec<u8>, key: &str) -> Slot {
-        let merged = merge(self.iter(), over.iter().copied());
+    /// chain fields go in as the entry is written, not inserted first (nor
+    /// made into values: they are written from the text and the number the
+    /// writer holds).
+    pub fn jcs_over_into_at<'a>(
+        &'a self,
+        over: impl Iterator<Item = (&'a str, Member<'a>)>,
+        out: &mut Vec<u8>,
+        key: &str,
+    ) -> Slot {
+        let mine = self.iter().map(|(k, v)| (k, Member::Value(v)));
+        let merged = merge(mine, over);
         members_into_at(merged.filter(|(k, _)| *k != key), out, key)
+    }
+}
+
+/// A member's value as the writer has it: a value, or a string or a count
+/// it holds without making a value of it.
+#[derive(Debug, Clone, Copy)]
+pub enum Member<'a> {
+    /// Any JSON value.
+    Value(&'a Value),
+    /// A string.
+    Text(&'a str),
+    /// A non-negative integer below 2^53 (a sequence number).
+    Count(u64),
+}
+
+impl Member<'_> {
+    fn jcs_into(self, out: &mut Vec<u8>) {
+        match self {
+            Member::Value(v) => jcs_into(v, out),
+            Member::Text(t) => jcs_string(t, out),
+            Member::Count(n) => jcs_into(&Value::from(n), out),
+        }
     }
 }
 
@@ -170,7 +220,7 @@ fn merge<K: AsRef<str>, V>(
 /// A JCS object of `members` (in key order) appended to `out`, and the
 /// [`Slot`] for a member named `key`, which they do not hold.
 fn members_into_at<'a>(
-    members: impl Iterator<Item = (&'a str, &'a Value)>,
+    members: impl Iterator<Item = (&'a str, Member<'a>)>,
     out: &mut Vec<u8>,
     key: &str,
 ) -> Slot {
@@ -188,7 +238,7 @@ fn members_into_at<'a>(
         any = true;
         jcs_string(k, out);
         out.push(b':');
-        jcs_into(v, out);
+        v.jcs_into(out);
     }
     out.push(b'}');
     match at {
@@ -340,10 +390,15 @@ mod tests {
         let f = Fields::from(map(
             json!({"seq": "forged", "hash": "forged", "a": 1, "time": "t"}),
         ));
-        let (seq, prev) = (json!(9), json!("p"));
+        let a = json!(2);
+        let over = [
+            ("a", Member::Value(&a)),
+            ("prev", Member::Text("p")),
+            ("seq", Member::Count(9)),
+        ];
         let mut out = Vec::new();
-        let slot = f.jcs_over_into_at(&[("prev", &prev), ("seq", &seq)], &mut out, "hash");
-        let want = map(json!({"seq": 9, "a": 1, "time": "t", "prev": "p"}));
+        let slot = f.jcs_over_into_at(over.into_iter(), &mut out, "hash");
+        let want = map(json!({"seq": 9, "a": 2, "time": "t", "prev": "p"}));
         assert_eq!(
             String::from_utf8(out.clone()).unwrap(),
             crate::core::canonical::jcs(&Value::Object(want.clone()))
@@ -389,6 +444,40 @@ mod tests {
             serde_json::to_value(&g).unwrap(),
             json!({"a": 0, "seq": 2, "time": 3})
         );
+    }
+
+    #[test]
+    fn extending_merges_in_order_and_the_newer_value_wins() {
+        let mut a = Fields::from(map(json!({"b": 1, "d": 1, "f": 1, "h": 1, "\u{1f600}": 1})));
+        let b = Fields::from(map(
+            json!({"a": 2, "d": 2, "g": 2, "i": 2, "j": 2, "\u{ff61}": 2}),
+        ));
+        let mut want = map(json!({"b": 1, "d": 1, "f": 1, "h": 1, "\u{1f600}": 1}));
+        for (k, v) in map(json!({"a": 2, "d": 2, "g": 2, "i": 2, "j": 2, "\u{ff61}": 2})) {
+            want.insert(k, v);
+        }
+        a.extend(b);
+        assert_eq!(a, Fields::from(want));
+        let keys: Vec<&str> = a.iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            [
+                "a",
+                "b",
+                "d",
+                "f",
+                "g",
+                "h",
+                "i",
+                "j",
+                "\u{1f600}",
+                "\u{ff61}"
+            ]
+        );
+        assert_eq!(a["d"], json!(2));
+        let mut empty = Fields::new();
+        empty.extend(Fields::from([("x", json!(1))]));
+        assert_eq!(empty["x"], json!(1));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 
 pub(crate) mod export;
 pub mod fields;
-pub use fields::Fields;
+pub use fields::{Fields, Member};
 pub mod log;
 pub mod merkle;
 pub mod note;

@@ -150,7 +150,9 @@ impl<'c> Trail<'c> {
         let Some(log) = &self.log else {
             return;
         };
-        let mut f = Fields::new();
+        // Room for what a read's one entry adds to these (its arguments,
+        // decision and times): no growing on the way.
+        let mut f = Fields::with_capacity(extra.len() + 8);
         for (k, v) in extra {
             f.insert(k, v);
         }

@@ -20,7 +20,7 @@ use super::recover::write_latest;
 use super::segment::segment_path;
 use super::tree::TreeWriter;
 use super::ArgumentMode;
-use super::{sign_checkpoint, Entries, Fields, CHECKPOINT, CHECKPOINT_FILE, COSIGNED};
+use super::{sign_checkpoint, Entries, Fields, Member, CHECKPOINT, CHECKPOINT_FILE, COSIGNED};
 
 /// `[audit]` settings the writer needs.
 #[derive(Debug, Clone)]
@@ -133,32 +133,31 @@ impl Writer {
         if self.settings.gateway.is_none() {
             e.remove("gateway");
         }
-        let seq = Value::from(self.seq + 1);
-        let kind_value = Value::from(kind);
-        let prev = Value::from(self.head.as_str());
-        let gateway = self.settings.gateway.as_deref().map(Value::from);
-        let stamped = (!e.get("time").is_some_and(Value::is_string)).then(|| Value::from(now()));
+        let stamped = (!e.get("time").is_some_and(Value::is_string)).then(now);
         // In key order, set over the fields as the entry is written.
-        let mut over: Vec<(&str, &Value)> = Vec::with_capacity(5);
-        if let Some(g) = &gateway {
-            over.push(("gateway", g));
-        }
-        over.extend([("kind", &kind_value), ("prev", &prev), ("seq", &seq)]);
-        if let Some(t) = &stamped {
-            over.push(("time", t));
-        }
+        let over = [
+            self.settings
+                .gateway
+                .as_deref()
+                .map(|g| ("gateway", Member::Text(g))),
+            Some(("kind", Member::Text(kind))),
+            Some(("prev", Member::Text(&self.head))),
+            Some(("seq", Member::Count(self.seq + 1))),
+            stamped.as_deref().map(|t| ("time", Member::Text(t))),
+        ];
         // The entry's JCS is hashed, then written with `hash` spliced in at
         // its sorted place: the line is the JCS of the whole entry, so a
         // verifier hashes the line's own bytes with `hash` cut out instead
         // of parsing and re-serializing each entry.
         let mut jcs = Vec::with_capacity(640);
-        let slot = e.jcs_over_into_at(&over, &mut jcs, "hash");
+        let slot = e.jcs_over_into_at(over.into_iter().flatten(), &mut jcs, "hash");
         let digest: Hash = crate::core::sha256::digest(&jcs);
         let hash = crate::core::canonical::sha256_text(&digest);
-        let mut member = Vec::with_capacity(hash.len() + 9);
-        member.extend_from_slice(b"\"hash\":\"");
-        member.extend_from_slice(hash.as_bytes());
-        member.push(b'"');
+        // `"hash":"sha256:` + 64 hex digits + `"`: 80 bytes, on the stack.
+        let mut member = [0u8; 80];
+        member[..8].copy_from_slice(b"\"hash\":\"");
+        member[8..79].copy_from_slice(hash.as_bytes());
+        member[79] = b'"';
         let mut line = Vec::with_capacity(jcs.len() + member.len() + 2);
         slot.splice(&jcs, &member, &mut line);
         line.push(b'\n');

@@ -54,12 +54,16 @@ pub(super) async fn accept(
         };
         let app = app.clone();
         // The peer address lets the control API refuse non-loopback peers;
-        // every request is held to the bounds (`front::bounds`).
+        // the connection's token memo spares hashing the same bearer token
+        // on each request; every request is held to the bounds
+        // (`front::bounds`).
+        let memo = Arc::new(crate::front::auth::TokenMemo::default());
         let service =
             hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-                req.extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
-                crate::front::bounds::serve(app.clone(), req)
+                let extensions = req.extensions_mut();
+                extensions.insert(axum::extract::ConnectInfo(peer));
+                extensions.insert(memo.clone());
+                crate::front::http::serve(app.clone(), req)
             });
         let watcher = graceful.watcher();
         let http = http.clone();

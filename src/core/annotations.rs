@@ -38,19 +38,25 @@ impl Annotations {
     /// Read a tool's `annotations` object; anything that is not a boolean
     /// keeps the default.
     pub fn from_hints(hints: Option<&Value>) -> Annotations {
-        let d = Annotations::default();
-        let flag = |key: &str, default: bool| {
-            hints
-                .and_then(|h| h.get(key))
-                .and_then(Value::as_bool)
-                .unwrap_or(default)
+        let mut a = Annotations::default();
+        // One pass over the few members (read on every call): four keyed
+        // lookups hashed each name.
+        let Some(members) = hints.and_then(Value::as_object) else {
+            return a;
         };
-        Annotations {
-            read_only: flag("readOnlyHint", d.read_only),
-            destructive: flag("destructiveHint", d.destructive),
-            idempotent: flag("idempotentHint", d.idempotent),
-            open_world: flag("openWorldHint", d.open_world),
+        for (key, value) in members {
+            let Some(on) = value.as_bool() else {
+                continue;
+            };
+            match key.as_str() {
+                "readOnlyHint" => a.read_only = on,
+                "destructiveHint" => a.destructive = on,
+                "idempotentHint" => a.idempotent = on,
+                "openWorldHint" => a.open_world = on,
+                _ => {}
+            }
         }
+        a
     }
 
     /// The more cautious reading of two: a hint that loosens (becoming
@@ -91,6 +97,13 @@ mod tests {
         ));
         assert!(b.read_only && !b.destructive);
         assert_eq!(Annotations::from_hints(None), Annotations::default());
+        let all = Annotations::from_hints(Some(&serde_json::json!({
+            "title": "x", "readOnlyHint": true, "destructiveHint": false,
+            "idempotentHint": true, "openWorldHint": false
+        })));
+        assert!(all.read_only && !all.destructive && all.idempotent && !all.open_world);
+        let not_an_object = Annotations::from_hints(Some(&serde_json::json!(["readOnlyHint"])));
+        assert_eq!(not_an_object, Annotations::default());
     }
 
     #[test]

@@ -153,11 +153,43 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-fn here(path: &str) -> &str {
-    if path.is_empty() {
-        "/"
-    } else {
-        path
+/// Where a value sits in the arguments: a JSON Pointer, rendered only when
+/// an error names it (building it for every member cost more than the
+/// mapping itself).
+#[derive(Clone, Copy)]
+pub enum At<'a> {
+    /// The arguments themselves.
+    Root,
+    /// A member of an object.
+    Key(&'a At<'a>, &'a str),
+    /// An element of an array.
+    Index(&'a At<'a>, usize),
+}
+
+impl At<'_> {
+    /// The pointer (RFC 6901: `~` as `~0`, `/` as `~1`); `/` for the root.
+    fn pointer(&self) -> String {
+        fn push(at: &At<'_>, out: &mut String) {
+            match at {
+                At::Root => {}
+                At::Key(parent, k) => {
+                    push(parent, out);
+                    out.push('/');
+                    out.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                }
+                At::Index(parent, i) => {
+                    push(parent, out);
+                    out.push('/');
+                    out.push_str(&i.to_string());
+                }
+            }
+        }
+        let mut out = String::new();
+        push(self, &mut out);
+        if out.is_empty() {
+            out.push('/');
+        }
+        out
     }
 }
 
@@ -166,12 +198,113 @@ fn here(path: &str) -> &str {
 pub fn typed_value(
     v: &Value,
     ty: &ArgType,
-    path: &str,
+    path: &At<'_>,
 ) -> Result<Option<RestrictedExpression>, String> {
+    walk_typed(&Build, v, ty, path)
+}
+
+/// Whether `v` fits its declared type `ty`: the error [`typed_value`]
+/// would give, without building the Cedar values (every call is checked;
+/// the values are needed only when Cedar is asked).
+pub fn check_typed(v: &Value, ty: &ArgType) -> Result<(), String> {
+    walk_typed(&Check, v, ty, &At::Root).map(drop)
+}
+
+/// What a walk over the arguments makes of them: Cedar values ([`Build`])
+/// or nothing but the verdict ([`Check`]). One walk, so the two cannot
+/// disagree on what fits.
+trait Make {
+    type Out;
+    /// The members of a record being made.
+    type Fields;
+    fn bool(&self, b: bool) -> Self::Out;
+    fn string(&self, s: &str) -> Self::Out;
+    fn long(&self, n: i64) -> Self::Out;
+    /// A declared decimal, exactly `text` (see [`as_decimal`]).
+    fn decimal(&self, text: String) -> Self::Out;
+    /// An undeclared number (see the module docs).
+    fn number(&self, v: &Value) -> Self::Out;
+    fn set(&self, items: Vec<Self::Out>) -> Self::Out;
+    fn fields(&self, n: usize) -> Self::Fields;
+    fn field(&self, fields: &mut Self::Fields, key: &str, value: Self::Out);
+    fn record(&self, fields: Self::Fields, path: &At<'_>) -> Result<Self::Out, String>;
+}
+
+/// Cedar values.
+struct Build;
+
+impl Make for Build {
+    type Out = RestrictedExpression;
+    type Fields = Vec<(String, RestrictedExpression)>;
+    fn bool(&self, b: bool) -> Self::Out {
+        RestrictedExpression::new_bool(b)
+    }
+    fn string(&self, s: &str) -> Self::Out {
+        RestrictedExpression::new_string(s.to_owned())
+    }
+    fn long(&self, n: i64) -> Self::Out {
+        RestrictedExpression::new_long(n)
+    }
+    fn decimal(&self, text: String) -> Self::Out {
+        decimal(text)
+    }
+    fn number(&self, v: &Value) -> Self::Out {
+        // The JCS text: the spelling the server receives.
+        let text = crate::core::canonical::jcs(v);
+        match as_decimal(&text) {
+            Some(d) => decimal(d),
+            None => RestrictedExpression::new_string(text),
+        }
+    }
+    fn set(&self, items: Vec<Self::Out>) -> Self::Out {
+        RestrictedExpression::new_set(items)
+    }
+    fn fields(&self, n: usize) -> Self::Fields {
+        Vec::with_capacity(n)
+    }
+    fn field(&self, fields: &mut Self::Fields, key: &str, value: Self::Out) {
+        fields.push((key.to_owned(), value));
+    }
+    fn record(&self, fields: Self::Fields, path: &At<'_>) -> Result<Self::Out, String> {
+        RestrictedExpression::new_record(fields).map_err(|e| {
+            format!(
+                "arguments at `{}` cannot be given to policies: {e}",
+                path.pointer()
+            )
+        })
+    }
+}
+
+/// Only the verdict. A record of a JSON object cannot repeat a key, so
+/// Cedar accepts every record [`Build`] makes of one.
+struct Check;
+
+impl Make for Check {
+    type Out = ();
+    type Fields = ();
+    fn bool(&self, _: bool) {}
+    fn string(&self, _: &str) {}
+    fn long(&self, _: i64) {}
+    fn decimal(&self, _: String) {}
+    fn number(&self, _: &Value) {}
+    fn set(&self, _: Vec<()>) {}
+    fn fields(&self, _: usize) {}
+    fn field(&self, _: &mut (), _: &str, _: ()) {}
+    fn record(&self, _: (), _: &At<'_>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn walk_typed<M: Make>(
+    m: &M,
+    v: &Value,
+    ty: &ArgType,
+    path: &At<'_>,
+) -> Result<Option<M::Out>, String> {
     let mismatch = |declared: &str| {
         format!(
             "argument `{}` is declared {declared} in the policy schema; the call has {}",
-            here(path),
+            path.pointer(),
             match v {
                 Value::Number(_) | Value::Bool(_) => crate::core::canonical::jcs(v),
                 other => kind(other).to_owned(),
@@ -180,49 +313,42 @@ pub fn typed_value(
     };
     Ok(Some(match (ty, v) {
         (_, Value::Null) => return Ok(None),
-        (ArgType::Untyped, _) => return map_value(v, path),
-        (ArgType::Long, Value::Number(n)) => {
-            RestrictedExpression::new_long(n.as_i64().ok_or_else(|| mismatch("Long"))?)
-        }
+        (ArgType::Untyped, _) => return walk_untyped(m, v, path),
+        (ArgType::Long, Value::Number(n)) => m.long(n.as_i64().ok_or_else(|| mismatch("Long"))?),
         (ArgType::Long, _) => return Err(mismatch("Long")),
         (ArgType::Decimal, Value::Number(_)) => {
-            decimal(as_decimal(&crate::core::canonical::jcs(v)).ok_or_else(|| {
+            m.decimal(as_decimal(&crate::core::canonical::jcs(v)).ok_or_else(|| {
                 mismatch("decimal (at most 4 fractional digits, magnitude below 922337203685477)")
             })?)
         }
         (ArgType::Decimal, _) => return Err(mismatch("decimal")),
-        (ArgType::String, Value::String(s)) => RestrictedExpression::new_string(s.clone()),
+        (ArgType::String, Value::String(s)) => m.string(s),
         (ArgType::String, _) => return Err(mismatch("String")),
-        (ArgType::Bool, Value::Bool(b)) => RestrictedExpression::new_bool(*b),
+        (ArgType::Bool, Value::Bool(b)) => m.bool(*b),
         (ArgType::Bool, _) => return Err(mismatch("Bool")),
         (ArgType::Set(element), Value::Array(items)) => {
             let mut out = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
-                if let Some(x) = typed_value(item, element, &format!("{path}/{i}"))? {
+                if let Some(x) = walk_typed(m, item, element, &At::Index(path, i))? {
                     out.push(x);
                 }
             }
-            RestrictedExpression::new_set(out)
+            m.set(out)
         }
         (ArgType::Set(_), _) => return Err(mismatch("a Set")),
         (ArgType::Record(fields), Value::Object(map)) => {
-            let mut out = Vec::with_capacity(map.len());
+            let mut out = m.fields(map.len());
             for (k, item) in map {
-                let at = format!("{path}/{}", k.replace('~', "~0").replace('/', "~1"));
+                let at = At::Key(path, k);
                 let x = match fields.get(k) {
-                    Some(t) => typed_value(item, t, &at)?,
-                    None => map_value(item, &at)?,
+                    Some(t) => walk_typed(m, item, t, &at)?,
+                    None => walk_untyped(m, item, &at)?,
                 };
                 if let Some(x) = x {
-                    out.push((k.clone(), x));
+                    m.field(&mut out, k, x);
                 }
             }
-            RestrictedExpression::new_record(out).map_err(|e| {
-                format!(
-                    "arguments at `{}` cannot be given to policies: {e}",
-                    here(path)
-                )
-            })?
+            m.record(out, path)?
         }
         (ArgType::Record(_), _) => return Err(mismatch("a record")),
     }))
@@ -285,41 +411,33 @@ fn as_decimal(literal: &str) -> Option<String> {
 
 /// Map a JSON value to a Cedar value (see the module docs). `None` means
 /// "omit" (a null).
-pub fn map_value(v: &Value, path: &str) -> Result<Option<RestrictedExpression>, String> {
+pub fn map_value(v: &Value, path: &At<'_>) -> Result<Option<RestrictedExpression>, String> {
+    walk_untyped(&Build, v, path)
+}
+
+fn walk_untyped<M: Make>(m: &M, v: &Value, path: &At<'_>) -> Result<Option<M::Out>, String> {
     Ok(Some(match v {
         Value::Null => return Ok(None),
-        Value::Bool(b) => RestrictedExpression::new_bool(*b),
-        Value::String(s) => RestrictedExpression::new_string(s.clone()),
-        Value::Number(_) => {
-            // The JCS text: the spelling the server receives.
-            let text = crate::core::canonical::jcs(v);
-            match as_decimal(&text) {
-                Some(d) => decimal(d),
-                None => RestrictedExpression::new_string(text),
-            }
-        }
+        Value::Bool(b) => m.bool(*b),
+        Value::String(s) => m.string(s),
+        Value::Number(_) => m.number(v),
         Value::Array(items) => {
             let mut out = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
-                if let Some(x) = map_value(item, &format!("{path}/{i}"))? {
+                if let Some(x) = walk_untyped(m, item, &At::Index(path, i))? {
                     out.push(x);
                 }
             }
-            RestrictedExpression::new_set(out)
+            m.set(out)
         }
         Value::Object(map) => {
-            let mut fields = Vec::with_capacity(map.len());
+            let mut fields = m.fields(map.len());
             for (k, item) in map {
-                if let Some(x) = map_value(item, &format!("{path}/{k}"))? {
-                    fields.push((k.clone(), x));
+                if let Some(x) = walk_untyped(m, item, &At::Key(path, k))? {
+                    m.field(&mut fields, k, x);
                 }
             }
-            RestrictedExpression::new_record(fields).map_err(|e| {
-                format!(
-                    "arguments at `{}` cannot be given to policies: {e}",
-                    if path.is_empty() { "/" } else { path }
-                )
-            })?
+            m.record(fields, path)?
         }
     }))
 }
@@ -345,7 +463,7 @@ action call appliesTo {
     }
 
     fn text(v: Value) -> Result<String, String> {
-        typed_value(&v, &ty(), "").map(|e| format!("{:?}", e.unwrap()))
+        typed_value(&v, &ty(), &At::Root).map(|e| format!("{:?}", e.unwrap()))
     }
 
     #[test]
@@ -378,6 +496,33 @@ action call appliesTo {
         assert!(e.contains("`/nested/flag` is declared Bool"), "{e}");
         // A null is absent, whatever the type.
         assert!(text(json!({"amount": null})).is_ok());
+    }
+
+    #[test]
+    fn the_check_says_what_the_mapping_says() {
+        for v in [
+            json!({"amount": 4200, "price": 12.5, "tags": ["a"], "other": 1.5}),
+            json!({"amount": "4200"}),
+            json!({"amount": 12.5}),
+            json!({"price": 0.00001}),
+            json!({"tags": ["a", 1]}),
+            json!({"nested": {"flag": "yes"}}),
+            json!({"nested": {"flag": true, "x": [1, null, {"y": 1e300}]}}),
+            json!({"amount": null, "tags": "no"}),
+            json!([1, 2]),
+        ] {
+            let built = typed_value(&v, &ty(), &At::Root).map(drop);
+            assert_eq!(check_typed(&v, &ty()), built, "{v}");
+        }
+    }
+
+    #[test]
+    fn pointers_escape_keys_and_name_the_root() {
+        let root = At::Root;
+        assert_eq!(root.pointer(), "/");
+        let key = At::Key(&root, "a/b~c");
+        let index = At::Index(&key, 3);
+        assert_eq!(index.pointer(), "/a~1b~0c/3");
     }
 
     #[test]

@@ -388,13 +388,15 @@ fn digest_of(server: &str, tool: &str, arguments_jcs: &str) -> String {
 /// `sha256:` and the lower-case hex of a SHA-256 digest, without the
 /// per-character iterator of `hex::encode`.
 pub fn sha256_text(digest: &[u8; 32]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut text = [0u8; 71];
     text[..7].copy_from_slice(b"sha256:");
     // 64 hex digits fit the 64 bytes after the prefix exactly.
-    let _ = hex::encode_to_slice(digest, &mut text[7..]);
-    std::str::from_utf8(&text)
-        .map(str::to_owned)
-        .unwrap_or_default()
+    for (pair, b) in text[7..].chunks_exact_mut(2).zip(digest) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
+    }
+    String::from_utf8(text.to_vec()).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use cedar_policy::{
 use serde_json::Value;
 
 use crate::core::annotations::Annotations;
-use crate::core::arguments::{declared, map_value, typed_value, ArgType};
+use crate::core::arguments::{check_typed, declared, map_value, typed_value, ArgType, At};
 use crate::core::identity::Identity;
 
 mod cache;
@@ -161,8 +161,8 @@ fn context_arguments(
     v: &Value,
 ) -> Result<Option<RestrictedExpression>, String> {
     match ty {
-        Some(t) => typed_value(v, t, ""),
-        None => map_value(v, ""),
+        Some(t) => typed_value(v, t, &At::Root),
+        None => map_value(v, &At::Root),
     }
 }
 
@@ -421,8 +421,14 @@ impl Policies {
             return self.decide_against(&slice.set, call);
         }
         // A value that does not fit the schema's argument types denies,
-        // whatever the policies read: checked on every call.
-        if let Err(e) = context_arguments(self.arguments.call.as_ref(), call.arguments) {
+        // whatever the policies read: checked on every call (without
+        // building the values; the untyped mapping of the rest cannot fail).
+        let fits = self
+            .arguments
+            .call
+            .as_ref()
+            .map(|t| check_typed(call.arguments, t));
+        if let Some(Err(e)) = fits {
             return Decision::Deny {
                 policies: Vec::new(),
                 errors: vec![e],

@@ -137,19 +137,24 @@ impl Idempotency {
     )]
     fn lead_or_follow(&self, claim: &Claim) -> Result<Arc<Flight>, Lookup> {
         let mut flights = self.flights();
-        if let Some(f) = flights.get(&claim.key) {
-            if f.digest != claim.digest {
-                return Err(Lookup::Stop(
-                    if f.tool != claim.tool || f.server != claim.server {
-                        Outcome::Remap
-                    } else {
-                        Outcome::Drift
-                    },
-                ));
+        // One hash of the key for the look and the insert.
+        let slot = match flights.entry(claim.key.clone()) {
+            std::collections::hash_map::Entry::Vacant(v) => v,
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let f = o.get();
+                if f.digest != claim.digest {
+                    return Err(Lookup::Stop(
+                        if f.tool != claim.tool || f.server != claim.server {
+                            Outcome::Remap
+                        } else {
+                            Outcome::Drift
+                        },
+                    ));
+                }
+                tracing::debug!(server = %claim.server, tool = %claim.tool, "an identical call is in flight: waiting for its answer");
+                return Err(Lookup::Follow(f.tx.subscribe()));
             }
-            tracing::debug!(server = %claim.server, tool = %claim.tool, "an identical call is in flight: waiting for its answer");
-            return Err(Lookup::Follow(f.tx.subscribe()));
-        }
+        };
         let (tx, _) = watch::channel(None);
         let flight = Arc::new(Flight {
             digest: claim.digest.clone(),
@@ -157,7 +162,7 @@ impl Idempotency {
             tool: claim.tool.clone(),
             tx,
         });
-        flights.insert(claim.key.clone(), flight.clone());
+        slot.insert(flight.clone());
         Ok(flight)
     }
 
@@ -170,8 +175,12 @@ impl Idempotency {
     /// answer would be copied for nobody.
     fn settle_with(&self, key: &str, flight: &Arc<Flight>, settled: impl FnOnce() -> Settled) {
         let mut flights = self.flights();
-        if flights.get(key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-            flights.remove(key);
+        // One hash for the usual case (the key still names this flight);
+        // one that names another flight is put back.
+        if let Some((k, other)) = flights.remove_entry(key) {
+            if !Arc::ptr_eq(&other, flight) {
+                flights.insert(k, other);
+            }
         }
         drop(flights);
         // Followers subscribe under the lock, through the map: once the

@@ -79,7 +79,16 @@ pub struct Metrics {
     /// without making a label (names come from the config, not from
     /// clients: foldhash serves).
     budget_series: parking_lot::RwLock<crate::core::FastMap<String, BudgetSeries>>,
+    /// Each `tool_calls` series, once made, by server, tool and outcome: a
+    /// call counts itself without making three label strings. The tool is
+    /// the client's text, so std's keyed hasher serves.
+    call_series: parking_lot::RwLock<CallSeries>,
 }
+
+type CallSeries = std::collections::HashMap<
+    String,
+    std::collections::HashMap<String, Vec<(&'static str, Counter)>>,
+>;
 
 type BudgetSeries = (
     Counter<f64, std::sync::atomic::AtomicU64>,
@@ -241,6 +250,7 @@ impl Metrics {
             budget_spent,
             budget_limit,
             budget_series: Default::default(),
+            call_series: Default::default(),
             tasks,
             mcp_tasks,
             shadow,
@@ -264,13 +274,36 @@ impl Metrics {
     /// A call ended. `tool` must be a name the server lists, or
     /// [`UNLISTED_TOOL`].
     pub fn call(&self, server: &str, tool: &str, outcome: &CallOutcome) {
-        self.calls
+        let label = outcome_label(outcome);
+        let known = self.call_series.read().get(server).and_then(|tools| {
+            let series = tools.get(tool)?;
+            series
+                .iter()
+                .find(|(l, _)| *l == label)
+                .map(|(_, c)| c.inc())
+        });
+        if known.is_some() {
+            return;
+        }
+        let counter = self
+            .calls
             .get_or_create(&[
                 ("server", server.to_owned()),
                 ("tool", tool.to_owned()),
-                ("outcome", outcome_label(outcome).to_owned()),
+                ("outcome", label.to_owned()),
             ])
-            .inc();
+            .clone();
+        counter.inc();
+        let mut made = self.call_series.write();
+        let series = made
+            .entry(server.to_owned())
+            .or_default()
+            .entry(tool.to_owned())
+            .or_default();
+        // Another call may have made it in between: the same series.
+        if !series.iter().any(|(l, _)| *l == label) {
+            series.push((label, counter));
+        }
     }
 
     /// An MCP task of a held call: `event` is one of a fixed set of labels.
@@ -392,5 +425,53 @@ pub(crate) fn outcome_label(outcome: &CallOutcome) -> &'static str {
         CallOutcome::Cached { .. } => "cached",
         CallOutcome::Invalid(_) => "invalid_params",
         _ => "ok",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::refusal::Outcome;
+
+    fn sampled() -> Sampled {
+        Sampled {
+            pending: 0,
+            unknown: 0,
+            circuits: Vec::new(),
+            audit_lag: 0,
+            ledger_unflushed: false,
+            ledger_refusing: false,
+            notifications: Vec::new(),
+            notifications_queued: 0,
+        }
+    }
+
+    #[test]
+    fn each_call_counts_once_in_its_own_series() {
+        let m = Metrics::new();
+        let refused = |tool: &str| CallOutcome::Refused {
+            why: Outcome::NotDispatched,
+            key: String::new(),
+            tool: tool.to_owned(),
+        };
+        for _ in 0..3 {
+            m.call("pay", "charge", &refused("charge"));
+        }
+        m.call("pay", "refund", &refused("refund"));
+        m.call("read", "charge", &refused("charge"));
+        let text = m.render(&sampled());
+        let count = |server: &str, tool: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("countersign_tool_calls_total{")
+                        && l.contains(&format!("server=\"{server}\""))
+                        && l.contains(&format!("tool=\"{tool}\""))
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_owned)
+        };
+        assert_eq!(count("pay", "charge").as_deref(), Some("3"), "{text}");
+        assert_eq!(count("pay", "refund").as_deref(), Some("1"), "{text}");
+        assert_eq!(count("read", "charge").as_deref(), Some("1"), "{text}");
     }
 }

@@ -109,6 +109,15 @@ impl CallOutcome {
 pub(crate) fn is_error(answer: &Message) -> bool {
     answer.error.is_some()
         || answer.result.as_ref().is_some_and(|r| {
+            // Without an escape in the text, the member can only be spelled
+            // `"isError"`, and its value `true` follows it after a colon: a
+            // text where no such spelling is followed by `true` (most
+            // results, `"isError":false` among them) is answered without
+            // parsing it again. Anything else is parsed as before.
+            let text = r.get();
+            if !text.contains('\\') && !flag_may_be_true(text) {
+                return false;
+            }
             // Only `isError` is read: the rest is skipped, not built.
             #[derive(serde::Deserialize)]
             struct Flag<'a> {
@@ -122,7 +131,60 @@ pub(crate) fn is_error(answer: &Message) -> bool {
         })
 }
 
+/// Whether some `"isError"` in `text` is followed by `: true` (white space
+/// allowed around the colon).
+fn flag_may_be_true(text: &str) -> bool {
+    const WS: &[char] = &[' ', '\t', '\n', '\r'];
+    text.match_indices("\"isError\"").any(|(at, name)| {
+        text[at + name.len()..]
+            .trim_start_matches(WS)
+            .strip_prefix(':')
+            .is_some_and(|rest| rest.trim_start_matches(WS).starts_with("true"))
+    })
+}
+
 /// `completed` fields of an upstream answer: whether it is an error.
 pub(crate) fn answered_fields(answer: &Message) -> Vec<(&'static str, Value)> {
     vec![("is_error", json!(is_error(answer)))]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(result: &str) -> Message {
+        Message::response(
+            Value::from(1),
+            serde_json::value::RawValue::from_string(result.to_owned()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn is_error_reads_the_top_level_flag_however_it_is_spelled() {
+        assert!(is_error(&answer(r#"{"content":[],"isError":true}"#)));
+        assert!(is_error(&answer("{\"content\":[],\"isError\" :\n\ttrue}")));
+        // A nested flag is not the result's, however it is spelled.
+        assert!(!is_error(&answer(
+            r#"{"content":[{"type":"text","isError":true}],"isError":false}"#
+        )));
+        // The same name twice is no answer serde gives: not an error.
+        assert!(!is_error(&answer(r#"{"isError":true,"isError":false}"#)));
+        // The name spelled with an escape is the same member.
+        assert!(is_error(&answer(r#"{"content":[],"is\u0045rror":true}"#)));
+        assert!(!is_error(&answer(r#"{"content":[],"isError":false}"#)));
+        assert!(!is_error(&answer(r#"{"content":[]}"#)));
+        // The name inside the content is not the flag.
+        assert!(!is_error(&answer(
+            r#"{"content":[{"type":"text","text":"isError"}]}"#
+        )));
+        assert!(!is_error(&answer(
+            r#"{"content":[{"type":"text","text":"a \"quoted\" word"}]}"#
+        )));
+        assert!(is_error(&Message::error(
+            Value::from(1),
+            -32000,
+            "no",
+            None
+        )));
+    }
 }

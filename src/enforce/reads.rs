@@ -77,12 +77,13 @@ impl Reads {
     /// successful result and the tool has a `cache_ttl`).
     pub(crate) async fn read<U: Upstream>(&self, c: &Call<'_, U>) -> CallOutcome {
         let ttl = self.ttl(c.ctx.server, &c.call.tool);
-        let key = (c.ctx.server.to_owned(), c.call.tool.clone());
+        // Built only for a tool that is cached.
+        let key = || (c.ctx.server.to_owned(), c.call.tool.clone());
         if ttl.is_some() {
             let now = self.clock.now_ms();
             let cache = self.cache.lock();
             if let Some(hit) = cache
-                .get(&key)
+                .get(&key())
                 .and_then(|t| t.get(&entry_key(c)))
                 .filter(|hit| hit.expires_ms > now)
             {
@@ -108,7 +109,7 @@ impl Reads {
                 };
                 self.cache
                     .lock()
-                    .entry(key)
+                    .entry(key())
                     .or_default()
                     .insert(entry_key(c), entry);
             }

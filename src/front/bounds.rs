@@ -136,6 +136,27 @@ impl Bounds {
 }
 
 /// The console's routes: served before anyone signs in.
+impl Bounds {
+    /// The gateway the routes serve.
+    pub(crate) fn gateway(&self) -> &Arc<Gateway> {
+        &self.gw
+    }
+
+    /// A request body held to `gateway.body_read_timeout` from now, as
+    /// [`serve`] holds every routed body.
+    pub(crate) fn timed_body<B>(&self, body: B) -> Body
+    where
+        B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        Body::new(Deadline::new(
+            body,
+            self.gw.config().gateway.body_read_timeout,
+            None,
+        ))
+    }
+}
+
 fn is_console(path: &str) -> bool {
     path == "/review" || path.starts_with("/review/")
 }
@@ -154,7 +175,7 @@ where
 {
     let within = b.gw.config().gateway.body_read_timeout;
     if !is_console(req.uri().path()) {
-        let req = req.map(|body| Body::new(Deadline::new(body, within, None)));
+        let req = req.map(|body| b.timed_body(body));
         return tower::ServiceExt::oneshot(b.app.clone(), req).await;
     }
     let Ok(_permit) = b.console.clone().try_acquire_owned() else {

@@ -23,6 +23,7 @@ use futures_util::{stream, StreamExt};
 use serde_json::Value;
 use tracing::Instrument;
 
+use super::auth::TokenMemo;
 use super::mcp::{self, Origin, RequestCtx};
 use super::ops;
 use super::respond::{reject, rpc, sse_response};
@@ -72,11 +73,49 @@ pub(crate) fn router(
         .merge(crate::front::control::router(gw))
 }
 
+/// A request as it comes off a connection. `POST /mcp/{server}` with a
+/// plain server name (every tool call) goes straight to its handler, with
+/// its body held to the same deadline; anything else goes through the
+/// router ([`super::bounds::serve`]). The router's matching, its extractors
+/// and its boxed futures cost several thousand instructions per call, more
+/// than the decision. A name with `%` goes through the router, whose path
+/// extractor decodes it; a plain name is the same text either way.
+pub(crate) async fn serve<B>(
+    b: Arc<super::bounds::Bounds>,
+    req: axum::http::Request<B>,
+) -> Result<Response, Infallible>
+where
+    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let plain = (req.method() == axum::http::Method::POST)
+        .then(|| req.uri().path().strip_prefix("/mcp/"))
+        .flatten()
+        .filter(|name| !name.is_empty() && !name.contains(['/', '%']))
+        .map(str::to_owned);
+    let Some(server) = plain else {
+        return super::bounds::serve(b, req).await;
+    };
+    let (mut parts, body) = req.into_parts();
+    let peer = parts
+        .extensions
+        .remove::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(axum::Extension);
+    let memo = parts
+        .extensions
+        .remove::<Arc<TokenMemo>>()
+        .map(axum::Extension);
+    let body = b.timed_body(body);
+    let gw = Arc::clone(b.gateway());
+    Ok(post_mcp(State(gw), Path(server), peer, memo, parts.headers, body).await)
+}
+
 /// Origin, token and server checks shared by every `/mcp` method.
 async fn admit(
     gw: &Gateway,
     server: &str,
     headers: &HeaderMap,
+    memo: Option<&TokenMemo>,
 ) -> Result<super::auth::Authenticated, Response> {
     // The server name is the client's text: named in a refusal's audit
     // entry only when it is one of ours.
@@ -99,7 +138,7 @@ async fn admit(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let now = gw.pipeline().clock().now_ms();
-    let authenticated = match gw.auth().identify(auth, server, now).await {
+    let authenticated = match gw.auth().identify(auth, server, now, memo).await {
         Ok(a) => a,
         Err(refusal) => {
             gw.refused("token", known, &gw.auth().describe(&refusal));
@@ -195,15 +234,17 @@ async fn post_mcp(
     State(gw): State<Arc<Gateway>>,
     Path(server): Path<String>,
     peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    memo: Option<axum::Extension<Arc<TokenMemo>>>,
     headers: HeaderMap,
     body: HttpBody,
 ) -> Response {
-    let super::auth::Authenticated { identity, subject } = match admit(&gw, &server, &headers).await
-    {
-        Ok(a) => a,
-        // An unauthenticated body is never read.
-        Err(r) => return closing(r),
-    };
+    let memo = memo.as_ref().map(|axum::Extension(m)| &**m);
+    let super::auth::Authenticated { identity, subject } =
+        match admit(&gw, &server, &headers, memo).await {
+            Ok(a) => a,
+            // An unauthenticated body is never read.
+            Err(r) => return closing(r),
+        };
     let limit = gw.config().limits.max_body_bytes;
     // The header timeout ends at the header: a body trickled in a byte at a
     // time is cut off at the router's deadline (`bounds`, from the request's
@@ -738,7 +779,7 @@ async fn named_session(
     server: &str,
     headers: &HeaderMap,
 ) -> Result<Arc<Session>, Response> {
-    let identity = admit(gw, server, headers).await?.identity;
+    let identity = admit(gw, server, headers, None).await?.identity;
     let Some(sid) = header_str(headers, &SESSION_HEADER) else {
         // 405 as the specification asks of a server without such a stream,
         // with the reason in words.

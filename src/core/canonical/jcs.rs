@@ -29,7 +29,18 @@ pub fn jcs_into(value: &Value, out: &mut Vec<u8>) {
         Value::Bool(false) => out.extend_from_slice(b"false"),
         // Without serde_json's `arbitrary_precision` every number is an f64,
         // an i64 or a u64, and `as_f64` answers for each.
-        Value::Number(n) => jcs_number(n.as_f64().unwrap_or(0.0), out),
+        // An integer a double holds exactly (|n| ≤ 2^53) is its own
+        // shortest form: its digits (a sequence number, a count) are
+        // written without the float formatter.
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) if u <= EXACT => {
+                out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes())
+            }
+            (_, Some(i)) if i.unsigned_abs() <= EXACT => {
+                out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes())
+            }
+            _ => jcs_number(n.as_f64().unwrap_or(0.0), out),
+        },
         Value::String(s) => jcs_string(s, out),
         Value::Array(items) => {
             out.push(b'[');
@@ -44,6 +55,9 @@ pub fn jcs_into(value: &Value, out: &mut Vec<u8>) {
         Value::Object(map) => jcs_object_into(map, out),
     }
 }
+
+/// The largest integer below which every integer is a double exactly.
+const EXACT: u64 = 1 << 53;
 
 /// A JCS number: an IEEE-754 double in ECMAScript's shortest form.
 pub(super) fn jcs_number(f: f64, out: &mut Vec<u8>) {

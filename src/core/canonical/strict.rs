@@ -4,6 +4,7 @@
 //! of [`super`] says what each rule protects against), in one pass over the
 //! text that also counts the depth.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::jcs::jcs_number;
@@ -46,8 +47,8 @@ fn strict_pass(text: &str, max_depth: usize, exact_numbers: bool) -> Result<usiz
 }
 
 /// One step of the path to where the walk is.
-enum Seg {
-    Key(String),
+enum Seg<'a> {
+    Key(Cow<'a, str>),
     Index(usize),
 }
 
@@ -56,13 +57,13 @@ struct Strict<'a> {
     i: usize,
     max_depth: usize,
     /// Where the walk is, for an error's pointer.
-    path: Vec<Seg>,
+    path: Vec<Seg<'a>>,
     arguments_len: usize,
     /// Numbers must name a double exactly (a call's arguments).
     exact_numbers: bool,
 }
 
-impl Strict<'_> {
+impl<'a> Strict<'a> {
     fn pointer(&self) -> String {
         if self.path.is_empty() {
             return "/".into();
@@ -131,11 +132,11 @@ impl Strict<'_> {
             if self.peek() != Some(b'"') {
                 return Err(self.invalid("expected an object key"));
             }
-            let key = self.string()?;
+            let key = self.key()?;
             if !keys.insert(key.clone()) {
                 return Err(CanonicalError::DuplicateKey {
                     path: self.pointer(),
-                    key,
+                    key: key.into_owned(),
                 });
             }
             self.ws();
@@ -198,11 +199,25 @@ impl Strict<'_> {
         }
     }
 
-    /// Decode a string, refusing unpaired surrogate escapes.
-    fn string(&mut self) -> Result<String, CanonicalError> {
+    /// Decode a key, refusing unpaired surrogate escapes: the text itself
+    /// when it has no escape (most keys: nothing is copied), else decoded.
+    fn key(&mut self) -> Result<Cow<'a, str>, CanonicalError> {
+        let open = self.i;
+        self.scan_string(None)?;
+        let b: &'a [u8] = self.b;
+        let raw = &b[open + 1..self.i - 1];
+        if !raw.contains(&b'\\') {
+            // Cut at quotes (ASCII) out of a `&str`: UTF-8 still.
+            return std::str::from_utf8(raw)
+                .map(Cow::Borrowed)
+                .map_err(|_| self.invalid("invalid UTF-8"));
+        }
+        let end = self.i;
+        self.i = open;
         let mut out = String::new();
         self.scan_string(Some(&mut out))?;
-        Ok(out)
+        debug_assert_eq!(self.i, end);
+        Ok(Cow::Owned(out))
     }
 
     /// Check a string, refusing unpaired surrogate escapes, and decode it
@@ -373,17 +388,17 @@ pub(super) fn decimal(text: &str) -> Option<(bool, String, i64)> {
 /// turn (a call's objects have a handful of members, and hashing each key
 /// cost more than comparing it), a hash set once the object is long (so a
 /// long object is not compared pairwise).
-enum Keys {
-    Few(Vec<String>),
-    Many(HashSet<String>),
+enum Keys<'a> {
+    Few(Vec<Cow<'a, str>>),
+    Many(HashSet<Cow<'a, str>>),
 }
 
-impl Keys {
+impl<'a> Keys<'a> {
     /// The list's length past which the keys go into a hash set.
     const FEW: usize = 16;
 
     /// Add `key`; false when the object had it already.
-    fn insert(&mut self, key: String) -> bool {
+    fn insert(&mut self, key: Cow<'a, str>) -> bool {
         match self {
             Keys::Few(list) if list.contains(&key) => false,
             Keys::Few(list) if list.len() < Keys::FEW => {
@@ -391,7 +406,7 @@ impl Keys {
                 true
             }
             Keys::Few(list) => {
-                let mut set: HashSet<String> = list.drain(..).collect();
+                let mut set: HashSet<Cow<'a, str>> = list.drain(..).collect();
                 set.insert(key);
                 *self = Keys::Many(set);
                 true

@@ -31,6 +31,8 @@ fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| json!(n)),
         any::<u64>().prop_map(|n| json!(n)),
+        // Integers about 2^53, where the exact ones stop.
+        (-(1i64 << 54)..(1i64 << 54)).prop_map(|n| json!(n)),
         any::<f64>()
             .prop_filter("finite", |f| f.is_finite())
             .prop_map(|f| json!(f)),
@@ -53,6 +55,31 @@ proptest::proptest! {
     fn jcs_matches_serde_jcs(v in any_json()) {
         proptest::prop_assert_eq!(jcs(&v), serde_jcs::to_string(&v).unwrap());
     }
+}
+
+#[test]
+fn integers_at_the_edge_of_exact_write_as_their_double() {
+    let edge = 1i64 << 53;
+    for n in [
+        0,
+        1,
+        -1,
+        edge - 1,
+        edge,
+        edge + 1,
+        -edge,
+        -edge - 1,
+        i64::MIN,
+    ] {
+        let v = json!(n);
+        assert_eq!(jcs(&v), serde_jcs::to_string(&v).unwrap(), "{n}");
+    }
+    for n in [edge as u64 + 1, u64::MAX] {
+        let v = json!(n);
+        assert_eq!(jcs(&v), serde_jcs::to_string(&v).unwrap(), "{n}");
+    }
+    // Past 2^53 the double's digits, not the integer's.
+    assert_eq!(jcs(&json!(edge + 1)), "9007199254740992");
 }
 
 fn canon(params: &str) -> Result<CanonicalCall, CanonicalError> {

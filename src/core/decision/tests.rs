@@ -516,3 +516,63 @@ fn validation_catches_an_attribute_typo() {
     assert!(errors[0].to_string().contains("readOnyl"), "{errors:?}");
     assert_eq!(errors[0].line, Some(2), "{errors:?}");
 }
+
+#[test]
+fn entity_keys_differ_whenever_the_inputs_do() {
+    let base = agent();
+    let args = json!({});
+    let key = |who: &Identity, server: &str, tool: &str, ann: Annotations, changed: bool| {
+        cache::entity_key(&Call {
+            identity: who,
+            server,
+            tool,
+            annotations: ann,
+            definition_changed: changed,
+            budgets: None,
+            arguments: &args,
+            digest: "sha256:00",
+            resource_version: None,
+        })
+    };
+    let k = |who: &Identity| key(who, "payments", "pay", read(), false);
+    let one_group = Identity {
+        groups: vec!["a,b".into()],
+        ..base.clone()
+    };
+    let two_groups = Identity {
+        groups: vec!["a".into(), "b".into()],
+        ..base.clone()
+    };
+    let scoped = Identity {
+        scopes: vec!["agents".into()],
+        groups: vec![],
+        ..base.clone()
+    };
+    let no_client = base.clone();
+    let empty_client = Identity {
+        client: Some(String::new()),
+        ..base.clone()
+    };
+    let shifted = Identity {
+        principal: "agent-7a".into(),
+        tenant: "cme".into(),
+        ..base.clone()
+    };
+    let keys = [
+        k(&base),
+        k(&one_group),
+        k(&two_groups),
+        k(&scoped),
+        k(&empty_client),
+        k(&shifted),
+        key(&base, "payment", "spay", read(), false),
+        key(&base, "payments", "pay", read(), true),
+        key(&base, "payments", "pay", Annotations::default(), false),
+    ];
+    for (i, a) in keys.iter().enumerate() {
+        for b in &keys[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+    assert_eq!(k(&no_client), k(&base));
+}
