@@ -90,36 +90,24 @@ impl Fields {
         self.0.iter().map(|(k, v)| (k.as_ref(), v))
     }
 
-    /// Set every field of `other` (its values win): one merge of the two
-    /// ordered vectors.
-    pub fn extend(&mut self, other: Fields) {
-        if self.0.is_empty() {
-            self.0 = other.0;
-            return;
+    /// Set every field of `base` that is not set here (the values here
+    /// win): the fields every entry of a call carries, under the entry's
+    /// own. One pass in key order; each member of `base` is moved once,
+    /// into its place (no second vector).
+    pub fn fill_from(&mut self, base: Fields) {
+        self.0.reserve(base.0.len());
+        let mut i = 0;
+        for (k, v) in base.0 {
+            while i < self.0.len() && order(&self.0[i].0, &k) == Ordering::Less {
+                i += 1;
+            }
+            if i < self.0.len() && order(&self.0[i].0, &k) == Ordering::Equal {
+                i += 1;
+                continue;
+            }
+            self.0.insert(i, (k, v));
+            i += 1;
         }
-        let mut a = std::mem::take(&mut self.0).into_iter();
-        let mut b = other.0.into_iter();
-        let mut out = Vec::with_capacity(a.len() + b.len());
-        // Each member is looked at where it lies and moved once, into
-        // `out` (a peeking iterator moves it out and back first).
-        loop {
-            let step = match (a.as_slice().first(), b.as_slice().first()) {
-                (Some(x), Some(y)) => order(&x.0, &y.0),
-                (Some(_), None) => Ordering::Less,
-                (None, Some(_)) => Ordering::Greater,
-                (None, None) => break,
-            };
-            let next = match step {
-                Ordering::Less => a.next(),
-                Ordering::Greater => b.next(),
-                Ordering::Equal => {
-                    a.next();
-                    b.next()
-                }
-            };
-            out.extend(next);
-        }
-        self.0 = out;
     }
 
     /// The entry's JCS appended to `out`, and the [`Slot`] where a member
@@ -438,8 +426,8 @@ mod tests {
         assert_eq!(f["nothing"], Value::Null);
         assert_eq!(f.remove("kind"), Some(json!("a")));
         assert!(f.get("kind").is_none() && f.iter().count() == 2);
-        let mut g = Fields::from([("a", json!(0)), ("time", json!(4))]);
-        g.extend(f);
+        let mut g = f;
+        g.fill_from(Fields::from([("a", json!(0)), ("time", json!(4))]));
         assert_eq!(
             serde_json::to_value(&g).unwrap(),
             json!({"a": 0, "seq": 2, "time": 3})
@@ -447,18 +435,17 @@ mod tests {
     }
 
     #[test]
-    fn extending_merges_in_order_and_the_newer_value_wins() {
-        let mut a = Fields::from(map(json!({"b": 1, "d": 1, "f": 1, "h": 1, "\u{1f600}": 1})));
-        let b = Fields::from(map(
-            json!({"a": 2, "d": 2, "g": 2, "i": 2, "j": 2, "\u{ff61}": 2}),
-        ));
-        let mut want = map(json!({"b": 1, "d": 1, "f": 1, "h": 1, "\u{1f600}": 1}));
-        for (k, v) in map(json!({"a": 2, "d": 2, "g": 2, "i": 2, "j": 2, "\u{ff61}": 2})) {
+    fn filling_from_a_base_keeps_the_order_and_the_own_values() {
+        let own = json!({"a": 2, "d": 2, "g": 2, "i": 2, "j": 2, "\u{ff61}": 2});
+        let base = json!({"b": 1, "d": 1, "f": 1, "h": 1, "k": 1, "\u{1f600}": 1});
+        let mut f = Fields::from(map(own.clone()));
+        f.fill_from(Fields::from(map(base.clone())));
+        let mut want = map(base);
+        for (k, v) in map(own) {
             want.insert(k, v);
         }
-        a.extend(b);
-        assert_eq!(a, Fields::from(want));
-        let keys: Vec<&str> = a.iter().map(|(k, _)| k).collect();
+        assert_eq!(f, Fields::from(want));
+        let keys: Vec<&str> = f.iter().map(|(k, _)| k).collect();
         assert_eq!(
             keys,
             [
@@ -470,14 +457,18 @@ mod tests {
                 "h",
                 "i",
                 "j",
+                "k",
                 "\u{1f600}",
                 "\u{ff61}"
             ]
         );
-        assert_eq!(a["d"], json!(2));
+        assert_eq!(f["d"], json!(2));
         let mut empty = Fields::new();
-        empty.extend(Fields::from([("x", json!(1))]));
+        empty.fill_from(Fields::from([("x", json!(1))]));
         assert_eq!(empty["x"], json!(1));
+        let mut unchanged = Fields::from([("x", json!(1))]);
+        unchanged.fill_from(Fields::new());
+        assert_eq!(unchanged, Fields::from([("x", json!(1))]));
     }
 
     #[test]

@@ -166,7 +166,7 @@ pub fn record_arguments_digested(
     digest: String,
     fields: &mut Fields,
 ) {
-    fields.insert("arguments_digest", Value::from(digest));
+    // `arguments` first: set in key order, each is placed without a move.
     match mode {
         ArgumentMode::Full => {
             fields.insert("arguments", arguments.clone());
@@ -177,6 +177,7 @@ pub fn record_arguments_digested(
             fields.insert("arguments", copy);
         }
     }
+    fields.insert("arguments_digest", Value::from(digest));
 }
 
 /// A revision's argument changes as `audit.arguments` records arguments:

@@ -270,22 +270,22 @@ impl Pending {
 
 impl Log<'_> {
     fn with_base(&self, extra: Fields) -> Fields {
-        let mut f = self.base.clone();
-        if let Some(k) = self.key.get() {
-            f.insert("idempotency_key", json!(k));
-        }
-        f.extend(extra);
-        f
+        self.filled(extra, self.base.clone())
     }
 
     /// [`Log::with_base`], taking the base fields (the trail's last entry).
     fn taking_base(&mut self, extra: Fields) -> Fields {
-        let mut f = std::mem::take(&mut self.base);
+        let base = std::mem::take(&mut self.base);
+        self.filled(extra, base)
+    }
+
+    /// `extra` over `base` and the key.
+    fn filled(&self, mut extra: Fields, mut base: Fields) -> Fields {
         if let Some(k) = self.key.get() {
-            f.insert("idempotency_key", json!(k));
+            base.insert("idempotency_key", json!(k));
         }
-        f.extend(extra);
-        f
+        extra.fill_from(base);
+        extra
     }
 
     fn received_fields(&self, explicit: bool, read_only: bool) -> Fields {

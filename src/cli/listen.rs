@@ -59,11 +59,8 @@ pub(super) async fn accept(
         // (`front::bounds`).
         let memo = Arc::new(crate::front::auth::TokenMemo::default());
         let service =
-            hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-                let extensions = req.extensions_mut();
-                extensions.insert(axum::extract::ConnectInfo(peer));
-                extensions.insert(memo.clone());
-                crate::front::http::serve(app.clone(), req)
+            hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                crate::front::http::serve(app.clone(), req, peer, memo.clone())
             });
         let watcher = graceful.watcher();
         let http = http.clone();

@@ -283,7 +283,9 @@ struct Listed {
 /// Per-server catalog of tool definitions and pins.
 #[derive(Debug, Default)]
 pub struct Catalog {
-    overrides: HashMap<String, BTreeMap<String, ToolConfig>>,
+    /// Keyed by configured server names, and pins by names a server
+    /// listed: no client chooses them, so foldhash serves (read per call).
+    overrides: FastMap<String, BTreeMap<String, ToolConfig>>,
     listed: RwLock<FastMap<String, Listed>>,
     /// When the gateway last fetched each server's whole list itself (unix
     /// ms); absent when never, or when the server said its list changed.
@@ -292,14 +294,14 @@ pub struct Catalog {
     /// cached reads start over with the next fetch.
     said_changed: RwLock<std::collections::HashSet<String>>,
     lock: RwLock<Arc<ToolLock>>,
-    first_use: RwLock<HashMap<String, HashMap<String, Definition>>>,
+    first_use: RwLock<FastMap<String, FastMap<String, Definition>>>,
 }
 
 impl Catalog {
     /// A catalog knowing the operator's overrides per server.
     pub fn new(overrides: HashMap<String, BTreeMap<String, ToolConfig>>) -> Catalog {
         Catalog {
-            overrides,
+            overrides: overrides.into_iter().collect(),
             ..Catalog::default()
         }
     }

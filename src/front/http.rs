@@ -80,9 +80,12 @@ pub(crate) fn router(
 /// and its boxed futures cost several thousand instructions per call, more
 /// than the decision. A name with `%` goes through the router, whose path
 /// extractor decodes it; a plain name is the same text either way.
+/// `peer` and `memo` are the connection's.
 pub(crate) async fn serve<B>(
     b: Arc<super::bounds::Bounds>,
-    req: axum::http::Request<B>,
+    mut req: axum::http::Request<B>,
+    peer: std::net::SocketAddr,
+    memo: Arc<TokenMemo>,
 ) -> Result<Response, Infallible>
 where
     B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
@@ -94,19 +97,18 @@ where
         .filter(|name| !name.is_empty() && !name.contains(['/', '%']))
         .map(str::to_owned);
     let Some(server) = plain else {
+        // The router's handlers find the peer and the memo among the
+        // request's extensions.
+        let extensions = req.extensions_mut();
+        extensions.insert(axum::extract::ConnectInfo(peer));
+        extensions.insert(memo);
         return super::bounds::serve(b, req).await;
     };
-    let (mut parts, body) = req.into_parts();
-    let peer = parts
-        .extensions
-        .remove::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(axum::Extension);
-    let memo = parts
-        .extensions
-        .remove::<Arc<TokenMemo>>()
-        .map(axum::Extension);
+    let (parts, body) = req.into_parts();
     let body = b.timed_body(body);
     let gw = Arc::clone(b.gateway());
+    let peer = Some(axum::Extension(axum::extract::ConnectInfo(peer)));
+    let memo = Some(axum::Extension(memo));
     Ok(post_mcp(State(gw), Path(server), peer, memo, parts.headers, body).await)
 }
 

@@ -4,19 +4,23 @@
 
 use axum::body::Body as HttpBody;
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::Value;
 
 use crate::enforce::answer::Rejection;
 use crate::wire::jsonrpc::Message;
 
 pub(super) fn rpc(status: StatusCode, msg: &Message) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        msg.to_bytes(),
-    )
-        .into_response()
+    // Built as it is sent: a body of bytes answered through `IntoResponse`
+    // is typed `application/octet-stream` first, then retyped, each header
+    // value checked as text again.
+    let mut r = Response::new(HttpBody::from(msg.to_bytes()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// A refusal, with the status HTTP gives it; the words come from

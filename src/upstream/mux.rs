@@ -7,8 +7,8 @@
 //! upstream can only answer requests the gateway actually sent: a response with
 //! an id the gateway never issued is dropped, not delivered to some client.
 
+use crate::core::FastMap;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
@@ -40,11 +40,13 @@ struct Pending {
     done: oneshot::Sender<Result<Message, Lost>>,
 }
 
+/// Both maps are keyed by ids this gateway counts out itself, never by
+/// what a peer chooses: foldhash serves (a lookup per relayed message).
 #[derive(Default)]
 struct Inner {
-    pending: HashMap<u64, Pending>,
+    pending: FastMap<u64, Pending>,
     /// Client-facing id → the upstream's own id of a server-to-client request.
-    server_requests: HashMap<u64, Value>,
+    server_requests: FastMap<u64, Value>,
     closed: Option<String>,
 }
 

@@ -376,6 +376,9 @@ impl Http {
         *req.method_mut() = method;
         *req.uri_mut() = self.path.clone();
         let h = req.headers_mut();
+        // Room for every header set below at once (an empty map grows
+        // twice on the way).
+        h.reserve(5 + self.headers.len() + extra.len());
         h.insert(http::header::HOST, self.host.clone());
         for (k, v) in &self.headers {
             h.insert(k, v.clone());
