@@ -380,4 +380,15 @@ mod tests {
     fn a_quoted_value_cannot_close_its_quotes() {
         assert_eq!(super::quoted("a\"b\\c\r\nd"), "a\\\"b\\\\cd");
     }
+
+    #[test]
+    fn a_connection_memo_gives_each_token_its_own_digest() {
+        let sha = |t: &str| crate::core::sha256::digest(t.as_bytes());
+        let memo = super::TokenMemo::default();
+        // The same token again, another one (longer, shorter, one byte
+        // apart), and back: each time the digest of the token given.
+        for token in ["alpha", "alpha", "alphabet", "alpha", "alphb", "", "alpha"] {
+            assert_eq!(memo.digest(token), sha(token), "{token:?}");
+        }
+    }
 }
