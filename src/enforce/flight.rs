@@ -48,10 +48,19 @@ pub enum Settled {
 pub const GATE_ROUNDS: usize = 4;
 
 struct Flight {
+    /// What a ledger key's leader runs, to refuse a different call under
+    /// the same key (`drift`, `remap`). `None` for a read's flight: its key
+    /// holds the caller and the call's digest (which covers server, tool
+    /// and arguments) and can never be a ledger key, so whoever finds it
+    /// makes the same call; nothing is copied for it.
+    call: Option<FlightCall>,
+    tx: watch::Sender<Option<Settled>>,
+}
+
+struct FlightCall {
     digest: String,
     server: String,
     tool: String,
-    tx: watch::Sender<Option<Settled>>,
 }
 
 /// What the ledger lookup found for a call (DESIGN.md section 3, step
@@ -136,15 +145,25 @@ impl Idempotency {
         reason = "the Err side is the lookup's answer itself, returned once per call"
     )]
     fn lead_or_follow(&self, claim: &Claim) -> Result<Arc<Flight>, Lookup> {
+        self.lead_or_follow_as(claim, false)
+    }
+
+    /// [`Idempotency::lead_or_follow`]; a `read`'s flight keeps no call to
+    /// compare (see [`Flight::call`]).
+    #[expect(
+        clippy::result_large_err,
+        reason = "the Err side is the lookup's answer itself, returned once per call"
+    )]
+    fn lead_or_follow_as(&self, claim: &Claim, read: bool) -> Result<Arc<Flight>, Lookup> {
         let mut flights = self.flights();
         // One hash of the key for the look and the insert.
         let slot = match flights.entry(claim.key.clone()) {
             std::collections::hash_map::Entry::Vacant(v) => v,
             std::collections::hash_map::Entry::Occupied(o) => {
                 let f = o.get();
-                if f.digest != claim.digest {
+                if let Some(led) = f.call.as_ref().filter(|c| c.digest != claim.digest) {
                     return Err(Lookup::Stop(
-                        if f.tool != claim.tool || f.server != claim.server {
+                        if led.tool != claim.tool || led.server != claim.server {
                             Outcome::Remap
                         } else {
                             Outcome::Drift
@@ -157,9 +176,11 @@ impl Idempotency {
         };
         let (tx, _) = watch::channel(None);
         let flight = Arc::new(Flight {
-            digest: claim.digest.clone(),
-            server: claim.server.clone(),
-            tool: claim.tool.clone(),
+            call: (!read).then(|| FlightCall {
+                digest: claim.digest.clone(),
+                server: claim.server.clone(),
+                tool: claim.tool.clone(),
+            }),
             tx,
         });
         slot.insert(flight.clone());
@@ -275,7 +296,7 @@ impl Idempotency {
         self: &Arc<Self>,
         claim: &Claim,
     ) -> Result<ReadLead, watch::Receiver<Option<Settled>>> {
-        match self.lead_or_follow(claim) {
+        match self.lead_or_follow_as(claim, true) {
             Ok(flight) => Ok(ReadLead {
                 svc: self.clone(),
                 key: claim.key.clone(),
