@@ -184,6 +184,29 @@ async fn server_to_client_request_round_trip() {
 }
 
 #[tokio::test]
+async fn a_server_is_reached_by_its_plain_name_and_by_its_encoded_name_alike() {
+    // `POST /mcp/payments` goes from the connection straight to the
+    // handler; the same name percent-encoded goes through the router,
+    // whose path extractor decodes it. Both are the same server.
+    let gw = Gateway::start();
+    for server in ["payments", "p%61yments"] {
+        let mut c = Client::new(&gw.url(server));
+        c.initialize().await;
+        let ok = c.call(1, "get_balance", json!({"account":"a"})).await;
+        assert_eq!(ok.status, 200, "{server}: {ok:?}");
+        assert_eq!(ok.last()["result"]["isError"], false, "{server}: {ok:?}");
+    }
+    // A path no route has is the router's 404 (nothing parsed, nothing run).
+    for path in ["payments/extra", ""] {
+        let c = Client::new(&gw.url(path));
+        let a = c
+            .post(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+            .await;
+        assert_eq!(a.status, 404, "/mcp/{path}: {a:?}");
+    }
+}
+
+#[tokio::test]
 async fn bad_token_unknown_server_and_foreign_origin_are_refused() {
     let gw = Gateway::start();
     let mut c = Client::new(&gw.url("payments"));

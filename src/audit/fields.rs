@@ -169,13 +169,16 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// Splice `member` (`"key":value`) into `jcs` at the slot.
-    pub fn splice(self, jcs: &[u8], member: &[u8], out: &mut Vec<u8>) {
+    /// Splice a member (`"key":value`, given in `parts` written one after
+    /// the other) into `jcs` at the slot.
+    pub fn splice(self, jcs: &[u8], parts: &[&[u8]], out: &mut Vec<u8>) {
         out.extend_from_slice(&jcs[..self.at]);
         if self.after_some {
             out.push(b',');
         }
-        out.extend_from_slice(member);
+        for part in parts {
+            out.extend_from_slice(part);
+        }
         if !self.after_some && self.before_some {
             out.push(b',');
         }
@@ -311,7 +314,7 @@ mod tests {
     /// at `slot`.
     fn spliced(text: &[u8], slot: Slot, key: &str) -> String {
         let mut line = Vec::new();
-        slot.splice(text, format!(r#""{key}":"x""#).as_bytes(), &mut line);
+        slot.splice(text, &[format!(r#""{key}":"x""#).as_bytes()], &mut line);
         String::from_utf8(line).unwrap()
     }
 
@@ -409,7 +412,7 @@ mod tests {
         let mut out = Vec::new();
         let slot = Fields::new().jcs_into_at(&mut out, "hash");
         let mut line = Vec::new();
-        slot.splice(&out, br#""hash":"x""#, &mut line);
+        slot.splice(&out, &[br#""hash":"#, br#""x""#], &mut line);
         assert_eq!(line, br#"{"hash":"x"}"#);
     }
 

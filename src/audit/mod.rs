@@ -166,7 +166,8 @@ pub fn record_arguments_digested(
     digest: String,
     fields: &mut Fields,
 ) {
-    // `arguments` first: set in key order, each is placed without a move.
+    // `arguments` first: in key order, the digest goes in right after it
+    // without a search.
     match mode {
         ArgumentMode::Full => {
             fields.insert("arguments", arguments.clone());

@@ -153,12 +153,8 @@ impl Writer {
         let slot = e.jcs_over_into_at(over.into_iter().flatten(), &mut jcs, "hash");
         let digest: Hash = crate::core::sha256::digest(&jcs);
         let hash = crate::core::canonical::sha256_text(&digest);
-        // `"hash":"sha256:` + 64 hex digits + `"`: 80 bytes, on the stack.
-        let mut member = [0u8; 80];
-        member[..8].copy_from_slice(b"\"hash\":\"");
-        member[8..79].copy_from_slice(hash.as_bytes());
-        member[79] = b'"';
-        let mut line = Vec::with_capacity(jcs.len() + member.len() + 2);
+        let member: [&[u8]; 3] = [b"\"hash\":\"", hash.as_bytes(), b"\""];
+        let mut line = Vec::with_capacity(jcs.len() + hash.len() + 12);
         slot.splice(&jcs, &member, &mut line);
         line.push(b'\n');
         self.file.write_all(&line)?;

@@ -920,16 +920,12 @@ pub fn diff(before: &Value, after: &Value) -> Vec<Change> {
     out
 }
 
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
-}
-
 fn diff_at(path: &str, before: &Value, after: &Value, out: &mut Vec<Change>) {
     match (before, after) {
         (Value::Object(a), Value::Object(b)) => {
             let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             for k in keys {
-                let p = format!("{path}/{}", escape(k));
+                let p = format!("{path}/{}", crate::core::canonical::pointer_token(k));
                 match (a.get(k), b.get(k)) {
                     (Some(x), Some(y)) => diff_at(&p, x, y, out),
                     (x, y) => out.push(Change {

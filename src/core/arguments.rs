@@ -175,7 +175,7 @@ impl At<'_> {
                 At::Key(parent, k) => {
                     push(parent, out);
                     out.push('/');
-                    out.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                    out.push_str(&crate::core::canonical::pointer_token(k));
                 }
                 At::Index(parent, i) => {
                     push(parent, out);

@@ -45,6 +45,16 @@ pub use jcs::{jcs, jcs_into, jcs_object_into};
 use strict::check_strict;
 pub use strict::check_unambiguous;
 
+/// A key as one token of a JSON Pointer (RFC 6901: `~` as `~0`, `/` as
+/// `~1`); the key itself when it has neither.
+pub fn pointer_token(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.contains(['~', '/']) {
+        key.replace('~', "~0").replace('/', "~1").into()
+    } else {
+        key.into()
+    }
+}
+
 use serde_json::{Map, Value};
 
 /// Prefix of a `requestState` the gateway issued. A state without it is

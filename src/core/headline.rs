@@ -58,7 +58,7 @@ fn parse(template: &str) -> Result<Vec<Part>, String> {
                     name.to_owned()
                 } else {
                     // A top-level name, as a pointer (RFC 6901 escapes).
-                    format!("/{}", name.replace('~', "~0").replace('/', "~1"))
+                    format!("/{}", crate::core::canonical::pointer_token(name))
                 }));
             }
             '}' => return Err("a `}` closes nothing (write `}}` for a brace)".into()),

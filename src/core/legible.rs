@@ -245,7 +245,7 @@ pub fn lookalikes(v: &Value) -> Vec<(String, String)> {
                 for (k, x) in m {
                     let len = at.len();
                     at.push('/');
-                    at.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                    at.push_str(&crate::core::canonical::pointer_token(k));
                     walk(x, at, out);
                     at.truncate(len);
                 }

@@ -80,15 +80,14 @@ pub struct Metrics {
     /// clients: foldhash serves).
     budget_series: parking_lot::RwLock<crate::core::FastMap<String, BudgetSeries>>,
     /// Each `tool_calls` series, once made, by server, tool and outcome: a
-    /// call counts itself without making three label strings. The tool is
-    /// the client's text, so std's keyed hasher serves.
+    /// call counts itself without making three label strings. The names
+    /// are configured servers and tools a server listed (or
+    /// [`UNLISTED_TOOL`]), never a client's text: foldhash serves.
     call_series: parking_lot::RwLock<CallSeries>,
 }
 
-type CallSeries = std::collections::HashMap<
-    String,
-    std::collections::HashMap<String, Vec<(&'static str, Counter)>>,
->;
+type CallSeries =
+    crate::core::FastMap<String, crate::core::FastMap<String, Vec<(&'static str, Counter)>>>;
 
 type BudgetSeries = (
     Counter<f64, std::sync::atomic::AtomicU64>,
@@ -449,29 +448,37 @@ mod tests {
     #[test]
     fn each_call_counts_once_in_its_own_series() {
         let m = Metrics::new();
-        let refused = |tool: &str| CallOutcome::Refused {
-            why: Outcome::NotDispatched,
+        let refused = |tool: &str, why: Outcome| CallOutcome::Refused {
+            why,
             key: String::new(),
             tool: tool.to_owned(),
         };
+        let not_sent = refused("charge", Outcome::NotDispatched);
+        let drift = refused("charge", Outcome::Drift);
+        let (a, b) = (outcome_label(&not_sent), outcome_label(&drift));
+        assert_ne!(a, b);
         for _ in 0..3 {
-            m.call("pay", "charge", &refused("charge"));
+            m.call("pay", "charge", &not_sent);
         }
-        m.call("pay", "refund", &refused("refund"));
-        m.call("read", "charge", &refused("charge"));
+        // The same tool with another outcome is a series of its own.
+        m.call("pay", "charge", &drift);
+        m.call("pay", "refund", &refused("refund", Outcome::NotDispatched));
+        m.call("read", "charge", &not_sent);
         let text = m.render(&sampled());
-        let count = |server: &str, tool: &str| {
+        let count = |server: &str, tool: &str, outcome: &str| {
             text.lines()
                 .find(|l| {
                     l.starts_with("countersign_tool_calls_total{")
                         && l.contains(&format!("server=\"{server}\""))
                         && l.contains(&format!("tool=\"{tool}\""))
+                        && l.contains(&format!("outcome=\"{outcome}\""))
                 })
                 .and_then(|l| l.rsplit(' ').next())
                 .map(str::to_owned)
         };
-        assert_eq!(count("pay", "charge").as_deref(), Some("3"), "{text}");
-        assert_eq!(count("pay", "refund").as_deref(), Some("1"), "{text}");
-        assert_eq!(count("read", "charge").as_deref(), Some("1"), "{text}");
+        assert_eq!(count("pay", "charge", a).as_deref(), Some("3"), "{text}");
+        assert_eq!(count("pay", "charge", b).as_deref(), Some("1"), "{text}");
+        assert_eq!(count("pay", "refund", a).as_deref(), Some("1"), "{text}");
+        assert_eq!(count("read", "charge", a).as_deref(), Some("1"), "{text}");
     }
 }

@@ -11,8 +11,10 @@
 //! 503 at once and their connections closed: the rest of the connections
 //! stay for `/mcp`.
 //!
-//! The accept loop (`cli::serve`) hands every request to [`serve`]. The
-//! deadline is one timer from the request's start. `tower-http`'s
+//! The accept loop (`cli::serve`) hands every request to
+//! `front::http::serve`, which gives a tool call's `POST` to its handler
+//! with its body held by [`Bounds::timed_body`], and every other request to
+//! [`serve`]. The deadline is one timer from the request's start. `tower-http`'s
 //! `RequestBodyTimeoutLayer` was the first choice, but its timer restarts at
 //! every frame: a body trickled a byte at a time, each just inside the
 //! timeout, is never cut (the test below shows it). Handlers that answer a

@@ -2,7 +2,9 @@
 //!
 //! - [`http`]: the axum routes `/mcp/{server}` (Streamable HTTP, both wire
 //!   eras) and `/healthz`: HTTP framing, origin and token checks, era
-//!   detection. HTTP only.
+//!   detection; and the door every request comes in by (a tool call's
+//!   `POST` straight to its handler, the rest through the router). HTTP
+//!   only.
 //! - [`ops`]: `/healthz`, `/metrics` and the transparency endpoints
 //!   `/audit/*`.
 //! - [`stream`]: answers that become SSE streams, and resumable streams.

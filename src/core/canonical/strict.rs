@@ -71,7 +71,7 @@ impl<'a> Strict<'a> {
         self.path
             .iter()
             .map(|p| match p {
-                Seg::Key(k) => format!("/{}", k.replace('~', "~0").replace('/', "~1")),
+                Seg::Key(k) => format!("/{}", super::pointer_token(k)),
                 Seg::Index(i) => format!("/{i}"),
             })
             .collect()

@@ -8,6 +8,18 @@ fn sha256_text_is_the_prefixed_lower_hex() {
 }
 
 #[test]
+fn pointer_tokens_escape_tilde_before_slash() {
+    assert_eq!(pointer_token("plain"), "plain");
+    assert!(matches!(
+        pointer_token("plain"),
+        std::borrow::Cow::Borrowed(_)
+    ));
+    // `~` first, or the `~1` made of a `/` would read back as `~` + `1`.
+    assert_eq!(pointer_token("a/b~c~1"), "a~1b~0c~01");
+    assert_eq!(pointer_token(""), "");
+}
+
+#[test]
 fn strings_with_and_without_escapes_write_as_json_stringify() {
     for (s, want) in [
         ("plain", r#""plain""#),
