@@ -236,6 +236,7 @@ impl Idempotency {
                 claim,
                 flight,
                 done: false,
+                fresh: existing.is_none(),
             }));
         }
         Ok(self.conclude(&claim, &flight, existing.as_ref(), now_ms))
@@ -333,12 +334,49 @@ pub struct Lead {
     claim: Claim,
     flight: Arc<Flight>,
     done: bool,
+    /// The lookup found no record under the key.
+    fresh: bool,
 }
 
 impl Lead {
     /// The claim this call leads.
     pub fn claim(&self) -> &Claim {
         &self.claim
+    }
+
+    /// Whether the lookup found no record under the key, so that the
+    /// reservation can be made with the dispatch ([`Lead::defer`]).
+    pub fn fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// The reservation, made with the dispatch instead of now: the ticket
+    /// claims the key straight as `dispatched`, in the commit that makes
+    /// the dispatch durable ([`Ticket::dispatch_with`]), one commit instead
+    /// of two. Only for a call with no approval to consume and no guards to
+    /// take (nothing has to see the key reserved before the dispatch), and
+    /// best when [`Lead::fresh`]. Until then the key is held in this
+    /// process only (its followers wait for the ticket); another process
+    /// that finds it free races the claim, and one of the two claims it.
+    pub fn defer(mut self, now_ms: i64) -> Box<Ticket> {
+        let retention = &self.svc.retention;
+        let ttl = if self.claim.explicit {
+            retention.explicit
+        } else {
+            retention.derived
+        };
+        let record = Record::reserve(&self.claim, now_ms, crate::core::time::ms(ttl));
+        self.done = true;
+        Box::new(Ticket {
+            svc: self.svc.clone(),
+            key: self.claim.key.clone(),
+            record,
+            flight: self.flight.clone(),
+            dispatched: false,
+            finished: false,
+            guarded: false,
+            deferred: true,
+        })
     }
 
     /// Step "atomic {reserve key, consume approval}": reserve the key, and
@@ -380,6 +418,7 @@ impl Lead {
                     dispatched: false,
                     finished: false,
                     guarded: false,
+                    deferred: false,
                 })))
             }
             Ok(Reservation::Unapproved(state)) => Ok(Reserve::Lost(self, state)),
@@ -427,6 +466,21 @@ pub struct Ticket {
     /// The call took guards (budgets, effect keys) under its key: a call
     /// proven not sent gives them back.
     guarded: bool,
+    /// Nothing is in the store yet: the key is claimed with the dispatch
+    /// ([`Lead::defer`]).
+    deferred: bool,
+}
+
+/// What [`Ticket::dispatch_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Dispatch {
+    /// The key is durably `dispatched`: the call may go.
+    Dispatched,
+    /// A deferred claim found the key held (another process claimed it
+    /// since the lookup): nothing was written, the call must not go, and
+    /// [`Ticket::taken`] hands the key's followers to its holder.
+    Taken,
 }
 
 impl Ticket {
@@ -440,9 +494,13 @@ impl Ticket {
         self.guarded = true;
     }
 
-    /// `reserved → dispatched`, durably, before anything goes upstream.
+    /// `reserved → dispatched`, durably, before anything goes upstream (a
+    /// deferred claim that found the key held is [`StoreError::Raced`]).
     pub async fn dispatch(&mut self) -> Result<(), StoreError> {
-        self.dispatch_with(None).await
+        match self.dispatch_with(None).await? {
+            Dispatch::Dispatched => Ok(()),
+            Dispatch::Taken => Err(StoreError::Raced(self.key.clone())),
+        }
     }
 
     /// Whether the key is durably `dispatched` (the pipeline's permit stage
@@ -452,21 +510,46 @@ impl Ticket {
     }
 
     /// [`Ticket::dispatch`], committing `outbox` (audit entries that must
-    /// be on disk before the dispatch) in the same durable commit.
-    pub async fn dispatch_with(&mut self, outbox: Option<(u64, String)>) -> Result<(), StoreError> {
+    /// be on disk before the dispatch) in the same durable commit. A
+    /// deferred ticket claims the key here ([`Lead::defer`]).
+    pub async fn dispatch_with(
+        &mut self,
+        outbox: Option<(u64, String)>,
+    ) -> Result<Dispatch, StoreError> {
         let mut next = self.record.clone();
         next.state = State::Dispatched;
-        let moved = self
-            .svc
-            .store
-            .transition_with(self.key.clone(), State::Reserved, next.clone(), outbox)
-            .await?;
-        if !moved {
-            return Err(StoreError::Raced(self.key.clone()));
+        if self.deferred {
+            let now = self.svc.clock.now_ms();
+            let claimed = self
+                .svc
+                .store
+                .reserve_dispatched(self.key.clone(), next.clone(), now, outbox)
+                .await?;
+            if !claimed {
+                return Ok(Dispatch::Taken);
+            }
+            self.deferred = false;
+        } else {
+            let moved = self
+                .svc
+                .store
+                .transition_with(self.key.clone(), State::Reserved, next.clone(), outbox)
+                .await?;
+            if !moved {
+                return Err(StoreError::Raced(self.key.clone()));
+            }
         }
         self.record = next;
         self.dispatched = true;
-        Ok(())
+        Ok(Dispatch::Dispatched)
+    }
+
+    /// A deferred claim found the key held by another process: nothing of
+    /// this call is in the store, and its followers wait for the holder as
+    /// the caller does.
+    pub fn taken(mut self) {
+        self.finished = true;
+        self.svc.settle(&self.key, &self.flight, Settled::Elsewhere);
     }
 
     /// The server answered: `complete`, and followers get the answer.
@@ -598,6 +681,12 @@ impl Ticket {
         settled: Settled,
         notices: Vec<crate::core::notify::Notice>,
     ) -> Result<(), StoreError> {
+        if self.deferred {
+            // Never written: nothing to move, the key was never held.
+            self.finished = true;
+            self.svc.settle(&self.key, &self.flight, settled);
+            return Ok(());
+        }
         let from = if self.dispatched {
             State::Dispatched
         } else {
@@ -668,6 +757,13 @@ impl Drop for Ticket {
         let svc = self.svc.clone();
         let key = self.key.clone();
         svc.settle(&key, &self.flight, Settled::Verdict(outcome));
+        if self.deferred {
+            // Nothing of it was written, or (dropped while its claim was in
+            // flight) its claim may have landed as `dispatched` with nothing
+            // sent: left so, read as in flight and then `unknown`. Never
+            // moved from here, where it may be another process's record.
+            return;
+        }
         // Not sent, not spent (as in `not_dispatched`). Released before the
         // key is freed, in the same task: a retry under the key cannot take
         // the guards meanwhile, since the key is still `reserved`, so the

@@ -15,7 +15,9 @@ use super::book::Book;
 use super::breakers::{Admitted, Breakers};
 use super::call::Call;
 use super::client::Asker;
-use super::flight::{follow, Idempotency, Lead, Lookup, Reserve, Settled, Ticket, GATE_ROUNDS};
+use super::flight::{
+    follow, Dispatch, Idempotency, Lead, Lookup, Reserve, Settled, Ticket, GATE_ROUNDS,
+};
 use super::gate::{Chosen, Gate};
 use super::guards::NotTaken;
 use super::metrics::Metrics;
@@ -167,6 +169,9 @@ impl Writes {
         let deadline =
             Instant::now() + self.config.call_timeout(c.ctx.server) + Duration::from_secs(5);
         let mut raced = 0;
+        // The reservation may be made with the dispatch (one commit) until
+        // a deferred claim finds the key taken: from then on, the long way.
+        let mut defer = true;
         loop {
             // Subscribed before the read, so a settlement between the read
             // and the wait is not missed.
@@ -180,7 +185,7 @@ impl Writes {
                 },
                 Err(Stop::Again) => continue,
             };
-            let ticket = match self.reserve(c, lead, claims, raced > 0).await {
+            let ticket = match self.reserve(c, lead, claims, raced > 0, defer).await {
                 Ok(t) => t,
                 Err(Stop::Done(done)) => return Attempt::Done(done),
                 // Bounded: a call that keeps losing the last of a budget
@@ -195,7 +200,18 @@ impl Writes {
                     Err(done) => return Attempt::Done(done),
                 },
             };
-            return self.dispatch(c, ticket).await;
+            match self.dispatch(c, ticket).await {
+                Ok(done) => return done,
+                // Another process claimed the key since the lookup: wait
+                // for it as for any key held elsewhere, then look again.
+                Err(_) => {
+                    defer = false;
+                    match self.wait_elsewhere(c, changes, deadline).await {
+                        Ok(()) => continue,
+                        Err(done) => return Attempt::Done(done),
+                    }
+                }
+            }
         }
     }
 
@@ -363,12 +379,18 @@ impl Writes {
     /// {reserve key, consume approval}. When the approval the gate chose is
     /// gone by the reservation (a concurrent call with another key consumed
     /// it), the gate looks again, a few times at most.
+    ///
+    /// A call that may go with nothing to consume and no guards to take,
+    /// under a key the lookup found free, is reserved with its dispatch
+    /// when `defer` allows ([`Lead::defer`]): nothing needs to see it
+    /// reserved before, and the durable `dispatched` commit claims the key.
     async fn reserve<U: Upstream>(
         &self,
         c: &Call<'_, U>,
         mut lead: Lead,
         claims: &[Claim],
         must_look: bool,
+        defer: bool,
     ) -> Result<Box<Ticket>, Stop> {
         let mut lost = None;
         for _ in 0..GATE_ROUNDS {
@@ -383,6 +405,9 @@ impl Writes {
             // Judged at the time of the reservation: the gate may have
             // held the call for minutes.
             let now = self.clock.now_ms();
+            if defer && proposal.is_none() && claims.is_empty() && lead.fresh() {
+                return Ok(lead.defer(now));
+            }
             let started = Instant::now();
             let span = ledger_span("ledger reserve");
             let reserved = lead
@@ -466,13 +491,19 @@ impl Writes {
     }
 
     /// Durable `dispatched` (with the audit entry that records it), the
-    /// permit, the send, and the answer on the ledger.
-    async fn dispatch<U: Upstream>(&self, c: &Call<'_, U>, mut ticket: Box<Ticket>) -> Attempt {
+    /// permit, the send, and the answer on the ledger. `Err(Stop::Elsewhere)`
+    /// when a deferred claim found the key held by another process: nothing
+    /// was written or sent.
+    async fn dispatch<U: Upstream>(
+        &self,
+        c: &Call<'_, U>,
+        mut ticket: Box<Ticket>,
+    ) -> Result<Attempt, Stop> {
         // The breaker's trial is taken here, right before the upstream, so
         // that a call the ledger or the gate answered never uses it.
         let Some(admitted) = self.breakers.admit(c.ctx.server) else {
             ticket.not_dispatched().await;
-            return Attempt::Done(c.open_circuit());
+            return Ok(Attempt::Done(c.open_circuit()));
         };
         // The upstream's futures (kilobytes) are boxed where they are
         // awaited: the call's own futures above them stay small, and a
@@ -483,7 +514,7 @@ impl Writes {
                 ticket.not_dispatched().await;
                 c.trail
                     .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
-                return Attempt::Retry(failed(c.ctx.server, e, admitted));
+                return Ok(Attempt::Retry(failed(c.ctx.server, e, admitted)));
             }
         };
         // The audit entry that records the dispatch (and the call's entries
@@ -495,13 +526,13 @@ impl Writes {
         let span = ledger_span("ledger dispatch");
         let durable = async {
             match c.trail.stage_dispatch() {
-                None => ticket.dispatch().await.map_err(Some),
+                None => ticket.dispatch_with(None).await.map_err(Some),
                 Some((log, Ok(staged))) => {
                     let outbox = Some((staged.id, staged.text.clone()));
                     let r = ticket.dispatch_with(outbox).await;
                     match &r {
-                        Ok(()) => log.record_staged(staged),
-                        Err(_) => log.unstage(staged),
+                        Ok(Dispatch::Dispatched) => log.record_staged(staged),
+                        Ok(Dispatch::Taken) | Err(_) => log.unstage(staged),
                     }
                     r.map_err(Some)
                 }
@@ -514,12 +545,17 @@ impl Writes {
         .instrument(span.clone())
         .await;
         let durable = match durable {
-            Ok(()) => Ok(()),
+            Ok(Dispatch::Dispatched) => Ok(()),
+            Ok(Dispatch::Taken) => {
+                span.record("countersign.ledger_state", "in_flight_elsewhere");
+                ticket.taken();
+                return Err(Stop::Elsewhere);
+            }
             Err(Some(e)) => Err(e),
             Err(None) => {
                 tracing::error!("refusing a call: the audit log has no ledger outbox attached");
                 ticket.not_dispatched().await;
-                return Attempt::Done(CallOutcome::AuditUnavailable);
+                return Ok(Attempt::Done(CallOutcome::AuditUnavailable));
             }
         };
         span.record(
@@ -538,19 +574,19 @@ impl Writes {
             ticket.not_dispatched().await;
             c.trail
                 .record("not_dispatched", vec![("reason", json!(e.to_string()))]);
-            return Attempt::Done(c.ledger_unavailable(e));
+            return Ok(Attempt::Done(c.ledger_unavailable(e)));
         }
         let permit = match issue(c.request, Hold::Write(ticket)) {
             Ok(p) => p,
             Err(Hold::Write(ticket)) => {
                 ticket.not_dispatched().await;
-                return Attempt::Done(c.refused(Outcome::NotDispatched));
+                return Ok(Attempt::Done(c.refused(Outcome::NotDispatched)));
             }
             Err(Hold::Read(_)) => unreachable_hold(),
         };
         let timeout = self.config.call_timeout(c.ctx.server);
         let sent = Box::pin(conn.call_tool(permit, c.ctx.events.clone(), timeout)).await;
-        self.record(c, sent, admitted).await
+        Ok(self.record(c, sent, admitted).await)
     }
 
     /// Record the answer: `complete`, `not_dispatched` (refused unprocessed

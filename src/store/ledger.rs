@@ -54,6 +54,51 @@ pub trait Ledger: Send + Sync {
         approval: Option<String>,
     ) -> StoreFuture<'_, Reservation>;
 
+    /// Claim `key` straight as `dispatched` with `record` (its state
+    /// `dispatched`), and store `outbox` with it, in one durable commit:
+    /// the reservation and the dispatch of a call that has no approval to
+    /// consume and no guards to take, which nothing needs to see between
+    /// the two. `false` when a record holds the key (written since the
+    /// caller's lookup found none, by another process sharing the store):
+    /// nothing was written, and the caller looks again. A store may also
+    /// answer `false` for a record that no longer binds the key; the caller
+    /// then takes the long way ([`Ledger::reserve_with`], then the move to
+    /// `dispatched`).
+    ///
+    /// By default the two steps in turn, the key freed again if the second
+    /// fails: one commit less only where a store fuses them.
+    fn reserve_dispatched(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            dispatched_only(&record)?;
+            let mut reserved = record.clone();
+            reserved.state = State::Reserved;
+            if self.reserve(key.clone(), reserved.clone(), now_ms).await? != Reservation::Reserved {
+                return Ok(false);
+            }
+            let moved = self
+                .transition_with(key.clone(), State::Reserved, record, outbox)
+                .await;
+            if !matches!(moved, Ok(true)) {
+                // Nothing was dispatched: free the key (a failure here
+                // leaves it `reserved`, which recovery frees).
+                let mut freed = reserved;
+                freed.state = State::NotDispatched;
+                let _ = self.transition(key.clone(), State::Reserved, freed).await;
+            }
+            match moved {
+                Ok(true) => Ok(true),
+                Ok(false) => Err(StoreError::Raced(key)),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     /// Replace the record of `key` with `to` if its state is `from`
     /// (compare-and-set). Returns whether it did. Transitions the ledger does
     /// not allow are refused with an error.
@@ -131,6 +176,20 @@ pub(super) fn needs_durability(from: State, to: State) -> bool {
     to == State::Dispatched
         || from == State::Unknown
         || (from == State::Dispatched && matches!(to, State::Complete | State::NotDispatched))
+}
+
+/// A record claimed straight as `dispatched` must say so: anything else is
+/// the move `reserved → that`, which [`Ledger::reserve_dispatched`] does
+/// not make.
+pub(super) fn dispatched_only(record: &Record) -> Result<(), StoreError> {
+    if record.state == State::Dispatched {
+        Ok(())
+    } else {
+        Err(StoreError::Forbidden {
+            from: State::Reserved,
+            to: record.state,
+        })
+    }
 }
 
 /// Refuse transitions the ledger does not allow, whatever the backend.

@@ -5,8 +5,8 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 
 use super::{
-    check_transition, inputs_stale, proposal_final, InputRow, Inputs, Ledger, Outbox, Proposals,
-    Recovery, Reservation, Seen, Settle, Store, StoreFuture, Tasks,
+    check_transition, dispatched_only, inputs_stale, proposal_final, InputRow, Inputs, Ledger,
+    Outbox, Proposals, Recovery, Reservation, Seen, Settle, Store, StoreFuture, Tasks,
 };
 use crate::core::approval::{self, Proposal, ProposalState};
 use crate::core::ledger::{Record, State};
@@ -185,6 +185,27 @@ impl Ledger for MemoryStore {
             }
         };
         Box::pin(async move { Ok(out) })
+    }
+
+    fn reserve_dispatched(
+        &self,
+        key: String,
+        record: Record,
+        _now_ms: i64,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool> {
+        let out = dispatched_only(&record).map(|()| {
+            let mut map = self.lock();
+            if map.contains_key(&key) {
+                return false;
+            }
+            map.insert(key, record);
+            if let Some((id, entries)) = outbox {
+                self.outbox.lock().insert(id, entries);
+            }
+            true
+        });
+        Box::pin(async move { out })
     }
 
     fn transition_telling(

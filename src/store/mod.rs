@@ -75,7 +75,7 @@ pub use tasks::{TaskFilter, Tasks};
 use crate::core::ledger::State;
 // The rules every backend keeps the same way, where the backends find them.
 use inputs::inputs_stale;
-use ledger::{check_transition, needs_durability};
+use ledger::{check_transition, dispatched_only, needs_durability};
 use outbox::{due, settled};
 use proposals::{proposal_durable, proposal_expected, proposal_final};
 
@@ -142,6 +142,11 @@ pub enum StoreError {
     /// The record changed under a transition that expected another state.
     #[error("ledger store: key `{0}` changed state before dispatch")]
     Raced(String),
+    /// This gateway's lease on the shared ledger has lapsed (it was paused,
+    /// or cut off from the database, longer than the lease): it dispatches
+    /// nothing until it has renewed it.
+    #[error("ledger store: this gateway's lease has lapsed; nothing was dispatched")]
+    Fenced,
     /// A transition found the record no longer in the state it left it in:
     /// another gateway settled it (its lease lapsed, and the others made
     /// the call `unknown`), or an operator reconciled it.

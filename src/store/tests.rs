@@ -384,8 +384,61 @@ async fn outbox_conformance(store: &dyn Store) {
     assert_eq!(store.outbox().await.unwrap(), vec![(5, "[5]".to_owned())]);
 }
 
+/// A key claimed straight as `dispatched` (a reservation and its
+/// dispatch in one commit): only a key no record holds, with its outbox
+/// row and only with it; afterwards a record like any other.
+pub(super) async fn claim_conformance(store: &dyn Store) {
+    let r = Record::reserve(&claim("d1"), 0, 1000);
+    let dispatched = with_state(r.clone(), State::Dispatched);
+    assert!(store
+        .reserve_dispatched("f".into(), dispatched.clone(), 0, Some((3, "[3]".into())))
+        .await
+        .unwrap());
+    assert_eq!(store.get("f").await.unwrap(), Some(dispatched.clone()));
+    assert_eq!(store.outbox().await.unwrap(), vec![(3, "[3]".to_owned())]);
+    // A held key: nothing written, no outbox row.
+    assert!(!store
+        .reserve_dispatched("f".into(), dispatched.clone(), 1, Some((4, "[4]".into())))
+        .await
+        .unwrap());
+    store.reserve("g".into(), r.clone(), 0).await.unwrap();
+    assert!(!store
+        .reserve_dispatched("g".into(), dispatched.clone(), 1, Some((5, "[5]".into())))
+        .await
+        .unwrap());
+    assert_eq!(store.get("g").await.unwrap(), Some(r.clone()));
+    assert_eq!(store.outbox().await.unwrap(), vec![(3, "[3]".to_owned())]);
+    // Only `dispatched` is claimed so.
+    assert_eq!(
+        store
+            .reserve_dispatched("h".into(), r.clone(), 0, None)
+            .await
+            .unwrap_err(),
+        StoreError::Forbidden {
+            from: State::Reserved,
+            to: State::Reserved
+        }
+    );
+    assert_eq!(store.get("h").await.unwrap(), None);
+    // It settles as any dispatched record, and a crash makes it unknown.
+    let mut done = with_state(r.clone(), State::Complete);
+    done.answer = Some(Answer::Result("{}".into()));
+    assert!(store
+        .transition("f".into(), State::Dispatched, done.clone())
+        .await
+        .unwrap());
+    assert_eq!(store.get("f").await.unwrap(), Some(done));
+    assert!(store
+        .reserve_dispatched("i".into(), dispatched, 0, None)
+        .await
+        .unwrap());
+    assert_eq!(store.recover().await.unwrap().unknown, 1);
+    assert_eq!(store.get("i").await.unwrap().unwrap().state, State::Unknown);
+}
+
 #[tokio::test]
 async fn memory_store_conforms() {
+    claim_conformance(&MemoryStore::default()).await;
     conformance(&MemoryStore::default()).await;
     approval_conformance(&MemoryStore::default()).await;
     outbox_conformance(&MemoryStore::default()).await;

@@ -262,3 +262,106 @@ proptest::proptest! {
         });
     }
 }
+
+/// Lead `claim`'s key (the lookup must find it free).
+async fn lead(s: &Arc<Idempotency>, claim: Claim) -> Lead {
+    match s.lookup(claim, crate::core::time::now_ms()).await.unwrap() {
+        Lookup::Lead(lead) => lead,
+        _ => panic!("the key is free"),
+    }
+}
+
+#[tokio::test]
+async fn a_deferred_ticket_claims_its_key_with_the_dispatch_and_its_followers_wait_for_it() {
+    let s = svc();
+    let l = lead(&s, claim("k", "d", "t")).await;
+    assert!(l.fresh(), "no record under the key");
+    let mut t = l.defer(crate::core::time::now_ms());
+    assert_eq!(
+        s.store().get("k").await.unwrap(),
+        None,
+        "nothing written yet"
+    );
+    let Begin::Follow(rx) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+        panic!("follower")
+    };
+    assert_eq!(t.dispatch_with(None).await.unwrap(), Dispatch::Dispatched);
+    assert!(t.is_dispatched());
+    assert_eq!(
+        s.store().get("k").await.unwrap().unwrap().state,
+        State::Dispatched
+    );
+    t.complete(Answer::Result("{\"ok\":1}".into()))
+        .await
+        .unwrap();
+    let Settled::Answered { answer, .. } = follow(rx).await else {
+        panic!("answer")
+    };
+    assert_eq!(answer, Answer::Result("{\"ok\":1}".into()));
+    assert_eq!(
+        s.store().get("k").await.unwrap().unwrap().state,
+        State::Complete
+    );
+}
+
+#[tokio::test]
+async fn a_deferred_ticket_not_sent_writes_nothing_and_frees_its_key() {
+    let s = svc();
+    let t = lead(&s, claim("k", "d", "t"))
+        .await
+        .defer(crate::core::time::now_ms());
+    let Begin::Follow(rx) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+        panic!("follower")
+    };
+    t.not_dispatched().await;
+    assert_eq!(follow(rx).await, Settled::Verdict(Outcome::NotDispatched));
+    assert_eq!(s.store().get("k").await.unwrap(), None);
+    // Dropped unsent, too: nothing to move, and the key leads again.
+    drop(lead(&s, claim("k", "d", "t")).await.defer(0));
+    assert!(matches!(
+        s.begin(claim("k", "d", "t")).await.unwrap(),
+        Begin::Go(_)
+    ));
+    assert_eq!(
+        s.store().get("k").await.unwrap().unwrap().state,
+        State::Reserved
+    );
+}
+
+#[tokio::test]
+async fn a_deferred_claim_that_finds_the_key_held_writes_nothing_and_hands_followers_to_the_holder()
+{
+    let s = svc();
+    let mut t = lead(&s, claim("k", "d", "t"))
+        .await
+        .defer(crate::core::time::now_ms());
+    let Begin::Follow(rx) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+        panic!("follower")
+    };
+    // Another process sharing the store reserves the key meanwhile.
+    let theirs = Record::reserve(&claim("k", "d", "t"), 0, i64::MAX / 2);
+    s.store()
+        .reserve("k".into(), theirs.clone(), 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        t.dispatch_with(Some((1, "[1]".into()))).await.unwrap(),
+        Dispatch::Taken
+    );
+    assert!(!t.is_dispatched());
+    t.taken();
+    assert_eq!(follow(rx).await, Settled::Elsewhere);
+    assert_eq!(s.store().get("k").await.unwrap(), Some(theirs));
+    assert!(s.store().outbox().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_key_whose_record_no_longer_binds_is_led_but_not_fresh() {
+    let s = svc();
+    let Begin::Go(t) = s.begin(claim("k", "d", "t")).await.unwrap() else {
+        panic!()
+    };
+    t.not_dispatched().await;
+    let l = lead(&s, claim("k", "d", "t")).await;
+    assert!(!l.fresh(), "a not_dispatched record is there");
+}

@@ -379,17 +379,19 @@ impl Kind for Reserve {
     }
 }
 
-/// A ledger transition (compare-and-set on the state), with the audit
-/// outbox row that commits with it, and the notification that wakes
-/// waiters on other gateways when the record settles.
+/// A ledger transition (compare-and-set on the state), or a key claimed
+/// straight as `dispatched`, with the audit outbox row that commits with
+/// it, and the notification that wakes waiters on other gateways when the
+/// record settles.
 pub(super) struct Transition(pub Writer);
 
 /// One transition.
 pub(super) struct TransitionOp {
     /// The storage key.
     pub key: String,
-    /// The state the row must be in.
-    pub from: &'static str,
+    /// The state the row must be in; `None`: no row may hold the key, and
+    /// it is inserted (a reservation and its dispatch in one commit).
+    pub from: Option<&'static str>,
     /// The state it moves to.
     pub to: &'static str,
     /// The new record's expiry.
@@ -400,12 +402,26 @@ pub(super) struct TransitionOp {
     pub outbox: Option<(i64, String)>,
     /// Notifications to queue with the move (a JSON array of notices).
     pub notices: Option<String>,
+    /// For an insert: the lease epoch when the gateway asked for it.
+    pub epoch: i64,
+}
+
+/// What a transition did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Moved {
+    /// The row moved (or was inserted).
+    Yes,
+    /// The row was not in the state asked for (or, for an insert, a row
+    /// holds the key).
+    No,
+    /// An insert the gateway's lease refused: lapsed, or taken again
+    /// under another epoch since the gateway asked.
+    Fenced,
 }
 
 impl Kind for Transition {
     type Op = TransitionOp;
-    /// Whether the row moved.
-    type Out = bool;
+    type Out = Moved;
     const WHAT: &'static str = "transition";
     // INVARIANT: a gateway whose lease lapsed (paused, cut off) does not
     // dispatch: a move to `dispatched` requires, in this very statement and
@@ -415,23 +431,45 @@ impl Kind for Transition {
     // reservation made before a lapse is never dispatched (it ends
     // `not_dispatched`, and a retry reserves again); meanwhile another
     // gateway may have settled the lapsed gateway's records.
+    // INVARIANT: a key claimed straight as `dispatched` (`made`) is
+    // inserted only if no row holds it (at most once: of two gateways that
+    // both found the key free, one inserts) and only under the lease, in
+    // force, of the epoch the gateway read when it asked. Nothing was
+    // written for the call before, so nothing of it can have been settled
+    // by another gateway during a lapse; rows are inserted in key order, as
+    // reservations are, so that two gateways' batches do not deadlock.
     // INVARIANT: the outbox row and the notifications commit with the move
     // they record, and only with it.
+    // The lease is read once per statement (`lease`), on the database's
+    // clock, for every row that needs it.
     const SQL: &'static str = "WITH b AS (
-            SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::text[], $10::text[])
-              AS b(key, from_state, to_state, expires_ms, record, outbox_id, outbox, notices)
+            SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[], $9::text[], $10::text[], $11::bigint[])
+              AS b(key, from_state, to_state, expires_ms, record, outbox_id, outbox, notices, epoch)
+         ), lease AS (
+            SELECT g.epoch FROM gateways g WHERE g.id = $1
+              AND g.lease_until_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint
          ), moved AS (
             UPDATE ledger l
             SET state = b.to_state, expires_ms = b.expires_ms, gateway = $1, record = b.record
             FROM b
             WHERE l.key = b.key AND l.state = b.from_state
-              AND (b.to_state <> 'dispatched' OR (l.gateway = $1 AND l.epoch = $2 AND EXISTS (
-                SELECT 1 FROM gateways g WHERE g.id = $1 AND g.epoch = $2
-                  AND g.lease_until_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint)))
+              AND (b.to_state <> 'dispatched' OR (l.gateway = $1 AND l.epoch = $2
+                AND EXISTS (SELECT 1 FROM lease WHERE lease.epoch = $2)))
             RETURNING l.key, b.to_state, b.outbox_id, b.outbox, b.notices
+         ), made AS (
+            INSERT INTO ledger (key, state, expires_ms, gateway, record, epoch)
+            SELECT b.key, b.to_state, b.expires_ms, $1, b.record, b.epoch
+            FROM b
+            WHERE b.from_state IS NULL AND b.epoch IN (SELECT epoch FROM lease)
+            ORDER BY b.key
+            ON CONFLICT (key) DO NOTHING
+            RETURNING key
          ), kept AS (
             INSERT INTO audit_outbox (gateway, id, entries)
             SELECT $1, m.outbox_id, m.outbox FROM moved m WHERE m.outbox_id IS NOT NULL
+            UNION ALL
+            SELECT $1, b.outbox_id, b.outbox FROM made JOIN b ON b.key = made.key
+            WHERE b.outbox_id IS NOT NULL
          ), told AS (
             INSERT INTO notices (key, next_ms, notice)
             SELECT (n->>'id') || '/' || (n->>'webhook'), (n->>'next_ms')::bigint, n::text
@@ -441,8 +479,13 @@ impl Kind for Transition {
          )
          SELECT m.key, CASE WHEN m.to_state IN ('complete', 'not_dispatched', 'unknown')
              AND EXISTS (SELECT 1 FROM ledger_waiters w WHERE w.key = m.key)
-           THEN pg_notify('countersign_ledger', m.key)::text END
-         FROM moved m";
+           THEN pg_notify('countersign_ledger', m.key)::text END, true
+         FROM moved m
+         UNION ALL
+         SELECT made.key, NULL, true FROM made
+         UNION ALL
+         SELECT b.key, NULL, false FROM b
+         WHERE b.from_state IS NULL AND b.epoch NOT IN (SELECT epoch FROM lease)";
 
     fn key(op: &TransitionOp) -> &str {
         &op.key
@@ -453,10 +496,10 @@ impl Kind for Transition {
         client: &'a Client,
         statement: &'a Statement,
         ops: &'a [TransitionOp],
-    ) -> BoxFuture<'a, Result<Vec<bool>, tokio_postgres::Error>> {
+    ) -> BoxFuture<'a, Result<Vec<Moved>, tokio_postgres::Error>> {
         Box::pin(async move {
             let keys: Vec<&str> = ops.iter().map(|o| o.key.as_str()).collect();
-            let from: Vec<&str> = ops.iter().map(|o| o.from).collect();
+            let from: Vec<Option<&str>> = ops.iter().map(|o| o.from).collect();
             let to: Vec<&str> = ops.iter().map(|o| o.to).collect();
             let expires: Vec<i64> = ops.iter().map(|o| o.expires_ms).collect();
             let records: Vec<&str> = ops.iter().map(|o| o.record.as_str()).collect();
@@ -467,6 +510,7 @@ impl Kind for Transition {
                 .map(|o| o.outbox.as_ref().map(|x| x.1.as_str()))
                 .collect();
             let notices: Vec<Option<&str>> = ops.iter().map(|o| o.notices.as_deref()).collect();
+            let epochs: Vec<i64> = ops.iter().map(|o| o.epoch).collect();
             let gateway: &str = &self.0.gateway;
             let rows = client
                 .query(
@@ -482,19 +526,56 @@ impl Kind for Transition {
                         &outbox_ids,
                         &outboxes,
                         &notices,
+                        &epochs,
                     ],
                 )
                 .await?;
-            let moved: HashSet<&str> = rows.iter().map(|r| r.get::<_, &str>(0)).collect();
-            Ok(keys.iter().map(|k| moved.contains(k)).collect())
+            Ok(outcomes(
+                &keys,
+                rows.iter()
+                    .map(|r| (r.get::<_, &str>(0), r.get::<_, bool>(2))),
+            ))
         })
     }
+}
+
+/// Each key's outcome from the rows a batch returned (`key`, moved): a
+/// key with no row did not move. A row that moved wins over one that says
+/// the lease refused it (two readings of the clock cannot both hold, but
+/// an insert that landed is what counts).
+fn outcomes<'k>(keys: &[&str], rows: impl Iterator<Item = (&'k str, bool)>) -> Vec<Moved> {
+    let mut seen: std::collections::HashMap<&str, Moved> = std::collections::HashMap::new();
+    for (key, moved) in rows {
+        let now = if moved { Moved::Yes } else { Moved::Fenced };
+        seen.entry(key)
+            .and_modify(|m| {
+                if now == Moved::Yes {
+                    *m = Moved::Yes;
+                }
+            })
+            .or_insert(now);
+    }
+    keys.iter()
+        .map(|k| seen.get(k).copied().unwrap_or(Moved::No))
+        .collect()
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// A key with no row did not move; a row that moved wins over one
+    /// that says the lease refused it; a refusal alone is one.
+    #[test]
+    fn each_key_gets_the_outcome_its_rows_say() {
+        let keys = ["a", "b", "c", "d"];
+        let rows = [("c", false), ("b", true), ("d", false), ("d", true)];
+        assert_eq!(
+            outcomes(&keys, rows.into_iter()),
+            vec![Moved::No, Moved::Yes, Moved::Fenced, Moved::Yes]
+        );
+    }
 
     /// The plan a writer runs, as `EXPLAIN` shows it, for a batch of
     /// `n` keys.
@@ -503,7 +584,7 @@ mod tests {
         let fill = |v: &str| format!("array_fill({v}, array[{n}])");
         // EXPLAIN takes no parameters: the batch is spelled out.
         let sql = format!(
-            "EXPLAIN EXECUTE tr('gw', 1, ARRAY[{}]::text[], {}, {}, {}, {}, {}, {}, {})",
+            "EXPLAIN EXECUTE tr('gw', 1, ARRAY[{}]::text[], {}, {}, {}, {}, {}, {}, {}, {})",
             keys.join(","),
             fill("'reserved'::text"),
             fill("'dispatched'::text"),
@@ -512,6 +593,7 @@ mod tests {
             fill("null::bigint"),
             fill("null::text"),
             fill("null::text"),
+            fill("1::bigint"),
         );
         client
             .simple_query(&sql)
@@ -546,7 +628,7 @@ mod tests {
             .unwrap();
         client
             .batch_execute(&format!(
-                "PREPARE tr(text, bigint, text[], text[], text[], bigint[], text[], bigint[], text[], text[]) AS {}",
+                "PREPARE tr(text, bigint, text[], text[], text[], bigint[], text[], bigint[], text[], text[], bigint[]) AS {}",
                 Transition::SQL
             ))
             .await

@@ -206,6 +206,99 @@ async fn a_gateway_whose_lease_lapsed_dispatches_nothing_and_its_calls_are_settl
     ));
 }
 
+/// A key claimed straight as `dispatched` on PostgreSQL: the suite, and
+/// the lease: a gateway whose lease lapsed, or that took it again since it
+/// asked, claims nothing and is told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claims_a_key_straight_as_dispatched_only_under_its_lease() {
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
+    let mut a = leased(&config, "gw-a").await;
+    claim_conformance(&a).await;
+    let r = with_state(Record::reserve(&claim("d"), 0, 1000), State::Dispatched);
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    lapse(&client, "gw-a").await;
+    assert_eq!(
+        a.reserve_dispatched("late".into(), r.clone(), 0, Some((9, "[9]".into())))
+            .await
+            .unwrap_err(),
+        StoreError::Fenced
+    );
+    assert_eq!(a.get("late").await.unwrap(), None);
+    assert!(a.outbox().await.unwrap().iter().all(|(id, _)| *id != 9));
+    // A new lease: claimed.
+    a.start_lease(LEASE).await.unwrap();
+    assert!(a
+        .reserve_dispatched("late".into(), r.clone(), 0, Some((9, "[9]".into())))
+        .await
+        .unwrap());
+    // Another gateway that finds the key held is told so, and writes nothing.
+    let b = leased(&config, "gw-b").await;
+    assert!(!b
+        .reserve_dispatched("late".into(), r, 0, Some((10, "[10]".into())))
+        .await
+        .unwrap());
+    assert_eq!(
+        b.get("late").await.unwrap().unwrap().state,
+        State::Dispatched
+    );
+    assert!(b.outbox().await.unwrap().is_empty());
+}
+
+/// Two gateways claim the same 64 keys straight as `dispatched` at once,
+/// in opposite orders, each claim with its outbox row: each key is claimed
+/// by exactly one, with one outbox row, and the winner's answer lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claims_each_key_once_across_gateways() {
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
+    let a = std::sync::Arc::new(leased(&config, "gw-a").await);
+    let b = std::sync::Arc::new(leased(&config, "gw-b").await);
+    let r = with_state(Record::reserve(&claim("d"), 0, 1000), State::Dispatched);
+    let mut tasks = Vec::new();
+    for (n, store) in [a.clone(), b.clone()].into_iter().enumerate() {
+        let mut keys: Vec<String> = (0..64).map(|i| format!("k{i:02}")).collect();
+        if n == 1 {
+            keys.reverse();
+        }
+        for (i, key) in keys.into_iter().enumerate() {
+            let (store, r) = (store.clone(), r.clone());
+            let id = u64::try_from(i * 2 + n).unwrap();
+            tasks.push(tokio::spawn(async move {
+                let won = store
+                    .reserve_dispatched(key.clone(), r.clone(), 0, Some((id, format!("[{id}]"))))
+                    .await
+                    .unwrap();
+                if won {
+                    let mut done = with_state(r, State::Complete);
+                    done.answer = Some(Answer::Result("{}".into()));
+                    assert!(store
+                        .transition(key.clone(), State::Dispatched, done)
+                        .await
+                        .unwrap());
+                }
+                (key, won)
+            }));
+        }
+    }
+    let mut won: std::collections::BTreeMap<String, usize> = Default::default();
+    for t in tasks {
+        let (key, w) = t.await.unwrap();
+        *won.entry(key).or_default() += usize::from(w);
+    }
+    assert_eq!(won.len(), 64);
+    assert!(
+        won.values().all(|n| *n == 1),
+        "each key claimed once: {won:?}"
+    );
+    assert_eq!(a.list(Some(State::Complete)).await.unwrap().len(), 64);
+    let outbox = a.outbox().await.unwrap().len() + b.outbox().await.unwrap().len();
+    assert_eq!(outbox, 64, "one outbox row per claim that landed");
+}
+
 /// Grouped writes under load: two gateways reserve the same 64 keys at
 /// once, in opposite orders (so their batches take row locks both
 /// ways); each key is reserved exactly once. The winners dispatch with

@@ -57,6 +57,13 @@ async fn redb_pins_conform_and_survive_reopen() {
 }
 
 #[tokio::test]
+async fn redb_claims_a_key_straight_as_dispatched() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
+    claim_conformance(&store).await;
+}
+
+#[tokio::test]
 async fn redb_outbox_conforms_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger.redb");
