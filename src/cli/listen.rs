@@ -125,23 +125,41 @@ pub(super) async fn accept(
 /// switches more per call than the floor when there are more workers than
 /// CPUs (a gateway confined after it started). Background work (sweeps,
 /// reloads, notifications) stays on the main runtime.
+///
+/// With one CPU there is no thread of its own: connections are served on
+/// the main runtime, beside the store's writers. A serving thread would only
+/// add hops there: every write waits for the store's grouped statements,
+/// whose writers run on the main runtime, so each grouped statement a write
+/// joins would cross between the two threads and back. Four gateways on one
+/// shared CPU with PostgreSQL made about a tenth more writes per second so
+/// (docs/scaling.md).
 pub(crate) struct Threads {
     handles: Vec<tokio::runtime::Handle>,
     next: std::sync::atomic::AtomicUsize,
     stop: Vec<tokio::sync::oneshot::Sender<()>>,
     joins: Vec<std::thread::JoinHandle<()>>,
+    /// Served on the main runtime: its connections, to end at the stop as a
+    /// thread's runtime ends its own.
+    on_main: Option<parking_lot::Mutex<tokio::task::JoinSet<()>>>,
 }
 
 impl Threads {
-    /// `n` serving threads (at least one).
+    /// `n` serving threads; for one (or none), the main runtime, which
+    /// must be the runtime this is called on.
     pub(crate) fn start(n: usize) -> anyhow::Result<Threads> {
         let mut t = Threads {
             handles: Vec::new(),
             next: std::sync::atomic::AtomicUsize::new(0),
             stop: Vec::new(),
             joins: Vec::new(),
+            on_main: None,
         };
-        for i in 0..n.max(1) {
+        if n <= 1 {
+            t.handles.push(tokio::runtime::Handle::current());
+            t.on_main = Some(parking_lot::Mutex::new(tokio::task::JoinSet::new()));
+            return Ok(t);
+        }
+        for i in 0..n {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -165,11 +183,25 @@ impl Threads {
     /// Run `fut` on the next thread.
     fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.handles.len();
+        if let Some(tasks) = &self.on_main {
+            let mut tasks = tasks.lock();
+            // The ended connections are let go of as new ones come.
+            while tasks.try_join_next().is_some() {}
+            tasks.spawn_on(fut, &self.handles[i]);
+            return;
+        }
         self.handles[i].spawn(fut);
     }
 
-    /// Stop every thread: connections still open are dropped.
+    /// Stop every thread: connections still open are dropped. Called on a
+    /// blocking thread of the main runtime (it waits for the connections
+    /// served there to end).
     pub(crate) fn stop(self) {
+        if let (Some(tasks), Some(main)) = (self.on_main, self.handles.first()) {
+            let mut tasks = tasks.into_inner();
+            tasks.abort_all();
+            main.block_on(async move { while tasks.join_next().await.is_some() {} });
+        }
         for s in self.stop {
             let _ = s.send(());
         }

@@ -116,11 +116,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     Gateway::start(config).await
 }
 
+/// [`start`] with `serving` threads for the connections instead of one per
+/// CPU (one: the connections are served on the runtime this runs on).
+pub async fn start_serving(config: Config, serving: usize) -> anyhow::Result<Running> {
+    Gateway::start_with(config, Some(serving)).await
+}
+
 impl Gateway {
     /// Start a gateway from a loaded config: everything `countersign
     /// serve` does before it waits for a signal. The listener is bound
     /// when this returns.
     pub(crate) async fn start(config: Config) -> anyhow::Result<Running> {
+        Gateway::start_with(config, None).await
+    }
+
+    /// [`Gateway::start`] with `serving` threads (`None`: as many as the
+    /// CPUs the process may use now, or `TOKIO_WORKER_THREADS`).
+    async fn start_with(config: Config, serving: Option<usize>) -> anyhow::Result<Running> {
         let addr = config.gateway.listen;
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "listening on a non-loopback address: every client must present a bearer token, and TLS belongs in front of this port");
@@ -195,10 +207,12 @@ impl Gateway {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         // As many serving threads as the CPUs the process may use now (or
         // `TOKIO_WORKER_THREADS`, as for the main runtime).
-        let serving = std::env::var("TOKIO_WORKER_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let serving = serving.unwrap_or_else(|| {
+            std::env::var("TOKIO_WORKER_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        });
         let threads = Arc::new(listen::Threads::start(serving)?);
         let server = tokio::spawn(listen::accept(
             listener,
