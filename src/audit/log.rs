@@ -296,6 +296,8 @@ impl AuditLog {
             sleeping: sleeping.clone(),
             outbox: outbox.clone(),
             outbox_cleared: 0,
+            outbox_synced: 0,
+            outbox_cleared_at: std::time::Instant::now(),
             outbox_since: None,
             dir: s.dir.clone(),
             key: key.clone(),
@@ -434,7 +436,8 @@ impl AuditLog {
     }
 
     /// Queue staged entries whose outbox row is committed; the writer
-    /// fsyncs them within 50 ms and clears the row.
+    /// fsyncs them within 50 ms and clears the row (within a second while
+    /// calls keep coming, at once when it goes idle).
     pub fn record_staged(&self, staged: Staged) {
         let id = staged.id;
         self.record_all(staged.entries);
@@ -722,6 +725,57 @@ mod tests {
             t <= recorded,
             "stamped at {t}, after it was recorded ({recorded})"
         );
+    }
+
+    /// Dispatches' entries staged in the ledger's outbox: once the writer
+    /// has them fsynced, their rows are cleared (the first at once), and
+    /// the entries are in the log. A second round, within the second that
+    /// paces the clears, is cleared when the writer goes idle, not after
+    /// it wakes (here the next checkpoint is a minute away).
+    #[tokio::test]
+    async fn outbox_rows_are_cleared_once_their_entries_are_on_disk() {
+        use crate::core::ledger::{Claim, Record, State};
+        use crate::store::{MemoryStore, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let log = AuditLog::open(settings(dir.path())).unwrap();
+        log.attach_outbox(store.clone()).await.unwrap();
+        for round in 0..2 {
+            for i in 0..3 {
+                let key = format!("k{round}-{i}");
+                let claim = Claim {
+                    key: key.clone(),
+                    client_key: key.clone(),
+                    explicit: true,
+                    digest: "d".into(),
+                    server: "s".into(),
+                    tool: "t".into(),
+                };
+                let mut r = Record::reserve(&claim, 0, 1000);
+                r.state = State::Dispatched;
+                let mut fields = Fields::new();
+                fields.insert("idempotency_key", json!(key));
+                let staged = log.stage(vec![("dispatched", fields)]).unwrap();
+                assert!(store
+                    .reserve_dispatched(key, r, 0, Some((staged.id, staged.text.clone())))
+                    .await
+                    .unwrap());
+                log.record_staged(staged);
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !store.outbox().await.unwrap().is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "round {round}: the rows stay"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let dispatched = entries(dir.path())
+                .iter()
+                .filter(|e| e["kind"] == "dispatched")
+                .count();
+            assert_eq!(dispatched, 3 * (round + 1));
+        }
     }
 
     #[tokio::test]

@@ -40,8 +40,20 @@ pub enum RecoveryError {
 }
 
 /// How soon entries that came through the outbox are fsynced here (after
-/// which their outbox rows are cleared).
+/// which their outbox rows may be cleared).
 pub(super) const OUTBOX_SYNC: Duration = Duration::from_millis(50);
+
+/// How often the outbox rows of entries fsynced here are cleared while
+/// calls come: each clear is a statement and a commit on the ledger's
+/// database (one per gateway), and its cost is mostly the statement's, not
+/// the rows'. Sooner when this many ids wait ([`OUTBOX_CLEAR_IDS`]), and at
+/// once when the writer goes idle. Rows left a little longer cost nothing
+/// but their room: a restart finds their entries in the log and clears
+/// them.
+pub(super) const OUTBOX_CLEAR: Duration = Duration::from_secs(1);
+
+/// See [`OUTBOX_CLEAR`].
+pub(super) const OUTBOX_CLEAR_IDS: u64 = 8192;
 
 /// Entries staged for a dispatch: committed to the ledger's outbox with the
 /// `dispatched` record (one fsync), then queued here.

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::merkle::Hash;
 use super::note::{self, Checkpoint, Note};
-use super::outbox::{Outbox, OUTBOX_SYNC};
+use super::outbox::{Outbox, OUTBOX_CLEAR, OUTBOX_CLEAR_IDS, OUTBOX_SYNC};
 use super::recover::write_latest;
 use super::segment::segment_path;
 use super::tree::TreeWriter;
@@ -98,6 +98,10 @@ pub(super) struct Writer {
     pub(super) outbox: Arc<Outbox>,
     /// Outbox ids up to this are fsynced here and cleared.
     pub(super) outbox_cleared: u64,
+    /// Outbox ids up to this are fsynced here (their rows may be cleared).
+    pub(super) outbox_synced: u64,
+    /// When the outbox was last cleared.
+    pub(super) outbox_cleared_at: Instant,
     /// Since when outbox entries wait for an fsync.
     pub(super) outbox_since: Option<Instant>,
     pub(super) dir: PathBuf,
@@ -281,7 +285,7 @@ impl Writer {
             drop(store.outbox_clear(upto));
         }
         self.outbox_cleared = upto;
-        self.outbox_since = None;
+        self.outbox_cleared_at = Instant::now();
     }
 
     /// Append what waits in the queue (before any message that came after
@@ -324,8 +328,13 @@ impl Writer {
         while open {
             // Idle long enough with nothing buffered: block until a producer
             // or the checkpoint interval wakes us, instead of polling.
-            let outbox_waiting = self.outbox.queued() > self.outbox_cleared;
+            let outbox_waiting = self.outbox.queued() > self.outbox_synced;
             let asleep = quiet >= 10 && buffered_since.is_none() && !outbox_waiting;
+            // Going idle: what is fsynced and not yet cleared is cleared
+            // now, not after the writer wakes.
+            if asleep && self.outbox_synced > self.outbox_cleared {
+                self.clear_outbox(self.outbox_synced);
+            }
             let timeout = if asleep {
                 self.sleeping
                     .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -368,7 +377,7 @@ impl Writer {
             // Read before draining: every entry of an outbox id up to this
             // was queued before it was published, so the drain appends it.
             let outbox_max = self.outbox.queued();
-            if outbox_max > self.outbox_cleared {
+            if outbox_max > self.outbox_synced {
                 self.outbox_since.get_or_insert_with(Instant::now);
             }
             let drained = self.drain(&mut failed, &mut last_checkpoint);
@@ -425,8 +434,14 @@ impl Writer {
             // Entries of outbox ids up to `outbox_max` are on disk here now:
             // their rows in the ledger can go (a lost clear is repaired at
             // the next start, which finds the entries present).
-            if synced && outbox_max > self.outbox_cleared && failed.is_none() {
-                self.clear_outbox(outbox_max);
+            if synced && outbox_max > self.outbox_synced && failed.is_none() {
+                self.outbox_synced = outbox_max;
+                self.outbox_since = None;
+            }
+            let clear_due = self.outbox_cleared_at.elapsed() >= OUTBOX_CLEAR
+                || self.outbox_synced - self.outbox_cleared >= OUTBOX_CLEAR_IDS;
+            if self.outbox_synced > self.outbox_cleared && clear_due {
+                self.clear_outbox(self.outbox_synced);
             }
             if let Some(e) = &failed {
                 tracing::error!("audit log write failed: {e}");
