@@ -729,15 +729,16 @@ mod tests {
 
     /// Dispatches' entries staged in the ledger's outbox: once the writer
     /// has them fsynced, their rows are cleared (the first at once), and
-    /// the entries are in the log. A second round, within the second that
-    /// paces the clears, is cleared when the writer goes idle, not after
-    /// it wakes (here the next checkpoint is a minute away).
+    /// the entries are in the log. A second round, within the minute that
+    /// paces this store's clears, is cleared when the writer goes idle, not
+    /// after it wakes (here the next checkpoint is a minute away).
     #[tokio::test]
     async fn outbox_rows_are_cleared_once_their_entries_are_on_disk() {
         use crate::core::ledger::{Claim, Record, State};
         use crate::store::{MemoryStore, Store};
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let store: Arc<dyn Store> =
+            Arc::new(MemoryStore::default().with_outbox_clear_pace(Duration::from_secs(60)));
         let log = AuditLog::open(settings(dir.path())).unwrap();
         log.attach_outbox(store.clone()).await.unwrap();
         for round in 0..2 {

@@ -43,16 +43,11 @@ pub enum RecoveryError {
 /// which their outbox rows may be cleared).
 pub(super) const OUTBOX_SYNC: Duration = Duration::from_millis(50);
 
-/// How often the outbox rows of entries fsynced here are cleared while
-/// calls come: each clear is a statement and a commit on the ledger's
-/// database (one per gateway), and its cost is mostly the statement's, not
-/// the rows'. Sooner when this many ids wait ([`OUTBOX_CLEAR_IDS`]), and at
-/// once when the writer goes idle. Rows left a little longer cost nothing
-/// but their room: a restart finds their entries in the log and clears
-/// them.
-pub(super) const OUTBOX_CLEAR: Duration = Duration::from_secs(1);
-
-/// See [`OUTBOX_CLEAR`].
+/// However the store paces its clears
+/// ([`crate::store::Outbox::outbox_clear_pace`]), they come once this many
+/// ids wait, and at once when the writer goes idle. Rows left a little
+/// longer cost nothing but their room: a restart finds their entries in the
+/// log and clears them.
 pub(super) const OUTBOX_CLEAR_IDS: u64 = 8192;
 
 /// Entries staged for a dispatch: committed to the ledger's outbox with the
@@ -74,6 +69,8 @@ pub(super) struct Outbox {
     queued: AtomicU64,
     /// The next outbox id to hand out.
     next: AtomicU64,
+    /// How long clears wait for each other while calls come (ms).
+    pace_ms: AtomicU64,
 }
 
 impl Outbox {
@@ -94,7 +91,15 @@ impl Outbox {
         let start = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1000) as u64;
         let after_rows = rows.iter().map(|(id, _)| id + 1).max().unwrap_or(0);
         self.next.store(start.max(after_rows), Ordering::SeqCst);
+        let pace = u64::try_from(store.outbox_clear_pace().as_millis()).unwrap_or(u64::MAX);
+        self.pace_ms.store(pace, Ordering::SeqCst);
         *self.store.lock() = Some(store);
+    }
+
+    /// How long the writer lets clears wait for each other while calls
+    /// come (the attached store's pace; none before one is attached).
+    pub(super) fn clear_pace(&self) -> Duration {
+        Duration::from_millis(self.pace_ms.load(Ordering::Relaxed))
     }
 
     /// Stage entries for a dispatch: tag them with an outbox id and give

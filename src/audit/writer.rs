@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::merkle::Hash;
 use super::note::{self, Checkpoint, Note};
-use super::outbox::{Outbox, OUTBOX_CLEAR, OUTBOX_CLEAR_IDS, OUTBOX_SYNC};
+use super::outbox::{Outbox, OUTBOX_CLEAR_IDS, OUTBOX_SYNC};
 use super::recover::write_latest;
 use super::segment::segment_path;
 use super::tree::TreeWriter;
@@ -438,7 +438,7 @@ impl Writer {
                 self.outbox_synced = outbox_max;
                 self.outbox_since = None;
             }
-            let clear_due = self.outbox_cleared_at.elapsed() >= OUTBOX_CLEAR
+            let clear_due = self.outbox_cleared_at.elapsed() >= self.outbox.clear_pace()
                 || self.outbox_synced - self.outbox_cleared >= OUTBOX_CLEAR_IDS;
             if self.outbox_synced > self.outbox_cleared && clear_due {
                 self.clear_outbox(self.outbox_synced);

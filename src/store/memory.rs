@@ -31,9 +31,18 @@ pub struct MemoryStore {
     guards: Mutex<super::guards::Rows>,
     /// The review console's entries: value, and until when it counts.
     console: Mutex<BTreeMap<String, (String, i64)>>,
+    /// See [`MemoryStore::with_outbox_clear_pace`].
+    clear_pace: std::time::Duration,
 }
 
 impl MemoryStore {
+    /// A store that paces the audit writer's outbox clears as a networked
+    /// one does ([`Outbox::outbox_clear_pace`]).
+    pub fn with_outbox_clear_pace(mut self, pace: std::time::Duration) -> MemoryStore {
+        self.clear_pace = pace;
+        self
+    }
+
     fn lock(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Record>> {
         self.map.lock()
     }
@@ -371,6 +380,10 @@ impl Outbox for MemoryStore {
                 .map(|(k, v)| (*k, v.clone()))
                 .collect())
         })
+    }
+
+    fn outbox_clear_pace(&self) -> std::time::Duration {
+        self.clear_pace
     }
 
     fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {

@@ -67,6 +67,16 @@ pub trait Outbox: Send + Sync {
     /// this is called (awaiting only waits for its result), so a caller
     /// outside an async context may drop the future.
     fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize>;
+
+    /// How long the audit writer lets rows it may clear wait for the next
+    /// clear while calls keep coming (it clears at once when it goes
+    /// idle). None by default: on an embedded store a clear is a frame of
+    /// its journal, and rows cleared before the journal is folded never
+    /// reach its tables. A store where each clear is a statement and a
+    /// commit on a shared database paces them.
+    fn outbox_clear_pace(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// The notices of a queue that are due at `now_ms` and not leased by a

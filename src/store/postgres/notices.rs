@@ -154,6 +154,14 @@ impl Outbox for PgStore {
         })
     }
 
+    /// A second: each clear is a statement and a commit per gateway on the
+    /// shared database, whose cost is mostly the statement's, not its rows'
+    /// (with four gateways, clearing after every 50 ms fsync was a sixth of
+    /// the database's time per write).
+    fn outbox_clear_pace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
     fn outbox_clear(&self, upto: u64) -> StoreFuture<'_, usize> {
         // The request is made now (the contract allows dropping the future):
         // the work runs on its own task.

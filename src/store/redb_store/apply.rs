@@ -12,7 +12,7 @@ use super::{
 };
 use crate::core::approval::{self, ProposalState};
 use crate::core::ledger::{Record, State};
-use crate::store::{check_transition, Reservation, StoreError};
+use crate::store::{check_transition, dispatched_only, Reservation, StoreError};
 
 pub(super) fn apply_batch(
     db: &Database,
@@ -102,6 +102,26 @@ pub(super) fn apply_batch(
                                 }
                             }
                             Ok(moved)
+                        },
+                    ),
+                ),
+                Op::Claim {
+                    key,
+                    record,
+                    now_ms,
+                    outbox: entries,
+                    ..
+                } => Done::Transition(
+                    claim(opened(&mut ledger, &txn, LEDGER)?, key, record, *now_ms).and_then(
+                        |claimed| {
+                            // INVARIANT: the outbox row commits with the
+                            // claim it records, or not at all.
+                            if let (true, Some((id, text))) = (claimed, entries) {
+                                opened(&mut outbox_slot, &txn, OUTBOX)?
+                                    .insert(*id, text.as_str())
+                                    .map_err(|e| err("write")(e.into()))?;
+                            }
+                            Ok(claimed)
                         },
                     ),
                 ),
@@ -234,6 +254,23 @@ pub(super) fn reserve(
         .insert(key, encode(record)?.as_slice())
         .map_err(|e| err("write")(e.into()))?;
     Ok(Reservation::Reserved)
+}
+
+/// Claim `key` straight as `dispatched` if no record binds it at `now_ms`.
+fn claim(
+    table: &mut Table<'_>,
+    key: &str,
+    record: &Record,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    dispatched_only(record)?;
+    if read(table, key)?.is_some_and(|r| r.binds(now_ms)) {
+        return Ok(false);
+    }
+    table
+        .insert(key, encode(record)?.as_slice())
+        .map_err(|e| err("write")(e.into()))?;
+    Ok(true)
 }
 
 pub(super) fn transition(

@@ -39,6 +39,24 @@ impl Ledger for RedbStore {
         })
     }
 
+    fn reserve_dispatched(
+        &self,
+        key: String,
+        record: Record,
+        now_ms: i64,
+        outbox: Option<(u64, String)>,
+    ) -> StoreFuture<'_, bool> {
+        // One operation of the writer, journaled and fsynced as a move to
+        // `dispatched` is: the reservation is in the same frame.
+        self.submit(|reply| Op::Claim {
+            key,
+            record,
+            now_ms,
+            outbox,
+            reply,
+        })
+    }
+
     fn transition_telling(
         &self,
         key: String,

@@ -112,6 +112,15 @@ enum Op {
         notices: Vec<Notice>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
+    /// A key claimed straight as `dispatched`, with its outbox row
+    /// ([`crate::store::Ledger::reserve_dispatched`]).
+    Claim {
+        key: String,
+        record: Record,
+        now_ms: i64,
+        outbox: Option<(u64, String)>,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
     OutboxClear {
         upto: u64,
         reply: oneshot::Sender<Result<usize, StoreError>>,
@@ -137,7 +146,7 @@ impl Op {
         match self {
             Op::Reserve { approval, .. } => approval.is_none(),
             Op::Transition { notices, .. } => notices.is_empty(),
-            Op::OutboxClear { .. } => true,
+            Op::Claim { .. } | Op::OutboxClear { .. } => true,
             Op::PutProposal { .. }
             | Op::GcProposals { .. }
             | Op::Gc { .. }
@@ -151,6 +160,7 @@ impl Op {
         match self {
             Op::Reserve { .. }
             | Op::Transition { .. }
+            | Op::Claim { .. }
             | Op::OutboxClear { .. }
             | Op::Gc { .. }
             | Op::Checkpoint { .. } => true,
@@ -168,6 +178,8 @@ impl Op {
             Op::PutProposal {
                 proposal, notices, ..
             } => proposal_durable(proposal) || !notices.is_empty(),
+            // Its `dispatched` is on disk before the call goes.
+            Op::Claim { .. } => true,
             // A pin is what later definitions are judged against: losing it
             // to a crash would let the next run trust a changed tool.
             Op::Pin { .. } => true,

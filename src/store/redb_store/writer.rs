@@ -16,7 +16,7 @@ use super::pending::{outbox_clear, outbox_rows, Effect, Pending};
 use super::{decode, encode, err, guards, Done, Op, LEDGER, MAX_BATCH, OUTBOX};
 use crate::core::ledger::{Record, State};
 use crate::store::journal::{self, Frames, ItemRef, Journal};
-use crate::store::{check_transition, needs_durability, Reservation, StoreError};
+use crate::store::{check_transition, dispatched_only, needs_durability, Reservation, StoreError};
 
 /// How long non-durable commits may wait for an fsync when no durable commit
 /// comes along to carry them.
@@ -344,6 +344,35 @@ impl Writer<'_> {
                     }
                     Ok(true)
                 })()),
+                Op::Claim {
+                    key,
+                    record,
+                    now_ms,
+                    outbox,
+                    ..
+                } => Done::Transition((|| {
+                    dispatched_only(record)?;
+                    let held = self
+                        .current(&effects, &mut view, key)?
+                        .is_some_and(|r| r.binds(*now_ms));
+                    if held {
+                        return Ok(false);
+                    }
+                    let bytes = encode(record)?;
+                    let mut items = vec![ItemRef::Record { key, bytes: &bytes }];
+                    // INVARIANT: the outbox row is in the same frame as the
+                    // claim it records: both apply, or neither.
+                    if let Some((id, text)) = outbox {
+                        items.push(ItemRef::Outbox { id: *id, text });
+                    }
+                    frames.push(generation, &items);
+                    durable = true;
+                    effects.push(Effect::Put(key.clone(), record.clone()));
+                    if let Some((id, text)) = outbox {
+                        effects.push(Effect::Outbox(*id, text.clone()));
+                    }
+                    Ok(true)
+                })()),
                 Op::OutboxClear { upto, .. } => {
                     Done::Gc(self.outbox_now(&effects, &mut view).map(|rows| {
                         frames.push(generation, &[ItemRef::Clear { upto: *upto }]);
@@ -461,7 +490,9 @@ pub(super) fn reply(batch: Vec<Op>, done: Vec<Done>) {
     for (op, d) in batch.into_iter().zip(done) {
         match (op, d) {
             (Op::Reserve { reply, .. }, Done::Reserve(r)) => drop(reply.send(r)),
-            (Op::Transition { reply, .. }, Done::Transition(r)) => drop(reply.send(r)),
+            (Op::Transition { reply, .. } | Op::Claim { reply, .. }, Done::Transition(r)) => {
+                drop(reply.send(r))
+            }
             (
                 Op::Gc { reply, .. }
                 | Op::GcProposals { reply, .. }
@@ -482,7 +513,9 @@ pub(super) fn fail(batch: Vec<Op>, e: &StoreError) {
     for op in batch {
         match op {
             Op::Reserve { reply, .. } => drop(reply.send(Err(e.clone()))),
-            Op::Transition { reply, .. } => drop(reply.send(Err(e.clone()))),
+            Op::Transition { reply, .. } | Op::Claim { reply, .. } => {
+                drop(reply.send(Err(e.clone())))
+            }
             Op::Gc { reply, .. }
             | Op::GcProposals { reply, .. }
             | Op::OutboxClear { reply, .. } => drop(reply.send(Err(e.clone()))),

@@ -59,8 +59,29 @@ async fn redb_pins_conform_and_survive_reopen() {
 #[tokio::test]
 async fn redb_claims_a_key_straight_as_dispatched() {
     let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open(&dir.path().join("ledger.redb")).unwrap();
-    claim_conformance(&store).await;
+    let path = dir.path().join("ledger.redb");
+    {
+        let store = RedbStore::open(&path).unwrap();
+        claim_conformance(&store).await;
+        let r = with_state(Record::reserve(&claim("z"), 0, 1000), State::Dispatched);
+        assert!(store
+            .reserve_dispatched("z".into(), r, 0, Some((8, "[8]".into())))
+            .await
+            .unwrap());
+    }
+    // On disk when it returned: reopened, the claim and its outbox row are
+    // there, and recovery reads the call as sent.
+    let store = RedbStore::open(&path).unwrap();
+    assert_eq!(
+        store.get("z").await.unwrap().unwrap().state,
+        State::Dispatched
+    );
+    assert!(store
+        .outbox()
+        .await
+        .unwrap()
+        .contains(&(8, "[8]".to_owned())));
+    assert_eq!(store.recover().await.unwrap().unknown, 1);
 }
 
 #[tokio::test]
