@@ -132,7 +132,7 @@ pub(super) async fn accept(
 /// whose writers run on the main runtime, so each grouped statement a write
 /// joins would cross between the two threads and back. Four gateways on one
 /// shared CPU with PostgreSQL made about a tenth more writes per second so
-/// (docs/scaling.md).
+/// (docs/performance.md, "Fewer commits per write").
 pub(crate) struct Threads {
     handles: Vec<tokio::runtime::Handle>,
     next: std::sync::atomic::AtomicUsize,
