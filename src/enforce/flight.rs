@@ -359,23 +359,34 @@ impl Lead {
     /// process only (its followers wait for the ticket); another process
     /// that finds it free races the claim, and one of the two claims it.
     pub fn defer(mut self, now_ms: i64) -> Box<Ticket> {
+        let record = self.record(now_ms);
+        self.done = true;
+        self.ticket(self.claim.key.clone(), record, true)
+    }
+
+    /// The record that reserves the key at `now_ms`, kept as long as the
+    /// key's kind (explicit or derived) is.
+    fn record(&self, now_ms: i64) -> Record {
         let retention = &self.svc.retention;
         let ttl = if self.claim.explicit {
             retention.explicit
         } else {
             retention.derived
         };
-        let record = Record::reserve(&self.claim, now_ms, crate::core::time::ms(ttl));
-        self.done = true;
+        Record::reserve(&self.claim, now_ms, crate::core::time::ms(ttl))
+    }
+
+    /// The ticket that takes over this lead's flight.
+    fn ticket(&self, key: String, record: Record, deferred: bool) -> Box<Ticket> {
         Box::new(Ticket {
             svc: self.svc.clone(),
-            key: self.claim.key.clone(),
+            key,
             record,
             flight: self.flight.clone(),
             dispatched: false,
             finished: false,
             guarded: false,
-            deferred: true,
+            deferred,
         })
     }
 
@@ -388,13 +399,7 @@ impl Lead {
         approval: Option<String>,
         now_ms: i64,
     ) -> Result<Reserve, StoreError> {
-        let retention = &self.svc.retention;
-        let ttl = if self.claim.explicit {
-            retention.explicit
-        } else {
-            retention.derived
-        };
-        let record = Record::reserve(&self.claim, now_ms, crate::core::time::ms(ttl));
+        let record = self.record(now_ms);
         let key = self.claim.key.clone();
         let reserved = self
             .svc
@@ -406,20 +411,13 @@ impl Lead {
                 self.refuse(Outcome::NotDispatched);
                 Err(e)
             }
-            // INVARIANT: only a successful reservation hands out a ticket;
-            // the flight passes to it, so followers wait for its answer.
+            // INVARIANT: only a successful reservation hands out a ticket
+            // here (a deferred one, `Lead::defer`, can dispatch only by
+            // claiming the key); the flight passes to it, so followers wait
+            // for its answer.
             Ok(Reservation::Reserved) => {
                 self.done = true;
-                Ok(Reserve::Go(Box::new(Ticket {
-                    svc: self.svc.clone(),
-                    key,
-                    record,
-                    flight: self.flight.clone(),
-                    dispatched: false,
-                    finished: false,
-                    guarded: false,
-                    deferred: false,
-                })))
+                Ok(Reserve::Go(self.ticket(key, record, false)))
             }
             Ok(Reservation::Unapproved(state)) => Ok(Reserve::Lost(self, state)),
             Ok(Reservation::Bound(rec)) => {
