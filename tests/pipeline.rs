@@ -679,6 +679,45 @@ async fn dispatched_a_retry_waits_for_the_original_and_gets_its_answer() {
     a_retry_waits_while_the_original_is(Some(State::Dispatched)).await;
 }
 
+/// A call with nothing to consume claims its key with its dispatch. When
+/// another process sharing the store completes the same call under the key
+/// between this call's lookup and its claim, the claim writes nothing, and
+/// the call follows that record: it replays the answer, and runs nothing.
+#[tokio::test]
+async fn a_claim_that_finds_the_key_completed_elsewhere_replays_that_answer_and_runs_nothing() {
+    let f = fixture("0s");
+    // The record the other process leaves: the same call, complete.
+    let first = f.call("refund", json!({"id": 1}), Some("k0")).await;
+    assert_eq!(answered_n(&first), 1);
+    let theirs = f.record("k0").unwrap();
+    assert_eq!(theirs.state, State::Complete);
+    let hold = Arc::new(Notify::new());
+    *f.fake.hold_ready.lock().unwrap() = Some(hold.clone());
+    let call = f.call("refund", json!({"id": 1}), Some("k"));
+    let elsewhere = async {
+        f.fake.arrived.notified().await;
+        assert_eq!(f.record("k"), None, "led here, not yet claimed");
+        let key = countersign::core::ledger::storage_key("acme", "agent-7", "k");
+        let wrote = f
+            .store
+            .inner
+            .reserve(key, theirs.clone(), f.clock.now_ms())
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        assert_eq!(wrote, Reservation::Reserved);
+        *f.fake.hold_ready.lock().unwrap() = None;
+        hold.notify_one();
+    };
+    let (outcome, ()) = tokio::join!(call, elsewhere);
+    match outcome {
+        CallOutcome::Replayed { key, .. } => assert_eq!(key, "k"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.fake.runs("refund"), 1, "it ran once, for k0");
+    assert_eq!(f.record("k"), Some(theirs), "the other's record, untouched");
+}
+
 #[tokio::test]
 async fn complete_a_retry_gets_the_same_answer_under_its_own_id_never_rerun() {
     let f = fixture("0s");

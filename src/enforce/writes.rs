@@ -45,6 +45,10 @@ enum Stop {
     Again,
 }
 
+/// A deferred claim found the key held by another process sharing the
+/// store ([`Dispatch::Taken`]): nothing was written or sent.
+struct ClaimedElsewhere;
+
 /// What the write path runs a call through (built by the pipeline).
 pub(crate) struct Writes {
     pub(crate) config: Arc<Config>,
@@ -204,7 +208,7 @@ impl Writes {
                 Ok(done) => return done,
                 // Another process claimed the key since the lookup: wait
                 // for it as for any key held elsewhere, then look again.
-                Err(_) => {
+                Err(ClaimedElsewhere) => {
                     defer = false;
                     match self.wait_elsewhere(c, changes, deadline).await {
                         Ok(()) => continue,
@@ -491,14 +495,12 @@ impl Writes {
     }
 
     /// Durable `dispatched` (with the audit entry that records it), the
-    /// permit, the send, and the answer on the ledger. `Err(Stop::Elsewhere)`
-    /// when a deferred claim found the key held by another process: nothing
-    /// was written or sent.
+    /// permit, the send, and the answer on the ledger.
     async fn dispatch<U: Upstream>(
         &self,
         c: &Call<'_, U>,
         mut ticket: Box<Ticket>,
-    ) -> Result<Attempt, Stop> {
+    ) -> Result<Attempt, ClaimedElsewhere> {
         // The breaker's trial is taken here, right before the upstream, so
         // that a call the ledger or the gate answered never uses it.
         let Some(admitted) = self.breakers.admit(c.ctx.server) else {
@@ -549,7 +551,7 @@ impl Writes {
             Ok(Dispatch::Taken) => {
                 span.record("countersign.ledger_state", "in_flight_elsewhere");
                 ticket.taken();
-                return Err(Stop::Elsewhere);
+                return Err(ClaimedElsewhere);
             }
             Err(Some(e)) => Err(e),
             Err(None) => {

@@ -540,9 +540,9 @@ impl Kind for Transition {
 }
 
 /// Each key's outcome from the rows a batch returned (`key`, moved): a
-/// key with no row did not move. A row that moved wins over one that says
-/// the lease refused it (two readings of the clock cannot both hold, but
-/// an insert that landed is what counts).
+/// key with no row did not move. The statement reads the lease once, so an
+/// insert and a refusal cannot both name a key; were there two rows, the
+/// one that moved would count, since a write that landed is what is true.
 fn outcomes<'k>(keys: &[&str], rows: impl Iterator<Item = (&'k str, bool)>) -> Vec<Moved> {
     let mut seen: std::collections::HashMap<&str, Moved> = std::collections::HashMap::new();
     for (key, moved) in rows {

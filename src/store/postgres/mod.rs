@@ -133,7 +133,8 @@ fn revision(p: &Proposal) -> Result<i64, StoreError> {
 }
 
 /// An audit outbox row as the grouped statement takes it (the column is a
-/// `bigint`; the log's ids count up from 1 and do not reach its top).
+/// `bigint`; the log's ids start at the clock in microseconds, far below
+/// its top).
 fn outbox_row((id, text): (u64, String)) -> (i64, String) {
     (i64::try_from(id).unwrap_or(i64::MAX), text)
 }

@@ -340,3 +340,49 @@ pub(super) fn queue_txn<T>(
     txn.commit().map_err(|e| err("commit")(e.into()))?;
     Ok(out)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::store::tests::{claim as claim_of, with_state};
+
+    /// A claim in a batch the journal does not take (one that also holds
+    /// a proposal, say) goes through redb's own transaction: a key no
+    /// record binds is claimed with its outbox row; a bound one is not,
+    /// and leaves no row.
+    #[test]
+    fn a_claim_in_a_transaction_of_its_own_writes_the_record_and_its_row_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.redb");
+        drop(super::super::RedbStore::open(&path).unwrap());
+        let db = Database::open(&path).unwrap();
+        let guards = Mutex::new(guards::Memory::load(&db).unwrap());
+        let r = with_state(Record::reserve(&claim_of("d"), 0, 1000), State::Dispatched);
+        let op = |key: &str, id: u64| Op::Claim {
+            key: key.into(),
+            record: r.clone(),
+            now_ms: 0,
+            outbox: Some((id, format!("[{id}]"))),
+            reply: tokio::sync::oneshot::channel().0,
+        };
+        let done = apply_batch(&db, &[op("a", 1), op("a", 2)], true, None, &guards).unwrap();
+        let claimed: Vec<bool> = done
+            .into_iter()
+            .map(|d| match d {
+                Done::Transition(r) => r.unwrap(),
+                _ => panic!("a claim answers as a transition"),
+            })
+            .collect();
+        assert_eq!(claimed, vec![true, false], "the second finds the first");
+        let txn = db.begin_read().unwrap();
+        let ledger = txn.open_table(LEDGER).unwrap();
+        assert_eq!(read(&ledger, "a").unwrap(), Some(r));
+        let outbox = txn.open_table(OUTBOX).unwrap();
+        assert_eq!(outbox.get(1).unwrap().unwrap().value(), "[1]");
+        assert!(
+            outbox.get(2).unwrap().is_none(),
+            "no row for a claim refused"
+        );
+    }
+}
