@@ -229,7 +229,7 @@ async fn listen(
                 });
                 let listening = client
                     .batch_execute(&format!(
-                        "LISTEN {PROPOSALS_CHANNEL}; LISTEN {LEDGER_CHANNEL}"
+                        "LISTEN {PROPOSALS_CHANNEL}; LISTEN {LEDGER_CHANNEL}; LISTEN {TASKS_CHANNEL}"
                     ))
                     .await;
                 if let Err(e) = listening {

@@ -462,3 +462,51 @@ async fn a_settlement_is_announced_only_to_a_gateway_that_waits_on_it() {
     a.gc(now + 601_000).await.unwrap();
     assert_eq!(waits().await, 0, "a wait over ten minutes old is forgotten");
 }
+
+/// A task created or changed through one gateway is announced to the
+/// others: a `tasks/result` waiting there wakes at once instead of at its
+/// next look. The listener starts with the store, so the first writes may
+/// come before it listens: each round writes a task of its own and waits
+/// for it to be heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_changed_through_one_gateway_is_announced_to_another() {
+    /// Whether task `id` is heard within two seconds.
+    async fn hear(heard: &mut tokio::sync::broadcast::Receiver<StoreEvent>, id: &str) -> bool {
+        tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            loop {
+                match heard.recv().await {
+                    Ok(StoreEvent::Task(t)) if t == id => return,
+                    Ok(_) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
+    let a = leased(&config, "gw-a").await;
+    let b = leased(&config, "gw-b").await;
+    let mut heard = b.subscribe().expect("PostgreSQL announces changes");
+    let mut made = None;
+    for round in 0..10 {
+        let id = format!("t-{round}");
+        let t = crate::store::tasks::conformance::task(&id, &id, "p1", round);
+        a.task_create(t.clone()).await.unwrap();
+        if hear(&mut heard, &id).await {
+            made = Some(t);
+            break;
+        }
+    }
+    let mut t = made.expect("a task created through gw-a was announced to gw-b");
+    // Once listening, every change is heard, not only a creation.
+    t.revision += 1;
+    t.state = crate::core::task::TaskState::Cancelled;
+    assert!(a.task_put(t.clone()).await.unwrap());
+    assert!(
+        hear(&mut heard, &t.id).await,
+        "a task changed through gw-a was announced to gw-b"
+    );
+}
