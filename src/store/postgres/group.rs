@@ -2,15 +2,24 @@
 //! reservations, and the `dispatched` and answer transitions) share one
 //! statement and one commit instead of a transaction each.
 //!
-//! A write is queued and answered through a oneshot channel. A few writer
-//! tasks, each on a connection of its own, take what is queued (up to
-//! [`MAX_BATCH`], at most one write per key) and run it as a single
+//! A write is queued and answered through a oneshot channel. One writer
+//! task per kind, on a connection of its own, takes what is queued (up to
+//! [`MAX_BATCH`], at most one write per key) and runs it as a single
 //! multi-row statement over arrays (`unnest`). A single statement is its own
 //! transaction: every write of the batch commits together or none does, and
 //! the commit answers only once the server has done it (synchronously
-//! flushed to the WAL on a durable writer's connection). While one writer's
-//! batch is in flight the next one gathers, so the batch size follows the
-//! load: one write alone goes out at once, and many share one WAL flush.
+//! flushed to the WAL on a durable writer's connection). While the writer's
+//! batch is in flight the next one gathers in the queue, so the batch size
+//! follows the load: one write alone goes out at once, and many share one
+//! statement and one WAL flush.
+//!
+//! One writer, not several: a second writer took the first write queued
+//! behind the first writer's batch and left with it almost alone, so the
+//! groups were smaller and the database ran more statements per write.
+//! Measured with `benches/pg_writes.sh` (64 clients), one writer gave as
+//! many or more writes per second with one, two and four gateways, for less
+//! database CPU per write, and no worse latency with one or eight clients
+//! (docs/performance.md, "One writer per grouped kind").
 //!
 //! Fail closed: a batch that errors answers every write in it with the
 //! error (nothing of it committed), and its writer reconnects for the next
@@ -22,7 +31,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -61,44 +70,30 @@ pub(super) trait Kind: Send + Sync + 'static {
 type Reply<K> = oneshot::Sender<Result<<K as Kind>::Out, StoreError>>;
 type Job<K> = (<K as Kind>::Op, Reply<K>);
 
-/// A queue of writes of kind `K` and the writers that commit them.
+/// A queue of writes of kind `K` and the writer that commits them.
 pub(super) struct Group<K: Kind> {
     queue: mpsc::UnboundedSender<Job<K>>,
-    writers: Vec<tokio::task::JoinHandle<()>>,
+    writer: tokio::task::JoinHandle<()>,
 }
 
 impl<K: Kind> Drop for Group<K> {
     fn drop(&mut self) {
-        for w in &self.writers {
-            w.abort();
-        }
+        self.writer.abort();
     }
 }
 
 impl<K: Kind> Group<K> {
-    /// `writers` tasks, each with its own connection made from `config`
-    /// and set up for `durability`.
+    /// The writer task, with its own connection made from `config` and
+    /// set up for `durability`.
     pub(super) fn start(
         kind: K,
         config: tokio_postgres::Config,
         tls: MakeRustlsConnect,
-        writers: usize,
         durability: Durability,
     ) -> Group<K> {
         let (queue, rx) = mpsc::unbounded_channel();
-        let rx = Arc::new(Mutex::new(rx));
-        let kind = Arc::new(kind);
-        let writers = (0..writers.max(1))
-            .map(|_| {
-                tokio::spawn(writer(
-                    kind.clone(),
-                    (config.clone(), tls.clone()),
-                    durability,
-                    rx.clone(),
-                ))
-            })
-            .collect();
-        Group { queue, writers }
+        let writer = tokio::spawn(writer(kind, (config, tls), durability, rx));
+        Group { queue, writer }
     }
 
     /// Queue `op`; resolves when its batch committed (or failed).
@@ -197,12 +192,11 @@ async fn connect<K: Kind>(target: &Target, durability: Durability) -> Result<Con
 /// up to [`MAX_BATCH`] and one write per key (a second write of a key waits
 /// in `carry` for the next batch). `None` when the queue is closed.
 async fn gather<K: Kind>(
-    rx: &Mutex<mpsc::UnboundedReceiver<Job<K>>>,
+    rx: &mut mpsc::UnboundedReceiver<Job<K>>,
     carry: &mut Option<Job<K>>,
 ) -> Option<Vec<Job<K>>> {
     let mut batch = Vec::new();
     let mut keys = HashSet::new();
-    let mut rx = rx.lock().await;
     let first = match carry.take() {
         Some(job) => job,
         None => rx.recv().await?,
@@ -226,17 +220,17 @@ async fn gather<K: Kind>(
 }
 
 async fn writer<K: Kind>(
-    kind: Arc<K>,
+    kind: K,
     target: Target,
     durability: Durability,
-    rx: Arc<Mutex<mpsc::UnboundedReceiver<Job<K>>>>,
+    mut rx: mpsc::UnboundedReceiver<Job<K>>,
 ) {
     let mut conn: Option<Conn> = None;
     let mut carry = None;
-    while let Some(batch) = gather::<K>(&rx, &mut carry).await {
+    while let Some(batch) = gather::<K>(&mut rx, &mut carry).await {
         let (ops, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
         tracing::trace!(kind = K::WHAT, writes = ops.len(), "grouped write");
-        let result = run(&*kind, &target, durability, &mut conn, &ops).await;
+        let result = run(&kind, &target, durability, &mut conn, &ops).await;
         match result {
             Ok(outs) => {
                 for (reply, out) in replies.into_iter().zip(outs) {

@@ -173,10 +173,6 @@ pub struct PgStore {
     relaxed: Group<group::Transition>,
 }
 
-/// Writers per grouped kind: while one writer's batch is in flight (a WAL
-/// flush, for the durable ones), the next gathers behind it.
-const WRITERS: usize = 2;
-
 impl Drop for PgStore {
     fn drop(&mut self) {
         if let Some(r) = self.renewal.take() {
@@ -308,21 +304,18 @@ impl PgStore {
             group::Reserve(writer.clone()),
             config.clone(),
             tls.clone(),
-            WRITERS,
             Durability::Relaxed,
         );
         let flushed = Group::start(
             group::Transition(writer.clone()),
             config.clone(),
             tls.clone(),
-            WRITERS,
             Durability::Flushed,
         );
         let relaxed = Group::start(
             group::Transition(writer),
             config.clone(),
             tls.clone(),
-            1,
             Durability::Relaxed,
         );
         let manager = Manager::from_config(
@@ -689,7 +682,7 @@ impl Ledger for PgStore {
     ) -> StoreFuture<'_, bool> {
         Box::pin(async move {
             dispatched_only(&record)?;
-            // An insert in the flushed writers' grouped statement, beside
+            // An insert in the flushed writer's grouped statement, beside
             // the moves to `dispatched` and the answers: one statement and
             // one commit fewer per write than a reservation and its move.
             // The lease check is in the statement (`group::Transition`).
