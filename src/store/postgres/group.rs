@@ -1,6 +1,7 @@
 //! Group commit on PostgreSQL: the hot writes of concurrent calls (the
 //! reservations, and the `dispatched` and answer transitions) share one
-//! statement and one commit instead of a transaction each.
+//! statement and one commit instead of a transaction each; their ledger
+//! lookups share one statement too ([`Lookup`]).
 //!
 //! A write is queued and answered through a oneshot channel. One writer
 //! task per kind, on a connection of its own, takes what is queued (up to
@@ -96,8 +97,8 @@ impl<K: Kind> Group<K> {
         Group { queue, writer }
     }
 
-    /// Queue `op`; resolves when its batch committed (or failed).
-    pub(super) async fn write(&self, op: K::Op) -> Result<K::Out, StoreError> {
+    /// Queue `op`; resolves when its batch committed or answered (or failed).
+    pub(super) async fn submit(&self, op: K::Op) -> Result<K::Out, StoreError> {
         let (tx, rx) = oneshot::channel();
         self.queue
             .send((op, tx))
@@ -302,6 +303,42 @@ pub(super) struct Writer {
 impl Writer {
     fn epoch(&self) -> i64 {
         self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Ledger lookups: the lookups of concurrent calls (most of them for keys
+/// no row holds yet) share one statement and one round trip, as their
+/// writes do, instead of one statement each on a pooled connection. A
+/// lookup answers what was committed when its batch's statement began,
+/// which is after the lookup was asked for: a write that returned before
+/// is always seen.
+pub(super) struct Lookup;
+
+impl Kind for Lookup {
+    /// The key.
+    type Op = String;
+    /// The record as JSON, when a row holds the key.
+    type Out = Option<String>;
+    const WHAT: &'static str = "read";
+    const SQL: &'static str = "SELECT l.record
+         FROM unnest($1::text[]) WITH ORDINALITY AS b(key, n)
+         LEFT JOIN ledger l ON l.key = b.key
+         ORDER BY b.n";
+
+    fn key(op: &String) -> &str {
+        op
+    }
+
+    fn run<'a>(
+        &'a self,
+        client: &'a Client,
+        statement: &'a Statement,
+        ops: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<String>>, tokio_postgres::Error>> {
+        Box::pin(async move {
+            let rows = client.query(statement, &[&ops]).await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
     }
 }
 
@@ -571,15 +608,15 @@ mod tests {
         );
     }
 
-    /// The plan a writer runs, as `EXPLAIN` shows it, for a batch of
-    /// `n` keys.
-    async fn plan(client: &Client, n: usize) -> String {
+    /// The plans the transitions' and the lookups' writers run, as
+    /// `EXPLAIN` shows them, for a batch of `n` keys.
+    async fn plans(client: &Client, n: usize) -> [String; 2] {
         let keys: Vec<String> = (0..n).map(|i| format!("'k{i}'")).collect();
+        let keys = format!("ARRAY[{}]::text[]", keys.join(","));
         let fill = |v: &str| format!("array_fill({v}, array[{n}])");
         // EXPLAIN takes no parameters: the batch is spelled out.
-        let sql = format!(
-            "EXPLAIN EXECUTE tr('gw', 1, ARRAY[{}]::text[], {}, {}, {}, {}, {}, {}, {}, {})",
-            keys.join(","),
+        let transition = format!(
+            "EXPLAIN EXECUTE tr('gw', 1, {keys}, {}, {}, {}, {}, {}, {}, {}, {})",
             fill("'reserved'::text"),
             fill("'dispatched'::text"),
             fill("0::bigint"),
@@ -589,23 +626,29 @@ mod tests {
             fill("null::text"),
             fill("1::bigint"),
         );
-        client
-            .simple_query(&sql)
-            .await
-            .unwrap()
-            .iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        let lookup = format!("EXPLAIN EXECUTE lk({keys})");
+        let mut out = [String::new(), String::new()];
+        for (sql, plan) in [transition, lookup].iter().zip(out.iter_mut()) {
+            *plan = client
+                .simple_query(sql)
+                .await
+                .unwrap()
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+        out
     }
 
-    /// A writer's plan is made once per connection and is the nested loop
-    /// into the key index, whether it was made on an empty ledger or on a
-    /// large one: never a scan of the whole table (which the plan cache
-    /// kept once, as the ledger grew, when left to itself).
+    /// A writer's plan (the transitions', and the lookups') is made once
+    /// per connection and is the nested loop into the key index, whether it
+    /// was made on an empty ledger or on a large one: never a scan of the
+    /// whole table (which the plan cache kept once, as the ledger grew,
+    /// when left to itself).
     #[tokio::test]
     async fn a_writer_finds_its_rows_by_key_on_an_empty_ledger_and_on_a_large_one() {
         let Some((_schema, config)) = crate::store::tests::PgSchema::new().await else {
@@ -627,7 +670,11 @@ mod tests {
             ))
             .await
             .unwrap();
-        let empty = plan(&client, 64).await;
+        client
+            .batch_execute(&format!("PREPARE lk(text[]) AS {}", Lookup::SQL))
+            .await
+            .unwrap();
+        let empty = plans(&client, 64).await;
         client
             .batch_execute(
                 "INSERT INTO ledger (key, state, expires_ms, gateway, record)
@@ -636,8 +683,9 @@ mod tests {
             )
             .await
             .unwrap();
-        let large = plan(&client, 2).await;
-        for (when, plan) in [("empty", &empty), ("large", &large)] {
+        let large = plans(&client, 2).await;
+        let each = empty.iter().map(|p| ("empty", p));
+        for (when, plan) in each.chain(large.iter().map(|p| ("large", p))) {
             assert!(
                 plan.contains("Index Scan using ledger_pkey on ledger")
                     && plan.contains("Nested Loop"),
@@ -654,6 +702,8 @@ mod tests {
                 .map(|l| l.split("  (cost=").next().unwrap_or(l).to_owned())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(shape(&empty), shape(&large), "one plan for either ledger");
+        for (empty, large) in empty.iter().zip(&large) {
+            assert_eq!(shape(empty), shape(large), "one plan for either ledger");
+        }
     }
 }

@@ -165,6 +165,8 @@ pub struct PgStore {
     /// What `LISTEN` hears, for [`Store::subscribe`].
     events: tokio::sync::broadcast::Sender<StoreEvent>,
     listener: tokio::task::JoinHandle<()>,
+    /// Grouped ledger lookups.
+    lookups: Group<group::Lookup>,
     /// Grouped reservations (not durable by themselves: the contract).
     reserves: Group<group::Reserve>,
     /// Grouped transitions the contract needs on disk when they return.
@@ -300,6 +302,12 @@ impl PgStore {
             gateway: gateway.clone(),
             epoch: epoch.clone(),
         };
+        let lookups = Group::start(
+            group::Lookup,
+            config.clone(),
+            tls.clone(),
+            Durability::Relaxed,
+        );
         let reserves = Group::start(
             group::Reserve(writer.clone()),
             config.clone(),
@@ -344,6 +352,7 @@ impl PgStore {
             renewal: None,
             events,
             listener,
+            lookups,
             reserves,
             flushed,
             relaxed,
@@ -591,19 +600,8 @@ impl Store for PgStore {
 impl Ledger for PgStore {
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
-            let client = self.client().await?;
-            // Prepared once per pooled connection: the lookup of every
-            // keyed call is one round trip, not a parse and then a read.
-            let statement = client
-                .prepare_cached("SELECT record FROM ledger WHERE key = $1")
-                .await
-                .map_err(backend("read"))?;
-            let row = client
-                .query_opt(&statement, &[&key])
-                .await
-                .map_err(backend("read"))?;
-            row.map(|r| decode("record", r.get::<_, &str>(0)))
-                .transpose()
+            let found = self.lookups.submit(key.to_owned()).await?;
+            found.map(|r| decode("record", &r)).transpose()
         })
     }
 
@@ -626,7 +624,7 @@ impl Ledger for PgStore {
                     record: encode("record", &record)?,
                     epoch: self.epoch.load(Ordering::SeqCst),
                 };
-                if self.reserves.write(op).await? {
+                if self.reserves.submit(op).await? {
                     return Ok(Reservation::Reserved);
                 }
             }
@@ -665,9 +663,9 @@ impl Ledger for PgStore {
             };
             // A notification is queued durably with what it announces.
             let moved = if needs_durability(from, to.state) || told {
-                self.flushed.write(op).await?
+                self.flushed.submit(op).await?
             } else {
-                self.relaxed.write(op).await?
+                self.relaxed.submit(op).await?
             };
             Ok(moved == group::Moved::Yes)
         })
@@ -696,7 +694,7 @@ impl Ledger for PgStore {
                 notices: None,
                 epoch: self.epoch.load(Ordering::SeqCst),
             };
-            match self.flushed.write(op).await? {
+            match self.flushed.submit(op).await? {
                 group::Moved::Yes => Ok(true),
                 group::Moved::No => Ok(false),
                 group::Moved::Fenced => Err(StoreError::Fenced),

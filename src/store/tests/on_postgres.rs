@@ -510,3 +510,44 @@ async fn a_task_changed_through_one_gateway_is_announced_to_another() {
         "a task changed through gw-a was announced to gw-b"
     );
 }
+
+/// Concurrent lookups share grouped statements, and each gets the record of
+/// its own key: present or not, the same key asked twice at once, and a
+/// record written just before its lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_lookups_each_get_their_own_keys_record() {
+    let Some((_schema, config)) = PgSchema::new().await else {
+        return;
+    };
+    let a = std::sync::Arc::new(leased(&config, "gw-a").await);
+    for i in (0..64).step_by(2) {
+        let r = Record::reserve(&claim(&format!("d{i}")), 0, 1000);
+        assert_eq!(
+            a.reserve(format!("k{i}"), r, 0).await.unwrap(),
+            Reservation::Reserved
+        );
+    }
+    let mut lookups = Vec::new();
+    for round in 0..2 {
+        for i in 0..64 {
+            let a = a.clone();
+            lookups.push(tokio::spawn(async move {
+                (round, i, a.get(&format!("k{i}")).await.unwrap())
+            }));
+        }
+    }
+    for l in lookups {
+        let (round, i, found) = l.await.unwrap();
+        match found {
+            Some(r) => {
+                assert_eq!(i % 2, 0, "round {round}: k{i} has no record");
+                assert_eq!(r.digest, format!("d{i}"), "round {round}: k{i}");
+            }
+            None => assert_eq!(i % 2, 1, "round {round}: k{i} has a record"),
+        }
+    }
+    // Read your writes: a record that was written is found at once.
+    let r = Record::reserve(&claim("fresh"), 0, 1000);
+    a.reserve("k-new".into(), r, 0).await.unwrap();
+    assert_eq!(a.get("k-new").await.unwrap().unwrap().digest, "fresh");
+}
