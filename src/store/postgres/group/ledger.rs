@@ -45,8 +45,9 @@ impl Kind for Lookup {
          LEFT JOIN ledger l ON l.key = b.key
          ORDER BY b.n";
 
-    fn key(op: &String) -> &str {
-        op
+    /// Lookups of one key share a batch: nothing is written.
+    fn key(_: &String) -> Option<&str> {
+        None
     }
 
     fn run<'a>(
@@ -101,8 +102,8 @@ impl Kind for Reserve {
          ON CONFLICT (key) DO NOTHING
          RETURNING key";
 
-    fn key(op: &ReserveOp) -> &str {
-        &op.key
+    fn key(op: &ReserveOp) -> Option<&str> {
+        Some(&op.key)
     }
 
     fn run<'a>(
@@ -238,8 +239,8 @@ impl Kind for Transition {
          SELECT b.key, NULL, false FROM b
          WHERE b.from_state IS NULL AND b.epoch NOT IN (SELECT epoch FROM lease)";
 
-    fn key(op: &TransitionOp) -> &str {
-        &op.key
+    fn key(op: &TransitionOp) -> Option<&str> {
+        Some(&op.key)
     }
 
     fn run<'a>(

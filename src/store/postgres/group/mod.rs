@@ -61,7 +61,8 @@ pub(super) trait Kind: Send + Sync + 'static {
     /// The statement, prepared once per connection.
     const SQL: &'static str;
     /// The key a write touches: two writes of one key never share a batch.
-    fn key(op: &Self::Op) -> &str;
+    /// `None` for an op that may share one with any other (a read).
+    fn key(op: &Self::Op) -> Option<&str>;
     /// Run `ops` as one statement; one answer per op, in order.
     fn run<'a>(
         &'a self,
@@ -194,7 +195,8 @@ async fn connect<K: Kind>(target: &Target, durability: Durability) -> Result<Con
 
 /// Take the next batch: wait for one write, then whatever else is queued,
 /// up to [`MAX_BATCH`] and one write per key (a second write of a key waits
-/// in `carry` for the next batch). `None` when the queue is closed.
+/// in `carry` for the next batch; reads of one key share it). `None` when
+/// the queue is closed.
 async fn gather<K: Kind>(
     rx: &mut mpsc::UnboundedReceiver<Job<K>>,
     carry: &mut Option<Job<K>>,
@@ -205,7 +207,9 @@ async fn gather<K: Kind>(
         Some(job) => job,
         None => rx.recv().await?,
     };
-    keys.insert(K::key(&first.0).to_owned());
+    if let Some(key) = K::key(&first.0) {
+        keys.insert(key.to_owned());
+    }
     batch.push(first);
     // Let the calls that are ready to run queue their writes first: one
     // turn of the scheduler, microseconds, and the batch takes them too
@@ -214,9 +218,11 @@ async fn gather<K: Kind>(
     tokio::task::yield_now().await;
     while batch.len() < MAX_BATCH {
         let Ok(job) = rx.try_recv() else { break };
-        if !keys.insert(K::key(&job.0).to_owned()) {
-            *carry = Some(job);
-            break;
+        if let Some(key) = K::key(&job.0) {
+            if !keys.insert(key.to_owned()) {
+                *carry = Some(job);
+                break;
+            }
         }
         batch.push(job);
     }
