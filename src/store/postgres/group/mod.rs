@@ -22,6 +22,14 @@
 //! database CPU per write, and no worse latency with one or eight clients
 //! (docs/performance.md, "One writer per grouped kind").
 //!
+//! INVARIANT: nothing waits for a group while it holds a row lock in a
+//! transaction of its own. With one writer per kind, a batch that waits
+//! for such a lock holds up every write queued behind it; were the
+//! transaction waiting on one of those writes, the gateway would stop
+//! (a wait PostgreSQL cannot see as a deadlock). The store's transactions
+//! (a reservation with an approval, recovery, the sweep) run their
+//! statements on their own connection and queue nothing here.
+//!
 //! Fail closed: a batch that errors answers every write in it with the
 //! error (nothing of it committed), and its writer reconnects for the next
 //! batch. A batch the server aborts as a deadlock or a serialization
