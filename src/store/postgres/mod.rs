@@ -302,6 +302,8 @@ impl PgStore {
             gateway: gateway.clone(),
             epoch: epoch.clone(),
         };
+        // A read commits nothing: its session's durability does not matter,
+        // only the plan settings both kinds share.
         let lookups = Group::start(
             group::Lookup,
             config.clone(),

@@ -329,8 +329,23 @@ mod tests {
         );
     }
 
-    /// The plans the transitions' and the lookups' writers run, as
-    /// `EXPLAIN` shows them, for a batch of `n` keys.
+    /// What `EXPLAIN` shows for `sql`, one line per row.
+    async fn explain(client: &Client, sql: &str) -> String {
+        client
+            .simple_query(sql)
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The plans the transitions' and the lookups' writers run for a batch
+    /// of `n` keys.
     async fn plans(client: &Client, n: usize) -> [String; 2] {
         let keys: Vec<String> = (0..n).map(|i| format!("'k{i}'")).collect();
         let keys = format!("ARRAY[{}]::text[]", keys.join(","));
@@ -347,22 +362,10 @@ mod tests {
             fill("null::text"),
             fill("1::bigint"),
         );
-        let lookup = format!("EXPLAIN EXECUTE lk({keys})");
-        let mut out = [String::new(), String::new()];
-        for (sql, plan) in [transition, lookup].iter().zip(out.iter_mut()) {
-            *plan = client
-                .simple_query(sql)
-                .await
-                .unwrap()
-                .iter()
-                .filter_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-        }
-        out
+        [
+            explain(client, &transition).await,
+            explain(client, &format!("EXPLAIN EXECUTE lk({keys})")).await,
+        ]
     }
 
     /// A writer's plan (the transitions', and the lookups') is made once

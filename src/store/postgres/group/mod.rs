@@ -306,3 +306,76 @@ async fn run<K: Kind>(
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// The lookups' statement, noting the size of each batch it runs.
+    /// `KEYED`: as if a lookup were a write of its key.
+    struct Counted<const KEYED: bool>(Arc<parking_lot::Mutex<Vec<usize>>>);
+
+    impl<const KEYED: bool> Kind for Counted<KEYED> {
+        type Op = String;
+        type Out = Option<String>;
+        const WHAT: &'static str = Lookup::WHAT;
+        const SQL: &'static str = Lookup::SQL;
+
+        fn key(op: &String) -> Option<&str> {
+            if KEYED {
+                Some(op)
+            } else {
+                Lookup::key(op)
+            }
+        }
+
+        fn run<'a>(
+            &'a self,
+            client: &'a Client,
+            statement: &'a Statement,
+            ops: &'a [String],
+        ) -> BoxFuture<'a, Result<Vec<Option<String>>, tokio_postgres::Error>> {
+            self.0.lock().push(ops.len());
+            Lookup.run(client, statement, ops)
+        }
+    }
+
+    /// The batches 64 lookups of one key, queued at one moment (all of them
+    /// before the writer runs: one thread), went out in.
+    async fn batches<const KEYED: bool>(config: &tokio_postgres::Config) -> Vec<usize> {
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let tls = MakeRustlsConnect::new(super::super::unused_tls().unwrap());
+        let group = Group::start(
+            Counted::<KEYED>(seen.clone()),
+            config.clone(),
+            tls,
+            Durability::Relaxed,
+        );
+        let asked = (0..64).map(|_| group.submit("k".to_owned()));
+        for answer in futures_util::future::join_all(asked).await {
+            assert_eq!(answer.unwrap(), None, "no record holds the key");
+        }
+        let seen = seen.lock().clone();
+        seen
+    }
+
+    /// Lookups queued at one moment share one statement, even of one key
+    /// (a read writes nothing); writes of one key never share one.
+    #[tokio::test]
+    async fn lookups_queued_at_one_moment_share_one_statement_and_writes_of_one_key_do_not() {
+        let Some((_schema, mut config)) = crate::store::tests::PgSchema::new().await else {
+            return;
+        };
+        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        for m in super::super::MIGRATIONS {
+            client.batch_execute(m).await.unwrap();
+        }
+        assert_eq!(batches::<false>(&config).await, [64]);
+        assert_eq!(batches::<true>(&config).await, [1; 64]);
+    }
+}
